@@ -1,0 +1,460 @@
+//! Metadata-plane messages: the lean RPC set of the NodeKernel paper
+//! (create, lookup, remove, move, map, register) plus enumerate, write
+//! leases, heartbeat and status.
+
+use crate::codec::{Dec, Enc};
+use crate::error::{Error, Result};
+use crate::types::{BlockLoc, ClusterStatus, NodeInfo, NodeType};
+use bytes::BytesMut;
+
+/// Operation codes of metadata requests (the `kind` of a request frame).
+pub mod op {
+    pub const CREATE: u16 = 1;
+    pub const LOOKUP: u16 = 2;
+    pub const REMOVE: u16 = 3;
+    pub const MOVE: u16 = 4;
+    pub const ENUMERATE: u16 = 5;
+    pub const MAP: u16 = 6;
+    pub const OPEN_WRITE: u16 = 7;
+    pub const SYNC: u16 = 8;
+    pub const REGISTER: u16 = 9;
+    pub const HEARTBEAT: u16 = 10;
+    pub const STATUS: u16 = 11;
+}
+
+/// Most blocks one map request may ask for.
+pub const MAX_MAP_COUNT: u32 = 1024;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetaRequest {
+    /// Create a node. Data nodes (File, KeyValue) come back with a write
+    /// lease held by the caller.
+    Create {
+        path: String,
+        ty: NodeType,
+        storage_class: u8,
+        location: String,
+        enumerable: bool,
+    },
+    Lookup {
+        path: String,
+    },
+    Remove {
+        path: String,
+        recursive: bool,
+    },
+    Move {
+        src: String,
+        dst: String,
+    },
+    Enumerate {
+        path: String,
+    },
+    /// Map block indexes `[index, index + count)` of a node to block
+    /// locations. With `alloc`, missing blocks are allocated (the caller must
+    /// hold the write lease); without it, only existing blocks are returned.
+    Map {
+        node: u64,
+        index: u64,
+        count: u32,
+        alloc: bool,
+        lease: u64,
+    },
+    /// Take the write lease of an existing File or KeyValue.
+    OpenWrite {
+        path: String,
+    },
+    /// Publish `size` (making bytes up to it visible to readers) and renew
+    /// the lease; with `close`, also release it.
+    Sync {
+        node: u64,
+        lease: u64,
+        size: u64,
+        close: bool,
+    },
+    /// A storage server announces blocks `[first_block, first_block + num_blocks)`.
+    Register {
+        addr: String,
+        class: u8,
+        class_name: String,
+        medium: String,
+        location: String,
+        block_size: u32,
+        first_block: u32,
+        num_blocks: u32,
+    },
+    Heartbeat {
+        server: u32,
+    },
+    Status,
+}
+
+impl MetaRequest {
+    pub fn op(&self) -> u16 {
+        match self {
+            MetaRequest::Create { .. } => op::CREATE,
+            MetaRequest::Lookup { .. } => op::LOOKUP,
+            MetaRequest::Remove { .. } => op::REMOVE,
+            MetaRequest::Move { .. } => op::MOVE,
+            MetaRequest::Enumerate { .. } => op::ENUMERATE,
+            MetaRequest::Map { .. } => op::MAP,
+            MetaRequest::OpenWrite { .. } => op::OPEN_WRITE,
+            MetaRequest::Sync { .. } => op::SYNC,
+            MetaRequest::Register { .. } => op::REGISTER,
+            MetaRequest::Heartbeat { .. } => op::HEARTBEAT,
+            MetaRequest::Status => op::STATUS,
+        }
+    }
+
+    /// Appends the payload (not the frame header).
+    pub fn encode(&self, buf: &mut BytesMut) {
+        let e = &mut Enc(buf);
+        match self {
+            MetaRequest::Create {
+                path,
+                ty,
+                storage_class,
+                location,
+                enumerable,
+            } => {
+                e.str(path)
+                    .u8(*ty as u8)
+                    .u8(*storage_class)
+                    .str(location)
+                    .bool(*enumerable);
+            }
+            MetaRequest::Lookup { path }
+            | MetaRequest::Enumerate { path }
+            | MetaRequest::OpenWrite { path } => {
+                e.str(path);
+            }
+            MetaRequest::Remove { path, recursive } => {
+                e.str(path).bool(*recursive);
+            }
+            MetaRequest::Move { src, dst } => {
+                e.str(src).str(dst);
+            }
+            MetaRequest::Map {
+                node,
+                index,
+                count,
+                alloc,
+                lease,
+            } => {
+                e.u64(*node)
+                    .u64(*index)
+                    .u32(*count)
+                    .bool(*alloc)
+                    .u64(*lease);
+            }
+            MetaRequest::Sync {
+                node,
+                lease,
+                size,
+                close,
+            } => {
+                e.u64(*node).u64(*lease).u64(*size).bool(*close);
+            }
+            MetaRequest::Register {
+                addr,
+                class,
+                class_name,
+                medium,
+                location,
+                block_size,
+                first_block,
+                num_blocks,
+            } => {
+                e.str(addr)
+                    .u8(*class)
+                    .str(class_name)
+                    .str(medium)
+                    .str(location)
+                    .u32(*block_size)
+                    .u32(*first_block)
+                    .u32(*num_blocks);
+            }
+            MetaRequest::Heartbeat { server } => {
+                e.u32(*server);
+            }
+            MetaRequest::Status => {}
+        }
+    }
+
+    /// Decodes a request payload. Unknown ops and malformed payloads give
+    /// `Protocol` errors.
+    pub fn decode(opcode: u16, payload: &[u8]) -> Result<MetaRequest> {
+        let d = &mut Dec::new(payload, "metadata request");
+        let req = match opcode {
+            op::CREATE => MetaRequest::Create {
+                path: d.string()?,
+                ty: NodeType::from_u8(d.u8()?)?,
+                storage_class: d.u8()?,
+                location: d.string()?,
+                enumerable: d.bool()?,
+            },
+            op::LOOKUP => MetaRequest::Lookup { path: d.string()? },
+            op::ENUMERATE => MetaRequest::Enumerate { path: d.string()? },
+            op::OPEN_WRITE => MetaRequest::OpenWrite { path: d.string()? },
+            op::REMOVE => MetaRequest::Remove {
+                path: d.string()?,
+                recursive: d.bool()?,
+            },
+            op::MOVE => MetaRequest::Move {
+                src: d.string()?,
+                dst: d.string()?,
+            },
+            op::MAP => MetaRequest::Map {
+                node: d.u64()?,
+                index: d.u64()?,
+                count: d.u32()?,
+                alloc: d.bool()?,
+                lease: d.u64()?,
+            },
+            op::SYNC => MetaRequest::Sync {
+                node: d.u64()?,
+                lease: d.u64()?,
+                size: d.u64()?,
+                close: d.bool()?,
+            },
+            op::REGISTER => MetaRequest::Register {
+                addr: d.string()?,
+                class: d.u8()?,
+                class_name: d.string()?,
+                medium: d.string()?,
+                location: d.string()?,
+                block_size: d.u32()?,
+                first_block: d.u32()?,
+                num_blocks: d.u32()?,
+            },
+            op::HEARTBEAT => MetaRequest::Heartbeat { server: d.u32()? },
+            op::STATUS => MetaRequest::Status,
+            other => return Err(Error::protocol(format!("unknown metadata op {other}"))),
+        };
+        if d.remaining() != 0 {
+            return Err(Error::protocol(format!(
+                "metadata request op {opcode}: {} trailing bytes",
+                d.remaining()
+            )));
+        }
+        Ok(req)
+    }
+}
+
+/// Successful replies; which variant answers which op is fixed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetaReply {
+    /// Create, Lookup, OpenWrite.
+    Node(NodeInfo),
+    /// Remove, Move, Sync, Heartbeat.
+    Done,
+    /// Enumerate.
+    Names(Vec<String>),
+    /// Map: the node's published size and the requested block locations.
+    Blocks { size: u64, blocks: Vec<BlockLoc> },
+    /// Register.
+    Registered { server: u32 },
+    /// Status.
+    Status(ClusterStatus),
+}
+
+impl MetaReply {
+    pub fn encode(&self, buf: &mut BytesMut) {
+        let e = &mut Enc(buf);
+        match self {
+            MetaReply::Node(n) => n.encode(e),
+            MetaReply::Done => {}
+            MetaReply::Names(names) => {
+                e.u32(names.len() as u32);
+                for n in names {
+                    e.str(n);
+                }
+            }
+            MetaReply::Blocks { size, blocks } => {
+                e.u64(*size).u32(blocks.len() as u32);
+                for b in blocks {
+                    b.encode(e);
+                }
+            }
+            MetaReply::Registered { server } => {
+                e.u32(*server);
+            }
+            MetaReply::Status(s) => s.encode(e),
+        }
+    }
+
+    /// Decodes the successful reply to a request with op code `opcode`.
+    pub fn decode(opcode: u16, payload: &[u8]) -> Result<MetaReply> {
+        let mut d = Dec::new(payload, "metadata reply");
+        let reply = match opcode {
+            op::CREATE | op::LOOKUP | op::OPEN_WRITE => MetaReply::Node(NodeInfo::decode(&mut d)?),
+            op::REMOVE | op::MOVE | op::SYNC | op::HEARTBEAT => MetaReply::Done,
+            op::ENUMERATE => {
+                let n = d.count(4)?;
+                let mut names = Vec::with_capacity(n);
+                for _ in 0..n {
+                    names.push(d.string()?);
+                }
+                MetaReply::Names(names)
+            }
+            op::MAP => {
+                let size = d.u64()?;
+                let n = d.count(BlockLoc::MIN_LEN)?;
+                let mut blocks = Vec::with_capacity(n);
+                for _ in 0..n {
+                    blocks.push(BlockLoc::decode(&mut d)?);
+                }
+                MetaReply::Blocks { size, blocks }
+            }
+            op::REGISTER => MetaReply::Registered { server: d.u32()? },
+            op::STATUS => MetaReply::Status(ClusterStatus::decode(&mut d)?),
+            other => {
+                return Err(Error::protocol(format!(
+                    "reply to unknown metadata op {other}"
+                )))
+            }
+        };
+        d.finish()?;
+        Ok(reply)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::ServerStatus;
+
+    fn samples() -> Vec<MetaRequest> {
+        vec![
+            MetaRequest::Create {
+                path: "/a/b".into(),
+                ty: NodeType::Table,
+                storage_class: 1,
+                location: "host-a".into(),
+                enumerable: false,
+            },
+            MetaRequest::Lookup { path: "/x".into() },
+            MetaRequest::Remove {
+                path: "/x".into(),
+                recursive: true,
+            },
+            MetaRequest::Move {
+                src: "/x".into(),
+                dst: "/y".into(),
+            },
+            MetaRequest::Enumerate { path: "/".into() },
+            MetaRequest::Map {
+                node: 9,
+                index: 3,
+                count: 4,
+                alloc: true,
+                lease: 77,
+            },
+            MetaRequest::OpenWrite { path: "/f".into() },
+            MetaRequest::Sync {
+                node: 9,
+                lease: 77,
+                size: 1 << 33,
+                close: true,
+            },
+            MetaRequest::Register {
+                addr: "127.0.0.1:1".into(),
+                class: 0,
+                class_name: "dram".into(),
+                medium: "dram".into(),
+                location: "h".into(),
+                block_size: 1 << 20,
+                first_block: 0,
+                num_blocks: 64,
+            },
+            MetaRequest::Heartbeat { server: 5 },
+            MetaRequest::Status,
+        ]
+    }
+
+    #[test]
+    fn requests_round_trip_and_reject_truncation() {
+        for r in samples() {
+            let mut b = BytesMut::new();
+            r.encode(&mut b);
+            assert_eq!(MetaRequest::decode(r.op(), &b).unwrap(), r);
+            for cut in 0..b.len() {
+                assert!(
+                    MetaRequest::decode(r.op(), &b[..cut]).is_err(),
+                    "{r:?} cut {cut}"
+                );
+            }
+            let mut longer = b.clone();
+            longer.extend_from_slice(&[0]);
+            assert!(
+                MetaRequest::decode(r.op(), &longer).is_err(),
+                "trailing bytes refused"
+            );
+        }
+        assert!(MetaRequest::decode(999, &[]).is_err());
+    }
+
+    #[test]
+    fn replies_round_trip() {
+        let loc = BlockLoc {
+            server: 1,
+            addr: "a:1".into(),
+            block: 2,
+            gen: 3,
+            class: 0,
+        };
+        let node = NodeInfo {
+            id: 1,
+            ty: NodeType::File,
+            size: 10,
+            block_size: 1 << 20,
+            storage_class: crate::NO_CLASS,
+            location: String::new(),
+            enumerable: true,
+            lease: 4,
+            first_block: Some(loc.clone()),
+        };
+        let status = ClusterStatus {
+            block_size: 1 << 20,
+            nodes: 3,
+            servers: vec![ServerStatus {
+                id: 1,
+                addr: "a:1".into(),
+                class: 0,
+                class_name: "dram".into(),
+                medium: "dram".into(),
+                location: "h".into(),
+                block_size: 1 << 20,
+                capacity_blocks: 8,
+                used_blocks: 2,
+                alive: true,
+                last_seen_ms: 5,
+            }],
+        };
+        let cases = [
+            (op::LOOKUP, MetaReply::Node(node)),
+            (op::REMOVE, MetaReply::Done),
+            (
+                op::ENUMERATE,
+                MetaReply::Names(vec!["a".into(), "ü".into()]),
+            ),
+            (
+                op::MAP,
+                MetaReply::Blocks {
+                    size: 5,
+                    blocks: vec![loc.clone(), loc],
+                },
+            ),
+            (op::REGISTER, MetaReply::Registered { server: 3 }),
+            (op::STATUS, MetaReply::Status(status)),
+        ];
+        for (op, r) in cases {
+            let mut b = BytesMut::new();
+            r.encode(&mut b);
+            assert_eq!(MetaReply::decode(op, &b).unwrap(), r);
+            for cut in 0..b.len() {
+                assert!(MetaReply::decode(op, &b[..cut]).is_err());
+            }
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! Values that travel inside messages: node types, node metadata, block
+//! locations and cluster status.
+
+use crate::codec::{Dec, Enc};
+use crate::error::{Error, Result};
+
+/// "No storage class preference": allocate from the highest-priority class
+/// with a free block anywhere in the cluster.
+pub const NO_CLASS: u8 = u8::MAX;
+
+/// The five node types of the NodeKernel namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum NodeType {
+    Directory = 0,
+    File = 1,
+    Table = 2,
+    KeyValue = 3,
+    Bag = 4,
+}
+
+impl NodeType {
+    pub const ALL: [NodeType; 5] = [
+        NodeType::Directory,
+        NodeType::File,
+        NodeType::Table,
+        NodeType::KeyValue,
+        NodeType::Bag,
+    ];
+
+    pub fn from_u8(v: u8) -> Result<NodeType> {
+        NodeType::ALL
+            .get(v as usize)
+            .copied()
+            .ok_or_else(|| Error::protocol(format!("unknown node type {v}")))
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            NodeType::Directory => "Directory",
+            NodeType::File => "File",
+            NodeType::Table => "Table",
+            NodeType::KeyValue => "KeyValue",
+            NodeType::Bag => "Bag",
+        }
+    }
+
+    /// Parses a user-facing type name (`dir`, `directory`, `file`, `table`,
+    /// `kv`, `keyvalue`, `bag`), case-insensitively.
+    pub fn parse(s: &str) -> Option<NodeType> {
+        Some(match s.to_ascii_lowercase().as_str() {
+            "dir" | "directory" => NodeType::Directory,
+            "file" => NodeType::File,
+            "table" => NodeType::Table,
+            "kv" | "keyvalue" => NodeType::KeyValue,
+            "bag" => NodeType::Bag,
+            _ => return None,
+        })
+    }
+
+    /// Containers hold child records; data nodes hold bytes.
+    pub fn is_container(self) -> bool {
+        matches!(self, NodeType::Directory | NodeType::Table | NodeType::Bag)
+    }
+
+    /// The child rule of the node-type table: which types this one may hold.
+    pub fn accepts(self, child: NodeType) -> bool {
+        match self {
+            NodeType::Directory => matches!(
+                child,
+                NodeType::Directory | NodeType::File | NodeType::Table | NodeType::Bag
+            ),
+            NodeType::Table => child == NodeType::KeyValue,
+            NodeType::Bag => child == NodeType::File,
+            NodeType::File | NodeType::KeyValue => false,
+        }
+    }
+
+    /// A sentence stating the child rule, used in `TypeMismatch` errors.
+    pub fn child_rule(self) -> &'static str {
+        match self {
+            NodeType::Directory => "a Directory can hold Directory, File, Table and Bag nodes",
+            NodeType::Table => "a Table can only hold KeyValue nodes",
+            NodeType::Bag => "a Bag can only hold File nodes",
+            NodeType::File => "a File holds bytes and cannot have children",
+            NodeType::KeyValue => "a KeyValue holds bytes and cannot have children",
+        }
+    }
+
+    /// Whether creating this type on an existing path replaces the old node.
+    pub fn replaces_on_create(self) -> bool {
+        self == NodeType::KeyValue
+    }
+}
+
+impl std::fmt::Display for NodeType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Where one block of a node lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockLoc {
+    /// Storage server id (assigned by the metadata server at registration).
+    pub server: u32,
+    /// Address of the storage server's data port (`host:port`).
+    pub addr: String,
+    /// Block index on that server.
+    pub block: u32,
+    /// Allocation generation of the block; storage servers refuse access with
+    /// a different generation, so a stale location can never reach another
+    /// node's bytes.
+    pub gen: u64,
+    /// Storage class (priority) of the server.
+    pub class: u8,
+}
+
+impl BlockLoc {
+    pub(crate) fn encode(&self, e: &mut Enc) {
+        e.u32(self.server)
+            .str(&self.addr)
+            .u32(self.block)
+            .u64(self.gen)
+            .u8(self.class);
+    }
+    pub(crate) const MIN_LEN: usize = 4 + 4 + 4 + 8 + 1;
+    pub(crate) fn decode(d: &mut Dec) -> Result<BlockLoc> {
+        Ok(BlockLoc {
+            server: d.u32()?,
+            addr: d.string()?,
+            block: d.u32()?,
+            gen: d.u64()?,
+            class: d.u8()?,
+        })
+    }
+}
+
+/// Metadata of one node, as returned by create and lookup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// Unique node id; never reused, so it also identifies this version of a
+    /// path (a replaced KeyValue gets a new id).
+    pub id: u64,
+    pub ty: NodeType,
+    /// Published size in bytes (data nodes) or number of live children
+    /// (containers).
+    pub size: u64,
+    pub block_size: u32,
+    /// Preferred storage class, or [`NO_CLASS`].
+    pub storage_class: u8,
+    /// Preferred location class (host), empty for none.
+    pub location: String,
+    pub enumerable: bool,
+    /// Write lease held by the caller (0 = none). Only set in replies to
+    /// create and open-for-write.
+    pub lease: u64,
+    /// Location of block 0, saving a round trip on the first read.
+    pub first_block: Option<BlockLoc>,
+}
+
+impl NodeInfo {
+    pub(crate) fn encode(&self, e: &mut Enc) {
+        e.u64(self.id)
+            .u8(self.ty as u8)
+            .u64(self.size)
+            .u32(self.block_size)
+            .u8(self.storage_class)
+            .str(&self.location)
+            .bool(self.enumerable)
+            .u64(self.lease);
+        match &self.first_block {
+            Some(b) => {
+                e.bool(true);
+                b.encode(e);
+            }
+            None => {
+                e.bool(false);
+            }
+        }
+    }
+    pub(crate) fn decode(d: &mut Dec) -> Result<NodeInfo> {
+        Ok(NodeInfo {
+            id: d.u64()?,
+            ty: NodeType::from_u8(d.u8()?)?,
+            size: d.u64()?,
+            block_size: d.u32()?,
+            storage_class: d.u8()?,
+            location: d.string()?,
+            enumerable: d.bool()?,
+            lease: d.u64()?,
+            first_block: if d.bool()? {
+                Some(BlockLoc::decode(d)?)
+            } else {
+                None
+            },
+        })
+    }
+}
+
+/// One storage server as seen by the metadata server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerStatus {
+    pub id: u32,
+    pub addr: String,
+    pub class: u8,
+    pub class_name: String,
+    pub medium: String,
+    pub location: String,
+    pub block_size: u32,
+    pub capacity_blocks: u64,
+    pub used_blocks: u64,
+    pub alive: bool,
+    /// Milliseconds since the last heartbeat.
+    pub last_seen_ms: u64,
+}
+
+impl ServerStatus {
+    const MIN_LEN: usize = 4 + 4 + 1 + 4 + 4 + 4 + 4 + 8 + 8 + 1 + 8;
+    fn encode(&self, e: &mut Enc) {
+        e.u32(self.id)
+            .str(&self.addr)
+            .u8(self.class)
+            .str(&self.class_name)
+            .str(&self.medium)
+            .str(&self.location)
+            .u32(self.block_size)
+            .u64(self.capacity_blocks)
+            .u64(self.used_blocks)
+            .bool(self.alive)
+            .u64(self.last_seen_ms);
+    }
+    fn decode(d: &mut Dec) -> Result<ServerStatus> {
+        Ok(ServerStatus {
+            id: d.u32()?,
+            addr: d.string()?,
+            class: d.u8()?,
+            class_name: d.string()?,
+            medium: d.string()?,
+            location: d.string()?,
+            block_size: d.u32()?,
+            capacity_blocks: d.u64()?,
+            used_blocks: d.u64()?,
+            alive: d.bool()?,
+            last_seen_ms: d.u64()?,
+        })
+    }
+}
+
+/// The metadata server's view of the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterStatus {
+    pub block_size: u32,
+    /// Number of nodes in this metadata partition (the root included).
+    pub nodes: u64,
+    pub servers: Vec<ServerStatus>,
+}
+
+impl ClusterStatus {
+    pub(crate) fn encode(&self, e: &mut Enc) {
+        e.u32(self.block_size)
+            .u64(self.nodes)
+            .u32(self.servers.len() as u32);
+        for s in &self.servers {
+            s.encode(e);
+        }
+    }
+    pub(crate) fn decode(d: &mut Dec) -> Result<ClusterStatus> {
+        let block_size = d.u32()?;
+        let nodes = d.u64()?;
+        let n = d.count(ServerStatus::MIN_LEN)?;
+        let mut servers = Vec::with_capacity(n);
+        for _ in 0..n {
+            servers.push(ServerStatus::decode(d)?);
+        }
+        Ok(ClusterStatus {
+            block_size,
+            nodes,
+            servers,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn child_rules_match_the_node_type_table() {
+        use NodeType::*;
+        let allowed = [
+            (Directory, vec![Directory, File, Table, Bag]),
+            (File, vec![]),
+            (Table, vec![KeyValue]),
+            (KeyValue, vec![]),
+            (Bag, vec![File]),
+        ];
+        for (parent, kids) in allowed {
+            for child in NodeType::ALL {
+                assert_eq!(
+                    parent.accepts(child),
+                    kids.contains(&child),
+                    "{parent} <- {child}"
+                );
+            }
+        }
+        assert!(KeyValue.replaces_on_create());
+        for t in [Directory, File, Table, Bag] {
+            assert!(!t.replaces_on_create());
+        }
+    }
+
+    #[test]
+    fn type_names_parse() {
+        for t in NodeType::ALL {
+            assert_eq!(NodeType::parse(t.name()), Some(t));
+            assert_eq!(NodeType::from_u8(t as u8).unwrap(), t);
+        }
+        assert!(NodeType::from_u8(5).is_err());
+        assert_eq!(NodeType::parse("nope"), None);
+    }
+}
