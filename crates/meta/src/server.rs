@@ -1,0 +1,164 @@
+//! The async shell around [`MetaState`]: decodes requests, applies them
+//! under a lock, encodes replies, and runs the liveness check.
+
+use crate::state::MetaState;
+use bytes::{Bytes, BytesMut};
+use nodekernel_proto::meta::MetaRequest;
+use nodekernel_proto::Result;
+use nodekernel_rpc::{serve, Handler, ServerHandle};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+/// Settings of one metadata server.
+#[derive(Debug, Clone)]
+pub struct MetaConfig {
+    /// Address to listen on (`127.0.0.1:0` picks a free port).
+    pub listen: String,
+    /// Block size every storage server must export.
+    pub block_size: u32,
+    /// A writer that neither syncs nor allocates for this long loses its lease
+    /// to the next writer that asks.
+    pub lease_timeout: Duration,
+    /// A storage server silent for this long is declared dead.
+    pub dead_after: Duration,
+}
+
+impl Default for MetaConfig {
+    fn default() -> Self {
+        MetaConfig {
+            listen: "127.0.0.1:9060".into(),
+            block_size: nodekernel_proto::DEFAULT_BLOCK_SIZE,
+            lease_timeout: Duration::from_secs(30),
+            dead_after: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MetaError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("invalid metadata server setting {key}: {reason}")]
+    Config { key: &'static str, reason: String },
+    #[error(transparent)]
+    Rpc(#[from] nodekernel_proto::Error),
+}
+
+struct MetaHandler {
+    state: Mutex<MetaState>,
+    epoch: Instant,
+}
+
+impl MetaHandler {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+}
+
+impl Handler for MetaHandler {
+    async fn handle(&self, op: u16, payload: Bytes, out: &mut BytesMut) -> Result<()> {
+        let req = MetaRequest::decode(op, &payload)?;
+        let now = self.now_ms();
+        let reply = self
+            .state
+            .lock()
+            .expect("meta state lock")
+            .apply(req, now)?;
+        reply.encode(out);
+        Ok(())
+    }
+}
+
+/// A running metadata server.
+pub struct MetaServer {
+    handle: ServerHandle,
+    ticker: JoinHandle<()>,
+    handler: Arc<MetaHandler>,
+}
+
+impl MetaServer {
+    pub async fn start(cfg: MetaConfig) -> Result<MetaServer, MetaError> {
+        let bs = cfg.block_size;
+        if !bs.is_power_of_two() || !(4096..=nodekernel_proto::MAX_BLOCK_SIZE).contains(&bs) {
+            return Err(MetaError::Config {
+                key: "block_size",
+                reason: format!(
+                    "{bs} must be a power of two between 4 KiB and {} MiB",
+                    nodekernel_proto::MAX_BLOCK_SIZE >> 20
+                ),
+            });
+        }
+        let listener = TcpListener::bind(&cfg.listen)
+            .await
+            .map_err(|source| MetaError::Bind {
+                addr: cfg.listen.clone(),
+                source,
+            })?;
+        let first_gen = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(1);
+        let handler = Arc::new(MetaHandler {
+            state: Mutex::new(MetaState::new(
+                bs,
+                cfg.lease_timeout.as_millis() as u64,
+                first_gen,
+            )),
+            epoch: Instant::now(),
+        });
+        let handle = serve(listener, handler.clone())?;
+        let dead_after = cfg.dead_after.as_millis() as u64;
+        let h = handler.clone();
+        let period = (cfg.dead_after / 4).max(Duration::from_millis(10));
+        let ticker = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            loop {
+                tick.tick().await;
+                let now = h.now_ms();
+                let dead = h
+                    .state
+                    .lock()
+                    .expect("meta state lock")
+                    .alloc
+                    .expire(now, dead_after);
+                for id in dead {
+                    tracing::warn!(
+                        "storage server {id} missed heartbeats for {dead_after} ms: declared dead"
+                    );
+                }
+            }
+        });
+        tracing::info!("metadata server listening on {}", handle.local_addr());
+        Ok(MetaServer {
+            handle,
+            ticker,
+            handler,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.handle.local_addr()
+    }
+
+    /// Runs `f` on the state (for tests and embedding).
+    pub fn with_state<R>(&self, f: impl FnOnce(&mut MetaState) -> R) -> R {
+        f(&mut self.handler.state.lock().expect("meta state lock"))
+    }
+
+    pub fn shutdown(&self) {
+        self.handle.shutdown();
+        self.ticker.abort();
+    }
+}
+
+impl Drop for MetaServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
