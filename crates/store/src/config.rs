@@ -1,0 +1,325 @@
+//! Storage server configuration and its validation.
+
+use crate::StoreError;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Smallest block size a storage server accepts.
+pub const MIN_BLOCK_SIZE: u32 = 4 << 10;
+
+/// The medium a storage server exports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MediumKind {
+    /// Anonymous shared memory (a `memfd`), mapped into the server.
+    Dram,
+    /// A file, preallocated to the exported size. Its previous contents are
+    /// discarded at start.
+    File { path: PathBuf },
+}
+
+impl MediumKind {
+    /// The medium name sent to metadata servers (`"dram"` or `"file"`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            MediumKind::Dram => "dram",
+            MediumKind::File { .. } => "file",
+        }
+    }
+}
+
+/// Everything a storage server needs to start.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// Address to bind the data port to, e.g. `"127.0.0.1:0"` (port 0 picks
+    /// a free port).
+    pub listen: String,
+    /// Address to register with; defaults to the bound address. Set it when
+    /// binding a wildcard address such as `0.0.0.0`.
+    pub advertise: Option<String>,
+    /// Metadata server addresses, in partition order. May be empty (then the
+    /// server registers nowhere; used by tests).
+    pub metas: Vec<String>,
+    /// Storage class priority, 0 = fastest.
+    pub class: u8,
+    /// Name of the storage class, e.g. `"dram"` or `"file"`.
+    pub class_name: String,
+    pub medium: MediumKind,
+    /// Bytes to export; the server exports `capacity / block_size` whole
+    /// blocks (at least one).
+    pub capacity: u64,
+    /// Block size: a power of two in
+    /// `MIN_BLOCK_SIZE..=nodekernel_proto::MAX_BLOCK_SIZE`.
+    pub block_size: u32,
+    /// Location class (the host name by default; callers fill it).
+    pub location: String,
+    /// Time between heartbeats to each metadata server.
+    pub heartbeat_interval: Duration,
+    /// Bound on each metadata call, and roughly how long start-up keeps
+    /// retrying an unreachable metadata server.
+    pub rpc_timeout: Duration,
+}
+
+impl Default for StoreConfig {
+    /// A 64 MiB DRAM server with 1 MiB blocks on a free local port,
+    /// registering nowhere.
+    fn default() -> Self {
+        StoreConfig {
+            listen: "127.0.0.1:0".into(),
+            advertise: None,
+            metas: Vec::new(),
+            class: 0,
+            class_name: "dram".into(),
+            medium: MediumKind::Dram,
+            capacity: 64 << 20,
+            block_size: nodekernel_proto::DEFAULT_BLOCK_SIZE,
+            location: "localhost".into(),
+            heartbeat_interval: Duration::from_secs(1),
+            rpc_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl StoreConfig {
+    /// Checks every field and returns the number of exported blocks.
+    pub fn validate(&self) -> Result<u32, StoreError> {
+        let bs = self.block_size;
+        if !bs.is_power_of_two() {
+            return Err(StoreError::config(
+                "block_size",
+                format!("must be a power of two, got {bs}"),
+            ));
+        }
+        if !(MIN_BLOCK_SIZE..=nodekernel_proto::MAX_BLOCK_SIZE).contains(&bs) {
+            return Err(StoreError::config(
+                "block_size",
+                format!(
+                    "must be between {MIN_BLOCK_SIZE} and {} bytes, got {bs}",
+                    nodekernel_proto::MAX_BLOCK_SIZE
+                ),
+            ));
+        }
+        if self.capacity < u64::from(bs) {
+            return Err(StoreError::config(
+                "capacity",
+                format!(
+                    "must hold at least one block of {bs} bytes, got {} bytes",
+                    self.capacity
+                ),
+            ));
+        }
+        let blocks = self.capacity / u64::from(bs);
+        let blocks = u32::try_from(blocks).map_err(|_| {
+            StoreError::config(
+                "capacity",
+                format!(
+                    "{} bytes is {blocks} blocks of {bs} bytes, more than the {} blocks one server can export",
+                    self.capacity,
+                    u32::MAX
+                ),
+            )
+        })?;
+        if usize::try_from(u64::from(blocks) * u64::from(bs)).is_err() {
+            return Err(StoreError::config(
+                "capacity",
+                format!(
+                    "{} bytes does not fit in this machine's address space",
+                    self.capacity
+                ),
+            ));
+        }
+        if self.heartbeat_interval.is_zero() {
+            return Err(StoreError::config(
+                "heartbeat_interval",
+                "must be greater than zero",
+            ));
+        }
+        if self.rpc_timeout.is_zero() {
+            return Err(StoreError::config(
+                "rpc_timeout",
+                "must be greater than zero",
+            ));
+        }
+        if self.listen.is_empty() {
+            return Err(StoreError::config(
+                "listen",
+                "must be an address such as 127.0.0.1:0",
+            ));
+        }
+        if self.metas.len() > blocks as usize {
+            return Err(StoreError::config(
+                "metas",
+                format!(
+                    "{} metadata servers cannot each get a share of only {blocks} blocks",
+                    self.metas.len()
+                ),
+            ));
+        }
+        if let MediumKind::File { path } = &self.medium {
+            if path.as_os_str().is_empty() {
+                return Err(StoreError::config("medium", "file path must not be empty"));
+            }
+        }
+        Ok(blocks)
+    }
+
+    /// Bytes actually exported: the whole blocks that fit in `capacity`.
+    pub(crate) fn exported_bytes(&self, blocks: u32) -> u64 {
+        u64::from(blocks) * u64::from(self.block_size)
+    }
+}
+
+/// The blocks partition `i` of `k` gets out of `n`: `[i*n/k, (i+1)*n/k)`,
+/// returned as `(first_block, num_blocks)`.
+pub(crate) fn partition(n: u32, k: usize, i: usize) -> (u32, u32) {
+    let (n, k, i) = (u64::from(n), k as u64, i as u64);
+    let first = i * n / k;
+    let end = (i + 1) * n / k;
+    (first as u32, (end - first) as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field_of(e: StoreError) -> &'static str {
+        match e {
+            StoreError::Config { field, .. } => field,
+            other => panic!("expected a config error, got {other}"),
+        }
+    }
+
+    #[test]
+    fn default_is_valid() {
+        assert_eq!(StoreConfig::default().validate().unwrap(), 64);
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let base = StoreConfig::default();
+        let cases: Vec<(StoreConfig, &str)> = vec![
+            (
+                StoreConfig {
+                    block_size: 3 << 12,
+                    ..base.clone()
+                },
+                "block_size",
+            ),
+            (
+                StoreConfig {
+                    block_size: 2048,
+                    ..base.clone()
+                },
+                "block_size",
+            ),
+            (
+                StoreConfig {
+                    block_size: 32 << 20,
+                    ..base.clone()
+                },
+                "block_size",
+            ),
+            (
+                StoreConfig {
+                    block_size: 0,
+                    ..base.clone()
+                },
+                "block_size",
+            ),
+            (
+                StoreConfig {
+                    capacity: (1 << 20) - 1,
+                    ..base.clone()
+                },
+                "capacity",
+            ),
+            (
+                StoreConfig {
+                    capacity: 0,
+                    ..base.clone()
+                },
+                "capacity",
+            ),
+            (
+                StoreConfig {
+                    capacity: (u64::from(u32::MAX) + 1) * 4096,
+                    block_size: 4096,
+                    ..base.clone()
+                },
+                "capacity",
+            ),
+            (
+                StoreConfig {
+                    heartbeat_interval: Duration::ZERO,
+                    ..base.clone()
+                },
+                "heartbeat_interval",
+            ),
+            (
+                StoreConfig {
+                    rpc_timeout: Duration::ZERO,
+                    ..base.clone()
+                },
+                "rpc_timeout",
+            ),
+            (
+                StoreConfig {
+                    listen: String::new(),
+                    ..base.clone()
+                },
+                "listen",
+            ),
+            (
+                StoreConfig {
+                    capacity: 1 << 20,
+                    metas: vec!["a:1".into(), "b:1".into()],
+                    ..base.clone()
+                },
+                "metas",
+            ),
+            (
+                StoreConfig {
+                    medium: MediumKind::File {
+                        path: PathBuf::new(),
+                    },
+                    ..base.clone()
+                },
+                "medium",
+            ),
+        ];
+        for (cfg, field) in cases {
+            let err = cfg.validate().unwrap_err();
+            let text = err.to_string();
+            assert!(text.contains(field), "{text:?} names {field}");
+            assert_eq!(field_of(err), field);
+        }
+    }
+
+    #[test]
+    fn partial_blocks_are_not_exported() {
+        let cfg = StoreConfig {
+            capacity: (3 << 20) + 17,
+            ..StoreConfig::default()
+        };
+        assert_eq!(cfg.validate().unwrap(), 3);
+        assert_eq!(cfg.exported_bytes(3), 3 << 20);
+    }
+
+    #[test]
+    fn partitions_are_contiguous_disjoint_and_complete() {
+        for n in [1u32, 2, 3, 10, 64, 1000, u32::MAX] {
+            for k in 1..=5usize.min(n as usize) {
+                let mut next = 0u64;
+                for i in 0..k {
+                    let (first, count) = partition(n, k, i);
+                    assert_eq!(u64::from(first), next, "n={n} k={k} i={i}");
+                    assert!(count >= 1 || n < k as u32);
+                    next += u64::from(count);
+                }
+                assert_eq!(next, u64::from(n));
+            }
+        }
+        assert_eq!(partition(10, 3, 0), (0, 3));
+        assert_eq!(partition(10, 3, 1), (3, 3));
+        assert_eq!(partition(10, 3, 2), (6, 4));
+    }
+}

@@ -1,0 +1,43 @@
+//! NodeKernel storage server.
+//!
+//! A storage server exports one region of one medium (DRAM or a file) as
+//! fixed-size blocks (1 MiB by default) of one storage class. It registers
+//! its blocks with the metadata servers (split into one contiguous range per
+//! metadata partition), heartbeats them, and serves byte-granular reads and
+//! writes of blocks over the NodeKernel transport.
+//!
+//! # Invariant
+//!
+//! **The store never interprets block bytes; it only checks generations and
+//! bounds.** Every request names a block, an allocation generation and a
+//! byte range. The range must lie inside one block of this server
+//! (`OutOfRange` otherwise, checked without overflow). The generation decides
+//! whose bytes these are (see [`blocks`]): a write with a newer generation
+//! claims the block for a new owner, a write with an older one is `Stale`,
+//! and a read must match the current generation exactly or it is `Stale`
+//! and returns no bytes. So a client holding an outdated block location can
+//! never read or overwrite another node's data.
+//!
+//! Malformed network input gives `Protocol` errors and never panics.
+//!
+//! # Layout
+//!
+//! * [`medium`]: the [`Medium`] trait with [`DramMedium`] (a mapped memfd)
+//!   and [`FileMedium`] (a preallocated file, positional I/O);
+//! * [`blocks`]: [`BlockStore`], blocks plus generations over a medium;
+//! * [`StorageServer`]: the data port, registration and heartbeats.
+
+pub mod blocks;
+mod config;
+mod error;
+pub mod medium;
+mod server;
+
+pub use blocks::BlockStore;
+pub use config::{MediumKind, StoreConfig, MIN_BLOCK_SIZE};
+pub use error::StoreError;
+pub use medium::{DramMedium, FileMedium, Medium};
+pub use server::StorageServer;
+
+#[cfg(test)]
+mod tests;

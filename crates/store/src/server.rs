@@ -1,0 +1,362 @@
+//! The running storage server: data port, registration and heartbeats.
+
+use crate::blocks::BlockStore;
+use crate::config::{partition, MediumKind, StoreConfig};
+use crate::medium::{DramMedium, FileMedium, Medium};
+use crate::StoreError;
+use bytes::{Bytes, BytesMut};
+use nodekernel_proto::meta::{MetaReply, MetaRequest};
+use nodekernel_proto::store::StoreRequest;
+use nodekernel_proto::{Error, ErrorCode, Result};
+use nodekernel_rpc::{ConnectionPool, Handler, ServerHandle};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, MissedTickBehavior};
+
+/// Serves `StoreRequest`s against a [`BlockStore`].
+pub(crate) struct StoreHandler {
+    store: Arc<BlockStore>,
+}
+
+impl Handler for StoreHandler {
+    async fn handle(&self, op: u16, payload: Bytes, out: &mut BytesMut) -> Result<()> {
+        match StoreRequest::decode(op, &payload)? {
+            StoreRequest::Read {
+                block,
+                gen,
+                offset,
+                len,
+            } => self.store.read(block, gen, offset, len, out),
+            StoreRequest::Write {
+                block,
+                gen,
+                offset,
+                data,
+            } => self.store.write(block, gen, offset, data),
+            StoreRequest::Ping => Ok(()),
+        }
+    }
+}
+
+/// Registration state shared by `start` and the heartbeat tasks.
+struct Registrar {
+    pool: ConnectionPool,
+    metas: Vec<String>,
+    /// One `Register` request per metadata server (its partition of blocks).
+    requests: Vec<MetaRequest>,
+    /// Server id assigned by each metadata server, `None` while unregistered.
+    ids: Mutex<Vec<Option<u32>>>,
+}
+
+impl Registrar {
+    fn set_id(&self, i: usize, id: Option<u32>) {
+        self.ids.lock().unwrap_or_else(|p| p.into_inner())[i] = id;
+    }
+
+    fn id(&self, i: usize) -> Option<u32> {
+        self.ids.lock().unwrap_or_else(|p| p.into_inner())[i]
+    }
+
+    async fn call(&self, i: usize, req: &MetaRequest) -> Result<MetaReply> {
+        let mut buf = BytesMut::new();
+        req.encode(&mut buf);
+        let reply = self.pool.call(&self.metas[i], req.op(), &[&buf]).await?;
+        MetaReply::decode(req.op(), &reply)
+    }
+
+    /// One registration attempt with metadata server `i`.
+    async fn register_once(&self, i: usize) -> Result<u32> {
+        match self.call(i, &self.requests[i]).await? {
+            MetaReply::Registered { server } => {
+                self.set_id(i, Some(server));
+                Ok(server)
+            }
+            other => Err(Error::protocol(format!(
+                "metadata server {} answered a registration with {other:?}",
+                self.metas[i]
+            ))),
+        }
+    }
+
+    /// Registers with metadata server `i`, retrying transient failures with
+    /// a short backoff for about `patience` (at least two attempts).
+    async fn register(&self, i: usize, patience: Duration) -> std::result::Result<u32, StoreError> {
+        let started = Instant::now();
+        let mut backoff = Duration::from_millis(50);
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let err = match self.register_once(i).await {
+                Ok(id) => {
+                    tracing::info!(
+                        "registered with metadata server {} as server {id}",
+                        self.metas[i]
+                    );
+                    return Ok(id);
+                }
+                Err(e) => e,
+            };
+            let transient = matches!(
+                err.code,
+                ErrorCode::Unavailable | ErrorCode::Timeout | ErrorCode::Busy
+            );
+            let left = patience.saturating_sub(started.elapsed());
+            if !transient || (attempts >= 2 && left.is_zero()) {
+                return Err(StoreError::Register {
+                    meta: self.metas[i].clone(),
+                    source: err,
+                });
+            }
+            let pause = backoff.min(left).max(Duration::from_millis(10));
+            tracing::debug!(
+                "registration with {} failed (attempt {attempts}), retrying in {pause:?}: {err}",
+                self.metas[i]
+            );
+            tokio::time::sleep(pause).await;
+            backoff = (backoff * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    /// One heartbeat period for metadata server `i`: heartbeat if registered,
+    /// register again if not (or if the metadata server forgot us).
+    async fn beat(&self, i: usize) {
+        let meta = &self.metas[i];
+        let reregister = match self.id(i) {
+            None => true,
+            Some(id) => match self.call(i, &MetaRequest::Heartbeat { server: id }).await {
+                Ok(_) => false,
+                Err(e) if e.code == ErrorCode::UnknownServer => {
+                    tracing::warn!(
+                        "metadata server {meta} no longer knows server {id} ({e}); registering again"
+                    );
+                    self.set_id(i, None);
+                    true
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "heartbeat of server {id} to metadata server {meta} failed: {e}"
+                    );
+                    false
+                }
+            },
+        };
+        if reregister {
+            match self.register_once(i).await {
+                Ok(id) => {
+                    tracing::info!("registered again with metadata server {meta} as server {id}")
+                }
+                Err(e) => tracing::warn!(
+                    "registration with metadata server {meta} failed, will retry: {e}"
+                ),
+            }
+        }
+    }
+}
+
+async fn heartbeat_loop(reg: Arc<Registrar>, i: usize, interval: Duration) {
+    let mut ticker = tokio::time::interval_at(Instant::now() + interval, interval);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        reg.beat(i).await;
+    }
+}
+
+/// Handle of a running storage server. Dropping it stops the server.
+pub struct StorageServer {
+    local_addr: SocketAddr,
+    advertise: String,
+    num_blocks: u32,
+    store: Arc<BlockStore>,
+    server: ServerHandle,
+    stopped: AtomicBool,
+    registrar: Arc<Registrar>,
+    heartbeats: Vec<JoinHandle<()>>,
+}
+
+impl StorageServer {
+    /// Creates the medium, binds the data port, starts serving and registers
+    /// with every metadata server. Returns once every registration
+    /// succeeded; heartbeats then run in the background.
+    pub async fn start(cfg: StoreConfig) -> std::result::Result<StorageServer, StoreError> {
+        let num_blocks = cfg.validate()?;
+        let bytes = cfg.exported_bytes(num_blocks);
+        let medium: Box<dyn Medium> = match &cfg.medium {
+            MediumKind::Dram => Box::new(DramMedium::new(bytes)?),
+            MediumKind::File { path } => {
+                let path = path.clone();
+                // Preallocation may take a while on slow file systems.
+                let m = tokio::task::spawn_blocking(move || FileMedium::create(&path, bytes))
+                    .await
+                    .map_err(|e| {
+                        StoreError::Rpc(Error::internal(format!("medium set-up task failed: {e}")))
+                    })??;
+                Box::new(m)
+            }
+        };
+        let store = Arc::new(BlockStore::new(medium, cfg.block_size, num_blocks));
+
+        let listen_err = |source| StoreError::Listen {
+            addr: cfg.listen.clone(),
+            source,
+        };
+        let listener = tokio::net::TcpListener::bind(&cfg.listen)
+            .await
+            .map_err(listen_err)?;
+        let local_addr = listener.local_addr().map_err(listen_err)?;
+        let server = nodekernel_rpc::serve(
+            listener,
+            Arc::new(StoreHandler {
+                store: store.clone(),
+            }),
+        )
+        .map_err(StoreError::Rpc)?;
+
+        let advertise = match &cfg.advertise {
+            Some(a) => a.clone(),
+            None => {
+                if local_addr.ip().is_unspecified() && !cfg.metas.is_empty() {
+                    tracing::warn!(
+                        "storage server bound to {local_addr} registers that wildcard address; set `advertise`"
+                    );
+                }
+                local_addr.to_string()
+            }
+        };
+        let k = cfg.metas.len();
+        let requests = (0..k)
+            .map(|i| {
+                let (first_block, count) = partition(num_blocks, k, i);
+                MetaRequest::Register {
+                    addr: advertise.clone(),
+                    class: cfg.class,
+                    class_name: cfg.class_name.clone(),
+                    medium: store.medium_kind().to_string(),
+                    location: cfg.location.clone(),
+                    block_size: cfg.block_size,
+                    first_block,
+                    num_blocks: count,
+                }
+            })
+            .collect();
+        let registrar = Arc::new(Registrar {
+            pool: ConnectionPool::new(cfg.rpc_timeout),
+            metas: cfg.metas.clone(),
+            requests,
+            ids: Mutex::new(vec![None; k]),
+        });
+
+        let mut srv = StorageServer {
+            local_addr,
+            advertise,
+            num_blocks,
+            store,
+            server,
+            stopped: AtomicBool::new(false),
+            registrar: registrar.clone(),
+            heartbeats: Vec::new(),
+        };
+        // Register with all metadata servers concurrently. On failure `srv`
+        // drops, which stops the data port again.
+        let pending: Vec<_> = (0..k)
+            .map(|i| {
+                let reg = registrar.clone();
+                let patience = cfg.rpc_timeout;
+                tokio::spawn(async move { reg.register(i, patience).await })
+            })
+            .collect();
+        let mut first_err = None;
+        for task in pending {
+            let result = task.await.unwrap_or_else(|e| {
+                Err(StoreError::Rpc(Error::internal(format!(
+                    "registration task failed: {e}"
+                ))))
+            });
+            if let Err(e) = result {
+                first_err.get_or_insert(e);
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        srv.heartbeats = (0..k)
+            .map(|i| tokio::spawn(heartbeat_loop(registrar.clone(), i, cfg.heartbeat_interval)))
+            .collect();
+        tracing::info!(
+            "storage server on {} exports {num_blocks} {} blocks of {} bytes",
+            srv.local_addr,
+            srv.store.medium_kind(),
+            cfg.block_size
+        );
+        Ok(srv)
+    }
+
+    /// The bound address of the data port.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The address registered with the metadata servers.
+    pub fn advertised_addr(&self) -> &str {
+        &self.advertise
+    }
+
+    pub fn num_blocks(&self) -> u32 {
+        self.num_blocks
+    }
+
+    pub fn block_size(&self) -> u32 {
+        self.store.block_size()
+    }
+
+    /// The blocks this server exports (for inspection, e.g. generations).
+    pub fn store(&self) -> &Arc<BlockStore> {
+        &self.store
+    }
+
+    /// Server ids assigned by each metadata server, in `StoreConfig::metas`
+    /// order; `None` while not registered with that one.
+    pub fn server_ids(&self) -> Vec<Option<u32>> {
+        self.registrar
+            .ids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Stops everything: the listener (new connections are refused from the
+    /// moment this returns), every client connection and the heartbeats.
+    /// Idempotent; also done on drop.
+    pub fn shutdown(&self) {
+        if self.stopped.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.server.shutdown();
+        for h in &self.heartbeats {
+            h.abort();
+        }
+        tracing::info!("storage server on {} stopped", self.local_addr);
+    }
+}
+
+impl Drop for StorageServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl std::fmt::Debug for StorageServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StorageServer")
+            .field("local_addr", &self.local_addr)
+            .field("advertise", &self.advertise)
+            .field("medium", &self.store.medium_kind())
+            .field("num_blocks", &self.num_blocks)
+            .field("block_size", &self.store.block_size())
+            .field("server_ids", &self.server_ids())
+            .finish()
+    }
+}

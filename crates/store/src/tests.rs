@@ -1,0 +1,514 @@
+//! End-to-end tests: the storage server over the network, and its
+//! registration and heartbeats against a fake metadata server.
+
+use crate::{MediumKind, StorageServer, StoreConfig, StoreError};
+use bytes::{Bytes, BytesMut};
+use nodekernel_proto::meta::{MetaReply, MetaRequest};
+use nodekernel_proto::store::{op, StoreRequest};
+use nodekernel_proto::{Error, ErrorCode, Result};
+use nodekernel_rpc::{Connection, Handler, ServerHandle};
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const BS: u32 = 64 << 10;
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+fn cfg(medium: MediumKind, blocks: u64) -> StoreConfig {
+    StoreConfig {
+        listen: "127.0.0.1:0".into(),
+        class_name: medium.name().into(),
+        medium,
+        capacity: blocks * u64::from(BS),
+        block_size: BS,
+        location: "test-host".into(),
+        heartbeat_interval: Duration::from_millis(20),
+        rpc_timeout: Duration::from_secs(2),
+        ..StoreConfig::default()
+    }
+}
+
+async fn call(c: &Connection, req: StoreRequest<'_>) -> Result<Bytes> {
+    let mut buf = BytesMut::new();
+    req.encode(&mut buf);
+    c.call(req.op(), &[&buf]).await
+}
+
+async fn write(c: &Connection, block: u32, gen: u64, offset: u32, data: &[u8]) -> Result<()> {
+    let r = call(
+        c,
+        StoreRequest::Write {
+            block,
+            gen,
+            offset,
+            data,
+        },
+    )
+    .await?;
+    assert!(r.is_empty(), "a write reply has no payload");
+    Ok(())
+}
+
+async fn read(c: &Connection, block: u32, gen: u64, offset: u32, len: u32) -> Result<Bytes> {
+    call(
+        c,
+        StoreRequest::Read {
+            block,
+            gen,
+            offset,
+            len,
+        },
+    )
+    .await
+}
+
+async fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Write/read/ping, errors keeping the connection usable, and shutdown.
+async fn serve_over_network(medium: MediumKind) {
+    let srv = StorageServer::start(cfg(medium, 4)).await.unwrap();
+    assert_eq!(srv.num_blocks(), 4);
+    assert_eq!(srv.server_ids(), Vec::<Option<u32>>::new());
+    let addr = srv.local_addr().to_string();
+    assert_ne!(srv.local_addr().port(), 0);
+    let c = Connection::connect(&addr, TIMEOUT).await.unwrap();
+
+    assert!(call(&c, StoreRequest::Ping).await.unwrap().is_empty());
+
+    let full: Vec<u8> = (0..BS).map(|i| (i % 251) as u8).collect();
+    write(&c, 3, 11, 0, &full).await.unwrap();
+    assert_eq!(read(&c, 3, 11, 0, BS).await.unwrap(), full);
+    write(&c, 3, 11, 1001, b"odd bytes").await.unwrap();
+    assert_eq!(
+        read(&c, 3, 11, 1000, 11).await.unwrap(),
+        [&full[1000..1001], b"odd bytes", &full[1010..1011]].concat()
+    );
+    assert_eq!(read(&c, 3, 11, BS, 0).await.unwrap(), b"" as &[u8]);
+
+    // Generations over the wire.
+    assert_eq!(
+        read(&c, 3, 10, 0, 1).await.unwrap_err().code,
+        ErrorCode::Stale
+    );
+    assert_eq!(
+        read(&c, 3, 12, 0, 1).await.unwrap_err().code,
+        ErrorCode::Stale
+    );
+    write(&c, 3, 12, 0, b"new owner").await.unwrap();
+    assert_eq!(
+        write(&c, 3, 11, 0, b"old").await.unwrap_err().code,
+        ErrorCode::Stale
+    );
+    assert_eq!(read(&c, 3, 12, 0, 9).await.unwrap(), b"new owner" as &[u8]);
+    assert_eq!(srv.store().generation(3), Some(12));
+
+    // Bounds over the wire.
+    for (what, r) in [
+        ("past block end", read(&c, 3, 12, BS - 1, 2).await),
+        ("huge length", read(&c, 3, 12, 0, u32::MAX).await),
+        ("huge offset", read(&c, 3, 12, u32::MAX, u32::MAX).await),
+        ("block past end", read(&c, 4, 12, 0, 1).await),
+        ("block u32::MAX", read(&c, u32::MAX, 1, 0, 1).await),
+    ] {
+        assert_eq!(r.unwrap_err().code, ErrorCode::OutOfRange, "{what}");
+    }
+    assert_eq!(
+        write(&c, 0, 1, u32::MAX, b"x").await.unwrap_err().code,
+        ErrorCode::OutOfRange
+    );
+    assert_eq!(
+        write(&c, 0, 1, BS - 1, b"xy").await.unwrap_err().code,
+        ErrorCode::OutOfRange
+    );
+
+    // Garbage: unknown op, malformed payloads. The connection survives.
+    let e = c
+        .call(999, &[b"\xde\xad\xbe\xef garbage"])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Protocol, "{e}");
+    assert!(e.message.contains("999"), "{e}");
+    for (opcode, payload) in [
+        (op::READ, &[1u8; 5][..]),
+        (op::READ, &[0u8; 21][..]),
+        (op::WRITE, &[0u8; 15][..]),
+        (op::PING, &[0u8][..]),
+    ] {
+        let e = c.call(opcode, &[payload]).await.unwrap_err();
+        assert_eq!(
+            e.code,
+            ErrorCode::Protocol,
+            "op {opcode} with {} bytes: {e}",
+            payload.len()
+        );
+    }
+    assert!(!c.is_closed());
+    assert!(call(&c, StoreRequest::Ping).await.unwrap().is_empty());
+    assert_eq!(read(&c, 3, 12, 0, 9).await.unwrap(), b"new owner" as &[u8]);
+
+    // Shutdown: new connections are refused at once, old ones are closed.
+    srv.shutdown();
+    let e = Connection::connect(&addr, TIMEOUT)
+        .await
+        .err()
+        .expect("connect after shutdown must fail");
+    assert_eq!(e.code, ErrorCode::Unavailable, "{e}");
+    let e = call(&c, StoreRequest::Ping).await.unwrap_err();
+    assert_eq!(
+        e.code,
+        ErrorCode::Unavailable,
+        "existing connection is closed: {e}"
+    );
+    srv.shutdown(); // idempotent
+    drop(srv);
+}
+
+#[tokio::test]
+async fn dram_server_over_network() {
+    serve_over_network(MediumKind::Dram).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_server_over_network() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nested/dir/blocks.dat");
+    serve_over_network(MediumKind::File { path: path.clone() }).await;
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 4 * u64::from(BS));
+}
+
+#[tokio::test]
+async fn drop_stops_the_server() {
+    let srv = StorageServer::start(cfg(MediumKind::Dram, 1))
+        .await
+        .unwrap();
+    let addr = srv.local_addr().to_string();
+    Connection::connect(&addr, TIMEOUT).await.unwrap();
+    drop(srv);
+    assert!(Connection::connect(&addr, TIMEOUT).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_clients_on_disjoint_blocks() {
+    let srv = StorageServer::start(cfg(MediumKind::Dram, 8))
+        .await
+        .unwrap();
+    let addr = srv.local_addr().to_string();
+    let tasks: Vec<_> = (0..8u32)
+        .map(|b| {
+            let addr = addr.clone();
+            tokio::spawn(async move {
+                let c = Connection::connect(&addr, TIMEOUT).await.unwrap();
+                for round in 0..20u32 {
+                    let gen = u64::from(round) + 1;
+                    let data = vec![(b * 31 + round) as u8; (BS / 2) as usize + b as usize];
+                    write(&c, b, gen, 7, &data).await.unwrap();
+                    assert_eq!(read(&c, b, gen, 7, data.len() as u32).await.unwrap(), data);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn bad_config_names_the_field() {
+    let mut c = cfg(MediumKind::Dram, 1);
+    c.block_size = 1000;
+    let e = StorageServer::start(c).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            StoreError::Config {
+                field: "block_size",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let pe: Error = e.into();
+    assert_eq!(pe.code, ErrorCode::InvalidArgument);
+
+    let mut c = cfg(MediumKind::Dram, 1);
+    c.listen = "not an address".into();
+    let e = StorageServer::start(c).await.unwrap_err();
+    assert!(e.to_string().contains("not an address"), "{e}");
+}
+
+// ---------------------------------------------------------------------------
+// Registration and heartbeats against a fake metadata server.
+
+#[derive(Default)]
+struct FakeMeta {
+    /// Id handed out by the next registration.
+    next_id: AtomicU32,
+    /// Ids it has handed out; heartbeats from others get `UnknownServer`.
+    known: Mutex<HashSet<u32>>,
+    registrations: Mutex<Vec<MetaRequest>>,
+    /// Server ids of accepted heartbeats, in order.
+    heartbeats: Mutex<Vec<u32>>,
+    /// Answer the first heartbeat with `UnknownServer` regardless.
+    forget_first_heartbeat: bool,
+    forgot: AtomicBool,
+    /// Refuse registrations with this error.
+    refuse: Option<Error>,
+}
+
+impl FakeMeta {
+    fn new(first_id: u32) -> FakeMeta {
+        FakeMeta {
+            next_id: AtomicU32::new(first_id),
+            ..FakeMeta::default()
+        }
+    }
+
+    fn registrations(&self) -> Vec<MetaRequest> {
+        self.registrations.lock().unwrap().clone()
+    }
+
+    fn heartbeats(&self) -> Vec<u32> {
+        self.heartbeats.lock().unwrap().clone()
+    }
+}
+
+impl Handler for FakeMeta {
+    async fn handle(&self, op: u16, payload: Bytes, out: &mut BytesMut) -> Result<()> {
+        let req = MetaRequest::decode(op, &payload)?;
+        let reply = match &req {
+            MetaRequest::Register { .. } => {
+                self.registrations.lock().unwrap().push(req.clone());
+                if let Some(e) = &self.refuse {
+                    return Err(e.clone());
+                }
+                let id = self.next_id.fetch_add(1, Ordering::SeqCst);
+                self.known.lock().unwrap().insert(id);
+                MetaReply::Registered { server: id }
+            }
+            MetaRequest::Heartbeat { server } => {
+                if self.forget_first_heartbeat && !self.forgot.swap(true, Ordering::SeqCst) {
+                    self.known.lock().unwrap().remove(server);
+                }
+                if !self.known.lock().unwrap().contains(server) {
+                    return Err(Error::unknown_server(format!(
+                        "storage server {server} is not registered"
+                    )));
+                }
+                self.heartbeats.lock().unwrap().push(*server);
+                MetaReply::Done
+            }
+            other => {
+                return Err(Error::invalid_argument(format!(
+                    "fake meta does not do {other:?}"
+                )))
+            }
+        };
+        reply.encode(out);
+        Ok(())
+    }
+}
+
+async fn fake_meta_at(addr: &str, meta: FakeMeta) -> (Arc<FakeMeta>, ServerHandle, String) {
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let meta = Arc::new(meta);
+    let handle = nodekernel_rpc::serve(listener, meta.clone()).unwrap();
+    let addr = handle.local_addr().to_string();
+    (meta, handle, addr)
+}
+
+async fn fake_meta(meta: FakeMeta) -> (Arc<FakeMeta>, ServerHandle, String) {
+    fake_meta_at("127.0.0.1:0", meta).await
+}
+
+#[tokio::test]
+async fn registers_and_heartbeats() {
+    let (meta, _h, meta_addr) = fake_meta(FakeMeta::new(7)).await;
+    let mut c = cfg(MediumKind::Dram, 10);
+    c.metas = vec![meta_addr];
+    c.class = 2;
+    c.class_name = "fast".into();
+    let srv = StorageServer::start(c).await.unwrap();
+    assert_eq!(
+        srv.server_ids(),
+        vec![Some(7)],
+        "registered before start returns"
+    );
+    assert_eq!(
+        meta.registrations(),
+        vec![MetaRequest::Register {
+            addr: srv.local_addr().to_string(),
+            class: 2,
+            class_name: "fast".into(),
+            medium: "dram".into(),
+            location: "test-host".into(),
+            block_size: BS,
+            first_block: 0,
+            num_blocks: 10,
+        }]
+    );
+    eventually("three heartbeats", || meta.heartbeats().len() >= 3).await;
+    assert!(meta.heartbeats().iter().all(|&id| id == 7));
+    assert_eq!(
+        meta.registrations().len(),
+        1,
+        "no re-registration while heartbeats succeed"
+    );
+
+    // Heartbeats stop with the server.
+    srv.shutdown();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let n = meta.heartbeats().len();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(meta.heartbeats().len(), n, "no heartbeats after shutdown");
+}
+
+#[tokio::test]
+async fn reregisters_when_the_meta_forgets_it() {
+    let (meta, _h, meta_addr) = fake_meta(FakeMeta {
+        forget_first_heartbeat: true,
+        ..FakeMeta::new(7)
+    })
+    .await;
+    let mut c = cfg(MediumKind::Dram, 4);
+    c.metas = vec![meta_addr];
+    let srv = StorageServer::start(c).await.unwrap();
+    assert_eq!(srv.server_ids(), vec![Some(7)]);
+    eventually("re-registration", || meta.registrations().len() == 2).await;
+    eventually("the new id", || srv.server_ids() == vec![Some(8)]).await;
+    eventually("heartbeats with the new id", || {
+        meta.heartbeats().contains(&8)
+    })
+    .await;
+    assert!(
+        !meta.heartbeats().contains(&7),
+        "the forgotten id got no accepted heartbeat"
+    );
+    let regs = meta.registrations();
+    assert_eq!(regs[0], regs[1], "the same blocks are registered again");
+}
+
+#[tokio::test]
+async fn survives_a_meta_restart() {
+    let (meta1, h1, meta_addr) = fake_meta(FakeMeta::new(7)).await;
+    let mut c = cfg(MediumKind::Dram, 4);
+    c.metas = vec![meta_addr.clone()];
+    c.rpc_timeout = Duration::from_millis(500);
+    let srv = StorageServer::start(c).await.unwrap();
+    eventually("a heartbeat", || !meta1.heartbeats().is_empty()).await;
+
+    // The metadata server dies: heartbeats fail, the storage server stays up.
+    drop(h1);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let data = Connection::connect(&srv.local_addr().to_string(), TIMEOUT)
+        .await
+        .unwrap();
+    assert!(call(&data, StoreRequest::Ping).await.is_ok());
+    assert_eq!(
+        srv.server_ids(),
+        vec![Some(7)],
+        "failed heartbeats do not drop the id"
+    );
+
+    // It comes back with no memory of us: we register again.
+    let (meta2, _h2, _) = fake_meta_at(&meta_addr, FakeMeta::new(100)).await;
+    eventually("registration with the restarted meta", || {
+        srv.server_ids() == vec![Some(100)]
+    })
+    .await;
+    eventually("heartbeats to the restarted meta", || {
+        meta2.heartbeats().contains(&100)
+    })
+    .await;
+    assert_eq!(meta2.registrations().len(), 1);
+}
+
+#[tokio::test]
+async fn blocks_are_partitioned_across_metas() {
+    let mut metas = Vec::new();
+    let mut handles = Vec::new();
+    let mut addrs = Vec::new();
+    for i in 0..3 {
+        let (m, h, a) = fake_meta(FakeMeta::new(10 * (i + 1))).await;
+        metas.push(m);
+        handles.push(h);
+        addrs.push(a);
+    }
+    let mut c = cfg(MediumKind::Dram, 10);
+    c.metas = addrs;
+    let srv = StorageServer::start(c).await.unwrap();
+    assert_eq!(srv.server_ids(), vec![Some(10), Some(20), Some(30)]);
+    let ranges: Vec<(u32, u32)> = metas
+        .iter()
+        .map(|m| match &m.registrations()[..] {
+            [MetaRequest::Register {
+                first_block,
+                num_blocks,
+                ..
+            }] => (*first_block, *num_blocks),
+            other => panic!("expected one registration, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(ranges, vec![(0, 3), (3, 3), (6, 4)]);
+    for (i, m) in metas.iter().enumerate() {
+        let id = 10 * (i as u32 + 1);
+        eventually("heartbeats to every meta", || m.heartbeats().contains(&id)).await;
+    }
+}
+
+#[tokio::test]
+async fn unreachable_meta_fails_start_naming_it() {
+    // A port that was free a moment ago: connections are refused.
+    let addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let mut c = cfg(MediumKind::Dram, 1);
+    c.metas = vec![addr.clone()];
+    c.rpc_timeout = Duration::from_millis(300);
+    let started = std::time::Instant::now();
+    let e = StorageServer::start(c).await.unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "gives up after about the rpc timeout"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(200),
+        "retries for about the rpc timeout"
+    );
+    assert!(
+        matches!(&e, StoreError::Register { meta, .. } if *meta == addr),
+        "{e}"
+    );
+    assert!(e.to_string().contains(&addr), "{e}");
+    assert_eq!(Error::from(e).code, ErrorCode::Unavailable);
+}
+
+#[tokio::test]
+async fn refused_registration_fails_at_once() {
+    let (meta, _h, meta_addr) = fake_meta(FakeMeta {
+        refuse: Some(Error::invalid_argument(
+            "block size 65536 does not match the cluster's 1048576",
+        )),
+        ..FakeMeta::new(1)
+    })
+    .await;
+    let mut c = cfg(MediumKind::Dram, 1);
+    c.metas = vec![meta_addr.clone()];
+    let e = StorageServer::start(c).await.unwrap_err();
+    assert!(
+        e.to_string().contains(&meta_addr) && e.to_string().contains("block size"),
+        "{e}"
+    );
+    assert_eq!(meta.registrations().len(), 1, "a refusal is not retried");
+    assert_eq!(Error::from(e).code, ErrorCode::InvalidArgument);
+}
