@@ -1,0 +1,301 @@
+use crate::node::Node;
+use bytes::BytesMut;
+use nodekernel_proto::meta::{MetaReply, MetaRequest};
+use nodekernel_proto::{path, ClusterStatus, Error, NodeInfo, NodeType, Result, NO_CLASS};
+use nodekernel_rpc::ConnectionPool;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Client settings.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Metadata servers, in partition order.
+    pub metas: Vec<String>,
+    /// Bound on connecting and on every request.
+    pub timeout: Duration,
+    /// This client's location class (host name by default).
+    pub location: String,
+    /// Block transfers kept in flight by one read or write call.
+    pub transfers_in_flight: usize,
+}
+
+impl ClientConfig {
+    pub fn new(metas: Vec<String>) -> Self {
+        ClientConfig {
+            metas,
+            timeout: Duration::from_secs(5),
+            location: default_location(),
+            transfers_in_flight: 16,
+        }
+    }
+}
+
+/// The host name, used as the default location class.
+pub fn default_location() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+/// Options of a create besides path and type.
+#[derive(Debug, Clone)]
+pub struct CreateOptions {
+    /// Preferred storage class; `None` inherits the parent directory's
+    /// preference, or uses the highest class with free space.
+    pub storage_class: Option<u8>,
+    /// Ask for blocks on storage servers at this client's location first.
+    pub local: bool,
+    /// For Tables: whether children are listed (default true).
+    pub enumerable: bool,
+}
+
+impl Default for CreateOptions {
+    fn default() -> Self {
+        CreateOptions {
+            storage_class: None,
+            local: false,
+            enumerable: true,
+        }
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) cfg: ClientConfig,
+    pub(crate) pool: ConnectionPool,
+}
+
+/// An asynchronous NodeKernel client. Cheap to clone; clones share
+/// connections.
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl Client {
+    /// Creates a client and checks that every metadata server answers.
+    pub async fn connect(cfg: ClientConfig) -> Result<Client> {
+        if cfg.metas.is_empty() {
+            return Err(Error::invalid_argument("no metadata server address given"));
+        }
+        let client = Client {
+            inner: Arc::new(Inner {
+                pool: ConnectionPool::new(cfg.timeout),
+                cfg,
+            }),
+        };
+        for i in 0..client.inner.cfg.metas.len() {
+            client.meta_at(i, &MetaRequest::Status).await?;
+        }
+        Ok(client)
+    }
+
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.cfg
+    }
+
+    pub(crate) fn partition(&self, p: &str) -> usize {
+        path::partition_of(p, self.inner.cfg.metas.len())
+    }
+
+    /// Sends a metadata request to partition `idx`.
+    pub(crate) async fn meta_at(&self, idx: usize, req: &MetaRequest) -> Result<MetaReply> {
+        let addr = &self.inner.cfg.metas[idx];
+        let mut buf = BytesMut::with_capacity(128);
+        req.encode(&mut buf);
+        let reply = self.inner.pool.call(addr, req.op(), &[&buf]).await?;
+        MetaReply::decode(req.op(), &reply)
+    }
+
+    async fn node_reply(&self, idx: usize, req: &MetaRequest) -> Result<NodeInfo> {
+        match self.meta_at(idx, req).await? {
+            MetaReply::Node(n) => Ok(n),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Creates a node. File and KeyValue handles come back open for writing
+    /// (the caller holds the write lease until [`Node::close`]).
+    pub async fn create(&self, p: &str, ty: NodeType, opts: CreateOptions) -> Result<Node> {
+        path::components(p)?;
+        let idx = self.partition(p);
+        let req = MetaRequest::Create {
+            path: p.to_string(),
+            ty,
+            storage_class: opts.storage_class.unwrap_or(NO_CLASS),
+            location: if opts.local {
+                self.inner.cfg.location.clone()
+            } else {
+                String::new()
+            },
+            enumerable: opts.enumerable,
+        };
+        let info = self.node_reply(idx, &req).await?;
+        Ok(Node::new(self.clone(), p.to_string(), idx, info))
+    }
+
+    /// Creates a Directory (and, with `parents`, its missing ancestors).
+    pub async fn mkdir(&self, p: &str, parents: bool) -> Result<()> {
+        if !parents {
+            return self
+                .create(p, NodeType::Directory, CreateOptions::default())
+                .await
+                .map(drop);
+        }
+        let comps = path::components(p)?;
+        for i in 1..=comps.len() {
+            let sub = format!("/{}", comps[..i].join("/"));
+            match self
+                .create(&sub, NodeType::Directory, CreateOptions::default())
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if e.code == nodekernel_proto::ErrorCode::AlreadyExists => {
+                    let n = self.lookup(&sub).await?;
+                    if n.info().ty != NodeType::Directory {
+                        return Err(Error::type_mismatch(format!(
+                            "{sub} exists and is a {}, not a Directory",
+                            n.info().ty
+                        )));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Looks a node up; the handle can read (not write).
+    pub async fn lookup(&self, p: &str) -> Result<Node> {
+        path::components(p)?;
+        let idx = self.partition(p);
+        let info = self
+            .node_reply(
+                idx,
+                &MetaRequest::Lookup {
+                    path: p.to_string(),
+                },
+            )
+            .await?;
+        Ok(Node::new(self.clone(), p.to_string(), idx, info))
+    }
+
+    /// Opens an existing File or KeyValue for writing (append, overwrite).
+    /// Fails with `Busy` while another writer holds the node.
+    pub async fn open_write(&self, p: &str) -> Result<Node> {
+        path::components(p)?;
+        let idx = self.partition(p);
+        let info = self
+            .node_reply(
+                idx,
+                &MetaRequest::OpenWrite {
+                    path: p.to_string(),
+                },
+            )
+            .await?;
+        Ok(Node::new(self.clone(), p.to_string(), idx, info))
+    }
+
+    /// Deletes a node; a non-empty container needs `recursive`.
+    pub async fn delete(&self, p: &str, recursive: bool) -> Result<()> {
+        path::components(p)?;
+        let req = MetaRequest::Remove {
+            path: p.to_string(),
+            recursive,
+        };
+        self.meta_at(self.partition(p), &req).await.map(drop)
+    }
+
+    /// Atomically moves `src` to `dst`. Fails with `CrossPartition` when the
+    /// two paths belong to different metadata servers (nothing is changed).
+    pub async fn rename(&self, src: &str, dst: &str) -> Result<()> {
+        path::components(src)?;
+        path::components(dst)?;
+        let (a, b) = (self.partition(src), self.partition(dst));
+        if a != b {
+            return Err(Error::cross_partition(format!(
+                "cannot move {src} to {dst}: they are owned by different metadata servers ({} and {})",
+                self.inner.cfg.metas[a], self.inner.cfg.metas[b]
+            )));
+        }
+        let req = MetaRequest::Move {
+            src: src.to_string(),
+            dst: dst.to_string(),
+        };
+        self.meta_at(a, &req).await.map(drop)
+    }
+
+    /// Names of the live children of a container. Listing `/` merges every
+    /// metadata partition.
+    pub async fn enumerate(&self, p: &str) -> Result<Vec<String>> {
+        let comps = path::components(p)?;
+        let req = MetaRequest::Enumerate {
+            path: p.to_string(),
+        };
+        let parts: Vec<usize> = if comps.is_empty() {
+            (0..self.inner.cfg.metas.len()).collect()
+        } else {
+            vec![self.partition(p)]
+        };
+        let mut names = Vec::new();
+        for idx in parts {
+            match self.meta_at(idx, &req).await? {
+                MetaReply::Names(n) => names.extend(n),
+                other => return Err(unexpected(other)),
+            }
+        }
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
+
+    /// Cluster status. With several metadata partitions, a storage server's
+    /// capacity and use are summed over its registrations.
+    pub async fn status(&self) -> Result<ClusterStatus> {
+        let mut merged: Option<ClusterStatus> = None;
+        for idx in 0..self.inner.cfg.metas.len() {
+            let st = match self.meta_at(idx, &MetaRequest::Status).await? {
+                MetaReply::Status(s) => s,
+                other => return Err(unexpected(other)),
+            };
+            match &mut merged {
+                None => merged = Some(st),
+                Some(m) => {
+                    m.nodes += st.nodes;
+                    for s in st.servers {
+                        match m.servers.iter_mut().find(|x| x.addr == s.addr) {
+                            Some(x) => {
+                                x.capacity_blocks += s.capacity_blocks;
+                                x.used_blocks += s.used_blocks;
+                                x.alive &= s.alive;
+                            }
+                            None => m.servers.push(s),
+                        }
+                    }
+                }
+            }
+        }
+        merged.ok_or_else(|| Error::invalid_argument("no metadata server configured"))
+    }
+
+    /// KeyValue put: create (replacing any old value), append, close.
+    pub async fn put(&self, p: &str, value: &[u8]) -> Result<()> {
+        let mut node = self
+            .create(p, NodeType::KeyValue, CreateOptions::default())
+            .await?;
+        node.append(value).await?;
+        node.close().await
+    }
+
+    /// KeyValue get (works for Files too): lookup, then read everything.
+    pub async fn get(&self, p: &str) -> Result<Vec<u8>> {
+        let node = self.lookup(p).await?;
+        let len = node.info().size;
+        node.read(0, len).await
+    }
+}
+
+pub(crate) fn unexpected(r: MetaReply) -> Error {
+    Error::protocol(format!("unexpected reply from metadata server: {r:?}"))
+}

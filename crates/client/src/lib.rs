@@ -1,0 +1,22 @@
+//! NodeKernel client library.
+//!
+//! The client does most of the work: path operations go to the metadata
+//! server that owns the path's top-level name (hash partitioning), data goes
+//! straight to storage servers, several block transfers are kept in flight,
+//! and block locations are fetched in batches ahead of the transfer that
+//! needs them. The async API ([`Client`], [`Node`]) is the core;
+//! [`blocking`] wraps it for synchronous callers.
+//!
+//! Errors are the shared [`Error`] type: a stable code plus a message that
+//! names the path and the rule. Transport failures become `Unavailable` or
+//! `Timeout`, never a hang longer than the configured timeout.
+
+pub mod blocking;
+mod client;
+mod node;
+
+pub use client::{default_location, Client, ClientConfig, CreateOptions};
+pub use node::{Node, Reader};
+pub use nodekernel_proto::{
+    BlockLoc, ClusterStatus, Error, ErrorCode, NodeInfo, NodeType, Result, ServerStatus,
+};

@@ -1,0 +1,443 @@
+use crate::client::{unexpected, Client};
+use bytes::{Bytes, BytesMut};
+use futures::stream::{self, StreamExt, TryStreamExt};
+use nodekernel_proto::meta::{MetaReply, MetaRequest, MAX_MAP_COUNT};
+use nodekernel_proto::store::{encode_write_prefix, op as store_op, StoreRequest};
+use nodekernel_proto::{BlockLoc, Error, ErrorCode, NodeInfo, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Block locations fetched beyond the ones a read needs, so the next read
+/// finds its locations cached.
+const LOCATION_READAHEAD: u64 = 16;
+
+/// A handle to one node (one version of a path). Handles from
+/// [`Client::create`] and [`Client::open_write`] of File/KeyValue nodes hold
+/// the write lease; any handle can read.
+pub struct Node {
+    client: Client,
+    path: String,
+    part: usize,
+    info: NodeInfo,
+    /// Cached block locations by block index.
+    locs: Mutex<Vec<Option<BlockLoc>>>,
+    /// Highest published size seen.
+    size: AtomicU64,
+    writer: Option<WriteState>,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("path", &self.path)
+            .field("info", &self.info)
+            .field("writable", &self.writer.is_some())
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct WriteState {
+    lease: u64,
+    /// Bytes written so far (published on sync/close).
+    written: u64,
+}
+
+/// One contiguous piece of a transfer inside a single block.
+struct Segment {
+    loc: BlockLoc,
+    offset: u32,
+    len: usize,
+    /// Offset of this piece in the caller's buffer.
+    at: usize,
+}
+
+impl Node {
+    pub(crate) fn new(client: Client, path: String, part: usize, info: NodeInfo) -> Node {
+        let writer = (info.lease != 0).then_some(WriteState {
+            lease: info.lease,
+            written: info.size,
+        });
+        let mut locs = Vec::new();
+        if let Some(b) = &info.first_block {
+            locs.push(Some(b.clone()));
+        }
+        Node {
+            client,
+            path,
+            part,
+            size: AtomicU64::new(info.size),
+            locs: Mutex::new(locs),
+            info,
+            writer,
+        }
+    }
+
+    /// Metadata as of lookup/create.
+    pub fn info(&self) -> &NodeInfo {
+        &self.info
+    }
+
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// Readable size: the published size, or for a writer the bytes it has
+    /// written so far.
+    pub fn size(&self) -> u64 {
+        match self.writer {
+            Some(w) => w.written,
+            None => self.size.load(Ordering::Acquire),
+        }
+    }
+
+    pub fn is_writable(&self) -> bool {
+        self.writer.is_some()
+    }
+
+    fn block_size(&self) -> u64 {
+        self.info.block_size as u64
+    }
+
+    // ----- metadata helpers -------------------------------------------------
+
+    async fn map(
+        &self,
+        index: u64,
+        count: u64,
+        lease: Option<u64>,
+    ) -> Result<(u64, Vec<BlockLoc>)> {
+        let req = MetaRequest::Map {
+            node: self.info.id,
+            index,
+            count: count.clamp(1, MAX_MAP_COUNT as u64) as u32,
+            alloc: lease.is_some(),
+            lease: lease.unwrap_or(0),
+        };
+        let reply = self
+            .client
+            .meta_at(self.part, &req)
+            .await
+            .map_err(|e| self.ctx(e))?;
+        match reply {
+            MetaReply::Blocks { size, blocks } => {
+                self.size.fetch_max(size, Ordering::AcqRel);
+                let mut locs = self.locs.lock().expect("locs lock");
+                let end = index as usize + blocks.len();
+                if locs.len() < end {
+                    locs.resize(end, None);
+                }
+                for (i, b) in blocks.iter().enumerate() {
+                    locs[index as usize + i] = Some(b.clone());
+                }
+                Ok((size, blocks))
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Makes sure locations of blocks `[first, last]` are cached; with a
+    /// lease, allocates missing blocks.
+    async fn ensure_locations(&self, first: u64, last: u64, lease: Option<u64>) -> Result<()> {
+        loop {
+            let missing = {
+                let locs = self.locs.lock().expect("locs lock");
+                (first..=last).find(|i| locs.get(*i as usize).is_none_or(|l| l.is_none()))
+            };
+            let Some(m) = missing else { return Ok(()) };
+            let want = last - m + 1;
+            let count = if lease.is_some() {
+                want
+            } else {
+                want + LOCATION_READAHEAD
+            };
+            let (_, blocks) = self.map(m, count, lease).await?;
+            if blocks.is_empty() {
+                return Err(if lease.is_some() {
+                    Error::no_space(format!("{}: no free block left for block {m}", self.path))
+                } else {
+                    Error::out_of_range(format!("{}: block {m} does not exist", self.path))
+                });
+            }
+        }
+    }
+
+    fn segments(&self, offset: u64, len: usize) -> Vec<Segment> {
+        let bs = self.block_size();
+        let locs = self.locs.lock().expect("locs lock");
+        let mut out = Vec::new();
+        let mut pos = offset;
+        let end = offset + len as u64;
+        while pos < end {
+            let idx = pos / bs;
+            let in_block = pos % bs;
+            let n = (bs - in_block).min(end - pos);
+            out.push(Segment {
+                loc: locs[idx as usize].clone().expect("ensured"),
+                offset: in_block as u32,
+                len: n as usize,
+                at: (pos - offset) as usize,
+            });
+            pos += n;
+        }
+        out
+    }
+
+    /// Adds the path to an error coming from a server.
+    fn ctx(&self, e: Error) -> Error {
+        let msg = match e.code {
+            ErrorCode::Stale => format!(
+                "{}: this handle is stale (the node was replaced or deleted, or its blocks were reused): {}",
+                self.path, e.message
+            ),
+            _ => format!("{}: {}", self.path, e.message),
+        };
+        Error::new(e.code, msg)
+    }
+
+    // ----- reads -------------------------------------------------------------
+
+    /// Re-reads the published size from the metadata server.
+    pub async fn refresh(&self) -> Result<u64> {
+        let (size, _) = self.map(0, 1, None).await?;
+        Ok(size)
+    }
+
+    async fn check_range(&self, offset: u64, len: usize) -> Result<()> {
+        let end = offset.checked_add(len as u64).ok_or_else(|| {
+            Error::out_of_range(format!(
+                "{}: offset {offset} + length {len} overflows",
+                self.path
+            ))
+        })?;
+        if end <= self.size() {
+            return Ok(());
+        }
+        let size = if self.writer.is_some() {
+            self.size()
+        } else {
+            self.refresh().await?
+        };
+        if end > size {
+            return Err(Error::out_of_range(format!(
+                "{}: read of {len} bytes at offset {offset} goes past the end (size {size})",
+                self.path
+            )));
+        }
+        Ok(())
+    }
+
+    /// Fills `buf` with the bytes at `offset`. Reading past the end is an
+    /// `OutOfRange` error and leaves no partial result.
+    pub async fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check_range(offset, buf.len()).await?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let bs = self.block_size();
+        let last = (offset + buf.len() as u64 - 1) / bs;
+        self.ensure_locations(offset / bs, last, None).await?;
+        let segs = self.segments(offset, buf.len());
+        let mut results = stream::iter(segs.into_iter().map(|s| async move {
+            let data = self.read_segment(&s.loc, s.offset, s.len).await?;
+            Ok::<_, Error>((s.at, data))
+        }))
+        .buffer_unordered(self.client.config().transfers_in_flight.max(1));
+        while let Some((at, data)) = results.try_next().await? {
+            buf[at..at + data.len()].copy_from_slice(&data);
+        }
+        Ok(())
+    }
+
+    /// Reads `len` bytes at `offset` into a new vector.
+    pub async fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let len = usize::try_from(len).map_err(|_| {
+            Error::invalid_argument(format!("{}: length {len} too large", self.path))
+        })?;
+        let mut buf = vec![0u8; len];
+        self.read_at(offset, &mut buf).await?;
+        Ok(buf)
+    }
+
+    async fn read_segment(&self, loc: &BlockLoc, offset: u32, len: usize) -> Result<Bytes> {
+        let mut req = BytesMut::with_capacity(24);
+        StoreRequest::Read {
+            block: loc.block,
+            gen: loc.gen,
+            offset,
+            len: len as u32,
+        }
+        .encode(&mut req);
+        let data = self
+            .client
+            .inner
+            .pool
+            .call(&loc.addr, store_op::READ, &[&req])
+            .await
+            .map_err(|e| self.ctx(e))?;
+        if data.len() != len {
+            return Err(Error::protocol(format!(
+                "{}: storage server {} returned {} bytes instead of {len}",
+                self.path,
+                loc.addr,
+                data.len()
+            )));
+        }
+        Ok(data)
+    }
+
+    /// A sequential reader starting at `offset`.
+    pub fn reader(&self, offset: u64) -> Reader<'_> {
+        Reader {
+            node: self,
+            pos: offset,
+        }
+    }
+
+    // ----- writes ------------------------------------------------------------
+
+    fn write_state(&self) -> Result<WriteState> {
+        self.writer.ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "{}: this handle is read-only; use create or open_write to write",
+                self.path
+            ))
+        })
+    }
+
+    async fn write_range(&self, lease: u64, offset: u64, data: &[u8]) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let bs = self.block_size();
+        let last = (offset + data.len() as u64 - 1) / bs;
+        self.ensure_locations(offset / bs, last, Some(lease))
+            .await?;
+        let segs = self.segments(offset, data.len());
+        stream::iter(segs.into_iter().map(|s| async move {
+            let mut prefix = BytesMut::with_capacity(16);
+            encode_write_prefix(&mut prefix, s.loc.block, s.loc.gen, s.offset);
+            self.client
+                .inner
+                .pool
+                .call(
+                    &s.loc.addr,
+                    store_op::WRITE,
+                    &[&prefix, &data[s.at..s.at + s.len]],
+                )
+                .await
+                .map_err(|e| self.ctx(e))
+                .map(drop)
+        }))
+        .buffer_unordered(self.client.config().transfers_in_flight.max(1))
+        .try_collect::<()>()
+        .await
+    }
+
+    /// Appends `data` at the end. Bytes become visible to other readers at
+    /// the next [`Node::sync`] or [`Node::close`].
+    pub async fn append(&mut self, data: &[u8]) -> Result<()> {
+        let w = self.write_state()?;
+        self.write_range(w.lease, w.written, data).await?;
+        if let Some(w) = &mut self.writer {
+            w.written += data.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// Overwrites bytes inside the current size.
+    pub async fn write_at(&mut self, offset: u64, data: &[u8]) -> Result<()> {
+        let w = self.write_state()?;
+        let end = offset.checked_add(data.len() as u64);
+        if end.is_none_or(|e| e > w.written) {
+            return Err(Error::out_of_range(format!(
+                "{}: overwrite of {} bytes at offset {offset} goes past the end (size {}); use append to grow",
+                self.path,
+                data.len(),
+                w.written
+            )));
+        }
+        self.write_range(w.lease, offset, data).await
+    }
+
+    async fn publish(&mut self, close: bool) -> Result<()> {
+        let w = self.write_state()?;
+        let req = MetaRequest::Sync {
+            node: self.info.id,
+            lease: w.lease,
+            size: w.written,
+            close,
+        };
+        self.client
+            .meta_at(self.part, &req)
+            .await
+            .map_err(|e| self.ctx(e))?;
+        self.size.fetch_max(w.written, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Publishes everything written so far and renews the write lease.
+    pub async fn sync(&mut self) -> Result<()> {
+        self.publish(false).await
+    }
+
+    /// Publishes everything written and releases the write lease.
+    pub async fn close(mut self) -> Result<()> {
+        if self.writer.is_some() {
+            self.publish(true).await?;
+            self.writer = None;
+        }
+        Ok(())
+    }
+}
+
+/// Sequential reader: while block i transfers, the location of block i+1 is
+/// already being fetched, so the metadata round trip hides behind the data
+/// transfer (NodeKernel paper §4.4).
+pub struct Reader<'a> {
+    node: &'a Node,
+    pos: u64,
+}
+
+impl Reader<'_> {
+    /// Current position in the node.
+    pub fn position(&self) -> u64 {
+        self.pos
+    }
+
+    /// Reads up to `buf.len()` bytes (never crossing a block boundary);
+    /// returns 0 at the end of the node.
+    pub async fn read(&mut self, buf: &mut [u8]) -> Result<usize> {
+        let size = self.node.size().max(self.node.size.load(Ordering::Acquire));
+        if self.pos >= size || buf.is_empty() {
+            return Ok(0);
+        }
+        let bs = self.node.block_size();
+        let idx = self.pos / bs;
+        let n = (bs - self.pos % bs)
+            .min(size - self.pos)
+            .min(buf.len() as u64) as usize;
+        self.node.ensure_locations(idx, idx, None).await?;
+        let next = idx + 1;
+        let next_known = (next * bs >= size)
+            || self
+                .node
+                .locs
+                .lock()
+                .expect("locs lock")
+                .get(next as usize)
+                .is_some_and(|l| l.is_some());
+        let read = self.node.read_at(self.pos, &mut buf[..n]);
+        if next_known {
+            read.await?;
+        } else {
+            let prefetch = self.node.ensure_locations(next, next, None);
+            let (r, p) = tokio::join!(read, prefetch);
+            r?;
+            // A failed prefetch is retried (and reported) by the next read.
+            drop(p);
+        }
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
