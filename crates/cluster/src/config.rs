@@ -1,0 +1,393 @@
+//! The TOML configuration file.
+//!
+//! One file configures every role; each process reads the sections it needs.
+//! Unknown keys are rejected (naming the key), and so are bad values.
+//! Every key and its default is documented in the README's configuration
+//! table; keep the two in sync.
+
+use crate::size::ByteSize;
+use nodekernel_client::ClientConfig;
+use nodekernel_meta::MetaConfig;
+use nodekernel_store::{MediumKind, StoreConfig};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Default metadata server address (clients fall back to it).
+pub const DEFAULT_META: &str = "127.0.0.1:9060";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("bad config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("bad config value {key}: {reason}")]
+    Value { key: String, reason: String },
+}
+
+fn bad(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Value {
+        key: key.into(),
+        reason: reason.into(),
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub meta: MetaSection,
+    pub client: ClientSection,
+    /// Storage servers started by `nk store` (and by `nk up` instead of its
+    /// default DRAM + file pair when the list is not empty).
+    pub store: Vec<StoreSection>,
+    pub up: UpSection,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetaSection {
+    pub listen: String,
+    pub block_size: ByteSize,
+    pub lease_timeout_ms: u64,
+    pub dead_after_ms: u64,
+}
+
+impl Default for MetaSection {
+    fn default() -> Self {
+        MetaSection {
+            listen: DEFAULT_META.into(),
+            block_size: ByteSize(nodekernel_proto::DEFAULT_BLOCK_SIZE as u64),
+            lease_timeout_ms: 30_000,
+            dead_after_ms: 10_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientSection {
+    /// Metadata servers in partition order.
+    pub meta: Vec<String>,
+    pub timeout_ms: u64,
+    pub transfers_in_flight: usize,
+    /// Empty: the host name.
+    pub location: String,
+}
+
+impl Default for ClientSection {
+    fn default() -> Self {
+        ClientSection {
+            meta: vec![DEFAULT_META.into()],
+            timeout_ms: 5_000,
+            transfers_in_flight: 16,
+            location: String::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Medium {
+    Dram,
+    File,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreSection {
+    pub class: u8,
+    pub class_name: String,
+    pub medium: Medium,
+    pub size: ByteSize,
+    /// Backing file of a `file` store (relative paths are under `up.data_dir`).
+    pub path: Option<PathBuf>,
+    pub listen: String,
+    /// Address registered with the metadata server (default: the bound address).
+    pub advertise: Option<String>,
+    /// Empty: the host name.
+    pub location: String,
+    pub heartbeat_ms: u64,
+}
+
+impl Default for StoreSection {
+    fn default() -> Self {
+        StoreSection {
+            class: 0,
+            class_name: "dram".into(),
+            medium: Medium::Dram,
+            size: ByteSize(512 << 20),
+            path: None,
+            listen: "127.0.0.1:0".into(),
+            advertise: None,
+            location: String::new(),
+            heartbeat_ms: 1_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpSection {
+    pub data_dir: PathBuf,
+    pub dram: ByteSize,
+    pub file: ByteSize,
+}
+
+impl Default for UpSection {
+    fn default() -> Self {
+        UpSection {
+            data_dir: std::env::temp_dir().join("nodekernel"),
+            dram: ByteSize(512 << 20),
+            file: ByteSize(2 << 30),
+        }
+    }
+}
+
+impl Config {
+    /// Parses TOML text; `origin` names the source in errors.
+    pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: origin.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::parse(&text, path)
+    }
+
+    /// Checks values that the types alone do not.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bs = self.meta.block_size.0;
+        let max = nodekernel_proto::MAX_BLOCK_SIZE as u64;
+        if !bs.is_power_of_two() || !(4096..=max).contains(&bs) {
+            return Err(bad(
+                "meta.block_size",
+                format!(
+                    "{bs} must be a power of two between 4KiB and {}MiB",
+                    max >> 20
+                ),
+            ));
+        }
+        if self.meta.lease_timeout_ms == 0 {
+            return Err(bad("meta.lease_timeout_ms", "must be greater than 0"));
+        }
+        if self.meta.dead_after_ms == 0 {
+            return Err(bad("meta.dead_after_ms", "must be greater than 0"));
+        }
+        if self.client.meta.is_empty() {
+            return Err(bad(
+                "client.meta",
+                "needs at least one metadata server address",
+            ));
+        }
+        if self.client.timeout_ms == 0 {
+            return Err(bad("client.timeout_ms", "must be greater than 0"));
+        }
+        if self.client.transfers_in_flight == 0 {
+            return Err(bad("client.transfers_in_flight", "must be at least 1"));
+        }
+        for (i, s) in self.store.iter().enumerate() {
+            let key = |k: &str| format!("store[{i}].{k}");
+            if s.class == nodekernel_proto::NO_CLASS {
+                return Err(bad(key("class"), "255 is reserved; use 0..=254"));
+            }
+            if s.size.0 < bs {
+                return Err(bad(
+                    key("size"),
+                    format!(
+                        "{} is smaller than one block ({})",
+                        s.size, self.meta.block_size
+                    ),
+                ));
+            }
+            if s.heartbeat_ms == 0 || s.heartbeat_ms >= self.meta.dead_after_ms {
+                return Err(bad(
+                    key("heartbeat_ms"),
+                    format!(
+                        "must be greater than 0 and below meta.dead_after_ms ({})",
+                        self.meta.dead_after_ms
+                    ),
+                ));
+            }
+        }
+        for (key, size) in [("up.dram", self.up.dram), ("up.file", self.up.file)] {
+            if size.0 != 0 && size.0 < bs {
+                return Err(bad(
+                    key,
+                    format!("{size} is smaller than one block (use 0 to disable)"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn meta_config(&self) -> MetaConfig {
+        MetaConfig {
+            listen: self.meta.listen.clone(),
+            block_size: self.meta.block_size.0 as u32,
+            lease_timeout: Duration::from_millis(self.meta.lease_timeout_ms),
+            dead_after: Duration::from_millis(self.meta.dead_after_ms),
+        }
+    }
+
+    pub fn client_config(&self) -> ClientConfig {
+        let mut c = ClientConfig::new(self.client.meta.clone());
+        c.timeout = Duration::from_millis(self.client.timeout_ms);
+        c.transfers_in_flight = self.client.transfers_in_flight;
+        if !self.client.location.is_empty() {
+            c.location = self.client.location.clone();
+        }
+        c
+    }
+
+    /// The storage servers `nk up` starts: the `[[store]]` list, or a DRAM
+    /// store of `up.dram` plus a file store of `up.file` under `up.data_dir`.
+    pub fn up_stores(&self) -> Vec<StoreSection> {
+        if !self.store.is_empty() {
+            return self.store.clone();
+        }
+        let mut v = Vec::new();
+        if self.up.dram.0 > 0 {
+            v.push(StoreSection {
+                size: self.up.dram,
+                ..StoreSection::default()
+            });
+        }
+        if self.up.file.0 > 0 {
+            v.push(StoreSection {
+                class: 1,
+                class_name: "file".into(),
+                medium: Medium::File,
+                size: self.up.file,
+                path: Some(PathBuf::from("file-tier.blocks")),
+                ..StoreSection::default()
+            });
+        }
+        v
+    }
+
+    /// Turns a store section into the storage server's settings.
+    pub fn store_config(
+        &self,
+        i: usize,
+        s: &StoreSection,
+        metas: Vec<String>,
+    ) -> Result<StoreConfig, ConfigError> {
+        let medium = match s.medium {
+            Medium::Dram => MediumKind::Dram,
+            Medium::File => {
+                let p = s
+                    .path
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from(format!("store-{i}.blocks")));
+                let p = if p.is_relative() {
+                    self.up.data_dir.join(p)
+                } else {
+                    p
+                };
+                MediumKind::File { path: p }
+            }
+        };
+        let location = if s.location.is_empty() {
+            nodekernel_client::default_location()
+        } else {
+            s.location.clone()
+        };
+        Ok(StoreConfig {
+            listen: s.listen.clone(),
+            advertise: s.advertise.clone(),
+            metas,
+            class: s.class,
+            class_name: s.class_name.clone(),
+            medium,
+            capacity: s.size.0,
+            block_size: self.meta.block_size.0 as u32,
+            location,
+            heartbeat_interval: Duration::from_millis(s.heartbeat_ms),
+            rpc_timeout: Duration::from_millis(self.client.timeout_ms),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<Config, ConfigError> {
+        Config::parse(s, Path::new("test.toml"))
+    }
+
+    #[test]
+    fn defaults_and_full_file() {
+        let c = parse("").unwrap();
+        assert_eq!(c.meta.block_size.0, 1 << 20);
+        assert_eq!(c.up_stores().len(), 2);
+        let c = parse(
+            r#"
+            [meta]
+            listen = "0.0.0.0:7000"
+            block_size = "64KiB"
+            [client]
+            meta = ["a:1", "b:2"]
+            [[store]]
+            class = 1
+            class_name = "nvme"
+            medium = "file"
+            size = "1GiB"
+            path = "/tmp/x"
+            [up]
+            dram = "1GiB"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.meta.block_size.0, 64 << 10);
+        assert_eq!(c.client.meta.len(), 2);
+        assert_eq!(c.store[0].medium, Medium::File);
+        assert_eq!(
+            c.up_stores().len(),
+            1,
+            "[[store]] replaces the default pair"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_name_the_key() {
+        let e = parse("[meta]\nblok_size = 4096\n").unwrap_err().to_string();
+        assert!(e.contains("blok_size"), "{e}");
+        let e = parse("[nope]\n").unwrap_err().to_string();
+        assert!(e.contains("nope"), "{e}");
+        let e = parse("[meta]\nblock_size = \"3MiB\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("meta.block_size"), "{e}");
+        let e = parse("[meta]\nblock_size = \"1XB\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("block_size") && e.contains("unknown unit"),
+            "{e}"
+        );
+        let e = parse("[[store]]\nmedium = \"tape\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("medium") && e.contains("tape"), "{e}");
+        let e = parse("[[store]]\nsize = \"1KiB\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("store[0].size"), "{e}");
+        let e = parse("[client]\nmeta = []\n").unwrap_err().to_string();
+        assert!(e.contains("client.meta"), "{e}");
+    }
+}
