@@ -1,0 +1,466 @@
+//! File-system, key/value and status commands.
+
+use anyhow::{bail, Context};
+use futures::stream::{self, StreamExt};
+use indicatif::{ProgressBar, ProgressStyle};
+use nodekernel_client::{Client, CreateOptions, Node, NodeType, ServerStatus};
+use nodekernel_cluster::human;
+use serde::Serialize;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::time::Instant;
+
+/// Transfer unit of put/get: large enough to keep many blocks in flight.
+const CHUNK: usize = 16 << 20;
+
+/// Accepts `/a/b/` for `/a/b` (the core refuses empty components).
+pub fn norm(path: &str) -> String {
+    if path.len() > 1 && path.ends_with('/') {
+        path.trim_end_matches('/').to_string()
+    } else {
+        path.to_string()
+    }
+}
+
+fn progress(total: Option<u64>, what: &str) -> ProgressBar {
+    let pb = match total {
+        Some(t) => ProgressBar::new(t),
+        None => ProgressBar::new_spinner(),
+    };
+    pb.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    let style = ProgressStyle::with_template(
+        "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+    )
+    .expect("static template")
+    .progress_chars("=> ");
+    pb.set_style(style);
+    pb.set_message(what.to_string());
+    pb
+}
+
+fn rate(bytes: u64, secs: f64) -> String {
+    if secs <= 0.0 {
+        return "-".into();
+    }
+    format!("{}/s", human((bytes as f64 / secs) as u64))
+}
+
+#[derive(Serialize)]
+struct Entry {
+    name: String,
+    path: String,
+    #[serde(rename = "type")]
+    ty: String,
+    size: u64,
+}
+
+pub async fn ls(client: &Client, path: &str, json: bool) -> anyhow::Result<()> {
+    let path = norm(path);
+    let node = client.lookup(&path).await?;
+    let entries = if node.info().ty.is_container() {
+        let names = client.enumerate(&path).await?;
+        let lookups = names.into_iter().map(|name| {
+            let child = nodekernel_proto::path::join(&path, &name);
+            async move {
+                // A child removed between enumerate and lookup is skipped.
+                client.lookup(&child).await.ok().map(|n| Entry {
+                    name,
+                    path: child,
+                    ty: n.info().ty.name().to_string(),
+                    size: n.info().size,
+                })
+            }
+        });
+        stream::iter(lookups)
+            .buffered(32)
+            .filter_map(|e| async { e })
+            .collect()
+            .await
+    } else {
+        let name = path.rsplit('/').next().unwrap_or_default().to_string();
+        vec![Entry {
+            name,
+            path: path.clone(),
+            ty: node.info().ty.name().to_string(),
+            size: node.info().size,
+        }]
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&entries)?);
+    } else {
+        for e in &entries {
+            let size = if matches!(e.ty.as_str(), "File" | "KeyValue") {
+                human(e.size)
+            } else {
+                format!("{} items", e.size)
+            };
+            println!("{:<9} {:>12}  {}", e.ty, size, e.name);
+        }
+    }
+    Ok(())
+}
+
+pub async fn mkdir(
+    client: &Client,
+    path: &str,
+    parents: bool,
+    ty: &str,
+    non_enumerable: bool,
+    class: Option<u8>,
+) -> anyhow::Result<()> {
+    let path = norm(path);
+    let ty = NodeType::parse(ty)
+        .filter(|t| t.is_container())
+        .with_context(|| format!("--type {ty}: expected dir, table or bag"))?;
+    if non_enumerable && ty != NodeType::Table {
+        bail!("--non-enumerable only applies to tables");
+    }
+    if parents {
+        if let Some((parent, _)) = path.rsplit_once('/').filter(|(p, _)| !p.is_empty()) {
+            client.mkdir(parent, true).await?;
+        }
+    }
+    let opts = CreateOptions {
+        storage_class: class,
+        local: false,
+        enumerable: !non_enumerable,
+    };
+    match client.create(&path, ty, opts).await {
+        Err(e) if parents && e.code == nodekernel_client::ErrorCode::AlreadyExists => Ok(()),
+        r => r.map(drop).map_err(Into::into),
+    }
+}
+
+pub async fn put(
+    client: &Client,
+    local: &Path,
+    path: &str,
+    class: Option<u8>,
+    local_placement: bool,
+) -> anyhow::Result<()> {
+    let path = norm(path);
+    let start = Instant::now();
+    let (mut input, total): (Box<dyn Read>, Option<u64>) = if local == Path::new("-") {
+        (Box::new(std::io::stdin().lock()), None)
+    } else {
+        let f = std::fs::File::open(local)
+            .with_context(|| format!("cannot open {}", local.display()))?;
+        let len = f.metadata().map(|m| m.len()).ok();
+        (Box::new(f), len)
+    };
+    let opts = CreateOptions {
+        storage_class: class,
+        local: local_placement,
+        enumerable: true,
+    };
+    let mut node = client.create(&path, NodeType::File, opts).await?;
+    let pb = progress(total, "put");
+    let mut buf = vec![0u8; CHUNK];
+    let mut written = 0u64;
+    loop {
+        let n = read_full(&mut input, &mut buf)
+            .with_context(|| format!("reading {}", local.display()))?;
+        if n == 0 {
+            break;
+        }
+        node.append(&buf[..n]).await?;
+        written += n as u64;
+        pb.set_position(written);
+    }
+    node.close().await?;
+    pb.finish_and_clear();
+    let secs = start.elapsed().as_secs_f64();
+    eprintln!(
+        "put {} -> {path}: {} in {secs:.3} s ({})",
+        local.display(),
+        human(written),
+        rate(written, secs)
+    );
+    Ok(())
+}
+
+/// Reads until `buf` is full or the input ends.
+fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+pub async fn get(client: &Client, path: &str, local: &Path) -> anyhow::Result<()> {
+    let path = norm(path);
+    let start = Instant::now();
+    let node = client.lookup(&path).await?;
+    if node.info().ty.is_container() {
+        bail!(
+            "{path} is a {}; only File and KeyValue nodes hold data",
+            node.info().ty
+        );
+    }
+    let size = node.info().size;
+    let to_stdout = local == Path::new("-");
+    let mut out: Box<dyn Write> = if to_stdout {
+        Box::new(std::io::stdout().lock())
+    } else {
+        Box::new(std::io::BufWriter::new(
+            std::fs::File::create(local)
+                .with_context(|| format!("cannot create {}", local.display()))?,
+        ))
+    };
+    let pb = if to_stdout {
+        ProgressBar::hidden()
+    } else {
+        progress(Some(size), "get")
+    };
+    copy_out(&node, size, &mut out, &pb).await?;
+    out.flush()?;
+    pb.finish_and_clear();
+    if !to_stdout {
+        let secs = start.elapsed().as_secs_f64();
+        eprintln!(
+            "get {path} -> {}: {} in {secs:.3} s ({})",
+            local.display(),
+            human(size),
+            rate(size, secs)
+        );
+    }
+    Ok(())
+}
+
+async fn copy_out(
+    node: &Node,
+    size: u64,
+    out: &mut dyn Write,
+    pb: &ProgressBar,
+) -> anyhow::Result<()> {
+    let mut buf = vec![0u8; CHUNK.min(size as usize)];
+    let mut pos = 0u64;
+    while pos < size {
+        let n = (size - pos).min(CHUNK as u64) as usize;
+        node.read_at(pos, &mut buf[..n]).await?;
+        out.write_all(&buf[..n])?;
+        pos += n as u64;
+        pb.set_position(pos);
+    }
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct StatOut<'a> {
+    path: &'a str,
+    id: u64,
+    #[serde(rename = "type")]
+    ty: &'a str,
+    size: u64,
+    block_size: u32,
+    blocks: u64,
+    storage_class: Option<u8>,
+    location: &'a str,
+    enumerable: bool,
+}
+
+pub async fn stat(client: &Client, path: &str, json: bool) -> anyhow::Result<()> {
+    let path = norm(path);
+    let node = client.lookup(&path).await?;
+    let i = node.info();
+    let blocks = if i.ty.is_container() {
+        0
+    } else {
+        i.size.div_ceil(i.block_size as u64)
+    };
+    let out = StatOut {
+        path: &path,
+        id: i.id,
+        ty: i.ty.name(),
+        size: i.size,
+        block_size: i.block_size,
+        blocks,
+        storage_class: (i.storage_class != nodekernel_proto::NO_CLASS).then_some(i.storage_class),
+        location: &i.location,
+        enumerable: i.enumerable,
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!("path:          {}", out.path);
+        println!("type:          {}", out.ty);
+        if i.ty.is_container() {
+            println!("children:      {}", out.size);
+            println!("enumerable:    {}", out.enumerable);
+        } else {
+            println!("size:          {} ({} bytes)", human(out.size), out.size);
+            println!(
+                "blocks:        {} of {}",
+                out.blocks,
+                human(out.block_size as u64)
+            );
+        }
+        let class = out
+            .storage_class
+            .map_or("any (highest with free space)".to_string(), |c| {
+                c.to_string()
+            });
+        println!("storage class: {class}");
+        if !out.location.is_empty() {
+            println!("location:      {}", out.location);
+        }
+        println!("id:            {}", out.id);
+    }
+    Ok(())
+}
+
+pub async fn kv_put(client: &Client, key: &str, value: Option<String>) -> anyhow::Result<()> {
+    let key = norm(key);
+    let bytes = match value.as_deref() {
+        Some("-") | None => {
+            let mut v = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut v)
+                .context("reading the value from stdin")?;
+            v
+        }
+        Some(v) => v.as_bytes().to_vec(),
+    };
+    client.put(&key, &bytes).await?;
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct ClassOut {
+    class: u8,
+    name: String,
+    servers: usize,
+    capacity_bytes: u64,
+    used_bytes: u64,
+    free_bytes: u64,
+}
+
+#[derive(Serialize)]
+struct StatusOut {
+    block_size: u32,
+    nodes: u64,
+    classes: Vec<ClassOut>,
+    servers: Vec<ServerOut>,
+}
+
+#[derive(Serialize)]
+struct ServerOut {
+    id: u32,
+    addr: String,
+    class: u8,
+    class_name: String,
+    medium: String,
+    location: String,
+    alive: bool,
+    last_seen_ms: u64,
+    capacity_bytes: u64,
+    used_bytes: u64,
+    free_bytes: u64,
+    blocks: u64,
+    used_blocks: u64,
+}
+
+impl From<&ServerStatus> for ServerOut {
+    fn from(s: &ServerStatus) -> Self {
+        let bs = s.block_size as u64;
+        ServerOut {
+            id: s.id,
+            addr: s.addr.clone(),
+            class: s.class,
+            class_name: s.class_name.clone(),
+            medium: s.medium.clone(),
+            location: s.location.clone(),
+            alive: s.alive,
+            last_seen_ms: s.last_seen_ms,
+            capacity_bytes: s.capacity_blocks * bs,
+            used_bytes: s.used_blocks * bs,
+            free_bytes: (s.capacity_blocks - s.used_blocks.min(s.capacity_blocks)) * bs,
+            blocks: s.capacity_blocks,
+            used_blocks: s.used_blocks,
+        }
+    }
+}
+
+pub async fn status(client: &Client, json: bool) -> anyhow::Result<()> {
+    let st = client.status().await?;
+    let servers: Vec<ServerOut> = st.servers.iter().map(ServerOut::from).collect();
+    let mut classes: Vec<ClassOut> = Vec::new();
+    for s in &servers {
+        let c = match classes.iter_mut().find(|c| c.class == s.class) {
+            Some(c) => c,
+            None => {
+                classes.push(ClassOut {
+                    class: s.class,
+                    name: s.class_name.clone(),
+                    servers: 0,
+                    capacity_bytes: 0,
+                    used_bytes: 0,
+                    free_bytes: 0,
+                });
+                classes.last_mut().expect("just pushed")
+            }
+        };
+        c.servers += 1;
+        c.capacity_bytes += s.capacity_bytes;
+        c.used_bytes += s.used_bytes;
+        if s.alive {
+            c.free_bytes += s.free_bytes;
+        }
+    }
+    classes.sort_by_key(|c| c.class);
+    let out = StatusOut {
+        block_size: st.block_size,
+        nodes: st.nodes,
+        classes,
+        servers,
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!(
+        "block size {}, {} nodes",
+        human(out.block_size as u64),
+        out.nodes
+    );
+    println!(
+        "{:<6} {:<10} {:>8} {:>12} {:>12} {:>12}",
+        "class", "name", "servers", "capacity", "used", "free"
+    );
+    for c in &out.classes {
+        println!(
+            "{:<6} {:<10} {:>8} {:>12} {:>12} {:>12}",
+            c.class,
+            c.name,
+            c.servers,
+            human(c.capacity_bytes),
+            human(c.used_bytes),
+            human(c.free_bytes)
+        );
+    }
+    println!();
+    println!(
+        "{:<4} {:<22} {:<6} {:<6} {:<12} {:>12} {:>12} {:<6}",
+        "id", "address", "class", "medium", "location", "capacity", "used", "state"
+    );
+    for s in &out.servers {
+        println!(
+            "{:<4} {:<22} {:<6} {:<6} {:<12} {:>12} {:>12} {:<6}",
+            s.id,
+            s.addr,
+            s.class,
+            s.medium,
+            s.location,
+            human(s.capacity_bytes),
+            human(s.used_bytes),
+            if s.alive { "alive" } else { "DEAD" }
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,205 @@
+//! `nk`: the NodeKernel command line.
+
+mod fs;
+mod servers;
+
+use clap::{Parser, Subcommand};
+use nodekernel_cluster::{ByteSize, Config, DEFAULT_META};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "nk",
+    version,
+    about = "NodeKernel: tiered storage for temporary data"
+)]
+struct Cli {
+    /// Metadata server(s), comma-separated, in partition order
+    /// [default: NK_META, then the config file, then 127.0.0.1:9060]
+    #[arg(long, global = true, env = "NK_META", value_name = "HOST:PORT")]
+    meta: Option<String>,
+    /// TOML configuration file
+    #[arg(long, global = true, env = "NK_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start a whole one-machine cluster (metadata server, DRAM and file storage servers)
+    Up(servers::UpArgs),
+    /// Start a metadata server
+    Meta(servers::MetaArgs),
+    /// Start storage server(s) and register them with the metadata server
+    Store(servers::StoreArgs),
+    /// List a container (or show one node)
+    Ls {
+        #[arg(default_value = "/")]
+        path: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Create a Directory (or a Table or Bag with --type)
+    Mkdir {
+        path: String,
+        /// Create missing parent directories too
+        #[arg(short, long)]
+        parents: bool,
+        /// Node type: dir, table or bag
+        #[arg(long = "type", default_value = "dir")]
+        ty: String,
+        /// For tables: keep no child records (listing shows nothing, creates are faster)
+        #[arg(long)]
+        non_enumerable: bool,
+        /// Preferred storage class, inherited by children
+        #[arg(long)]
+        class: Option<u8>,
+    },
+    /// Copy a local file (or - for stdin) into a File
+    Put {
+        local: PathBuf,
+        path: String,
+        /// Preferred storage class
+        #[arg(long)]
+        class: Option<u8>,
+        /// Prefer storage servers on this host
+        #[arg(long)]
+        local_placement: bool,
+    },
+    /// Copy a File or KeyValue to a local file (or - for stdout)
+    Get { path: String, local: PathBuf },
+    /// Print a File or KeyValue to stdout
+    Cat { path: String },
+    /// Remove a node (-r for a non-empty container)
+    Rm {
+        path: String,
+        #[arg(short, long)]
+        recursive: bool,
+    },
+    /// Move (rename) a node atomically
+    Mv { src: String, dst: String },
+    /// Show a node's metadata
+    Stat {
+        path: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Key/value commands on Tables
+    #[command(subcommand)]
+    Kv(KvCmd),
+    /// Show storage servers, classes, capacity and use
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum KvCmd {
+    /// Store a value under TABLE/KEY (VALUE, or - / nothing for stdin); replaces any old value
+    Put { key: String, value: Option<String> },
+    /// Print the value of TABLE/KEY
+    Get { key: String },
+}
+
+impl Cli {
+    fn load_config(&self) -> anyhow::Result<Config> {
+        Ok(match &self.config {
+            Some(p) => Config::load(p)?,
+            None => Config::default(),
+        })
+    }
+
+    /// Client settings: --meta / NK_META, then the config file, then the default.
+    fn client_config(&self) -> anyhow::Result<nodekernel_client::ClientConfig> {
+        let cfg = self.load_config()?;
+        let mut c = cfg.client_config();
+        if let Some(m) = &self.meta {
+            c.metas = m
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect();
+        } else if self.config.is_none() {
+            c.metas = vec![DEFAULT_META.to_string()];
+        }
+        Ok(c)
+    }
+}
+
+fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let server = matches!(cli.cmd, Cmd::Up(_) | Cmd::Meta(_) | Cmd::Store(_));
+    init_logging(if server { "info" } else { "warn" });
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("nk: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("nk: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match &cli.cmd {
+        Cmd::Up(a) => return servers::up(cli.load_config()?, a).await,
+        Cmd::Meta(a) => return servers::meta(cli.load_config()?, a).await,
+        Cmd::Store(a) => {
+            let metas = cli.client_config()?.metas;
+            return servers::store(cli.load_config()?, metas, a).await;
+        }
+        _ => {}
+    }
+    let client = nodekernel_client::Client::connect(cli.client_config()?).await?;
+    match cli.cmd {
+        Cmd::Ls { path, json } => fs::ls(&client, &path, json).await,
+        Cmd::Mkdir {
+            path,
+            parents,
+            ty,
+            non_enumerable,
+            class,
+        } => fs::mkdir(&client, &path, parents, &ty, non_enumerable, class).await,
+        Cmd::Put {
+            local,
+            path,
+            class,
+            local_placement,
+        } => fs::put(&client, &local, &path, class, local_placement).await,
+        Cmd::Get { path, local } => fs::get(&client, &path, &local).await,
+        Cmd::Cat { path } => fs::get(&client, &path, std::path::Path::new("-")).await,
+        Cmd::Rm { path, recursive } => Ok(client.delete(&fs::norm(&path), recursive).await?),
+        Cmd::Mv { src, dst } => Ok(client.rename(&fs::norm(&src), &fs::norm(&dst)).await?),
+        Cmd::Stat { path, json } => fs::stat(&client, &path, json).await,
+        Cmd::Kv(KvCmd::Put { key, value }) => fs::kv_put(&client, &key, value).await,
+        Cmd::Kv(KvCmd::Get { key }) => fs::get(&client, &key, std::path::Path::new("-")).await,
+        Cmd::Status { json } => fs::status(&client, json).await,
+        Cmd::Up(_) | Cmd::Meta(_) | Cmd::Store(_) => unreachable!("handled above"),
+    }
+}
+
+/// Parses a size flag like `512MiB`.
+pub(crate) fn parse_size(s: &str) -> Result<ByteSize, String> {
+    ByteSize::parse(s)
+}

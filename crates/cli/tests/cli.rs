@@ -1,0 +1,243 @@
+//! End-to-end tests of the `nk` binary against `nk up` started by the test.
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const NK: &str = env!("CARGO_BIN_EXE_nk");
+
+struct Up {
+    child: Child,
+    meta: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Up {
+    /// `nk up` on port 0; returns once it printed its address.
+    fn start(extra: &[&str]) -> Up {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = Command::new(NK)
+            .args([
+                "up",
+                "--port",
+                "0",
+                "--dram",
+                "64MiB",
+                "--file",
+                "256MiB",
+                "--data-dir",
+            ])
+            .arg(dir.path())
+            .args(extra)
+            .env_remove("NK_META")
+            .env_remove("NK_CONFIG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines.next().expect("nk up prints a line").unwrap();
+        let meta = first
+            .rsplit(' ')
+            .next()
+            .filter(|_| first.contains("metadata server at"))
+            .unwrap_or_else(|| panic!("unexpected first line: {first}"))
+            .to_string();
+        // Keep draining stdout so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Up {
+            child,
+            meta,
+            _dir: dir,
+        }
+    }
+
+    fn nk(&self, args: &[&str]) -> Output {
+        Command::new(NK)
+            .args(args)
+            .env("NK_META", &self.meta)
+            .output()
+            .unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.nk(args);
+        assert!(
+            out.status.success(),
+            "nk {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let out = self.ok(args);
+        serde_json::from_str(&out)
+            .unwrap_or_else(|e| panic!("nk {args:?}: invalid JSON ({e}): {out}"))
+    }
+
+    /// Sends SIGTERM and checks that `nk up` stops cleanly.
+    fn stop(mut self) {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                assert!(status.success(), "nk up exits cleanly on SIGTERM: {status}");
+                return;
+            }
+            assert!(Instant::now() < deadline, "nk up did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+fn used(status: &Value, class: u64) -> u64 {
+    status["classes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["class"] == class)
+        .map(|c| c["used_bytes"].as_u64().unwrap())
+        .unwrap_or_else(|| panic!("class {class} missing in {status}"))
+}
+
+#[test]
+fn put_get_100_mib_and_json_output() {
+    let up = Up::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("in.bin");
+    let dst = dir.path().join("out.bin");
+    let mut data = vec![0u8; 100 << 20];
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for chunk in data.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+    }
+    std::fs::File::create(&src)
+        .unwrap()
+        .write_all(&data)
+        .unwrap();
+
+    let before = up.json(&["status", "--json"]);
+    let classes = before["classes"].as_array().unwrap();
+    assert_eq!(classes.len(), 2, "DRAM and file classes: {before}");
+    assert_eq!(classes[0]["capacity_bytes"], 64u64 << 20);
+    assert_eq!(classes[1]["capacity_bytes"], 256u64 << 20);
+    assert_eq!(used(&before, 0) + used(&before, 1), 0);
+
+    up.ok(&["mkdir", "-p", "/data/sub"]);
+    up.ok(&["put", src.to_str().unwrap(), "/data/big.bin"]);
+    up.ok(&["get", "/data/big.bin", dst.to_str().unwrap()]);
+    let back = std::fs::read(&dst).unwrap();
+    assert_eq!(back.len(), data.len());
+    assert!(
+        back == data,
+        "100 MiB round trip through nk put / nk get is byte-identical"
+    );
+
+    let after = up.json(&["status", "--json"]);
+    assert_eq!(used(&after, 0), 64 << 20, "DRAM filled first");
+    assert_eq!(
+        used(&after, 1),
+        36 << 20,
+        "the rest spilled to the file tier"
+    );
+
+    let ls = up.json(&["ls", "/data", "--json"]);
+    let entries = ls.as_array().unwrap();
+    assert_eq!(entries.len(), 2);
+    let big = entries.iter().find(|e| e["name"] == "big.bin").unwrap();
+    assert_eq!(big["type"], "File");
+    assert_eq!(big["size"], 100u64 << 20);
+    assert_eq!(big["path"], "/data/big.bin");
+
+    let stat = up.json(&["stat", "/data/big.bin", "--json"]);
+    assert_eq!(stat["type"], "File");
+    assert_eq!(stat["size"], 100u64 << 20);
+    assert_eq!(stat["blocks"], 100);
+
+    // KV, cat, mv, rm and their errors.
+    up.ok(&["mkdir", "--type", "table", "/kv"]);
+    up.ok(&["kv", "put", "/kv/greeting", "hello"]);
+    assert_eq!(up.ok(&["kv", "get", "/kv/greeting"]), "hello");
+    up.ok(&["kv", "put", "/kv/greeting", "replaced"]);
+    assert_eq!(up.ok(&["cat", "/kv/greeting"]), "replaced");
+    up.ok(&["mv", "/data/sub", "/moved"]);
+    let root: Vec<String> = up
+        .json(&["ls", "--json"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(root, vec!["data", "kv", "moved"]);
+    let out = up.nk(&["rm", "/data"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("NotEmpty"));
+    up.ok(&["rm", "-r", "/data"]);
+    let out = up.nk(&["stat", "/data"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("NotFound: /data does not exist"));
+    let freed = up.json(&["status", "--json"]);
+    assert_eq!(
+        used(&freed, 0) + used(&freed, 1),
+        1 << 20,
+        "only the KV block remains"
+    );
+
+    up.stop();
+}
+
+#[test]
+fn bad_config_and_unreachable_cluster_give_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("nk.toml");
+    std::fs::write(&cfg, "[meta]\nblock_sise = \"1MiB\"\n").unwrap();
+    let out = Command::new(NK)
+        .args(["up", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "refuses to start");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("block_sise"), "names the key: {err}");
+
+    std::fs::write(&cfg, "[meta]\nblock_size = \"3MiB\"\n").unwrap();
+    let out = Command::new(NK)
+        .args(["meta", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("meta.block_size"));
+
+    // Nothing listens on this port: a clear error, quickly.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let out = Command::new(NK)
+        .args(["ls", "/"])
+        .env("NK_META", port.to_string())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("Unavailable") && err.contains(&port.to_string()),
+        "{err}"
+    );
+}
