@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, and every test in the workspace.
+# Works on a fresh machine of the project's kind (Rust via rustup is preinstalled).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "test: cargo not found; install Rust (https://rustup.rs) and retry" >&2
+    exit 1
+fi
+for c in rustfmt clippy; do
+    rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
+done
+
+echo "== cargo fmt --check =="
+cargo fmt --all -- --check
+echo "== cargo clippy =="
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo test =="
+cargo test --workspace --locked
