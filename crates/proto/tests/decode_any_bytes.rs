@@ -1,0 +1,33 @@
+//! Every decoder accepts arbitrary bytes without panicking (the stable-Rust
+//! companion of the cargo-fuzz targets in /fuzz, run in CI).
+
+use nodekernel_proto::meta::{MetaReply, MetaRequest};
+use nodekernel_proto::store::StoreRequest;
+use nodekernel_proto::{FrameHeader, HEADER_LEN};
+use proptest::prelude::*;
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4096))]
+
+    #[test]
+    fn decoders_never_panic(op in 0u16..20, bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let _ = MetaRequest::decode(op, &bytes);
+        let _ = MetaReply::decode(op, &bytes);
+        let _ = StoreRequest::decode(op, &bytes);
+        if bytes.len() >= HEADER_LEN {
+            let h: [u8; HEADER_LEN] = bytes[..HEADER_LEN].try_into().unwrap();
+            if let Ok(f) = FrameHeader::parse(&h) {
+                prop_assert!(f.payload_len <= nodekernel_proto::MAX_PAYLOAD_LEN);
+            }
+        }
+    }
+
+    #[test]
+    fn decoded_requests_re_encode_to_the_same_bytes(op in 1u16..12, bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+        if let Ok(req) = MetaRequest::decode(op, &bytes) {
+            let mut out = bytes::BytesMut::new();
+            req.encode(&mut out);
+            prop_assert_eq!(&out[..], &bytes[..]);
+        }
+    }
+}
