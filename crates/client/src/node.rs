@@ -286,6 +286,20 @@ impl Node {
         Ok(data)
     }
 
+    /// Locations of all blocks of the node, in stream order (including blocks
+    /// a writer has allocated but not yet published).
+    pub async fn block_locations(&self) -> Result<Vec<BlockLoc>> {
+        let mut all = Vec::new();
+        loop {
+            let (_, blocks) = self.map(all.len() as u64, MAX_MAP_COUNT as u64, None).await?;
+            let n = blocks.len();
+            all.extend(blocks);
+            if n < MAX_MAP_COUNT as usize {
+                return Ok(all);
+            }
+        }
+    }
+
     /// A sequential reader starting at `offset`.
     pub fn reader(&self, offset: u64) -> Reader<'_> {
         Reader {
