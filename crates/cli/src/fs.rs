@@ -57,8 +57,9 @@ struct Entry {
 pub async fn ls(client: &Client, path: &str, json: bool) -> anyhow::Result<()> {
     let path = norm(path);
     let node = client.lookup(&path).await?;
-    let entries = if node.info().ty.is_container() {
-        let names = client.enumerate(&path).await?;
+    let entries: Vec<Entry> = if node.info().ty.is_container() {
+        let mut names = client.enumerate(&path).await?;
+        names.sort();
         let lookups = names.into_iter().map(|name| {
             let child = nodekernel_proto::path::join(&path, &name);
             async move {
@@ -97,6 +98,56 @@ pub async fn ls(client: &Client, path: &str, json: bool) -> anyhow::Result<()> {
             println!("{:<9} {:>12}  {}", e.ty, size, e.name);
         }
     }
+    Ok(())
+}
+
+/// Keys of a table (sorted).
+pub async fn kv_ls(client: &Client, table: &str, json: bool) -> anyhow::Result<()> {
+    let table = norm(table);
+    let node = client.lookup(&table).await?;
+    if node.info().ty != NodeType::Table {
+        bail!("{table} is a {}, not a Table", node.info().ty);
+    }
+    let mut keys = client.enumerate(&table).await?;
+    keys.sort();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&keys)?);
+    } else if keys.is_empty() && !node.info().enumerable {
+        eprintln!("{table} is non-enumerable: its keys are not listed");
+    } else {
+        for k in keys {
+            println!("{k}");
+        }
+    }
+    Ok(())
+}
+
+pub async fn kv_rm(client: &Client, key: &str) -> anyhow::Result<()> {
+    let key = norm(key);
+    let node = client.lookup(&key).await?;
+    if node.info().ty != NodeType::KeyValue {
+        bail!("{key} is a {}, not a KeyValue", node.info().ty);
+    }
+    Ok(client.delete(&key, false).await?)
+}
+
+/// Prints a data node, or a Bag's Files as one stream.
+pub async fn cat(client: &Client, path: &str, reads_in_flight: usize) -> anyhow::Result<()> {
+    let path = norm(path);
+    if client.lookup(&path).await?.info().ty != NodeType::Bag {
+        return get(client, &path, Path::new("-")).await;
+    }
+    let mut bag = client.read_bag(&path, reads_in_flight).await?;
+    let mut out = std::io::stdout().lock();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = bag.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        out.write_all(&buf[..n])?;
+    }
+    out.flush()?;
     Ok(())
 }
 

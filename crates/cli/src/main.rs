@@ -70,8 +70,13 @@ enum Cmd {
     },
     /// Copy a File or KeyValue to a local file (or - for stdout)
     Get { path: String, local: PathBuf },
-    /// Print a File or KeyValue to stdout
-    Cat { path: String },
+    /// Print a File or KeyValue, or a whole Bag as one stream, to stdout
+    Cat {
+        path: String,
+        /// Bag reads in flight
+        #[arg(long, default_value_t = nodekernel_client::DEFAULT_BAG_READS_IN_FLIGHT)]
+        reads_in_flight: usize,
+    },
     /// Remove a node (-r for a non-empty container)
     Rm {
         path: String,
@@ -102,6 +107,14 @@ enum KvCmd {
     Put { key: String, value: Option<String> },
     /// Print the value of TABLE/KEY
     Get { key: String },
+    /// List the keys of a table
+    Ls {
+        table: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove TABLE/KEY
+    Rm { key: String },
 }
 
 impl Cli {
@@ -188,12 +201,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             local_placement,
         } => fs::put(&client, &local, &path, class, local_placement).await,
         Cmd::Get { path, local } => fs::get(&client, &path, &local).await,
-        Cmd::Cat { path } => fs::get(&client, &path, std::path::Path::new("-")).await,
+        Cmd::Cat {
+            path,
+            reads_in_flight,
+        } => fs::cat(&client, &path, reads_in_flight).await,
         Cmd::Rm { path, recursive } => Ok(client.delete(&fs::norm(&path), recursive).await?),
         Cmd::Mv { src, dst } => Ok(client.rename(&fs::norm(&src), &fs::norm(&dst)).await?),
         Cmd::Stat { path, json } => fs::stat(&client, &path, json).await,
         Cmd::Kv(KvCmd::Put { key, value }) => fs::kv_put(&client, &key, value).await,
         Cmd::Kv(KvCmd::Get { key }) => fs::get(&client, &key, std::path::Path::new("-")).await,
+        Cmd::Kv(KvCmd::Ls { table, json }) => fs::kv_ls(&client, &table, json).await,
+        Cmd::Kv(KvCmd::Rm { key }) => fs::kv_rm(&client, &key).await,
         Cmd::Status { json } => fs::status(&client, json).await,
         Cmd::Up(_) | Cmd::Meta(_) | Cmd::Store(_) => unreachable!("handled above"),
     }

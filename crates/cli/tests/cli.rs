@@ -151,9 +151,10 @@ fn put_get_100_mib_and_json_output() {
 
     let after = up.json(&["status", "--json"]);
     assert_eq!(used(&after, 0), 64 << 20, "DRAM filled first");
+    // 100 MiB of data plus the child-record blocks of / and /data.
     assert_eq!(
         used(&after, 1),
-        36 << 20,
+        38 << 20,
         "the rest spilled to the file tier"
     );
 
@@ -191,11 +192,48 @@ fn put_get_100_mib_and_json_output() {
     up.ok(&["rm", "-r", "/data"]);
     let out = up.nk(&["stat", "/data"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("NotFound: /data does not exist"));
+    // Tables, bags and their commands.
+    up.ok(&["mkdir", "--type", "table", "--non-enumerable", "/hidden"]);
+    up.ok(&["kv", "put", "/hidden/k", "v"]);
+    assert_eq!(up.ok(&["kv", "get", "/hidden/k"]), "v");
+    assert_eq!(
+        up.json(&["kv", "ls", "/hidden", "--json"]),
+        serde_json::json!([])
+    );
+    up.ok(&["kv", "put", "/kv/other", "x"]);
+    assert_eq!(
+        up.json(&["kv", "ls", "/kv", "--json"]),
+        serde_json::json!(["greeting", "other"])
+    );
+    up.ok(&["kv", "rm", "/kv/other"]);
+    assert_eq!(up.ok(&["kv", "ls", "/kv"]), "greeting\n");
+    up.ok(&["mkdir", "--type", "bag", "/shuffle"]);
+    let parts = ["first part|", "second part|", "third"];
+    for (i, p) in parts.iter().enumerate() {
+        let f = dir.path().join(format!("part{i}"));
+        std::fs::write(&f, p).unwrap();
+        up.ok(&["put", f.to_str().unwrap(), &format!("/shuffle/map-{i}")]);
+    }
+    assert_eq!(
+        up.ok(&["cat", "/shuffle"]),
+        parts.concat(),
+        "the bag reads as one stream"
+    );
+    let bag = up.json(&["ls", "/shuffle", "--json"]);
+    assert_eq!(bag.as_array().unwrap().len(), 3);
+    let out = up.nk(&["mkdir", "--type", "table", "/shuffle/t"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains(
+        "TypeMismatch: cannot put a Table at /shuffle/t: a Bag can only hold File nodes"
+    ));
+    up.ok(&["rm", "-r", "/shuffle"]);
+    up.ok(&["rm", "-r", "/hidden"]);
+
     let freed = up.json(&["status", "--json"]);
+    // Left: the KV value's block and the record blocks of / and /kv.
     assert_eq!(
         used(&freed, 0) + used(&freed, 1),
-        1 << 20,
-        "only the KV block remains"
+        3 << 20,
+        "everything else was freed"
     );
 
     up.stop();

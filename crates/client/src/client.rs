@@ -1,7 +1,11 @@
 use crate::node::Node;
 use bytes::BytesMut;
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
-use nodekernel_proto::{path, ClusterStatus, Error, NodeInfo, NodeType, Result, NO_CLASS};
+use nodekernel_proto::record::{self, RECORD_SIZE};
+use nodekernel_proto::store::{encode_write_prefix, op as store_op};
+use nodekernel_proto::{
+    path, ClusterStatus, Error, ErrorCode, NodeInfo, NodeType, RecordLoc, Result, NO_CLASS,
+};
 use nodekernel_rpc::ConnectionPool;
 use std::sync::Arc;
 use std::time::Duration;
@@ -132,7 +136,60 @@ impl Client {
             enumerable: opts.enumerable,
         };
         let info = self.node_reply(idx, &req).await?;
+        if let Some(rec) = &info.record {
+            self.write_record(rec, ty, leaf(p)).await;
+        }
         Ok(Node::new(self.clone(), p.to_string(), idx, info))
+    }
+
+    /// Writes a child record into its container's data. Records are
+    /// supplementary (the metadata server is the authority and enumeration
+    /// falls back to it for a missing record), so a failure is logged, not
+    /// returned: the node exists either way.
+    pub(crate) async fn write_record(&self, rec: &RecordLoc, ty: NodeType, name: &str) {
+        let bytes = record::encode(rec.container, rec.slot, ty, name);
+        if let Err(e) = self.store_write(rec, &bytes).await {
+            tracing::warn!(
+                "could not write the record of {name} (slot {} of node {}): {e}",
+                rec.slot,
+                rec.container
+            );
+        }
+    }
+
+    /// Clears a child record, then lets the metadata server reuse its slot.
+    /// A record that cannot be cleared keeps its slot out of use (the
+    /// metadata server still reports the child as gone).
+    async fn clear_record(&self, idx: usize, rec: &RecordLoc) {
+        if let Err(e) = self.store_write(rec, &record::CLEARED).await {
+            tracing::warn!(
+                "could not clear record {} of node {}: {e}",
+                rec.slot,
+                rec.container
+            );
+            return;
+        }
+        let req = MetaRequest::ReleaseSlot {
+            container: rec.container,
+            slot: rec.slot,
+        };
+        if let Err(e) = self.meta_at(idx, &req).await {
+            tracing::warn!(
+                "could not release record {} of node {}: {e}",
+                rec.slot,
+                rec.container
+            );
+        }
+    }
+
+    async fn store_write(&self, rec: &RecordLoc, bytes: &[u8]) -> Result<()> {
+        let mut prefix = BytesMut::with_capacity(16);
+        encode_write_prefix(&mut prefix, rec.block.block, rec.block.gen, rec.offset);
+        self.inner
+            .pool
+            .call(&rec.block.addr, store_op::WRITE, &[&prefix, bytes])
+            .await
+            .map(drop)
     }
 
     /// Creates a Directory (and, with `parents`, its missing ancestors).
@@ -204,7 +261,13 @@ impl Client {
             path: p.to_string(),
             recursive,
         };
-        self.meta_at(self.partition(p), &req).await.map(drop)
+        let idx = self.partition(p);
+        match self.meta_at(idx, &req).await? {
+            MetaReply::Record(Some(rec)) => self.clear_record(idx, &rec).await,
+            MetaReply::Record(None) => {}
+            other => return Err(unexpected(other)),
+        }
+        Ok(())
     }
 
     /// Atomically moves `src` to `dst`. Fails with `CrossPartition` when the
@@ -223,31 +286,154 @@ impl Client {
             src: src.to_string(),
             dst: dst.to_string(),
         };
-        self.meta_at(a, &req).await.map(drop)
+        match self.meta_at(a, &req).await? {
+            MetaReply::Moved { ty, clear, write } => {
+                if let Some(rec) = write {
+                    self.write_record(&rec, ty, leaf(dst)).await;
+                }
+                if let Some(rec) = clear {
+                    self.clear_record(a, &rec).await;
+                }
+                Ok(())
+            }
+            other => Err(unexpected(other)),
+        }
     }
 
-    /// Names of the live children of a container. Listing `/` merges every
-    /// metadata partition.
+    /// Names of the live children of a container, in record-slot order
+    /// (creation order, with freed slots reused lowest first). The names are
+    /// read from the container's data through the data plane; the metadata
+    /// server only contributes the live-slot bitmap, which is the authority:
+    /// a record whose child is gone is never returned. Listing `/` merges
+    /// every metadata partition, in partition order.
     pub async fn enumerate(&self, p: &str) -> Result<Vec<String>> {
+        Ok(self
+            .enumerate_typed(p)
+            .await?
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect())
+    }
+
+    /// Like [`Client::enumerate`], with each child's type.
+    pub async fn enumerate_typed(&self, p: &str) -> Result<Vec<(String, NodeType)>> {
         let comps = path::components(p)?;
-        let req = MetaRequest::Enumerate {
-            path: p.to_string(),
-        };
         let parts: Vec<usize> = if comps.is_empty() {
             (0..self.inner.cfg.metas.len()).collect()
         } else {
             vec![self.partition(p)]
         };
-        let mut names = Vec::new();
+        let mut out = Vec::new();
         for idx in parts {
-            match self.meta_at(idx, &req).await? {
-                MetaReply::Names(n) => names.extend(n),
-                other => return Err(unexpected(other)),
+            let listing = self
+                .meta_at(
+                    idx,
+                    &MetaRequest::Enumerate {
+                        path: p.to_string(),
+                    },
+                )
+                .await?;
+            let MetaReply::Listing {
+                container,
+                block_size,
+                slots,
+                live,
+            } = listing
+            else {
+                return Err(unexpected(listing));
+            };
+            if slots == 0 {
+                continue;
             }
+            let is_live = |slot: usize| live[slot / 8] & (1 << (slot % 8)) != 0;
+            let data = match self
+                .read_container(p, idx, container, block_size, slots)
+                .await
+            {
+                Ok(d) => d,
+                // Records lost with a storage server: names come from the
+                // metadata server instead.
+                Err(e)
+                    if matches!(
+                        e.code,
+                        ErrorCode::Unavailable
+                            | ErrorCode::Timeout
+                            | ErrorCode::DataLost
+                            | ErrorCode::Stale
+                    ) =>
+                {
+                    tracing::warn!(
+                        "{p}: child records unreadable ({e}); asking the metadata server"
+                    );
+                    Vec::new()
+                }
+                Err(e) => return Err(e),
+            };
+            let mut entries: Vec<(u32, NodeType, String)> = Vec::new();
+            let mut missing = Vec::new();
+            for slot in (0..slots as usize).filter(|s| is_live(*s)) {
+                let bytes = data
+                    .get(slot * RECORD_SIZE..(slot + 1) * RECORD_SIZE)
+                    .unwrap_or(&[]);
+                match record::decode(bytes, container, slot as u32) {
+                    Some((ty, name)) => entries.push((slot as u32, ty, name)),
+                    None => missing.push(slot as u32),
+                }
+            }
+            if !missing.is_empty() {
+                let req = MetaRequest::RecordNames {
+                    container,
+                    slots: missing,
+                };
+                match self.meta_at(idx, &req).await? {
+                    MetaReply::Names(found) => entries.extend(found),
+                    other => return Err(unexpected(other)),
+                }
+                entries.sort_by_key(|e| e.0);
+            }
+            out.extend(entries.into_iter().map(|(_, ty, name)| (name, ty)));
         }
-        names.sort();
-        names.dedup();
-        Ok(names)
+        Ok(out)
+    }
+
+    /// Bytes of child-record data a container holds (its record slots times
+    /// the record size): what enumerating it reads.
+    pub async fn container_data_len(&self, p: &str) -> Result<u64> {
+        path::components(p)?;
+        let req = MetaRequest::Enumerate {
+            path: p.to_string(),
+        };
+        match self.meta_at(self.partition(p), &req).await? {
+            MetaReply::Listing { slots, .. } => Ok(slots as u64 * RECORD_SIZE as u64),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Reads a container's record array like a file.
+    async fn read_container(
+        &self,
+        p: &str,
+        idx: usize,
+        id: u64,
+        block_size: u32,
+        slots: u32,
+    ) -> Result<Vec<u8>> {
+        let len = slots as u64 * RECORD_SIZE as u64;
+        let info = NodeInfo {
+            id,
+            ty: NodeType::Directory,
+            size: len,
+            block_size,
+            storage_class: NO_CLASS,
+            location: String::new(),
+            enumerable: true,
+            lease: 0,
+            first_block: None,
+            record: None,
+        };
+        Node::new(self.clone(), p.to_string(), idx, info)
+            .read(0, len)
+            .await
     }
 
     /// Cluster status. With several metadata partitions, a storage server's
@@ -289,11 +475,30 @@ impl Client {
     }
 
     /// KeyValue get (works for Files too): lookup, then read everything.
+    /// If the value is replaced between the lookup and the read (the read
+    /// gets `Stale`), the get looks the key up again, so it returns the
+    /// current value rather than failing; after [`GET_ATTEMPTS`] replaced
+    /// values in a row it gives up with `Stale`.
     pub async fn get(&self, p: &str) -> Result<Vec<u8>> {
-        let node = self.lookup(p).await?;
-        let len = node.info().size;
-        node.read(0, len).await
+        let mut attempt = 1;
+        loop {
+            let node = self.lookup(p).await?;
+            let len = node.info().size;
+            match node.read(0, len).await {
+                Err(e) if e.code == ErrorCode::Stale && attempt < GET_ATTEMPTS => attempt += 1,
+                r => return r,
+            }
+        }
     }
+}
+
+/// Lookups a [`Client::get`] makes before giving up on a key that keeps
+/// being replaced under it.
+pub const GET_ATTEMPTS: u32 = 64;
+
+/// The last component of a valid non-root path.
+pub(crate) fn leaf(p: &str) -> &str {
+    p.rsplit('/').next().unwrap_or(p)
 }
 
 pub(crate) fn unexpected(r: MetaReply) -> Error {

@@ -11,10 +11,12 @@
 //! names the path and the rule. Transport failures become `Unavailable` or
 //! `Timeout`, never a hang longer than the configured timeout.
 
+mod bag;
 pub mod blocking;
 mod client;
 mod node;
 
+pub use bag::{BagEntry, BagReader, DEFAULT_BAG_READS_IN_FLIGHT};
 pub use client::{default_location, Client, ClientConfig, CreateOptions};
 pub use node::{Node, Reader};
 pub use nodekernel_proto::{

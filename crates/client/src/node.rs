@@ -291,13 +291,28 @@ impl Node {
     pub async fn block_locations(&self) -> Result<Vec<BlockLoc>> {
         let mut all = Vec::new();
         loop {
-            let (_, blocks) = self.map(all.len() as u64, MAX_MAP_COUNT as u64, None).await?;
+            let (_, blocks) = self
+                .map(all.len() as u64, MAX_MAP_COUNT as u64, None)
+                .await?;
             let n = blocks.len();
             all.extend(blocks);
             if n < MAX_MAP_COUNT as usize {
                 return Ok(all);
             }
         }
+    }
+
+    /// Reads `len` bytes at `offset` that lie inside one block, as one
+    /// storage transfer (used by the Bag stream).
+    pub(crate) async fn read_chunk(&self, offset: u64, len: usize) -> Result<Bytes> {
+        let bs = self.block_size();
+        debug_assert!(len > 0 && offset % bs + len as u64 <= bs);
+        let idx = offset / bs;
+        self.ensure_locations(idx, idx, None).await?;
+        let loc = self.locs.lock().expect("locs lock")[idx as usize]
+            .clone()
+            .expect("ensured");
+        self.read_segment(&loc, (offset % bs) as u32, len).await
     }
 
     /// A sequential reader starting at `offset`.
@@ -382,12 +397,22 @@ impl Node {
             size: w.written,
             close,
         };
-        self.client
+        let reply = self
+            .client
             .meta_at(self.part, &req)
             .await
             .map_err(|e| self.ctx(e))?;
         self.size.fetch_max(w.written, Ordering::AcqRel);
-        Ok(())
+        match reply {
+            // A closed put of a new key: write its record into the table.
+            MetaReply::Record(Some(rec)) => {
+                let name = crate::client::leaf(&self.path);
+                self.client.write_record(&rec, self.info.ty, name).await;
+                Ok(())
+            }
+            MetaReply::Record(None) => Ok(()),
+            other => Err(unexpected(other)),
+        }
     }
 
     /// Publishes everything written so far and renews the write lease.

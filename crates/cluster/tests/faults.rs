@@ -190,5 +190,14 @@ async fn killed_storage_server_fails_reads_fast_and_spares_the_rest() {
         dram_data,
         "new blocks avoid the dead server"
     );
+    // Child records on the dead server are lost, yet listing stays exact:
+    // the names of those live slots come from the metadata server.
+    let mut root = c.enumerate("/").await.unwrap();
+    root.sort();
+    assert_eq!(root, vec!["on-dram", "on-file", "still"]);
+    assert_eq!(c.enumerate("/still/works").await.unwrap(), vec!["new"]);
     c.delete("/on-dram", false).await.unwrap();
+    let mut root = c.enumerate("/").await.unwrap();
+    root.sort();
+    assert_eq!(root, vec!["on-file", "still"]);
 }

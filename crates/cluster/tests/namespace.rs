@@ -83,7 +83,11 @@ async fn every_row_of_the_node_type_table() {
     );
     assert_eq!(c.get("/table/k").await.unwrap(), b"second value");
     let kids = c.enumerate("/table").await.unwrap();
-    assert_eq!(kids, vec!["k", "keyvalue"], "one live record per key");
+    assert_eq!(
+        kids,
+        vec!["keyvalue", "k"],
+        "one live record per key, in slot order"
+    );
 }
 
 #[tokio::test]

@@ -25,6 +25,19 @@ pub struct BlockRef {
     pub gen: u64,
 }
 
+/// A block to claim on its storage server with `gen` (a zero-length write).
+/// For a freed block the generation is fresh, so every older location of it
+/// gets `Stale` at once, before the block is ever reused; for a new
+/// container block it is the allocation's generation, so the container's
+/// records can be read before any client has written one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockClaim {
+    pub server: u32,
+    pub addr: String,
+    pub block: u32,
+    pub gen: u64,
+}
+
 /// What a storage server announced when it registered.
 #[derive(Debug, Clone)]
 pub struct ServerSpec {
@@ -208,13 +221,21 @@ impl BlockAllocator {
         })
     }
 
-    /// Returns a block to its server's free list (at the back: reused last).
-    /// Blocks of unknown servers are dropped silently.
-    pub fn free(&mut self, b: BlockRef) {
-        if let Some(s) = self.servers.get_mut(&b.server) {
-            debug_assert!(!s.free.contains(&b.block), "double free of {b:?}");
-            s.free.push_back(b.block);
-        }
+    /// Returns a block to its server's free list (at the back: reused last)
+    /// and gives it a fresh generation, returned as the invalidation to send
+    /// to the storage server. Blocks of unknown servers are dropped.
+    pub fn free(&mut self, b: BlockRef) -> Option<BlockClaim> {
+        let s = self.servers.get_mut(&b.server)?;
+        debug_assert!(!s.free.contains(&b.block), "double free of {b:?}");
+        s.free.push_back(b.block);
+        let gen = self.next_gen;
+        self.next_gen += 1;
+        Some(BlockClaim {
+            server: b.server,
+            addr: s.spec.addr.clone(),
+            block: b.block,
+            gen,
+        })
     }
 
     pub fn status(&self, now_ms: u64) -> Vec<ServerStatus> {
@@ -279,7 +300,11 @@ mod tests {
         assert_eq!(gens.len(), 20, "every allocation has a fresh generation");
         // Freeing DRAM blocks makes DRAM the first choice again.
         for b in &blocks[..8] {
-            a.free(*b);
+            let inv = a.free(*b).unwrap();
+            assert!(
+                inv.gen > blocks[19].gen,
+                "freeing stamps a fresh generation"
+            );
         }
         let again = a.allocate(NO_CLASS, "").unwrap();
         assert_ne!(again.server, f);

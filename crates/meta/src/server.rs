@@ -1,11 +1,13 @@
 //! The async shell around [`MetaState`]: decodes requests, applies them
 //! under a lock, encodes replies, and runs the liveness check.
 
+use crate::alloc::BlockClaim;
 use crate::state::MetaState;
 use bytes::{Bytes, BytesMut};
 use nodekernel_proto::meta::MetaRequest;
+use nodekernel_proto::store::{encode_write_prefix, op as store_op};
 use nodekernel_proto::Result;
-use nodekernel_rpc::{serve, Handler, ServerHandle};
+use nodekernel_rpc::{serve, ConnectionPool, Handler, ServerHandle};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -53,11 +55,38 @@ pub enum MetaError {
 struct MetaHandler {
     state: Mutex<MetaState>,
     epoch: Instant,
+    /// Connections to storage servers, for invalidations.
+    stores: ConnectionPool,
 }
 
 impl MetaHandler {
     fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Sends block claims (zero-length writes with a generation) to storage
+    /// servers: freed blocks get a fresh generation, so any older location
+    /// of them gets `Stale` from now on. Failures are logged: a storage
+    /// server that cannot be reached is dead or will be, and its blocks with
+    /// it.
+    async fn send_claims(&self, invs: Vec<BlockClaim>) {
+        let sends = invs.into_iter().map(|inv| async move {
+            let mut prefix = BytesMut::with_capacity(16);
+            encode_write_prefix(&mut prefix, inv.block, inv.gen, 0);
+            if let Err(e) = self
+                .stores
+                .call(&inv.addr, store_op::WRITE, &[&prefix])
+                .await
+            {
+                tracing::warn!(
+                    "could not claim block {} on storage server {} ({}): {e}",
+                    inv.block,
+                    inv.server,
+                    inv.addr
+                );
+            }
+        });
+        futures::future::join_all(sends).await;
     }
 }
 
@@ -65,12 +94,17 @@ impl Handler for MetaHandler {
     async fn handle(&self, op: u16, payload: Bytes, out: &mut BytesMut) -> Result<()> {
         let req = MetaRequest::decode(op, &payload)?;
         let now = self.now_ms();
-        let reply = self
-            .state
-            .lock()
-            .expect("meta state lock")
-            .apply(req, now)?;
-        reply.encode(out);
+        let (reply, invs) = {
+            let mut st = self.state.lock().expect("meta state lock");
+            let reply = st.apply(req, now);
+            (reply, st.take_claims())
+        };
+        // Freed blocks are invalidated before the reply, so once a delete or
+        // a replacing put returns, old handles get Stale.
+        if !invs.is_empty() {
+            self.send_claims(invs).await;
+        }
+        reply?.encode(out);
         Ok(())
     }
 }
@@ -111,9 +145,11 @@ impl MetaServer {
                 first_gen,
             )),
             epoch: Instant::now(),
+            stores: ConnectionPool::new(cfg.dead_after.min(Duration::from_secs(5))),
         });
         let handle = serve(listener, handler.clone())?;
         let dead_after = cfg.dead_after.as_millis() as u64;
+        let lease_ms = cfg.lease_timeout.as_millis() as u64;
         let h = handler.clone();
         let period = (cfg.dead_after / 4).max(Duration::from_millis(10));
         let ticker = tokio::spawn(async move {
@@ -121,17 +157,21 @@ impl MetaServer {
             loop {
                 tick.tick().await;
                 let now = h.now_ms();
-                let dead = h
-                    .state
-                    .lock()
-                    .expect("meta state lock")
-                    .alloc
-                    .expire(now, dead_after);
+                let (dead, swept, invs) = {
+                    let mut st = h.state.lock().expect("meta state lock");
+                    let dead = st.alloc.expire(now, dead_after);
+                    let swept = st.sweep_abandoned_puts(now, lease_ms);
+                    (dead, swept, st.take_claims())
+                };
                 for id in dead {
                     tracing::warn!(
                         "storage server {id} missed heartbeats for {dead_after} ms: declared dead"
                     );
                 }
+                if swept > 0 {
+                    tracing::info!("dropped {swept} KeyValue puts abandoned by their writers");
+                }
+                h.send_claims(invs).await;
             }
         });
         tracing::info!("metadata server listening on {}", handle.local_addr());

@@ -1,12 +1,14 @@
 //! The metadata state machine: namespace + block allocator + write leases,
 //! driven one request at a time by [`MetaState::apply`]. Pure: no I/O, no
 //! clock (the caller passes `now_ms`), so it can be tested exhaustively and
-//! driven by a deterministic simulation.
+//! driven by a deterministic simulation. Side effects on storage servers
+//! (invalidating freed blocks) are queued for the caller to send.
 
-use crate::alloc::{BlockAllocator, BlockRef, ServerSpec};
-use crate::namespace::{CreateSpec, Lease, Namespace, NodeId};
+use crate::alloc::{BlockAllocator, BlockClaim, BlockRef, ServerSpec};
+use crate::namespace::{stale, CreateSpec, Lease, Linked, Namespace, NodeId, Slot, SlotRef};
 use nodekernel_proto::meta::{MetaReply, MetaRequest, MAX_MAP_COUNT};
-use nodekernel_proto::{BlockLoc, ClusterStatus, Error, NodeInfo, NodeType, Result};
+use nodekernel_proto::record::RECORD_SIZE;
+use nodekernel_proto::{BlockLoc, ClusterStatus, Error, NodeInfo, RecordLoc, Result};
 
 #[derive(Debug)]
 pub struct MetaState {
@@ -14,6 +16,7 @@ pub struct MetaState {
     pub alloc: BlockAllocator,
     lease_ms: u64,
     next_lease: u64,
+    claims: Vec<BlockClaim>,
 }
 
 impl MetaState {
@@ -24,7 +27,14 @@ impl MetaState {
             alloc: BlockAllocator::new(block_size, first_gen),
             lease_ms,
             next_lease: 1,
+            claims: Vec::new(),
         }
+    }
+
+    /// BlockClaims of freed blocks queued by the requests applied so far;
+    /// the server shell sends them to the storage servers.
+    pub fn take_claims(&mut self) -> Vec<BlockClaim> {
+        std::mem::take(&mut self.claims)
     }
 
     pub fn apply(&mut self, req: MetaRequest, now: u64) -> Result<MetaReply> {
@@ -36,34 +46,73 @@ impl MetaState {
                 location,
                 enumerable,
             } => {
+                if !ty.replaces_on_create() {
+                    if let Some(slot) = self.ns.next_slot(&path) {
+                        self.ensure_record_space(slot)?;
+                    }
+                }
                 let spec = CreateSpec {
                     storage_class,
                     location,
                     enumerable,
                 };
-                let created = self.ns.create(&path, ty, spec)?;
-                self.release(created.freed);
+                let (id, linked) = self.ns.create(&path, ty, spec)?;
                 let lease = if ty.is_container() {
                     0
                 } else {
-                    self.grant(created.id, now)
+                    self.grant(id, now)
                 };
-                Ok(MetaReply::Node(self.info(created.id, lease)))
+                let mut info = self.info(id, lease);
+                info.record = self.record_to_write(&linked);
+                Ok(MetaReply::Node(info))
             }
             MetaRequest::Lookup { path } => {
                 let id = self.ns.resolve(&path)?;
                 Ok(MetaReply::Node(self.info(id, 0)))
             }
             MetaRequest::Remove { path, recursive } => {
-                let freed = self.ns.remove(&path, recursive)?;
-                self.release(freed);
-                Ok(MetaReply::Done)
+                let removed = self.ns.remove(&path, recursive)?;
+                self.release(removed.freed);
+                Ok(MetaReply::Record(removed.clear.map(|s| self.record_loc(s))))
             }
             MetaRequest::Move { src, dst } => {
-                self.ns.rename(&src, &dst)?;
+                if let Some(slot) = self.ns.next_slot(&dst) {
+                    self.ensure_record_space(slot)?;
+                }
+                let m = self.ns.rename(&src, &dst)?;
+                Ok(MetaReply::Moved {
+                    ty: m.ty,
+                    clear: m.clear.map(|s| self.record_loc(s)),
+                    write: m.write.map(|s| self.record_loc(s)),
+                })
+            }
+            MetaRequest::Enumerate { path } => {
+                let id = self.ns.container(&path)?;
+                let n = self.ns.get(id).expect("resolved");
+                Ok(MetaReply::Listing {
+                    container: id,
+                    block_size: self.alloc.block_size(),
+                    slots: n.slots.len(),
+                    live: n.slots.live_bitmap(),
+                })
+            }
+            MetaRequest::ReleaseSlot { container, slot } => {
+                self.ns.release_slot(container, slot)?;
                 Ok(MetaReply::Done)
             }
-            MetaRequest::Enumerate { path } => Ok(MetaReply::Names(self.ns.children(&path)?)),
+            MetaRequest::RecordNames { container, slots } => {
+                let n = self.ns.get(container).ok_or_else(|| stale(container))?;
+                let names = slots
+                    .into_iter()
+                    .filter_map(|slot| match n.slots.get(slot) {
+                        Some(Slot::Live(id)) => {
+                            self.ns.get(id).map(|c| (slot, c.ty, c.name.clone()))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                Ok(MetaReply::Names(names))
+            }
             MetaRequest::Map {
                 node,
                 index,
@@ -95,33 +144,7 @@ impl MetaState {
                 lease,
                 size,
                 close,
-            } => {
-                let bs = self.alloc.block_size() as u64;
-                let lease_ms = self.lease_ms;
-                let n = self.writable(node, lease)?;
-                let capacity = n.blocks.len() as u64 * bs;
-                if size > capacity {
-                    return Err(Error::out_of_range(format!(
-                        "cannot publish size {size} of node {node}: only {capacity} bytes are allocated"
-                    )));
-                }
-                if size < n.size {
-                    return Err(Error::invalid_argument(format!(
-                        "cannot shrink node {node} from {} to {size} bytes",
-                        n.size
-                    )));
-                }
-                n.size = size;
-                n.lease = if close {
-                    None
-                } else {
-                    Some(Lease {
-                        id: lease,
-                        expires_ms: now + lease_ms,
-                    })
-                };
-                Ok(MetaReply::Done)
-            }
+            } => self.sync(node, lease, size, close, now),
             MetaRequest::Register {
                 addr,
                 class,
@@ -157,10 +180,164 @@ impl MetaState {
         }
     }
 
+    fn sync(
+        &mut self,
+        node: u64,
+        lease: u64,
+        size: u64,
+        close: bool,
+        now: u64,
+    ) -> Result<MetaReply> {
+        let bs = self.alloc.block_size() as u64;
+        let lease_ms = self.lease_ms;
+        let n = self.writable(node, lease)?;
+        let capacity = n.blocks.len() as u64 * bs;
+        if size > capacity {
+            return Err(Error::out_of_range(format!(
+                "cannot publish size {size} of node {node}: only {capacity} bytes are allocated"
+            )));
+        }
+        if size < n.size {
+            return Err(Error::invalid_argument(format!(
+                "cannot shrink node {node} from {} to {size} bytes",
+                n.size
+            )));
+        }
+        n.size = size;
+        n.lease = if close {
+            None
+        } else {
+            Some(Lease {
+                id: lease,
+                expires_ms: now + lease_ms,
+            })
+        };
+        let (linked, parent) = (n.linked, n.parent);
+        if !close || linked {
+            return Ok(MetaReply::Record(None));
+        }
+        // Closing a put: the value becomes visible, replacing any older one.
+        if let Some(slot) = self.ns.next_slot_in(parent) {
+            self.ensure_record_space(slot)?;
+        }
+        match self.ns.link(node) {
+            Ok(linked) => {
+                let record = self.record_to_write(&linked);
+                self.release(linked.freed);
+                Ok(MetaReply::Record(record))
+            }
+            Err(e) => {
+                let freed = self.ns.drop_unlinked(node);
+                self.release(freed);
+                Err(e)
+            }
+        }
+    }
+
+    /// Drops puts that never closed and whose lease expired `grace_ms` ago,
+    /// freeing their blocks. Returns how many were dropped.
+    pub fn sweep_abandoned_puts(&mut self, now: u64, grace_ms: u64) -> usize {
+        let dead: Vec<NodeId> = self
+            .ns
+            .shadows()
+            .filter(|n| n.lease.is_none_or(|l| l.expires_ms + grace_ms <= now))
+            .map(|n| n.id)
+            .collect();
+        for id in &dead {
+            let freed = self.ns.drop_unlinked(*id);
+            self.release(freed);
+        }
+        dead.len()
+    }
+
     fn release(&mut self, blocks: Vec<BlockRef>) {
         for b in blocks {
-            self.alloc.free(b);
+            if let Some(inv) = self.alloc.free(b) {
+                self.claims.push(inv);
+            }
         }
+    }
+
+    /// Makes sure the container's data has a block for the record `slot`
+    /// (on a live storage server).
+    fn ensure_record_space(&mut self, (container, slot): SlotRef) -> Result<()> {
+        let bs = self.alloc.block_size() as u64;
+        let need = ((slot as u64 + 1) * RECORD_SIZE as u64).div_ceil(bs) as usize;
+        self.relocate_lost_records(container)?;
+        loop {
+            let n = self.ns.get(container).ok_or_else(|| stale(container))?;
+            if n.blocks.len() >= need {
+                return Ok(());
+            }
+            let b = self.record_block(container)?;
+            self.ns.get_mut(container).expect("exists").blocks.push(b);
+        }
+    }
+
+    /// Allocates (and claims) a block for a container's records.
+    fn record_block(&mut self, container: NodeId) -> Result<BlockRef> {
+        let class = self
+            .ns
+            .get(container)
+            .ok_or_else(|| stale(container))?
+            .storage_class;
+        let b = self.alloc.allocate(class, "").map_err(|e| {
+            Error::no_space(format!(
+                "no space for the child records of node {container}: {}",
+                e.message
+            ))
+        })?;
+        if let Some(addr) = self.alloc.server_addr(b.server) {
+            self.claims.push(BlockClaim {
+                server: b.server,
+                addr: addr.to_string(),
+                block: b.block,
+                gen: b.gen,
+            });
+        }
+        Ok(b)
+    }
+
+    /// Replaces record blocks of `container` that sit on dead storage
+    /// servers. Their records are lost; enumeration recovers the names of
+    /// those live slots from the metadata server (`RecordNames`).
+    fn relocate_lost_records(&mut self, container: NodeId) -> Result<()> {
+        let n = self.ns.get(container).ok_or_else(|| stale(container))?;
+        let lost: Vec<(usize, BlockRef)> = n
+            .blocks
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| !self.alloc.is_alive(b.server))
+            .map(|(i, b)| (i, *b))
+            .collect();
+        for (i, old) in lost {
+            let new = self.record_block(container)?;
+            self.ns.get_mut(container).expect("exists").blocks[i] = new;
+            self.release(vec![old]);
+            tracing::warn!(
+                "records of node {container} in block {i} were lost with storage server {}; moved to server {}",
+                old.server,
+                new.server
+            );
+        }
+        Ok(())
+    }
+
+    fn record_loc(&self, (container, slot): SlotRef) -> RecordLoc {
+        let bs = self.alloc.block_size() as u64;
+        let at = slot as u64 * RECORD_SIZE as u64;
+        let n = self.ns.get(container).expect("container exists");
+        let b = n.blocks[(at / bs) as usize];
+        RecordLoc {
+            container,
+            slot,
+            block: self.loc(&b),
+            offset: (at % bs) as u32,
+        }
+    }
+
+    fn record_to_write(&self, linked: &Linked) -> Option<RecordLoc> {
+        linked.write.map(|s| self.record_loc(s))
     }
 
     fn grant(&mut self, id: NodeId, now: u64) -> u64 {
@@ -178,6 +355,12 @@ impl MetaState {
     /// but was not taken over stays usable (and is renewed by the caller).
     fn writable(&mut self, node: u64, lease: u64) -> Result<&mut crate::namespace::Node> {
         let n = self.ns.get_mut(node).ok_or_else(|| stale(node))?;
+        if n.ty.is_container() {
+            return Err(Error::type_mismatch(format!(
+                "node {node} is a {}; its data is written by the metadata server",
+                n.ty
+            )));
+        }
         match n.lease {
             Some(l) if l.id == lease => Ok(n),
             Some(_) => Err(Error::lease_expired(format!(
@@ -222,13 +405,15 @@ impl MetaState {
                 }
             }
         }
-        let n = self.ns.get(node).ok_or_else(|| stale(node))?;
-        if n.ty.is_container() {
-            return Err(Error::type_mismatch(format!(
-                "node {node} is a {}, not a data node",
-                n.ty
-            )));
+        if self.ns.get(node).is_some_and(|n| n.ty.is_container()) {
+            self.relocate_lost_records(node)?;
         }
+        let n = self.ns.get(node).ok_or_else(|| stale(node))?;
+        let size = if n.ty.is_container() {
+            n.slots.len() as u64 * RECORD_SIZE as u64
+        } else {
+            n.size
+        };
         let hi = end.min(n.blocks.len() as u64) as usize;
         let lo = (index as usize).min(hi);
         let mut blocks = Vec::with_capacity(hi - lo);
@@ -246,10 +431,7 @@ impl MetaState {
             }
             blocks.push(self.loc(b));
         }
-        Ok(MetaReply::Blocks {
-            size: n.size,
-            blocks,
-        })
+        Ok(MetaReply::Blocks { size, blocks })
     }
 
     fn loc(&self, b: &BlockRef) -> BlockLoc {
@@ -285,33 +467,23 @@ impl MetaState {
             first_block: n
                 .blocks
                 .first()
-                .filter(|b| self.alloc.is_alive(b.server))
+                .filter(|b| self.alloc.is_alive(b.server) && !n.ty.is_container())
                 .map(|b| self.loc(b)),
+            record: None,
         }
     }
-
-    /// The storage class a node prefers (used by tests and status).
-    pub fn node_type(&self, id: NodeId) -> Option<NodeType> {
-        self.ns.get(id).map(|n| n.ty)
-    }
-}
-
-fn stale(node: u64) -> Error {
-    Error::stale(format!(
-        "node {node} no longer exists (it was deleted or replaced)"
-    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nodekernel_proto::{ErrorCode, NO_CLASS};
+    use nodekernel_proto::{ErrorCode, NodeType, NO_CLASS};
 
     const BS: u32 = 4096;
 
     fn state() -> MetaState {
         let mut s = MetaState::new(BS, 1000, 1);
-        for (class, n) in [(0u8, 4u32), (1, 8)] {
+        for (class, n) in [(0u8, 5u32), (1, 8)] {
             s.apply(
                 MetaRequest::Register {
                     addr: format!("h:{class}"),
@@ -327,6 +499,9 @@ mod tests {
             )
             .unwrap();
         }
+        // The root's first record block is allocated up front, so tests
+        // see 4 free DRAM blocks and 8 file blocks.
+        create(&mut s, "/setup", NodeType::Directory, 0).unwrap();
         s
     }
 
@@ -463,18 +638,58 @@ mod tests {
         assert_eq!(s.alloc.free_blocks(), before + 2, "no leaked blocks");
     }
 
+    fn close(s: &mut MetaState, node: &NodeInfo, size: u64) -> Result<Option<RecordLoc>> {
+        let req = MetaRequest::Sync {
+            node: node.id,
+            lease: node.lease,
+            size,
+            close: true,
+        };
+        match s.apply(req, 0)? {
+            MetaReply::Record(r) => Ok(r),
+            r => panic!("unexpected {r:?}"),
+        }
+    }
+
     #[test]
-    fn replaced_or_deleted_nodes_are_stale() {
+    fn replaced_or_deleted_nodes_are_stale_and_their_blocks_invalidated() {
         let mut s = state();
         create(&mut s, "/t", NodeType::Table, 0).unwrap();
+        s.take_claims();
         let k1 = create(&mut s, "/t/k", NodeType::KeyValue, 0).unwrap();
-        map(&mut s, k1.id, 0, 1, k1.lease).unwrap();
+        let (_, b1) = map(&mut s, k1.id, 0, 1, k1.lease).unwrap();
+        let rec = close(&mut s, &k1, 10)
+            .unwrap()
+            .expect("new key: record to write");
+        assert_eq!((rec.slot, rec.offset), (0, 0));
+        assert_eq!(
+            s.take_claims().len(),
+            1,
+            "the table's first record block is claimed"
+        );
         let free_before = s.alloc.free_blocks();
         let k2 = create(&mut s, "/t/k", NodeType::KeyValue, 0).unwrap();
+        map(&mut s, k2.id, 0, 1, k2.lease).unwrap();
+        assert!(
+            map(&mut s, k1.id, 0, 1, 0).is_ok(),
+            "old value readable until the put closes"
+        );
+        assert_eq!(
+            close(&mut s, &k2, 10).unwrap(),
+            None,
+            "same key keeps its record"
+        );
         assert_eq!(
             s.alloc.free_blocks(),
-            free_before + 1,
-            "replaced value's blocks freed"
+            free_before,
+            "old block freed, new one used"
+        );
+        let inv = s.take_claims();
+        assert_eq!(inv.len(), 1);
+        assert_eq!(inv[0].block, b1[0].block);
+        assert!(
+            inv[0].gen > b1[0].gen,
+            "invalidation carries a newer generation"
         );
         assert_eq!(
             map(&mut s, k1.id, 0, 1, 0).unwrap_err().code,
@@ -484,7 +699,113 @@ mod tests {
             map(&mut s, k1.id, 0, 1, k1.lease).unwrap_err().code,
             ErrorCode::Stale
         );
-        assert!(map(&mut s, k2.id, 0, 1, k2.lease).is_ok());
+        assert!(map(&mut s, k2.id, 0, 1, 0).is_ok());
+        s.apply(
+            MetaRequest::Remove {
+                path: "/t/k".into(),
+                recursive: false,
+            },
+            0,
+        )
+        .unwrap();
+        assert_eq!(
+            s.take_claims().len(),
+            1,
+            "deleted value's block invalidated"
+        );
+        let d = create(&mut s, "/d", NodeType::Directory, 0).unwrap();
+        create(&mut s, "/d/x", NodeType::File, 0).unwrap();
+        let claims = s.take_claims();
+        assert_eq!(claims.len(), 1, "a new container block is claimed");
+        let (_, blocks) = map(&mut s, d.id, 0, 1, 0).unwrap();
+        assert_eq!(
+            (claims[0].block, claims[0].gen),
+            (blocks[0].block, blocks[0].gen)
+        );
+    }
+
+    #[test]
+    fn abandoned_puts_are_swept() {
+        let mut s = state();
+        create(&mut s, "/t", NodeType::Table, 0).unwrap();
+        let free = s.alloc.free_blocks();
+        let k = create(&mut s, "/t/k", NodeType::KeyValue, 0).unwrap();
+        map(&mut s, k.id, 0, 2, k.lease).unwrap();
+        assert_eq!(s.sweep_abandoned_puts(500, 100), 0, "lease still valid");
+        assert_eq!(s.sweep_abandoned_puts(1100, 100), 1);
+        assert_eq!(s.alloc.free_blocks(), free, "no leaked blocks");
+        assert_eq!(close(&mut s, &k, 0).unwrap_err().code, ErrorCode::Stale);
+    }
+
+    #[test]
+    fn container_records_get_space_and_slots() {
+        let mut s = state();
+        let d = create(&mut s, "/d", NodeType::Directory, 0).unwrap();
+        assert!(d.record.is_some(), "root is enumerable: /d needs a record");
+        let per_block = BS as u64 / RECORD_SIZE as u64;
+        for i in 0..per_block + 1 {
+            let f = create(&mut s, &format!("/d/f{i}"), NodeType::File, 0).unwrap();
+            let r = f.record.unwrap();
+            assert_eq!(r.container, d.id);
+            assert_eq!(r.slot as u64, i);
+            assert_eq!(r.offset as u64, (i % per_block) * RECORD_SIZE as u64);
+        }
+        let (size, blocks) = map(&mut s, d.id, 0, 10, 0).unwrap();
+        assert_eq!(
+            size,
+            (per_block + 1) * RECORD_SIZE as u64,
+            "container data length"
+        );
+        assert_eq!(blocks.len(), 2);
+        let MetaReply::Listing { slots, live, .. } = s
+            .apply(MetaRequest::Enumerate { path: "/d".into() }, 0)
+            .unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(slots as u64, per_block + 1);
+        assert_eq!(
+            live.iter().map(|b| b.count_ones()).sum::<u32>() as u64,
+            per_block + 1
+        );
+        let MetaReply::Record(Some(clear)) = s
+            .apply(
+                MetaRequest::Remove {
+                    path: "/d/f3".into(),
+                    recursive: false,
+                },
+                0,
+            )
+            .unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(clear.slot, 3);
+        s.apply(
+            MetaRequest::ReleaseSlot {
+                container: d.id,
+                slot: 3,
+            },
+            0,
+        )
+        .unwrap();
+        let again = create(&mut s, "/d/g", NodeType::File, 0).unwrap();
+        assert_eq!(again.record.unwrap().slot, 3, "released slot reused");
+        let e = s.apply(
+            MetaRequest::Map {
+                node: d.id,
+                index: 0,
+                count: 1,
+                alloc: true,
+                lease: 1,
+            },
+            0,
+        );
+        assert_eq!(
+            e.unwrap_err().code,
+            ErrorCode::TypeMismatch,
+            "containers are not client-written"
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use crate::codec::{Dec, Enc};
 use crate::error::{Error, Result};
-use crate::types::{BlockLoc, ClusterStatus, NodeInfo, NodeType};
+use crate::types::{BlockLoc, ClusterStatus, NodeInfo, NodeType, RecordLoc};
 use bytes::BytesMut;
 
 /// Operation codes of metadata requests (the `kind` of a request frame).
@@ -20,6 +20,8 @@ pub mod op {
     pub const REGISTER: u16 = 9;
     pub const HEARTBEAT: u16 = 10;
     pub const STATUS: u16 = 11;
+    pub const RELEASE_SLOT: u16 = 12;
+    pub const RECORD_NAMES: u16 = 13;
 }
 
 /// Most blocks one map request may ask for.
@@ -87,6 +89,19 @@ pub enum MetaRequest {
         server: u32,
     },
     Status,
+    /// The caller cleared the record in `slot` of `container` (after a
+    /// remove or move handed it out): the slot may be reused.
+    ReleaseSlot {
+        container: u64,
+        slot: u32,
+    },
+    /// Names of live children in the given record slots: the fallback for
+    /// slots whose record could not be read (lost with a storage server, or
+    /// not written yet).
+    RecordNames {
+        container: u64,
+        slots: Vec<u32>,
+    },
 }
 
 impl MetaRequest {
@@ -103,6 +118,8 @@ impl MetaRequest {
             MetaRequest::Register { .. } => op::REGISTER,
             MetaRequest::Heartbeat { .. } => op::HEARTBEAT,
             MetaRequest::Status => op::STATUS,
+            MetaRequest::ReleaseSlot { .. } => op::RELEASE_SLOT,
+            MetaRequest::RecordNames { .. } => op::RECORD_NAMES,
         }
     }
 
@@ -178,6 +195,15 @@ impl MetaRequest {
                 e.u32(*server);
             }
             MetaRequest::Status => {}
+            MetaRequest::ReleaseSlot { container, slot } => {
+                e.u64(*container).u32(*slot);
+            }
+            MetaRequest::RecordNames { container, slots } => {
+                e.u64(*container).u32(slots.len() as u32);
+                for s in slots {
+                    e.u32(*s);
+                }
+            }
         }
     }
 
@@ -229,6 +255,19 @@ impl MetaRequest {
             },
             op::HEARTBEAT => MetaRequest::Heartbeat { server: d.u32()? },
             op::STATUS => MetaRequest::Status,
+            op::RELEASE_SLOT => MetaRequest::ReleaseSlot {
+                container: d.u64()?,
+                slot: d.u32()?,
+            },
+            op::RECORD_NAMES => {
+                let container = d.u64()?;
+                let n = d.count(4)?;
+                let mut slots = Vec::with_capacity(n);
+                for _ in 0..n {
+                    slots.push(d.u32()?);
+                }
+                MetaRequest::RecordNames { container, slots }
+            }
             other => return Err(Error::protocol(format!("unknown metadata op {other}"))),
         };
         if d.remaining() != 0 {
@@ -246,12 +285,30 @@ impl MetaRequest {
 pub enum MetaReply {
     /// Create, Lookup, OpenWrite.
     Node(NodeInfo),
-    /// Remove, Move, Sync, Heartbeat.
+    /// Heartbeat, ReleaseSlot.
     Done,
-    /// Enumerate.
-    Names(Vec<String>),
+    /// Remove: the record to clear; Sync: the record to write (a closed
+    /// KeyValue that took a new slot).
+    Record(Option<RecordLoc>),
+    /// Move: the source record to clear, the destination record to write.
+    Moved {
+        ty: NodeType,
+        clear: Option<RecordLoc>,
+        write: Option<RecordLoc>,
+    },
+    /// Enumerate: the container id, its number of record slots (its data is
+    /// `slots * RECORD_SIZE` bytes) and the live-slot bitmap (bit `i` of
+    /// byte `i / 8`), the authority on which records are live.
+    Listing {
+        container: u64,
+        block_size: u32,
+        slots: u32,
+        live: Vec<u8>,
+    },
     /// Map: the node's published size and the requested block locations.
     Blocks { size: u64, blocks: Vec<BlockLoc> },
+    /// RecordNames: (slot, type, name) of each requested slot that is live.
+    Names(Vec<(u32, NodeType, String)>),
     /// Register.
     Registered { server: u32 },
     /// Status.
@@ -264,16 +321,30 @@ impl MetaReply {
         match self {
             MetaReply::Node(n) => n.encode(e),
             MetaReply::Done => {}
-            MetaReply::Names(names) => {
-                e.u32(names.len() as u32);
-                for n in names {
-                    e.str(n);
-                }
+            MetaReply::Record(r) => RecordLoc::encode_opt(r, e),
+            MetaReply::Moved { ty, clear, write } => {
+                e.u8(*ty as u8);
+                RecordLoc::encode_opt(clear, e);
+                RecordLoc::encode_opt(write, e);
+            }
+            MetaReply::Listing {
+                container,
+                block_size,
+                slots,
+                live,
+            } => {
+                e.u64(*container).u32(*block_size).u32(*slots).bytes(live);
             }
             MetaReply::Blocks { size, blocks } => {
                 e.u64(*size).u32(blocks.len() as u32);
                 for b in blocks {
                     b.encode(e);
+                }
+            }
+            MetaReply::Names(names) => {
+                e.u32(names.len() as u32);
+                for (slot, ty, name) in names {
+                    e.u32(*slot).u8(*ty as u8).str(name);
                 }
             }
             MetaReply::Registered { server } => {
@@ -288,14 +359,30 @@ impl MetaReply {
         let mut d = Dec::new(payload, "metadata reply");
         let reply = match opcode {
             op::CREATE | op::LOOKUP | op::OPEN_WRITE => MetaReply::Node(NodeInfo::decode(&mut d)?),
-            op::REMOVE | op::MOVE | op::SYNC | op::HEARTBEAT => MetaReply::Done,
+            op::HEARTBEAT | op::RELEASE_SLOT => MetaReply::Done,
+            op::REMOVE | op::SYNC => MetaReply::Record(RecordLoc::decode_opt(&mut d)?),
+            op::MOVE => MetaReply::Moved {
+                ty: NodeType::from_u8(d.u8()?)?,
+                clear: RecordLoc::decode_opt(&mut d)?,
+                write: RecordLoc::decode_opt(&mut d)?,
+            },
             op::ENUMERATE => {
-                let n = d.count(4)?;
-                let mut names = Vec::with_capacity(n);
-                for _ in 0..n {
-                    names.push(d.string()?);
+                let container = d.u64()?;
+                let block_size = d.u32()?;
+                let slots = d.u32()?;
+                let live = d.bytes()?.to_vec();
+                if live.len() != (slots as usize).div_ceil(8) {
+                    return Err(Error::protocol(format!(
+                        "listing of {slots} slots carries a {}-byte bitmap",
+                        live.len()
+                    )));
                 }
-                MetaReply::Names(names)
+                MetaReply::Listing {
+                    container,
+                    block_size,
+                    slots,
+                    live,
+                }
             }
             op::MAP => {
                 let size = d.u64()?;
@@ -305,6 +392,14 @@ impl MetaReply {
                     blocks.push(BlockLoc::decode(&mut d)?);
                 }
                 MetaReply::Blocks { size, blocks }
+            }
+            op::RECORD_NAMES => {
+                let n = d.count(4 + 1 + 4)?;
+                let mut names = Vec::with_capacity(n);
+                for _ in 0..n {
+                    names.push((d.u32()?, NodeType::from_u8(d.u8()?)?, d.string()?));
+                }
+                MetaReply::Names(names)
             }
             op::REGISTER => MetaReply::Registered { server: d.u32()? },
             op::STATUS => MetaReply::Status(ClusterStatus::decode(&mut d)?),
@@ -369,6 +464,14 @@ mod tests {
             },
             MetaRequest::Heartbeat { server: 5 },
             MetaRequest::Status,
+            MetaRequest::ReleaseSlot {
+                container: 3,
+                slot: 9,
+            },
+            MetaRequest::RecordNames {
+                container: 3,
+                slots: vec![1, 5, 9],
+            },
         ]
     }
 
@@ -413,6 +516,18 @@ mod tests {
             enumerable: true,
             lease: 4,
             first_block: Some(loc.clone()),
+            record: Some(RecordLoc {
+                container: 2,
+                slot: 7,
+                block: loc.clone(),
+                offset: 3584,
+            }),
+        };
+        let rec = RecordLoc {
+            container: 2,
+            slot: 1,
+            block: loc.clone(),
+            offset: 512,
         };
         let status = ClusterStatus {
             block_size: 1 << 20,
@@ -433,10 +548,25 @@ mod tests {
         };
         let cases = [
             (op::LOOKUP, MetaReply::Node(node)),
-            (op::REMOVE, MetaReply::Done),
+            (op::HEARTBEAT, MetaReply::Done),
+            (op::REMOVE, MetaReply::Record(Some(rec.clone()))),
+            (op::SYNC, MetaReply::Record(None)),
+            (
+                op::MOVE,
+                MetaReply::Moved {
+                    ty: NodeType::Bag,
+                    clear: Some(rec.clone()),
+                    write: None,
+                },
+            ),
             (
                 op::ENUMERATE,
-                MetaReply::Names(vec!["a".into(), "ü".into()]),
+                MetaReply::Listing {
+                    container: 4,
+                    block_size: 4096,
+                    slots: 9,
+                    live: vec![0xFF, 1],
+                },
             ),
             (
                 op::MAP,
@@ -446,6 +576,13 @@ mod tests {
                 },
             ),
             (op::REGISTER, MetaReply::Registered { server: 3 }),
+            (
+                op::RECORD_NAMES,
+                MetaReply::Names(vec![
+                    (1, NodeType::File, "a".into()),
+                    (9, NodeType::Table, "ü".into()),
+                ]),
+            ),
             (op::STATUS, MetaReply::Status(status)),
         ];
         for (op, r) in cases {

@@ -136,6 +136,52 @@ impl BlockLoc {
     }
 }
 
+/// Where a child's record lives in its container's data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordLoc {
+    /// Container node id (part of the record, see [`crate::record`]).
+    pub container: u64,
+    pub slot: u32,
+    /// The container block holding the record.
+    pub block: BlockLoc,
+    /// Byte offset of the record inside that block.
+    pub offset: u32,
+}
+
+impl RecordLoc {
+    pub(crate) fn encode(&self, e: &mut Enc) {
+        e.u64(self.container).u32(self.slot);
+        self.block.encode(e);
+        e.u32(self.offset);
+    }
+    pub(crate) fn decode(d: &mut Dec) -> Result<RecordLoc> {
+        Ok(RecordLoc {
+            container: d.u64()?,
+            slot: d.u32()?,
+            block: BlockLoc::decode(d)?,
+            offset: d.u32()?,
+        })
+    }
+    pub(crate) fn encode_opt(r: &Option<RecordLoc>, e: &mut Enc) {
+        match r {
+            Some(r) => {
+                e.bool(true);
+                r.encode(e);
+            }
+            None => {
+                e.bool(false);
+            }
+        }
+    }
+    pub(crate) fn decode_opt(d: &mut Dec) -> Result<Option<RecordLoc>> {
+        Ok(if d.bool()? {
+            Some(RecordLoc::decode(d)?)
+        } else {
+            None
+        })
+    }
+}
+
 /// Metadata of one node, as returned by create and lookup.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeInfo {
@@ -157,6 +203,10 @@ pub struct NodeInfo {
     pub lease: u64,
     /// Location of block 0, saving a round trip on the first read.
     pub first_block: Option<BlockLoc>,
+    /// In a create reply: the child record the caller must write into the
+    /// parent's data (None for non-enumerable parents and for KeyValues,
+    /// whose record is handed out when the put closes).
+    pub record: Option<RecordLoc>,
 }
 
 impl NodeInfo {
@@ -178,6 +228,7 @@ impl NodeInfo {
                 e.bool(false);
             }
         }
+        RecordLoc::encode_opt(&self.record, e);
     }
     pub(crate) fn decode(d: &mut Dec) -> Result<NodeInfo> {
         Ok(NodeInfo {
@@ -194,6 +245,7 @@ impl NodeInfo {
             } else {
                 None
             },
+            record: RecordLoc::decode_opt(d)?,
         })
     }
 }
