@@ -1,5 +1,6 @@
 //! `nk`: the NodeKernel command line.
 
+mod bench;
 mod fs;
 mod servers;
 
@@ -94,6 +95,8 @@ enum Cmd {
     /// Key/value commands on Tables
     #[command(subcommand)]
     Kv(KvCmd),
+    /// Benchmark a cluster (create, putkey, getkey, lookup, enumerate)
+    Bench(bench::BenchArgs),
     /// Show storage servers, classes, capacity and use
     Status {
         #[arg(long)]
@@ -152,6 +155,13 @@ fn init_logging(default: &str) {
 }
 
 fn main() -> ExitCode {
+    // Like other Unix tools, stop quietly when the reader of our output goes
+    // away (`nk cat big | head`) instead of failing on a broken pipe.
+    // SAFETY: restoring the default disposition of a signal at start-up,
+    // before any thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let server = matches!(cli.cmd, Cmd::Up(_) | Cmd::Meta(_) | Cmd::Store(_));
     init_logging(if server { "info" } else { "warn" });
@@ -182,6 +192,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let metas = cli.client_config()?.metas;
             return servers::store(cli.load_config()?, metas, a).await;
         }
+        Cmd::Bench(a) => return bench::run(cli.client_config()?, a).await,
         _ => {}
     }
     let client = nodekernel_client::Client::connect(cli.client_config()?).await?;
@@ -213,6 +224,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Kv(KvCmd::Ls { table, json }) => fs::kv_ls(&client, &table, json).await,
         Cmd::Kv(KvCmd::Rm { key }) => fs::kv_rm(&client, &key).await,
         Cmd::Status { json } => fs::status(&client, json).await,
+        Cmd::Bench(_) => unreachable!("handled above"),
         Cmd::Up(_) | Cmd::Meta(_) | Cmd::Store(_) => unreachable!("handled above"),
     }
 }

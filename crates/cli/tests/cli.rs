@@ -279,3 +279,43 @@ fn bad_config_and_unreachable_cluster_give_clear_errors() {
         "{err}"
     );
 }
+
+#[test]
+fn bench_reports_valid_json() {
+    for mode in ["create", "putkey", "getkey", "lookup", "enumerate"] {
+        let out = Command::new(NK)
+            .args([
+                "bench",
+                mode,
+                "--embedded",
+                "--dram",
+                "64MiB",
+                "--block-size",
+                "4KiB",
+            ])
+            .args(["-k", "40", "-w", "5", "-c", "2", "-s", "1KiB", "--json"])
+            .env_remove("NK_META")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{mode}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(r["mode"], mode);
+        assert_eq!(r["clients"], 2);
+        let ops = r["ops"].as_u64().unwrap();
+        assert!(ops > 0 && ops <= 80, "{mode}: {ops} measured ops");
+        assert!(r["ops_per_sec"].as_f64().unwrap() > 0.0);
+        let l = &r["latency_us"];
+        let p: Vec<f64> = ["p50", "p90", "p99", "p999", "max"]
+            .iter()
+            .map(|k| l[k].as_f64().unwrap())
+            .collect();
+        assert!(
+            p.windows(2).all(|w| w[0] <= w[1]) && p[0] > 0.0,
+            "{mode}: ordered percentiles {p:?}"
+        );
+    }
+}

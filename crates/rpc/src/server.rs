@@ -75,6 +75,8 @@ pub fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>) -> Result<Serve
                         let _ = stream.set_nodelay(true);
                         conns.spawn(connection(stream, peer, handler.clone()));
                     }
+                    // A listener shut down by `ServerHandle::shutdown`.
+                    Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => return,
                     Err(e) => {
                         tracing::warn!("accept failed: {e}");
                         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
