@@ -21,6 +21,9 @@ pub enum Mode {
     Lookup,
     /// Enumerate a Directory of COUNT Files
     Enumerate,
+    /// Write and read back SIZE with DRAM holding 100/50/10/0% of it
+    /// (embedded clusters; the rest on the file tier)
+    Tiering,
 }
 
 #[derive(Args)]
@@ -50,6 +53,9 @@ pub struct BenchArgs {
     /// Block size of the embedded cluster (every KeyValue takes at least one block)
     #[arg(long, value_parser = crate::parse_size, default_value = "1MiB")]
     block_size: ByteSize,
+    /// Directory for file-tier block files (tiering)
+    #[arg(long)]
+    data_dir: Option<std::path::PathBuf>,
     #[arg(long)]
     json: bool,
 }
@@ -97,6 +103,9 @@ fn percentiles(mut ns: Vec<u64>) -> Percentiles {
 pub async fn run(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<()> {
     if a.count == 0 || a.clients == 0 {
         bail!("-k and -c must be at least 1");
+    }
+    if a.mode == Mode::Tiering {
+        return tiering(a).await;
     }
     let _embedded;
     let cfg = if a.embedded {
@@ -170,6 +179,7 @@ pub async fn bench(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<Report> {
                     }
                 }
             }
+            Mode::Tiering => bail!("tiering runs its own clusters"),
             Mode::Lookup | Mode::Create | Mode::Enumerate => {
                 setup.mkdir(&dir, false).await?;
                 if a.mode == Mode::Lookup {
@@ -227,6 +237,7 @@ pub async fn bench(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<Report> {
                 }
                 let t = Instant::now();
                 match mode {
+                    Mode::Tiering => unreachable!("rejected during setup"),
                     Mode::Create => {
                         client
                             .create(
@@ -290,4 +301,133 @@ pub async fn bench(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<Report> {
         mb_per_sec: (ops * bytes_per_op) as f64 / secs / 1e6,
         latency_us: percentiles(all),
     })
+}
+
+#[derive(Serialize)]
+struct TierRow {
+    dram_percent: u32,
+    dram_bytes: u64,
+    file_bytes: u64,
+    write_seconds: f64,
+    read_seconds: f64,
+    total_seconds: f64,
+    relative_to_all_dram: f64,
+    write_mb_per_sec: f64,
+    read_mb_per_sec: f64,
+    storage_cost: f64,
+    relative_cost: f64,
+}
+
+/// The tiering benchmark: one fresh embedded cluster per DRAM share.
+async fn tiering(a: &BenchArgs) -> anyhow::Result<()> {
+    let size = a.size.0;
+    let bs = a.block_size.0;
+    if size < bs {
+        bail!("-s must be at least one block ({})", human(bs));
+    }
+    let data_dir = a
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join("nk-bench-tiering"));
+    let chunk = (16u64 << 20).min(size) as usize;
+    let data: Vec<u8> = (0..chunk).map(|i| (i * 31 % 251) as u8).collect();
+    let mut rows: Vec<TierRow> = Vec::new();
+    let mut prices = (0.0, 0.0);
+    for pct in [100u32, 50, 10, 0] {
+        // Room for the data plus the root's record block on each tier.
+        let dram = (size * pct as u64 / 100).div_ceil(bs) * bs;
+        let file = (size - dram.min(size)).div_ceil(bs) * bs + 2 * bs;
+        let mut c = Config::default();
+        c.meta.listen = "127.0.0.1:0".into();
+        c.meta.block_size = a.block_size;
+        c.up.dram = ByteSize(dram);
+        c.up.file = ByteSize(file);
+        c.up.data_dir = data_dir.clone();
+        let classes = c.classes();
+        prices = (classes[0].price_per_gib, classes[1].price_per_gib);
+        let cluster = LocalCluster::start(c)
+            .await
+            .context("starting the embedded cluster")?;
+        let client = cluster.client().await?;
+        let t0 = Instant::now();
+        let mut w = client
+            .create("/dataset", NodeType::File, CreateOptions::default())
+            .await?;
+        let mut left = size;
+        while left > 0 {
+            let n = left.min(chunk as u64) as usize;
+            w.append(&data[..n]).await?;
+            left -= n as u64;
+        }
+        w.close().await?;
+        let write_s = t0.elapsed().as_secs_f64();
+        let r = client.lookup("/dataset").await?;
+        let mut buf = vec![0u8; chunk];
+        let t1 = Instant::now();
+        let mut pos = 0;
+        while pos < size {
+            let n = (size - pos).min(chunk as u64) as usize;
+            r.read_at(pos, &mut buf[..n]).await?;
+            if buf[..n] != data[..n] {
+                bail!("read back wrong bytes at offset {pos}");
+            }
+            pos += n as u64;
+        }
+        let read_s = t1.elapsed().as_secs_f64();
+        cluster.shutdown();
+        drop(cluster);
+        for f in std::fs::read_dir(&data_dir).into_iter().flatten().flatten() {
+            let _ = std::fs::remove_file(f.path());
+        }
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let dram_used = dram.min(size);
+        let file_used = size - dram_used;
+        let cost = gib(dram_used) * prices.0 + gib(file_used) * prices.1;
+        let total = write_s + read_s;
+        let base = rows.first().map(|r| r.total_seconds).unwrap_or(total);
+        let base_cost = rows.first().map(|r| r.storage_cost).unwrap_or(cost);
+        rows.push(TierRow {
+            dram_percent: pct,
+            dram_bytes: dram_used,
+            file_bytes: file_used,
+            write_seconds: write_s,
+            read_seconds: read_s,
+            total_seconds: total,
+            relative_to_all_dram: total / base,
+            write_mb_per_sec: size as f64 / write_s / 1e6,
+            read_mb_per_sec: size as f64 / read_s / 1e6,
+            storage_cost: cost,
+            relative_cost: if base_cost > 0.0 {
+                cost / base_cost
+            } else {
+                0.0
+            },
+        });
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!(
+        "tiering: {} dataset, {} blocks; prices: DRAM ${:.2}/GiB, file ${:.2}/GiB",
+        human(size),
+        human(bs),
+        prices.0,
+        prices.1
+    );
+    println!("| DRAM share | write MB/s | read MB/s | time (s) | vs all-DRAM | storage cost | vs all-DRAM |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &rows {
+        println!(
+            "| {}% | {:.0} | {:.0} | {:.2} | {:.2}x | ${:.2} | {:.2}x |",
+            r.dram_percent,
+            r.write_mb_per_sec,
+            r.read_mb_per_sec,
+            r.total_seconds,
+            r.relative_to_all_dram,
+            r.storage_cost,
+            r.relative_cost
+        );
+    }
+    Ok(())
 }

@@ -314,11 +314,50 @@ struct StatOut<'a> {
     storage_class: Option<u8>,
     location: &'a str,
     enumerable: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    block_list: Option<Vec<BlockOut>>,
 }
 
-pub async fn stat(client: &Client, path: &str, json: bool) -> anyhow::Result<()> {
+#[derive(Serialize)]
+struct BlockOut {
+    index: usize,
+    storage_class: u8,
+    class_name: String,
+    server: u32,
+    addr: String,
+    block: u32,
+}
+
+pub async fn stat(client: &Client, path: &str, json: bool, blocks: bool) -> anyhow::Result<()> {
     let path = norm(path);
     let node = client.lookup(&path).await?;
+    let block_list = if blocks {
+        let names = client.status().await?.classes;
+        let name = |c: u8| {
+            names
+                .iter()
+                .find(|x| x.class == c)
+                .map(|x| x.name.clone())
+                .unwrap_or_default()
+        };
+        Some(
+            node.block_locations()
+                .await?
+                .into_iter()
+                .enumerate()
+                .map(|(index, b)| BlockOut {
+                    index,
+                    storage_class: b.class,
+                    class_name: name(b.class),
+                    server: b.server,
+                    addr: b.addr,
+                    block: b.block,
+                })
+                .collect(),
+        )
+    } else {
+        None
+    };
     let i = node.info();
     let blocks = if i.ty.is_container() {
         0
@@ -335,6 +374,7 @@ pub async fn stat(client: &Client, path: &str, json: bool) -> anyhow::Result<()>
         storage_class: (i.storage_class != nodekernel_proto::NO_CLASS).then_some(i.storage_class),
         location: &i.location,
         enumerable: i.enumerable,
+        block_list,
     };
     if json {
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -362,6 +402,18 @@ pub async fn stat(client: &Client, path: &str, json: bool) -> anyhow::Result<()>
             println!("location:      {}", out.location);
         }
         println!("id:            {}", out.id);
+        if let Some(list) = &out.block_list {
+            println!(
+                "{:>6}  {:<6} {:<10} {:<7} {:<22} {:>8}",
+                "block", "class", "name", "server", "address", "index"
+            );
+            for b in list {
+                println!(
+                    "{:>6}  {:<6} {:<10} {:<7} {:<22} {:>8}",
+                    b.index, b.storage_class, b.class_name, b.server, b.addr, b.block
+                );
+            }
+        }
     }
     Ok(())
 }
@@ -390,6 +442,12 @@ struct ClassOut {
     capacity_bytes: u64,
     used_bytes: u64,
     free_bytes: u64,
+    blocks: u64,
+    used_blocks: u64,
+    /// Configured price of one GiB of this class.
+    price_per_gib: f64,
+    /// Price of the class's whole capacity.
+    capacity_cost: f64,
 }
 
 #[derive(Serialize)]
@@ -441,28 +499,39 @@ impl From<&ServerStatus> for ServerOut {
 pub async fn status(client: &Client, json: bool) -> anyhow::Result<()> {
     let st = client.status().await?;
     let servers: Vec<ServerOut> = st.servers.iter().map(ServerOut::from).collect();
-    let mut classes: Vec<ClassOut> = Vec::new();
+    let mut classes: Vec<ClassOut> = st
+        .classes
+        .iter()
+        .map(|c| ClassOut {
+            class: c.class,
+            name: c.name.clone(),
+            servers: 0,
+            capacity_bytes: 0,
+            used_bytes: 0,
+            free_bytes: 0,
+            blocks: 0,
+            used_blocks: 0,
+            price_per_gib: c.price_per_gib,
+            capacity_cost: 0.0,
+        })
+        .collect();
     for s in &servers {
-        let c = match classes.iter_mut().find(|c| c.class == s.class) {
-            Some(c) => c,
-            None => {
-                classes.push(ClassOut {
-                    class: s.class,
-                    name: s.class_name.clone(),
-                    servers: 0,
-                    capacity_bytes: 0,
-                    used_bytes: 0,
-                    free_bytes: 0,
-                });
-                classes.last_mut().expect("just pushed")
-            }
+        let Some(c) = classes.iter_mut().find(|c| c.class == s.class) else {
+            continue;
         };
         c.servers += 1;
         c.capacity_bytes += s.capacity_bytes;
         c.used_bytes += s.used_bytes;
+        c.blocks += s.blocks;
+        c.used_blocks += s.used_blocks;
         if s.alive {
             c.free_bytes += s.free_bytes;
         }
+    }
+    // Classes configured but without servers are not shown.
+    classes.retain(|c| c.servers > 0);
+    for c in &mut classes {
+        c.capacity_cost = c.capacity_bytes as f64 / (1u64 << 30) as f64 * c.price_per_gib;
     }
     classes.sort_by_key(|c| c.class);
     let out = StatusOut {

@@ -91,6 +91,9 @@ enum Cmd {
         path: String,
         #[arg(long)]
         json: bool,
+        /// List every block with its storage class and server
+        #[arg(long)]
+        blocks: bool,
     },
     /// Key/value commands on Tables
     #[command(subcommand)]
@@ -218,7 +221,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => fs::cat(&client, &path, reads_in_flight).await,
         Cmd::Rm { path, recursive } => Ok(client.delete(&fs::norm(&path), recursive).await?),
         Cmd::Mv { src, dst } => Ok(client.rename(&fs::norm(&src), &fs::norm(&dst)).await?),
-        Cmd::Stat { path, json } => fs::stat(&client, &path, json).await,
+        Cmd::Stat { path, json, blocks } => fs::stat(&client, &path, json, blocks).await,
         Cmd::Kv(KvCmd::Put { key, value }) => fs::kv_put(&client, &key, value).await,
         Cmd::Kv(KvCmd::Get { key }) => fs::get(&client, &key, std::path::Path::new("-")).await,
         Cmd::Kv(KvCmd::Ls { table, json }) => fs::kv_ls(&client, &table, json).await,

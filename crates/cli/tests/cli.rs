@@ -170,6 +170,33 @@ fn put_get_100_mib_and_json_output() {
     assert_eq!(stat["type"], "File");
     assert_eq!(stat["size"], 100u64 << 20);
     assert_eq!(stat["blocks"], 100);
+    assert!(
+        stat.get("block_list").is_none(),
+        "block list only on request"
+    );
+    let stat = up.json(&["stat", "/data/big.bin", "--json", "--blocks"]);
+    let list = stat["block_list"].as_array().unwrap();
+    assert_eq!(list.len(), 100, "one entry per block");
+    assert!(list
+        .iter()
+        .take(64)
+        .all(|b| b["storage_class"] == 0 && b["class_name"] == "dram"));
+    assert!(list
+        .iter()
+        .skip(64)
+        .all(|b| b["storage_class"] == 1 && b["class_name"] == "file"));
+    assert!(list
+        .iter()
+        .all(|b| b["addr"].as_str().unwrap().starts_with("127.0.0.1:")));
+    let prices: Vec<f64> = after["classes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["price_per_gib"].as_f64().unwrap())
+        .collect();
+    assert_eq!(prices, vec![5.0, 0.63], "the seed's price table by default");
+    assert_eq!(after["classes"][0]["blocks"], 64);
+    assert_eq!(after["classes"][0]["used_blocks"], 64);
 
     // KV, cat, mv, rm and their errors.
     up.ok(&["mkdir", "--type", "table", "/kv"]);

@@ -449,6 +449,11 @@ impl Client {
                 None => merged = Some(st),
                 Some(m) => {
                     m.nodes += st.nodes;
+                    for c in st.classes {
+                        if !m.classes.iter().any(|x| x.class == c.class) {
+                            m.classes.push(c);
+                        }
+                    }
                     for s in st.servers {
                         match m.servers.iter_mut().find(|x| x.addr == s.addr) {
                             Some(x) => {

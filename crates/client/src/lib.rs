@@ -20,5 +20,5 @@ pub use bag::{BagEntry, BagReader, DEFAULT_BAG_READS_IN_FLIGHT};
 pub use client::{default_location, Client, ClientConfig, CreateOptions};
 pub use node::{Node, Reader};
 pub use nodekernel_proto::{
-    BlockLoc, ClusterStatus, Error, ErrorCode, NodeInfo, NodeType, Result, ServerStatus,
+    BlockLoc, ClassInfo, ClusterStatus, Error, ErrorCode, NodeInfo, NodeType, Result, ServerStatus,
 };

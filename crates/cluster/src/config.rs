@@ -39,12 +39,40 @@ fn bad(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
+    /// Storage classes: names and prices (default: 0 dram $5/GiB, 1 file
+    /// $0.63/GiB, the seed paper's price table).
+    pub class: Vec<ClassSection>,
     pub meta: MetaSection,
     pub client: ClientSection,
     /// Storage servers started by `nk store` (and by `nk up` instead of its
     /// default DRAM + file pair when the list is not empty).
     pub store: Vec<StoreSection>,
     pub up: UpSection,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassSection {
+    pub id: u8,
+    pub name: String,
+    #[serde(default)]
+    pub price_per_gib: f64,
+}
+
+/// The seed paper's price table: DRAM $5/GB, NAND flash $0.63/GB.
+pub fn default_classes() -> Vec<ClassSection> {
+    vec![
+        ClassSection {
+            id: 0,
+            name: "dram".into(),
+            price_per_gib: 5.0,
+        },
+        ClassSection {
+            id: 1,
+            name: "file".into(),
+            price_per_gib: 0.63,
+        },
+    ]
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -169,6 +197,26 @@ impl Config {
 
     /// Checks values that the types alone do not.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        for (i, c) in self.class.iter().enumerate() {
+            if c.id == nodekernel_proto::NO_CLASS {
+                return Err(bad(
+                    format!("class[{i}].id"),
+                    "255 is reserved; use 0..=254",
+                ));
+            }
+            if self.class[..i].iter().any(|o| o.id == c.id) {
+                return Err(bad(
+                    format!("class[{i}].id"),
+                    format!("class {} is defined twice", c.id),
+                ));
+            }
+            if !(c.price_per_gib.is_finite() && c.price_per_gib >= 0.0) {
+                return Err(bad(
+                    format!("class[{i}].price_per_gib"),
+                    "must be a number >= 0",
+                ));
+            }
+        }
         let bs = self.meta.block_size.0;
         let max = nodekernel_proto::MAX_BLOCK_SIZE as u64;
         if !bs.is_power_of_two() || !(4096..=max).contains(&bs) {
@@ -239,7 +287,24 @@ impl Config {
             block_size: self.meta.block_size.0 as u32,
             lease_timeout: Duration::from_millis(self.meta.lease_timeout_ms),
             dead_after: Duration::from_millis(self.meta.dead_after_ms),
+            classes: self.classes(),
         }
+    }
+
+    /// The configured classes, or the default price table.
+    pub fn classes(&self) -> Vec<nodekernel_proto::ClassInfo> {
+        let list = if self.class.is_empty() {
+            default_classes()
+        } else {
+            self.class.clone()
+        };
+        list.into_iter()
+            .map(|c| nodekernel_proto::ClassInfo {
+                class: c.id,
+                name: c.name,
+                price_per_gib: c.price_per_gib,
+            })
+            .collect()
     }
 
     pub fn client_config(&self) -> ClientConfig {
@@ -389,5 +454,16 @@ mod tests {
         assert!(e.contains("store[0].size"), "{e}");
         let e = parse("[client]\nmeta = []\n").unwrap_err().to_string();
         assert!(e.contains("client.meta"), "{e}");
+        let e = parse("[[class]]\nid = 0\nname = \"a\"\n[[class]]\nid = 0\nname = \"b\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("class[1].id"), "{e}");
+        let e = parse("[[class]]\nid = 1\nname = \"a\"\nprice_per_gib = -1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("class[0].price_per_gib"), "{e}");
+        let c = parse("[[class]]\nid = 2\nname = \"disk\"\nprice_per_gib = 0.02\n").unwrap();
+        assert_eq!(c.classes()[0].name, "disk");
+        assert_eq!(parse("").unwrap().classes()[1].price_per_gib, 0.63);
     }
 }

@@ -133,6 +133,13 @@ async fn killed_storage_server_fails_reads_fast_and_spares_the_rest() {
     let mut b = c.create("/on-file", NodeType::File, on(1)).await.unwrap();
     b.append(&file_data).await.unwrap();
     b.close().await.unwrap();
+    // A directory whose child records live on the DRAM server too.
+    c.create("/hot", NodeType::Directory, on(0)).await.unwrap();
+    for name in ["x", "y", "z"] {
+        c.create(&format!("/hot/{name}"), NodeType::Directory, on(1))
+            .await
+            .unwrap();
+    }
     let reader = c.lookup("/on-dram").await.unwrap();
     assert_eq!(
         reader.read(0, 500_000).await.unwrap(),
@@ -194,10 +201,26 @@ async fn killed_storage_server_fails_reads_fast_and_spares_the_rest() {
     // the names of those live slots come from the metadata server.
     let mut root = c.enumerate("/").await.unwrap();
     root.sort();
-    assert_eq!(root, vec!["on-dram", "on-file", "still"]);
+    assert_eq!(root, vec!["hot", "on-dram", "on-file", "still"]);
+    assert_eq!(
+        c.enumerate("/hot").await.unwrap(),
+        vec!["x", "y", "z"],
+        "names recovered"
+    );
+    c.create("/hot/w", NodeType::File, CreateOptions::default())
+        .await
+        .unwrap()
+        .close()
+        .await
+        .unwrap();
+    assert_eq!(
+        c.enumerate("/hot").await.unwrap(),
+        vec!["x", "y", "z", "w"],
+        "records relocated"
+    );
     assert_eq!(c.enumerate("/still/works").await.unwrap(), vec!["new"]);
     c.delete("/on-dram", false).await.unwrap();
     let mut root = c.enumerate("/").await.unwrap();
     root.sort();
-    assert_eq!(root, vec!["on-file", "still"]);
+    assert_eq!(root, vec!["hot", "on-file", "still"]);
 }

@@ -182,6 +182,21 @@ impl BlockAllocator {
         ))
     }
 
+    /// Allocates one block from the lowest-priority class with room (then
+    /// upwards): for capacity-hungry, rarely hot data such as child records,
+    /// so the fast classes stay free for node data.
+    pub fn allocate_slowest_first(&mut self) -> Result<BlockRef> {
+        let order: Vec<u8> = self.classes.keys().rev().copied().collect();
+        for class in order {
+            if let Some(b) = self.allocate_in(class, "") {
+                return Ok(b);
+            }
+        }
+        Err(Error::no_space(
+            "every storage class is full (or has no live storage server)",
+        ))
+    }
+
     fn allocate_in(&mut self, class: u8, location: &str) -> Option<BlockRef> {
         let c = self.classes.get_mut(&class)?;
         let n = c.servers.len();
@@ -324,6 +339,16 @@ mod tests {
             a.allocate(1, "").unwrap_err().code,
             nodekernel_proto::ErrorCode::NoSpace
         );
+    }
+
+    #[test]
+    fn slowest_first_fills_from_the_bottom() {
+        let mut a = BlockAllocator::new(4096, 1);
+        let c0 = a.register(spec(0, "h", 1), 0).unwrap();
+        let c1 = a.register(spec(1, "h", 1), 0).unwrap();
+        assert_eq!(a.allocate_slowest_first().unwrap().server, c1);
+        assert_eq!(a.allocate_slowest_first().unwrap().server, c0);
+        assert!(a.allocate_slowest_first().is_err());
     }
 
     #[test]

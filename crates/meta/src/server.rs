@@ -26,6 +26,8 @@ pub struct MetaConfig {
     pub lease_timeout: Duration,
     /// A storage server silent for this long is declared dead.
     pub dead_after: Duration,
+    /// Names and prices of the storage classes (shown in status).
+    pub classes: Vec<nodekernel_proto::ClassInfo>,
 }
 
 impl Default for MetaConfig {
@@ -35,6 +37,7 @@ impl Default for MetaConfig {
             block_size: nodekernel_proto::DEFAULT_BLOCK_SIZE,
             lease_timeout: Duration::from_secs(30),
             dead_after: Duration::from_secs(10),
+            classes: Vec::new(),
         }
     }
 }
@@ -138,12 +141,10 @@ impl MetaServer {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_micros() as u64)
             .unwrap_or(1);
+        let mut state = MetaState::new(bs, cfg.lease_timeout.as_millis() as u64, first_gen);
+        state.set_classes(cfg.classes.clone());
         let handler = Arc::new(MetaHandler {
-            state: Mutex::new(MetaState::new(
-                bs,
-                cfg.lease_timeout.as_millis() as u64,
-                first_gen,
-            )),
+            state: Mutex::new(state),
             epoch: Instant::now(),
             stores: ConnectionPool::new(cfg.dead_after.min(Duration::from_secs(5))),
         });

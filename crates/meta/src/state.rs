@@ -8,7 +8,9 @@ use crate::alloc::{BlockAllocator, BlockClaim, BlockRef, ServerSpec};
 use crate::namespace::{stale, CreateSpec, Lease, Linked, Namespace, NodeId, Slot, SlotRef};
 use nodekernel_proto::meta::{MetaReply, MetaRequest, MAX_MAP_COUNT};
 use nodekernel_proto::record::RECORD_SIZE;
-use nodekernel_proto::{BlockLoc, ClusterStatus, Error, NodeInfo, RecordLoc, Result};
+use nodekernel_proto::{
+    BlockLoc, ClassInfo, ClusterStatus, Error, NodeInfo, RecordLoc, Result, NO_CLASS,
+};
 
 #[derive(Debug)]
 pub struct MetaState {
@@ -17,6 +19,7 @@ pub struct MetaState {
     lease_ms: u64,
     next_lease: u64,
     claims: Vec<BlockClaim>,
+    classes: Vec<ClassInfo>,
 }
 
 impl MetaState {
@@ -28,7 +31,30 @@ impl MetaState {
             lease_ms,
             next_lease: 1,
             claims: Vec::new(),
+            classes: Vec::new(),
         }
+    }
+
+    /// Sets the configured storage classes (names and prices).
+    pub fn set_classes(&mut self, classes: Vec<ClassInfo>) {
+        self.classes = classes;
+    }
+
+    /// Configured classes, plus any class a storage server registered
+    /// without configuration (named after its first server, no price).
+    fn class_table(&self, servers: &[nodekernel_proto::ServerStatus]) -> Vec<ClassInfo> {
+        let mut out = self.classes.clone();
+        for s in servers {
+            if !out.iter().any(|c| c.class == s.class) {
+                out.push(ClassInfo {
+                    class: s.class,
+                    name: s.class_name.clone(),
+                    price_per_gib: 0.0,
+                });
+            }
+        }
+        out.sort_by_key(|c| c.class);
+        out
     }
 
     /// BlockClaims of freed blocks queued by the requests applied so far;
@@ -172,11 +198,15 @@ impl MetaState {
                 self.alloc.heartbeat(server, now)?;
                 Ok(MetaReply::Done)
             }
-            MetaRequest::Status => Ok(MetaReply::Status(ClusterStatus {
-                block_size: self.alloc.block_size(),
-                nodes: self.ns.len() as u64,
-                servers: self.alloc.status(now),
-            })),
+            MetaRequest::Status => {
+                let servers = self.alloc.status(now);
+                Ok(MetaReply::Status(ClusterStatus {
+                    block_size: self.alloc.block_size(),
+                    nodes: self.ns.len() as u64,
+                    classes: self.class_table(&servers),
+                    servers,
+                }))
+            }
         }
     }
 
@@ -281,7 +311,14 @@ impl MetaState {
             .get(container)
             .ok_or_else(|| stale(container))?
             .storage_class;
-        let b = self.alloc.allocate(class, "").map_err(|e| {
+        // Records go to the container's preferred class, or else to the
+        // slowest class with room: DRAM stays free for node data.
+        let b = if class == NO_CLASS {
+            self.alloc.allocate_slowest_first()
+        } else {
+            self.alloc.allocate(class, "")
+        };
+        let b = b.map_err(|e| {
             Error::no_space(format!(
                 "no space for the child records of node {container}: {}",
                 e.message
@@ -483,7 +520,7 @@ mod tests {
 
     fn state() -> MetaState {
         let mut s = MetaState::new(BS, 1000, 1);
-        for (class, n) in [(0u8, 5u32), (1, 8)] {
+        for (class, n) in [(0u8, 4u32), (1, 9)] {
             s.apply(
                 MetaRequest::Register {
                     addr: format!("h:{class}"),
@@ -499,8 +536,8 @@ mod tests {
             )
             .unwrap();
         }
-        // The root's first record block is allocated up front, so tests
-        // see 4 free DRAM blocks and 8 file blocks.
+        // The root's first record block (from the slowest class) is
+        // allocated up front, so tests see 4 free DRAM and 8 file blocks.
         create(&mut s, "/setup", NodeType::Directory, 0).unwrap();
         s
     }

@@ -17,7 +17,9 @@ pub mod types;
 
 pub use error::{Error, ErrorCode, Result};
 pub use frame::{FrameHeader, HEADER_LEN, MAX_FRAME_LEN, MAX_PAYLOAD_LEN};
-pub use types::{BlockLoc, ClusterStatus, NodeInfo, NodeType, RecordLoc, ServerStatus, NO_CLASS};
+pub use types::{
+    BlockLoc, ClassInfo, ClusterStatus, NodeInfo, NodeType, RecordLoc, ServerStatus, NO_CLASS,
+};
 
 /// Largest block size a storage server may export (and so the largest single
 /// data transfer in one frame).

@@ -532,6 +532,11 @@ mod tests {
         let status = ClusterStatus {
             block_size: 1 << 20,
             nodes: 3,
+            classes: vec![crate::types::ClassInfo {
+                class: 0,
+                name: "dram".into(),
+                price_per_gib: 5.0,
+            }],
             servers: vec![ServerStatus {
                 id: 1,
                 addr: "a:1".into(),

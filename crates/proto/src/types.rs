@@ -299,12 +299,41 @@ impl ServerStatus {
     }
 }
 
+/// A storage class as configured on the metadata server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClassInfo {
+    pub class: u8,
+    pub name: String,
+    /// Price of one GiB of this class's capacity (e.g. dollars).
+    pub price_per_gib: f64,
+}
+
+impl Eq for ClassInfo {}
+
+impl ClassInfo {
+    const MIN_LEN: usize = 1 + 4 + 8;
+    fn encode(&self, e: &mut Enc) {
+        e.u8(self.class)
+            .str(&self.name)
+            .u64(self.price_per_gib.to_bits());
+    }
+    fn decode(d: &mut Dec) -> Result<ClassInfo> {
+        Ok(ClassInfo {
+            class: d.u8()?,
+            name: d.string()?,
+            price_per_gib: f64::from_bits(d.u64()?),
+        })
+    }
+}
+
 /// The metadata server's view of the cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterStatus {
     pub block_size: u32,
     /// Number of nodes in this metadata partition (the root included).
     pub nodes: u64,
+    /// Configured storage classes (names and prices).
+    pub classes: Vec<ClassInfo>,
     pub servers: Vec<ServerStatus>,
 }
 
@@ -312,7 +341,11 @@ impl ClusterStatus {
     pub(crate) fn encode(&self, e: &mut Enc) {
         e.u32(self.block_size)
             .u64(self.nodes)
-            .u32(self.servers.len() as u32);
+            .u32(self.classes.len() as u32);
+        for c in &self.classes {
+            c.encode(e);
+        }
+        e.u32(self.servers.len() as u32);
         for s in &self.servers {
             s.encode(e);
         }
@@ -320,6 +353,11 @@ impl ClusterStatus {
     pub(crate) fn decode(d: &mut Dec) -> Result<ClusterStatus> {
         let block_size = d.u32()?;
         let nodes = d.u64()?;
+        let n = d.count(ClassInfo::MIN_LEN)?;
+        let mut classes = Vec::with_capacity(n);
+        for _ in 0..n {
+            classes.push(ClassInfo::decode(d)?);
+        }
         let n = d.count(ServerStatus::MIN_LEN)?;
         let mut servers = Vec::with_capacity(n);
         for _ in 0..n {
@@ -328,6 +366,7 @@ impl ClusterStatus {
         Ok(ClusterStatus {
             block_size,
             nodes,
+            classes,
             servers,
         })
     }
