@@ -22,19 +22,31 @@
 //! can never return bytes copied while the block changed hands; the
 //! generation checked before a copy is still the generation after it.
 //!
+//! The lock is an async (`tokio`) lock, because for a file medium the
+//! "copy" is an I/O the connection task awaits. The shared guard is handed
+//! to the medium as its [`Keepalive`], which drops it only when the kernel
+//! has completed the I/O: even if the request's future is dropped halfway
+//! (server shutdown), a claim still waits for the old owner's I/O. For the
+//! DRAM medium the copy stays a synchronous memcpy under the guard. Writes to
+//! different bytes of one block share the lock; the file medium serialises
+//! read-modify-writes of a shared 4 KiB sector itself (see
+//! [`file`](crate::file)).
+//!
 //! The store never interprets block bytes; it only checks generations and
 //! bounds.
 
-use crate::medium::Medium;
+use crate::medium::{Keepalive, Medium};
 use bytes::BytesMut;
 use nodekernel_proto::{Error, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{RwLock, RwLockReadGuard};
+use std::sync::Arc;
+use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
 
 struct BlockState {
     gen: AtomicU64,
-    /// Held shared for copies, exclusively to change `gen`.
-    lock: RwLock<()>,
+    /// Held shared for copies (until their I/O completed), exclusively to
+    /// change `gen`.
+    lock: Arc<RwLock<()>>,
 }
 
 /// The blocks of one storage server.
@@ -62,7 +74,7 @@ impl BlockStore {
         let blocks = (0..num_blocks)
             .map(|_| BlockState {
                 gen: AtomicU64::new(0),
-                lock: RwLock::new(()),
+                lock: Arc::new(RwLock::new(())),
             })
             .collect();
         BlockStore {
@@ -85,6 +97,13 @@ impl BlockStore {
         self.medium.kind()
     }
 
+    /// How the medium moves bytes: `"memory"` for DRAM, an
+    /// [`IoMode`](crate::IoMode) string such as `"io_uring+O_DIRECT"` for a
+    /// file.
+    pub fn io_mode(&self) -> &'static str {
+        self.medium.io_mode()
+    }
+
     /// The current generation of `block`, or `None` past the end.
     pub fn generation(&self, block: u32) -> Option<u64> {
         self.blocks
@@ -94,7 +113,10 @@ impl BlockStore {
 
     /// Appends `len` bytes of `block` starting at `offset` to `out`, if `gen`
     /// is the block's current generation. On any error nothing is appended.
-    pub fn read(
+    ///
+    /// Cancel-safe: if the future is dropped, nothing is appended and any
+    /// I/O already started keeps the block's guard until it completes.
+    pub async fn read(
         &self,
         block: u32,
         gen: u64,
@@ -103,15 +125,24 @@ impl BlockStore {
         out: &mut BytesMut,
     ) -> Result<()> {
         let state = self.check(block, offset, u64::from(len))?;
-        let _guard = shared(state);
+        let guard = state.lock.clone().read_owned().await;
         let current = state.gen.load(Ordering::Acquire);
         if gen != current {
             return Err(stale_read(block, gen, current));
         }
         let start = out.len();
-        let result = self
-            .medium
-            .read_into(self.position(block, offset), len as usize, out);
+        let pos = self.position(block, offset);
+        // Holds the guard (directly, or shared with the medium's I/O) until
+        // after the re-check below.
+        let mut held = None;
+        let result = match self.medium.as_async() {
+            None => self.medium.read_into(pos, len as usize, out),
+            Some(m) => {
+                let k = keep(guard);
+                held = Some(k.clone());
+                m.read_into_async(pos, len as usize, out, k).await
+            }
+        };
         if let Err(e) = result {
             out.truncate(start);
             return Err(medium_error("read", block, offset, u64::from(len), e));
@@ -125,23 +156,31 @@ impl BlockStore {
             out.truncate(start);
             return Err(stale_read(block, gen, after));
         }
+        drop(held);
         Ok(())
     }
 
     /// Writes `data` into `block` at `offset` under generation `gen`,
     /// claiming the block first if `gen` is newer than its current one.
-    pub fn write(&self, block: u32, gen: u64, offset: u32, data: &[u8]) -> Result<()> {
+    ///
+    /// If the future is dropped, the write may or may not have happened; an
+    /// I/O already started keeps the block's guard until it completes, so a
+    /// later claim still waits for it.
+    pub async fn write(&self, block: u32, gen: u64, offset: u32, data: &[u8]) -> Result<()> {
         let state = self.check(block, offset, data.len() as u64)?;
-        if gen > state.gen.load(Ordering::Acquire) {
+        let guard = if gen > state.gen.load(Ordering::Acquire) {
             // A new owner: raise the generation once every in-flight copy
-            // under the old one has finished.
-            let _excl = state.lock.write().unwrap_or_else(|p| p.into_inner());
+            // under the old one has finished, then keep the lock shared for
+            // our own copy.
+            let excl = state.lock.clone().write_owned().await;
             let current = state.gen.load(Ordering::Acquire);
             if gen > current {
                 state.gen.store(gen, Ordering::Release);
             }
-        }
-        let _guard = shared(state);
+            OwnedRwLockWriteGuard::downgrade(excl)
+        } else {
+            state.lock.clone().read_owned().await
+        };
         let current = state.gen.load(Ordering::Acquire);
         if gen != current {
             // Older than the current owner (possibly because an even newer
@@ -150,9 +189,12 @@ impl BlockStore {
                 "block {block}: write with generation {gen} refused, the block now belongs to generation {current}"
             )));
         }
-        self.medium
-            .write(self.position(block, offset), data)
-            .map_err(|e| medium_error("write", block, offset, data.len() as u64, e))
+        let pos = self.position(block, offset);
+        let result = match self.medium.as_async() {
+            None => self.medium.write(pos, data),
+            Some(m) => m.write_async(pos, data, keep(guard)).await,
+        };
+        result.map_err(|e| medium_error("write", block, offset, data.len() as u64, e))
     }
 
     /// Validates the block index and byte range (without overflow).
@@ -177,10 +219,8 @@ impl BlockStore {
     }
 }
 
-fn shared(state: &BlockState) -> RwLockReadGuard<'_, ()> {
-    // A poisoned lock guards nothing but the generation protocol, which
-    // stays consistent (the generation is a single atomic store).
-    state.lock.read().unwrap_or_else(|p| p.into_inner())
+fn keep(guard: OwnedRwLockReadGuard<()>) -> Keepalive {
+    Arc::new(guard)
 }
 
 fn stale_read(block: u32, gen: u64, current: u64) -> Error {
@@ -205,7 +245,9 @@ fn medium_error(what: &str, block: u32, offset: u32, len: u64, e: std::io::Error
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::file::block_on;
     use crate::medium::{DramMedium, FileMedium};
+    use crate::FileIoConfig;
     use nodekernel_proto::ErrorCode;
     use std::sync::Arc;
 
@@ -218,9 +260,29 @@ mod tests {
     }
 
     fn file(dir: &tempfile::TempDir) -> BlockStore {
+        file_with(dir, &FileIoConfig::default())
+    }
+
+    fn file_with(dir: &tempfile::TempDir, io: &FileIoConfig) -> BlockStore {
         let m =
-            FileMedium::create(&dir.path().join("blocks"), u64::from(BS) * u64::from(N)).unwrap();
+            FileMedium::create_with(&dir.path().join("blocks"), u64::from(BS) * u64::from(N), io)
+                .unwrap();
         BlockStore::new(Box::new(m), BS, N)
+    }
+
+    /// Every file I/O mode: (io_uring, O_DIRECT) on and off.
+    fn file_modes() -> Vec<FileIoConfig> {
+        let mut v = Vec::new();
+        for io_uring in [true, false] {
+            for direct in [true, false] {
+                v.push(FileIoConfig {
+                    io_uring,
+                    direct,
+                    queue_depth: 8,
+                });
+            }
+        }
+        v
     }
 
     /// Small deterministic generator (xorshift), so failures reproduce.
@@ -237,9 +299,13 @@ mod tests {
         }
     }
 
+    fn write(s: &BlockStore, block: u32, gen: u64, offset: u32, data: &[u8]) -> Result<()> {
+        block_on(s.write(block, gen, offset, data))
+    }
+
     fn read(s: &BlockStore, block: u32, gen: u64, offset: u32, len: u32) -> Result<Vec<u8>> {
         let mut out = BytesMut::new();
-        s.read(block, gen, offset, len, &mut out)?;
+        block_on(s.read(block, gen, offset, len, &mut out))?;
         Ok(out.to_vec())
     }
 
@@ -248,7 +314,7 @@ mod tests {
         let mut model = vec![vec![0u8; BS as usize]; N as usize];
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
         for b in 0..N {
-            s.write(b, 1, 0, &[]).unwrap();
+            write(s, b, 1, 0, &[]).unwrap();
         }
         for i in 0..400 {
             let block = rng.below(u64::from(N)) as u32;
@@ -260,7 +326,7 @@ mod tests {
             }
             .min(BS - offset);
             let data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
-            s.write(block, 1, offset, &data).unwrap();
+            write(s, block, 1, offset, &data).unwrap();
             model[block as usize][offset as usize..(offset + len) as usize].copy_from_slice(&data);
 
             let rb = rng.below(u64::from(N)) as u32;
@@ -274,7 +340,7 @@ mod tests {
         }
         // A full block, both ways.
         let full: Vec<u8> = (0..BS).map(|i| (i * 7 + 3) as u8).collect();
-        s.write(N - 1, 1, 0, &full).unwrap();
+        write(s, N - 1, 1, 0, &full).unwrap();
         assert_eq!(read(s, N - 1, 1, 0, BS).unwrap(), full);
         for b in 0..N - 1 {
             assert_eq!(
@@ -284,14 +350,27 @@ mod tests {
             );
         }
         // Odd offsets and lengths, including the last byte of a block.
-        s.write(0, 1, 3, b"hello").unwrap();
+        write(s, 0, 1, 3, b"hello").unwrap();
         assert_eq!(read(s, 0, 1, 4, 3).unwrap(), b"ell");
-        s.write(0, 1, BS - 1, b"Z").unwrap();
+        write(s, 0, 1, BS - 1, b"Z").unwrap();
         assert_eq!(read(s, 0, 1, BS - 1, 1).unwrap(), b"Z");
         assert_eq!(read(s, 0, 1, BS, 0).unwrap(), b"");
         // Blocks do not bleed into each other.
-        s.write(1, 1, 0, b"next").unwrap();
+        write(s, 1, 1, 0, b"next").unwrap();
         assert_eq!(read(s, 0, 1, BS - 1, 1).unwrap(), b"Z");
+    }
+
+    #[test]
+    fn io_mode_is_reported() {
+        assert_eq!(dram().io_mode(), "memory");
+        let dir = tempfile::tempdir().unwrap();
+        let s = file(&dir);
+        assert_eq!(s.medium_kind(), "file");
+        assert!(
+            s.io_mode().starts_with("io_uring+") || s.io_mode().starts_with("pread/pwrite+"),
+            "{}",
+            s.io_mode()
+        );
     }
 
     #[test]
@@ -301,8 +380,11 @@ mod tests {
 
     #[test]
     fn file_round_trip() {
-        let dir = tempfile::tempdir().unwrap();
-        random_round_trip(&file(&dir));
+        for io in file_modes() {
+            let dir = tempfile::tempdir().unwrap();
+            let s = file_with(&dir, &io);
+            random_round_trip(&s);
+        }
     }
 
     fn code<T: std::fmt::Debug>(r: Result<T>) -> ErrorCode {
@@ -310,7 +392,7 @@ mod tests {
     }
 
     fn generation_rules(s: &BlockStore) {
-        s.write(2, 5, 10, b"five").unwrap();
+        write(s, 2, 5, 10, b"five").unwrap();
         assert_eq!(s.generation(2), Some(5));
         assert_eq!(read(s, 2, 5, 10, 4).unwrap(), b"five");
         assert_eq!(code(read(s, 2, 4, 10, 4)), ErrorCode::Stale, "older reader");
@@ -326,15 +408,15 @@ mod tests {
         );
 
         // Same generation keeps writing.
-        s.write(2, 5, 14, b"!").unwrap();
+        write(s, 2, 5, 14, b"!").unwrap();
         assert_eq!(read(s, 2, 5, 10, 5).unwrap(), b"five!");
 
         // Generation 6 claims the block.
-        s.write(2, 6, 0, b"six").unwrap();
+        write(s, 2, 6, 0, b"six").unwrap();
         assert_eq!(s.generation(2), Some(6));
         assert_eq!(read(s, 2, 6, 0, 3).unwrap(), b"six");
         assert_eq!(code(read(s, 2, 5, 10, 4)), ErrorCode::Stale);
-        assert_eq!(code(s.write(2, 5, 0, b"OLD")), ErrorCode::Stale);
+        assert_eq!(code(write(s, 2, 5, 0, b"OLD")), ErrorCode::Stale);
         assert_eq!(
             read(s, 2, 6, 0, 3).unwrap(),
             b"six",
@@ -343,14 +425,14 @@ mod tests {
         assert_eq!(s.generation(2), Some(6));
 
         // An empty write claims, too; other blocks are unaffected.
-        s.write(2, 9, 0, &[]).unwrap();
+        write(s, 2, 9, 0, &[]).unwrap();
         assert_eq!(s.generation(2), Some(9));
         assert_eq!(s.generation(1), Some(0));
         assert_eq!(code(read(s, 1, 5, 0, 1)), ErrorCode::Stale);
 
         // A failed read appends nothing to the reply buffer.
         let mut out = BytesMut::from(&b"hdr"[..]);
-        assert!(s.read(2, 6, 0, 3, &mut out).is_err());
+        assert!(block_on(s.read(2, 6, 0, 3, &mut out)).is_err());
         assert_eq!(&out[..], b"hdr");
     }
 
@@ -361,22 +443,27 @@ mod tests {
 
     #[test]
     fn file_generation_rules() {
-        let dir = tempfile::tempdir().unwrap();
-        generation_rules(&file(&dir));
+        for io in file_modes() {
+            let dir = tempfile::tempdir().unwrap();
+            generation_rules(&file_with(&dir, &io));
+        }
     }
 
     #[test]
     fn bounds_are_checked_without_overflow() {
         let s = dram();
-        s.write(0, 1, 0, b"x").unwrap();
+        write(&s, 0, 1, 0, b"x").unwrap();
         let long = vec![0u8; BS as usize + 1];
         let cases: Vec<(&str, Result<()>)> = vec![
-            ("write past block end", s.write(0, 1, BS - 2, b"abc")),
-            ("write longer than a block", s.write(0, 1, 0, &long)),
-            ("write at offset block_size", s.write(0, 1, BS, b"a")),
-            ("write at u32::MAX", s.write(0, 1, u32::MAX, b"a")),
-            ("write block past end", s.write(N, 1, 0, b"a")),
-            ("write block u32::MAX", s.write(u32::MAX, 1, u32::MAX, b"a")),
+            ("write past block end", write(&s, 0, 1, BS - 2, b"abc")),
+            ("write longer than a block", write(&s, 0, 1, 0, &long)),
+            ("write at offset block_size", write(&s, 0, 1, BS, b"a")),
+            ("write at u32::MAX", write(&s, 0, 1, u32::MAX, b"a")),
+            ("write block past end", write(&s, N, 1, 0, b"a")),
+            (
+                "write block u32::MAX",
+                write(&s, u32::MAX, 1, u32::MAX, b"a"),
+            ),
             ("read past block end", read(&s, 0, 1, BS - 2, 3).map(drop)),
             (
                 "read longer than a block",
@@ -401,7 +488,7 @@ mod tests {
             assert_eq!(e.code, ErrorCode::OutOfRange, "{what}: {e}");
             assert!(e.message.contains("block"), "{what}: {e}");
         }
-        let e = s.write(1, 1, 100, &[0; 65500]).unwrap_err();
+        let e = write(&s, 1, 1, 100, &[0; 65500]).unwrap_err();
         for part in ["block 1", "offset 100", "length 65500", &BS.to_string()] {
             assert!(e.message.contains(part), "{e} names {part}");
         }
@@ -435,17 +522,15 @@ mod tests {
     /// A claim must wait for copies in flight under the old generation, and
     /// old-generation writes after it must fail: the new owner's bytes are
     /// never overwritten by the old owner.
-    #[test]
-    fn old_owner_never_overwrites_new_owner() {
-        let s = Arc::new(dram());
-        for round in 0..300u64 {
+    fn old_owner_never_overwrites_new_owner(s: Arc<BlockStore>, rounds: u64) {
+        for round in 0..rounds {
             let old = 2 * round + 1;
             let new = old + 1;
-            s.write(3, old, 0, &[1u8; BS as usize]).unwrap();
+            write(&s, 3, old, 0, &[1u8; BS as usize]).unwrap();
             let old_writer = {
                 let s = s.clone();
                 // The old owner keeps writing until it is told it is stale.
-                busy_thread(move || match s.write(3, old, 0, &[1u8; BS as usize]) {
+                busy_thread(move || match write(&s, 3, old, 0, &[1u8; BS as usize]) {
                     Ok(()) => true,
                     Err(e) => {
                         assert_eq!(e.code, ErrorCode::Stale);
@@ -453,7 +538,7 @@ mod tests {
                     }
                 })
             };
-            s.write(3, new, 0, &[2u8; BS as usize]).unwrap();
+            write(&s, 3, new, 0, &[2u8; BS as usize]).unwrap();
             old_writer.join().unwrap();
             let bytes = read(&s, 3, new, 0, BS).unwrap();
             let leaked = bytes.iter().filter(|&&b| b != 2).count();
@@ -467,12 +552,10 @@ mod tests {
 
     /// Readers racing with a claim either get exactly the old owner's bytes
     /// (before the claim) or `Stale`, never a mix.
-    #[test]
-    fn racing_reads_get_old_bytes_or_stale() {
-        let s = Arc::new(dram());
-        for round in 0..300u64 {
+    fn racing_reads_get_old_bytes_or_stale(s: Arc<BlockStore>, rounds: u64) {
+        for round in 0..rounds {
             let old = 2 * round + 1;
-            s.write(0, old, 0, &[7u8; BS as usize]).unwrap();
+            write(&s, 0, old, 0, &[7u8; BS as usize]).unwrap();
             let reader = {
                 let s = s.clone();
                 busy_thread(move || match read(&s, 0, old, 0, BS) {
@@ -486,8 +569,34 @@ mod tests {
                     }
                 })
             };
-            s.write(0, old + 1, 0, &[9u8; BS as usize]).unwrap();
+            write(&s, 0, old + 1, 0, &[9u8; BS as usize]).unwrap();
             reader.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn dram_old_owner_never_overwrites_new_owner() {
+        old_owner_never_overwrites_new_owner(Arc::new(dram()), 300);
+    }
+
+    #[test]
+    fn dram_racing_reads_get_old_bytes_or_stale() {
+        racing_reads_get_old_bytes_or_stale(Arc::new(dram()), 300);
+    }
+
+    #[test]
+    fn file_old_owner_never_overwrites_new_owner() {
+        for io in file_modes() {
+            let dir = tempfile::tempdir().unwrap();
+            old_owner_never_overwrites_new_owner(Arc::new(file_with(&dir, &io)), 30);
+        }
+    }
+
+    #[test]
+    fn file_racing_reads_get_old_bytes_or_stale() {
+        for io in file_modes() {
+            let dir = tempfile::tempdir().unwrap();
+            racing_reads_get_old_bytes_or_stale(Arc::new(file_with(&dir, &io)), 30);
         }
     }
 }

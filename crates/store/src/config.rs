@@ -27,6 +27,53 @@ impl MediumKind {
     }
 }
 
+/// How a file medium does its I/O (see [`FileMedium`](crate::FileMedium)).
+///
+/// The defaults take the fastest path the machine allows; the switches exist
+/// to force the fallbacks (tests, benchmarks, or a file system that accepts
+/// `O_DIRECT` but performs badly with it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileIoConfig {
+    /// Open the block file with `O_DIRECT` (bypassing the page cache) where
+    /// the file system allows it; buffered I/O otherwise. Default `true`.
+    pub direct: bool,
+    /// Use io_uring where the kernel allows it; a pool of `pread`/`pwrite`
+    /// threads otherwise. Default `true`.
+    pub io_uring: bool,
+    /// Most I/Os in flight at once (io_uring), and the size of the fallback
+    /// thread pool (capped at 16). `1..=4096`, default 64.
+    pub queue_depth: u32,
+}
+
+/// Largest accepted [`FileIoConfig::queue_depth`].
+pub const MAX_QUEUE_DEPTH: u32 = 4096;
+
+impl Default for FileIoConfig {
+    fn default() -> Self {
+        FileIoConfig {
+            direct: true,
+            io_uring: true,
+            queue_depth: 64,
+        }
+    }
+}
+
+impl FileIoConfig {
+    /// Checks the queue depth.
+    pub fn validate(&self) -> Result<(), StoreError> {
+        if !(1..=MAX_QUEUE_DEPTH).contains(&self.queue_depth) {
+            return Err(StoreError::config(
+                "queue_depth",
+                format!(
+                    "must be between 1 and {MAX_QUEUE_DEPTH}, got {}",
+                    self.queue_depth
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Everything a storage server needs to start.
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
@@ -291,6 +338,18 @@ mod tests {
             let text = err.to_string();
             assert!(text.contains(field), "{text:?} names {field}");
             assert_eq!(field_of(err), field);
+        }
+    }
+
+    #[test]
+    fn file_io_queue_depth_is_checked() {
+        assert!(FileIoConfig::default().validate().is_ok());
+        for bad in [0, MAX_QUEUE_DEPTH + 1] {
+            let c = FileIoConfig {
+                queue_depth: bad,
+                ..FileIoConfig::default()
+            };
+            assert_eq!(field_of(c.validate().unwrap_err()), "queue_depth");
         }
     }
 

@@ -22,21 +22,26 @@
 //!
 //! # Layout
 //!
-//! * [`medium`]: the [`Medium`] trait with [`DramMedium`] (a mapped memfd)
-//!   and [`FileMedium`] (a preallocated file, positional I/O);
+//! * [`medium`]: the [`Medium`] trait with [`DramMedium`] (a mapped memfd,
+//!   accessed with synchronous memcpys) and the [`AsyncMedium`] interface;
+//! * [`file`](mod@file): [`FileMedium`], a preallocated file accessed with io_uring
+//!   and `O_DIRECT` through aligned bounce buffers, with buffered and
+//!   thread-pool fallbacks (the module docs explain the design);
 //! * [`blocks`]: [`BlockStore`], blocks plus generations over a medium;
 //! * [`StorageServer`]: the data port, registration and heartbeats.
 
 pub mod blocks;
 mod config;
 mod error;
+pub mod file;
 pub mod medium;
 mod server;
 
 pub use blocks::BlockStore;
-pub use config::{MediumKind, StoreConfig, MIN_BLOCK_SIZE};
+pub use config::{FileIoConfig, MediumKind, StoreConfig, MAX_QUEUE_DEPTH, MIN_BLOCK_SIZE};
 pub use error::StoreError;
-pub use medium::{DramMedium, FileMedium, Medium};
+pub use file::IoMode;
+pub use medium::{AsyncMedium, DramMedium, FileMedium, Medium};
 pub use server::StorageServer;
 
 #[cfg(test)]

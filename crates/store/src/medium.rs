@@ -6,17 +6,26 @@
 //! Media still bounds-check every access against their size (returning
 //! `InvalidInput`), so a bug above can never reach memory or file bytes
 //! outside the exported region.
+//!
+//! Memory media ([`DramMedium`]) are accessed synchronously: an access is a
+//! memcpy, done right in the connection task. Media whose I/O can block
+//! ([`FileMedium`]) also offer an [`AsyncMedium`] interface through
+//! [`Medium::as_async`], which the block store prefers; their synchronous
+//! methods block the calling thread and exist for tools and tests.
 
 use bytes::BytesMut;
 use memmap2::MmapMut;
 use std::ffi::CStr;
 use std::fs::File;
+use std::future::Future;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd};
-use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::pin::Pin;
 
 use crate::StoreError;
+
+pub use crate::file::{FileMedium, IoMode, Keepalive};
 
 /// A byte-addressed storage medium of fixed size.
 ///
@@ -25,9 +34,13 @@ use crate::StoreError;
 /// bytes (per-node single-writer leases plus the generation lock of
 /// [`BlockStore`](crate::BlockStore)); overlapping reads and writes may
 /// happen and may observe a mix of old and new bytes, which the block layer
-/// turns into `Stale` errors where it matters.
+/// turns into `Stale` errors where it matters. Concurrent writes of
+/// *different* bytes must not disturb each other, however close they are
+/// (the file medium's read-modify-write of shared sectors is serialised
+/// inside it).
 pub trait Medium: Send + Sync {
-    /// Appends `len` bytes starting at `off` to `out`.
+    /// Appends `len` bytes starting at `off` to `out`. On error nothing is
+    /// appended.
     fn read_into(&self, off: u64, len: usize, out: &mut BytesMut) -> io::Result<()>;
     /// Writes `data` at `off`.
     fn write(&self, off: u64, data: &[u8]) -> io::Result<()>;
@@ -35,10 +48,45 @@ pub trait Medium: Send + Sync {
     fn kind(&self) -> &'static str;
     /// Size of the medium in bytes.
     fn size(&self) -> u64;
+    /// How the medium moves bytes, for logs and status: `"memory"` for
+    /// DRAM, an [`IoMode`] string for files.
+    fn io_mode(&self) -> &'static str {
+        "memory"
+    }
+    /// The asynchronous interface of a medium whose I/O may block. When it
+    /// is `Some`, the block store uses it instead of the synchronous
+    /// methods, so connection tasks never block on the medium.
+    fn as_async(&self) -> Option<&dyn AsyncMedium> {
+        None
+    }
+}
+
+/// A boxed I/O future borrowing the medium and the caller's buffers.
+pub type IoFuture<'a> = Pin<Box<dyn Future<Output = io::Result<()>> + Send + 'a>>;
+
+/// Asynchronous access to a [`Medium`] whose I/O may block.
+///
+/// Dropping a returned future before it completes is allowed: the medium
+/// keeps its own buffers, and `keep`, until the kernel is done with every
+/// I/O it started. A dropped read appends nothing; a dropped write may or
+/// may not have reached the medium.
+pub trait AsyncMedium: Send + Sync {
+    /// Appends `len` bytes starting at `off` to `out`; on error nothing is
+    /// appended. `keep` stays alive until no I/O of this call is in flight.
+    fn read_into_async<'a>(
+        &'a self,
+        off: u64,
+        len: usize,
+        out: &'a mut BytesMut,
+        keep: Keepalive,
+    ) -> IoFuture<'a>;
+    /// Writes `data` at `off`. `keep` stays alive until no I/O of this call
+    /// is in flight.
+    fn write_async<'a>(&'a self, off: u64, data: &'a [u8], keep: Keepalive) -> IoFuture<'a>;
 }
 
 /// Checks `off..off+len` against `size`, returning the range start as usize.
-fn check_range(off: u64, len: usize, size: u64) -> io::Result<usize> {
+pub(crate) fn check_range(off: u64, len: usize, size: u64) -> io::Result<usize> {
     let end = u64::try_from(len).ok().and_then(|l| off.checked_add(l));
     match end {
         Some(end) if end <= size => usize::try_from(off).map_err(|_| {
@@ -166,103 +214,6 @@ impl Medium for DramMedium {
     }
 }
 
-/// File medium: a preallocated file accessed with positional I/O.
-///
-/// A later version replaces this with io_uring and `O_DIRECT`; the
-/// [`Medium`] trait is the seam.
-pub struct FileMedium {
-    file: File,
-    path: PathBuf,
-    size: u64,
-}
-
-impl FileMedium {
-    /// Creates (or truncates) the file at `path`, creating parent
-    /// directories, and preallocates `size` bytes. Previous contents are
-    /// discarded so that bytes of an earlier run can never be served.
-    pub fn create(path: &Path, size: u64) -> Result<FileMedium, StoreError> {
-        if size == 0 {
-            return Err(StoreError::config(
-                "capacity",
-                "file medium must not be empty",
-            ));
-        }
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| StoreError::io("create directory", dir, e))?;
-        }
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(path)
-            .map_err(|e| StoreError::io("open", path, e))?;
-        file.set_len(size)
-            .map_err(|e| StoreError::io("size", path, e))?;
-        let len = libc::off_t::try_from(size).map_err(|_| {
-            StoreError::config(
-                "capacity",
-                format!("{size} bytes exceeds the largest file offset"),
-            )
-        })?;
-        // SAFETY: plain system call on a descriptor we own.
-        let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) };
-        match rc {
-            0 => {}
-            // The file system cannot preallocate: the sparse `set_len` file
-            // has to do.
-            libc::EOPNOTSUPP | libc::EINVAL => {
-                tracing::debug!(
-                    "{}: posix_fallocate unsupported, using a sparse file",
-                    path.display()
-                );
-            }
-            err => {
-                return Err(StoreError::io(
-                    "preallocate",
-                    path,
-                    io::Error::from_raw_os_error(err),
-                ))
-            }
-        }
-        Ok(FileMedium {
-            file,
-            path: path.to_path_buf(),
-            size,
-        })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl Medium for FileMedium {
-    fn read_into(&self, off: u64, len: usize, out: &mut BytesMut) -> io::Result<()> {
-        check_range(off, len, self.size)?;
-        let start = out.len();
-        out.resize(start + len, 0);
-        let result = self.file.read_exact_at(&mut out[start..], off);
-        if result.is_err() {
-            out.truncate(start);
-        }
-        result
-    }
-
-    fn write(&self, off: u64, data: &[u8]) -> io::Result<()> {
-        check_range(off, data.len(), self.size)?;
-        self.file.write_all_at(data, off)
-    }
-
-    fn kind(&self) -> &'static str {
-        "file"
-    }
-
-    fn size(&self) -> u64 {
-        self.size
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -305,17 +256,40 @@ mod tests {
 
     #[test]
     fn file_medium_bounds_round_trip_and_preallocation() {
+        for io_uring in [true, false] {
+            for direct in [true, false] {
+                let io = crate::FileIoConfig {
+                    io_uring,
+                    direct,
+                    queue_depth: 4,
+                };
+                let dir = tempfile::tempdir().unwrap();
+                let path = dir.path().join("a/b/blocks.dat");
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                std::fs::write(&path, vec![0xEEu8; 200 << 10]).unwrap();
+                let m = FileMedium::create_with(&path, 64 << 10, &io).unwrap();
+                assert_eq!(m.kind(), "file");
+                assert_eq!(m.path(), path);
+                assert_eq!(std::fs::metadata(&path).unwrap().len(), 64 << 10);
+                let mut out = BytesMut::new();
+                m.read_into(1000, 16, &mut out).unwrap();
+                assert_eq!(&out[..], &[0u8; 16], "old contents are discarded");
+                exercise(&m);
+            }
+        }
+    }
+
+    #[test]
+    fn file_medium_of_unaligned_size() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("a/b/blocks.dat");
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, vec![0xEEu8; 200 << 10]).unwrap();
-        let m = FileMedium::create(&path, 64 << 10).unwrap();
-        assert_eq!(m.kind(), "file");
-        assert_eq!(m.path(), path);
-        assert_eq!(std::fs::metadata(&path).unwrap().len(), 64 << 10);
-        let mut out = BytesMut::new();
-        m.read_into(1000, 16, &mut out).unwrap();
-        assert_eq!(&out[..], &[0u8; 16], "old contents are discarded");
+        let path = dir.path().join("odd.dat");
+        let m = FileMedium::create(&path, 10_000).unwrap();
+        assert_eq!(m.size(), 10_000);
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            12_288,
+            "the file is rounded up to whole sectors"
+        );
         exercise(&m);
     }
 

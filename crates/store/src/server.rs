@@ -1,7 +1,7 @@
 //! The running storage server: data port, registration and heartbeats.
 
 use crate::blocks::BlockStore;
-use crate::config::{partition, MediumKind, StoreConfig};
+use crate::config::{partition, FileIoConfig, MediumKind, StoreConfig};
 use crate::medium::{DramMedium, FileMedium, Medium};
 use crate::StoreError;
 use bytes::{Bytes, BytesMut};
@@ -29,13 +29,13 @@ impl Handler for StoreHandler {
                 gen,
                 offset,
                 len,
-            } => self.store.read(block, gen, offset, len, out),
+            } => self.store.read(block, gen, offset, len, out).await,
             StoreRequest::Write {
                 block,
                 gen,
                 offset,
                 data,
-            } => self.store.write(block, gen, offset, data),
+            } => self.store.write(block, gen, offset, data).await,
             StoreRequest::Ping => Ok(()),
         }
     }
@@ -181,19 +181,35 @@ impl StorageServer {
     /// Creates the medium, binds the data port, starts serving and registers
     /// with every metadata server. Returns once every registration
     /// succeeded; heartbeats then run in the background.
+    ///
+    /// A file medium uses the default [`FileIoConfig`] (io_uring and
+    /// `O_DIRECT` where the machine allows them).
     pub async fn start(cfg: StoreConfig) -> std::result::Result<StorageServer, StoreError> {
+        StorageServer::start_with_file_io(cfg, FileIoConfig::default()).await
+    }
+
+    /// [`start`](Self::start) with explicit file I/O settings (ignored for a
+    /// DRAM medium): queue depth, or forcing the buffered or pread/pwrite
+    /// fallbacks.
+    pub async fn start_with_file_io(
+        cfg: StoreConfig,
+        file_io: FileIoConfig,
+    ) -> std::result::Result<StorageServer, StoreError> {
         let num_blocks = cfg.validate()?;
+        file_io.validate()?;
         let bytes = cfg.exported_bytes(num_blocks);
         let medium: Box<dyn Medium> = match &cfg.medium {
             MediumKind::Dram => Box::new(DramMedium::new(bytes)?),
             MediumKind::File { path } => {
                 let path = path.clone();
                 // Preallocation may take a while on slow file systems.
-                let m = tokio::task::spawn_blocking(move || FileMedium::create(&path, bytes))
-                    .await
-                    .map_err(|e| {
-                        StoreError::Rpc(Error::internal(format!("medium set-up task failed: {e}")))
-                    })??;
+                let m = tokio::task::spawn_blocking(move || {
+                    FileMedium::create_with(&path, bytes, &file_io)
+                })
+                .await
+                .map_err(|e| {
+                    StoreError::Rpc(Error::internal(format!("medium set-up task failed: {e}")))
+                })??;
                 Box::new(m)
             }
         };
@@ -286,10 +302,11 @@ impl StorageServer {
             .map(|i| tokio::spawn(heartbeat_loop(registrar.clone(), i, cfg.heartbeat_interval)))
             .collect();
         tracing::info!(
-            "storage server on {} exports {num_blocks} {} blocks of {} bytes",
+            "storage server on {} exports {num_blocks} {} blocks of {} bytes ({})",
             srv.local_addr,
             srv.store.medium_kind(),
-            cfg.block_size
+            cfg.block_size,
+            srv.store.io_mode()
         );
         Ok(srv)
     }
@@ -310,6 +327,14 @@ impl StorageServer {
 
     pub fn block_size(&self) -> u32 {
         self.store.block_size()
+    }
+
+    /// How the medium moves bytes: `"memory"` for DRAM; for a file one of
+    /// `"io_uring+O_DIRECT"`, `"io_uring+buffered"`,
+    /// `"pread/pwrite+O_DIRECT"`, `"pread/pwrite+buffered"` (see
+    /// [`IoMode`](crate::IoMode)).
+    pub fn io_mode(&self) -> &'static str {
+        self.store.io_mode()
     }
 
     /// The blocks this server exports (for inspection, e.g. generations).
@@ -354,6 +379,7 @@ impl std::fmt::Debug for StorageServer {
             .field("local_addr", &self.local_addr)
             .field("advertise", &self.advertise)
             .field("medium", &self.store.medium_kind())
+            .field("io_mode", &self.store.io_mode())
             .field("num_blocks", &self.num_blocks)
             .field("block_size", &self.store.block_size())
             .field("server_ids", &self.server_ids())

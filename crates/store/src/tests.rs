@@ -1,7 +1,7 @@
 //! End-to-end tests: the storage server over the network, and its
 //! registration and heartbeats against a fake metadata server.
 
-use crate::{MediumKind, StorageServer, StoreConfig, StoreError};
+use crate::{FileIoConfig, MediumKind, StorageServer, StoreConfig, StoreError};
 use bytes::{Bytes, BytesMut};
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
 use nodekernel_proto::store::{op, StoreRequest};
@@ -76,7 +76,21 @@ async fn eventually(what: &str, cond: impl Fn() -> bool) {
 
 /// Write/read/ping, errors keeping the connection usable, and shutdown.
 async fn serve_over_network(medium: MediumKind) {
-    let srv = StorageServer::start(cfg(medium, 4)).await.unwrap();
+    serve_over_network_with(medium, FileIoConfig::default()).await;
+}
+
+async fn serve_over_network_with(medium: MediumKind, io: FileIoConfig) {
+    let is_file = matches!(medium, MediumKind::File { .. });
+    let srv = StorageServer::start_with_file_io(cfg(medium, 4), io.clone())
+        .await
+        .unwrap();
+    if is_file {
+        let mode = srv.io_mode();
+        assert!(io.io_uring || mode.starts_with("pread/pwrite+"), "{mode}");
+        assert!(io.direct || mode.ends_with("+buffered"), "{mode}");
+    } else {
+        assert_eq!(srv.io_mode(), "memory");
+    }
     assert_eq!(srv.num_blocks(), 4);
     assert_eq!(srv.server_ids(), Vec::<Option<u32>>::new());
     let addr = srv.local_addr().to_string();
@@ -184,6 +198,91 @@ async fn file_server_over_network() {
     let path = dir.path().join("nested/dir/blocks.dat");
     serve_over_network(MediumKind::File { path: path.clone() }).await;
     assert_eq!(std::fs::metadata(&path).unwrap().len(), 4 * u64::from(BS));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_server_over_network_in_fallback_modes() {
+    for (direct, io_uring) in [(false, true), (true, false), (false, false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("blocks.dat");
+        let io = FileIoConfig {
+            direct,
+            io_uring,
+            queue_depth: 4,
+        };
+        serve_over_network_with(MediumKind::File { path }, io).await;
+    }
+}
+
+#[tokio::test]
+async fn bad_file_io_config_names_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg(
+        MediumKind::File {
+            path: dir.path().join("b"),
+        },
+        1,
+    );
+    let io = FileIoConfig {
+        queue_depth: 0,
+        ..FileIoConfig::default()
+    };
+    let e = StorageServer::start_with_file_io(c, io).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            StoreError::Config {
+                field: "queue_depth",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+/// Many clients writing and reading one file-tier server at once, each on
+/// its own connection (the transport handles one request per connection at
+/// a time), with small unaligned writes sharing sectors of one block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_clients_on_the_file_tier() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = StorageServer::start(cfg(
+        MediumKind::File {
+            path: dir.path().join("b"),
+        },
+        8,
+    ))
+    .await
+    .unwrap();
+    let addr = srv.local_addr().to_string();
+    let tasks: Vec<_> = (0..16u32)
+        .map(|t| {
+            let addr = addr.clone();
+            tokio::spawn(async move {
+                let c = Connection::connect(&addr, TIMEOUT).await.unwrap();
+                for round in 0..10u32 {
+                    // Client t owns bytes [7+t*100, 7+t*100+100) of block
+                    // 0: neighbours share 4 KiB sectors, never bytes.
+                    let small = vec![(t * 13 + round) as u8; 100];
+                    write(&c, 0, 1, t * 100 + 7, &small).await.unwrap();
+                    assert_eq!(read(&c, 0, 1, t * 100 + 7, 100).await.unwrap(), small);
+                }
+                t
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let c = Connection::connect(&addr, TIMEOUT).await.unwrap();
+    let all = read(&c, 0, 1, 7, 1600).await.unwrap();
+    for t in 0..16usize {
+        let want = (t as u32 * 13 + 9) as u8;
+        assert!(
+            all[t * 100..t * 100 + 100].iter().all(|&b| b == want),
+            "client {t}'s last write is intact"
+        );
+    }
 }
 
 #[tokio::test]
