@@ -1,24 +1,40 @@
 //! `nk bench`: the iobench modes of the seeds against a running cluster (or
-//! an embedded one), with latency percentiles and throughput.
+//! an embedded one), with HDR-histogram latency percentiles and throughput,
+//! optionally side by side with a Redis server started for the run.
+//! The `--json` output is documented in `docs/bench.md`.
+
+mod redis;
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
+use futures::stream::{self, StreamExt, TryStreamExt};
+use hdrhistogram::Histogram;
 use nodekernel_client::{Client, ClientConfig, CreateOptions, NodeType};
 use nodekernel_cluster::{human, ByteSize, Config, LocalCluster};
+use rand::{Rng, SeedableRng};
 use serde::Serialize;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
+    /// Append COUNT buffers of SIZE to a File
+    Write,
+    /// Read a File sequentially, COUNT reads of SIZE (--qd N in flight)
+    Read,
+    /// Read COUNT random SIZE-aligned ranges of a File (--qd N in flight)
+    Randread,
+    /// Read a Bag of COUNT Files of SIZE as one stream
+    Multistream,
     /// Create empty Files (create + close)
     Create,
+    /// Metadata lookup only
+    Lookup,
     /// KeyValue put (create + append + close)
     Putkey,
     /// KeyValue get (lookup + read)
     Getkey,
-    /// Metadata lookup only
-    Lookup,
     /// Enumerate a Directory of COUNT Files
     Enumerate,
     /// Write and read back SIZE with DRAM holding 100/50/10/0% of it
@@ -26,13 +42,18 @@ pub enum Mode {
     Tiering,
 }
 
-#[derive(Args)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Peer {
+    Redis,
+}
+
+#[derive(Args, Clone)]
 pub struct BenchArgs {
     mode: Mode,
     /// Operations per client (measured)
     #[arg(short = 'k', long, default_value_t = 10_000)]
     count: u64,
-    /// Value size for putkey/getkey
+    /// Buffer / value size
     #[arg(short = 's', long, value_parser = crate::parse_size, default_value = "4")]
     size: ByteSize,
     /// Warm-up operations per client (not measured)
@@ -41,6 +62,21 @@ pub struct BenchArgs {
     /// Concurrent clients (each with its own connections)
     #[arg(short = 'c', long, default_value_t = 1)]
     clients: u64,
+    /// Operations in flight per client (read, randread, multistream)
+    #[arg(long, default_value_t = 1)]
+    qd: usize,
+    /// Preferred storage class of the benchmark's nodes
+    #[arg(long)]
+    class: Option<u8>,
+    /// Ask for blocks at the client's location first
+    #[arg(long)]
+    local: bool,
+    /// Keys a putkey/getkey run cycles through
+    #[arg(long, default_value_t = 100)]
+    keys: u64,
+    /// putkey: every put creates a new key (instead of replacing one of --keys)
+    #[arg(long)]
+    new_keys: bool,
     /// Put keys into a non-enumerable table (no child records written)
     #[arg(long)]
     non_enumerable: bool,
@@ -56,25 +92,17 @@ pub struct BenchArgs {
     /// Directory for file-tier block files (tiering)
     #[arg(long)]
     data_dir: Option<std::path::PathBuf>,
+    /// Also run the same workload against this peer, started for the run
+    #[arg(long)]
+    vs: Option<Peer>,
     #[arg(long)]
     json: bool,
 }
 
-#[derive(Serialize)]
-pub struct Report {
-    pub mode: Mode,
-    pub clients: u64,
-    pub ops: u64,
-    pub size: u64,
-    pub non_enumerable: bool,
-    pub seconds: f64,
-    pub ops_per_sec: f64,
-    pub mb_per_sec: f64,
-    pub latency_us: Percentiles,
-}
-
-#[derive(Serialize)]
-pub struct Percentiles {
+/// Latency percentiles in microseconds.
+#[derive(Serialize, Clone, Debug)]
+pub struct Latency {
+    pub mean: f64,
     pub p50: f64,
     pub p90: f64,
     pub p99: f64,
@@ -82,27 +110,42 @@ pub struct Percentiles {
     pub max: f64,
 }
 
-fn percentiles(mut ns: Vec<u64>) -> Percentiles {
-    ns.sort_unstable();
-    let at = |q: f64| {
-        if ns.is_empty() {
-            return 0.0;
+impl Latency {
+    fn of(h: &Histogram<u64>) -> Latency {
+        let us = |ns: u64| ns as f64 / 1000.0;
+        Latency {
+            mean: h.mean() / 1000.0,
+            p50: us(h.value_at_quantile(0.50)),
+            p90: us(h.value_at_quantile(0.90)),
+            p99: us(h.value_at_quantile(0.99)),
+            p999: us(h.value_at_quantile(0.999)),
+            max: us(h.max()),
         }
-        let i = ((ns.len() as f64 * q).ceil() as usize).clamp(1, ns.len()) - 1;
-        ns[i] as f64 / 1000.0
-    };
-    Percentiles {
-        p50: at(0.50),
-        p90: at(0.90),
-        p99: at(0.99),
-        p999: at(0.999),
-        max: at(1.0),
     }
 }
 
+/// One benchmark result (the `--json` schema, see docs/bench.md).
+#[derive(Serialize)]
+pub struct Report {
+    pub mode: Mode,
+    pub clients: u64,
+    pub qd: usize,
+    /// Bytes per operation (0 for metadata-only modes).
+    pub size: u64,
+    pub ops: u64,
+    pub seconds: f64,
+    pub ops_per_sec: f64,
+    pub mb_per_sec: f64,
+    pub gb_per_sec: f64,
+    pub non_enumerable: bool,
+    pub latency_us: Latency,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer: Option<redis::PeerReport>,
+}
+
 pub async fn run(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<()> {
-    if a.count == 0 || a.clients == 0 {
-        bail!("-k and -c must be at least 1");
+    if a.count == 0 || a.clients == 0 || a.qd == 0 {
+        bail!("-k, -c and --qd must be at least 1");
     }
     if a.mode == Mode::Tiering {
         return tiering(a).await;
@@ -123,184 +166,348 @@ pub async fn run(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<()> {
     } else {
         cfg
     };
-    let report = bench(cfg, a).await?;
+    let mut report = bench(cfg, a).await?;
+    if let Some(Peer::Redis) = a.vs {
+        report.peer = Some(redis::compare(a.mode, a.clients, a.count, a.size.0, &report).await?);
+    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        let l = &report.latency_us;
-        println!(
-            "{:?}: {} clients x {} ops, size {}{}",
-            report.mode,
-            report.clients,
-            a.count,
-            human(report.size),
-            if report.non_enumerable {
-                ", non-enumerable table"
-            } else {
-                ""
-            }
-        );
-        println!(
-            "  {:.0} ops/s, {:.1} MB/s, {:.3} s",
-            report.ops_per_sec, report.mb_per_sec, report.seconds
-        );
-        println!(
-            "  latency us: p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
-            l.p50, l.p90, l.p99, l.p999, l.max
-        );
+        print_human(&report, a);
     }
     Ok(())
+}
+
+fn print_human(r: &Report, a: &BenchArgs) {
+    let l = &r.latency_us;
+    println!(
+        "{:?}: {} client(s) x {} ops, size {}, {} in flight{}",
+        r.mode,
+        r.clients,
+        a.count,
+        human(a.size.0),
+        r.qd,
+        if r.non_enumerable {
+            ", non-enumerable table"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "  {:.0} ops/s, {:.3} GB/s, {:.3} s",
+        r.ops_per_sec, r.gb_per_sec, r.seconds
+    );
+    println!(
+        "  latency us: p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
+        l.p50, l.p90, l.p99, l.p999, l.max
+    );
+    if let Some(p) = &r.peer {
+        println!(
+            "  redis {}: {:.0} ops/s, p50 {:.1} us, p99 {:.1} us -> NodeKernel p50 is {:.2}x Redis's, throughput {:.2}x",
+            p.op, p.ops_per_sec, p.p50_us, p.p99_us, p.p50_ratio, p.throughput_ratio
+        );
+    }
+}
+
+/// What every client of a run shares.
+struct Plan {
+    mode: Mode,
+    root: String,
+    size: usize,
+    warmup: u64,
+    count: u64,
+    qd: usize,
+    keys: u64,
+    new_keys: bool,
+    opts: CreateOptions,
+}
+
+impl Plan {
+    fn dir(&self, c: u64) -> String {
+        format!("{}/c{c}", self.root)
+    }
+    /// Operations each client performs (warm-up included).
+    fn total(&self) -> u64 {
+        match self.mode {
+            Mode::Enumerate | Mode::Multistream => self.warmup.min(2) + self.count.min(20),
+            _ => self.warmup + self.count,
+        }
+    }
+    fn measured_from(&self) -> u64 {
+        match self.mode {
+            Mode::Enumerate | Mode::Multistream => self.warmup.min(2),
+            _ => self.warmup,
+        }
+    }
 }
 
 /// Runs one benchmark and returns its report.
 pub async fn bench(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<Report> {
     let setup = Client::connect(cfg.clone()).await?;
-    let root = format!("/nk-bench-{}", std::process::id());
-    setup.mkdir(&root, false).await?;
-    let value = vec![0x5Au8; a.size.0 as usize];
-    let per_client = a.warmup + a.count;
-    // Gets cycle over a small key set; every put creates a new key (so each
-    // one takes a block and, in an enumerable table, writes a record).
-    const KEYS: u64 = 100;
-    let table_opts = CreateOptions {
-        enumerable: !a.non_enumerable,
-        ..CreateOptions::default()
+    let plan = Arc::new(Plan {
+        mode: a.mode,
+        root: format!("/nk-bench-{}", std::process::id()),
+        size: usize::try_from(a.size.0).context("size too large")?,
+        warmup: a.warmup,
+        count: a.count,
+        qd: a.qd,
+        keys: a.keys.max(1),
+        new_keys: a.new_keys,
+        opts: CreateOptions {
+            storage_class: a.class,
+            local: a.local,
+            enumerable: !a.non_enumerable,
+        },
+    });
+    setup.mkdir(&plan.root, false).await?;
+    let result = run_clients(&setup, cfg, a, plan.clone()).await;
+    let cleanup = setup.delete(&plan.root, true).await;
+    let (hist, ops, secs) = result?;
+    cleanup?;
+    let bytes_per_op = match a.mode {
+        Mode::Create | Mode::Lookup | Mode::Enumerate => 0,
+        Mode::Multistream => a.size.0 * a.count,
+        _ => a.size.0,
     };
+    let bytes = (ops * bytes_per_op) as f64;
+    Ok(Report {
+        mode: a.mode,
+        clients: a.clients,
+        qd: a.qd,
+        size: bytes_per_op,
+        ops,
+        seconds: secs,
+        ops_per_sec: ops as f64 / secs,
+        mb_per_sec: bytes / secs / 1e6,
+        gb_per_sec: bytes / secs / 1e9,
+        non_enumerable: a.non_enumerable,
+        latency_us: Latency::of(&hist),
+        peer: None,
+    })
+}
+
+async fn run_clients(
+    setup: &Client,
+    cfg: ClientConfig,
+    a: &BenchArgs,
+    plan: Arc<Plan>,
+) -> anyhow::Result<(Histogram<u64>, u64, f64)> {
+    let value = vec![0x5Au8; plan.size];
     for c in 0..a.clients {
-        let dir = format!("{root}/c{c}");
-        match a.mode {
-            Mode::Putkey | Mode::Getkey => {
-                setup
-                    .create(&dir, NodeType::Table, table_opts.clone())
-                    .await?;
-                if a.mode == Mode::Getkey {
-                    for i in 0..per_client.min(KEYS) {
-                        setup.put(&format!("{dir}/k{i}"), &value).await?;
-                    }
+        prepare(setup, &plan, &plan.dir(c), &value).await?;
+    }
+    let barrier = Arc::new(tokio::sync::Barrier::new(a.clients as usize));
+    let mut tasks = Vec::new();
+    for c in 0..a.clients {
+        let client = Client::connect(cfg.clone()).await?;
+        let plan = plan.clone();
+        let barrier = barrier.clone();
+        let value = value.clone();
+        tasks.push(tokio::spawn(async move {
+            one_client(client, plan, c, value, barrier).await
+        }));
+    }
+    let mut hist = new_histogram();
+    let mut wall = Duration::ZERO;
+    for t in tasks {
+        let (h, elapsed) = t.await??;
+        hist.add(&h).context("merging histograms")?;
+        wall = wall.max(elapsed);
+    }
+    Ok((hist.clone(), hist.len(), wall.as_secs_f64()))
+}
+
+fn new_histogram() -> Histogram<u64> {
+    // 1 ns .. 100 s at 3 significant digits.
+    Histogram::new_with_bounds(1, 100_000_000_000, 3).expect("static bounds")
+}
+
+/// Creates what a client's workload needs under `dir`.
+async fn prepare(c: &Client, plan: &Plan, dir: &str, value: &[u8]) -> anyhow::Result<()> {
+    match plan.mode {
+        Mode::Putkey | Mode::Getkey => {
+            c.create(dir, NodeType::Table, plan.opts.clone()).await?;
+            if plan.mode == Mode::Getkey {
+                for i in 0..plan.keys.min(plan.total()) {
+                    c.put(&format!("{dir}/k{i}"), value).await?;
                 }
             }
-            Mode::Tiering => bail!("tiering runs its own clusters"),
-            Mode::Lookup | Mode::Create | Mode::Enumerate => {
-                setup.mkdir(&dir, false).await?;
-                if a.mode == Mode::Lookup {
-                    setup
-                        .create(
-                            &format!("{dir}/f"),
-                            NodeType::File,
-                            CreateOptions::default(),
-                        )
+        }
+        Mode::Multistream => {
+            c.create(dir, NodeType::Bag, CreateOptions::default())
+                .await?;
+            for i in 0..plan.count {
+                let mut f = c
+                    .create(&format!("{dir}/f{i}"), NodeType::File, plan.opts.clone())
+                    .await?;
+                f.append(value).await?;
+                f.close().await?;
+            }
+        }
+        _ => {
+            c.mkdir(dir, false).await?;
+            match plan.mode {
+                Mode::Lookup => {
+                    c.create(&format!("{dir}/f"), NodeType::File, plan.opts.clone())
                         .await?
                         .close()
-                        .await?;
+                        .await?
                 }
-                if a.mode == Mode::Enumerate {
-                    for i in 0..a.count {
-                        setup
-                            .create(
-                                &format!("{dir}/f{i}"),
-                                NodeType::File,
-                                CreateOptions::default(),
-                            )
+                Mode::Enumerate => {
+                    for i in 0..plan.count {
+                        c.create(&format!("{dir}/f{i}"), NodeType::File, plan.opts.clone())
                             .await?
                             .close()
                             .await?;
                     }
                 }
+                Mode::Read | Mode::Randread => {
+                    let mut f = c
+                        .create(&format!("{dir}/data"), NodeType::File, plan.opts.clone())
+                        .await?;
+                    let chunk = (16usize << 20).div_ceil(value.len().max(1)).max(1);
+                    let big: Vec<u8> = value.repeat(chunk.min(plan.count as usize).max(1));
+                    let mut left = plan.count as usize;
+                    while left > 0 {
+                        let n = left.min(chunk);
+                        f.append(&big[..n * value.len()]).await?;
+                        left -= n;
+                    }
+                    f.close().await?;
+                }
+                _ => {}
             }
         }
     }
-    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(a.clients as usize));
-    let mut tasks = Vec::new();
-    for c in 0..a.clients {
-        let client = Client::connect(cfg.clone()).await?;
-        let dir = format!("{root}/c{c}");
-        let value = value.clone();
-        let (mode, warmup, count) = (a.mode, a.warmup, a.count);
-        let barrier = barrier.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut lat = Vec::with_capacity(count as usize);
-            let mut started = Instant::now();
-            let iterations = if mode == Mode::Enumerate {
-                warmup.min(3) + count.min(20)
-            } else {
-                warmup + count
+    Ok(())
+}
+
+async fn one_client(
+    client: Client,
+    plan: Arc<Plan>,
+    c: u64,
+    value: Vec<u8>,
+    barrier: Arc<tokio::sync::Barrier>,
+) -> nodekernel_client::Result<(Histogram<u64>, Duration)> {
+    let dir = plan.dir(c);
+    let mut hist = new_histogram();
+    let (total, from) = (plan.total(), plan.measured_from());
+    let size = plan.size as u64;
+    let mut started = Instant::now();
+    let record = |i: u64, t: Instant, hist: &mut Histogram<u64>| {
+        if i >= from {
+            let _ = hist.record(t.elapsed().as_nanos().max(1) as u64);
+        }
+    };
+    match plan.mode {
+        Mode::Read | Mode::Randread => {
+            let node = client.lookup(&format!("{dir}/data")).await?;
+            let blocks = plan.count.max(1);
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(c);
+            let offsets: Vec<u64> = (0..total)
+                .map(|i| match plan.mode {
+                    Mode::Read => (i % blocks) * size,
+                    _ => rng.gen_range(0..blocks) * size,
+                })
+                .collect();
+            let (warm, measured) = offsets.split_at(from as usize);
+            let read = |off: u64| {
+                let node = &node;
+                async move {
+                    let mut buf = vec![0u8; size as usize];
+                    let t = Instant::now();
+                    node.read_at(off, &mut buf).await?;
+                    Ok::<_, nodekernel_client::Error>(t.elapsed())
+                }
             };
-            let measured_from = if mode == Mode::Enumerate {
-                warmup.min(3)
-            } else {
-                warmup
-            };
-            for i in 0..iterations {
-                if i == measured_from {
+            stream::iter(warm.iter().copied().map(read))
+                .buffer_unordered(plan.qd)
+                .try_collect::<Vec<_>>()
+                .await?;
+            barrier.wait().await;
+            started = Instant::now();
+            let lats: Vec<Duration> = stream::iter(measured.iter().copied().map(read))
+                .buffer_unordered(plan.qd)
+                .try_collect()
+                .await?;
+            for l in lats {
+                let _ = hist.record(l.as_nanos().max(1) as u64);
+            }
+        }
+        Mode::Write => {
+            let mut f = client
+                .create(&format!("{dir}/data"), NodeType::File, plan.opts.clone())
+                .await?;
+            for i in 0..total {
+                if i == from {
                     barrier.wait().await;
                     started = Instant::now();
                 }
                 let t = Instant::now();
-                match mode {
-                    Mode::Tiering => unreachable!("rejected during setup"),
+                f.append(&value).await?;
+                record(i, t, &mut hist);
+            }
+            f.close().await?;
+        }
+        _ => {
+            for i in 0..total {
+                if i == from {
+                    barrier.wait().await;
+                    started = Instant::now();
+                }
+                let t = Instant::now();
+                match plan.mode {
                     Mode::Create => {
                         client
-                            .create(
-                                &format!("{dir}/f{i}"),
-                                NodeType::File,
-                                CreateOptions::default(),
-                            )
+                            .create(&format!("{dir}/f{i}"), NodeType::File, plan.opts.clone())
                             .await?
                             .close()
                             .await?;
                     }
-                    Mode::Putkey => client.put(&format!("{dir}/k{i}"), &value).await?,
-                    Mode::Getkey => {
-                        let v = client
-                            .get(&format!("{dir}/k{}", i % per_client.min(KEYS)))
-                            .await?;
-                        debug_assert_eq!(v.len(), value.len());
-                    }
                     Mode::Lookup => {
                         client.lookup(&format!("{dir}/f")).await?;
                     }
+                    Mode::Putkey => {
+                        let key = if plan.new_keys { i } else { i % plan.keys };
+                        client.put(&format!("{dir}/k{key}"), &value).await?;
+                    }
+                    Mode::Getkey => {
+                        let n = plan.keys.min(total);
+                        let v = client.get(&format!("{dir}/k{}", i % n)).await?;
+                        if v.len() != value.len() {
+                            return Err(nodekernel_client::Error::internal(
+                                "getkey returned a wrong-sized value",
+                            ));
+                        }
+                    }
                     Mode::Enumerate => {
                         let n = client.enumerate(&dir).await?;
-                        if n.len() as u64 != count {
+                        if n.len() as u64 != plan.count {
                             return Err(nodekernel_client::Error::internal(format!(
-                                "enumerate returned {} of {count} names",
-                                n.len()
+                                "enumerate returned {} of {} names",
+                                n.len(),
+                                plan.count
                             )));
                         }
                     }
+                    Mode::Multistream => {
+                        let mut bag = client.read_bag(&dir, plan.qd.max(16)).await?;
+                        let got = bag.read_to_end().await?;
+                        if got.len() as u64 != plan.count * size {
+                            return Err(nodekernel_client::Error::internal(
+                                "multistream read a wrong length",
+                            ));
+                        }
+                    }
+                    Mode::Read | Mode::Randread | Mode::Write | Mode::Tiering => {
+                        unreachable!("handled above")
+                    }
                 }
-                if i >= measured_from {
-                    lat.push(t.elapsed().as_nanos() as u64);
-                }
+                record(i, t, &mut hist);
             }
-            Ok::<_, nodekernel_client::Error>((lat, started.elapsed()))
-        }));
+        }
     }
-    let mut all = Vec::new();
-    let mut wall = Duration::ZERO;
-    for t in tasks {
-        let (lat, elapsed) = t.await??;
-        all.extend(lat);
-        wall = wall.max(elapsed);
-    }
-    setup.delete(&root, true).await?;
-    let ops = all.len() as u64;
-    let secs = wall.as_secs_f64();
-    let bytes_per_op = match a.mode {
-        Mode::Putkey | Mode::Getkey => a.size.0,
-        _ => 0,
-    };
-    Ok(Report {
-        mode: a.mode,
-        clients: a.clients,
-        ops,
-        size: bytes_per_op,
-        non_enumerable: a.non_enumerable,
-        seconds: secs,
-        ops_per_sec: ops as f64 / secs,
-        mb_per_sec: (ops * bytes_per_op) as f64 / secs / 1e6,
-        latency_us: percentiles(all),
-    })
+    Ok((hist, started.elapsed()))
 }
 
 #[derive(Serialize)]

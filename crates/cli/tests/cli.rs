@@ -307,42 +307,75 @@ fn bad_config_and_unreachable_cluster_give_clear_errors() {
     );
 }
 
+/// Checks one `nk bench --json` report against the schema in docs/bench.md.
+fn check_report(mode: &str, r: &Value, max_ops: u64) {
+    assert_eq!(r["mode"], mode);
+    for key in ["clients", "qd", "size", "ops"] {
+        assert!(r[key].is_u64(), "{mode}: {key} is an integer: {r}");
+    }
+    for key in ["seconds", "ops_per_sec", "mb_per_sec", "gb_per_sec"] {
+        assert!(r[key].as_f64().is_some_and(|v| v >= 0.0), "{mode}: {key}: {r}");
+    }
+    assert!(r["non_enumerable"].is_boolean());
+    let ops = r["ops"].as_u64().unwrap();
+    assert!(ops > 0 && ops <= max_ops, "{mode}: {ops} measured ops");
+    assert!(r["ops_per_sec"].as_f64().unwrap() > 0.0);
+    let l = &r["latency_us"];
+    let p: Vec<f64> = ["p50", "p90", "p99", "p999", "max"].iter().map(|k| l[k].as_f64().unwrap()).collect();
+    assert!(p.windows(2).all(|w| w[0] <= w[1]) && p[0] > 0.0, "{mode}: ordered percentiles {p:?}");
+    assert!(l["mean"].as_f64().unwrap() > 0.0);
+}
+
 #[test]
 fn bench_reports_valid_json() {
-    for mode in ["create", "putkey", "getkey", "lookup", "enumerate"] {
+    let modes = ["write", "read", "randread", "multistream", "create", "lookup", "putkey", "getkey", "enumerate"];
+    for mode in modes {
         let out = Command::new(NK)
-            .args([
-                "bench",
-                mode,
-                "--embedded",
-                "--dram",
-                "64MiB",
-                "--block-size",
-                "4KiB",
-            ])
-            .args(["-k", "40", "-w", "5", "-c", "2", "-s", "1KiB", "--json"])
+            .args(["bench", mode, "--embedded", "--dram", "64MiB", "--block-size", "4KiB"])
+            .args(["-k", "40", "-w", "5", "-c", "2", "-s", "1KiB", "--qd", "4", "--json"])
             .env_remove("NK_META")
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{mode}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "{mode}: {}", String::from_utf8_lossy(&out.stderr));
         let r: Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(r["mode"], mode);
+        check_report(mode, &r, 80);
         assert_eq!(r["clients"], 2);
-        let ops = r["ops"].as_u64().unwrap();
-        assert!(ops > 0 && ops <= 80, "{mode}: {ops} measured ops");
-        assert!(r["ops_per_sec"].as_f64().unwrap() > 0.0);
-        let l = &r["latency_us"];
-        let p: Vec<f64> = ["p50", "p90", "p99", "p999", "max"]
-            .iter()
-            .map(|k| l[k].as_f64().unwrap())
-            .collect();
-        assert!(
-            p.windows(2).all(|w| w[0] <= w[1]) && p[0] > 0.0,
-            "{mode}: ordered percentiles {p:?}"
-        );
+        if matches!(mode, "write" | "read" | "randread" | "putkey" | "getkey") {
+            assert_eq!(r["size"], 1024, "{mode}");
+            assert!(r["mb_per_sec"].as_f64().unwrap() > 0.0, "{mode}");
+        }
+    }
+    // Against a separately started cluster (nk up), not an embedded one.
+    let up = Up::start(&[]);
+    let r = up.json(&["bench", "getkey", "-k", "30", "-w", "3", "-s", "100", "--json"]);
+    check_report("getkey", &r, 30);
+    drop(up);
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(NK)
+        .args(["bench", "tiering", "-s", "256KiB", "--block-size", "4KiB", "--json", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "tiering: {}", String::from_utf8_lossy(&out.stderr));
+    let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let shares: Vec<u64> = rows.as_array().unwrap().iter().map(|r| r["dram_percent"].as_u64().unwrap()).collect();
+    assert_eq!(shares, vec![100, 50, 10, 0]);
+    assert_eq!(rows[0]["relative_to_all_dram"], 1.0);
+    let costs: Vec<f64> = rows.as_array().unwrap().iter().map(|r| r["storage_cost"].as_f64().unwrap()).collect();
+    assert!(costs.windows(2).all(|w| w[0] > w[1]), "less DRAM costs less: {costs:?}");
+    // --vs redis reports the peer's numbers when redis is installed, and a
+    // clear message when it is not.
+    let out = Command::new(NK)
+        .args(["bench", "getkey", "--embedded", "-k", "200", "-w", "10", "--vs", "redis", "--json"])
+        .output()
+        .unwrap();
+    if out.status.success() {
+        let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(r["peer"]["name"], "redis");
+        assert_eq!(r["peer"]["op"], "GET");
+        assert!(r["peer"]["p50_ratio"].as_f64().unwrap() > 0.0);
+    } else {
+        assert!(String::from_utf8_lossy(&out.stderr).contains("apt-get install redis-server"));
     }
 }
