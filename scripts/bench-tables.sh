@@ -11,7 +11,7 @@ OUT=$(mktemp)
 trap 'rm -f "$OUT"' EXIT
 for c in 1 4; do
     for ne in "" "--non-enumerable"; do
-        "$NK" bench putkey --embedded --block-size 4KiB --dram 1GiB -k "$K" -w 2000 -c "$c" $ne --json \
+        "$NK" bench putkey --new-keys --embedded --block-size 4KiB --dram 1GiB -k "$K" -w 2000 -c "$c" $ne --json \
             | tr -d '\n' >>"$OUT"
         echo >>"$OUT"
     done
