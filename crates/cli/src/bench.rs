@@ -40,6 +40,10 @@ pub enum Mode {
     /// Write and read back SIZE with DRAM holding 100/50/10/0% of it
     /// (embedded clusters; the rest on the file tier)
     Tiering,
+    /// Baseline: memory-copy bandwidth of this machine (COUNT copies of SIZE)
+    Memcpy,
+    /// Baseline: one loopback TCP stream (COUNT sends of SIZE)
+    Tcp,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -149,6 +153,15 @@ pub async fn run(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<()> {
     }
     if a.mode == Mode::Tiering {
         return tiering(a).await;
+    }
+    if matches!(a.mode, Mode::Memcpy | Mode::Tcp) {
+        let report = baseline(a).await?;
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print_human(&report, a);
+        }
+        return Ok(());
     }
     let _embedded;
     let cfg = if a.embedded {
@@ -499,7 +512,12 @@ async fn one_client(
                             ));
                         }
                     }
-                    Mode::Read | Mode::Randread | Mode::Write | Mode::Tiering => {
+                    Mode::Read
+                    | Mode::Randread
+                    | Mode::Write
+                    | Mode::Tiering
+                    | Mode::Memcpy
+                    | Mode::Tcp => {
                         unreachable!("handled above")
                     }
                 }
@@ -637,4 +655,82 @@ async fn tiering(a: &BenchArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The hardware baselines the data-path targets are defined against:
+/// `memcpy` between two buffers of SIZE, and one TCP stream over loopback
+/// (a sender task and a receiver task, SIZE per send).
+async fn baseline(a: &BenchArgs) -> anyhow::Result<Report> {
+    let size = usize::try_from(a.size.0).context("size too large")?.max(1);
+    let mut hist = new_histogram();
+    let started;
+    match a.mode {
+        Mode::Memcpy => {
+            let src = vec![0xA5u8; size];
+            let mut dst = vec![0u8; size];
+            for _ in 0..a.warmup {
+                dst.copy_from_slice(&src);
+            }
+            started = Instant::now();
+            for _ in 0..a.count {
+                let t = Instant::now();
+                dst.copy_from_slice(std::hint::black_box(&src));
+                std::hint::black_box(&mut dst);
+                let _ = hist.record(t.elapsed().as_nanos().max(1) as u64);
+            }
+        }
+        Mode::Tcp => {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let addr = listener.local_addr()?;
+            let total = (a.warmup + a.count) * size as u64;
+            let sink = tokio::spawn(async move {
+                let (mut s, _) = listener.accept().await?;
+                let mut buf = vec![0u8; 4 << 20];
+                let mut got = 0u64;
+                while got < total {
+                    let n = s.read(&mut buf).await?;
+                    if n == 0 {
+                        break;
+                    }
+                    got += n as u64;
+                }
+                s.write_all(b"k").await?;
+                Ok::<_, std::io::Error>(got)
+            });
+            let mut s = tokio::net::TcpStream::connect(addr).await?;
+            s.set_nodelay(true)?;
+            let data = vec![0x5Au8; size];
+            for _ in 0..a.warmup {
+                s.write_all(&data).await?;
+            }
+            started = Instant::now();
+            for _ in 0..a.count {
+                let t = Instant::now();
+                s.write_all(&data).await?;
+                let _ = hist.record(t.elapsed().as_nanos().max(1) as u64);
+            }
+            // Wait until the receiver has everything.
+            let mut ack = [0u8; 1];
+            s.read_exact(&mut ack).await?;
+            sink.await.context("receiver task")??;
+        }
+        other => bail!("{other:?} is not a baseline"),
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let bytes = (a.count * size as u64) as f64;
+    Ok(Report {
+        mode: a.mode,
+        clients: 1,
+        qd: 1,
+        size: size as u64,
+        ops: a.count,
+        seconds: secs,
+        ops_per_sec: a.count as f64 / secs,
+        mb_per_sec: bytes / secs / 1e6,
+        gb_per_sec: bytes / secs / 1e9,
+        non_enumerable: false,
+        latency_us: Latency::of(&hist),
+        peer: None,
+    })
 }

@@ -151,7 +151,8 @@ fn put_get_100_mib_and_json_output() {
 
     let after = up.json(&["status", "--json"]);
     assert_eq!(used(&after, 0), 64 << 20, "DRAM filled first");
-    // 100 MiB of data plus the child-record blocks of / and /data.
+    // 100 MiB of data plus the child-record blocks of / (file tier) and
+    // /data (DRAM).
     assert_eq!(
         used(&after, 1),
         38 << 20,
@@ -177,13 +178,14 @@ fn put_get_100_mib_and_json_output() {
     let stat = up.json(&["stat", "/data/big.bin", "--json", "--blocks"]);
     let list = stat["block_list"].as_array().unwrap();
     assert_eq!(list.len(), 100, "one entry per block");
+    // /data's record block took one DRAM block before the put.
     assert!(list
         .iter()
-        .take(64)
+        .take(63)
         .all(|b| b["storage_class"] == 0 && b["class_name"] == "dram"));
     assert!(list
         .iter()
-        .skip(64)
+        .skip(63)
         .all(|b| b["storage_class"] == 1 && b["class_name"] == "file"));
     assert!(list
         .iter()
@@ -314,29 +316,62 @@ fn check_report(mode: &str, r: &Value, max_ops: u64) {
         assert!(r[key].is_u64(), "{mode}: {key} is an integer: {r}");
     }
     for key in ["seconds", "ops_per_sec", "mb_per_sec", "gb_per_sec"] {
-        assert!(r[key].as_f64().is_some_and(|v| v >= 0.0), "{mode}: {key}: {r}");
+        assert!(
+            r[key].as_f64().is_some_and(|v| v >= 0.0),
+            "{mode}: {key}: {r}"
+        );
     }
     assert!(r["non_enumerable"].is_boolean());
     let ops = r["ops"].as_u64().unwrap();
     assert!(ops > 0 && ops <= max_ops, "{mode}: {ops} measured ops");
     assert!(r["ops_per_sec"].as_f64().unwrap() > 0.0);
     let l = &r["latency_us"];
-    let p: Vec<f64> = ["p50", "p90", "p99", "p999", "max"].iter().map(|k| l[k].as_f64().unwrap()).collect();
-    assert!(p.windows(2).all(|w| w[0] <= w[1]) && p[0] > 0.0, "{mode}: ordered percentiles {p:?}");
+    let p: Vec<f64> = ["p50", "p90", "p99", "p999", "max"]
+        .iter()
+        .map(|k| l[k].as_f64().unwrap())
+        .collect();
+    assert!(
+        p.windows(2).all(|w| w[0] <= w[1]) && p[0] > 0.0,
+        "{mode}: ordered percentiles {p:?}"
+    );
     assert!(l["mean"].as_f64().unwrap() > 0.0);
 }
 
 #[test]
 fn bench_reports_valid_json() {
-    let modes = ["write", "read", "randread", "multistream", "create", "lookup", "putkey", "getkey", "enumerate"];
+    let modes = [
+        "write",
+        "read",
+        "randread",
+        "multistream",
+        "create",
+        "lookup",
+        "putkey",
+        "getkey",
+        "enumerate",
+    ];
     for mode in modes {
         let out = Command::new(NK)
-            .args(["bench", mode, "--embedded", "--dram", "64MiB", "--block-size", "4KiB"])
-            .args(["-k", "40", "-w", "5", "-c", "2", "-s", "1KiB", "--qd", "4", "--json"])
+            .args([
+                "bench",
+                mode,
+                "--embedded",
+                "--dram",
+                "64MiB",
+                "--block-size",
+                "4KiB",
+            ])
+            .args([
+                "-k", "40", "-w", "5", "-c", "2", "-s", "1KiB", "--qd", "4", "--json",
+            ])
             .env_remove("NK_META")
             .output()
             .unwrap();
-        assert!(out.status.success(), "{mode}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{mode}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let r: Value = serde_json::from_slice(&out.stdout).unwrap();
         check_report(mode, &r, 80);
         assert_eq!(r["clients"], 2);
@@ -347,27 +382,66 @@ fn bench_reports_valid_json() {
     }
     // Against a separately started cluster (nk up), not an embedded one.
     let up = Up::start(&[]);
-    let r = up.json(&["bench", "getkey", "-k", "30", "-w", "3", "-s", "100", "--json"]);
+    let r = up.json(&[
+        "bench", "getkey", "-k", "30", "-w", "3", "-s", "100", "--json",
+    ]);
     check_report("getkey", &r, 30);
     drop(up);
 
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(NK)
-        .args(["bench", "tiering", "-s", "256KiB", "--block-size", "4KiB", "--json", "--data-dir"])
+        .args([
+            "bench",
+            "tiering",
+            "-s",
+            "256KiB",
+            "--block-size",
+            "4KiB",
+            "--json",
+            "--data-dir",
+        ])
         .arg(dir.path())
         .output()
         .unwrap();
-    assert!(out.status.success(), "tiering: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "tiering: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let shares: Vec<u64> = rows.as_array().unwrap().iter().map(|r| r["dram_percent"].as_u64().unwrap()).collect();
+    let shares: Vec<u64> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["dram_percent"].as_u64().unwrap())
+        .collect();
     assert_eq!(shares, vec![100, 50, 10, 0]);
     assert_eq!(rows[0]["relative_to_all_dram"], 1.0);
-    let costs: Vec<f64> = rows.as_array().unwrap().iter().map(|r| r["storage_cost"].as_f64().unwrap()).collect();
-    assert!(costs.windows(2).all(|w| w[0] > w[1]), "less DRAM costs less: {costs:?}");
+    let costs: Vec<f64> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["storage_cost"].as_f64().unwrap())
+        .collect();
+    assert!(
+        costs.windows(2).all(|w| w[0] > w[1]),
+        "less DRAM costs less: {costs:?}"
+    );
     // --vs redis reports the peer's numbers when redis is installed, and a
     // clear message when it is not.
     let out = Command::new(NK)
-        .args(["bench", "getkey", "--embedded", "-k", "200", "-w", "10", "--vs", "redis", "--json"])
+        .args([
+            "bench",
+            "getkey",
+            "--embedded",
+            "-k",
+            "200",
+            "-w",
+            "10",
+            "--vs",
+            "redis",
+            "--json",
+        ])
         .output()
         .unwrap();
     if out.status.success() {

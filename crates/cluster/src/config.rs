@@ -288,6 +288,7 @@ impl Config {
             lease_timeout: Duration::from_millis(self.meta.lease_timeout_ms),
             dead_after: Duration::from_millis(self.meta.dead_after_ms),
             classes: self.classes(),
+            poll_spin: nodekernel_rpc::default_spin(),
         }
     }
 

@@ -7,7 +7,7 @@ use bytes::{Bytes, BytesMut};
 use nodekernel_proto::meta::MetaRequest;
 use nodekernel_proto::store::{encode_write_prefix, op as store_op};
 use nodekernel_proto::Result;
-use nodekernel_rpc::{serve, ConnectionPool, Handler, ServerHandle};
+use nodekernel_rpc::{serve_with, ConnectionPool, Handler, ServeOptions, ServerHandle};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -28,6 +28,8 @@ pub struct MetaConfig {
     pub dead_after: Duration,
     /// Names and prices of the storage classes (shown in status).
     pub classes: Vec<nodekernel_proto::ClassInfo>,
+    /// How long an idle connection busy-polls for the next request.
+    pub poll_spin: Duration,
 }
 
 impl Default for MetaConfig {
@@ -38,6 +40,7 @@ impl Default for MetaConfig {
             lease_timeout: Duration::from_secs(30),
             dead_after: Duration::from_secs(10),
             classes: Vec::new(),
+            poll_spin: nodekernel_rpc::default_spin(),
         }
     }
 }
@@ -148,7 +151,11 @@ impl MetaServer {
             epoch: Instant::now(),
             stores: ConnectionPool::new(cfg.dead_after.min(Duration::from_secs(5))),
         });
-        let handle = serve(listener, handler.clone())?;
+        let opts = ServeOptions {
+            spin: cfg.poll_spin,
+            ..ServeOptions::default()
+        };
+        let handle = serve_with(listener, handler.clone(), opts)?;
         let dead_after = cfg.dead_after.as_millis() as u64;
         let lease_ms = cfg.lease_timeout.as_millis() as u64;
         let h = handler.clone();

@@ -311,9 +311,11 @@ impl MetaState {
             .get(container)
             .ok_or_else(|| stale(container))?
             .storage_class;
-        // Records go to the container's preferred class, or else to the
-        // slowest class with room: DRAM stays free for node data.
-        let b = if class == NO_CLASS {
+        // Records are written on the create path, so they follow the normal
+        // placement (DRAM first, or the container's preferred class). The
+        // root's few records go to the slowest class instead: the root is
+        // shared by every top-level name and changes rarely.
+        let b = if class == NO_CLASS && container == crate::namespace::ROOT {
             self.alloc.allocate_slowest_first()
         } else {
             self.alloc.allocate(class, "")

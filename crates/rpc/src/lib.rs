@@ -14,10 +14,60 @@
 mod client;
 mod server;
 
-pub use client::{Connection, ConnectionPool};
-pub use server::{serve, Handler, ServerHandle};
+pub use client::{ConnOptions, Connection, ConnectionPool};
+pub use server::{serve, serve_with, Handler, ServeOptions, ServerHandle};
+
+/// Busy-poll budget used when a setting does not say otherwise: 50 µs,
+/// or `NK_POLL_SPIN_US` from the environment (0 disables spinning). See
+/// [`ConnOptions::spin`] and [`ServeOptions::spin`].
+pub fn default_spin() -> std::time::Duration {
+    static SPIN: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+    *SPIN.get_or_init(|| {
+        let us = std::env::var("NK_POLL_SPIN_US")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(50);
+        std::time::Duration::from_micros(us)
+    })
+}
 
 use nodekernel_proto::Error;
+
+/// Reads what a socket has right now with `recv(MSG_DONTWAIT)` straight on
+/// its descriptor. Unlike tokio's `try_read`, this does not depend on the
+/// reactor having seen the socket become readable, so a busy-polling thread
+/// picks data up the moment it arrives. `Ok(None)`: nothing to read;
+/// `Ok(Some(0))`: the peer closed.
+pub(crate) fn recv_now(
+    fd: std::os::fd::RawFd,
+    buf: &mut bytes::BytesMut,
+) -> std::io::Result<Option<usize>> {
+    use bytes::BufMut;
+    if buf.capacity() - buf.len() < 64 * 1024 {
+        buf.reserve(256 * 1024);
+    }
+    let spare = buf.chunk_mut();
+    // SAFETY: recv writes at most `spare.len()` bytes into memory we own
+    // and returns how many it wrote; only those are marked initialised.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            spare.as_mut_ptr().cast(),
+            spare.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if n >= 0 {
+        // SAFETY: `n` bytes were just written by recv.
+        unsafe { buf.advance_mut(n as usize) };
+        return Ok(Some(n as usize));
+    }
+    let e = std::io::Error::last_os_error();
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => Ok(None),
+        _ => Err(e),
+    }
+}
 
 /// Maps an I/O error on a connection to the shared error vocabulary.
 pub(crate) fn io_error(what: &str, e: std::io::Error) -> Error {

@@ -1,0 +1,145 @@
+//! The transport on its own: many requests in flight on one connection,
+//! replies matched by id even when they complete out of order, large
+//! payloads, and the same behaviour with and without busy-polling.
+
+use bytes::{Bytes, BytesMut};
+use nodekernel_proto::{Error, ErrorCode, Result};
+use nodekernel_rpc::{serve_with, ConnOptions, Connection, Handler, ServeOptions};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// op 1: echo after the number of milliseconds in the first payload byte;
+/// op 2: echo at once; op 3: an error naming the payload length.
+struct Echo;
+
+impl Handler for Echo {
+    async fn handle(&self, op: u16, payload: Bytes, out: &mut BytesMut) -> Result<()> {
+        match op {
+            1 => {
+                let ms = payload.first().copied().unwrap_or(0);
+                tokio::time::sleep(Duration::from_millis(ms as u64)).await;
+                out.extend_from_slice(&payload);
+                Ok(())
+            }
+            2 => {
+                out.extend_from_slice(&payload);
+                Ok(())
+            }
+            3 => Err(Error::not_found(format!("{} bytes", payload.len()))),
+            _ => Err(Error::protocol("unknown op")),
+        }
+    }
+}
+
+async fn pair(spin: Duration) -> (nodekernel_rpc::ServerHandle, Connection) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let opts = ServeOptions {
+        spin,
+        ..ServeOptions::default()
+    };
+    let server = serve_with(listener, Arc::new(Echo), opts).unwrap();
+    let conn = Connection::connect_with(
+        &server.local_addr().to_string(),
+        ConnOptions {
+            timeout: Duration::from_secs(5),
+            spin,
+        },
+    )
+    .await
+    .unwrap();
+    (server, conn)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_complete_out_of_order_and_match_their_requests() {
+    for spin in [Duration::ZERO, Duration::from_micros(50)] {
+        let (_server, conn) = pair(spin).await;
+        let conn = Arc::new(conn);
+        let slow = {
+            let c = conn.clone();
+            tokio::spawn(async move {
+                let t = Instant::now();
+                let r = c.call(1, &[&[200u8, 1, 2, 3]]).await.unwrap();
+                (r, t.elapsed())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // The fast request sent after the slow one is not stuck behind it.
+        let t = Instant::now();
+        let fast = conn.call(2, &[b"fast"]).await.unwrap();
+        let fast_time = t.elapsed();
+        assert_eq!(&fast[..], b"fast");
+        let (slow_reply, slow_time) = slow.await.unwrap();
+        assert_eq!(&slow_reply[..], &[200u8, 1, 2, 3]);
+        assert!(
+            fast_time < slow_time,
+            "spin {spin:?}: {fast_time:?} vs {slow_time:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_bursts_large_payloads_and_errors() {
+    for spin in [Duration::ZERO, Duration::from_micros(50)] {
+        let (_server, conn) = pair(spin).await;
+        let conn = Arc::new(conn);
+        let mut tasks = Vec::new();
+        for i in 0..500u32 {
+            let c = conn.clone();
+            tasks.push(tokio::spawn(async move {
+                let body = i.to_le_bytes();
+                let r = c.call(2, &[b"n=", &body]).await.unwrap();
+                assert_eq!(&r[2..], &body, "reply {i} matched to its request");
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        // 1 MiB payload split over several slices (one vectored write).
+        let a = vec![7u8; 700_000];
+        let b = vec![9u8; 348_576];
+        let r = conn.call(2, &[&a, &[], &b]).await.unwrap();
+        assert_eq!(r.len(), 1 << 20);
+        assert!(r[..700_000].iter().all(|x| *x == 7) && r[700_000..].iter().all(|x| *x == 9));
+        let e = conn.call(3, &[&[0u8; 10]]).await.unwrap_err();
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (ErrorCode::NotFound, "10 bytes")
+        );
+        assert_eq!(
+            &conn.call(2, &[b"still ok"]).await.unwrap()[..],
+            b"still ok"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_server_that_goes_away_fails_pending_calls_quickly() {
+    let (server, conn) = pair(Duration::from_micros(50)).await;
+    let conn = Arc::new(conn);
+    let c = conn.clone();
+    let pending = tokio::spawn(async move { c.call(1, &[&[250u8]]).await });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let t = Instant::now();
+    server.shutdown();
+    let e = pending.await.unwrap().unwrap_err();
+    assert_eq!(e.code, ErrorCode::Unavailable, "{e}");
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "failed at once, not at the timeout"
+    );
+    assert!(conn.is_closed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_stops_busy_connections_at_once() {
+    // A connection that is busy-polling must not serve one more request
+    // after shutdown returns.
+    for _ in 0..20 {
+        let (server, conn) = pair(Duration::from_millis(5)).await;
+        assert_eq!(&conn.call(2, &[b"x"]).await.unwrap()[..], b"x");
+        server.shutdown();
+        let r = conn.call(2, &[b"y"]).await;
+        assert!(r.is_err(), "served a request after shutdown");
+    }
+}

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The data-path comparison: NodeKernel against Redis (started for the run)
+# and against this machine's memcpy and loopback-TCP bandwidth, co-located
+# (shared-memory data path) and --remote (network path). Starts its own
+# `nk up`, runs everything in one go and prints the markdown tables of
+# docs/benchmarks.md with every target marked met or missed.
+# Needs redis-server and redis-benchmark (apt-get install redis-server redis-tools).
+# QUICK=1 runs a short version (smaller counts) for a smoke test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release --bin nk >&2
+NK="$PWD/target/release/nk"
+WORK=$(mktemp -d)
+OUT=${OUT:-$WORK/results.jsonl}
+: >"$OUT"
+cleanup() {
+    [[ -n "${UP_PID:-}" ]] && kill -TERM "$UP_PID" 2>/dev/null && wait "$UP_PID" 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+"$NK" up --port 0 --dram "${DRAM:-6GiB}" --file 0 --data-dir "$WORK/data" >"$WORK/up.log" 2>"$WORK/up.err" &
+UP_PID=$!
+for _ in $(seq 1 100); do grep -q "metadata server at" "$WORK/up.log" 2>/dev/null && break; sleep 0.1; done
+NK_META=$(sed -n 's/.*metadata server at \([^ ]*\).*/\1/p' "$WORK/up.log" | head -n 1)
+export NK_META
+[[ -n "$NK_META" ]] || { cat "$WORK/up.err" >&2; exit 1; }
+
+Q=${QUICK:-0}
+scale() { if [[ $Q == 1 ]]; then echo $(( ($1 + 19) / 20 )); else echo "$1"; fi; }
+# record TAG ARGS...: runs nk bench ARGS --json and appends {"tag":..., "report":...}
+record() {
+    local tag=$1; shift
+    echo "  $tag: nk bench $*" >&2
+    "$NK" bench "$@" --json | python3 -c 'import json,sys; print(json.dumps({"tag": sys.argv[1], "report": json.load(sys.stdin)}))' "$tag" >>"$OUT"
+}
+
+for path in colocated remote; do
+    flag=(); [[ $path == remote ]] && flag=(--remote)
+    for size in 4 1KiB 64KiB 1MiB 16MiB; do
+        case $size in
+            4|1KiB) k=$(scale 20000); keys=100 ;;
+            64KiB) k=$(scale 5000); keys=100 ;;
+            1MiB) k=$(scale 1000); keys=8 ;;
+            16MiB) k=$(scale 100); keys=2 ;;
+        esac
+        for c in 1 16; do
+            kc=$(( k / c > 50 ? k / c : 50 ))
+            record "getkey $path $size c$c" getkey -s "$size" -c "$c" -k "$kc" -w $(( kc / 10 )) --keys "$keys" --vs redis "${flag[@]}"
+            record "putkey $path $size c$c" putkey -s "$size" -c "$c" -k "$kc" -w $(( kc / 10 )) --keys "$keys" --vs redis "${flag[@]}"
+        done
+    done
+    blocks=$(scale 256)
+    record "write $path" write -s 16MiB -k "$blocks" -w 0 "${flag[@]}"
+    record "read $path" read -s 16MiB -k "$blocks" -w 8 --qd 4 "${flag[@]}"
+done
+record "lookup c16" lookup -c 16 -k $(scale 20000) -w 1000 --vs redis
+record "memcpy" memcpy -s 16MiB -k 256 -w 16
+record "tcp" tcp -s 1MiB -k 4096 -w 256
+
+python3 scripts/bench_tables.py "$OUT"
