@@ -88,6 +88,16 @@ impl MetaState {
                 } else {
                     self.grant(id, now)
                 };
+                if ty.replaces_on_create() {
+                    // A put always writes: hand out its first block with the
+                    // create, saving the put a map round trip. (No space now
+                    // is not an error yet: the put's map will report it.)
+                    let n = self.ns.get(id).expect("just created");
+                    let (class, location) = (n.storage_class, n.location.clone());
+                    if let Ok(b) = self.alloc.allocate(class, &location) {
+                        self.ns.get_mut(id).expect("just created").blocks.push(b);
+                    }
+                }
                 let mut info = self.info(id, lease);
                 info.record = self.record_to_write(&linked);
                 Ok(MetaReply::Node(info))
@@ -242,7 +252,15 @@ impl MetaState {
                 expires_ms: now + lease_ms,
             })
         };
+        // A closed node keeps only the blocks its bytes need: blocks handed
+        // out but never filled (an empty put, a write cut short) go back.
+        let unused = if close {
+            n.blocks.split_off(size.div_ceil(bs) as usize)
+        } else {
+            Vec::new()
+        };
         let (linked, parent) = (n.linked, n.parent);
+        self.release(unused);
         if !close || linked {
             return Ok(MetaReply::Record(None));
         }
@@ -620,7 +638,11 @@ mod tests {
         )
         .unwrap();
         let (size, blocks) = map(&mut s, f.id, 0, 10, 0).unwrap();
-        assert_eq!((size, blocks.len()), (5000, 6));
+        assert_eq!(
+            (size, blocks.len()),
+            (5000, 2),
+            "closing trimmed the 4 unused blocks"
+        );
         // Closed: the old lease is gone, a new writer may open.
         let stale_lease = MetaRequest::Sync {
             node: f.id,
@@ -760,6 +782,42 @@ mod tests {
         assert_eq!(
             (claims[0].block, claims[0].gen),
             (blocks[0].block, blocks[0].gen)
+        );
+    }
+
+    #[test]
+    fn puts_get_their_first_block_and_close_trims_unused_blocks() {
+        let mut s = state();
+        create(&mut s, "/t", NodeType::Table, 0).unwrap();
+        // The table's first record block is allocated by its first put.
+        let warm = create(&mut s, "/t/warm", NodeType::KeyValue, 0).unwrap();
+        close(&mut s, &warm, 0).unwrap();
+        let free = s.alloc.free_blocks();
+        let k = create(&mut s, "/t/k", NodeType::KeyValue, 0).unwrap();
+        let b0 = k
+            .first_block
+            .clone()
+            .expect("a put gets its first block with the create");
+        assert_eq!(s.alloc.free_blocks(), free - 1);
+        let (_, blocks) = map(&mut s, k.id, 0, 3, k.lease).unwrap();
+        assert_eq!(blocks[0], b0, "block 0 is the one handed out");
+        close(&mut s, &k, BS as u64 + 1).unwrap();
+        assert_eq!(
+            s.alloc.free_blocks(),
+            free - 2,
+            "the third block was never needed"
+        );
+        let e = create(&mut s, "/t/empty", NodeType::KeyValue, 0).unwrap();
+        close(&mut s, &e, 0).unwrap();
+        assert_eq!(
+            s.alloc.free_blocks(),
+            free - 2,
+            "an empty value keeps no block"
+        );
+        let f = create(&mut s, "/f", NodeType::File, 0).unwrap();
+        assert!(
+            f.first_block.is_none(),
+            "Files may stay empty: no block up front"
         );
     }
 
