@@ -453,3 +453,76 @@ fn bench_reports_valid_json() {
         assert!(String::from_utf8_lossy(&out.stderr).contains("apt-get install redis-server"));
     }
 }
+
+/// Starts a long-running `nk` role and returns it once it printed a line
+/// containing `ready`; the last word of that line is the address.
+fn start_role(args: &[&str], envs: &[(&str, &str)], ready: &str) -> (Child, String) {
+    let mut cmd = Command::new(NK);
+    cmd.args(args).env_remove("NK_META").env_remove("NK_CONFIG");
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = lines.next().expect("a first line").unwrap();
+    assert!(line.contains(ready), "unexpected first line: {line}");
+    std::thread::spawn(move || for _ in lines {});
+    let addr = line.rsplit(' ').next().unwrap().to_string();
+    (child, addr)
+}
+
+fn stop(mut child: Child) {
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let status = child.wait().unwrap();
+    assert!(status.success(), "stops cleanly on SIGTERM: {status}");
+}
+
+#[test]
+fn separately_started_meta_and_store_serve_clients_and_bench() {
+    let (meta, addr) = start_role(
+        &["meta", "--listen", "127.0.0.1:0"],
+        &[],
+        "metadata server listening on",
+    );
+    let (store, _) = start_role(
+        &[
+            "store", "--class", "0", "--medium", "dram", "--size", "64MiB",
+        ],
+        &[("NK_META", &addr)],
+        "storage server 0",
+    );
+    let nk = |args: &[&str]| {
+        Command::new(NK)
+            .args(args)
+            .env("NK_META", &addr)
+            .output()
+            .unwrap()
+    };
+    let st: Value = serde_json::from_slice(&nk(&["status", "--json"]).stdout).unwrap();
+    assert_eq!(
+        st["servers"].as_array().unwrap().len(),
+        1,
+        "the store registered: {st}"
+    );
+    assert_eq!(st["classes"][0]["capacity_bytes"], 64u64 << 20);
+    let out = nk(&[
+        "bench", "putkey", "-k", "50", "-w", "5", "-s", "2KiB", "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    check_report("putkey", &serde_json::from_slice(&out.stdout).unwrap(), 50);
+    stop(store);
+    stop(meta);
+}
