@@ -1,3 +1,4 @@
+use crate::local::{Local, Mapped};
 use crate::node::Node;
 use bytes::BytesMut;
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
@@ -21,6 +22,11 @@ pub struct ClientConfig {
     pub location: String,
     /// Block transfers kept in flight by one read or write call.
     pub transfers_in_flight: usize,
+    /// Map the memory of DRAM storage servers on the same host and read and
+    /// write their blocks with memory copies instead of network requests
+    /// (default `true`). Servers elsewhere, file-tier servers and servers
+    /// that do not share their memory are always reached over the network.
+    pub shared_memory: bool,
 }
 
 impl ClientConfig {
@@ -30,8 +36,19 @@ impl ClientConfig {
             timeout: Duration::from_secs(5),
             location: default_location(),
             transfers_in_flight: 16,
+            shared_memory: true,
         }
     }
+}
+
+/// How many block transfers went through mapped memory and how many over
+/// the network, since the client was created (one per block piece).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DataPathStats {
+    pub mapped_reads: u64,
+    pub mapped_writes: u64,
+    pub network_reads: u64,
+    pub network_writes: u64,
 }
 
 /// The host name, used as the default location class.
@@ -68,6 +85,8 @@ impl Default for CreateOptions {
 pub(crate) struct Inner {
     pub(crate) cfg: ClientConfig,
     pub(crate) pool: ConnectionPool,
+    /// Mapped co-located storage servers.
+    pub(crate) local: Local,
 }
 
 /// An asynchronous NodeKernel client. Cheap to clone; clones share
@@ -87,6 +106,7 @@ impl Client {
             inner: Arc::new(Inner {
                 pool: ConnectionPool::new(cfg.timeout),
                 cfg,
+                local: Local::default(),
             }),
         };
         for i in 0..client.inner.cfg.metas.len() {
@@ -97,6 +117,50 @@ impl Client {
 
     pub fn config(&self) -> &ClientConfig {
         &self.inner.cfg
+    }
+
+    /// Whether this client has mapped the memory of the storage server at
+    /// `addr` (as registered with the metadata server) and uses it for block
+    /// transfers. Known after the first transfer to that server.
+    pub fn is_colocated(&self, addr: &str) -> bool {
+        self.inner.local.is_mapped(addr)
+    }
+
+    /// Block transfers so far, by path.
+    pub fn data_path_stats(&self) -> DataPathStats {
+        self.inner.local.stats()
+    }
+
+    /// The mapping of the storage server at `addr`, or `None` to use the
+    /// network (shared memory off, not co-located, not DRAM).
+    pub(crate) async fn mapping(&self, addr: &str) -> Result<Option<Arc<Mapped>>> {
+        if !self.inner.cfg.shared_memory {
+            return Ok(None);
+        }
+        self.inner
+            .local
+            .mapping(&self.inner.pool, addr, self.inner.cfg.timeout)
+            .await
+    }
+
+    pub(crate) fn count_mapped(&self, write: bool) {
+        let l = &self.inner.local;
+        let c = if write {
+            &l.mapped_writes
+        } else {
+            &l.mapped_reads
+        };
+        c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_network(&self, write: bool) {
+        let l = &self.inner.local;
+        let c = if write {
+            &l.network_writes
+        } else {
+            &l.network_reads
+        };
+        c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub(crate) fn partition(&self, p: &str) -> usize {
@@ -183,6 +247,13 @@ impl Client {
     }
 
     async fn store_write(&self, rec: &RecordLoc, bytes: &[u8]) -> Result<()> {
+        if let Some(m) = self.mapping(&rec.block.addr).await? {
+            self.count_mapped(true);
+            return m
+                .region()
+                .write(rec.block.block, rec.block.gen, rec.offset, bytes);
+        }
+        self.count_network(true);
         let mut prefix = BytesMut::with_capacity(16);
         encode_write_prefix(&mut prefix, rec.block.block, rec.block.gen, rec.offset);
         self.inner

@@ -10,14 +10,24 @@
 //! Errors are the shared [`Error`] type: a stable code plus a message that
 //! names the path and the rule. Transport failures become `Unavailable` or
 //! `Timeout`, never a hang longer than the configured timeout.
+//!
+//! **Co-located servers.** With [`ClientConfig::shared_memory`] (the
+//! default), the client maps the memory of DRAM storage servers on the same
+//! host and moves block bytes with memory copies, straight between the
+//! caller's buffers and the server's memory, without a request to the
+//! server. It runs the same generation protocol as the server's network
+//! path (`nodekernel_shm`), so it gets the same `Stale` and `OutOfRange`
+//! errors with the same messages. [`Client::is_colocated`] and
+//! [`Client::data_path_stats`] tell which path was taken.
 
 mod bag;
 pub mod blocking;
 mod client;
+mod local;
 mod node;
 
 pub use bag::{BagEntry, BagReader, DEFAULT_BAG_READS_IN_FLIGHT};
-pub use client::{default_location, Client, ClientConfig, CreateOptions};
+pub use client::{default_location, Client, ClientConfig, CreateOptions, DataPathStats};
 pub use node::{Node, Reader};
 pub use nodekernel_proto::{
     BlockLoc, ClassInfo, ClusterStatus, Error, ErrorCode, NodeInfo, NodeType, Result, ServerStatus,

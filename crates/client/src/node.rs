@@ -229,6 +229,10 @@ impl Node {
 
     /// Fills `buf` with the bytes at `offset`. Reading past the end is an
     /// `OutOfRange` error and leaves no partial result.
+    ///
+    /// Pieces on co-located storage servers are copied straight from their
+    /// mapped memory into `buf`; the rest come over the network, several
+    /// blocks in flight. On any error `buf` holds no bytes of another node.
     pub async fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check_range(offset, buf.len()).await?;
         if buf.is_empty() {
@@ -238,8 +242,33 @@ impl Node {
         let last = (offset + buf.len() as u64 - 1) / bs;
         self.ensure_locations(offset / bs, last, None).await?;
         let segs = self.segments(offset, buf.len());
-        let mut results = stream::iter(segs.into_iter().map(|s| async move {
-            let data = self.read_segment(&s.loc, s.offset, s.len).await?;
+        let mut remote = Vec::with_capacity(segs.len());
+        for s in segs {
+            match self
+                .client
+                .mapping(&s.loc.addr)
+                .await
+                .map_err(|e| self.ctx(e))?
+            {
+                Some(m) => {
+                    self.client.count_mapped(false);
+                    m.region()
+                        .read(
+                            s.loc.block,
+                            s.loc.gen,
+                            s.offset,
+                            &mut buf[s.at..s.at + s.len],
+                        )
+                        .map_err(|e| self.ctx(e))?;
+                }
+                None => remote.push(s),
+            }
+        }
+        if remote.is_empty() {
+            return Ok(());
+        }
+        let mut results = stream::iter(remote.into_iter().map(|s| async move {
+            let data = self.read_remote(&s.loc, s.offset, s.len).await?;
             Ok::<_, Error>((s.at, data))
         }))
         .buffer_unordered(self.client.config().transfers_in_flight.max(1));
@@ -259,7 +288,28 @@ impl Node {
         Ok(buf)
     }
 
+    /// Reads one piece of a block, from mapped memory when the server is
+    /// co-located, otherwise over the network.
     async fn read_segment(&self, loc: &BlockLoc, offset: u32, len: usize) -> Result<Bytes> {
+        if let Some(m) = self
+            .client
+            .mapping(&loc.addr)
+            .await
+            .map_err(|e| self.ctx(e))?
+        {
+            self.client.count_mapped(false);
+            let mut out = BytesMut::new();
+            m.region()
+                .read_append(loc.block, loc.gen, offset, len as u32, &mut out)
+                .map_err(|e| self.ctx(e))?;
+            return Ok(out.freeze());
+        }
+        self.read_remote(loc, offset, len).await
+    }
+
+    /// Reads one piece of a block over the network.
+    async fn read_remote(&self, loc: &BlockLoc, offset: u32, len: usize) -> Result<Bytes> {
+        self.client.count_network(false);
         let mut req = BytesMut::with_capacity(24);
         StoreRequest::Read {
             block: loc.block,
@@ -344,16 +394,27 @@ impl Node {
             .await?;
         let segs = self.segments(offset, data.len());
         stream::iter(segs.into_iter().map(|s| async move {
+            let data = &data[s.at..s.at + s.len];
+            if let Some(m) = self
+                .client
+                .mapping(&s.loc.addr)
+                .await
+                .map_err(|e| self.ctx(e))?
+            {
+                // Straight from the caller's buffer into the server's memory.
+                self.client.count_mapped(true);
+                return m
+                    .region()
+                    .write(s.loc.block, s.loc.gen, s.offset, data)
+                    .map_err(|e| self.ctx(e));
+            }
+            self.client.count_network(true);
             let mut prefix = BytesMut::with_capacity(16);
             encode_write_prefix(&mut prefix, s.loc.block, s.loc.gen, s.offset);
             self.client
                 .inner
                 .pool
-                .call(
-                    &s.loc.addr,
-                    store_op::WRITE,
-                    &[&prefix, &data[s.at..s.at + s.len]],
-                )
+                .call(&s.loc.addr, store_op::WRITE, &[&prefix, data])
                 .await
                 .map_err(|e| self.ctx(e))
                 .map(drop)

@@ -104,6 +104,8 @@ pub struct ClientSection {
     pub transfers_in_flight: usize,
     /// Empty: the host name.
     pub location: String,
+    /// Map co-located DRAM storage servers' memory (zero-copy data path).
+    pub shared_memory: bool,
 }
 
 impl Default for ClientSection {
@@ -113,6 +115,7 @@ impl Default for ClientSection {
             timeout_ms: 5_000,
             transfers_in_flight: 16,
             location: String::new(),
+            shared_memory: true,
         }
     }
 }
@@ -139,6 +142,8 @@ pub struct StoreSection {
     /// Empty: the host name.
     pub location: String,
     pub heartbeat_ms: u64,
+    /// DRAM stores: hand the memory to co-located clients.
+    pub shared_memory: bool,
 }
 
 impl Default for StoreSection {
@@ -153,6 +158,7 @@ impl Default for StoreSection {
             advertise: None,
             location: String::new(),
             heartbeat_ms: 1_000,
+            shared_memory: true,
         }
     }
 }
@@ -312,6 +318,7 @@ impl Config {
         let mut c = ClientConfig::new(self.client.meta.clone());
         c.timeout = Duration::from_millis(self.client.timeout_ms);
         c.transfers_in_flight = self.client.transfers_in_flight;
+        c.shared_memory = self.client.shared_memory;
         if !self.client.location.is_empty() {
             c.location = self.client.location.clone();
         }
@@ -383,6 +390,7 @@ impl Config {
             location,
             heartbeat_interval: Duration::from_millis(s.heartbeat_ms),
             rpc_timeout: Duration::from_millis(self.client.timeout_ms),
+            shared_memory: s.shared_memory,
         })
     }
 }
@@ -400,6 +408,8 @@ mod tests {
         let c = parse("").unwrap();
         assert_eq!(c.meta.block_size.0, 1 << 20);
         assert_eq!(c.up_stores().len(), 2);
+        assert!(c.client.shared_memory && c.client_config().shared_memory);
+        assert!(c.up_stores().iter().all(|s| s.shared_memory));
         let c = parse(
             r#"
             [meta]
@@ -407,7 +417,9 @@ mod tests {
             block_size = "64KiB"
             [client]
             meta = ["a:1", "b:2"]
+            shared_memory = false
             [[store]]
+            shared_memory = false
             class = 1
             class_name = "nvme"
             medium = "file"
@@ -420,6 +432,9 @@ mod tests {
         .unwrap();
         assert_eq!(c.meta.block_size.0, 64 << 10);
         assert_eq!(c.client.meta.len(), 2);
+        assert!(!c.client_config().shared_memory);
+        let sc = c.store_config(0, &c.store[0], vec![]).unwrap();
+        assert!(!sc.shared_memory);
         assert_eq!(c.store[0].medium, Medium::File);
         assert_eq!(
             c.up_stores().len(),
@@ -453,6 +468,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("store[0].size"), "{e}");
+        let e = parse("[client]\nshared_memory = \"yes\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("shared_memory"), "{e}");
         let e = parse("[client]\nmeta = []\n").unwrap_err().to_string();
         assert!(e.contains("client.meta"), "{e}");
         let e = parse("[[class]]\nid = 0\nname = \"a\"\n[[class]]\nid = 0\nname = \"b\"\n")

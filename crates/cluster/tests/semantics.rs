@@ -14,6 +14,24 @@ fn opts() -> CreateOptions {
     CreateOptions::default()
 }
 
+/// Runs `$body(shared_memory: bool)` as two tests, `$name::shared_memory`
+/// (clients map the co-located DRAM server) and `$name::network` (every
+/// block over the network): the staleness rules must hold on both paths.
+macro_rules! on_both_paths {
+    ($(#[$attr:meta])* $name:ident => $body:ident) => {
+        mod $name {
+            $(#[$attr])*
+            async fn shared_memory() {
+                super::$body(true).await
+            }
+            $(#[$attr])*
+            async fn network() {
+                super::$body(false).await
+            }
+        }
+    };
+}
+
 /// Sizes from 1 B to 3 MiB, log-uniform so every order of magnitude shows up.
 fn value_size(rng: &mut impl Rng) -> usize {
     let exp = rng.gen_range(0.0..(3.0 * 1024.0 * 1024.0f64).ln());
@@ -50,9 +68,13 @@ fn check_value(v: &[u8], sizes: &[Vec<usize>]) -> Result<(u64, u64), String> {
     Ok((w, r))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_puts_of_one_key_have_one_complete_winner() {
-    let t = common::start(256 << 20, 512 << 20).await;
+on_both_paths!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    concurrent_puts_of_one_key_have_one_complete_winner => concurrent_puts
+);
+
+async fn concurrent_puts(shared_memory: bool) {
+    let t = common::start_on_path(256 << 20, 512 << 20, shared_memory).await;
     t.client
         .create("/t", NodeType::Table, opts())
         .await
@@ -79,12 +101,14 @@ async fn concurrent_puts_of_one_key_have_one_complete_winner() {
                 check_value(&got, &sizes).unwrap();
                 gets += 1;
             }
-            gets
+            (gets, client)
         }));
     }
     let mut completed = 0;
     for task in tasks {
-        completed += task.await.unwrap();
+        let (gets, client) = task.await.unwrap();
+        completed += gets;
+        common::assert_data_path(&t, &client, shared_memory);
     }
     assert_eq!(completed, WRITERS * ROUNDS, "every get completed");
     let last = t.client.get("/t/key").await.unwrap();
@@ -114,10 +138,14 @@ async fn concurrent_puts_of_one_key_have_one_complete_winner() {
     assert_eq!(used, value_blocks + 2, "no leaked blocks");
 }
 
-#[tokio::test]
-async fn stale_handles_never_read_foreign_bytes() {
+on_both_paths!(
+    #[tokio::test]
+    stale_handles_never_read_foreign_bytes => stale_handles
+);
+
+async fn stale_handles(shared_memory: bool) {
     // A tiny store, so filling it forces every freed block to be reused.
-    let t = common::start(16 * common::BS, 16 * common::BS).await;
+    let t = common::start_on_path(16 * common::BS, 16 * common::BS, shared_memory).await;
     let c = &t.client;
     c.create("/t", NodeType::Table, opts()).await.unwrap();
     let old = pattern(1, 4 * common::BS as usize);
@@ -175,6 +203,7 @@ async fn stale_handles_never_read_foreign_bytes() {
     let f = c.lookup("/fill0").await.unwrap();
     c.delete("/fill0", false).await.unwrap();
     assert_eq!(f.read(0, 10).await.unwrap_err().code, ErrorCode::Stale);
+    common::assert_data_path(&t, c, shared_memory);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

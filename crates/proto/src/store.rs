@@ -12,6 +12,7 @@ pub mod op {
     pub const READ: u16 = 1;
     pub const WRITE: u16 = 2;
     pub const PING: u16 = 3;
+    pub const SHM_INFO: u16 = 4;
 }
 
 /// Bytes of the fixed part of a write request (block, gen, offset).
@@ -32,6 +33,8 @@ pub enum StoreRequest<'a> {
         data: &'a [u8],
     },
     Ping,
+    /// Where to map this server's memory from (empty payload).
+    ShmInfo,
 }
 
 impl<'a> StoreRequest<'a> {
@@ -40,6 +43,7 @@ impl<'a> StoreRequest<'a> {
             StoreRequest::Read { .. } => op::READ,
             StoreRequest::Write { .. } => op::WRITE,
             StoreRequest::Ping => op::PING,
+            StoreRequest::ShmInfo => op::SHM_INFO,
         }
     }
 
@@ -63,7 +67,7 @@ impl<'a> StoreRequest<'a> {
                 encode_write_prefix(buf, *block, *gen, *offset);
                 buf.extend_from_slice(data);
             }
-            StoreRequest::Ping => {}
+            StoreRequest::Ping | StoreRequest::ShmInfo => {}
         }
     }
 
@@ -96,6 +100,10 @@ impl<'a> StoreRequest<'a> {
                 d.finish()?;
                 StoreRequest::Ping
             }
+            op::SHM_INFO => {
+                d.finish()?;
+                StoreRequest::ShmInfo
+            }
             other => return Err(Error::protocol(format!("unknown storage op {other}"))),
         };
         Ok(req)
@@ -105,6 +113,30 @@ impl<'a> StoreRequest<'a> {
 /// Writes the fixed prefix of a write request; the data follows it.
 pub fn encode_write_prefix(buf: &mut BytesMut, block: u32, gen: u64, offset: u32) {
     Enc(buf).u32(block).u64(gen).u32(offset);
+}
+
+/// Longest abstract socket name a `SHM_INFO` reply may carry (the limit of
+/// `sockaddr_un.sun_path` minus the leading NUL).
+pub const MAX_SHM_NAME_LEN: usize = 107;
+
+/// Encodes a `SHM_INFO` reply: the server's abstract socket name, empty when
+/// its memory is not shared.
+pub fn encode_shm_info(buf: &mut BytesMut, name: &str) {
+    Enc(buf).str(name);
+}
+
+/// Decodes a `SHM_INFO` reply.
+pub fn decode_shm_info(payload: &[u8]) -> Result<String> {
+    let mut d = Dec::new(payload, "shared-memory info");
+    let name = d.string()?;
+    d.finish()?;
+    if name.len() > MAX_SHM_NAME_LEN || name.contains('\0') {
+        return Err(Error::protocol(format!(
+            "shared-memory info: bad socket name of {} bytes",
+            name.len()
+        )));
+    }
+    Ok(name)
 }
 
 #[cfg(test)]
@@ -134,6 +166,7 @@ mod tests {
                 data: &[],
             },
             StoreRequest::Ping,
+            StoreRequest::ShmInfo,
         ] {
             let mut b = BytesMut::new();
             r.encode(&mut b);
@@ -143,5 +176,33 @@ mod tests {
         assert!(StoreRequest::decode(op::READ, &[0; 21]).is_err());
         assert!(StoreRequest::decode(op::WRITE, &[0; 15]).is_err());
         assert!(StoreRequest::decode(42, &[]).is_err());
+        assert!(StoreRequest::decode(op::SHM_INFO, &[0]).is_err());
+    }
+
+    #[test]
+    fn shm_info_round_trip_and_truncation() {
+        for name in ["", "nodekernel-store-0123456789abcdef"] {
+            let mut b = BytesMut::new();
+            encode_shm_info(&mut b, name);
+            assert_eq!(decode_shm_info(&b).unwrap(), name);
+            for cut in 0..b.len() {
+                let e = decode_shm_info(&b[..cut]).unwrap_err();
+                assert_eq!(e.code, crate::ErrorCode::Protocol, "cut at {cut}");
+            }
+            let mut long = b.to_vec();
+            long.push(0);
+            assert!(decode_shm_info(&long).is_err(), "trailing bytes");
+        }
+        let mut b = BytesMut::new();
+        encode_shm_info(&mut b, &"x".repeat(MAX_SHM_NAME_LEN + 1));
+        assert!(decode_shm_info(&b).is_err(), "too long for a socket name");
+        let mut b = BytesMut::new();
+        encode_shm_info(&mut b, "a\0b");
+        assert!(decode_shm_info(&b).is_err(), "NUL inside");
+        let mut b = BytesMut::new();
+        Enc(&mut b).bytes(&[0xFF, 0xFE]);
+        assert!(decode_shm_info(&b).is_err(), "not UTF-8");
+        // A length prefix larger than the payload allocates nothing.
+        assert!(decode_shm_info(&u32::MAX.to_le_bytes()).is_err());
     }
 }

@@ -13,31 +13,41 @@
 //!   new owner has not written yet, so the bytes still belong to someone
 //!   else. Either way the reply is `Stale` and carries no bytes.
 //!
-//! Each block also has a reader-writer lock: reads and same-generation
-//! writes hold it shared for the copy (they run concurrently), and a claim
-//! holds it exclusively while it raises the generation. So a claim waits for
-//! every copy already in flight under the old generation, and every access
-//! that starts afterwards sees the new generation. An old owner's delayed
-//! write therefore can never land on top of a new owner's bytes, and a read
-//! can never return bytes copied while the block changed hands; the
-//! generation checked before a copy is still the generation after it.
+//! A claim waits for every copy already in flight under the old generation,
+//! and every access that starts afterwards sees the new generation. An old
+//! owner's delayed write therefore can never land on top of a new owner's
+//! bytes, and a read never returns bytes copied while the block changed
+//! hands. Two implementations keep these rules:
 //!
-//! The lock is an async (`tokio`) lock, because for a file medium the
-//! "copy" is an I/O the connection task awaits. The shared guard is handed
-//! to the medium as its [`Keepalive`], which drops it only when the kernel
-//! has completed the I/O: even if the request's future is dropped halfway
-//! (server shutdown), a claim still waits for the old owner's I/O. For the
-//! DRAM medium the copy stays a synchronous memcpy under the guard. Writes to
-//! different bytes of one block share the lock; the file medium serialises
-//! read-modify-writes of a shared 4 KiB sector itself (see
-//! [`file`](crate::file)).
+//! * **DRAM** (a medium with a [`shared_region`](Medium::shared_region)):
+//!   the generations and writer counters live in shared memory next to the
+//!   data, and reads and writes run the lock-free protocol of
+//!   [`nodekernel_shm`]: readers check the generation before and after
+//!   their copy, writers register in a per-block counter, and a claim waits
+//!   for the counter to drain. Co-located clients that mapped the same
+//!   memory run the very same protocol, so network and mapped accesses
+//!   interoperate. The copy is a synchronous memcpy in the connection task.
+//! * **Other media** (the file medium): the generation is an atomic in this
+//!   process, and each block has a reader-writer lock: reads and
+//!   same-generation writes hold it shared for the copy (they run
+//!   concurrently), and a claim holds it exclusively while it raises the
+//!   generation. The lock is an async (`tokio`) lock, because the "copy" is
+//!   an I/O the connection task awaits. The shared guard is handed to the
+//!   medium as its [`Keepalive`], which drops it only when the kernel has
+//!   completed the I/O: even if the request's future is dropped halfway
+//!   (server shutdown), a claim still waits for the old owner's I/O. Writes
+//!   to different bytes of one block share the lock; the file medium
+//!   serialises read-modify-writes of a shared 4 KiB sector itself (see
+//!   [`file`](crate::file)).
 //!
-//! The store never interprets block bytes; it only checks generations and
-//! bounds.
+//! Generations with bit 63 set are refused with `InvalidArgument` on every
+//! medium (the shared protocol uses that bit). The store never interprets
+//! block bytes; it only checks generations and bounds.
 
 use crate::medium::{Keepalive, Medium};
 use bytes::BytesMut;
 use nodekernel_proto::{Error, Result};
+use nodekernel_shm::{check_generation, check_range, stale_read, stale_write, Region};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
@@ -49,11 +59,20 @@ struct BlockState {
     lock: Arc<RwLock<()>>,
 }
 
+/// Where the generations live.
+enum Guards {
+    /// In the medium's shared region (DRAM).
+    Shared(Arc<Region>),
+    /// In this process, one lock per block (other media).
+    Locked(Box<[BlockState]>),
+}
+
 /// The blocks of one storage server.
 pub struct BlockStore {
     medium: Box<dyn Medium>,
-    blocks: Box<[BlockState]>,
+    guards: Guards,
     block_size: u32,
+    num_blocks: u32,
 }
 
 impl BlockStore {
@@ -62,25 +81,40 @@ impl BlockStore {
     ///
     /// # Panics
     ///
-    /// If the medium is smaller than `block_size * num_blocks` bytes (a
-    /// programming error: [`StoreConfig`](crate::StoreConfig) sizes the
-    /// medium from the same numbers).
+    /// If the medium is smaller than `block_size * num_blocks` bytes, or its
+    /// shared region has another shape (a programming error:
+    /// [`StoreConfig`](crate::StoreConfig) sizes the medium from the same
+    /// numbers).
     pub fn new(medium: Box<dyn Medium>, block_size: u32, num_blocks: u32) -> BlockStore {
         assert!(
             u64::from(block_size) * u64::from(num_blocks) <= medium.size(),
             "medium of {} bytes cannot hold {num_blocks} blocks of {block_size} bytes",
             medium.size()
         );
-        let blocks = (0..num_blocks)
-            .map(|_| BlockState {
-                gen: AtomicU64::new(0),
-                lock: Arc::new(RwLock::new(())),
-            })
-            .collect();
+        let guards = match medium.shared_region() {
+            Some(r) => {
+                assert!(
+                    r.block_size() == block_size && r.num_blocks() == num_blocks,
+                    "shared region of {} blocks of {} bytes used as {num_blocks} blocks of {block_size} bytes",
+                    r.num_blocks(),
+                    r.block_size()
+                );
+                Guards::Shared(r.clone())
+            }
+            None => Guards::Locked(
+                (0..num_blocks)
+                    .map(|_| BlockState {
+                        gen: AtomicU64::new(0),
+                        lock: Arc::new(RwLock::new(())),
+                    })
+                    .collect(),
+            ),
+        };
         BlockStore {
             medium,
-            blocks,
+            guards,
             block_size,
+            num_blocks,
         }
     }
 
@@ -89,7 +123,7 @@ impl BlockStore {
     }
 
     pub fn num_blocks(&self) -> u32 {
-        self.blocks.len() as u32
+        self.num_blocks
     }
 
     /// `"dram"` or `"file"`.
@@ -104,11 +138,23 @@ impl BlockStore {
         self.medium.io_mode()
     }
 
+    /// The shared region holding data and generations (DRAM), which can be
+    /// handed to co-located clients.
+    pub fn shared_region(&self) -> Option<&Arc<Region>> {
+        match &self.guards {
+            Guards::Shared(r) => Some(r),
+            Guards::Locked(_) => None,
+        }
+    }
+
     /// The current generation of `block`, or `None` past the end.
     pub fn generation(&self, block: u32) -> Option<u64> {
-        self.blocks
-            .get(block as usize)
-            .map(|b| b.gen.load(Ordering::Acquire))
+        match &self.guards {
+            Guards::Shared(r) => r.generation(block),
+            Guards::Locked(blocks) => blocks
+                .get(block as usize)
+                .map(|b| b.gen.load(Ordering::Acquire)),
+        }
     }
 
     /// Appends `len` bytes of `block` starting at `offset` to `out`, if `gen`
@@ -124,7 +170,12 @@ impl BlockStore {
         len: u32,
         out: &mut BytesMut,
     ) -> Result<()> {
-        let state = self.check(block, offset, u64::from(len))?;
+        let blocks = match &self.guards {
+            Guards::Shared(r) => return r.read_append(block, gen, offset, len, out),
+            Guards::Locked(blocks) => blocks,
+        };
+        let state = self.check(blocks, block, offset, u64::from(len))?;
+        check_generation(gen)?;
         let guard = state.lock.clone().read_owned().await;
         let current = state.gen.load(Ordering::Acquire);
         if gen != current {
@@ -167,7 +218,12 @@ impl BlockStore {
     /// I/O already started keeps the block's guard until it completes, so a
     /// later claim still waits for it.
     pub async fn write(&self, block: u32, gen: u64, offset: u32, data: &[u8]) -> Result<()> {
-        let state = self.check(block, offset, data.len() as u64)?;
+        let blocks = match &self.guards {
+            Guards::Shared(r) => return r.write(block, gen, offset, data),
+            Guards::Locked(blocks) => blocks,
+        };
+        let state = self.check(blocks, block, offset, data.len() as u64)?;
+        check_generation(gen)?;
         let guard = if gen > state.gen.load(Ordering::Acquire) {
             // A new owner: raise the generation once every in-flight copy
             // under the old one has finished, then keep the lock shared for
@@ -185,9 +241,7 @@ impl BlockStore {
         if gen != current {
             // Older than the current owner (possibly because an even newer
             // owner claimed the block just now).
-            return Err(Error::stale(format!(
-                "block {block}: write with generation {gen} refused, the block now belongs to generation {current}"
-            )));
+            return Err(stale_write(block, gen, current));
         }
         let pos = self.position(block, offset);
         let result = match self.medium.as_async() {
@@ -198,20 +252,20 @@ impl BlockStore {
     }
 
     /// Validates the block index and byte range (without overflow).
-    fn check(&self, block: u32, offset: u32, len: u64) -> Result<&BlockState> {
-        let bs = u64::from(self.block_size);
-        let Some(state) = self.blocks.get(block as usize) else {
-            return Err(Error::out_of_range(format!(
-                "block {block} (offset {offset}, length {len}) is past the end: this server has {} blocks of {bs} bytes",
-                self.blocks.len()
-            )));
-        };
-        match u64::from(offset).checked_add(len) {
-            Some(end) if end <= bs => Ok(state),
-            _ => Err(Error::out_of_range(format!(
-                "block {block}: offset {offset} plus length {len} exceeds the block size of {bs} bytes"
-            ))),
-        }
+    fn check<'a>(
+        &self,
+        blocks: &'a [BlockState],
+        block: u32,
+        offset: u32,
+        len: u64,
+    ) -> Result<&'a BlockState> {
+        check_range(self.block_size, self.num_blocks, block, offset, len)?;
+        blocks.get(block as usize).ok_or_else(|| {
+            Error::internal(format!(
+                "block {block} has no state (store of {} blocks)",
+                blocks.len()
+            ))
+        })
     }
 
     fn position(&self, block: u32, offset: u32) -> u64 {
@@ -221,18 +275,6 @@ impl BlockStore {
 
 fn keep(guard: OwnedRwLockReadGuard<()>) -> Keepalive {
     Arc::new(guard)
-}
-
-fn stale_read(block: u32, gen: u64, current: u64) -> Error {
-    if gen < current {
-        Error::stale(format!(
-            "block {block}: read with generation {gen} refused, the block was reused by generation {current}"
-        ))
-    } else {
-        Error::stale(format!(
-            "block {block}: read with generation {gen} refused, its owner has not written it yet (current generation {current})"
-        ))
-    }
 }
 
 fn medium_error(what: &str, block: u32, offset: u32, len: u64, e: std::io::Error) -> Error {
@@ -255,7 +297,7 @@ mod tests {
     const N: u32 = 4;
 
     fn dram() -> BlockStore {
-        let m = DramMedium::new(u64::from(BS) * u64::from(N)).unwrap();
+        let m = DramMedium::new(BS, N).unwrap();
         BlockStore::new(Box::new(m), BS, N)
     }
 
@@ -582,6 +624,125 @@ mod tests {
     #[test]
     fn dram_racing_reads_get_old_bytes_or_stale() {
         racing_reads_get_old_bytes_or_stale(Arc::new(dram()), 300);
+    }
+
+    /// A second, independent mapping of a DRAM store's memfd: what a
+    /// co-located client in another process works on.
+    fn client_mapping(s: &BlockStore) -> Arc<nodekernel_shm::Region> {
+        let r = s.shared_region().expect("DRAM is shared");
+        let fd = std::os::fd::OwnedFd::from(r.file().try_clone().unwrap());
+        let m = nodekernel_shm::Region::open(fd, &r.layout().encode()).unwrap();
+        assert_ne!(m.data_ptr(), r.data_ptr());
+        Arc::new(m)
+    }
+
+    #[test]
+    fn file_store_has_no_shared_region() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(file(&dir).shared_region().is_none());
+        assert!(dram().shared_region().is_some());
+    }
+
+    /// The store's own (network) path and a client's mapping race each
+    /// other, in both roles: an old owner writing through the mapping never
+    /// lands after a claim through the store and vice versa, and readers on
+    /// one side racing claims on the other get the old bytes or `Stale`.
+    #[test]
+    fn dram_store_and_a_client_mapping_obey_one_protocol() {
+        let s = Arc::new(dram());
+        let m = client_mapping(&s);
+        write(&s, 1, 5, 0, b"from the store").unwrap();
+        let mut buf = [0u8; 14];
+        m.read(1, 5, 0, &mut buf).unwrap();
+        assert_eq!(&buf, b"from the store");
+        m.write(1, 6, 0, b"client").unwrap();
+        assert_eq!(
+            s.generation(1),
+            Some(6),
+            "a mapped write claims for everyone"
+        );
+        assert_eq!(code(read(&s, 1, 5, 0, 1)), ErrorCode::Stale);
+        assert_eq!(read(&s, 1, 6, 0, 6).unwrap(), b"client");
+        write(&s, 1, 7, 0, &[]).unwrap();
+        assert_eq!(
+            m.read(1, 6, 0, &mut buf).unwrap_err().code,
+            ErrorCode::Stale
+        );
+        assert_eq!(
+            m.write(1, 6, 0, b"late").unwrap_err().code,
+            ErrorCode::Stale,
+            "a claim over the network fences mapped writers"
+        );
+
+        for round in 0..200u64 {
+            let base = 100 + 4 * round;
+            // Old owner on the mapping, new owner through the store.
+            m.write(3, base, 0, &[1u8; BS as usize]).unwrap();
+            let old_writer = {
+                let m = m.clone();
+                busy_thread(move || match m.write(3, base, 0, &[1u8; BS as usize]) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        assert_eq!(e.code, ErrorCode::Stale);
+                        false
+                    }
+                })
+            };
+            write(&s, 3, base + 1, 0, &[2u8; BS as usize]).unwrap();
+            old_writer.join().unwrap();
+            let bytes = read(&s, 3, base + 1, 0, BS).unwrap();
+            assert!(
+                bytes.iter().all(|&b| b == 2),
+                "round {round}: old mapped bytes leaked"
+            );
+
+            // Old owner through the store, new owner on the mapping.
+            let old_writer = {
+                let s = s.clone();
+                busy_thread(
+                    move || match write(&s, 3, base + 1, 0, &[3u8; BS as usize]) {
+                        Ok(()) => true,
+                        Err(e) => {
+                            assert_eq!(e.code, ErrorCode::Stale);
+                            false
+                        }
+                    },
+                )
+            };
+            m.write(3, base + 2, 0, &[4u8; BS as usize]).unwrap();
+            old_writer.join().unwrap();
+            let mut all = vec![0u8; BS as usize];
+            m.read(3, base + 2, 0, &mut all).unwrap();
+            assert!(
+                all.iter().all(|&b| b == 4),
+                "round {round}: old network bytes leaked"
+            );
+
+            // Mapped readers racing a claim through the store.
+            let reader = {
+                let m = m.clone();
+                busy_thread(move || {
+                    let mut buf = vec![0u8; BS as usize];
+                    match m.read(3, base + 2, 0, &mut buf) {
+                        Ok(()) => {
+                            assert!(buf.iter().all(|&x| x == 4), "round {round}: mixed read");
+                            true
+                        }
+                        Err(e) => {
+                            assert_eq!(e.code, ErrorCode::Stale);
+                            assert!(
+                                buf.iter().all(|&x| x == 0),
+                                "round {round}: foreign bytes kept"
+                            );
+                            false
+                        }
+                    }
+                })
+            };
+            write(&s, 3, base + 3, 0, &[5u8; BS as usize]).unwrap();
+            reader.join().unwrap();
+        }
+        assert_eq!(m.writers_in_flight(3), Some(0));
     }
 
     #[test]

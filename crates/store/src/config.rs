@@ -104,6 +104,10 @@ pub struct StoreConfig {
     /// Bound on each metadata call, and roughly how long start-up keeps
     /// retrying an unreachable metadata server.
     pub rpc_timeout: Duration,
+    /// DRAM only: hand the memory to co-located clients (same host and
+    /// network namespace, same user) over an abstract Unix socket, so they
+    /// read and write blocks with memory copies. Default `true`.
+    pub shared_memory: bool,
 }
 
 impl Default for StoreConfig {
@@ -122,6 +126,7 @@ impl Default for StoreConfig {
             location: "localhost".into(),
             heartbeat_interval: Duration::from_secs(1),
             rpc_timeout: Duration::from_secs(5),
+            shared_memory: true,
         }
     }
 }

@@ -20,15 +20,28 @@
 //!
 //! Malformed network input gives `Protocol` errors and never panics.
 //!
+//! # Co-located clients
+//!
+//! A DRAM server keeps its blocks and their generations in one shared memfd
+//! ([`nodekernel_shm::Region`]) and, unless
+//! [`StoreConfig::shared_memory`] is off, hands it to clients on the same
+//! host over an abstract Unix socket whose name `SHM_INFO` returns. Those
+//! clients read and write blocks with memory copies, running the same
+//! generation protocol on the same shared atomics as this server's network
+//! path, so every staleness rule above holds for them too (see
+//! [`nodekernel_shm`] and `docs/shared-memory.md`).
+//!
 //! # Layout
 //!
-//! * [`medium`]: the [`Medium`] trait with [`DramMedium`] (a mapped memfd,
-//!   accessed with synchronous memcpys) and the [`AsyncMedium`] interface;
+//! * [`medium`]: the [`Medium`] trait with [`DramMedium`] (a shared region:
+//!   a mapped memfd holding data and generations, accessed with synchronous
+//!   memcpys) and the [`AsyncMedium`] interface;
 //! * [`file`](mod@file): [`FileMedium`], a preallocated file accessed with io_uring
 //!   and `O_DIRECT` through aligned bounce buffers, with buffered and
 //!   thread-pool fallbacks (the module docs explain the design);
 //! * [`blocks`]: [`BlockStore`], blocks plus generations over a medium;
-//! * [`StorageServer`]: the data port, registration and heartbeats.
+//! * [`StorageServer`]: the data port, registration and heartbeats, and the
+//!   shared-memory hand-over socket (`share.rs`).
 
 pub mod blocks;
 mod config;
@@ -36,6 +49,7 @@ mod error;
 pub mod file;
 pub mod medium;
 mod server;
+mod share;
 
 pub use blocks::BlockStore;
 pub use config::{FileIoConfig, MediumKind, StoreConfig, MAX_QUEUE_DEPTH, MIN_BLOCK_SIZE};

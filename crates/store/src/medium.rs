@@ -8,20 +8,21 @@
 //! outside the exported region.
 //!
 //! Memory media ([`DramMedium`]) are accessed synchronously: an access is a
-//! memcpy, done right in the connection task. Media whose I/O can block
+//! memcpy, done right in the connection task. Their generations live in the
+//! shared region next to the data ([`Medium::shared_region`]). Media whose I/O can block
 //! ([`FileMedium`]) also offer an [`AsyncMedium`] interface through
 //! [`Medium::as_async`], which the block store prefers; their synchronous
 //! methods block the calling thread and exist for tools and tests.
 
 use bytes::BytesMut;
-use memmap2::MmapMut;
-use std::ffi::CStr;
+use nodekernel_shm::Region;
 use std::fs::File;
 use std::future::Future;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use crate::StoreError;
 
@@ -57,6 +58,11 @@ pub trait Medium: Send + Sync {
     /// is `Some`, the block store uses it instead of the synchronous
     /// methods, so connection tasks never block on the medium.
     fn as_async(&self) -> Option<&dyn AsyncMedium> {
+        None
+    }
+    /// The shared region of a DRAM medium, whose generations live in shared
+    /// memory; `None` for media whose generations the block store keeps.
+    fn shared_region(&self) -> Option<&Arc<Region>> {
         None
     }
 }
@@ -102,82 +108,59 @@ pub(crate) fn check_range(off: u64, len: usize, size: u64) -> io::Result<usize> 
     }
 }
 
-const MEMFD_NAME: &CStr = c"nodekernel-dram";
-
-/// DRAM medium: an anonymous `memfd` mapped shared into this process.
+/// DRAM medium: the data part of a shared [`Region`], a sealed memfd mapped
+/// shared into this process that also holds the per-block generations and
+/// writer counters.
 ///
-/// The memfd's [`File`] is kept so that it can later be handed to co-located
-/// clients (over a Unix socket) for zero-copy access.
+/// The block store runs the generation protocol of [`nodekernel_shm`] on the
+/// region directly (see [`BlockStore`](crate::BlockStore)); the
+/// [`Medium`] methods below are raw byte access without generations, for
+/// tools and tests. The memfd can be handed to co-located clients, which
+/// map it and run the same protocol.
 pub struct DramMedium {
-    file: File,
-    map: MmapMut,
-    /// Base of `map`, taken once with exclusive access at construction. All
-    /// accesses go through this raw pointer so that no Rust reference to the
-    /// shared bytes is ever formed while other tasks may write them.
-    base: *mut u8,
+    region: Arc<Region>,
     size: u64,
 }
 
-// SAFETY: the mapping lives as long as `self` (it is only unmapped when
-// `map` drops) and every access through `base` is bounds-checked against
-// `size` first. Concurrent accesses are raw `copy_nonoverlapping` calls; the
-// callers' single-writer discipline (see `Medium`) means no two writes ever
-// target the same bytes, and readers that may overlap a write are detected by
-// the block layer's generation checks.
-unsafe impl Send for DramMedium {}
-// SAFETY: see `Send` above; shared `&self` access is exactly the concurrent
-// use argued there.
-unsafe impl Sync for DramMedium {}
-
 impl DramMedium {
-    /// Creates a zero-filled memfd of `size` bytes and maps it.
-    pub fn new(size: u64) -> Result<DramMedium, StoreError> {
-        let path = PathBuf::from(format!("memfd:{}", MEMFD_NAME.to_string_lossy()));
-        if size == 0 {
+    /// Creates a zero-filled region of `num_blocks` blocks of `block_size`
+    /// bytes (every block at generation 0) and maps it.
+    pub fn new(block_size: u32, num_blocks: u32) -> Result<DramMedium, StoreError> {
+        let path = PathBuf::from("memfd:nodekernel-dram");
+        if num_blocks == 0 {
             return Err(StoreError::config(
                 "capacity",
                 "DRAM medium must not be empty",
             ));
         }
-        // SAFETY: MEMFD_NAME is a valid NUL-terminated string; the returned
-        // descriptor is checked and then owned by exactly one `File`.
-        let fd = unsafe { libc::memfd_create(MEMFD_NAME.as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(StoreError::io("create", path, io::Error::last_os_error()));
-        }
-        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-        let file = unsafe { File::from_raw_fd(fd) };
-        file.set_len(size)
-            .map_err(|e| StoreError::io("size", &path, e))?;
-        // SAFETY: the memfd is private to this process until explicitly
-        // shared, and it is never truncated while mapped (its size is fixed
-        // here), so the mapping cannot become invalid underneath us.
-        let mut map =
-            unsafe { MmapMut::map_mut(&file) }.map_err(|e| StoreError::io("map", &path, e))?;
-        let base = map.as_mut_ptr();
+        let region = Region::create(block_size, num_blocks)
+            .map_err(|e| StoreError::io("create", &path, e))?;
+        let size = region.layout().data_len();
         Ok(DramMedium {
-            file,
-            map,
-            base,
+            region: Arc::new(region),
             size,
         })
     }
 
+    /// The shared region (control words and data).
+    pub fn region(&self) -> &Arc<Region> {
+        &self.region
+    }
+
     /// The memfd backing the medium (for passing to co-located clients).
     pub fn file(&self) -> &File {
-        &self.file
+        self.region.file()
     }
 
     /// The raw descriptor of the memfd.
     pub fn raw_fd(&self) -> i32 {
-        self.file.as_raw_fd()
+        self.region.file().as_raw_fd()
     }
 }
 
 impl Medium for DramMedium {
     fn read_into(&self, off: u64, len: usize, out: &mut BytesMut) -> io::Result<()> {
         let start = check_range(off, len, self.size)?;
-        debug_assert_eq!(self.map.len() as u64, self.size);
         out.reserve(len);
         let dst = out.spare_capacity_mut();
         // SAFETY: `start..start+len` lies inside the mapping (checked above);
@@ -185,7 +168,11 @@ impl Medium for DramMedium {
         // separate heap buffer, so the ranges do not overlap. After the copy
         // those `len` bytes are initialised, so extending the length is sound.
         unsafe {
-            std::ptr::copy_nonoverlapping(self.base.add(start), dst.as_mut_ptr().cast::<u8>(), len);
+            std::ptr::copy_nonoverlapping(
+                self.region.data_ptr().add(start),
+                dst.as_mut_ptr().cast::<u8>(),
+                len,
+            );
             out.set_len(out.len() + len);
         }
         Ok(())
@@ -193,14 +180,19 @@ impl Medium for DramMedium {
 
     fn write(&self, off: u64, data: &[u8]) -> io::Result<()> {
         let start = check_range(off, data.len(), self.size)?;
-        // SAFETY: the destination range lies inside the mapping (checked
-        // above) and `data` is a separate buffer (a request payload), so the
-        // ranges do not overlap. Concurrent writers never target the same
-        // bytes: a block is written only by the holder of its node's write
-        // lease under the current generation, and generation changes wait for
-        // in-flight copies (see `BlockStore`).
+        // SAFETY: the destination range lies inside the data region
+        // (checked above) and `data` is a separate buffer (a request
+        // payload), so the ranges do not overlap. Concurrent writers never
+        // target the same bytes: a block is written only by the holder of
+        // its node's write lease under the current generation, and
+        // generation changes wait for in-flight copies (see
+        // `nodekernel_shm`).
         unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.base.add(start), data.len());
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.region.data_ptr().add(start),
+                data.len(),
+            );
         }
         Ok(())
     }
@@ -211,6 +203,10 @@ impl Medium for DramMedium {
 
     fn size(&self) -> u64 {
         self.size
+    }
+
+    fn shared_region(&self) -> Option<&Arc<Region>> {
+        Some(&self.region)
     }
 }
 
@@ -247,10 +243,15 @@ mod tests {
 
     #[test]
     fn dram_medium_bounds_and_round_trip() {
-        let m = DramMedium::new(64 << 10).unwrap();
+        let m = DramMedium::new(4096, 16).unwrap();
         assert_eq!(m.kind(), "dram");
+        assert_eq!(m.size(), 64 << 10);
         assert!(m.raw_fd() >= 0);
-        assert_eq!(m.file().metadata().unwrap().len(), 64 << 10);
+        assert_eq!(
+            m.file().metadata().unwrap().len(),
+            m.region().layout().total_len,
+            "control words and data in one memfd"
+        );
         exercise(&m);
     }
 

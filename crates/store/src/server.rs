@@ -3,10 +3,11 @@
 use crate::blocks::BlockStore;
 use crate::config::{partition, FileIoConfig, MediumKind, StoreConfig};
 use crate::medium::{DramMedium, FileMedium, Medium};
+use crate::share::Share;
 use crate::StoreError;
 use bytes::{Bytes, BytesMut};
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
-use nodekernel_proto::store::StoreRequest;
+use nodekernel_proto::store::{encode_shm_info, StoreRequest};
 use nodekernel_proto::{Error, ErrorCode, Result};
 use nodekernel_rpc::{ConnectionPool, Handler, ServerHandle};
 use std::net::SocketAddr;
@@ -19,6 +20,9 @@ use tokio::time::{Instant, MissedTickBehavior};
 /// Serves `StoreRequest`s against a [`BlockStore`].
 pub(crate) struct StoreHandler {
     store: Arc<BlockStore>,
+    /// Abstract socket name handing out the DRAM region; empty when the
+    /// memory is not shared.
+    shm_name: String,
 }
 
 impl Handler for StoreHandler {
@@ -37,6 +41,10 @@ impl Handler for StoreHandler {
                 data,
             } => self.store.write(block, gen, offset, data).await,
             StoreRequest::Ping => Ok(()),
+            StoreRequest::ShmInfo => {
+                encode_shm_info(out, &self.shm_name);
+                Ok(())
+            }
         }
     }
 }
@@ -172,6 +180,7 @@ pub struct StorageServer {
     num_blocks: u32,
     store: Arc<BlockStore>,
     server: ServerHandle,
+    share: Option<Share>,
     stopped: AtomicBool,
     registrar: Arc<Registrar>,
     heartbeats: Vec<JoinHandle<()>>,
@@ -199,7 +208,7 @@ impl StorageServer {
         file_io.validate()?;
         let bytes = cfg.exported_bytes(num_blocks);
         let medium: Box<dyn Medium> = match &cfg.medium {
-            MediumKind::Dram => Box::new(DramMedium::new(bytes)?),
+            MediumKind::Dram => Box::new(DramMedium::new(cfg.block_size, num_blocks)?),
             MediumKind::File { path } => {
                 let path = path.clone();
                 // Preallocation may take a while on slow file systems.
@@ -214,6 +223,20 @@ impl StorageServer {
             }
         };
         let store = Arc::new(BlockStore::new(medium, cfg.block_size, num_blocks));
+        // Sharing is an optimisation: without the socket, clients simply
+        // use the data port.
+        let share = match store.shared_region() {
+            Some(region) if cfg.shared_memory => match Share::start(region.clone()) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!(
+                        "cannot listen on an abstract Unix socket ({e}); DRAM is not shared with co-located clients"
+                    );
+                    None
+                }
+            },
+            _ => None,
+        };
 
         let listen_err = |source| StoreError::Listen {
             addr: cfg.listen.clone(),
@@ -227,6 +250,10 @@ impl StorageServer {
             listener,
             Arc::new(StoreHandler {
                 store: store.clone(),
+                shm_name: share
+                    .as_ref()
+                    .map(|s| s.name().to_string())
+                    .unwrap_or_default(),
             }),
         )
         .map_err(StoreError::Rpc)?;
@@ -271,6 +298,7 @@ impl StorageServer {
             num_blocks,
             store,
             server,
+            share,
             stopped: AtomicBool::new(false),
             registrar: registrar.clone(),
             heartbeats: Vec::new(),
@@ -302,11 +330,15 @@ impl StorageServer {
             .map(|i| tokio::spawn(heartbeat_loop(registrar.clone(), i, cfg.heartbeat_interval)))
             .collect();
         tracing::info!(
-            "storage server on {} exports {num_blocks} {} blocks of {} bytes ({})",
+            "storage server on {} exports {num_blocks} {} blocks of {} bytes ({}{})",
             srv.local_addr,
             srv.store.medium_kind(),
             cfg.block_size,
-            srv.store.io_mode()
+            srv.store.io_mode(),
+            match &srv.share {
+                Some(s) => format!(", shared with co-located clients at @{}", s.name()),
+                None => String::new(),
+            }
         );
         Ok(srv)
     }
@@ -337,6 +369,13 @@ impl StorageServer {
         self.store.io_mode()
     }
 
+    /// The abstract Unix socket name that hands this server's DRAM to
+    /// co-located clients (without the leading NUL), or `None` when its
+    /// memory is not shared.
+    pub fn shared_memory_name(&self) -> Option<&str> {
+        self.share.as_ref().map(|s| s.name())
+    }
+
     /// The blocks this server exports (for inspection, e.g. generations).
     pub fn store(&self) -> &Arc<BlockStore> {
         &self.store
@@ -354,10 +393,18 @@ impl StorageServer {
 
     /// Stops everything: the listener (new connections are refused from the
     /// moment this returns), every client connection and the heartbeats.
-    /// Idempotent; also done on drop.
+    /// A shared DRAM region is marked closed, so co-located clients stop
+    /// using their mappings at their next access, and the hand-over socket
+    /// closes. Idempotent; also done on drop.
     pub fn shutdown(&self) {
         if self.stopped.swap(true, Ordering::AcqRel) {
             return;
+        }
+        if let Some(r) = self.store.shared_region() {
+            r.close();
+        }
+        if let Some(s) = &self.share {
+            s.stop();
         }
         self.server.shutdown();
         for h in &self.heartbeats {
@@ -383,6 +430,7 @@ impl std::fmt::Debug for StorageServer {
             .field("num_blocks", &self.num_blocks)
             .field("block_size", &self.store.block_size())
             .field("server_ids", &self.server_ids())
+            .field("shared_memory", &self.shared_memory_name())
             .finish()
     }
 }

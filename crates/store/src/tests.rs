@@ -611,3 +611,134 @@ async fn refused_registration_fails_at_once() {
     assert_eq!(meta.registrations().len(), 1, "a refusal is not retried");
     assert_eq!(Error::from(e).code, ErrorCode::InvalidArgument);
 }
+
+// ---------------------------------------------------------------------------
+// Shared memory: SHM_INFO and the hand-over socket.
+
+async fn shm_name(c: &Connection) -> String {
+    let reply = call(c, StoreRequest::ShmInfo).await.unwrap();
+    nodekernel_proto::store::decode_shm_info(&reply).unwrap()
+}
+
+/// Connects to a server's abstract socket and maps its region, as a
+/// co-located client does.
+fn map_region(
+    name: &str,
+) -> std::io::Result<(nodekernel_shm::Region, std::os::unix::net::UnixStream)> {
+    use std::os::linux::net::SocketAddrExt;
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+    let sock = std::os::unix::net::UnixStream::connect_addr(&addr)?;
+    sock.set_read_timeout(Some(TIMEOUT))?;
+    let region = nodekernel_shm::receive_region(&sock)?;
+    Ok((region, sock))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dram_memory_is_handed_to_colocated_clients() {
+    let srv = StorageServer::start(cfg(MediumKind::Dram, 4))
+        .await
+        .unwrap();
+    let c = Connection::connect(&srv.local_addr().to_string(), TIMEOUT)
+        .await
+        .unwrap();
+    let name = shm_name(&c).await;
+    assert!(name.starts_with(nodekernel_shm::NAME_PREFIX), "{name}");
+    assert_eq!(srv.shared_memory_name(), Some(name.as_str()));
+
+    let (region, sock) = {
+        let name = name.clone();
+        tokio::task::spawn_blocking(move || map_region(&name))
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    assert_eq!((region.block_size(), region.num_blocks()), (BS, 4));
+    // Network and mapped accesses see each other, generations included.
+    write(&c, 2, 40, 0, b"over the network").await.unwrap();
+    let mut buf = [0u8; 16];
+    region.read(2, 40, 0, &mut buf).unwrap();
+    assert_eq!(&buf, b"over the network");
+    region.write(2, 41, 0, b"mapped").unwrap();
+    assert_eq!(srv.store().generation(2), Some(41));
+    assert_eq!(read(&c, 2, 41, 0, 6).await.unwrap(), b"mapped" as &[u8]);
+    assert_eq!(
+        write(&c, 2, 40, 0, b"old").await.unwrap_err().code,
+        ErrorCode::Stale
+    );
+    write(&c, 2, 42, 0, &[]).await.unwrap();
+    assert_eq!(
+        region.read(2, 41, 0, &mut buf).unwrap_err().code,
+        ErrorCode::Stale,
+        "a claim over the network reaches the mapping"
+    );
+
+    // Stopping the server marks the region closed and closes the socket.
+    assert!(!region.is_closed());
+    srv.shutdown();
+    assert!(region.is_closed());
+    let eof = tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        let mut b = [0u8; 1];
+        (&sock).read(&mut b)
+    })
+    .await
+    .unwrap();
+    assert!(matches!(eof, Ok(0) | Err(_)), "{eof:?}");
+    let gone = tokio::task::spawn_blocking(move || map_region(&name).map(drop))
+        .await
+        .unwrap();
+    assert!(gone.is_err(), "the name is released");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_shared_dram_answers_with_a_socket_name() {
+    let mut c = cfg(MediumKind::Dram, 1);
+    c.shared_memory = false;
+    let srv = StorageServer::start(c).await.unwrap();
+    let conn = Connection::connect(&srv.local_addr().to_string(), TIMEOUT)
+        .await
+        .unwrap();
+    assert_eq!(shm_name(&conn).await, "", "sharing disabled");
+    assert_eq!(srv.shared_memory_name(), None);
+
+    let dir = tempfile::tempdir().unwrap();
+    let srv = StorageServer::start(cfg(
+        MediumKind::File {
+            path: dir.path().join("b"),
+        },
+        1,
+    ))
+    .await
+    .unwrap();
+    let conn = Connection::connect(&srv.local_addr().to_string(), TIMEOUT)
+        .await
+        .unwrap();
+    assert_eq!(shm_name(&conn).await, "", "file medium");
+    let e = conn.call(op::SHM_INFO, &[b"x"]).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::Protocol, "{e}");
+}
+
+/// Each server has its own socket; many clients can map one server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_clients_map_one_server() {
+    let a = StorageServer::start(cfg(MediumKind::Dram, 2))
+        .await
+        .unwrap();
+    let b = StorageServer::start(cfg(MediumKind::Dram, 2))
+        .await
+        .unwrap();
+    assert_ne!(a.shared_memory_name(), b.shared_memory_name());
+    let name = a.shared_memory_name().unwrap().to_string();
+    let maps = tokio::task::spawn_blocking(move || {
+        (0..8)
+            .map(|_| map_region(&name).unwrap())
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    for (i, (r, _)) in maps.iter().enumerate() {
+        r.write(1, 10 + i as u64, 0, &[i as u8; 8]).unwrap();
+    }
+    assert_eq!(a.store().generation(1), Some(17));
+    assert_eq!(b.store().generation(1), Some(0), "another server's memory");
+}

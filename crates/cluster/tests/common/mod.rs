@@ -56,6 +56,57 @@ pub async fn start(dram: u64, file: u64) -> TestCluster {
     start_with(cfg, dir).await
 }
 
+/// Like [`start`], with clients that map the co-located DRAM server
+/// (`shared_memory`) or reach every server over the network.
+pub async fn start_on_path(dram: u64, file: u64, shared_memory: bool) -> TestCluster {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(dram, file, &dir);
+    cfg.client.shared_memory = shared_memory;
+    start_with(cfg, dir).await
+}
+
+/// Checks that `client` moved DRAM blocks on the path it was configured
+/// for: through the mapping of the DRAM server (and only its blocks), or
+/// only over the network.
+pub fn assert_data_path(t: &TestCluster, client: &Client, shared_memory: bool) {
+    let stats = client.data_path_stats();
+    let dram = t
+        .cluster
+        .stores
+        .iter()
+        .find(|s| s.shared_memory_name().is_some())
+        .map(|s| s.advertised_addr().to_string());
+    if shared_memory {
+        let dram = dram.expect("a DRAM server sharing its memory");
+        assert!(client.is_colocated(&dram), "DRAM server {dram} is mapped");
+        assert!(
+            stats.mapped_reads > 0 && stats.mapped_writes > 0,
+            "the mapping was used: {stats:?}"
+        );
+        for s in &t.cluster.stores {
+            if s.shared_memory_name().is_none() {
+                assert!(
+                    !client.is_colocated(s.advertised_addr()),
+                    "file tier is not mapped"
+                );
+            }
+        }
+    } else {
+        assert_eq!(
+            (stats.mapped_reads, stats.mapped_writes),
+            (0, 0),
+            "shared memory off: network only"
+        );
+        assert!(
+            stats.network_reads > 0 && stats.network_writes > 0,
+            "{stats:?}"
+        );
+        for s in &t.cluster.stores {
+            assert!(!client.is_colocated(s.advertised_addr()));
+        }
+    }
+}
+
 /// Deterministic pseudo-random bytes.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     use rand::{RngCore, SeedableRng};
