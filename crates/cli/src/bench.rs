@@ -87,6 +87,10 @@ pub struct BenchArgs {
     /// Start an in-process cluster instead of connecting
     #[arg(long)]
     embedded: bool,
+    /// Force the network data path (no shared-memory mapping of co-located
+    /// DRAM servers)
+    #[arg(long)]
+    remote: bool,
     /// DRAM of the embedded cluster
     #[arg(long, value_parser = crate::parse_size, default_value = "1GiB")]
     dram: ByteSize,
@@ -179,6 +183,10 @@ pub async fn run(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<()> {
     } else {
         cfg
     };
+    let mut cfg = cfg;
+    if a.remote {
+        cfg.shared_memory = false;
+    }
     let mut report = bench(cfg, a).await?;
     if let Some(Peer::Redis) = a.vs {
         report.peer = Some(redis::compare(a.mode, a.clients, a.count, a.size.0, &report).await?);

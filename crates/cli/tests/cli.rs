@@ -386,6 +386,10 @@ fn bench_reports_valid_json() {
         "bench", "getkey", "-k", "30", "-w", "3", "-s", "100", "--json",
     ]);
     check_report("getkey", &r, 30);
+    let r = up.json(&[
+        "bench", "read", "--remote", "-k", "30", "-w", "3", "-s", "4KiB", "--json",
+    ]);
+    check_report("read", &r, 30);
     drop(up);
 
     let dir = tempfile::tempdir().unwrap();
