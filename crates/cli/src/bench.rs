@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use futures::stream::{self, StreamExt, TryStreamExt};
 use hdrhistogram::Histogram;
-use nodekernel_client::{Client, ClientConfig, CreateOptions, NodeType};
+use nodekernel_client::{Client, ClientConfig, CreateOptions, DataPathStats, NodeType};
 use nodekernel_cluster::{human, ByteSize, Config, LocalCluster};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -87,8 +87,9 @@ pub struct BenchArgs {
     /// Start an in-process cluster instead of connecting
     #[arg(long)]
     embedded: bool,
-    /// Force the network data path (no shared-memory mapping of co-located
-    /// DRAM servers)
+    /// Act as a client on another host: the network data path (no
+    /// shared-memory mapping of co-located DRAM servers) and TCP for
+    /// metadata (no Unix socket)
     #[arg(long)]
     remote: bool,
     /// DRAM of the embedded cluster
@@ -147,8 +148,54 @@ pub struct Report {
     pub gb_per_sec: f64,
     pub non_enumerable: bool,
     pub latency_us: Latency,
+    /// How block bytes moved: `shared-memory`, `network`, `mixed`, or
+    /// `none` (metadata-only modes, baselines).
+    pub data_path: &'static str,
+    /// How metadata requests went: `unix` (a co-located metadata server's
+    /// Unix socket), `tcp`, or `none` (baselines).
+    pub meta_transport: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peer: Option<redis::PeerReport>,
+}
+
+/// The paths the benchmark's clients took (see [`Report`]).
+#[derive(Default)]
+struct Paths {
+    stats: DataPathStats,
+    unix_meta: bool,
+}
+
+impl Paths {
+    fn add(&mut self, c: &Client) {
+        let s = c.data_path_stats();
+        self.stats.mapped_reads += s.mapped_reads;
+        self.stats.mapped_writes += s.mapped_writes;
+        self.stats.network_reads += s.network_reads;
+        self.stats.network_writes += s.network_writes;
+        self.unix_meta |= c
+            .meta_route(0)
+            .is_some_and(|r| r.starts_with(nodekernel_client::UNIX_PREFIX));
+    }
+
+    fn data_path(&self) -> &'static str {
+        let s = &self.stats;
+        let mapped = s.mapped_reads + s.mapped_writes;
+        let network = s.network_reads + s.network_writes;
+        match (mapped > 0, network > 0) {
+            (false, false) => "none",
+            (true, false) => "shared-memory",
+            (false, true) => "network",
+            (true, true) => "mixed",
+        }
+    }
+
+    fn meta_transport(&self) -> &'static str {
+        if self.unix_meta {
+            "unix"
+        } else {
+            "tcp"
+        }
+    }
 }
 
 pub async fn run(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<()> {
@@ -186,6 +233,7 @@ pub async fn run(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<()> {
     let mut cfg = cfg;
     if a.remote {
         cfg.shared_memory = false;
+        cfg.unix_sockets = false;
     }
     let mut report = bench(cfg, a).await?;
     if let Some(Peer::Redis) = a.vs {
@@ -215,8 +263,8 @@ fn print_human(r: &Report, a: &BenchArgs) {
         }
     );
     println!(
-        "  {:.0} ops/s, {:.3} GB/s, {:.3} s",
-        r.ops_per_sec, r.gb_per_sec, r.seconds
+        "  {:.0} ops/s, {:.3} GB/s, {:.3} s (data path: {}, metadata over {})",
+        r.ops_per_sec, r.gb_per_sec, r.seconds, r.data_path, r.meta_transport
     );
     println!(
         "  latency us: p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
@@ -283,7 +331,7 @@ pub async fn bench(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<Report> {
     setup.mkdir(&plan.root, false).await?;
     let result = run_clients(&setup, cfg, a, plan.clone()).await;
     let cleanup = setup.delete(&plan.root, true).await;
-    let (hist, ops, secs) = result?;
+    let (hist, ops, secs, paths) = result?;
     cleanup?;
     let bytes_per_op = match a.mode {
         Mode::Create | Mode::Lookup | Mode::Enumerate => 0,
@@ -303,6 +351,8 @@ pub async fn bench(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<Report> {
         gb_per_sec: bytes / secs / 1e9,
         non_enumerable: a.non_enumerable,
         latency_us: Latency::of(&hist),
+        data_path: paths.data_path(),
+        meta_transport: paths.meta_transport(),
         peer: None,
     })
 }
@@ -312,7 +362,7 @@ async fn run_clients(
     cfg: ClientConfig,
     a: &BenchArgs,
     plan: Arc<Plan>,
-) -> anyhow::Result<(Histogram<u64>, u64, f64)> {
+) -> anyhow::Result<(Histogram<u64>, u64, f64, Paths)> {
     let value = vec![0x5Au8; plan.size];
     for c in 0..a.clients {
         prepare(setup, &plan, &plan.dir(c), &value).await?;
@@ -325,17 +375,20 @@ async fn run_clients(
         let barrier = barrier.clone();
         let value = value.clone();
         tasks.push(tokio::spawn(async move {
-            one_client(client, plan, c, value, barrier).await
+            let r = one_client(client.clone(), plan, c, value, barrier).await;
+            r.map(|(h, elapsed)| (h, elapsed, client))
         }));
     }
     let mut hist = new_histogram();
     let mut wall = Duration::ZERO;
+    let mut paths = Paths::default();
     for t in tasks {
-        let (h, elapsed) = t.await??;
+        let (h, elapsed, client) = t.await??;
         hist.add(&h).context("merging histograms")?;
         wall = wall.max(elapsed);
+        paths.add(&client);
     }
-    Ok((hist.clone(), hist.len(), wall.as_secs_f64()))
+    Ok((hist.clone(), hist.len(), wall.as_secs_f64(), paths))
 }
 
 fn new_histogram() -> Histogram<u64> {
@@ -739,6 +792,8 @@ async fn baseline(a: &BenchArgs) -> anyhow::Result<Report> {
         gb_per_sec: bytes / secs / 1e9,
         non_enumerable: false,
         latency_us: Latency::of(&hist),
+        data_path: "none",
+        meta_transport: "none",
         peer: None,
     })
 }

@@ -335,6 +335,22 @@ fn check_report(mode: &str, r: &Value, max_ops: u64) {
         "{mode}: ordered percentiles {p:?}"
     );
     assert!(l["mean"].as_f64().unwrap() > 0.0);
+    let path = r["data_path"].as_str().unwrap();
+    assert!(
+        ["shared-memory", "network", "mixed", "none"].contains(&path),
+        "{mode}: {r}"
+    );
+    let meta = r["meta_transport"].as_str().unwrap();
+    assert!(["unix", "tcp"].contains(&meta), "{mode}: {r}");
+}
+
+/// Checks that a report says the run took the expected paths.
+fn check_paths(r: &Value, data: &str, meta: &str) {
+    assert_eq!(
+        (r["data_path"].as_str(), r["meta_transport"].as_str()),
+        (Some(data), Some(meta)),
+        "{r}"
+    );
 }
 
 #[test]
@@ -378,6 +394,8 @@ fn bench_reports_valid_json() {
         if matches!(mode, "write" | "read" | "randread" | "putkey" | "getkey") {
             assert_eq!(r["size"], 1024, "{mode}");
             assert!(r["mb_per_sec"].as_f64().unwrap() > 0.0, "{mode}");
+            // An embedded cluster is co-located with its clients.
+            check_paths(&r, "shared-memory", "unix");
         }
     }
     // Against a separately started cluster (nk up), not an embedded one.
@@ -386,10 +404,12 @@ fn bench_reports_valid_json() {
         "bench", "getkey", "-k", "30", "-w", "3", "-s", "100", "--json",
     ]);
     check_report("getkey", &r, 30);
+    check_paths(&r, "shared-memory", "unix");
     let r = up.json(&[
         "bench", "read", "--remote", "-k", "30", "-w", "3", "-s", "4KiB", "--json",
     ]);
     check_report("read", &r, 30);
+    check_paths(&r, "network", "tcp");
     drop(up);
 
     let dir = tempfile::tempdir().unwrap();

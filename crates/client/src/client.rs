@@ -7,7 +7,7 @@ use nodekernel_proto::store::{encode_write_prefix, op as store_op};
 use nodekernel_proto::{
     path, ClusterStatus, Error, ErrorCode, NodeInfo, NodeType, RecordLoc, Result, NO_CLASS,
 };
-use nodekernel_rpc::ConnectionPool;
+use nodekernel_rpc::{ConnOptions, ConnectionPool};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +27,12 @@ pub struct ClientConfig {
     /// (default `true`). Servers elsewhere, file-tier servers and servers
     /// that do not share their memory are always reached over the network.
     pub shared_memory: bool,
+    /// Talk to metadata servers on the same host over their abstract Unix
+    /// socket instead of TCP (default `true`).
+    pub unix_sockets: bool,
+    /// How long a caller busy-polls for a reply before parking (0 disables
+    /// spinning; default 50 µs or `NK_POLL_SPIN_US`).
+    pub poll_spin: Duration,
 }
 
 impl ClientConfig {
@@ -37,6 +43,8 @@ impl ClientConfig {
             location: default_location(),
             transfers_in_flight: 16,
             shared_memory: true,
+            unix_sockets: true,
+            poll_spin: nodekernel_rpc::default_spin(),
         }
     }
 }
@@ -84,6 +92,9 @@ impl Default for CreateOptions {
 
 pub(crate) struct Inner {
     pub(crate) cfg: ClientConfig,
+    /// Where each partition's requests go: the configured TCP address, or
+    /// the server's Unix socket once it has proved to be on this host.
+    routes: Vec<std::sync::RwLock<Arc<str>>>,
     pub(crate) pool: ConnectionPool,
     /// Mapped co-located storage servers.
     pub(crate) local: Local,
@@ -104,15 +115,56 @@ impl Client {
         }
         let client = Client {
             inner: Arc::new(Inner {
-                pool: ConnectionPool::new(cfg.timeout),
+                pool: ConnectionPool::with_options(ConnOptions {
+                    timeout: cfg.timeout,
+                    spin: cfg.poll_spin,
+                }),
+                routes: cfg
+                    .metas
+                    .iter()
+                    .map(|a| std::sync::RwLock::new(Arc::from(a.as_str())))
+                    .collect(),
                 cfg,
                 local: Local::default(),
             }),
         };
         for i in 0..client.inner.cfg.metas.len() {
             client.meta_at(i, &MetaRequest::Status).await?;
+            if client.inner.cfg.unix_sockets {
+                client.try_local_route(i).await;
+            }
         }
         Ok(client)
+    }
+
+    /// Switches partition `idx` to the metadata server's abstract Unix
+    /// socket if it has one and it can be reached (only from the same host
+    /// and network namespace); otherwise it stays on TCP.
+    async fn try_local_route(&self, idx: usize) {
+        let name = match self.meta_at(idx, &MetaRequest::LocalSocket).await {
+            Ok(MetaReply::LocalSocket(name)) if !name.is_empty() => name,
+            Ok(_) => return,
+            Err(e) => {
+                tracing::debug!("metadata server {idx} tells no local socket: {e}");
+                return;
+            }
+        };
+        let addr = nodekernel_rpc::abstract_unix_addr(&name);
+        match self.inner.pool.get(&addr).await {
+            Ok(_) => *self.route(idx).write().unwrap_or_else(|p| p.into_inner()) = addr.into(),
+            Err(e) => tracing::debug!("metadata server {idx} is not on this host: {e}"),
+        }
+    }
+
+    fn route(&self, idx: usize) -> &std::sync::RwLock<Arc<str>> {
+        &self.inner.routes[idx]
+    }
+
+    /// The address requests to metadata partition `idx` go to: its
+    /// configured address, or `unix:@name` when the server is on this host.
+    pub fn meta_route(&self, idx: usize) -> Option<String> {
+        let r = self.inner.routes.get(idx)?;
+        Some(r.read().unwrap_or_else(|p| p.into_inner()).to_string())
     }
 
     pub fn config(&self) -> &ClientConfig {
@@ -169,10 +221,27 @@ impl Client {
 
     /// Sends a metadata request to partition `idx`.
     pub(crate) async fn meta_at(&self, idx: usize, req: &MetaRequest) -> Result<MetaReply> {
-        let addr = &self.inner.cfg.metas[idx];
+        let addr = self
+            .route(idx)
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         let mut buf = BytesMut::with_capacity(128);
         req.encode(&mut buf);
-        let reply = self.inner.pool.call(addr, req.op(), &[&buf]).await?;
+        let reply = match self.inner.pool.call(&addr, req.op(), &[&buf]).await {
+            Ok(r) => r,
+            Err(e) => {
+                let tcp = &self.inner.cfg.metas[idx];
+                if e.code == ErrorCode::Unavailable && *addr != **tcp {
+                    // The local socket is gone (the server stopped); later
+                    // requests go to the configured address.
+                    tracing::debug!("metadata server {idx}: {e}; back to {tcp}");
+                    *self.route(idx).write().unwrap_or_else(|p| p.into_inner()) =
+                        Arc::from(tcp.as_str());
+                }
+                return Err(e);
+            }
+        };
         MetaReply::decode(req.op(), &reply)
     }
 

@@ -32,3 +32,5 @@ pub use node::{Node, Reader};
 pub use nodekernel_proto::{
     BlockLoc, ClassInfo, ClusterStatus, Error, ErrorCode, NodeInfo, NodeType, Result, ServerStatus,
 };
+/// Prefix of Unix-socket addresses (see [`Client::meta_route`]).
+pub use nodekernel_rpc::UNIX_PREFIX;

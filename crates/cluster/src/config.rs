@@ -82,6 +82,10 @@ pub struct MetaSection {
     pub block_size: ByteSize,
     pub lease_timeout_ms: u64,
     pub dead_after_ms: u64,
+    /// Busy-poll budget of idle connections (default: `NK_POLL_SPIN_US` or 50).
+    pub poll_spin_us: Option<u64>,
+    /// Also serve clients on this host over an abstract Unix socket.
+    pub unix_socket: bool,
 }
 
 impl Default for MetaSection {
@@ -91,6 +95,8 @@ impl Default for MetaSection {
             block_size: ByteSize(nodekernel_proto::DEFAULT_BLOCK_SIZE as u64),
             lease_timeout_ms: 30_000,
             dead_after_ms: 10_000,
+            poll_spin_us: None,
+            unix_socket: true,
         }
     }
 }
@@ -106,6 +112,10 @@ pub struct ClientSection {
     pub location: String,
     /// Map co-located DRAM storage servers' memory (zero-copy data path).
     pub shared_memory: bool,
+    /// Reach metadata servers on this host over their Unix socket.
+    pub unix_socket: bool,
+    /// Busy-poll budget while waiting for a reply.
+    pub poll_spin_us: Option<u64>,
 }
 
 impl Default for ClientSection {
@@ -116,6 +126,8 @@ impl Default for ClientSection {
             transfers_in_flight: 16,
             location: String::new(),
             shared_memory: true,
+            unix_socket: true,
+            poll_spin_us: None,
         }
     }
 }
@@ -144,6 +156,8 @@ pub struct StoreSection {
     pub heartbeat_ms: u64,
     /// DRAM stores: hand the memory to co-located clients.
     pub shared_memory: bool,
+    /// Busy-poll budget of idle connections.
+    pub poll_spin_us: Option<u64>,
 }
 
 impl Default for StoreSection {
@@ -159,6 +173,7 @@ impl Default for StoreSection {
             location: String::new(),
             heartbeat_ms: 1_000,
             shared_memory: true,
+            poll_spin_us: None,
         }
     }
 }
@@ -294,7 +309,8 @@ impl Config {
             lease_timeout: Duration::from_millis(self.meta.lease_timeout_ms),
             dead_after: Duration::from_millis(self.meta.dead_after_ms),
             classes: self.classes(),
-            poll_spin: nodekernel_rpc::default_spin(),
+            poll_spin: spin(self.meta.poll_spin_us),
+            unix_socket: self.meta.unix_socket,
         }
     }
 
@@ -319,6 +335,8 @@ impl Config {
         c.timeout = Duration::from_millis(self.client.timeout_ms);
         c.transfers_in_flight = self.client.transfers_in_flight;
         c.shared_memory = self.client.shared_memory;
+        c.unix_sockets = self.client.unix_socket;
+        c.poll_spin = spin(self.client.poll_spin_us);
         if !self.client.location.is_empty() {
             c.location = self.client.location.clone();
         }
@@ -391,8 +409,15 @@ impl Config {
             heartbeat_interval: Duration::from_millis(s.heartbeat_ms),
             rpc_timeout: Duration::from_millis(self.client.timeout_ms),
             shared_memory: s.shared_memory,
+            poll_spin: spin(s.poll_spin_us),
         })
     }
+}
+
+/// A configured busy-poll budget, or the process default.
+fn spin(us: Option<u64>) -> Duration {
+    us.map(Duration::from_micros)
+        .unwrap_or_else(nodekernel_rpc::default_spin)
 }
 
 #[cfg(test)]
@@ -415,11 +440,16 @@ mod tests {
             [meta]
             listen = "0.0.0.0:7000"
             block_size = "64KiB"
+            poll_spin_us = 7
+            unix_socket = false
             [client]
             meta = ["a:1", "b:2"]
             shared_memory = false
+            unix_socket = false
+            poll_spin_us = 0
             [[store]]
             shared_memory = false
+            poll_spin_us = 3
             class = 1
             class_name = "nvme"
             medium = "file"
@@ -433,8 +463,13 @@ mod tests {
         assert_eq!(c.meta.block_size.0, 64 << 10);
         assert_eq!(c.client.meta.len(), 2);
         assert!(!c.client_config().shared_memory);
+        assert!(!c.client_config().unix_sockets);
+        assert_eq!(c.client_config().poll_spin, Duration::ZERO);
+        assert!(!c.meta_config().unix_socket);
+        assert_eq!(c.meta_config().poll_spin, Duration::from_micros(7));
         let sc = c.store_config(0, &c.store[0], vec![]).unwrap();
         assert!(!sc.shared_memory);
+        assert_eq!(sc.poll_spin, Duration::from_micros(3));
         assert_eq!(c.store[0].medium, Medium::File);
         assert_eq!(
             c.up_stores().len(),

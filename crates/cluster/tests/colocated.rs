@@ -313,3 +313,68 @@ impl PutFile for Client {
         n.close().await.unwrap();
     }
 }
+
+/// Metadata requests of a client on the metadata server's host go over the
+/// server's abstract Unix socket; switched off (on either side) they go
+/// over TCP, with the same results.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_requests_take_the_unix_socket_on_the_same_host() {
+    let t = common::start(64 * BS, 0).await;
+    let name = t.cluster.meta.local_socket().expect("meta listens locally");
+    assert!(name.starts_with("nodekernel-meta-"), "{name}");
+    let tcp = t.cluster.meta_addr().to_string();
+    let local = t.client.clone();
+    assert_eq!(local.meta_route(0).unwrap(), format!("unix:@{name}"));
+    let mut cfg = t.cluster.client_config();
+    cfg.unix_sockets = false;
+    let remote = Client::connect(cfg).await.unwrap();
+    assert_eq!(remote.meta_route(0).unwrap(), tcp);
+
+    // Each sees what the other did.
+    local
+        .create("/d", NodeType::Table, CreateOptions::default())
+        .await
+        .unwrap();
+    local.put("/d/a", b"from unix").await.unwrap();
+    remote.put("/d/b", b"from tcp").await.unwrap();
+    for c in [&local, &remote] {
+        assert_eq!(c.get("/d/a").await.unwrap(), b"from unix");
+        assert_eq!(c.get("/d/b").await.unwrap(), b"from tcp");
+        let mut names = c.enumerate("/d").await.unwrap();
+        names.sort();
+        assert_eq!(names, ["a", "b"]);
+    }
+    let e = local.lookup("/d/none").await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotFound, "errors cross the socket: {e}");
+
+    // A stopped server fails the local client at once, which then falls
+    // back to the configured address.
+    t.cluster.meta.shutdown();
+    let start = std::time::Instant::now();
+    let e = local.lookup("/d/a").await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::Unavailable, "{e}");
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(1),
+        "not a timeout"
+    );
+    assert_eq!(local.meta_route(0).unwrap(), tcp);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metadata_server_without_a_unix_socket_is_reached_over_tcp() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = common::config(16 * BS, 0, &dir);
+    cfg.meta.unix_socket = false;
+    let t = common::start_with(cfg, dir).await;
+    assert_eq!(t.cluster.meta.local_socket(), None);
+    assert_eq!(
+        t.client.meta_route(0).unwrap(),
+        t.cluster.meta_addr().to_string()
+    );
+    let c = &t.client;
+    c.create("/t", NodeType::Table, CreateOptions::default())
+        .await
+        .unwrap();
+    c.put("/t/k", b"v").await.unwrap();
+    assert_eq!(c.get("/t/k").await.unwrap(), b"v");
+}

@@ -7,7 +7,9 @@ use bytes::{Bytes, BytesMut};
 use nodekernel_proto::meta::MetaRequest;
 use nodekernel_proto::store::{encode_write_prefix, op as store_op};
 use nodekernel_proto::Result;
-use nodekernel_rpc::{serve_with, ConnectionPool, Handler, ServeOptions, ServerHandle};
+use nodekernel_rpc::{
+    bind_abstract_unix, serve_unix, serve_with, ConnectionPool, Handler, ServeOptions, ServerHandle,
+};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -30,7 +32,13 @@ pub struct MetaConfig {
     pub classes: Vec<nodekernel_proto::ClassInfo>,
     /// How long an idle connection busy-polls for the next request.
     pub poll_spin: Duration,
+    /// Also listen on an abstract Unix socket, which clients on the same
+    /// host use instead of TCP (a shorter round trip).
+    pub unix_socket: bool,
 }
+
+/// Prefix of a metadata server's abstract socket name.
+pub const LOCAL_SOCKET_PREFIX: &str = "nodekernel-meta-";
 
 impl Default for MetaConfig {
     fn default() -> Self {
@@ -41,6 +49,7 @@ impl Default for MetaConfig {
             dead_after: Duration::from_secs(10),
             classes: Vec::new(),
             poll_spin: nodekernel_rpc::default_spin(),
+            unix_socket: true,
         }
     }
 }
@@ -118,6 +127,8 @@ impl Handler for MetaHandler {
 /// A running metadata server.
 pub struct MetaServer {
     handle: ServerHandle,
+    /// The abstract Unix socket server, for clients on this host.
+    local: Option<ServerHandle>,
     ticker: JoinHandle<()>,
     handler: Arc<MetaHandler>,
 }
@@ -156,6 +167,29 @@ impl MetaServer {
             ..ServeOptions::default()
         };
         let handle = serve_with(listener, handler.clone(), opts)?;
+        // The Unix socket is an optimisation: without it, local clients
+        // simply use TCP.
+        let local = if cfg.unix_socket {
+            match bind_abstract_unix(LOCAL_SOCKET_PREFIX) {
+                Ok((name, l)) => {
+                    let h = serve_unix(l, handler.clone(), opts)?;
+                    handler
+                        .state
+                        .lock()
+                        .expect("meta state lock")
+                        .set_local_socket(name);
+                    Some(h)
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "cannot listen on an abstract Unix socket ({e}); local clients use TCP"
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let dead_after = cfg.dead_after.as_millis() as u64;
         let lease_ms = cfg.lease_timeout.as_millis() as u64;
         let h = handler.clone();
@@ -185,6 +219,7 @@ impl MetaServer {
         tracing::info!("metadata server listening on {}", handle.local_addr());
         Ok(MetaServer {
             handle,
+            local,
             ticker,
             handler,
         })
@@ -194,6 +229,13 @@ impl MetaServer {
         self.handle.local_addr()
     }
 
+    /// The abstract Unix socket name local clients may use, if listening.
+    pub fn local_socket(&self) -> Option<String> {
+        self.local.as_ref()?;
+        let name = self.with_state(|st| st.local_socket().to_string());
+        Some(name)
+    }
+
     /// Runs `f` on the state (for tests and embedding).
     pub fn with_state<R>(&self, f: impl FnOnce(&mut MetaState) -> R) -> R {
         f(&mut self.handler.state.lock().expect("meta state lock"))
@@ -201,6 +243,9 @@ impl MetaServer {
 
     pub fn shutdown(&self) {
         self.handle.shutdown();
+        if let Some(l) = &self.local {
+            l.shutdown();
+        }
         self.ticker.abort();
     }
 }

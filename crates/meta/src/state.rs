@@ -20,6 +20,7 @@ pub struct MetaState {
     next_lease: u64,
     claims: Vec<BlockClaim>,
     classes: Vec<ClassInfo>,
+    local_socket: String,
 }
 
 impl MetaState {
@@ -32,7 +33,18 @@ impl MetaState {
             next_lease: 1,
             claims: Vec::new(),
             classes: Vec::new(),
+            local_socket: String::new(),
         }
+    }
+
+    /// Sets the abstract Unix socket name the server shell also listens on
+    /// (answered by `LocalSocket`; empty for none).
+    pub fn set_local_socket(&mut self, name: String) {
+        self.local_socket = name;
+    }
+
+    pub fn local_socket(&self) -> &str {
+        &self.local_socket
     }
 
     /// Sets the configured storage classes (names and prices).
@@ -217,6 +229,7 @@ impl MetaState {
                     servers,
                 }))
             }
+            MetaRequest::LocalSocket => Ok(MetaReply::LocalSocket(self.local_socket.clone())),
         }
     }
 

@@ -22,6 +22,7 @@ pub mod op {
     pub const STATUS: u16 = 11;
     pub const RELEASE_SLOT: u16 = 12;
     pub const RECORD_NAMES: u16 = 13;
+    pub const LOCAL_SOCKET: u16 = 14;
 }
 
 /// Most blocks one map request may ask for.
@@ -102,6 +103,9 @@ pub enum MetaRequest {
         container: u64,
         slots: Vec<u32>,
     },
+    /// The abstract Unix socket this server also listens on, for clients
+    /// on the same host (empty payload).
+    LocalSocket,
 }
 
 impl MetaRequest {
@@ -120,6 +124,7 @@ impl MetaRequest {
             MetaRequest::Status => op::STATUS,
             MetaRequest::ReleaseSlot { .. } => op::RELEASE_SLOT,
             MetaRequest::RecordNames { .. } => op::RECORD_NAMES,
+            MetaRequest::LocalSocket => op::LOCAL_SOCKET,
         }
     }
 
@@ -194,7 +199,7 @@ impl MetaRequest {
             MetaRequest::Heartbeat { server } => {
                 e.u32(*server);
             }
-            MetaRequest::Status => {}
+            MetaRequest::Status | MetaRequest::LocalSocket => {}
             MetaRequest::ReleaseSlot { container, slot } => {
                 e.u64(*container).u32(*slot);
             }
@@ -255,6 +260,7 @@ impl MetaRequest {
             },
             op::HEARTBEAT => MetaRequest::Heartbeat { server: d.u32()? },
             op::STATUS => MetaRequest::Status,
+            op::LOCAL_SOCKET => MetaRequest::LocalSocket,
             op::RELEASE_SLOT => MetaRequest::ReleaseSlot {
                 container: d.u64()?,
                 slot: d.u32()?,
@@ -313,6 +319,8 @@ pub enum MetaReply {
     Registered { server: u32 },
     /// Status.
     Status(ClusterStatus),
+    /// LocalSocket: the abstract socket name, empty when there is none.
+    LocalSocket(String),
 }
 
 impl MetaReply {
@@ -351,6 +359,9 @@ impl MetaReply {
                 e.u32(*server);
             }
             MetaReply::Status(s) => s.encode(e),
+            MetaReply::LocalSocket(name) => {
+                e.str(name);
+            }
         }
     }
 
@@ -403,6 +414,10 @@ impl MetaReply {
             }
             op::REGISTER => MetaReply::Registered { server: d.u32()? },
             op::STATUS => MetaReply::Status(ClusterStatus::decode(&mut d)?),
+            op::LOCAL_SOCKET => MetaReply::LocalSocket(crate::store::check_socket_name(
+                d.string()?,
+                "local socket",
+            )?),
             other => {
                 return Err(Error::protocol(format!(
                     "reply to unknown metadata op {other}"
@@ -472,6 +487,7 @@ mod tests {
                 container: 3,
                 slots: vec![1, 5, 9],
             },
+            MetaRequest::LocalSocket,
         ]
     }
 
@@ -589,6 +605,8 @@ mod tests {
                 ]),
             ),
             (op::STATUS, MetaReply::Status(status)),
+            (op::LOCAL_SOCKET, MetaReply::LocalSocket("nk-meta-1".into())),
+            (op::LOCAL_SOCKET, MetaReply::LocalSocket(String::new())),
         ];
         for (op, r) in cases {
             let mut b = BytesMut::new();
@@ -597,6 +615,19 @@ mod tests {
             for cut in 0..b.len() {
                 assert!(MetaReply::decode(op, &b[..cut]).is_err());
             }
+        }
+    }
+
+    #[test]
+    fn local_socket_names_are_bounded() {
+        for bad in [
+            "a\0b".to_string(),
+            "x".repeat(crate::store::MAX_SHM_NAME_LEN + 1),
+        ] {
+            let mut b = BytesMut::new();
+            MetaReply::LocalSocket(bad).encode(&mut b);
+            let e = MetaReply::decode(op::LOCAL_SOCKET, &b).unwrap_err();
+            assert!(e.message.contains("bad socket name"), "{e}");
         }
     }
 }

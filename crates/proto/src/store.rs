@@ -115,8 +115,8 @@ pub fn encode_write_prefix(buf: &mut BytesMut, block: u32, gen: u64, offset: u32
     Enc(buf).u32(block).u64(gen).u32(offset);
 }
 
-/// Longest abstract socket name a `SHM_INFO` reply may carry (the limit of
-/// `sockaddr_un.sun_path` minus the leading NUL).
+/// Longest abstract socket name a `SHM_INFO` or `LOCAL_SOCKET` reply may
+/// carry (the limit of `sockaddr_un.sun_path` minus the leading NUL).
 pub const MAX_SHM_NAME_LEN: usize = 107;
 
 /// Encodes a `SHM_INFO` reply: the server's abstract socket name, empty when
@@ -130,9 +130,14 @@ pub fn decode_shm_info(payload: &[u8]) -> Result<String> {
     let mut d = Dec::new(payload, "shared-memory info");
     let name = d.string()?;
     d.finish()?;
+    check_socket_name(name, "shared-memory info")
+}
+
+/// Refuses an abstract socket name that is too long or holds a NUL.
+pub(crate) fn check_socket_name(name: String, what: &str) -> Result<String> {
     if name.len() > MAX_SHM_NAME_LEN || name.contains('\0') {
         return Err(Error::protocol(format!(
-            "shared-memory info: bad socket name of {} bytes",
+            "{what}: bad socket name of {} bytes",
             name.len()
         )));
     }

@@ -1,15 +1,13 @@
+use crate::transport::{ReadHalf, Stream, WriteHalf};
 use bytes::{Buf, Bytes, BytesMut};
 use nodekernel_proto::frame::STATUS_OK;
 use nodekernel_proto::{Error, FrameHeader, Result, HEADER_LEN, MAX_PAYLOAD_LEN};
 use std::collections::HashMap;
 use std::io::IoSlice;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
 /// Settings of a client connection.
@@ -37,7 +35,7 @@ type Waiters = HashMap<u64, oneshot::Sender<Result<Bytes>>>;
 /// The receiving side of a connection, driven either by the reader task or
 /// by a caller spinning for its reply (whoever holds `buf`).
 struct Inbound {
-    rd: OwnedReadHalf,
+    rd: ReadHalf,
     buf: Mutex<BytesMut>,
 }
 
@@ -72,7 +70,7 @@ impl Shared {
         let Ok(mut buf) = self.inbound.buf.try_lock() else {
             return Ok(Pump::Busy);
         };
-        let fd = self.inbound.rd.as_ref().as_raw_fd();
+        let fd = self.inbound.rd.fd();
         let mut progress = false;
         loop {
             match crate::recv_now(fd, &mut buf) {
@@ -126,7 +124,7 @@ impl Shared {
 /// in flight, replies matched by id, every call bounded by a timeout.
 pub struct Connection {
     shared: Arc<Shared>,
-    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    writer: tokio::sync::Mutex<WriteHalf>,
     next_id: AtomicU64,
     opts: ConnOptions,
     reader: tokio::task::JoinHandle<()>,
@@ -139,15 +137,16 @@ impl Drop for Connection {
 }
 
 impl Connection {
-    /// Connects to `addr`, giving up after `timeout`. The same timeout bounds
-    /// every call made on the connection.
+    /// Connects to `addr` (`host:port`, `unix:@name` or `unix:/path`),
+    /// giving up after `timeout`. The same timeout bounds every call made on
+    /// the connection.
     pub async fn connect(addr: &str, timeout: Duration) -> Result<Connection> {
         Connection::connect_with(addr, ConnOptions::new(timeout)).await
     }
 
     pub async fn connect_with(addr: &str, opts: ConnOptions) -> Result<Connection> {
         let timeout = opts.timeout;
-        let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+        let stream = match tokio::time::timeout(timeout, Stream::connect(addr)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => return Err(Error::unavailable(format!("cannot connect to {addr}: {e}"))),
             Err(_) => {
@@ -156,10 +155,7 @@ impl Connection {
                 )))
             }
         };
-        stream
-            .set_nodelay(true)
-            .map_err(|e| crate::io_error(addr, e))?;
-        let (rd, wr) = stream.into_split();
+        let (rd, wr) = stream.split();
         let shared = Arc::new(Shared {
             waiters: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
@@ -290,7 +286,7 @@ impl Connection {
 }
 
 /// Writes every slice, with as few `writev` calls as the socket allows.
-async fn write_all_vectored(w: &mut OwnedWriteHalf, slices: &mut [&[u8]]) -> std::io::Result<()> {
+async fn write_all_vectored(w: &mut WriteHalf, slices: &mut [&[u8]]) -> std::io::Result<()> {
     let mut first = 0;
     while first < slices.len() {
         let io: Vec<IoSlice> = slices[first..].iter().map(|s| IoSlice::new(s)).collect();
@@ -315,10 +311,9 @@ async fn read_loop(shared: Arc<Shared>) {
         if let Err(e) = shared.inbound.rd.readable().await {
             break crate::io_error(&format!("connection to {}", shared.peer), e);
         }
-        let stream: &TcpStream = shared.inbound.rd.as_ref();
         // `pump` reads to EAGAIN; reporting WouldBlock through `try_io` makes
         // the reactor clear its readiness and wait for new data.
-        let outcome = stream.try_io(tokio::io::Interest::READABLE, || match shared.pump() {
+        let outcome = shared.inbound.rd.try_io(|| match shared.pump() {
             Ok(Pump::Idle | Pump::Progress) => Err(std::io::ErrorKind::WouldBlock.into()),
             other => Ok(other),
         });

@@ -1,6 +1,7 @@
 //! NodeKernel transport.
 //!
-//! [`Connection`] is the client end: one socket, many requests in flight,
+//! [`Connection`] is the client end: one socket (TCP, or a Unix socket for
+//! a server on the same host), many requests in flight,
 //! replies matched to requests by id, every call bounded by a timeout.
 //! [`serve`] is the server end: an accept loop that reads frames, hands each
 //! request to a [`Handler`] and writes the reply, batching replies while more
@@ -13,9 +14,11 @@
 
 mod client;
 mod server;
+mod transport;
 
 pub use client::{ConnOptions, Connection, ConnectionPool};
-pub use server::{serve, serve_with, Handler, ServeOptions, ServerHandle};
+pub use server::{serve, serve_unix, serve_with, Handler, ServeOptions, ServerHandle};
+pub use transport::{abstract_unix_addr, bind_abstract_unix, bind_unix, UNIX_PREFIX};
 
 /// Busy-poll budget used when a setting does not say otherwise: 50 µs,
 /// or `NK_POLL_SPIN_US` from the environment (0 disables spinning). See

@@ -1,3 +1,4 @@
+use crate::transport::{Listener, ReadHalf, Stream};
 use bytes::{Buf, Bytes, BytesMut};
 use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
@@ -5,12 +6,11 @@ use nodekernel_proto::frame::STATUS_OK;
 use nodekernel_proto::{Error, ErrorCode, FrameHeader, Result, HEADER_LEN};
 use std::future::Future;
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncWriteExt, BufWriter};
-use tokio::net::tcp::OwnedReadHalf;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, UnixListener};
 use tokio::task::{JoinHandle, JoinSet};
 
 /// Serves requests of one kind of server (metadata or storage).
@@ -48,7 +48,8 @@ impl Default for ServeOptions {
 /// A running server. Dropping it (or calling [`ServerHandle::shutdown`])
 /// stops accepting and closes every connection.
 pub struct ServerHandle {
-    addr: SocketAddr,
+    /// The TCP address served; `None` for a Unix-socket server.
+    addr: Option<SocketAddr>,
     task: JoinHandle<()>,
     /// Duplicates of the listening socket and of every open connection, so
     /// `shutdown` takes effect synchronously: the aborted tasks are only
@@ -62,12 +63,17 @@ struct Sockets {
     listener: std::sync::Mutex<Option<OwnedFd>>,
     conns: std::sync::Mutex<std::collections::HashMap<u64, OwnedFd>>,
     stopped: std::sync::atomic::AtomicBool,
+    /// Wakes the accept loop: a shut-down Unix listener keeps reporting
+    /// readiness while `accept` finds nothing, so the loop must not rely on
+    /// an accept error to notice the end.
+    stop: tokio::sync::Notify,
 }
 
 impl Sockets {
     fn shutdown_all(&self) {
         self.stopped
             .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.stop.notify_one();
         let close = |fd: &OwnedFd| {
             // shutdown(2) ends a listener's accepting and a connection's
             // traffic at once. SAFETY: a plain system call on a descriptor
@@ -102,8 +108,11 @@ impl Drop for Registered {
 }
 
 impl ServerHandle {
+    /// The TCP address served (the unspecified address `0.0.0.0:0` for a
+    /// server started with [`serve_unix`]).
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)))
     }
 
     /// Stops the server: from the moment this returns, new connections are
@@ -134,11 +143,29 @@ pub fn serve_with<H: Handler>(
     let addr = listener
         .local_addr()
         .map_err(|e| crate::io_error("listener address", e))?;
+    serve_listener(Listener::Tcp(listener), Some(addr), handler, opts)
+}
+
+/// Like [`serve_with`], on a Unix-domain listener (see
+/// [`crate::bind_unix`]): for clients on the same host.
+pub fn serve_unix<H: Handler>(
+    listener: UnixListener,
+    handler: Arc<H>,
+    opts: ServeOptions,
+) -> Result<ServerHandle> {
+    serve_listener(Listener::Unix(listener), None, handler, opts)
+}
+
+fn serve_listener<H: Handler>(
+    listener: Listener,
+    addr: Option<SocketAddr>,
+    handler: Arc<H>,
+    opts: ServeOptions,
+) -> Result<ServerHandle> {
     let sockets = Arc::new(Sockets::default());
     *sockets.listener.lock().expect("sockets lock") = Some(
         listener
-            .as_fd()
-            .try_clone_to_owned()
+            .dup()
             .map_err(|e| crate::io_error("duplicating the listening socket", e))?,
     );
     let registry = sockets.clone();
@@ -153,10 +180,11 @@ pub fn serve_with<H: Handler>(
         let mut next_id = 0u64;
         loop {
             tokio::select! {
+                biased;
+                () = registry.stop.notified() => return,
                 accepted = listener.accept() => match accepted {
                     Ok((stream, peer)) => {
-                        let _ = stream.set_nodelay(true);
-                        let Ok(dup) = stream.as_fd().try_clone_to_owned() else {
+                        let Ok(dup) = stream.dup() else {
                             continue; // out of descriptors: drop this connection
                         };
                         next_id += 1;
@@ -215,7 +243,7 @@ async fn handle_one<H: Handler>(
     handler: Arc<H>,
     header: FrameHeader,
     payload: Bytes,
-    peer: SocketAddr,
+    peer: Arc<str>,
 ) -> BytesMut {
     let mut out = BytesMut::with_capacity(256);
     let start = FrameHeader::begin(&mut out, header.id, STATUS_OK);
@@ -232,14 +260,11 @@ async fn handle_one<H: Handler>(
 
 /// Reads whatever the socket has without blocking: `Some(true)` data,
 /// `Some(false)` end of stream, `None` nothing yet.
-fn try_fill(rd: &OwnedReadHalf, buf: &mut BytesMut) -> std::io::Result<Option<bool>> {
-    let stream: &TcpStream = rd.as_ref();
+fn try_fill(rd: &ReadHalf, buf: &mut BytesMut) -> std::io::Result<Option<bool>> {
     // Inside `try_io`, so a WouldBlock clears the reactor's readiness.
-    match stream.try_io(tokio::io::Interest::READABLE, || {
-        match crate::recv_now(stream.as_raw_fd(), buf) {
-            Ok(None) => Err(std::io::ErrorKind::WouldBlock.into()),
-            other => other,
-        }
+    match rd.try_io(|| match crate::recv_now(rd.fd(), buf) {
+        Ok(None) => Err(std::io::ErrorKind::WouldBlock.into()),
+        other => other,
     }) {
         Ok(Some(0)) => Ok(Some(false)),
         Ok(_) => Ok(Some(true)),
@@ -252,11 +277,11 @@ fn try_fill(rd: &OwnedReadHalf, buf: &mut BytesMut) -> std::io::Result<Option<bo
 /// yielding between polls so other tasks of this worker (another server's
 /// connection, say) still run.
 async fn spin_fill(
-    rd: &OwnedReadHalf,
+    rd: &ReadHalf,
     buf: &mut BytesMut,
     spin: Duration,
 ) -> std::io::Result<Option<bool>> {
-    let fd = AsRef::<TcpStream>::as_ref(rd).as_raw_fd();
+    let fd = rd.fd();
     let start = Instant::now();
     while start.elapsed() < spin {
         match crate::recv_now(fd, buf)? {
@@ -268,13 +293,9 @@ async fn spin_fill(
     Ok(None)
 }
 
-async fn connection<H: Handler>(
-    stream: TcpStream,
-    peer: SocketAddr,
-    handler: Arc<H>,
-    opts: ServeOptions,
-) {
-    let (rd, wr) = stream.into_split();
+async fn connection<H: Handler>(stream: Stream, peer: String, handler: Arc<H>, opts: ServeOptions) {
+    let peer: Arc<str> = peer.into();
+    let (rd, wr) = stream.split();
     let mut wr = BufWriter::with_capacity(64 * 1024, wr);
     let mut rbuf = BytesMut::with_capacity(256 * 1024);
     let mut pending = FuturesUnordered::new();
@@ -284,7 +305,7 @@ async fn connection<H: Handler>(
         while pending.len() < opts.max_in_flight {
             match next_frame(&mut rbuf) {
                 Ok(Some((header, payload))) => {
-                    pending.push(handle_one(handler.clone(), header, payload, peer))
+                    pending.push(handle_one(handler.clone(), header, payload, peer.clone()))
                 }
                 Ok(None) => break,
                 Err((id, e)) => {

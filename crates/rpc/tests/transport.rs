@@ -1,10 +1,14 @@
 //! The transport on its own: many requests in flight on one connection,
 //! replies matched by id even when they complete out of order, large
-//! payloads, and the same behaviour with and without busy-polling.
+//! payloads, and the same behaviour with and without busy-polling, over
+//! TCP and over Unix sockets (abstract and path-bound).
 
 use bytes::{Bytes, BytesMut};
 use nodekernel_proto::{Error, ErrorCode, Result};
-use nodekernel_rpc::{serve_with, ConnOptions, Connection, Handler, ServeOptions};
+use nodekernel_rpc::{
+    abstract_unix_addr, bind_unix, serve_unix, serve_with, ConnOptions, Connection, Handler,
+    ServeOptions, ServerHandle,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,15 +35,56 @@ impl Handler for Echo {
     }
 }
 
-async fn pair(spin: Duration) -> (nodekernel_rpc::ServerHandle, Connection) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Tcp,
+    AbstractUnix,
+    PathUnix,
+}
+
+const KINDS: [Kind; 3] = [Kind::Tcp, Kind::AbstractUnix, Kind::PathUnix];
+
+/// Keeps the directory of a path-bound socket alive with its server.
+struct Server {
+    handle: ServerHandle,
+    addr: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl std::ops::Deref for Server {
+    type Target = ServerHandle;
+    fn deref(&self) -> &ServerHandle {
+        &self.handle
+    }
+}
+
+async fn pair(spin: Duration, kind: Kind) -> (Server, Connection) {
     let opts = ServeOptions {
         spin,
         ..ServeOptions::default()
     };
-    let server = serve_with(listener, Arc::new(Echo), opts).unwrap();
+    let (handle, addr, dir) = match kind {
+        Kind::Tcp => {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let h = serve_with(listener, Arc::new(Echo), opts).unwrap();
+            let addr = h.local_addr().to_string();
+            (h, addr, None)
+        }
+        Kind::AbstractUnix => {
+            let name = format!("nk-rpc-test-{}-{}", std::process::id(), rand_suffix());
+            let addr = abstract_unix_addr(&name);
+            let h = serve_unix(bind_unix(&addr).unwrap(), Arc::new(Echo), opts).unwrap();
+            (h, addr, None)
+        }
+        Kind::PathUnix => {
+            let dir = tempfile::tempdir().unwrap();
+            let addr = format!("unix:{}", dir.path().join("s.sock").display());
+            let h = serve_unix(bind_unix(&addr).unwrap(), Arc::new(Echo), opts).unwrap();
+            (h, addr, Some(dir))
+        }
+    };
     let conn = Connection::connect_with(
-        &server.local_addr().to_string(),
+        &addr,
         ConnOptions {
             timeout: Duration::from_secs(5),
             spin,
@@ -47,13 +92,28 @@ async fn pair(spin: Duration) -> (nodekernel_rpc::ServerHandle, Connection) {
     )
     .await
     .unwrap();
+    let server = Server {
+        handle,
+        addr,
+        _dir: dir,
+    };
     (server, conn)
+}
+
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    t ^ N.fetch_add(1, Ordering::Relaxed)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replies_complete_out_of_order_and_match_their_requests() {
-    for spin in [Duration::ZERO, Duration::from_micros(50)] {
-        let (_server, conn) = pair(spin).await;
+    for (spin, kind) in spins_and_kinds() {
+        let (_server, conn) = pair(spin, kind).await;
         let conn = Arc::new(conn);
         let slow = {
             let c = conn.clone();
@@ -73,15 +133,15 @@ async fn replies_complete_out_of_order_and_match_their_requests() {
         assert_eq!(&slow_reply[..], &[200u8, 1, 2, 3]);
         assert!(
             fast_time < slow_time,
-            "spin {spin:?}: {fast_time:?} vs {slow_time:?}"
+            "{kind:?}, spin {spin:?}: {fast_time:?} vs {slow_time:?}"
         );
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_bursts_large_payloads_and_errors() {
-    for spin in [Duration::ZERO, Duration::from_micros(50)] {
-        let (_server, conn) = pair(spin).await;
+    for (spin, kind) in spins_and_kinds() {
+        let (_server, conn) = pair(spin, kind).await;
         let conn = Arc::new(conn);
         let mut tasks = Vec::new();
         for i in 0..500u32 {
@@ -115,31 +175,65 @@ async fn pipelined_bursts_large_payloads_and_errors() {
 
 #[tokio::test]
 async fn a_server_that_goes_away_fails_pending_calls_quickly() {
-    let (server, conn) = pair(Duration::from_micros(50)).await;
-    let conn = Arc::new(conn);
-    let c = conn.clone();
-    let pending = tokio::spawn(async move { c.call(1, &[&[250u8]]).await });
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    let t = Instant::now();
-    server.shutdown();
-    let e = pending.await.unwrap().unwrap_err();
-    assert_eq!(e.code, ErrorCode::Unavailable, "{e}");
-    assert!(
-        t.elapsed() < Duration::from_secs(2),
-        "failed at once, not at the timeout"
-    );
-    assert!(conn.is_closed());
+    for kind in KINDS {
+        let (server, conn) = pair(Duration::from_micros(50), kind).await;
+        let conn = Arc::new(conn);
+        let c = conn.clone();
+        let pending = tokio::spawn(async move { c.call(1, &[&[250u8]]).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let t = Instant::now();
+        server.shutdown();
+        let e = pending.await.unwrap().unwrap_err();
+        assert_eq!(e.code, ErrorCode::Unavailable, "{kind:?}: {e}");
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "{kind:?}: failed at once, not at the timeout"
+        );
+        assert!(conn.is_closed());
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_stops_busy_connections_at_once() {
     // A connection that is busy-polling must not serve one more request
     // after shutdown returns.
-    for _ in 0..20 {
-        let (server, conn) = pair(Duration::from_millis(5)).await;
-        assert_eq!(&conn.call(2, &[b"x"]).await.unwrap()[..], b"x");
-        server.shutdown();
-        let r = conn.call(2, &[b"y"]).await;
-        assert!(r.is_err(), "served a request after shutdown");
+    for kind in KINDS {
+        for _ in 0..10 {
+            let (server, conn) = pair(Duration::from_millis(5), kind).await;
+            assert_eq!(&conn.call(2, &[b"x"]).await.unwrap()[..], b"x");
+            server.shutdown();
+            let r = conn.call(2, &[b"y"]).await;
+            assert!(r.is_err(), "{kind:?}: served a request after shutdown");
+            // Nothing listens any more: a new connection is refused.
+            assert!(
+                Connection::connect(&server.addr, Duration::from_secs(1))
+                    .await
+                    .is_err(),
+                "{kind:?}: connected after shutdown"
+            );
+        }
     }
+}
+
+#[tokio::test]
+async fn a_unix_address_nobody_listens_on_is_unavailable() {
+    let addr = abstract_unix_addr(&format!("nk-rpc-nobody-{}", rand_suffix()));
+    let e = Connection::connect(&addr, Duration::from_secs(1))
+        .await
+        .err()
+        .expect("nobody listens");
+    assert_eq!(e.code, ErrorCode::Unavailable, "{e}");
+    assert!(e.message.contains(&addr), "{e}");
+    let e = bind_unix("not-a-unix-address").unwrap_err();
+    assert!(e.to_string().contains("not a Unix-socket address"), "{e}");
+}
+
+fn spins_and_kinds() -> Vec<(Duration, Kind)> {
+    let mut v = Vec::new();
+    for spin in [Duration::ZERO, Duration::from_micros(50)] {
+        for kind in KINDS {
+            v.push((spin, kind));
+        }
+    }
+    v
 }

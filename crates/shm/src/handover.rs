@@ -22,25 +22,6 @@ use std::os::unix::net::UnixStream;
 /// Prefix of every storage server's abstract socket name.
 pub const NAME_PREFIX: &str = "nodekernel-store-";
 
-/// A fresh abstract socket name: the prefix and 64 random bits in hex.
-pub fn random_name() -> String {
-    let mut r = [0u8; 8];
-    // SAFETY: getrandom writes at most r.len() bytes into `r`.
-    let n = unsafe { libc::getrandom(r.as_mut_ptr().cast(), r.len(), 0) };
-    let bits = if n == r.len() as isize {
-        u64::from_le_bytes(r)
-    } else {
-        // No getrandom: time and pid, mixed. Names only need to differ
-        // between servers of one host.
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        (t ^ (u64::from(std::process::id()) << 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-    };
-    format!("{NAME_PREFIX}{bits:016x}")
-}
-
 /// Control buffer with the alignment `cmsghdr` needs, with room for a few
 /// descriptors (more than one is refused, but must be received to be closed).
 #[repr(C, align(8))]
@@ -188,17 +169,6 @@ mod tests {
     use super::*;
     use std::io::Write;
     use std::os::fd::AsFd;
-
-    #[test]
-    fn names_are_distinct_and_prefixed() {
-        let a = random_name();
-        let b = random_name();
-        assert!(
-            a.starts_with(NAME_PREFIX) && a.len() == NAME_PREFIX.len() + 16,
-            "{a}"
-        );
-        assert_ne!(a, b);
-    }
 
     #[test]
     fn hand_over_over_a_socket_pair() {

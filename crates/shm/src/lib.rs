@@ -74,7 +74,7 @@ pub mod handover;
 pub mod layout;
 mod region;
 
-pub use handover::{random_name, receive_region, send_region, NAME_PREFIX};
+pub use handover::{receive_region, send_region, NAME_PREFIX};
 pub use layout::{Layout, LayoutError, HEADER_LEN};
 pub use region::{
     check_generation, check_range, stale_read, stale_write, Region, CLAIM_WAIT, SETTLING,

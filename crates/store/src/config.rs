@@ -108,6 +108,9 @@ pub struct StoreConfig {
     /// network namespace, same user) over an abstract Unix socket, so they
     /// read and write blocks with memory copies. Default `true`.
     pub shared_memory: bool,
+    /// How long an idle connection busy-polls for the next request before
+    /// parking (0 disables spinning).
+    pub poll_spin: Duration,
 }
 
 impl Default for StoreConfig {
@@ -127,6 +130,7 @@ impl Default for StoreConfig {
             heartbeat_interval: Duration::from_secs(1),
             rpc_timeout: Duration::from_secs(5),
             shared_memory: true,
+            poll_spin: nodekernel_rpc::default_spin(),
         }
     }
 }

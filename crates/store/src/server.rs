@@ -246,7 +246,7 @@ impl StorageServer {
             .await
             .map_err(listen_err)?;
         let local_addr = listener.local_addr().map_err(listen_err)?;
-        let server = nodekernel_rpc::serve(
+        let server = nodekernel_rpc::serve_with(
             listener,
             Arc::new(StoreHandler {
                 store: store.clone(),
@@ -255,6 +255,10 @@ impl StorageServer {
                     .map(|s| s.name().to_string())
                     .unwrap_or_default(),
             }),
+            nodekernel_rpc::ServeOptions {
+                spin: cfg.poll_spin,
+                ..Default::default()
+            },
         )
         .map_err(StoreError::Rpc)?;
 

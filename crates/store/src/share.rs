@@ -17,7 +17,6 @@
 use nodekernel_shm::Region;
 use std::io;
 use std::os::fd::AsFd;
-use std::os::linux::net::SocketAddrExt;
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
@@ -33,19 +32,7 @@ pub(crate) struct Share {
 impl Share {
     /// Binds a fresh abstract socket and starts serving `region` on it.
     pub(crate) fn start(region: Arc<Region>) -> io::Result<Share> {
-        let mut attempt = 0;
-        let (name, listener) = loop {
-            let name = nodekernel_shm::random_name();
-            let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
-            match std::os::unix::net::UnixListener::bind_addr(&addr) {
-                Ok(l) => break (name, l),
-                // 64 random bits collided: try another name.
-                Err(e) if e.kind() == io::ErrorKind::AddrInUse && attempt < 3 => attempt += 1,
-                Err(e) => return Err(e),
-            }
-        };
-        listener.set_nonblocking(true)?;
-        let listener = UnixListener::from_std(listener)?;
+        let (name, listener) = nodekernel_rpc::bind_abstract_unix(nodekernel_shm::NAME_PREFIX)?;
         let task = tokio::spawn(accept_loop(listener, region));
         Ok(Share { name, task })
     }
