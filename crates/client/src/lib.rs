@@ -19,12 +19,21 @@
 //! path (`nodekernel_shm`), so it gets the same `Stale` and `OutOfRange`
 //! errors with the same messages. [`Client::is_colocated`] and
 //! [`Client::data_path_stats`] tell which path was taken.
+//!
+//! **Streams.** [`Node::reader`] and [`Node::append`] are direct streams:
+//! bytes go straight between the caller's buffer and storage, one call's
+//! transfers at a time. The buffered streams [`BufferedReader`] and
+//! [`BufferedWriter`] copy through a buffer cut into slices and keep several
+//! slice transfers in flight ([`StreamOptions`]: by default a 4 MiB buffer
+//! of 1 MiB slices, four in flight), so storage stays busy during
+//! sequential access with small calls.
 
 mod bag;
 pub mod blocking;
 mod client;
 mod local;
 mod node;
+mod stream;
 
 pub use bag::{BagEntry, BagReader, DEFAULT_BAG_READS_IN_FLIGHT};
 pub use client::{default_location, Client, ClientConfig, CreateOptions, DataPathStats};
@@ -34,3 +43,7 @@ pub use nodekernel_proto::{
 };
 /// Prefix of Unix-socket addresses (see [`Client::meta_route`]).
 pub use nodekernel_rpc::UNIX_PREFIX;
+pub use stream::{
+    BufferedReader, BufferedWriter, StreamOptions, DEFAULT_STREAM_BUFFER_SIZE,
+    DEFAULT_STREAM_SLICE_SIZE, MAX_STREAM_BUFFER_SIZE,
+};

@@ -95,7 +95,7 @@ impl Node {
         self.writer.is_some()
     }
 
-    fn block_size(&self) -> u64 {
+    pub(crate) fn block_size(&self) -> u64 {
         self.info.block_size as u64
     }
 
@@ -384,14 +384,63 @@ impl Node {
         })
     }
 
+    /// The write lease of a writable handle (`InvalidArgument` for a
+    /// read-only one), for a stream that writes through `&self`.
+    pub(crate) fn stream_lease(&self) -> Result<u64> {
+        self.write_state().map(|w| w.lease)
+    }
+
+    /// Records that a stream has written the node up to `written` bytes, so
+    /// that the next [`Node::sync`] or [`Node::close`] publishes them.
+    pub(crate) fn set_written(&mut self, written: u64) {
+        if let Some(w) = &mut self.writer {
+            w.written = written;
+        }
+    }
+
     async fn write_range(&self, lease: u64, offset: u64, data: &[u8]) -> Result<()> {
+        self.write_range_from(lease, offset / self.block_size(), offset, data)
+            .await
+    }
+
+    /// Writes `data` at `offset`, allocating its missing blocks and any
+    /// missing blocks between them and block `alloc_from`.
+    ///
+    /// The metadata server only allocates contiguously (block `i` needs
+    /// block `i - 1`), so a write that overtakes earlier writes still in
+    /// flight (a buffered stream) passes the stream's first block here: its
+    /// map then starts right after the last block known to exist and also
+    /// allocates the blocks the earlier writes need, instead of asking for
+    /// a block past the allocated end. Every block before `alloc_from` must
+    /// already exist.
+    pub(crate) async fn write_range_from(
+        &self,
+        lease: u64,
+        alloc_from: u64,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<()> {
         if data.is_empty() {
             return Ok(());
         }
         let bs = self.block_size();
-        let last = (offset + data.len() as u64 - 1) / bs;
-        self.ensure_locations(offset / bs, last, Some(lease))
-            .await?;
+        let (first, last) = (offset / bs, (offset + data.len() as u64 - 1) / bs);
+        let start = {
+            let locs = self.locs.lock().expect("locs lock");
+            let missing = |i: u64| locs.get(i as usize).is_none_or(|l| l.is_none());
+            match (first..=last).find(|i| missing(*i)) {
+                // Walk back over the missing blocks before it: a known
+                // block exists on the server, so the map may start after it.
+                Some(mut m) => {
+                    while m > alloc_from && missing(m - 1) {
+                        m -= 1;
+                    }
+                    m
+                }
+                None => first,
+            }
+        };
+        self.ensure_locations(start, last, Some(lease)).await?;
         let segs = self.segments(offset, data.len());
         stream::iter(segs.into_iter().map(|s| async move {
             let data = &data[s.at..s.at + s.len];

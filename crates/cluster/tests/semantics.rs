@@ -1,6 +1,7 @@
 //! Node-type semantics in depth (issue: last-put-wins KeyValues, staleness,
 //! data-plane enumeration, Bags), through a real cluster.
 
+#[macro_use]
 mod common;
 
 use common::pattern;
@@ -12,24 +13,6 @@ use std::sync::Arc;
 
 fn opts() -> CreateOptions {
     CreateOptions::default()
-}
-
-/// Runs `$body(shared_memory: bool)` as two tests, `$name::shared_memory`
-/// (clients map the co-located DRAM server) and `$name::network` (every
-/// block over the network): the staleness rules must hold on both paths.
-macro_rules! on_both_paths {
-    ($(#[$attr:meta])* $name:ident => $body:ident) => {
-        mod $name {
-            $(#[$attr])*
-            async fn shared_memory() {
-                super::$body(true).await
-            }
-            $(#[$attr])*
-            async fn network() {
-                super::$body(false).await
-            }
-        }
-    };
 }
 
 /// Sizes from 1 B to 3 MiB, log-uniform so every order of magnitude shows up.

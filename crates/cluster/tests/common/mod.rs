@@ -2,11 +2,30 @@
 //! storage server (class 0) and one file storage server (class 1), all on
 //! port 0 in this process.
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_macros)]
 
 use nodekernel_client::Client;
 use nodekernel_cluster::{ByteSize, Config, LocalCluster};
 use tempfile::TempDir;
+
+/// Runs `$body(shared_memory: bool)` as two tests, `$name::shared_memory`
+/// (clients map the co-located DRAM server) and `$name::network` (every
+/// block over the network): every rule must hold on both paths.
+/// Use it with `#[macro_use] mod common;`.
+macro_rules! on_both_paths {
+    ($(#[$attr:meta])* $name:ident => $body:ident) => {
+        mod $name {
+            $(#[$attr])*
+            async fn shared_memory() {
+                super::$body(true).await
+            }
+            $(#[$attr])*
+            async fn network() {
+                super::$body(false).await
+            }
+        }
+    };
+}
 
 pub struct TestCluster {
     pub cluster: LocalCluster,
