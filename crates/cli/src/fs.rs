@@ -3,15 +3,22 @@
 use anyhow::{bail, Context};
 use futures::stream::{self, StreamExt};
 use indicatif::{ProgressBar, ProgressStyle};
-use nodekernel_client::{Client, CreateOptions, Node, NodeType, ServerStatus};
+use nodekernel_client::{
+    BufferedReader, BufferedWriter, Client, CreateOptions, NodeType, ServerStatus, StreamOptions,
+};
 use nodekernel_cluster::human;
 use serde::Serialize;
 use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Instant;
 
-/// Transfer unit of put/get: large enough to keep many blocks in flight.
-const CHUNK: usize = 16 << 20;
+/// Buffered streams of put/get: 4 slices of 4 MiB in flight. With the
+/// default 1 MiB blocks, each slice moves its 4 blocks in parallel, so some
+/// 16 blocks stay in flight while the local file is read or written.
+const STREAM: StreamOptions = StreamOptions {
+    buffer_size: 16 << 20,
+    slice_size: 4 << 20,
+};
 
 /// Accepts `/a/b/` for `/a/b` (the core refuses empty components).
 pub fn norm(path: &str) -> String {
@@ -204,9 +211,12 @@ pub async fn put(
         local: local_placement,
         enumerable: true,
     };
-    let mut node = client.create(&path, NodeType::File, opts).await?;
+    let node = client.create(&path, NodeType::File, opts).await?;
+    let mut out = BufferedWriter::new(node, STREAM)?;
     let pb = progress(total, "put");
-    let mut buf = vec![0u8; CHUNK];
+    // The slices already taken are written in the background while the
+    // next piece is read from the local file.
+    let mut buf = vec![0u8; STREAM.slice_size];
     let mut written = 0u64;
     loop {
         let n = read_full(&mut input, &mut buf)
@@ -214,11 +224,11 @@ pub async fn put(
         if n == 0 {
             break;
         }
-        node.append(&buf[..n]).await?;
+        out.write_all(&buf[..n]).await?;
         written += n as u64;
         pb.set_position(written);
     }
-    node.close().await?;
+    out.close().await?;
     pb.finish_and_clear();
     let secs = start.elapsed().as_secs_f64();
     eprintln!(
@@ -269,7 +279,19 @@ pub async fn get(client: &Client, path: &str, local: &Path) -> anyhow::Result<()
     } else {
         progress(Some(size), "get")
     };
-    copy_out(&node, size, &mut out, &pb).await?;
+    let mut input = BufferedReader::new(node, 0, STREAM)?;
+    // The next slices are read in the background while this one is written
+    // to the local file, straight from the stream's buffer.
+    loop {
+        let slice = input.fill_buf().await?;
+        if slice.is_empty() {
+            break;
+        }
+        out.write_all(slice)?;
+        let n = slice.len();
+        input.consume(n);
+        pb.set_position(input.position());
+    }
     out.flush()?;
     pb.finish_and_clear();
     if !to_stdout {
@@ -280,24 +302,6 @@ pub async fn get(client: &Client, path: &str, local: &Path) -> anyhow::Result<()
             human(size),
             rate(size, secs)
         );
-    }
-    Ok(())
-}
-
-async fn copy_out(
-    node: &Node,
-    size: u64,
-    out: &mut dyn Write,
-    pb: &ProgressBar,
-) -> anyhow::Result<()> {
-    let mut buf = vec![0u8; CHUNK.min(size as usize)];
-    let mut pos = 0u64;
-    while pos < size {
-        let n = (size - pos).min(CHUNK as u64) as usize;
-        node.read_at(pos, &mut buf[..n]).await?;
-        out.write_all(&buf[..n])?;
-        pos += n as u64;
-        pb.set_position(pos);
     }
     Ok(())
 }
