@@ -485,13 +485,19 @@ async fn one_client(
                 })
                 .collect();
             let (warm, measured) = offsets.split_at(from as usize);
+            // One buffer per read in flight, reused like an application's
+            // I/O buffers (a fresh one would add its page faults).
+            let buffers = std::sync::Mutex::new(Vec::<Vec<u8>>::new());
             let read = |off: u64| {
-                let node = &node;
+                let (node, buffers) = (&node, &buffers);
                 async move {
-                    let mut buf = vec![0u8; size as usize];
+                    let reused = buffers.lock().expect("buffers").pop();
+                    let mut buf = reused.unwrap_or_else(|| vec![0u8; size as usize]);
                     let t = Instant::now();
                     node.read_at(off, &mut buf).await?;
-                    Ok::<_, nodekernel_client::Error>(t.elapsed())
+                    let took = t.elapsed();
+                    buffers.lock().expect("buffers").push(buf);
+                    Ok::<_, nodekernel_client::Error>(took)
                 }
             };
             stream::iter(warm.iter().copied().map(read))

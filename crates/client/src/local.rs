@@ -11,10 +11,14 @@
 //!
 //! A mapping stops being used when its server marks the region closed (a
 //! clean shutdown, checked before every access) or when the hand-over
-//! connection closes (the server died; a small task per mapping watches
+//! connection closes (the server died; a small thread per mapping watches
 //! it). The address is then probed again at its next access, so a
 //! restarted server is mapped afresh, and a dead one fails like on the
 //! network path.
+//!
+//! Mappings are shared by all clients of a process (keyed by the server's
+//! socket name, unique per server instance): pages one client has mapped in
+//! are mapped for all, and a large region's page tables exist once.
 
 use crate::client::DataPathStats;
 use nodekernel_proto::store::{decode_shm_info, op as store_op};
@@ -22,26 +26,35 @@ use nodekernel_proto::{ErrorCode, Result};
 use nodekernel_rpc::ConnectionPool;
 use nodekernel_shm::Region;
 use std::collections::HashMap;
+use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
-use tokio::io::AsyncReadExt;
 use tokio::sync::OnceCell;
-use tokio::task::AbortHandle;
 
 /// A mapped storage server.
 pub(crate) struct Mapped {
     region: Region,
     /// Set by the watcher when the hand-over connection closes.
     gone: Arc<AtomicBool>,
-    watcher: AbortHandle,
+    /// The hand-over connection (the watcher thread reads a clone of it).
+    sock: std::os::unix::net::UnixStream,
 }
 
 impl Drop for Mapped {
     fn drop(&mut self) {
-        // Ends the watcher, which closes our end of the connection.
-        self.watcher.abort();
+        // Ends the watcher's read, and with it the thread.
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
     }
+}
+
+/// Mappings of this process by server socket name (see the module docs).
+fn process_mappings() -> std::sync::MutexGuard<'static, HashMap<String, Weak<Mapped>>> {
+    static MAPPINGS: OnceLock<Mutex<HashMap<String, Weak<Mapped>>>> = OnceLock::new();
+    MAPPINGS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
 }
 
 impl Mapped {
@@ -145,6 +158,10 @@ async fn probe(
         tracing::debug!("{addr}: memory not shared, using the network");
         return Ok(None);
     }
+    let existing = process_mappings().get(&name).and_then(Weak::upgrade);
+    if let Some(m) = existing.filter(|m| m.usable()) {
+        return Ok(Some(m));
+    }
     let attempt = tokio::task::spawn_blocking({
         let name = name.clone();
         move || connect(&name, timeout)
@@ -161,30 +178,24 @@ async fn probe(
             return Ok(None);
         }
     };
-    let watch = sock
-        .set_nonblocking(true)
-        .and_then(|()| tokio::net::UnixStream::from_std(sock));
-    let sock = match watch {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::debug!(
-                "{addr}: cannot watch the shared-memory socket, using the network: {e}"
-            );
-            return Ok(None);
-        }
-    };
-    let gone = Arc::new(AtomicBool::new(false));
-    let watcher = tokio::spawn(watch_socket(sock, gone.clone())).abort_handle();
+    let mapped = Arc::new(Mapped {
+        region,
+        gone: Arc::new(AtomicBool::new(false)),
+        sock,
+    });
+    if let Err(e) = watch(&mapped) {
+        tracing::debug!("{addr}: cannot watch the shared-memory socket, using the network: {e}");
+        return Ok(None);
+    }
     tracing::debug!(
         "{addr}: co-located, mapped {} blocks of {} bytes from @{name}",
-        region.num_blocks(),
-        region.block_size()
+        mapped.region.num_blocks(),
+        mapped.region.block_size()
     );
-    Ok(Some(Arc::new(Mapped {
-        region,
-        gone,
-        watcher,
-    })))
+    let mut all = process_mappings();
+    all.retain(|_, m| m.strong_count() > 0);
+    all.insert(name, Arc::downgrade(&mapped));
+    Ok(Some(mapped))
 }
 
 /// Connects to the abstract socket `name` and receives the region
@@ -202,13 +213,37 @@ fn connect(
     Ok((region, sock))
 }
 
-/// Marks the mapping gone once the server closes the connection.
-async fn watch_socket(mut sock: tokio::net::UnixStream, gone: Arc<AtomicBool>) {
-    let mut buf = [0u8; 64];
-    while let Ok(n) = sock.read(&mut buf).await {
-        if n == 0 {
-            break;
-        }
-    }
-    gone.store(true, Ordering::Release);
+/// Starts the mapping's thread: it first maps the region's pages in ahead
+/// of use ([`Region::prefault`], a chunk at a time, stopping early if the
+/// mapping is dropped), then marks the mapping gone once the server closes
+/// the connection (or the mapping is dropped). A thread rather than a task:
+/// the mapping is shared by clients that may live on different runtimes.
+fn watch(mapped: &Arc<Mapped>) -> std::io::Result<()> {
+    let mut sock = mapped.sock.try_clone()?;
+    sock.set_read_timeout(None)?;
+    let gone = mapped.gone.clone();
+    let weak = Arc::downgrade(mapped);
+    std::thread::Builder::new()
+        .name("nk-shm-watch".into())
+        .spawn(move || {
+            // Prefaulting is background work: only on otherwise idle CPU.
+            let idle = libc::sched_param { sched_priority: 0 };
+            // SAFETY: changes the policy of the calling thread only.
+            unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &idle) };
+            let mut next = Some(0);
+            while let (Some(from), Some(m)) = (next, weak.upgrade()) {
+                next = m.usable().then(|| m.region.prefault(from)).flatten();
+            }
+            let mut buf = [0u8; 64];
+            loop {
+                match sock.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+            gone.store(true, Ordering::Release);
+        })?;
+    Ok(())
 }

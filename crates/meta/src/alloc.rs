@@ -9,10 +9,13 @@
 //!   servers at that location come first (storage class outranks location);
 //! - dead servers get no new blocks.
 //!
-//! Freed blocks go to the back of a FIFO free list, so a just-freed block is
-//! reused as late as possible; every allocation also stamps the block with a
+//! Freed blocks go to the front of the free list (LIFO): a replaced value's
+//! block is the next one handed out, so its pages are already mapped by
+//! co-located clients and warm in caches (a fresh page costs a fault of
+//! about a microsecond per 4 KiB on first touch). Safety against old handles
+//! does not depend on the order: every allocation stamps the block with a
 //! new generation, strictly greater than all earlier ones, which storage
-//! servers check on every access.
+//! servers check on every access, and freed blocks are claimed with one.
 
 use nodekernel_proto::{Error, Result, ServerStatus, NO_CLASS};
 use std::collections::{BTreeMap, VecDeque};
@@ -236,13 +239,13 @@ impl BlockAllocator {
         })
     }
 
-    /// Returns a block to its server's free list (at the back: reused last)
+    /// Returns a block to its server's free list (at the front: reused first)
     /// and gives it a fresh generation, returned as the invalidation to send
     /// to the storage server. Blocks of unknown servers are dropped.
     pub fn free(&mut self, b: BlockRef) -> Option<BlockClaim> {
         let s = self.servers.get_mut(&b.server)?;
         debug_assert!(!s.free.contains(&b.block), "double free of {b:?}");
-        s.free.push_back(b.block);
+        s.free.push_front(b.block);
         let gen = self.next_gen;
         self.next_gen += 1;
         Some(BlockClaim {
@@ -379,15 +382,20 @@ mod tests {
     }
 
     #[test]
-    fn freed_blocks_are_reused_last() {
+    fn freed_blocks_are_reused_first_with_a_newer_generation() {
         let mut a = BlockAllocator::new(4096, 1);
         a.register(spec(0, "h", 3), 0).unwrap();
         let b0 = a.allocate(NO_CLASS, "").unwrap();
-        a.free(b0);
+        let claim = a.free(b0).unwrap();
+        assert!(claim.gen > b0.gen, "the freed block is claimed anew");
         let next = a.allocate(NO_CLASS, "").unwrap();
-        assert_ne!(
+        assert_eq!(
             next.block, b0.block,
-            "a just-freed block waits behind never-used ones"
+            "the just-freed block (mapped, cached) goes before never-used ones"
+        );
+        assert!(
+            next.gen > claim.gen,
+            "its new owner's generation is newer than the claim"
         );
     }
 

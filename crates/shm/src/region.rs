@@ -42,6 +42,10 @@ pub struct Region {
     map: MmapRaw,
     layout: Layout,
     file: File,
+    /// Clients only: one bit per block whose pages this mapping has already
+    /// faulted in (see [`Region::touch`]). The server maps everything up
+    /// front.
+    populated: Option<Box<[AtomicU64]>>,
 }
 
 impl std::fmt::Debug for Region {
@@ -57,6 +61,11 @@ impl Region {
     /// Creates a zero-filled region of `num_blocks` blocks of `block_size`
     /// bytes (every generation 0, no writer in flight) in a new memfd, seals
     /// its size and maps it.
+    ///
+    /// All of its memory is allocated here, not at first touch: the DRAM
+    /// tier's capacity is then real (a later shortage cannot fault a
+    /// client's copy with `SIGBUS`), and no block transfer pays for zeroing
+    /// fresh pages. Fails if the memory cannot be had.
     pub fn create(block_size: u32, num_blocks: u32) -> io::Result<Region> {
         let layout = Layout::new(block_size, num_blocks)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
@@ -81,8 +90,18 @@ impl Region {
         if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
             return Err(io::Error::last_os_error());
         }
+        // SAFETY: plain fallocate on a descriptor we own, inside its size.
+        let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, layout.total_len as i64) };
+        if rc != 0 {
+            let e = io::Error::from_raw_os_error(rc);
+            return Err(io::Error::new(
+                e.kind(),
+                format!("cannot reserve {} bytes of memory: {e}", layout.total_len),
+            ));
+        }
         let map = MmapOptions::new()
             .len(layout.total_len as usize)
+            .populate()
             .map_raw(&file)?;
         let header = layout.encode();
         // SAFETY: the mapping is at least HEADER_LEN bytes (validated layout)
@@ -90,7 +109,12 @@ impl Region {
         unsafe {
             std::ptr::copy_nonoverlapping(header.as_ptr(), map.as_mut_ptr(), header.len());
         }
-        Ok(Region { map, layout, file })
+        Ok(Region {
+            map,
+            layout,
+            file,
+            populated: None,
+        })
     }
 
     /// Maps a region received from a server, after checking everything:
@@ -124,7 +148,13 @@ impl Region {
         let map = MmapOptions::new()
             .len(layout.total_len as usize)
             .map_raw(&file)?;
-        let region = Region { map, layout, file };
+        let words = layout.num_blocks.div_ceil(64) as usize;
+        let region = Region {
+            map,
+            layout,
+            file,
+            populated: Some((0..words).map(|_| AtomicU64::new(0)).collect()),
+        };
         let mut mapped = [0u8; crate::HEADER_LEN];
         // SAFETY: the mapping holds at least HEADER_LEN bytes; the header is
         // written once before the region is shared and never again.
@@ -222,6 +252,79 @@ impl Region {
         (block < self.layout.num_blocks).then(|| self.ctl(block).1.load(Ordering::Acquire))
     }
 
+    /// Maps the pages of `block` into this mapping before the first large
+    /// copy into or out of it. Left to page faults, a fresh mapping costs a
+    /// fault per 4 KiB page on first touch (about 1.4 µs for a write fault
+    /// on these machines, more than the copy itself);
+    /// `madvise(MADV_POPULATE_READ)` maps the whole block in one call at
+    /// about 0.3 µs a page (read faults map 16 pages at a time, and a shared
+    /// memfd page comes in writable). Small accesses just take their one or
+    /// two faults. A kernel without it (before 5.14) takes the faults too.
+    fn touch(&self, block: u32, len: usize) {
+        const LARGE: usize = 64 << 10;
+        if len >= LARGE && !self.is_populated(block) {
+            self.populate(block, 1);
+        }
+    }
+
+    /// Whether this mapping has mapped `block`'s pages in already (always
+    /// for the server's own mapping).
+    pub(crate) fn is_populated(&self, block: u32) -> bool {
+        let Some(bits) = &self.populated else {
+            return true;
+        };
+        bits[block as usize / 64].load(Ordering::Relaxed) & (1u64 << (block % 64)) != 0
+    }
+
+    /// Maps the pages of blocks `[first, first + count)` in (see
+    /// [`Region::touch`]) and marks them populated.
+    fn populate(&self, first: u32, count: u32) {
+        let Some(bits) = &self.populated else {
+            return;
+        };
+        let bs = self.layout.block_size as usize;
+        // SAFETY: the blocks lie inside the mapping (callers clip `count`)
+        // and form a page-aligned, whole-page range; populating changes no
+        // bytes.
+        unsafe {
+            libc::madvise(
+                self.src(first, 0).cast(),
+                bs * count as usize,
+                libc::MADV_POPULATE_READ,
+            );
+        }
+        for b in first..first + count {
+            bits[b as usize / 64].fetch_or(1u64 << (b % 64), Ordering::Relaxed);
+        }
+    }
+
+    /// Maps in the pages of up to 16 MiB of blocks from `from` on, skipping
+    /// blocks already mapped in; returns where to go on, or `None` when the
+    /// whole region is done. A client calls it in the background after
+    /// mapping a region, so that copies find their pages mapped (the
+    /// analogue of registering memory for RDMA). It costs about 0.3 µs of
+    /// CPU per 4 KiB page and 2 MiB of page tables per GiB.
+    pub fn prefault(&self, from: u32) -> Option<u32> {
+        self.populated.as_ref()?;
+        let n = self.layout.num_blocks;
+        if from >= n {
+            return None;
+        }
+        let chunk = ((16u32 << 20) / self.layout.block_size).max(1);
+        let end = from.saturating_add(chunk).min(n);
+        let mut b = from;
+        while b < end {
+            if self.is_populated(b) {
+                b += 1;
+                continue;
+            }
+            let run = (b..end).take_while(|&x| !self.is_populated(x)).count() as u32;
+            self.populate(b, run);
+            b += run;
+        }
+        Some(end)
+    }
+
     fn src(&self, block: u32, offset: u32) -> *mut u8 {
         let at = u64::from(block) * u64::from(self.layout.block_size) + u64::from(offset);
         // SAFETY: callers checked block/offset against the layout, so `at`
@@ -301,6 +404,7 @@ impl Region {
         check_range(l.block_size, l.num_blocks, block, offset, len as u64)
             .map_err(|e| (e, false))?;
         check_generation(gen).map_err(|e| (e, false))?;
+        self.touch(block, len);
         let (word, _) = self.ctl(block);
         let before = word.load(Ordering::Acquire);
         if before != gen {
@@ -333,6 +437,7 @@ impl Region {
         let l = &self.layout;
         check_range(l.block_size, l.num_blocks, block, offset, data.len() as u64)?;
         check_generation(gen)?;
+        self.touch(block, data.len());
         let (word, inflight) = self.ctl(block);
         let _writer = enter(block, gen, word, inflight)?;
         // Pairs with the readers' acquire fence (see `read_raw`): every

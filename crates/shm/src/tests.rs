@@ -363,3 +363,39 @@ fn concurrent_writers_of_one_generation_keep_their_bytes() {
     }
     assert_eq!(a.writers_in_flight(0), Some(0));
 }
+
+#[test]
+fn prefault_walks_a_client_mapping_once_and_keeps_its_bytes() {
+    let server = Region::create(4096, 300).unwrap();
+    assert_eq!(
+        server.prefault(0),
+        None,
+        "the server maps everything at create"
+    );
+    server.write(7, 1, 0, b"kept").unwrap();
+    let client = second_mapping(&server);
+    assert!(!client.is_populated(7));
+    // 16 MiB of 4 KiB blocks per call would be 4096: all 300 at once.
+    assert_eq!(client.prefault(0), Some(300));
+    assert_eq!(client.prefault(300), None);
+    assert!((0..300).all(|b| client.is_populated(b)));
+    assert_eq!(read(&client, 7, 1, 0, 4).unwrap(), b"kept");
+
+    // Large blocks: one chunk is 16 MiB worth, and a large access maps its
+    // block in on the spot.
+    let server = Region::create(8 << 20, 5).unwrap();
+    let client = second_mapping(&server);
+    client.write(4, 1, 0, &vec![9u8; 1 << 20]).unwrap();
+    assert!(client.is_populated(4), "a large write maps its block in");
+    client.write(3, 1, 0, b"small").unwrap();
+    assert!(
+        !client.is_populated(3),
+        "a small one takes its fault instead"
+    );
+    assert_eq!(client.prefault(0), Some(2));
+    assert_eq!(client.prefault(2), Some(4));
+    assert_eq!(client.prefault(4), Some(5));
+    assert_eq!(client.prefault(5), None);
+    assert!((0..5).all(|b| client.is_populated(b)));
+    assert_eq!(read(&server, 3, 1, 0, 5).unwrap(), b"small");
+}
