@@ -6,6 +6,7 @@
 # docs/benchmarks.md with every target marked met or missed.
 # Needs redis-server and redis-benchmark (apt-get install redis-server redis-tools).
 # QUICK=1 runs a short version (smaller counts) for a smoke test.
+# Results land in $OUT (JSON lines; default a temporary file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --bin nk >&2
@@ -21,13 +22,20 @@ trap cleanup EXIT
 
 "$NK" up --port 0 --dram "${DRAM:-6GiB}" --file 0 --data-dir "$WORK/data" >"$WORK/up.log" 2>"$WORK/up.err" &
 UP_PID=$!
-for _ in $(seq 1 100); do grep -q "metadata server at" "$WORK/up.log" 2>/dev/null && break; sleep 0.1; done
+# A DRAM store reserves its memory at start: about a second per GiB.
+for _ in $(seq 1 600); do
+    grep -q "metadata server at" "$WORK/up.log" 2>/dev/null && break
+    kill -0 "$UP_PID" 2>/dev/null || break
+    sleep 0.1
+done
 NK_META=$(sed -n 's/.*metadata server at \([^ ]*\).*/\1/p' "$WORK/up.log" | head -n 1)
 export NK_META
 [[ -n "$NK_META" ]] || { cat "$WORK/up.err" >&2; exit 1; }
 
-Q=${QUICK:-0}
-scale() { if [[ $Q == 1 ]]; then echo $(( ($1 + 19) / 20 )); else echo "$1"; fi; }
+# Operation counts are divided by DIV (default 4: about 15 minutes on 2 cores;
+# QUICK=1 means DIV=20). The 4 GiB file runs are never scaled down.
+DIV=${DIV:-4}; [[ ${QUICK:-0} == 1 ]] && DIV=20
+scale() { echo $(( ($1 + DIV - 1) / DIV )); }
 # record TAG ARGS...: runs nk bench ARGS --json and appends {"tag":..., "report":...}
 record() {
     local tag=$1; shift
@@ -50,7 +58,7 @@ for path in colocated remote; do
             record "putkey $path $size c$c" putkey -s "$size" -c "$c" -k "$kc" -w $(( kc / 10 )) --keys "$keys" --vs redis "${flag[@]}"
         done
     done
-    blocks=$(scale 256)
+    blocks=256
     record "write $path" write -s 16MiB -k "$blocks" -w 0 "${flag[@]}"
     record "read $path" read -s 16MiB -k "$blocks" -w 8 --qd 4 "${flag[@]}"
 done

@@ -29,7 +29,7 @@ trap cleanup EXIT
 echo "== starting a local cluster: nk up =="
 "$NK" up --port 0 --dram 256MiB --file 1GiB --data-dir "$WORK/data" >"$LOG" 2>"$WORK/up.err" &
 UP_PID=$!
-for _ in $(seq 1 100); do
+for _ in $(seq 1 300); do
     grep -q "metadata server at" "$LOG" 2>/dev/null && break
     if ! kill -0 "$UP_PID" 2>/dev/null; then cat "$WORK/up.err" >&2; exit 1; fi
     sleep 0.1
