@@ -16,5 +16,7 @@ echo "== cargo fmt --check =="
 cargo fmt --all -- --check
 echo "== cargo clippy =="
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo doc (broken links fail) =="
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 echo "== cargo test =="
 cargo test --workspace --locked

@@ -36,7 +36,9 @@ mod node;
 mod stream;
 
 pub use bag::{BagEntry, BagReader, DEFAULT_BAG_READS_IN_FLIGHT};
-pub use client::{default_location, Client, ClientConfig, CreateOptions, DataPathStats};
+pub use client::{
+    default_location, Client, ClientConfig, CreateOptions, DataPathStats, GET_ATTEMPTS,
+};
 pub use node::{Node, Reader};
 pub use nodekernel_proto::{
     BlockLoc, ClassInfo, ClusterStatus, Error, ErrorCode, NodeInfo, NodeType, Result, ServerStatus,

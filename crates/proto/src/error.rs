@@ -6,7 +6,7 @@
 
 use thiserror::Error;
 
-/// Result alias using the shared [`Error`].
+/// Result alias using the shared [`struct@Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Stable wire codes. `0` means success in a reply frame.

@@ -4,7 +4,7 @@
 //! layout, every request and reply, the stable error codes and the path rules.
 //! It performs no I/O. Every decoder is bounded: it checks lengths against the
 //! bytes actually present before allocating, never recurses, and reports
-//! malformed input as [`Error::Protocol`] instead of panicking.
+//! malformed input as `Protocol` errors ([`ErrorCode::Protocol`]) instead of panicking.
 
 pub mod codec;
 pub mod error;
