@@ -41,18 +41,7 @@ pub struct BlockClaim {
     pub gen: u64,
 }
 
-/// What a storage server announced when it registered.
-#[derive(Debug, Clone)]
-pub struct ServerSpec {
-    pub addr: String,
-    pub class: u8,
-    pub class_name: String,
-    pub medium: String,
-    pub location: String,
-    pub block_size: u32,
-    pub first_block: u32,
-    pub num_blocks: u32,
-}
+pub use nodekernel_proto::ServerSpec;
 
 #[derive(Debug)]
 struct Server {

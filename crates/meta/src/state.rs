@@ -4,7 +4,7 @@
 //! driven by a deterministic simulation. Side effects on storage servers
 //! (invalidating freed blocks) are queued for the caller to send.
 
-use crate::alloc::{BlockAllocator, BlockClaim, BlockRef, ServerSpec};
+use crate::alloc::{BlockAllocator, BlockClaim, BlockRef};
 use crate::namespace::{stale, CreateSpec, Lease, Linked, Namespace, NodeId, Slot, SlotRef};
 use nodekernel_proto::meta::{MetaReply, MetaRequest, MAX_MAP_COUNT};
 use nodekernel_proto::record::RECORD_SIZE;
@@ -193,26 +193,7 @@ impl MetaState {
                 size,
                 close,
             } => self.sync(node, lease, size, close, now),
-            MetaRequest::Register {
-                addr,
-                class,
-                class_name,
-                medium,
-                location,
-                block_size,
-                first_block,
-                num_blocks,
-            } => {
-                let spec = ServerSpec {
-                    addr,
-                    class,
-                    class_name,
-                    medium,
-                    location,
-                    block_size,
-                    first_block,
-                    num_blocks,
-                };
+            MetaRequest::Register(spec) => {
                 let server = self.alloc.register(spec, now)?;
                 Ok(MetaReply::Registered { server })
             }
@@ -555,7 +536,7 @@ mod tests {
         let mut s = MetaState::new(BS, 1000, 1);
         for (class, n) in [(0u8, 4u32), (1, 9)] {
             s.apply(
-                MetaRequest::Register {
+                MetaRequest::Register(nodekernel_proto::ServerSpec {
                     addr: format!("h:{class}"),
                     class,
                     class_name: format!("c{class}"),
@@ -564,7 +545,7 @@ mod tests {
                     block_size: BS,
                     first_block: 0,
                     num_blocks: n,
-                },
+                }),
                 0,
             )
             .unwrap();

@@ -140,7 +140,7 @@ impl Sim {
     fn new() -> Sim {
         let mut st = MetaState::new(4096, 60_000, 1);
         st.apply(
-            MetaRequest::Register {
+            MetaRequest::Register(nodekernel_proto::ServerSpec {
                 addr: "h:1".into(),
                 class: 0,
                 class_name: "dram".into(),
@@ -149,7 +149,7 @@ impl Sim {
                 block_size: 4096,
                 first_block: 0,
                 num_blocks: 100_000,
-            },
+            }),
             0,
         )
         .unwrap();

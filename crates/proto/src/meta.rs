@@ -4,7 +4,7 @@
 
 use crate::codec::{Dec, Enc};
 use crate::error::{Error, Result};
-use crate::types::{BlockLoc, ClusterStatus, NodeInfo, NodeType, RecordLoc};
+use crate::types::{BlockLoc, ClusterStatus, NodeInfo, NodeType, RecordLoc, ServerSpec};
 use bytes::BytesMut;
 
 /// Operation codes of metadata requests (the `kind` of a request frame).
@@ -75,17 +75,8 @@ pub enum MetaRequest {
         size: u64,
         close: bool,
     },
-    /// A storage server announces blocks `[first_block, first_block + num_blocks)`.
-    Register {
-        addr: String,
-        class: u8,
-        class_name: String,
-        medium: String,
-        location: String,
-        block_size: u32,
-        first_block: u32,
-        num_blocks: u32,
-    },
+    /// A storage server announces its blocks.
+    Register(ServerSpec),
     Heartbeat {
         server: u32,
     },
@@ -119,7 +110,7 @@ impl MetaRequest {
             MetaRequest::Map { .. } => op::MAP,
             MetaRequest::OpenWrite { .. } => op::OPEN_WRITE,
             MetaRequest::Sync { .. } => op::SYNC,
-            MetaRequest::Register { .. } => op::REGISTER,
+            MetaRequest::Register(_) => op::REGISTER,
             MetaRequest::Heartbeat { .. } => op::HEARTBEAT,
             MetaRequest::Status => op::STATUS,
             MetaRequest::ReleaseSlot { .. } => op::RELEASE_SLOT,
@@ -177,25 +168,7 @@ impl MetaRequest {
             } => {
                 e.u64(*node).u64(*lease).u64(*size).bool(*close);
             }
-            MetaRequest::Register {
-                addr,
-                class,
-                class_name,
-                medium,
-                location,
-                block_size,
-                first_block,
-                num_blocks,
-            } => {
-                e.str(addr)
-                    .u8(*class)
-                    .str(class_name)
-                    .str(medium)
-                    .str(location)
-                    .u32(*block_size)
-                    .u32(*first_block)
-                    .u32(*num_blocks);
-            }
+            MetaRequest::Register(spec) => spec.encode(e),
             MetaRequest::Heartbeat { server } => {
                 e.u32(*server);
             }
@@ -248,16 +221,7 @@ impl MetaRequest {
                 size: d.u64()?,
                 close: d.bool()?,
             },
-            op::REGISTER => MetaRequest::Register {
-                addr: d.string()?,
-                class: d.u8()?,
-                class_name: d.string()?,
-                medium: d.string()?,
-                location: d.string()?,
-                block_size: d.u32()?,
-                first_block: d.u32()?,
-                num_blocks: d.u32()?,
-            },
+            op::REGISTER => MetaRequest::Register(ServerSpec::decode(d)?),
             op::HEARTBEAT => MetaRequest::Heartbeat { server: d.u32()? },
             op::STATUS => MetaRequest::Status,
             op::LOCAL_SOCKET => MetaRequest::LocalSocket,
@@ -467,7 +431,7 @@ mod tests {
                 size: 1 << 33,
                 close: true,
             },
-            MetaRequest::Register {
+            MetaRequest::Register(ServerSpec {
                 addr: "127.0.0.1:1".into(),
                 class: 0,
                 class_name: "dram".into(),
@@ -476,7 +440,7 @@ mod tests {
                 block_size: 1 << 20,
                 first_block: 0,
                 num_blocks: 64,
-            },
+            }),
             MetaRequest::Heartbeat { server: 5 },
             MetaRequest::Status,
             MetaRequest::ReleaseSlot {

@@ -250,6 +250,47 @@ impl NodeInfo {
     }
 }
 
+/// What a storage server announces when it registers: blocks
+/// `[first_block, first_block + num_blocks)` of `block_size` bytes at
+/// `addr`, in storage class `class`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerSpec {
+    pub addr: String,
+    pub class: u8,
+    pub class_name: String,
+    pub medium: String,
+    pub location: String,
+    pub block_size: u32,
+    pub first_block: u32,
+    pub num_blocks: u32,
+}
+
+impl ServerSpec {
+    pub(crate) fn encode(&self, e: &mut Enc) {
+        e.str(&self.addr)
+            .u8(self.class)
+            .str(&self.class_name)
+            .str(&self.medium)
+            .str(&self.location)
+            .u32(self.block_size)
+            .u32(self.first_block)
+            .u32(self.num_blocks);
+    }
+
+    pub(crate) fn decode(d: &mut Dec) -> Result<ServerSpec> {
+        Ok(ServerSpec {
+            addr: d.string()?,
+            class: d.u8()?,
+            class_name: d.string()?,
+            medium: d.string()?,
+            location: d.string()?,
+            block_size: d.u32()?,
+            first_block: d.u32()?,
+            num_blocks: d.u32()?,
+        })
+    }
+}
+
 /// One storage server as seen by the metadata server.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerStatus {

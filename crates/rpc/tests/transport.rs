@@ -6,8 +6,8 @@
 use bytes::{Bytes, BytesMut};
 use nodekernel_proto::{Error, ErrorCode, Result};
 use nodekernel_rpc::{
-    abstract_unix_addr, bind_unix, serve_unix, serve_with, ConnOptions, Connection, Handler,
-    ServeOptions, ServerHandle,
+    abstract_unix_addr, bind_abstract_unix, bind_unix, serve_unix, serve_with, ConnOptions,
+    Connection, Handler, ServeOptions, ServerHandle,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -71,10 +71,9 @@ async fn pair(spin: Duration, kind: Kind) -> (Server, Connection) {
             (h, addr, None)
         }
         Kind::AbstractUnix => {
-            let name = format!("nk-rpc-test-{}-{}", std::process::id(), rand_suffix());
-            let addr = abstract_unix_addr(&name);
-            let h = serve_unix(bind_unix(&addr).unwrap(), Arc::new(Echo), opts).unwrap();
-            (h, addr, None)
+            let (name, listener) = bind_abstract_unix("nk-rpc-test-").unwrap();
+            let h = serve_unix(listener, Arc::new(Echo), opts).unwrap();
+            (h, abstract_unix_addr(&name), None)
         }
         Kind::PathUnix => {
             let dir = tempfile::tempdir().unwrap();
@@ -98,16 +97,6 @@ async fn pair(spin: Duration, kind: Kind) -> (Server, Connection) {
         _dir: dir,
     };
     (server, conn)
-}
-
-fn rand_suffix() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    t ^ N.fetch_add(1, Ordering::Relaxed)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -217,7 +206,10 @@ async fn shutdown_stops_busy_connections_at_once() {
 
 #[tokio::test]
 async fn a_unix_address_nobody_listens_on_is_unavailable() {
-    let addr = abstract_unix_addr(&format!("nk-rpc-nobody-{}", rand_suffix()));
+    // A fresh name, whose listener is gone again.
+    let (name, listener) = bind_abstract_unix("nk-rpc-nobody-").unwrap();
+    drop(listener);
+    let addr = abstract_unix_addr(&name);
     let e = Connection::connect(&addr, Duration::from_secs(1))
         .await
         .err()

@@ -80,5 +80,7 @@ pub use region::{
     check_generation, check_range, stale_read, stale_write, Region, CLAIM_WAIT, SETTLING,
 };
 
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 #[cfg(test)]
 mod tests;

@@ -1,9 +1,9 @@
 //! Protocol tests, on one mapping and on two independent mappings of the
 //! same memfd (as a server and a co-located client in two processes have).
 
+use crate::testing::{busy_thread, second_mapping};
 use crate::{Region, CLAIM_WAIT, SETTLING};
 use nodekernel_proto::{ErrorCode, Result};
-use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,14 +13,6 @@ const N: u32 = 4;
 
 fn region() -> Region {
     Region::create(BS, N).unwrap()
-}
-
-/// A second, independent mapping of `r`'s memfd, as a client gets it.
-fn second_mapping(r: &Region) -> Region {
-    let fd = OwnedFd::from(r.file().try_clone().unwrap());
-    let m = Region::open(fd, &r.layout().encode()).unwrap();
-    assert_ne!(m.data_ptr(), r.data_ptr(), "a separate mapping");
-    m
 }
 
 fn read(r: &Region, block: u32, gen: u64, off: u32, len: u32) -> Result<Vec<u8>> {
@@ -91,26 +83,6 @@ fn generation_rules_across_mappings() {
     b.read_append(2, 9, 0, 3, &mut out).unwrap();
     assert_eq!(&out[..], b"hdrsix", "appends only on success");
     assert_eq!(b.generation(N), None);
-}
-
-/// Starts a thread running `op` until it returns false, and waits until it
-/// has completed at least one successful iteration.
-fn busy_thread(op: impl Fn() -> bool + Send + 'static) -> std::thread::JoinHandle<u32> {
-    let started = Arc::new(AtomicBool::new(false));
-    let flag = started.clone();
-    let t = std::thread::spawn(move || {
-        let mut n = 0;
-        while op() {
-            n += 1;
-            flag.store(true, Ordering::Release);
-        }
-        flag.store(true, Ordering::Release);
-        n
-    });
-    while !started.load(Ordering::Acquire) {
-        std::thread::yield_now();
-    }
-    t
 }
 
 /// The old owner keeps writing full blocks through one mapping while the

@@ -291,6 +291,7 @@ mod tests {
     use crate::medium::{DramMedium, FileMedium};
     use crate::FileIoConfig;
     use nodekernel_proto::ErrorCode;
+    use nodekernel_shm::testing::busy_thread;
     use std::sync::Arc;
 
     const BS: u32 = 64 << 10;
@@ -540,27 +541,6 @@ mod tests {
         assert_eq!(read(&s, 0, 1, 0, 1).unwrap(), b"x");
     }
 
-    /// Starts a thread running `op` until it returns false, and waits until
-    /// it has completed at least one successful iteration.
-    fn busy_thread(op: impl Fn() -> bool + Send + 'static) -> std::thread::JoinHandle<u32> {
-        use std::sync::atomic::AtomicBool;
-        let started = Arc::new(AtomicBool::new(false));
-        let flag = started.clone();
-        let t = std::thread::spawn(move || {
-            let mut n = 0;
-            while op() {
-                n += 1;
-                flag.store(true, Ordering::Release);
-            }
-            flag.store(true, Ordering::Release);
-            n
-        });
-        while !started.load(Ordering::Acquire) {
-            std::thread::yield_now();
-        }
-        t
-    }
-
     /// A claim must wait for copies in flight under the old generation, and
     /// old-generation writes after it must fail: the new owner's bytes are
     /// never overwritten by the old owner.
@@ -630,10 +610,7 @@ mod tests {
     /// co-located client in another process works on.
     fn client_mapping(s: &BlockStore) -> Arc<nodekernel_shm::Region> {
         let r = s.shared_region().expect("DRAM is shared");
-        let fd = std::os::fd::OwnedFd::from(r.file().try_clone().unwrap());
-        let m = nodekernel_shm::Region::open(fd, &r.layout().encode()).unwrap();
-        assert_ne!(m.data_ptr(), r.data_ptr());
-        Arc::new(m)
+        Arc::new(nodekernel_shm::testing::second_mapping(r))
     }
 
     #[test]

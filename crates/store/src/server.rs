@@ -277,7 +277,7 @@ impl StorageServer {
         let requests = (0..k)
             .map(|i| {
                 let (first_block, count) = partition(num_blocks, k, i);
-                MetaRequest::Register {
+                MetaRequest::Register(nodekernel_proto::ServerSpec {
                     addr: advertise.clone(),
                     class: cfg.class,
                     class_name: cfg.class_name.clone(),
@@ -286,7 +286,7 @@ impl StorageServer {
                     block_size: cfg.block_size,
                     first_block,
                     num_blocks: count,
-                }
+                })
             })
             .collect();
         let registrar = Arc::new(Registrar {

@@ -385,7 +385,7 @@ impl Handler for FakeMeta {
     async fn handle(&self, op: u16, payload: Bytes, out: &mut BytesMut) -> Result<()> {
         let req = MetaRequest::decode(op, &payload)?;
         let reply = match &req {
-            MetaRequest::Register { .. } => {
+            MetaRequest::Register(_) => {
                 self.registrations.lock().unwrap().push(req.clone());
                 if let Some(e) = &self.refuse {
                     return Err(e.clone());
@@ -444,7 +444,7 @@ async fn registers_and_heartbeats() {
     );
     assert_eq!(
         meta.registrations(),
-        vec![MetaRequest::Register {
+        vec![MetaRequest::Register(nodekernel_proto::ServerSpec {
             addr: srv.local_addr().to_string(),
             class: 2,
             class_name: "fast".into(),
@@ -453,7 +453,7 @@ async fn registers_and_heartbeats() {
             block_size: BS,
             first_block: 0,
             num_blocks: 10,
-        }]
+        })]
     );
     eventually("three heartbeats", || meta.heartbeats().len() >= 3).await;
     assert!(meta.heartbeats().iter().all(|&id| id == 7));
@@ -549,11 +549,7 @@ async fn blocks_are_partitioned_across_metas() {
     let ranges: Vec<(u32, u32)> = metas
         .iter()
         .map(|m| match &m.registrations()[..] {
-            [MetaRequest::Register {
-                first_block,
-                num_blocks,
-                ..
-            }] => (*first_block, *num_blocks),
+            [MetaRequest::Register(spec)] => (spec.first_block, spec.num_blocks),
             other => panic!("expected one registration, got {other:?}"),
         })
         .collect();
