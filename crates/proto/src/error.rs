@@ -31,11 +31,20 @@ pub enum ErrorCode {
     Internal = 16,
     LeaseExpired = 17,
     UnknownServer = 18,
+    /// The request cannot be served right now but the same request may
+    /// succeed shortly (a block is being moved, a claim is settling); retry
+    /// after a short pause.
+    TryAgain = 19,
+    /// The path belongs to another metadata partition than the server
+    /// asked (the client's list of metadata servers is in another order).
+    WrongPartition = 20,
+    /// The two ends of a connection speak different wire versions.
+    VersionMismatch = 21,
 }
 
 impl ErrorCode {
     /// All codes, in numeric order (used by bindings and tests).
-    pub const ALL: [ErrorCode; 18] = [
+    pub const ALL: [ErrorCode; 21] = [
         ErrorCode::NotFound,
         ErrorCode::AlreadyExists,
         ErrorCode::NotEmpty,
@@ -54,6 +63,9 @@ impl ErrorCode {
         ErrorCode::Internal,
         ErrorCode::LeaseExpired,
         ErrorCode::UnknownServer,
+        ErrorCode::TryAgain,
+        ErrorCode::WrongPartition,
+        ErrorCode::VersionMismatch,
     ];
 
     pub fn from_u16(v: u16) -> Option<ErrorCode> {
@@ -81,6 +93,9 @@ impl ErrorCode {
             ErrorCode::Internal => "Internal",
             ErrorCode::LeaseExpired => "LeaseExpired",
             ErrorCode::UnknownServer => "UnknownServer",
+            ErrorCode::TryAgain => "TryAgain",
+            ErrorCode::WrongPartition => "WrongPartition",
+            ErrorCode::VersionMismatch => "VersionMismatch",
         }
     }
 }
@@ -126,6 +141,9 @@ ctor! {
     internal => Internal,
     lease_expired => LeaseExpired,
     unknown_server => UnknownServer,
+    try_again => TryAgain,
+    wrong_partition => WrongPartition,
+    version_mismatch => VersionMismatch,
 }
 
 impl Error {
