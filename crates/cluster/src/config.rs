@@ -82,10 +82,24 @@ pub struct MetaSection {
     pub block_size: ByteSize,
     pub lease_timeout_ms: u64,
     pub dead_after_ms: u64,
+    /// A storage server dead this long is retired (its blocks are lost for
+    /// good; it leaves status and capacity).
+    pub retire_after_ms: u64,
+    /// How long a reply waits for the block claims of its effects before
+    /// they are retried in the background.
+    pub claim_timeout_ms: u64,
     /// Busy-poll budget of idle connections (default: `NK_POLL_SPIN_US` or 50).
     pub poll_spin_us: Option<u64>,
     /// Also serve clients on this host over an abstract Unix socket.
     pub unix_socket: bool,
+    /// This metadata server's partition (`0..partitions`); it refuses
+    /// paths whose top-level name another partition owns.
+    pub partition: u32,
+    /// Number of metadata partitions (the length of `client.meta`).
+    pub partitions: u32,
+    /// Live storage servers needed before `nk status --wait` reports the
+    /// cluster ready (default 1; `nk up`: the number of stores it starts).
+    pub expect_servers: Option<u32>,
 }
 
 impl Default for MetaSection {
@@ -95,8 +109,13 @@ impl Default for MetaSection {
             block_size: ByteSize(nodekernel_proto::DEFAULT_BLOCK_SIZE as u64),
             lease_timeout_ms: 30_000,
             dead_after_ms: 10_000,
+            retire_after_ms: 60_000,
+            claim_timeout_ms: 1_000,
             poll_spin_us: None,
             unix_socket: true,
+            partition: 0,
+            partitions: 1,
+            expect_servers: None,
         }
     }
 }
@@ -255,6 +274,27 @@ impl Config {
         if self.meta.dead_after_ms == 0 {
             return Err(bad("meta.dead_after_ms", "must be greater than 0"));
         }
+        if self.meta.retire_after_ms < self.meta.dead_after_ms {
+            return Err(bad(
+                "meta.retire_after_ms",
+                format!(
+                    "must be at least meta.dead_after_ms ({})",
+                    self.meta.dead_after_ms
+                ),
+            ));
+        }
+        if self.meta.claim_timeout_ms == 0 {
+            return Err(bad("meta.claim_timeout_ms", "must be greater than 0"));
+        }
+        if self.meta.partitions == 0 || self.meta.partition >= self.meta.partitions {
+            return Err(bad(
+                "meta.partition",
+                format!(
+                    "{} is not below meta.partitions ({})",
+                    self.meta.partition, self.meta.partitions
+                ),
+            ));
+        }
         if self.client.meta.is_empty() {
             return Err(bad(
                 "client.meta",
@@ -308,9 +348,16 @@ impl Config {
             block_size: self.meta.block_size.0 as u32,
             lease_timeout: Duration::from_millis(self.meta.lease_timeout_ms),
             dead_after: Duration::from_millis(self.meta.dead_after_ms),
+            retire_after: Duration::from_millis(self.meta.retire_after_ms),
+            claim_timeout: Duration::from_millis(self.meta.claim_timeout_ms),
             classes: self.classes(),
             poll_spin: spin(self.meta.poll_spin_us),
             unix_socket: self.meta.unix_socket,
+            placement: nodekernel_meta::Placement {
+                partition: self.meta.partition,
+                partitions: self.meta.partitions,
+                expected_servers: self.meta.expect_servers.unwrap_or(1),
+            },
         }
     }
 

@@ -42,7 +42,11 @@ impl LocalCluster {
     /// of [`Config::up_stores`], registered with it.
     pub async fn start(config: Config) -> Result<LocalCluster, ClusterError> {
         config.validate()?;
-        let meta = MetaServer::start(config.meta_config()).await?;
+        let mut meta_cfg = config.meta_config();
+        if config.meta.expect_servers.is_none() {
+            meta_cfg.placement.expected_servers = config.up_stores().len() as u32;
+        }
+        let meta = MetaServer::start(meta_cfg).await?;
         let mut cluster = LocalCluster {
             config,
             meta,

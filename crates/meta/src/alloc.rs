@@ -7,18 +7,44 @@
 //!   then the higher-priority ones;
 //! - within a class, servers are used round-robin; with a preferred location,
 //!   servers at that location come first (storage class outranks location);
-//! - dead servers get no new blocks.
+//! - dead and suspect servers get no new blocks.
 //!
-//! Freed blocks go to the front of the free list (LIFO): a replaced value's
-//! block is the next one handed out, so its pages are already mapped by
-//! co-located clients and warm in caches (a fresh page costs a fault of
-//! about a microsecond per 4 KiB on first touch). Safety against old handles
-//! does not depend on the order: every allocation stamps the block with a
-//! new generation, strictly greater than all earlier ones, which storage
+//! Freed blocks go to the top of a stack (LIFO): a replaced value's block
+//! is the next one handed out, so its pages are already mapped by
+//! co-located clients and warm in caches. Blocks never used yet are handed
+//! out from a watermark, so a server's free list costs memory in proportion
+//! to the blocks it has freed, not to its size: a registration of 2^31
+//! blocks costs nothing up front. Safety against old handles does not
+//! depend on the order: every allocation stamps the block with a new
+//! generation, strictly greater than all earlier ones, which storage
 //! servers check on every access, and freed blocks are claimed with one.
+//!
+//! Two kinds of state live here:
+//! - *durable* state — servers, their free lists, round-robin positions and
+//!   the next generation — changes only through the appliers
+//!   (`take`, `give_back`, `add_server`, `retire`, `bump_gen`), called from
+//!   [`MetaState::apply_effect`](crate::MetaState::apply_effect);
+//! - *soft* state — liveness: last heartbeat, dead, suspect — is rebuilt
+//!   from heartbeats after a restart and changes through `heartbeat`,
+//!   `expire` and `suspect`. Decisions read it (dead servers get no
+//!   blocks), but effects carry everything they chose, so replaying effects
+//!   never needs it.
+//!
+//! [`AllocPlan`] decides a sequence of allocations and frees against this
+//! state without changing it; the effects it returns reproduce exactly
+//! that sequence when applied.
 
 use nodekernel_proto::{Error, Result, ServerStatus, NO_CLASS};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
+
+/// Most storage servers one metadata server accepts (registrations beyond
+/// it are refused). Every server costs a few hundred bytes plus its freed
+/// blocks.
+pub const MAX_SERVERS: usize = 4096;
+/// Most blocks one registration may export: 2^31 (2 PiB at 1 MiB blocks).
+pub const MAX_SERVER_BLOCKS: u32 = 1 << 31;
+/// Longest server identity.
+pub const MAX_IDENTITY_LEN: usize = 64;
 
 /// One allocated block: server, absolute block index on it, generation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -32,7 +58,8 @@ pub struct BlockRef {
 /// For a freed block the generation is fresh, so every older location of it
 /// gets `Stale` at once, before the block is ever reused; for a new
 /// container block it is the allocation's generation, so the container's
-/// records can be read before any client has written one.
+/// records can be read before any client has written one; for a block whose
+/// lease changed hands it fences the old writer out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockClaim {
     pub server: u32,
@@ -43,12 +70,89 @@ pub struct BlockClaim {
 
 pub use nodekernel_proto::ServerSpec;
 
-#[derive(Debug)]
-struct Server {
-    spec: ServerSpec,
-    free: VecDeque<u32>,
+/// Free blocks of one server: a stack of freed blocks (reused first) over
+/// a watermark of never-used ones.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FreeList {
+    /// Freed blocks; the last one is handed out next.
+    freed: Vec<u32>,
+    /// Lowest block never handed out.
+    fresh: u32,
+    /// One past the server's last block.
+    end: u32,
+}
+
+impl FreeList {
+    fn new(first: u32, count: u32) -> FreeList {
+        FreeList {
+            freed: Vec::new(),
+            fresh: first,
+            end: first + count,
+        }
+    }
+
+    pub fn len(&self) -> u64 {
+        self.freed.len() as u64 + u64::from(self.end - self.fresh)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The block the `k`-th take from now would return.
+    fn nth(&self, k: u64) -> Option<u32> {
+        let stacked = self.freed.len() as u64;
+        if k < stacked {
+            return Some(self.freed[(stacked - 1 - k) as usize]);
+        }
+        let at = u64::from(self.fresh) + (k - stacked);
+        (at < u64::from(self.end)).then_some(at as u32)
+    }
+
+    /// Removes `block` (which `nth(0)` returned when it was decided).
+    fn take(&mut self, block: u32) {
+        if self.freed.last() == Some(&block) {
+            self.freed.pop();
+        } else if block == self.fresh && self.fresh < self.end {
+            self.fresh += 1;
+        } else if let Some(i) = self.freed.iter().rposition(|b| *b == block) {
+            debug_assert!(false, "block {block} taken out of order");
+            self.freed.remove(i);
+        } else {
+            debug_assert!(false, "block {block} is not free");
+        }
+    }
+
+    fn give_back(&mut self, block: u32) {
+        self.freed.push(block);
+    }
+
+    /// Whether `block` is free (for invariant checks; linear in the freed
+    /// blocks).
+    pub fn contains(&self, block: u32) -> bool {
+        (block >= self.fresh && block < self.end) || self.freed.contains(&block)
+    }
+
+    /// Every free block (for invariant checks).
+    pub fn blocks(&self) -> impl Iterator<Item = u32> + '_ {
+        self.freed.iter().copied().chain(self.fresh..self.end)
+    }
+}
+
+/// Liveness of a server (soft state).
+#[derive(Debug, Clone, Copy)]
+struct Liveness {
     alive: bool,
+    /// A client could not reach it: no new blocks until its next heartbeat.
+    suspect: bool,
     last_seen_ms: u64,
+}
+
+#[derive(Debug)]
+pub struct Server {
+    pub spec: ServerSpec,
+    pub free: FreeList,
+    live: Liveness,
 }
 
 #[derive(Debug, Default)]
@@ -64,6 +168,17 @@ pub struct BlockAllocator {
     classes: BTreeMap<u8, Class>,
     next_server: u32,
     next_gen: u64,
+}
+
+/// What a registration does, decided by [`BlockAllocator::decide_register`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Registration {
+    /// The same server instance registered again (a retry): its id.
+    Known(u32),
+    /// A new server instance: its id, and the ids of servers it replaces (an
+    /// earlier instance with the same identity, or another server at the
+    /// same address), whose blocks are lost.
+    New { id: u32, replaces: Vec<u32> },
 }
 
 impl BlockAllocator {
@@ -84,8 +199,29 @@ impl BlockAllocator {
         self.block_size
     }
 
-    /// Adds a storage server; returns its new id (ids are never reused).
-    pub fn register(&mut self, spec: ServerSpec, now_ms: u64) -> Result<u32> {
+    /// The generation the next allocation, free or fence gets.
+    pub fn next_gen(&self) -> u64 {
+        self.next_gen
+    }
+
+    pub fn server(&self, id: u32) -> Option<&Server> {
+        self.servers.get(&id)
+    }
+
+    pub fn servers(&self) -> impl Iterator<Item = (u32, &Server)> {
+        self.servers.iter().map(|(id, s)| (*id, s))
+    }
+
+    pub fn server_count(&self) -> usize {
+        self.servers.len()
+    }
+
+    // ----- registration ------------------------------------------------------
+
+    /// Checks a registration and decides what it does (see
+    /// [`Registration`]). Bounded: a server costs memory in proportion to
+    /// the blocks it frees, never to the blocks it exports.
+    pub fn decide_register(&self, spec: &ServerSpec) -> Result<Registration> {
         if spec.block_size != self.block_size {
             return Err(Error::invalid_argument(format!(
                 "storage server {} exports {}-byte blocks but this cluster uses {}-byte blocks",
@@ -97,33 +233,110 @@ impl BlockAllocator {
                 "storage class {NO_CLASS} is reserved (means 'no preference')"
             )));
         }
+        if spec.num_blocks == 0 || spec.num_blocks > MAX_SERVER_BLOCKS {
+            return Err(Error::invalid_argument(format!(
+                "storage server {} registers {} blocks; a server exports 1 to {MAX_SERVER_BLOCKS}",
+                spec.addr, spec.num_blocks
+            )));
+        }
         if spec.first_block.checked_add(spec.num_blocks).is_none() {
             return Err(Error::invalid_argument("block range overflows u32"));
         }
-        let id = self.next_server;
-        self.next_server += 1;
-        let free = (spec.first_block..spec.first_block + spec.num_blocks).collect();
+        if spec.addr.is_empty() {
+            return Err(Error::invalid_argument(
+                "a storage server must register an address",
+            ));
+        }
+        let id_ok = !spec.identity.is_empty()
+            && spec.identity.len() <= MAX_IDENTITY_LEN
+            && spec
+                .identity
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !id_ok {
+            return Err(Error::invalid_argument(format!(
+                "storage server {} sent identity {:?}: expected 1 to {MAX_IDENTITY_LEN} letters, digits, '-' or '_'",
+                spec.addr, spec.identity
+            )));
+        }
+        let mut replaces = Vec::new();
+        for (id, s) in &self.servers {
+            if s.spec.identity == spec.identity {
+                if s.spec.incarnation == spec.incarnation {
+                    if s.spec != *spec {
+                        return Err(Error::invalid_argument(format!(
+                            "storage server {} (identity {}) registered again with different settings",
+                            spec.addr, spec.identity
+                        )));
+                    }
+                    return Ok(Registration::Known(*id));
+                }
+                replaces.push(*id);
+            } else if s.spec.addr == spec.addr {
+                // Only one process can serve an address: the old one is gone.
+                replaces.push(*id);
+            }
+        }
+        if self.servers.len() - replaces.len() >= MAX_SERVERS {
+            return Err(Error::invalid_argument(format!(
+                "this metadata server already has {MAX_SERVERS} storage servers (the limit)"
+            )));
+        }
+        Ok(Registration::New {
+            id: self.next_server,
+            replaces,
+        })
+    }
+
+    /// Adds a storage server under `id` (applier).
+    pub(crate) fn add_server(&mut self, id: u32, spec: &ServerSpec, now_ms: u64) {
+        self.next_server = self.next_server.max(id + 1);
         self.classes.entry(spec.class).or_default().servers.push(id);
         self.servers.insert(
             id,
             Server {
-                spec,
-                free,
-                alive: true,
-                last_seen_ms: now_ms,
+                free: FreeList::new(spec.first_block, spec.num_blocks),
+                spec: spec.clone(),
+                live: Liveness {
+                    alive: true,
+                    suspect: false,
+                    last_seen_ms: now_ms,
+                },
             },
         );
-        Ok(id)
     }
 
-    /// Records a heartbeat; a server that was declared dead and heartbeats
-    /// again is alive again (its blocks were never handed out to others).
+    /// Removes a server for good (applier): its blocks are lost, and the
+    /// nodes that still name it report `DataLost`.
+    pub(crate) fn retire(&mut self, id: u32) {
+        let Some(s) = self.servers.remove(&id) else {
+            return;
+        };
+        if let Some(c) = self.classes.get_mut(&s.spec.class) {
+            c.servers.retain(|x| *x != id);
+            if c.next >= c.servers.len() {
+                c.next = 0;
+            }
+            if c.servers.is_empty() {
+                self.classes.remove(&s.spec.class);
+            }
+        }
+    }
+
+    // ----- liveness (soft state) ---------------------------------------------
+
+    /// Records a heartbeat; a server that was declared dead or suspect and
+    /// heartbeats again is usable again (its blocks were never handed out
+    /// to others).
     pub fn heartbeat(&mut self, id: u32, now_ms: u64) -> Result<()> {
         let s = self.servers.get_mut(&id).ok_or_else(|| {
             Error::unknown_server(format!("storage server {id} is not registered"))
         })?;
-        s.last_seen_ms = now_ms;
-        s.alive = true;
+        s.live = Liveness {
+            alive: true,
+            suspect: false,
+            last_seen_ms: now_ms,
+        };
         Ok(())
     }
 
@@ -132,16 +345,47 @@ impl BlockAllocator {
     pub fn expire(&mut self, now_ms: u64, dead_after_ms: u64) -> Vec<u32> {
         let mut dead = Vec::new();
         for (id, s) in &mut self.servers {
-            if s.alive && now_ms.saturating_sub(s.last_seen_ms) > dead_after_ms {
-                s.alive = false;
+            if s.live.alive && now_ms.saturating_sub(s.live.last_seen_ms) > dead_after_ms {
+                s.live.alive = false;
                 dead.push(*id);
             }
         }
         dead
     }
 
+    /// Servers dead and silent for longer than `retire_after_ms`.
+    pub fn retirable(&self, now_ms: u64, retire_after_ms: u64) -> Vec<u32> {
+        self.servers
+            .iter()
+            .filter(|(_, s)| {
+                !s.live.alive && now_ms.saturating_sub(s.live.last_seen_ms) > retire_after_ms
+            })
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// A client could not reach `id`: it gets no new blocks until it
+    /// heartbeats again.
+    pub fn suspect(&mut self, id: u32) {
+        if let Some(s) = self.servers.get_mut(&id) {
+            s.live.suspect = true;
+        }
+    }
+
     pub fn is_alive(&self, server: u32) -> bool {
-        self.servers.get(&server).is_some_and(|s| s.alive)
+        self.servers.get(&server).is_some_and(|s| s.live.alive)
+    }
+
+    /// Whether new blocks may go to `server`.
+    fn usable(&self, server: u32) -> bool {
+        self.servers
+            .get(&server)
+            .is_some_and(|s| s.live.alive && !s.live.suspect)
+    }
+
+    /// Live servers.
+    pub fn alive_count(&self) -> usize {
+        self.servers.values().filter(|s| s.live.alive).count()
     }
 
     pub fn server_addr(&self, server: u32) -> Option<&str> {
@@ -150,6 +394,29 @@ impl BlockAllocator {
 
     pub fn server_class(&self, server: u32) -> Option<u8> {
         self.servers.get(&server).map(|s| s.spec.class)
+    }
+
+    // ----- planning ----------------------------------------------------------
+
+    /// A planner for a sequence of allocations and frees (see [`AllocPlan`]).
+    pub fn plan(&self) -> AllocPlan<'_> {
+        AllocPlan {
+            a: self,
+            taken: BTreeMap::new(),
+            given: BTreeMap::new(),
+            rr: BTreeMap::new(),
+            next_gen: self.next_gen,
+            avoid: None,
+        }
+    }
+
+    /// Blocks free on servers that may get new blocks.
+    pub fn usable_free_blocks(&self) -> u64 {
+        self.servers
+            .iter()
+            .filter(|(id, _)| self.usable(**id))
+            .map(|(_, s)| s.free.len())
+            .sum()
     }
 
     /// Class search order for a preference.
@@ -162,88 +429,39 @@ impl BlockAllocator {
         lower.into_iter().chain(higher).collect()
     }
 
-    /// Allocates one block following the placement rules, or `NoSpace`.
-    pub fn allocate(&mut self, preferred_class: u8, location: &str) -> Result<BlockRef> {
-        for class in self.class_order(preferred_class) {
-            if let Some(b) = self.allocate_in(class, location) {
-                return Ok(b);
-            }
-        }
-        Err(Error::no_space(
-            "every storage class is full (or has no live storage server)",
-        ))
-    }
+    // ----- appliers ----------------------------------------------------------
 
-    /// Allocates one block from the lowest-priority class with room (then
-    /// upwards): for capacity-hungry, rarely hot data such as child records,
-    /// so the fast classes stay free for node data.
-    pub fn allocate_slowest_first(&mut self) -> Result<BlockRef> {
-        let order: Vec<u8> = self.classes.keys().rev().copied().collect();
-        for class in order {
-            if let Some(b) = self.allocate_in(class, "") {
-                return Ok(b);
-            }
-        }
-        Err(Error::no_space(
-            "every storage class is full (or has no live storage server)",
-        ))
-    }
-
-    fn allocate_in(&mut self, class: u8, location: &str) -> Option<BlockRef> {
-        let c = self.classes.get_mut(&class)?;
-        let n = c.servers.len();
-        let servers = &mut self.servers;
-        let usable = |id: &u32, local_only: bool| {
-            let s = &servers[id];
-            s.alive && !s.free.is_empty() && (!local_only || s.spec.location == location)
+    /// Takes `block` of `server` out of its free list for generation `gen`
+    /// and moves the class's round-robin position past the server.
+    pub(crate) fn take(&mut self, server: u32, block: u32, gen: u64) {
+        self.bump_gen(gen);
+        let Some(s) = self.servers.get_mut(&server) else {
+            return;
         };
-        let passes: &[bool] = if location.is_empty() {
-            &[false]
-        } else {
-            &[true, false]
-        };
-        let mut chosen = None;
-        'search: for &local_only in passes {
-            for step in 0..n {
-                let i = (c.next + step) % n;
-                if usable(&c.servers[i], local_only) {
-                    chosen = Some(i);
-                    break 'search;
-                }
+        s.free.take(block);
+        if let Some(c) = self.classes.get_mut(&s.spec.class) {
+            if let Some(i) = c.servers.iter().position(|x| *x == server) {
+                c.next = (i + 1) % c.servers.len();
             }
         }
-        let i = chosen?;
-        c.next = (i + 1) % n;
-        let id = c.servers[i];
-        let s = servers
-            .get_mut(&id)
-            .expect("class lists only known servers");
-        let block = s.free.pop_front().expect("checked non-empty");
-        let gen = self.next_gen;
-        self.next_gen += 1;
-        Some(BlockRef {
-            server: id,
-            block,
-            gen,
-        })
     }
 
-    /// Returns a block to its server's free list (at the front: reused first)
-    /// and gives it a fresh generation, returned as the invalidation to send
-    /// to the storage server. Blocks of unknown servers are dropped.
-    pub fn free(&mut self, b: BlockRef) -> Option<BlockClaim> {
-        let s = self.servers.get_mut(&b.server)?;
-        debug_assert!(!s.free.contains(&b.block), "double free of {b:?}");
-        s.free.push_front(b.block);
-        let gen = self.next_gen;
-        self.next_gen += 1;
-        Some(BlockClaim {
-            server: b.server,
-            addr: s.spec.addr.clone(),
-            block: b.block,
-            gen,
-        })
+    /// Returns `block` to `server`'s free list (reused first); `gen` is the
+    /// generation it is claimed with. Blocks of retired servers are gone.
+    pub(crate) fn give_back(&mut self, server: u32, block: u32, gen: u64) {
+        self.bump_gen(gen);
+        if let Some(s) = self.servers.get_mut(&server) {
+            debug_assert!(!s.free.contains(block), "double free of block {block}");
+            s.free.give_back(block);
+        }
     }
+
+    /// Records that generation `gen` was handed out.
+    pub(crate) fn bump_gen(&mut self, gen: u64) {
+        self.next_gen = self.next_gen.max(gen + 1);
+    }
+
+    // ----- reporting ---------------------------------------------------------
 
     pub fn status(&self, now_ms: u64) -> Vec<ServerStatus> {
         self.servers
@@ -257,20 +475,179 @@ impl BlockAllocator {
                 location: s.spec.location.clone(),
                 block_size: s.spec.block_size,
                 capacity_blocks: s.spec.num_blocks as u64,
-                used_blocks: (s.spec.num_blocks as usize - s.free.len()) as u64,
-                alive: s.alive,
-                last_seen_ms: now_ms.saturating_sub(s.last_seen_ms),
+                used_blocks: s.spec.num_blocks as u64 - s.free.len(),
+                alive: s.live.alive,
+                last_seen_ms: now_ms.saturating_sub(s.live.last_seen_ms),
+                identity: s.spec.identity.clone(),
             })
             .collect()
+    }
+
+    /// The durable state as text, in a fixed order (for tests comparing
+    /// states).
+    #[cfg(test)]
+    pub(crate) fn dump(&self) -> String {
+        use std::fmt::Write;
+        let mut out = format!(
+            "bs {} next_server {} next_gen {}\n",
+            self.block_size, self.next_server, self.next_gen
+        );
+        for (id, s) in &self.servers {
+            let _ = writeln!(out, "server {id} {:?} free {:?}", s.spec, s.free);
+        }
+        for (c, class) in &self.classes {
+            let _ = writeln!(out, "class {c} {:?} next {}", class.servers, class.next);
+        }
+        out
     }
 
     /// Total free blocks over live servers (for tests and status).
     pub fn free_blocks(&self) -> u64 {
         self.servers
             .values()
-            .filter(|s| s.alive)
-            .map(|s| s.free.len() as u64)
+            .filter(|s| s.live.alive)
+            .map(|s| s.free.len())
             .sum()
+    }
+}
+
+/// Decides a sequence of allocations and frees against a
+/// [`BlockAllocator`] without changing it. Each step returns what the
+/// matching applier must do, in the same order, to reach the state the
+/// plan assumed: `take` for an allocation, `give_back` for a free.
+pub struct AllocPlan<'a> {
+    a: &'a BlockAllocator,
+    /// Blocks taken so far from each server's own free list.
+    taken: BTreeMap<u32, u64>,
+    /// Blocks freed by this plan, per server (taken back first, LIFO).
+    given: BTreeMap<u32, Vec<u32>>,
+    /// Round-robin positions moved by this plan.
+    rr: BTreeMap<u8, usize>,
+    next_gen: u64,
+    avoid: Option<u32>,
+}
+
+impl AllocPlan<'_> {
+    /// Never allocate on `server` in this plan (it just failed a client).
+    pub fn avoid(&mut self, server: u32) {
+        self.avoid = Some(server);
+    }
+
+    /// A fresh generation (for a free or a fence).
+    pub fn gen(&mut self) -> u64 {
+        let g = self.next_gen;
+        self.next_gen += 1;
+        g
+    }
+
+    fn free_left(&self, server: u32) -> u64 {
+        let s = &self.a.servers[&server];
+        let given = self.given.get(&server).map_or(0, |v| v.len() as u64);
+        s.free.len() - self.taken.get(&server).copied().unwrap_or(0) + given
+    }
+
+    fn usable(&self, server: u32, location: &str, local_only: bool) -> bool {
+        self.avoid != Some(server)
+            && self.a.usable(server)
+            && self.free_left(server) > 0
+            && (!local_only || self.a.servers[&server].spec.location == location)
+    }
+
+    /// Free blocks left on servers that may get new blocks.
+    pub fn usable_free_blocks(&self) -> u64 {
+        self.a
+            .servers
+            .keys()
+            .filter(|id| self.avoid != Some(**id) && self.a.usable(**id))
+            .map(|id| self.free_left(*id))
+            .sum()
+    }
+
+    fn take_from(&mut self, server: u32) -> BlockRef {
+        let block = match self.given.get_mut(&server).and_then(|v| v.pop()) {
+            Some(b) => b,
+            None => {
+                let k = self.taken.entry(server).or_default();
+                let b = self.a.servers[&server]
+                    .free
+                    .nth(*k)
+                    .expect("free_left checked");
+                *k += 1;
+                b
+            }
+        };
+        BlockRef {
+            server,
+            block,
+            gen: self.gen(),
+        }
+    }
+
+    fn allocate_in(&mut self, class: u8, location: &str) -> Option<BlockRef> {
+        let c = self.a.classes.get(&class)?;
+        let n = c.servers.len();
+        let next = self.rr.get(&class).copied().unwrap_or(c.next);
+        let passes: &[bool] = if location.is_empty() {
+            &[false]
+        } else {
+            &[true, false]
+        };
+        for &local_only in passes {
+            for step in 0..n {
+                let i = (next + step) % n;
+                if self.usable(c.servers[i], location, local_only) {
+                    self.rr.insert(class, (i + 1) % n);
+                    return Some(self.take_from(c.servers[i]));
+                }
+            }
+        }
+        None
+    }
+
+    /// Allocates one block following the placement rules, or `NoSpace`.
+    pub fn allocate(&mut self, preferred_class: u8, location: &str) -> Result<BlockRef> {
+        for class in self.a.class_order(preferred_class) {
+            if let Some(b) = self.allocate_in(class, location) {
+                return Ok(b);
+            }
+        }
+        Err(self.no_space())
+    }
+
+    /// Allocates one block from the lowest-priority class with room (then
+    /// upwards): for capacity-hungry, rarely hot data such as child records,
+    /// so the fast classes stay free for node data.
+    pub fn allocate_slowest_first(&mut self) -> Result<BlockRef> {
+        let order: Vec<u8> = self.a.classes.keys().rev().copied().collect();
+        for class in order {
+            if let Some(b) = self.allocate_in(class, "") {
+                return Ok(b);
+            }
+        }
+        Err(self.no_space())
+    }
+
+    fn no_space(&self) -> Error {
+        if self.a.servers.is_empty() {
+            Error::unavailable(
+                "no storage server has registered with this metadata server yet (the cluster may still be starting; `nk status --wait` waits for it)",
+            )
+        } else if self.a.servers.keys().all(|id| !self.a.usable(*id)) {
+            Error::unavailable(
+                "no storage server is alive: every registered storage server is dead or unreachable",
+            )
+        } else {
+            Error::no_space("every storage class is full (or has no live storage server)")
+        }
+    }
+
+    /// Frees `b`: returns the generation to claim it with, and makes it the
+    /// next block this plan hands out on its server.
+    pub fn free(&mut self, b: BlockRef) -> u64 {
+        if self.a.servers.contains_key(&b.server) {
+            self.given.entry(b.server).or_default().push(b.block);
+        }
+        self.gen()
     }
 }
 
@@ -280,7 +657,7 @@ mod tests {
 
     fn spec(class: u8, loc: &str, n: u32) -> ServerSpec {
         ServerSpec {
-            addr: format!("{loc}:{class}"),
+            addr: format!("{loc}:{class}:{n}"),
             class,
             class_name: format!("c{class}"),
             medium: "dram".into(),
@@ -288,16 +665,46 @@ mod tests {
             block_size: 4096,
             first_block: 0,
             num_blocks: n,
+            identity: format!("id-{loc}-{class}-{n}"),
+            incarnation: 1,
         }
+    }
+
+    fn register(a: &mut BlockAllocator, s: ServerSpec) -> u32 {
+        match a.decide_register(&s).unwrap() {
+            Registration::New { id, replaces } => {
+                for r in replaces {
+                    a.retire(r);
+                }
+                a.add_server(id, &s, 0);
+                id
+            }
+            Registration::Known(id) => id,
+        }
+    }
+
+    /// Allocates through a one-step plan and applies it.
+    fn alloc(a: &mut BlockAllocator, class: u8, loc: &str) -> Result<BlockRef> {
+        let b = a.plan().allocate(class, loc)?;
+        a.take(b.server, b.block, b.gen);
+        Ok(b)
+    }
+
+    fn free(a: &mut BlockAllocator, b: BlockRef) -> u64 {
+        let gen = a.plan().free(b);
+        a.give_back(b.server, b.block, gen);
+        gen
     }
 
     #[test]
     fn fills_classes_in_priority_order_round_robin() {
         let mut a = BlockAllocator::new(4096, 1);
-        let d1 = a.register(spec(0, "h1", 4), 0).unwrap();
-        let d2 = a.register(spec(0, "h2", 4), 0).unwrap();
-        let f = a.register(spec(1, "h1", 64), 0).unwrap();
-        let blocks: Vec<_> = (0..20).map(|_| a.allocate(NO_CLASS, "").unwrap()).collect();
+        let d1 = register(&mut a, spec(0, "h1", 4));
+        let d2 = register(&mut a, spec(0, "h2", 4));
+        let f = register(&mut a, spec(1, "h1", 64));
+        let blocks: Vec<_> = (0..20)
+            .map(|_| alloc(&mut a, NO_CLASS, "").unwrap())
+            .collect();
         let on = |id| blocks.iter().filter(|b| b.server == id).count();
         assert_eq!((on(d1), on(d2), on(f)), (4, 4, 12));
         assert!(blocks[..8].iter().all(|b| b.server != f), "DRAM first");
@@ -305,30 +712,61 @@ mod tests {
         let mut gens: Vec<_> = blocks.iter().map(|b| b.gen).collect();
         gens.dedup();
         assert_eq!(gens.len(), 20, "every allocation has a fresh generation");
-        // Freeing DRAM blocks makes DRAM the first choice again.
         for b in &blocks[..8] {
-            let inv = a.free(*b).unwrap();
             assert!(
-                inv.gen > blocks[19].gen,
+                free(&mut a, *b) > blocks[19].gen,
                 "freeing stamps a fresh generation"
             );
         }
-        let again = a.allocate(NO_CLASS, "").unwrap();
-        assert_ne!(again.server, f);
+        let again = alloc(&mut a, NO_CLASS, "").unwrap();
+        assert_ne!(again.server, f, "freed DRAM is the first choice again");
         assert!(again.gen > blocks[19].gen);
+    }
+
+    #[test]
+    fn a_plan_matches_what_its_steps_apply() {
+        let mut a = BlockAllocator::new(4096, 10);
+        register(&mut a, spec(0, "h1", 3));
+        register(&mut a, spec(0, "h2", 3));
+        let first = alloc(&mut a, NO_CLASS, "").unwrap();
+        // Decide several steps at once, free included, then apply them.
+        let mut p = a.plan();
+        let x = p.allocate(NO_CLASS, "").unwrap();
+        let y = p.allocate(NO_CLASS, "").unwrap();
+        let g = p.free(first);
+        let z1 = p.allocate(0, "").unwrap();
+        let z2 = p.allocate(0, "").unwrap();
+        let again = [z1, z2]
+            .into_iter()
+            .find(|z| z.server == first.server)
+            .expect("round-robin comes back to the first server");
+        assert_eq!(
+            again.block, first.block,
+            "a block freed in the plan is handed out next on its server"
+        );
+        assert!(x.gen < y.gen && y.gen < g && g < z1.gen && z1.gen < z2.gen);
+        a.take(x.server, x.block, x.gen);
+        a.take(y.server, y.block, y.gen);
+        a.give_back(first.server, first.block, g);
+        a.take(z1.server, z1.block, z1.gen);
+        a.take(z2.server, z2.block, z2.gen);
+        // A fresh plan now continues exactly where that one ended.
+        let w = a.plan().allocate(NO_CLASS, "").unwrap();
+        assert!(w.gen > z2.gen);
+        assert_eq!(a.free_blocks(), 6 - 4);
     }
 
     #[test]
     fn preferred_class_then_lower_then_higher() {
         let mut a = BlockAllocator::new(4096, 1);
-        let c0 = a.register(spec(0, "h", 1), 0).unwrap();
-        let c1 = a.register(spec(1, "h", 1), 0).unwrap();
-        let c2 = a.register(spec(2, "h", 1), 0).unwrap();
-        assert_eq!(a.allocate(1, "").unwrap().server, c1);
-        assert_eq!(a.allocate(1, "").unwrap().server, c2);
-        assert_eq!(a.allocate(1, "").unwrap().server, c0);
+        let c0 = register(&mut a, spec(0, "h", 1));
+        let c1 = register(&mut a, spec(1, "h", 1));
+        let c2 = register(&mut a, spec(2, "h", 1));
+        assert_eq!(alloc(&mut a, 1, "").unwrap().server, c1);
+        assert_eq!(alloc(&mut a, 1, "").unwrap().server, c2);
+        assert_eq!(alloc(&mut a, 1, "").unwrap().server, c0);
         assert_eq!(
-            a.allocate(1, "").unwrap_err().code,
+            alloc(&mut a, 1, "").unwrap_err().code,
             nodekernel_proto::ErrorCode::NoSpace
         );
     }
@@ -336,68 +774,143 @@ mod tests {
     #[test]
     fn slowest_first_fills_from_the_bottom() {
         let mut a = BlockAllocator::new(4096, 1);
-        let c0 = a.register(spec(0, "h", 1), 0).unwrap();
-        let c1 = a.register(spec(1, "h", 1), 0).unwrap();
-        assert_eq!(a.allocate_slowest_first().unwrap().server, c1);
-        assert_eq!(a.allocate_slowest_first().unwrap().server, c0);
-        assert!(a.allocate_slowest_first().is_err());
+        let c0 = register(&mut a, spec(0, "h", 1));
+        let c1 = register(&mut a, spec(1, "h", 1));
+        let mut p = a.plan();
+        assert_eq!(p.allocate_slowest_first().unwrap().server, c1);
+        assert_eq!(p.allocate_slowest_first().unwrap().server, c0);
+        assert!(p.allocate_slowest_first().is_err());
     }
 
     #[test]
     fn location_preference_within_class() {
         let mut a = BlockAllocator::new(4096, 1);
-        let h1 = a.register(spec(0, "h1", 2), 0).unwrap();
-        let h2 = a.register(spec(0, "h2", 2), 0).unwrap();
+        let h1 = register(&mut a, spec(0, "h1", 2));
+        let h2 = register(&mut a, spec(0, "h2", 2));
         let got: Vec<_> = (0..4)
-            .map(|_| a.allocate(NO_CLASS, "h2").unwrap().server)
+            .map(|_| alloc(&mut a, NO_CLASS, "h2").unwrap().server)
             .collect();
         assert_eq!(got, vec![h2, h2, h1, h1]);
     }
 
     #[test]
-    fn dead_servers_get_no_blocks_and_revive_on_heartbeat() {
+    fn dead_and_suspect_servers_get_no_blocks_until_they_heartbeat() {
         let mut a = BlockAllocator::new(4096, 1);
-        let s1 = a.register(spec(0, "h", 2), 0).unwrap();
-        let s2 = a.register(spec(0, "h", 2), 500).unwrap();
+        let s1 = register(&mut a, spec(0, "h", 2));
+        let s2 = register(&mut a, spec(0, "h2", 2));
+        a.heartbeat(s2, 500).unwrap();
         assert_eq!(a.expire(1200, 1000), vec![s1]);
         assert!(!a.is_alive(s1));
+        let mut p = a.plan();
         for _ in 0..2 {
-            assert_eq!(a.allocate(NO_CLASS, "").unwrap().server, s2);
+            assert_eq!(p.allocate(NO_CLASS, "").unwrap().server, s2);
         }
-        assert!(a.allocate(NO_CLASS, "").is_err());
+        assert!(p.allocate(NO_CLASS, "").is_err());
         a.heartbeat(s1, 1300).unwrap();
-        assert_eq!(a.allocate(NO_CLASS, "").unwrap().server, s1);
+        assert_eq!(a.plan().allocate(NO_CLASS, "").unwrap().server, s1);
+        a.suspect(s1);
+        assert_eq!(a.plan().allocate(NO_CLASS, "").unwrap().server, s2);
+        a.heartbeat(s1, 1400).unwrap();
+        let mut p = a.plan();
+        p.avoid(s2);
+        assert_eq!(p.allocate(NO_CLASS, "").unwrap().server, s1);
         assert!(a.heartbeat(99, 0).is_err());
     }
 
     #[test]
     fn freed_blocks_are_reused_first_with_a_newer_generation() {
         let mut a = BlockAllocator::new(4096, 1);
-        a.register(spec(0, "h", 3), 0).unwrap();
-        let b0 = a.allocate(NO_CLASS, "").unwrap();
-        let claim = a.free(b0).unwrap();
-        assert!(claim.gen > b0.gen, "the freed block is claimed anew");
-        let next = a.allocate(NO_CLASS, "").unwrap();
+        register(&mut a, spec(0, "h", 3));
+        let b0 = alloc(&mut a, NO_CLASS, "").unwrap();
+        let claim = free(&mut a, b0);
+        assert!(claim > b0.gen, "the freed block is claimed anew");
+        let next = alloc(&mut a, NO_CLASS, "").unwrap();
         assert_eq!(
             next.block, b0.block,
             "the just-freed block (mapped, cached) goes before never-used ones"
         );
+        assert!(next.gen > claim);
+    }
+
+    #[test]
+    fn huge_registrations_cost_nothing_up_front() {
+        let mut a = BlockAllocator::new(4096, 1);
+        let mut s = spec(0, "h", MAX_SERVER_BLOCKS);
+        let id = register(&mut a, s.clone());
+        assert_eq!(a.free_blocks(), MAX_SERVER_BLOCKS as u64);
+        let b = alloc(&mut a, NO_CLASS, "").unwrap();
+        assert_eq!((b.server, b.block), (id, 0));
+        s.num_blocks = MAX_SERVER_BLOCKS + 1;
+        s.identity = "other".into();
+        s.addr = "other:1".into();
+        assert!(a.decide_register(&s).is_err(), "over the per-server limit");
+        s.num_blocks = u32::MAX;
+        assert!(a.decide_register(&s).is_err());
+    }
+
+    #[test]
+    fn registration_is_idempotent_and_a_new_incarnation_replaces_the_old() {
+        let mut a = BlockAllocator::new(4096, 1);
+        let s = spec(0, "h", 4);
+        let id = register(&mut a, s.clone());
+        assert_eq!(a.decide_register(&s).unwrap(), Registration::Known(id));
+        let mut changed = s.clone();
+        changed.num_blocks = 5;
         assert!(
-            next.gen > claim.gen,
-            "its new owner's generation is newer than the claim"
+            a.decide_register(&changed).is_err(),
+            "same instance, other settings"
         );
+        let mut restarted = s.clone();
+        restarted.incarnation = 2;
+        match a.decide_register(&restarted).unwrap() {
+            Registration::New { id: new, replaces } => {
+                assert_ne!(new, id);
+                assert_eq!(replaces, vec![id], "the old instance's blocks are lost");
+            }
+            r => panic!("{r:?}"),
+        }
+        let mut other_at_same_addr = s.clone();
+        other_at_same_addr.identity = "someone-else".into();
+        assert!(matches!(
+            a.decide_register(&other_at_same_addr).unwrap(),
+            Registration::New { replaces, .. } if replaces == vec![id]
+        ));
     }
 
     #[test]
     fn registration_checks() {
         let mut a = BlockAllocator::new(8192, 1);
         assert!(
-            a.register(spec(0, "h", 1), 0).is_err(),
+            a.decide_register(&spec(0, "h", 1)).is_err(),
             "block size mismatch"
         );
         let mut s = spec(0, "h", 1);
         s.block_size = 8192;
         s.class = NO_CLASS;
-        assert!(a.register(s, 0).is_err());
+        assert!(a.decide_register(&s).is_err());
+        for bad in ["", "has space", &"x".repeat(65)] {
+            let mut s = spec(0, "h", 1);
+            s.block_size = 8192;
+            s.identity = bad.to_string();
+            assert!(a.decide_register(&s).is_err(), "identity {bad:?}");
+        }
+        let mut s = spec(0, "h", 1);
+        s.block_size = 8192;
+        s.num_blocks = 0;
+        assert!(a.decide_register(&s).is_err(), "empty server");
+        // The per-metadata-server limit.
+        for i in 0..MAX_SERVERS {
+            let mut s = spec(0, "h", 1);
+            s.block_size = 8192;
+            s.addr = format!("h:{i}");
+            s.identity = format!("s{i}");
+            register(&mut a, s);
+        }
+        let mut s = spec(0, "h", 1);
+        s.block_size = 8192;
+        s.addr = "one-too-many:1".into();
+        s.identity = "one-too-many".into();
+        assert!(a.decide_register(&s).is_err());
+        let _ = &mut a;
     }
 }

@@ -2,17 +2,26 @@
 //!
 //! - [`namespace`]: the node tree and its type rules;
 //! - [`alloc`]: storage servers, free blocks, generations, placement;
-//! - [`state`]: both plus write leases, driven request by request;
-//! - [`server`]: the thin async shell (decode, lock, apply, encode).
+//! - [`effect`]: the changes a decision makes, the only way state changes;
+//! - [`state`]: all of it plus write leases, decided request by request;
+//! - [`server`]: the thin async shell (decode, lock, decide and apply,
+//!   send block claims, encode), the ticker and the reaper.
 //!
 //! Invariants: the metadata server never touches block bytes; the state
 //! modules do no I/O and read no clock; every request either applies fully
-//! or leaves the state unchanged.
+//! or leaves the state unchanged (decisions are made without changing
+//! anything, then applied); applying the same effects to the same state
+//! always gives the same state.
 
 pub mod alloc;
+pub mod effect;
 pub mod namespace;
 pub mod server;
 pub mod state;
 
+#[cfg(test)]
+mod sim;
+
+pub use effect::Effect;
 pub use server::{MetaConfig, MetaError, MetaServer};
-pub use state::MetaState;
+pub use state::{Decision, MetaState, Outcome, Placement};

@@ -1,8 +1,19 @@
 //! The hierarchical namespace: nodes, their types and the child rules.
 //!
-//! Pure data structure, no I/O. Every operation either completes fully or
-//! leaves the tree unchanged, and returns the blocks it released so the
-//! caller can hand them back to the allocator.
+//! Pure data structure, no I/O. It has two kinds of methods:
+//! - *queries* (`resolve`, `parent_for`, `next_slot`, `subtree_postorder`,
+//!   …) that decide nothing and change nothing, used by
+//!   [`MetaState::decide`](crate::MetaState::decide);
+//! - *appliers* (`pub(crate)`, named after the [`Effect`](crate::Effect) they
+//!   carry out) that change the tree. They are called only from
+//!   [`MetaState::apply_effect`](crate::MetaState::apply_effect), never
+//!   fail, and leave blocks to the allocator: an applier never frees a block
+//!   itself (the decision emitted `BlockFreed` effects first).
+//!
+//! Removed subtrees are not dropped at once: their root is unlinked (no
+//! path reaches it any more) and joins the *graveyard*, from which the
+//! reaper drops nodes in bounded batches, leaves first, so that one huge
+//! delete never holds the state for long.
 
 use crate::alloc::BlockRef;
 use nodekernel_proto::path;
@@ -51,7 +62,8 @@ impl SlotTable {
         self.slots.is_empty()
     }
 
-    /// The slot the next `assign` will return.
+    /// The slot the next assignment takes: the lowest free one, else a new
+    /// one at the end.
     pub fn peek(&self) -> u32 {
         self.free
             .first()
@@ -59,25 +71,35 @@ impl SlotTable {
             .unwrap_or(self.slots.len() as u32)
     }
 
-    fn assign(&mut self, child: NodeId) -> u32 {
-        match self.free.pop_first() {
-            Some(s) => {
-                self.slots[s as usize] = Slot::Live(child);
-                s
-            }
-            None => {
-                self.slots.push(Slot::Live(child));
-                self.slots.len() as u32 - 1
-            }
+    /// Makes `slot` (which [`SlotTable::peek`] returned) live for `child`.
+    fn assign_at(&mut self, slot: u32, child: NodeId) {
+        debug_assert_eq!(slot, self.peek(), "slots are assigned lowest first");
+        if self.free.remove(&slot) {
+            self.slots[slot as usize] = Slot::Live(child);
+        } else {
+            self.slots.resize(slot as usize, Slot::Clearing);
+            self.slots.push(Slot::Live(child));
         }
     }
 
     fn set(&mut self, slot: u32, state: Slot) {
-        self.slots[slot as usize] = state;
+        if let Some(s) = self.slots.get_mut(slot as usize) {
+            *s = state;
+        }
+    }
+
+    fn release(&mut self, slot: u32) {
+        self.set(slot, Slot::Free);
+        self.free.insert(slot);
     }
 
     pub fn get(&self, slot: u32) -> Option<Slot> {
         self.slots.get(slot as usize).copied()
+    }
+
+    /// Every slot with its state, in slot order.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, Slot)> + '_ {
+        self.slots.iter().enumerate().map(|(i, s)| (i as u32, *s))
     }
 
     /// Bit `i` of byte `i / 8` is set when slot `i` is live.
@@ -104,6 +126,16 @@ impl SlotTable {
             self.free.len(),
         )
     }
+
+    /// Whether the free set and the slot states agree (for invariant checks).
+    pub fn is_consistent(&self) -> bool {
+        self.free.iter().all(|s| self.get(*s) == Some(Slot::Free))
+            && self
+                .slots
+                .iter()
+                .enumerate()
+                .all(|(i, s)| *s != Slot::Free || self.free.contains(&(i as u32)))
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -125,7 +157,8 @@ pub struct Node {
     /// This node's record slot in its parent (None: parent not enumerable,
     /// root, or not linked yet).
     pub slot: Option<u32>,
-    /// False for a KeyValue whose put has not closed yet.
+    /// False for a KeyValue whose put has not closed yet, and for the root
+    /// of a removed subtree waiting in the graveyard.
     pub linked: bool,
     pub storage_class: u8,
     pub location: String,
@@ -133,11 +166,28 @@ pub struct Node {
     pub lease: Option<Lease>,
 }
 
+/// What a new node is made of (the fields of
+/// [`Effect::NodeCreated`](crate::Effect::NodeCreated)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewNode {
+    pub id: NodeId,
+    pub parent: NodeId,
+    pub name: String,
+    pub ty: NodeType,
+    /// Already resolved: the request's class, or the parent's.
+    pub storage_class: u8,
+    pub location: String,
+    pub enumerable: bool,
+}
+
 #[derive(Debug)]
 pub struct Namespace {
     nodes: HashMap<NodeId, Node>,
     next_id: NodeId,
-    shadows: BTreeSet<NodeId>,
+    /// KeyValue puts not closed yet, by (target table, node).
+    shadows: BTreeSet<(NodeId, NodeId)>,
+    /// Roots of removed subtrees whose nodes are not dropped yet.
+    graveyard: BTreeSet<NodeId>,
 }
 
 impl Default for Namespace {
@@ -169,31 +219,6 @@ impl Default for CreateSpec {
 /// A record slot in a container: (container id, slot).
 pub type SlotRef = (NodeId, u32);
 
-/// Outcome of linking a node into its parent.
-#[derive(Debug, Default)]
-pub struct Linked {
-    /// Record the caller must write (a new slot was assigned).
-    pub write: Option<SlotRef>,
-    /// Blocks of a KeyValue that was replaced.
-    pub freed: Vec<BlockRef>,
-}
-
-/// Outcome of a remove.
-#[derive(Debug, Default)]
-pub struct Removed {
-    /// Record the caller must clear, then release.
-    pub clear: Option<SlotRef>,
-    pub freed: Vec<BlockRef>,
-}
-
-/// Outcome of a move.
-#[derive(Debug)]
-pub struct Moved {
-    pub ty: NodeType,
-    pub clear: Option<SlotRef>,
-    pub write: Option<SlotRef>,
-}
-
 impl Namespace {
     pub fn new() -> Self {
         let root = Node {
@@ -216,10 +241,14 @@ impl Namespace {
             nodes: HashMap::from([(ROOT, root)]),
             next_id: ROOT + 1,
             shadows: BTreeSet::new(),
+            graveyard: BTreeSet::new(),
         }
     }
 
-    /// Number of nodes, the root and unlinked KeyValues included.
+    // ----- queries -----------------------------------------------------------
+
+    /// Number of nodes, the root, puts in progress and removed nodes not
+    /// reaped yet included.
     pub fn len(&self) -> usize {
         self.nodes.len()
     }
@@ -228,17 +257,44 @@ impl Namespace {
         false
     }
 
+    /// Puts in progress (KeyValues not closed yet).
+    pub fn shadow_count(&self) -> usize {
+        self.shadows.len()
+    }
+
+    /// The id the next created node gets.
+    pub fn next_id(&self) -> NodeId {
+        self.next_id
+    }
+
     pub fn get(&self, id: NodeId) -> Option<&Node> {
         self.nodes.get(&id)
     }
 
-    pub fn get_mut(&mut self, id: NodeId) -> Option<&mut Node> {
-        self.nodes.get_mut(&id)
+    /// Every node, in no particular order (for invariant checks).
+    pub fn nodes(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.values()
     }
 
     /// KeyValues whose put has not closed yet.
     pub fn shadows(&self) -> impl Iterator<Item = &Node> {
-        self.shadows.iter().filter_map(|id| self.nodes.get(id))
+        self.shadows.iter().filter_map(|(_, id)| self.nodes.get(id))
+    }
+
+    /// Puts in progress into `table`.
+    pub fn shadows_of(&self, table: NodeId) -> impl Iterator<Item = NodeId> + '_ {
+        self.shadows
+            .range((table, 0)..=(table, NodeId::MAX))
+            .map(|(_, id)| *id)
+    }
+
+    /// Roots of removed subtrees not reaped yet.
+    pub fn graveyard(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.graveyard.iter().copied()
+    }
+
+    pub fn graveyard_is_empty(&self) -> bool {
+        self.graveyard.is_empty()
     }
 
     /// Resolves a path to a node id.
@@ -272,8 +328,9 @@ impl Namespace {
         Ok(cur)
     }
 
-    /// Resolves the parent of a non-root path and checks it can hold `ty`.
-    fn parent_for(&self, p: &str, ty: NodeType) -> Result<(NodeId, String)> {
+    /// Resolves the parent of a non-root path and checks it can hold `ty`;
+    /// returns the parent and the new name.
+    pub fn parent_for(&self, p: &str, ty: NodeType) -> Result<(NodeId, String)> {
         let comps = path::components(p)?;
         let Some((name, parent_comps)) = comps.split_last() else {
             return Err(Error::already_exists("/ (the root) always exists"));
@@ -295,177 +352,34 @@ impl Namespace {
         Ok((parent, name.to_string()))
     }
 
-    /// The container that would receive a new child at `p`, and the slot the
-    /// child would get (None when the parent keeps no records or `p` is
-    /// not creatable). Lets the caller make room for the record first.
-    pub fn next_slot(&self, p: &str) -> Option<SlotRef> {
-        let comps = path::components(p).ok()?;
-        let (_, parent_comps) = comps.split_last()?;
-        let parent = self.walk(p, parent_comps).ok()?;
-        self.next_slot_in(parent)
-    }
-
+    /// The slot a new child of `parent` would get, with the container
+    /// (None when the parent keeps no records).
     pub fn next_slot_in(&self, parent: NodeId) -> Option<SlotRef> {
         let n = self.nodes.get(&parent)?;
         (n.ty.is_container() && n.enumerable).then(|| (parent, n.slots.peek()))
     }
 
-    fn new_node(&mut self, parent: NodeId, name: String, ty: NodeType, spec: CreateSpec) -> NodeId {
-        let pnode = &self.nodes[&parent];
-        let storage_class = if spec.storage_class == NO_CLASS {
-            pnode.storage_class
+    /// The child of `parent` named `name`.
+    pub fn child(&self, parent: NodeId, name: &str) -> Option<NodeId> {
+        self.nodes.get(&parent)?.children.get(name).copied()
+    }
+
+    /// The storage class a new child of `parent` gets for a requested
+    /// `class` ([`NO_CLASS`] inherits the parent's).
+    pub fn class_for_child(&self, parent: NodeId, class: u8) -> u8 {
+        if class == NO_CLASS {
+            self.nodes
+                .get(&parent)
+                .map_or(NO_CLASS, |p| p.storage_class)
         } else {
-            spec.storage_class
-        };
-        let id = self.next_id;
-        self.next_id += 1;
-        self.nodes.insert(
-            id,
-            Node {
-                id,
-                parent,
-                name,
-                ty,
-                size: 0,
-                blocks: Vec::new(),
-                children: BTreeMap::new(),
-                slots: SlotTable::default(),
-                slot: None,
-                linked: false,
-                storage_class,
-                location: spec.location,
-                enumerable: ty != NodeType::Table || spec.enumerable,
-                lease: None,
-            },
-        );
-        id
-    }
-
-    /// Creates a node. Directories, Files, Tables and Bags are linked at
-    /// once (an existing path gives `AlreadyExists`). A KeyValue is created
-    /// unlinked: it becomes visible, replacing any older value at its path,
-    /// only when [`Namespace::link`] is called as its put closes.
-    pub fn create(&mut self, p: &str, ty: NodeType, spec: CreateSpec) -> Result<(NodeId, Linked)> {
-        let (parent, name) = self.parent_for(p, ty)?;
-        if ty.replaces_on_create() {
-            let id = self.new_node(parent, name, ty, spec);
-            self.shadows.insert(id);
-            return Ok((id, Linked::default()));
-        }
-        if let Some(&old) = self.nodes[&parent].children.get(&name) {
-            return Err(Error::already_exists(format!(
-                "{p} already exists (a {})",
-                self.nodes[&old].ty
-            )));
-        }
-        let id = self.new_node(parent, name, ty, spec);
-        let linked = self.link(id)?;
-        Ok((id, linked))
-    }
-
-    /// Links a node into its parent under its name. An existing KeyValue of
-    /// the same name is replaced (it keeps its record slot: same name, same
-    /// record); anything else there gives `AlreadyExists`.
-    pub fn link(&mut self, id: NodeId) -> Result<Linked> {
-        let (parent, name, ty) = {
-            let n = self.nodes.get(&id).ok_or_else(|| stale(id))?;
-            if n.linked {
-                return Ok(Linked::default());
-            }
-            (n.parent, n.name.clone(), n.ty)
-        };
-        let Some(pnode) = self.nodes.get(&parent).filter(|p| p.linked) else {
-            return Err(Error::not_found(format!(
-                "cannot store {name}: its parent was removed"
-            )));
-        };
-        let mut out = Linked::default();
-        let mut slot = None;
-        if let Some(&old) = pnode.children.get(&name) {
-            if !(ty.replaces_on_create() && self.nodes[&old].ty == ty) {
-                return Err(Error::already_exists(format!(
-                    "{name} already exists (a {})",
-                    self.nodes[&old].ty
-                )));
-            }
-            slot = self.nodes[&old].slot;
-            self.nodes.get_mut(&old).expect("child exists").slot = None;
-            out.freed = self.detach_subtree(old);
-        }
-        let pnode = self.nodes.get_mut(&parent).expect("checked");
-        if slot.is_none() && pnode.enumerable {
-            let s = pnode.slots.assign(id);
-            slot = Some(s);
-            out.write = Some((parent, s));
-        } else if let Some(s) = slot {
-            pnode.slots.set(s, Slot::Live(id));
-        }
-        pnode.children.insert(name, id);
-        let n = self.nodes.get_mut(&id).expect("exists");
-        n.linked = true;
-        n.slot = slot;
-        self.shadows.remove(&id);
-        Ok(out)
-    }
-
-    /// Drops a node that was never linked (an abandoned or failed put).
-    pub fn drop_unlinked(&mut self, id: NodeId) -> Vec<BlockRef> {
-        match self.nodes.get(&id) {
-            Some(n) if !n.linked => {
-                self.shadows.remove(&id);
-                self.nodes.remove(&id).map(|n| n.blocks).unwrap_or_default()
-            }
-            _ => Vec::new(),
+            class
         }
     }
 
-    /// Removes a node; containers with children need `recursive`.
-    pub fn remove(&mut self, p: &str, recursive: bool) -> Result<Removed> {
-        let id = self.resolve(p)?;
-        if id == ROOT {
-            return Err(Error::invalid_argument(
-                "the root directory / cannot be removed",
-            ));
-        }
-        let node = &self.nodes[&id];
-        if !recursive && !node.children.is_empty() {
-            return Err(Error::not_empty(format!(
-                "{p} has {} children; remove it recursively",
-                node.children.len()
-            )));
-        }
-        let clear = node.slot.map(|s| (node.parent, s));
-        let freed = self.detach_subtree(id);
-        Ok(Removed { clear, freed })
-    }
-
-    /// Unlinks `id` from its parent (its record slot, if it still has one,
-    /// goes to `Clearing`) and drops its whole subtree, iteratively.
-    fn detach_subtree(&mut self, id: NodeId) -> Vec<BlockRef> {
-        let (parent, name, slot) = {
-            let n = &self.nodes[&id];
-            (n.parent, n.name.clone(), n.slot)
-        };
-        if let Some(pn) = self.nodes.get_mut(&parent) {
-            pn.children.remove(&name);
-            if let Some(s) = slot {
-                pn.slots.set(s, Slot::Clearing);
-            }
-        }
-        let mut freed = Vec::new();
-        let mut stack = vec![id];
-        while let Some(cur) = stack.pop() {
-            if let Some(n) = self.nodes.remove(&cur) {
-                freed.extend(n.blocks);
-                stack.extend(n.children.into_values());
-            }
-        }
-        freed
-    }
-
-    /// Atomically moves `src` to `dst`. `dst` must not exist, its parent must
-    /// accept the node's type, and a container cannot move into itself.
-    pub fn rename(&mut self, src: &str, dst: &str) -> Result<Moved> {
+    /// Checks a move and returns (node, new parent, new name). `dst` must
+    /// not exist, its parent must accept the node's type, and a container
+    /// cannot move into itself.
+    pub fn check_rename(&self, src: &str, dst: &str) -> Result<(NodeId, NodeId, String)> {
         let id = self.resolve(src)?;
         if id == ROOT {
             return Err(Error::invalid_argument(
@@ -491,45 +405,56 @@ impl Namespace {
             }
             cur = self.nodes[&cur].parent;
         }
-        let (old_parent, old_name, old_slot) = {
-            let n = &self.nodes[&id];
-            (n.parent, n.name.clone(), n.slot)
-        };
-        let op = self.nodes.get_mut(&old_parent).expect("parent exists");
-        op.children.remove(&old_name);
-        if let Some(s) = old_slot {
-            op.slots.set(s, Slot::Clearing);
-        }
-        let np = self.nodes.get_mut(&new_parent).expect("checked");
-        let new_slot = np.enumerable.then(|| np.slots.assign(id));
-        np.children.insert(new_name.clone(), id);
-        let n = self.nodes.get_mut(&id).expect("exists");
-        n.parent = new_parent;
-        n.name = new_name;
-        n.slot = new_slot;
-        Ok(Moved {
-            ty,
-            clear: old_slot.map(|s| (old_parent, s)),
-            write: new_slot.map(|s| (new_parent, s)),
-        })
+        Ok((id, new_parent, new_name))
     }
 
-    /// A client finished clearing the record in `slot`: it may be reused.
-    pub fn release_slot(&mut self, container: NodeId, slot: u32) -> Result<()> {
-        let n = self
-            .nodes
-            .get_mut(&container)
-            .ok_or_else(|| stale(container))?;
-        match n.slots.get(slot) {
-            Some(Slot::Clearing) => {
-                n.slots.set(slot, Slot::Free);
-                n.slots.free.insert(slot);
-                Ok(())
+    /// Nodes of the subtrees rooted at `roots` (which must exist), children
+    /// before their parents (post-order), puts in progress into a Table
+    /// before the Table. Stops after `limit` nodes: a container is listed
+    /// only once all its children are, so dropping a prefix of this list
+    /// never orphans a listed node's children.
+    pub fn subtree_postorder(&self, roots: &[NodeId], limit: usize) -> Vec<NodeId> {
+        let mut out = Vec::new();
+        for &root in roots {
+            // (node, children expanded?)
+            let mut stack = vec![(root, false)];
+            while let Some((id, expanded)) = stack.pop() {
+                if out.len() >= limit {
+                    return out;
+                }
+                let Some(n) = self.nodes.get(&id) else {
+                    continue;
+                };
+                if expanded {
+                    out.push(id);
+                    continue;
+                }
+                stack.push((id, true));
+                // Reversed, so children come out in name order.
+                stack.extend(n.children.values().rev().map(|c| (*c, false)));
+                let shadows: Vec<NodeId> = self.shadows_of(id).collect();
+                stack.extend(shadows.into_iter().rev().map(|c| (c, false)));
             }
-            _ => Err(Error::invalid_argument(format!(
-                "slot {slot} of node {container} is not being cleared"
-            ))),
         }
+        out
+    }
+
+    /// Number of nodes in the subtree rooted at `root`, counting at most
+    /// `limit` (so the cost is bounded).
+    pub fn subtree_size(&self, root: NodeId, limit: usize) -> usize {
+        let mut n = 0;
+        let mut stack = vec![root];
+        while let Some(id) = stack.pop() {
+            n += 1;
+            if n >= limit {
+                return n;
+            }
+            if let Some(node) = self.nodes.get(&id) {
+                stack.extend(node.children.values().copied());
+                stack.extend(self.shadows_of(id));
+            }
+        }
+        n
     }
 
     /// Names of the live children of a container, as the metadata server
@@ -556,6 +481,170 @@ impl Namespace {
         }
         Ok(id)
     }
+
+    /// The whole tree as text, in a fixed order (for tests comparing
+    /// states).
+    #[cfg(test)]
+    pub(crate) fn dump(&self) -> String {
+        use std::fmt::Write;
+        let mut ids: Vec<&NodeId> = self.nodes.keys().collect();
+        ids.sort();
+        let mut out = format!(
+            "next_id {} shadows {:?} graveyard {:?}\n",
+            self.next_id, self.shadows, self.graveyard
+        );
+        for id in ids {
+            let _ = writeln!(out, "{:?}", self.nodes[id]);
+        }
+        out
+    }
+
+    // ----- appliers (called from MetaState::apply_effect only) --------------
+
+    pub(crate) fn get_mut(&mut self, id: NodeId) -> Option<&mut Node> {
+        self.nodes.get_mut(&id)
+    }
+
+    /// Adds a node, unlinked: a KeyValue put stays so until its close; other
+    /// nodes are linked by the `Linked` effect that follows.
+    pub(crate) fn insert(&mut self, n: &NewNode) {
+        debug_assert!(!self.nodes.contains_key(&n.id), "node ids are never reused");
+        self.next_id = self.next_id.max(n.id + 1);
+        self.nodes.insert(
+            n.id,
+            Node {
+                id: n.id,
+                parent: n.parent,
+                name: n.name.clone(),
+                ty: n.ty,
+                size: 0,
+                blocks: Vec::new(),
+                children: BTreeMap::new(),
+                slots: SlotTable::default(),
+                slot: None,
+                linked: false,
+                storage_class: n.storage_class,
+                location: n.location.clone(),
+                enumerable: n.ty != NodeType::Table || n.enumerable,
+                lease: None,
+            },
+        );
+        if n.ty.replaces_on_create() {
+            self.shadows.insert((n.parent, n.id));
+        }
+    }
+
+    /// Links `id` into its parent under its name, with record `slot`.
+    pub(crate) fn link(&mut self, id: NodeId, slot: Option<u32>) {
+        let Some(n) = self.nodes.get_mut(&id) else {
+            return;
+        };
+        n.linked = true;
+        n.slot = slot;
+        let (parent, name) = (n.parent, n.name.clone());
+        self.shadows.remove(&(parent, id));
+        if let Some(p) = self.nodes.get_mut(&parent) {
+            if let Some(s) = slot {
+                p.slots.assign_at(s, id);
+            }
+            p.children.insert(name, id);
+        }
+    }
+
+    /// The put `new` replaces KeyValue `old` (same parent and name): `new`
+    /// takes `old`'s place and record slot, and `old` is dropped (its blocks
+    /// were freed by earlier effects).
+    pub(crate) fn replace(&mut self, old: NodeId, new: NodeId) {
+        let Some(o) = self.nodes.remove(&old) else {
+            return;
+        };
+        let Some(n) = self.nodes.get_mut(&new) else {
+            return;
+        };
+        n.linked = true;
+        n.slot = o.slot;
+        let (parent, name) = (n.parent, n.name.clone());
+        self.shadows.remove(&(parent, new));
+        if let Some(p) = self.nodes.get_mut(&parent) {
+            if let Some(s) = o.slot {
+                p.slots.set(s, Slot::Live(new));
+            }
+            p.children.insert(name, new);
+        }
+    }
+
+    /// Unlinks `id` from its parent (its record slot goes to `Clearing`) and
+    /// puts its subtree in the graveyard.
+    pub(crate) fn unlink(&mut self, id: NodeId) {
+        let Some(n) = self.nodes.get_mut(&id) else {
+            return;
+        };
+        n.linked = false;
+        let (parent, name, slot) = (n.parent, n.name.clone(), n.slot.take());
+        if let Some(p) = self.nodes.get_mut(&parent) {
+            if p.children.get(&name) == Some(&id) {
+                p.children.remove(&name);
+            }
+            if let Some(s) = slot {
+                p.slots.set(s, Slot::Clearing);
+            }
+        }
+        self.graveyard.insert(id);
+    }
+
+    /// Drops a node for good: a reaped node (its children were dropped
+    /// before it), or a put that never closed. Its blocks were freed by
+    /// earlier effects.
+    pub(crate) fn drop_node(&mut self, id: NodeId) {
+        let Some(n) = self.nodes.remove(&id) else {
+            return;
+        };
+        debug_assert!(n.children.is_empty(), "children are dropped first");
+        self.graveyard.remove(&id);
+        self.shadows.remove(&(n.parent, id));
+        if let Some(p) = self.nodes.get_mut(&n.parent) {
+            if p.children.get(&n.name) == Some(&id) {
+                p.children.remove(&n.name);
+            }
+            // Only a reaped child still holds a slot, and its parent is
+            // being reaped too: nobody reads those records any more.
+            if let Some(s) = n.slot {
+                p.slots.set(s, Slot::Clearing);
+            }
+        }
+    }
+
+    /// Moves `id` under `parent` as `name` with record `slot`; its old
+    /// record slot goes to `Clearing`.
+    pub(crate) fn move_node(&mut self, id: NodeId, parent: NodeId, name: &str, slot: Option<u32>) {
+        let Some(n) = self.nodes.get(&id) else {
+            return;
+        };
+        let (old_parent, old_name, old_slot) = (n.parent, n.name.clone(), n.slot);
+        if let Some(op) = self.nodes.get_mut(&old_parent) {
+            op.children.remove(&old_name);
+            if let Some(s) = old_slot {
+                op.slots.set(s, Slot::Clearing);
+            }
+        }
+        if let Some(np) = self.nodes.get_mut(&parent) {
+            if let Some(s) = slot {
+                np.slots.assign_at(s, id);
+            }
+            np.children.insert(name.to_string(), id);
+        }
+        let n = self.nodes.get_mut(&id).expect("checked above");
+        n.parent = parent;
+        n.name = name.to_string();
+        n.slot = slot;
+    }
+
+    /// A client finished clearing the record in `slot`: it may be reused.
+    pub(crate) fn release_slot(&mut self, container: NodeId, slot: u32) {
+        if let Some(n) = self.nodes.get_mut(&container) {
+            n.slots.release(slot);
+        }
+    }
 }
 
 pub(crate) fn stale(node: u64) -> Error {
@@ -566,198 +655,4 @@ pub(crate) fn stale(node: u64) -> Error {
 
 fn prefix(comps: &[&str], n: usize) -> String {
     format!("/{}", comps[..n].join("/"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use nodekernel_proto::ErrorCode;
-    use NodeType::*;
-
-    /// Creates (and for KeyValues, links) a node.
-    fn mk(ns: &mut Namespace, p: &str, ty: NodeType) -> Result<NodeId> {
-        let (id, _) = ns.create(p, ty, CreateSpec::default())?;
-        ns.link(id)?;
-        Ok(id)
-    }
-
-    #[test]
-    fn node_type_table() {
-        for parent in [Directory, Table, Bag] {
-            for child in NodeType::ALL {
-                let mut ns = Namespace::new();
-                mk(&mut ns, "/p", parent).unwrap();
-                let r = mk(&mut ns, "/p/c", child);
-                if parent.accepts(child) {
-                    r.unwrap();
-                } else {
-                    let e = r.unwrap_err();
-                    assert_eq!(e.code, ErrorCode::TypeMismatch, "{parent} <- {child}");
-                    assert!(e.message.contains("/p/c"), "{}", e.message);
-                }
-            }
-        }
-        let mut ns = Namespace::new();
-        mk(&mut ns, "/f", File).unwrap();
-        mk(&mut ns, "/t", Table).unwrap();
-        mk(&mut ns, "/t/k", KeyValue).unwrap();
-        for p in ["/f/x", "/t/k/x"] {
-            assert_eq!(
-                mk(&mut ns, p, File).unwrap_err().code,
-                ErrorCode::TypeMismatch
-            );
-        }
-    }
-
-    #[test]
-    fn keyvalue_put_is_invisible_until_linked_then_replaces() {
-        let mut ns = Namespace::new();
-        mk(&mut ns, "/t", Table).unwrap();
-        let (k1, _) = ns.create("/t/k", KeyValue, CreateSpec::default()).unwrap();
-        assert_eq!(ns.resolve("/t/k").unwrap_err().code, ErrorCode::NotFound);
-        let l1 = ns.link(k1).unwrap();
-        assert_eq!(
-            l1.write,
-            Some((ns.resolve("/t").unwrap(), 0)),
-            "new key: record to write"
-        );
-        let (k2, _) = ns.create("/t/k", KeyValue, CreateSpec::default()).unwrap();
-        assert_eq!(
-            ns.resolve("/t/k").unwrap(),
-            k1,
-            "old value visible while the put runs"
-        );
-        let l2 = ns.link(k2).unwrap();
-        assert_eq!(l2.write, None, "replacement keeps the record slot");
-        assert_eq!(ns.resolve("/t/k").unwrap(), k2);
-        assert!(ns.get(k1).is_none());
-        assert_eq!(ns.get(k2).unwrap().slot, Some(0));
-        assert_eq!(ns.children("/t").unwrap(), vec!["k"]);
-        for (p, ty) in [("/d", Directory), ("/f", File), ("/t", Table), ("/b", Bag)] {
-            let _ = mk(&mut ns, p, ty);
-            assert_eq!(
-                mk(&mut ns, p, ty).unwrap_err().code,
-                ErrorCode::AlreadyExists,
-                "{p}"
-            );
-        }
-        assert_eq!(
-            mk(&mut ns, "/", Directory).unwrap_err().code,
-            ErrorCode::AlreadyExists
-        );
-        // A put whose table disappeared cannot be linked.
-        let (k3, _) = ns.create("/t/k3", KeyValue, CreateSpec::default()).unwrap();
-        ns.remove("/t", true).unwrap();
-        assert_eq!(ns.link(k3).unwrap_err().code, ErrorCode::NotFound);
-        ns.drop_unlinked(k3);
-        assert_eq!(ns.shadows().count(), 0);
-    }
-
-    #[test]
-    fn slots_are_cleared_before_reuse() {
-        let mut ns = Namespace::new();
-        mk(&mut ns, "/d", Directory).unwrap();
-        let d = ns.resolve("/d").unwrap();
-        for i in 0..4 {
-            mk(&mut ns, &format!("/d/f{i}"), File).unwrap();
-        }
-        assert_eq!(ns.get(d).unwrap().slots.len(), 4);
-        let r = ns.remove("/d/f1", false).unwrap();
-        assert_eq!(r.clear, Some((d, 1)));
-        assert_eq!(
-            ns.next_slot("/d/new"),
-            Some((d, 4)),
-            "slot 1 is not reusable before release"
-        );
-        mk(&mut ns, "/d/f4", File).unwrap();
-        ns.release_slot(d, 1).unwrap();
-        assert_eq!(
-            ns.release_slot(d, 1).unwrap_err().code,
-            ErrorCode::InvalidArgument
-        );
-        assert_eq!(
-            ns.next_slot("/d/new"),
-            Some((d, 1)),
-            "lowest free slot first"
-        );
-        mk(&mut ns, "/d/f5", File).unwrap();
-        assert_eq!(ns.get(d).unwrap().slots.len(), 5);
-        assert_eq!(ns.get(d).unwrap().slots.live_bitmap(), vec![0b11111]);
-        // Moves clear the old record and write a new one.
-        mk(&mut ns, "/e", Directory).unwrap();
-        let e = ns.resolve("/e").unwrap();
-        let m = ns.rename("/d/f0", "/e/g").unwrap();
-        assert_eq!((m.clear, m.write), (Some((d, 0)), Some((e, 0))));
-        assert_eq!(ns.get(d).unwrap().slots.counts(), (4, 1, 0));
-    }
-
-    #[test]
-    fn lookup_remove_move() {
-        let mut ns = Namespace::new();
-        assert_eq!(ns.resolve("/nope").unwrap_err().code, ErrorCode::NotFound);
-        let e = mk(&mut ns, "/a/b", File).unwrap_err();
-        assert_eq!(e.code, ErrorCode::NotFound);
-        assert!(e.message.contains("parent /a"), "{}", e.message);
-        mk(&mut ns, "/a", Directory).unwrap();
-        mk(&mut ns, "/a/b", Directory).unwrap();
-        let f = mk(&mut ns, "/a/b/f", File).unwrap();
-        assert_eq!(
-            ns.remove("/a", false).unwrap_err().code,
-            ErrorCode::NotEmpty
-        );
-        ns.rename("/a/b", "/c").unwrap();
-        assert_eq!(ns.resolve("/c/f").unwrap(), f);
-        assert_eq!(ns.resolve("/a/b").unwrap_err().code, ErrorCode::NotFound);
-        assert_eq!(
-            ns.rename("/c", "/c/f2").unwrap_err().code,
-            ErrorCode::InvalidArgument
-        );
-        assert_eq!(
-            ns.rename("/c", "/a").unwrap_err().code,
-            ErrorCode::AlreadyExists
-        );
-        ns.remove("/c", true).unwrap();
-        assert_eq!(ns.len(), 2);
-        assert!(ns.get(f).is_none());
-        assert_eq!(
-            ns.remove("/", true).unwrap_err().code,
-            ErrorCode::InvalidArgument
-        );
-    }
-
-    #[test]
-    fn class_is_inherited_and_non_enumerable_tables_list_nothing() {
-        let mut ns = Namespace::new();
-        ns.create(
-            "/d",
-            Directory,
-            CreateSpec {
-                storage_class: 1,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let f = mk(&mut ns, "/d/f", File).unwrap();
-        assert_eq!(ns.get(f).unwrap().storage_class, 1);
-        let (t, _) = ns
-            .create(
-                "/t",
-                Table,
-                CreateSpec {
-                    enumerable: false,
-                    ..Default::default()
-                },
-            )
-            .unwrap();
-        let k = mk(&mut ns, "/t/k", KeyValue).unwrap();
-        assert!(ns.children("/t").unwrap().is_empty());
-        assert!(ns.resolve("/t/k").is_ok());
-        assert_eq!(
-            ns.get(k).unwrap().slot,
-            None,
-            "no record in a non-enumerable table"
-        );
-        assert!(ns.get(t).unwrap().slots.is_empty());
-        assert_eq!(ns.next_slot("/t/x"), None);
-    }
 }

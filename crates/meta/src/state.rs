@@ -1,26 +1,131 @@
-//! The metadata state machine: namespace + block allocator + write leases,
-//! driven one request at a time by [`MetaState::apply`]. Pure: no I/O, no
-//! clock (the caller passes `now_ms`), so it can be tested exhaustively and
-//! driven by a deterministic simulation. Side effects on storage servers
-//! (invalidating freed blocks) are queued for the caller to send.
+//! The metadata state machine: namespace + block allocator + write leases.
+//!
+//! Requests are carried out in two steps:
+//! 1. [`MetaState::decide`] looks at the state and a request (and the time,
+//!    passed in) and returns a [`Decision`]: the [`Effect`]s that carry the
+//!    request out, or an error — without changing anything. Every check
+//!    happens here, so a request either applies fully or not at all.
+//! 2. [`MetaState::apply_effect`] applies one effect. It is the only way the
+//!    durable state changes, never fails, and returns the block claim (if
+//!    any) the shell must send to a storage server.
+//!
+//! [`MetaState::execute`] does both and builds the reply. Pure: no I/O, no
+//! clock (the caller passes `now_ms`), so it is tested directly and driven
+//! by the deterministic simulation (`crate::sim`).
+//!
+//! Soft state is kept apart: the liveness of storage servers (heartbeats,
+//! dead, suspect; see [`crate::alloc`]) and the claims waiting to be sent.
 
-use crate::alloc::{BlockAllocator, BlockClaim, BlockRef};
-use crate::namespace::{stale, CreateSpec, Lease, Linked, Namespace, NodeId, Slot, SlotRef};
+use crate::alloc::{BlockAllocator, BlockClaim, BlockRef, Registration};
+use crate::effect::Effect;
+use crate::namespace::{stale, Lease, Namespace, NewNode, NodeId, Slot, SlotRef, ROOT};
 use nodekernel_proto::meta::{MetaReply, MetaRequest, MAX_MAP_COUNT};
+use nodekernel_proto::path;
 use nodekernel_proto::record::RECORD_SIZE;
 use nodekernel_proto::{
-    BlockLoc, ClassInfo, ClusterStatus, Error, NodeInfo, RecordLoc, Result, NO_CLASS,
+    BlockLoc, ClassInfo, ClusterStatus, Error, NodeInfo, NodeType, RecordLoc, Result, NO_CLASS,
 };
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Most nodes one reaping step drops (a removed subtree larger than this is
+/// reaped in the background, a step per lock hold).
+pub const REAP_NODES: usize = 1024;
+/// Most blocks one reaping step frees.
+pub const REAP_BLOCKS: usize = 8192;
+
+/// Where this metadata server sits among the partitions, and what it waits
+/// for before it calls itself ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    /// This server's partition, `0..partitions`.
+    pub partition: u32,
+    pub partitions: u32,
+    /// Live storage servers needed to be ready.
+    pub expected_servers: u32,
+}
+
+impl Default for Placement {
+    fn default() -> Self {
+        Placement {
+            partition: 0,
+            partitions: 1,
+            expected_servers: 1,
+        }
+    }
+}
+
+/// What a decided request replies, built from the state once its effects
+/// are applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Reply {
+    Node {
+        id: NodeId,
+        lease: u64,
+        record: Option<SlotRef>,
+    },
+    Done,
+    Record(Option<SlotRef>),
+    Moved {
+        ty: NodeType,
+        clear: Option<SlotRef>,
+        write: Option<SlotRef>,
+    },
+    Listing(NodeId),
+    Blocks {
+        node: NodeId,
+        index: u64,
+        count: u64,
+    },
+    Names(Vec<(u32, NodeType, String)>),
+    Registered(u32),
+    Status,
+    LocalSocket,
+}
+
+/// The outcome of [`MetaState::decide`]: what to change, and what to reply
+/// once it is changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub effects: Vec<Effect>,
+    reply: Reply,
+    /// Soft state to record along: a heartbeat from a (re-)registering
+    /// server, or a server a client could not reach.
+    heartbeat: Option<u32>,
+    suspect: Option<u32>,
+}
+
+/// A block move in progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Move {
+    /// Where the block goes.
+    pub to: BlockRef,
+    /// The generation the block was fenced with when the move started.
+    pub fence: u64,
+}
+
+/// A request carried out: its reply and the effects applied.
+#[derive(Debug)]
+pub struct Outcome {
+    pub reply: MetaReply,
+    pub effects: Vec<Effect>,
+}
 
 #[derive(Debug)]
 pub struct MetaState {
-    pub ns: Namespace,
-    pub alloc: BlockAllocator,
+    ns: Namespace,
+    alloc: BlockAllocator,
     lease_ms: u64,
     next_lease: u64,
+    placement: Placement,
+    /// Blocks being moved, by (node, index).
+    moves: BTreeMap<(NodeId, u64), Move>,
+    /// Claims produced by applied effects, for the shell to send.
     claims: Vec<BlockClaim>,
     classes: Vec<ClassInfo>,
     local_socket: String,
+    /// A deliberately injected bug, to show the simulation catches it.
+    #[cfg(test)]
+    pub(crate) bug: Option<crate::sim::Bug>,
 }
 
 impl MetaState {
@@ -31,10 +136,35 @@ impl MetaState {
             alloc: BlockAllocator::new(block_size, first_gen),
             lease_ms,
             next_lease: 1,
+            placement: Placement::default(),
+            moves: BTreeMap::new(),
             claims: Vec::new(),
             classes: Vec::new(),
             local_socket: String::new(),
+            #[cfg(test)]
+            bug: None,
         }
+    }
+
+    pub fn ns(&self) -> &Namespace {
+        &self.ns
+    }
+
+    pub fn alloc(&self) -> &BlockAllocator {
+        &self.alloc
+    }
+
+    /// Liveness (soft state) of the storage servers.
+    pub fn alloc_soft(&mut self) -> &mut BlockAllocator {
+        &mut self.alloc
+    }
+
+    pub fn set_placement(&mut self, p: Placement) {
+        self.placement = p;
+    }
+
+    pub fn placement(&self) -> Placement {
+        self.placement
     }
 
     /// Sets the abstract Unix socket name the server shell also listens on
@@ -69,275 +199,165 @@ impl MetaState {
         out
     }
 
-    /// BlockClaims of freed blocks queued by the requests applied so far;
-    /// the server shell sends them to the storage servers.
+    /// Claims produced by the effects applied so far; the server shell
+    /// sends them to the storage servers.
     pub fn take_claims(&mut self) -> Vec<BlockClaim> {
         std::mem::take(&mut self.claims)
     }
 
+    /// Blocks being moved, by (node, index).
+    pub fn moves(&self) -> impl Iterator<Item = ((NodeId, u64), Move)> + '_ {
+        self.moves.iter().map(|(k, v)| (*k, *v))
+    }
+
+    // ----- executing ---------------------------------------------------------
+
+    /// Decides `req`, applies its effects and builds the reply.
+    pub fn execute(&mut self, req: &MetaRequest, now: u64) -> Result<Outcome> {
+        let d = self.decide(req, now)?;
+        Ok(self.commit(d, now))
+    }
+
+    /// [`MetaState::execute`], returning only the reply.
     pub fn apply(&mut self, req: MetaRequest, now: u64) -> Result<MetaReply> {
-        match req {
-            MetaRequest::Create {
-                path,
-                ty,
-                storage_class,
-                location,
-                enumerable,
-            } => {
-                if !ty.replaces_on_create() {
-                    if let Some(slot) = self.ns.next_slot(&path) {
-                        self.ensure_record_space(slot)?;
+        self.execute(&req, now).map(|o| o.reply)
+    }
+
+    /// Applies a decision's effects and soft-state notes, and builds its
+    /// reply.
+    pub fn commit(&mut self, d: Decision, now: u64) -> Outcome {
+        for e in &d.effects {
+            self.apply_effect(e);
+        }
+        if let Some(id) = d.heartbeat {
+            let _ = self.alloc.heartbeat(id, now);
+        }
+        if let Some(id) = d.suspect {
+            self.alloc.suspect(id);
+        }
+        Outcome {
+            reply: self.reply(&d.reply, now),
+            effects: d.effects,
+        }
+    }
+
+    /// Applies one effect: the only way the durable state changes. The
+    /// claim an effect needs (a freed, fenced or new container block) is
+    /// queued for [`MetaState::take_claims`].
+    pub fn apply_effect(&mut self, e: &Effect) {
+        match e {
+            Effect::NodeCreated(n) => self.ns.insert(n),
+            Effect::Linked { id, slot } => self.ns.link(*id, *slot),
+            Effect::Replaced { old, new } => self.ns.replace(*old, *new),
+            Effect::Unlinked { id } => self.ns.unlink(*id),
+            Effect::Dropped { ids } => {
+                for id in ids {
+                    self.ns.drop_node(*id);
+                }
+            }
+            Effect::Moved {
+                id,
+                parent,
+                name,
+                slot,
+            } => self.ns.move_node(*id, *parent, name, *slot),
+            Effect::SlotReleased { container, slot } => self.ns.release_slot(*container, *slot),
+            Effect::BlockAdded { node, block } => {
+                self.alloc.take(block.server, block.block, block.gen);
+                if let Some(n) = self.ns.get_mut(*node) {
+                    n.blocks.push(*block);
+                    if n.ty.is_container() {
+                        self.claim(*block);
                     }
                 }
-                let spec = CreateSpec {
-                    storage_class,
-                    location,
-                    enumerable,
-                };
-                let (id, linked) = self.ns.create(&path, ty, spec)?;
-                let lease = if ty.is_container() {
-                    0
-                } else {
-                    self.grant(id, now)
-                };
-                if ty.replaces_on_create() {
-                    // A put always writes: hand out its first block with the
-                    // create, saving the put a map round trip. (No space now
-                    // is not an error yet: the put's map will report it.)
-                    let n = self.ns.get(id).expect("just created");
-                    let (class, location) = (n.storage_class, n.location.clone());
-                    if let Ok(b) = self.alloc.allocate(class, &location) {
-                        self.ns.get_mut(id).expect("just created").blocks.push(b);
+            }
+            Effect::BlockSwapped { node, index, block } => {
+                self.alloc.take(block.server, block.block, block.gen);
+                if let Some(n) = self.ns.get_mut(*node) {
+                    if let Some(b) = n.blocks.get_mut(*index as usize) {
+                        *b = *block;
+                    }
+                    if n.ty.is_container() {
+                        self.claim(*block);
                     }
                 }
-                let mut info = self.info(id, lease);
-                info.record = self.record_to_write(&linked);
-                Ok(MetaReply::Node(info))
             }
-            MetaRequest::Lookup { path } => {
-                let id = self.ns.resolve(&path)?;
-                Ok(MetaReply::Node(self.info(id, 0)))
-            }
-            MetaRequest::Remove { path, recursive } => {
-                let removed = self.ns.remove(&path, recursive)?;
-                self.release(removed.freed);
-                Ok(MetaReply::Record(removed.clear.map(|s| self.record_loc(s))))
-            }
-            MetaRequest::Move { src, dst } => {
-                if let Some(slot) = self.ns.next_slot(&dst) {
-                    self.ensure_record_space(slot)?;
+            Effect::BlocksTruncated { node, len } => {
+                if let Some(n) = self.ns.get_mut(*node) {
+                    n.blocks.truncate(*len as usize);
                 }
-                let m = self.ns.rename(&src, &dst)?;
-                Ok(MetaReply::Moved {
-                    ty: m.ty,
-                    clear: m.clear.map(|s| self.record_loc(s)),
-                    write: m.write.map(|s| self.record_loc(s)),
-                })
             }
-            MetaRequest::Enumerate { path } => {
-                let id = self.ns.container(&path)?;
-                let n = self.ns.get(id).expect("resolved");
-                Ok(MetaReply::Listing {
-                    container: id,
-                    block_size: self.alloc.block_size(),
-                    slots: n.slots.len(),
-                    live: n.slots.live_bitmap(),
-                })
+            Effect::BlockFreed { block } => {
+                self.alloc.give_back(block.server, block.block, block.gen);
+                self.claim(*block);
             }
-            MetaRequest::ReleaseSlot { container, slot } => {
-                self.ns.release_slot(container, slot)?;
-                Ok(MetaReply::Done)
+            Effect::BlockStamped { node, index, gen } => {
+                self.alloc.bump_gen(*gen);
+                let stamped = self.ns.get_mut(*node).and_then(|n| {
+                    let b = n.blocks.get_mut(*index as usize)?;
+                    b.gen = *gen;
+                    Some(*b)
+                });
+                if let Some(b) = stamped {
+                    self.claim(b);
+                }
             }
-            MetaRequest::RecordNames { container, slots } => {
-                let n = self.ns.get(container).ok_or_else(|| stale(container))?;
-                let names = slots
-                    .into_iter()
-                    .filter_map(|slot| match n.slots.get(slot) {
-                        Some(Slot::Live(id)) => {
-                            self.ns.get(id).map(|c| (slot, c.ty, c.name.clone()))
-                        }
-                        _ => None,
-                    })
-                    .collect();
-                Ok(MetaReply::Names(names))
+            Effect::SizeSet { node, size } => {
+                if let Some(n) = self.ns.get_mut(*node) {
+                    n.size = *size;
+                }
             }
-            MetaRequest::Map {
+            Effect::LeaseSet { node, lease } => {
+                self.next_lease = self.next_lease.max(lease.id + 1);
+                if let Some(n) = self.ns.get_mut(*node) {
+                    n.lease = Some(*lease);
+                }
+            }
+            Effect::LeaseCleared { node } => {
+                if let Some(n) = self.ns.get_mut(*node) {
+                    n.lease = None;
+                }
+            }
+            Effect::ServerAdded { id, spec } => self.alloc.add_server(*id, spec, 0),
+            Effect::ServerRetired { id } => self.alloc.retire(*id),
+            Effect::MoveStarted {
                 node,
                 index,
-                count,
-                alloc,
-                lease,
-            } => self.map(node, index, count, alloc, lease, now),
-            MetaRequest::OpenWrite { path } => {
-                let id = self.ns.resolve(&path)?;
-                let n = self.ns.get(id).expect("resolved");
-                if n.ty.is_container() {
-                    return Err(Error::type_mismatch(format!(
-                        "{path} is a {}; only File and KeyValue nodes hold data",
-                        n.ty
-                    )));
-                }
-                if let Some(l) = n.lease {
-                    if now < l.expires_ms {
-                        return Err(Error::busy(format!(
-                            "{path} is being written by another client (one writer at a time)"
-                        )));
+                to,
+                fence,
+            } => {
+                self.alloc.take(to.server, to.block, to.gen);
+                self.moves.insert(
+                    (*node, *index),
+                    Move {
+                        to: *to,
+                        fence: *fence,
+                    },
+                );
+                self.apply_effect(&Effect::BlockStamped {
+                    node: *node,
+                    index: *index,
+                    gen: *fence,
+                });
+            }
+            Effect::MoveEnded { node, index, done } => {
+                if let Some(m) = self.moves.remove(&(*node, *index)) {
+                    if *done {
+                        if let Some(b) = self
+                            .ns
+                            .get_mut(*node)
+                            .and_then(|n| n.blocks.get_mut(*index as usize))
+                        {
+                            *b = m.to;
+                        }
                     }
                 }
-                let lease = self.grant(id, now);
-                Ok(MetaReply::Node(self.info(id, lease)))
-            }
-            MetaRequest::Sync {
-                node,
-                lease,
-                size,
-                close,
-            } => self.sync(node, lease, size, close, now),
-            MetaRequest::Register(spec) => {
-                let server = self.alloc.register(spec, now)?;
-                Ok(MetaReply::Registered { server })
-            }
-            MetaRequest::Heartbeat { server } => {
-                self.alloc.heartbeat(server, now)?;
-                Ok(MetaReply::Done)
-            }
-            MetaRequest::Status => {
-                let servers = self.alloc.status(now);
-                Ok(MetaReply::Status(ClusterStatus {
-                    block_size: self.alloc.block_size(),
-                    nodes: self.ns.len() as u64,
-                    classes: self.class_table(&servers),
-                    servers,
-                }))
-            }
-            MetaRequest::LocalSocket => Ok(MetaReply::LocalSocket(self.local_socket.clone())),
-        }
-    }
-
-    fn sync(
-        &mut self,
-        node: u64,
-        lease: u64,
-        size: u64,
-        close: bool,
-        now: u64,
-    ) -> Result<MetaReply> {
-        let bs = self.alloc.block_size() as u64;
-        let lease_ms = self.lease_ms;
-        let n = self.writable(node, lease)?;
-        let capacity = n.blocks.len() as u64 * bs;
-        if size > capacity {
-            return Err(Error::out_of_range(format!(
-                "cannot publish size {size} of node {node}: only {capacity} bytes are allocated"
-            )));
-        }
-        if size < n.size {
-            return Err(Error::invalid_argument(format!(
-                "cannot shrink node {node} from {} to {size} bytes",
-                n.size
-            )));
-        }
-        n.size = size;
-        n.lease = if close {
-            None
-        } else {
-            Some(Lease {
-                id: lease,
-                expires_ms: now + lease_ms,
-            })
-        };
-        // A closed node keeps only the blocks its bytes need: blocks handed
-        // out but never filled (an empty put, a write cut short) go back.
-        let unused = if close {
-            n.blocks.split_off(size.div_ceil(bs) as usize)
-        } else {
-            Vec::new()
-        };
-        let (linked, parent) = (n.linked, n.parent);
-        self.release(unused);
-        if !close || linked {
-            return Ok(MetaReply::Record(None));
-        }
-        // Closing a put: the value becomes visible, replacing any older one.
-        if let Some(slot) = self.ns.next_slot_in(parent) {
-            self.ensure_record_space(slot)?;
-        }
-        match self.ns.link(node) {
-            Ok(linked) => {
-                let record = self.record_to_write(&linked);
-                self.release(linked.freed);
-                Ok(MetaReply::Record(record))
-            }
-            Err(e) => {
-                let freed = self.ns.drop_unlinked(node);
-                self.release(freed);
-                Err(e)
             }
         }
     }
 
-    /// Drops puts that never closed and whose lease expired `grace_ms` ago,
-    /// freeing their blocks. Returns how many were dropped.
-    pub fn sweep_abandoned_puts(&mut self, now: u64, grace_ms: u64) -> usize {
-        let dead: Vec<NodeId> = self
-            .ns
-            .shadows()
-            .filter(|n| n.lease.is_none_or(|l| l.expires_ms + grace_ms <= now))
-            .map(|n| n.id)
-            .collect();
-        for id in &dead {
-            let freed = self.ns.drop_unlinked(*id);
-            self.release(freed);
-        }
-        dead.len()
-    }
-
-    fn release(&mut self, blocks: Vec<BlockRef>) {
-        for b in blocks {
-            if let Some(inv) = self.alloc.free(b) {
-                self.claims.push(inv);
-            }
-        }
-    }
-
-    /// Makes sure the container's data has a block for the record `slot`
-    /// (on a live storage server).
-    fn ensure_record_space(&mut self, (container, slot): SlotRef) -> Result<()> {
-        let bs = self.alloc.block_size() as u64;
-        let need = ((slot as u64 + 1) * RECORD_SIZE as u64).div_ceil(bs) as usize;
-        self.relocate_lost_records(container)?;
-        loop {
-            let n = self.ns.get(container).ok_or_else(|| stale(container))?;
-            if n.blocks.len() >= need {
-                return Ok(());
-            }
-            let b = self.record_block(container)?;
-            self.ns.get_mut(container).expect("exists").blocks.push(b);
-        }
-    }
-
-    /// Allocates (and claims) a block for a container's records.
-    fn record_block(&mut self, container: NodeId) -> Result<BlockRef> {
-        let class = self
-            .ns
-            .get(container)
-            .ok_or_else(|| stale(container))?
-            .storage_class;
-        // Records are written on the create path, so they follow the normal
-        // placement (DRAM first, or the container's preferred class). The
-        // root's few records go to the slowest class instead: the root is
-        // shared by every top-level name and changes rarely.
-        let b = if class == NO_CLASS && container == crate::namespace::ROOT {
-            self.alloc.allocate_slowest_first()
-        } else {
-            self.alloc.allocate(class, "")
-        };
-        let b = b.map_err(|e| {
-            Error::no_space(format!(
-                "no space for the child records of node {container}: {}",
-                e.message
-            ))
-        })?;
+    /// Queues a claim of `b` with its generation, if its server is known.
+    fn claim(&mut self, b: BlockRef) {
         if let Some(addr) = self.alloc.server_addr(b.server) {
             self.claims.push(BlockClaim {
                 server: b.server,
@@ -346,143 +366,354 @@ impl MetaState {
                 gen: b.gen,
             });
         }
-        Ok(b)
     }
 
-    /// Replaces record blocks of `container` that sit on dead storage
-    /// servers. Their records are lost; enumeration recovers the names of
-    /// those live slots from the metadata server (`RecordNames`).
-    fn relocate_lost_records(&mut self, container: NodeId) -> Result<()> {
-        let n = self.ns.get(container).ok_or_else(|| stale(container))?;
-        let lost: Vec<(usize, BlockRef)> = n
-            .blocks
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| !self.alloc.is_alive(b.server))
-            .map(|(i, b)| (i, *b))
-            .collect();
-        for (i, old) in lost {
-            let new = self.record_block(container)?;
-            self.ns.get_mut(container).expect("exists").blocks[i] = new;
-            self.release(vec![old]);
-            tracing::warn!(
-                "records of node {container} in block {i} were lost with storage server {}; moved to server {}",
-                old.server,
-                new.server
-            );
+    // ----- deciding ----------------------------------------------------------
+
+    /// Decides `req` at time `now`: the effects that carry it out, or the
+    /// error that refuses it. Changes nothing.
+    pub fn decide(&self, req: &MetaRequest, now: u64) -> Result<Decision> {
+        let mut d = Draft::new(self);
+        let reply = match req {
+            MetaRequest::Create {
+                path,
+                ty,
+                storage_class,
+                location,
+                enumerable,
+            } => d.create(path, *ty, *storage_class, location, *enumerable, now)?,
+            MetaRequest::Lookup { path } => {
+                self.check_partition(path)?;
+                Reply::Node {
+                    id: self.ns.resolve(path)?,
+                    lease: 0,
+                    record: None,
+                }
+            }
+            MetaRequest::Remove { path, recursive } => d.remove(path, *recursive)?,
+            MetaRequest::Move { src, dst } => d.rename(src, dst)?,
+            MetaRequest::Enumerate { path } => {
+                self.check_partition(path)?;
+                Reply::Listing(self.ns.container(path)?)
+            }
+            MetaRequest::ReleaseSlot { container, slot } => {
+                let n = self.ns.get(*container).ok_or_else(|| stale(*container))?;
+                if n.slots.get(*slot) != Some(Slot::Clearing) {
+                    return Err(Error::invalid_argument(format!(
+                        "slot {slot} of node {container} is not being cleared"
+                    )));
+                }
+                d.push(Effect::SlotReleased {
+                    container: *container,
+                    slot: *slot,
+                });
+                Reply::Done
+            }
+            MetaRequest::RecordNames { container, slots } => {
+                let n = self.ns.get(*container).ok_or_else(|| stale(*container))?;
+                let names = slots
+                    .iter()
+                    .filter_map(|slot| match n.slots.get(*slot) {
+                        Some(Slot::Live(id)) => {
+                            self.ns.get(id).map(|c| (*slot, c.ty, c.name.clone()))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                Reply::Names(names)
+            }
+            MetaRequest::Map {
+                node,
+                index,
+                count,
+                alloc,
+                lease,
+            } => d.map(*node, *index, *count, alloc.then_some(*lease), now)?,
+            MetaRequest::OpenWrite { path } => d.open_write(path, now)?,
+            MetaRequest::Sync {
+                node,
+                lease,
+                size,
+                close,
+            } => d.sync(*node, *lease, *size, *close, now)?,
+            MetaRequest::Register(spec) => match self.alloc.decide_register(spec)? {
+                Registration::Known(id) => {
+                    d.heartbeat = Some(id);
+                    Reply::Registered(id)
+                }
+                Registration::New { id, replaces } => {
+                    for r in replaces {
+                        d.push(Effect::ServerRetired { id: r });
+                    }
+                    d.push(Effect::ServerAdded {
+                        id,
+                        spec: spec.clone(),
+                    });
+                    d.heartbeat = Some(id);
+                    Reply::Registered(id)
+                }
+            },
+            MetaRequest::Heartbeat { server } => {
+                if self.alloc.server(*server).is_none() {
+                    return Err(Error::unknown_server(format!(
+                        "storage server {server} is not registered"
+                    )));
+                }
+                d.heartbeat = Some(*server);
+                Reply::Done
+            }
+            MetaRequest::Status => Reply::Status,
+            MetaRequest::LocalSocket => Reply::LocalSocket,
+            MetaRequest::Abort { node, lease } => d.abort(*node, *lease)?,
+            MetaRequest::ReplaceBlock {
+                node,
+                lease,
+                index,
+                gen,
+            } => d.replace_block(*node, *lease, *index, *gen, now)?,
+        };
+        Ok(d.finish(reply))
+    }
+
+    /// Refuses a path whose top-level name another partition owns (every
+    /// partition has a root of its own).
+    fn check_partition(&self, p: &str) -> Result<()> {
+        let Placement {
+            partition,
+            partitions,
+            ..
+        } = self.placement;
+        if partitions <= 1 || p == "/" {
+            return Ok(());
+        }
+        let owner = path::partition_of(p, partitions as usize) as u32;
+        if owner != partition {
+            return Err(Error::wrong_partition(format!(
+                "{p} belongs to metadata partition {owner} of {partitions}, but this metadata server is partition {partition}: list the metadata servers in the same order everywhere"
+            )));
         }
         Ok(())
     }
 
-    fn record_loc(&self, (container, slot): SlotRef) -> RecordLoc {
-        let bs = self.alloc.block_size() as u64;
-        let at = slot as u64 * RECORD_SIZE as u64;
-        let n = self.ns.get(container).expect("container exists");
-        let b = n.blocks[(at / bs) as usize];
-        RecordLoc {
-            container,
-            slot,
-            block: self.loc(&b),
-            offset: (at % bs) as u32,
+    /// Drops puts that never closed and whose lease expired `grace_ms` ago,
+    /// freeing their blocks. `None` when there are none.
+    pub fn decide_sweep(&self, now: u64, grace_ms: u64) -> Option<Decision> {
+        let dead: Vec<NodeId> = self
+            .ns
+            .shadows()
+            .filter(|n| n.lease.is_none_or(|l| l.expires_ms + grace_ms <= now))
+            .map(|n| n.id)
+            .collect();
+        if dead.is_empty() {
+            return None;
         }
+        let mut d = Draft::new(self);
+        for id in &dead {
+            d.free_node_blocks(*id);
+        }
+        d.push(Effect::Dropped { ids: dead });
+        Some(d.finish(Reply::Done))
     }
 
-    fn record_to_write(&self, linked: &Linked) -> Option<RecordLoc> {
-        linked.write.map(|s| self.record_loc(s))
+    /// One bounded step of reaping removed subtrees (at most
+    /// [`REAP_NODES`] nodes and [`REAP_BLOCKS`] blocks); `None` when the
+    /// graveyard is empty.
+    pub fn decide_reap(&self) -> Option<Decision> {
+        if self.ns.graveyard_is_empty() {
+            return None;
+        }
+        let mut d = Draft::new(self);
+        let roots: Vec<NodeId> = self.ns.graveyard().collect();
+        d.reap(&roots, REAP_NODES, REAP_BLOCKS);
+        Some(d.finish(Reply::Done))
     }
 
-    fn grant(&mut self, id: NodeId, now: u64) -> u64 {
-        let lease = self.next_lease;
-        self.next_lease += 1;
-        let n = self.ns.get_mut(id).expect("node exists");
-        n.lease = Some(Lease {
-            id: lease,
-            expires_ms: now + self.lease_ms,
-        });
-        lease
+    /// Retires storage servers dead for longer than `retire_after_ms`: their
+    /// blocks are lost for good and they leave status and capacity.
+    pub fn decide_retire(&self, now: u64, retire_after_ms: u64) -> Option<Decision> {
+        let ids = self.alloc.retirable(now, retire_after_ms);
+        if ids.is_empty() {
+            return None;
+        }
+        let mut d = Draft::new(self);
+        for id in ids {
+            d.push(Effect::ServerRetired { id });
+        }
+        Some(d.finish(Reply::Done))
     }
 
-    /// The node, if `lease` is its current write lease. A lease that expired
-    /// but was not taken over stays usable (and is renewed by the caller).
-    fn writable(&mut self, node: u64, lease: u64) -> Result<&mut crate::namespace::Node> {
-        let n = self.ns.get_mut(node).ok_or_else(|| stale(node))?;
+    /// Starts moving block `index` of `node` to another server (of `class`,
+    /// or of any class when [`NO_CLASS`]). Returns the decision and the move:
+    /// (source location at the fence generation, target location).
+    pub fn decide_move_start(
+        &self,
+        node: NodeId,
+        index: u64,
+        class: u8,
+    ) -> Result<(Decision, BlockLoc, BlockLoc)> {
+        let n = self.ns.get(node).ok_or_else(|| stale(node))?;
         if n.ty.is_container() {
             return Err(Error::type_mismatch(format!(
-                "node {node} is a {}; its data is written by the metadata server",
+                "node {node} is a {}; only data blocks are moved",
                 n.ty
             )));
         }
-        match n.lease {
-            Some(l) if l.id == lease => Ok(n),
-            Some(_) => Err(Error::lease_expired(format!(
-                "write lease {lease} on node {node} expired and another writer took over"
-            ))),
-            None => Err(Error::lease_expired(format!(
-                "node {node} has no open writer; lease {lease} was closed or expired"
-            ))),
+        let old = *n
+            .blocks
+            .get(index as usize)
+            .ok_or_else(|| Error::out_of_range(format!("node {node} has no block {index}")))?;
+        if self.moves.contains_key(&(node, index)) {
+            return Err(Error::busy(format!(
+                "block {index} of node {node} is already being moved"
+            )));
+        }
+        if !self.alloc.is_alive(old.server) {
+            return Err(Error::data_lost(format!(
+                "block {index} of node {node} is on dead storage server {}",
+                old.server
+            )));
+        }
+        let mut d = Draft::new(self);
+        d.plan.avoid(old.server);
+        let to = d.plan.allocate(class, &n.location)?;
+        let fence = d.plan.gen();
+        d.push(Effect::MoveStarted {
+            node,
+            index,
+            to,
+            fence,
+        });
+        let src = self.loc(&BlockRef { gen: fence, ..old });
+        let dst = self.loc(&to);
+        Ok((d.finish(Reply::Done), src, dst))
+    }
+
+    /// Ends the move of block `index` of `node`: with `copied`, the block
+    /// switches to the target and the old one is freed; otherwise (or if the
+    /// block changed meanwhile: freed, fenced again) the target is given up.
+    pub fn decide_move_end(&self, node: NodeId, index: u64, copied: bool) -> Option<Decision> {
+        let m = *self.moves.get(&(node, index))?;
+        let mut d = Draft::new(self);
+        let still_fenced = self
+            .ns
+            .get(node)
+            .and_then(|n| n.blocks.get(index as usize).copied())
+            .filter(|b| b.gen == m.fence);
+        match (copied, still_fenced) {
+            (true, Some(old)) => {
+                d.push(Effect::MoveEnded {
+                    node,
+                    index,
+                    done: true,
+                });
+                d.free(old);
+            }
+            _ => {
+                d.push(Effect::MoveEnded {
+                    node,
+                    index,
+                    done: false,
+                });
+                d.free(m.to);
+            }
+        }
+        Some(d.finish(Reply::Done))
+    }
+
+    // ----- replies -----------------------------------------------------------
+
+    fn reply(&self, r: &Reply, now: u64) -> MetaReply {
+        match r {
+            Reply::Node { id, lease, record } => {
+                let mut info = self.info(*id, *lease);
+                info.record = record.and_then(|s| self.record_loc(s));
+                MetaReply::Node(info)
+            }
+            Reply::Done => MetaReply::Done,
+            Reply::Record(r) => MetaReply::Record(r.and_then(|s| self.record_loc(s))),
+            Reply::Moved { ty, clear, write } => MetaReply::Moved {
+                ty: *ty,
+                clear: clear.and_then(|s| self.record_loc(s)),
+                write: write.and_then(|s| self.record_loc(s)),
+            },
+            Reply::Listing(id) => {
+                let n = self.ns.get(*id);
+                MetaReply::Listing {
+                    container: *id,
+                    block_size: self.alloc.block_size(),
+                    slots: n.map_or(0, |n| n.slots.len()),
+                    live: n.map_or_else(Vec::new, |n| n.slots.live_bitmap()),
+                }
+            }
+            Reply::Blocks { node, index, count } => self.blocks_reply(*node, *index, *count),
+            Reply::Names(names) => MetaReply::Names(names.clone()),
+            Reply::Registered(id) => MetaReply::Registered { server: *id },
+            Reply::Status => {
+                let servers = self.alloc.status(now);
+                let shadows = self.ns.shadow_count() as u64;
+                let reclaiming = self.reclaiming();
+                MetaReply::Status(ClusterStatus {
+                    block_size: self.alloc.block_size(),
+                    nodes: (self.ns.len() as u64).saturating_sub(shadows + reclaiming),
+                    puts_in_progress: shadows,
+                    reclaiming,
+                    partition: self.placement.partition,
+                    partitions: self.placement.partitions,
+                    expected_servers: self.placement.expected_servers,
+                    classes: self.class_table(&servers),
+                    servers,
+                })
+            }
+            Reply::LocalSocket => MetaReply::LocalSocket(self.local_socket.clone()),
         }
     }
 
-    fn map(
-        &mut self,
-        node: u64,
-        index: u64,
-        count: u32,
-        alloc: bool,
-        lease: u64,
-        now: u64,
-    ) -> Result<MetaReply> {
-        let count = count.clamp(1, MAX_MAP_COUNT) as u64;
-        let end = index.saturating_add(count);
-        if alloc {
-            let lease_ms = self.lease_ms;
-            let n = self.writable(node, lease)?;
-            n.lease = Some(Lease {
-                id: lease,
-                expires_ms: now + lease_ms,
-            });
-            let have = n.blocks.len() as u64;
-            if index > have {
-                return Err(Error::out_of_range(format!(
-                    "node {node} has {have} blocks; block {index} cannot be allocated before block {have}"
-                )));
-            }
-            let (class, location) = (n.storage_class, n.location.clone());
-            for i in have..end {
-                match self.alloc.allocate(class, &location) {
-                    Ok(b) => self.ns.get_mut(node).expect("exists").blocks.push(b),
-                    Err(e) if i <= index => return Err(e),
-                    Err(_) => break, // partial: the caller gets NoSpace on its next map
-                }
-            }
-        }
-        if self.ns.get(node).is_some_and(|n| n.ty.is_container()) {
-            self.relocate_lost_records(node)?;
-        }
-        let n = self.ns.get(node).ok_or_else(|| stale(node))?;
+    /// Nodes in the graveyard (counted up to a bound, to keep status cheap).
+    fn reclaiming(&self) -> u64 {
+        self.ns
+            .graveyard()
+            .map(|r| self.ns.subtree_size(r, REAP_NODES) as u64)
+            .sum()
+    }
+
+    /// The published size and the locations of blocks `[index, index +
+    /// count)` that exist, stopping before a block on a dead server or one
+    /// being moved (the decision refused the first one already).
+    fn blocks_reply(&self, node: NodeId, index: u64, count: u64) -> MetaReply {
+        let Some(n) = self.ns.get(node) else {
+            return MetaReply::Blocks {
+                size: 0,
+                blocks: Vec::new(),
+            };
+        };
         let size = if n.ty.is_container() {
             n.slots.len() as u64 * RECORD_SIZE as u64
         } else {
             n.size
         };
-        let hi = end.min(n.blocks.len() as u64) as usize;
-        let lo = (index as usize).min(hi);
-        let mut blocks = Vec::with_capacity(hi - lo);
-        for (i, b) in n.blocks[lo..hi].iter().enumerate() {
-            if !self.alloc.is_alive(b.server) {
-                if blocks.is_empty() {
-                    return Err(Error::data_lost(format!(
-                        "block {} of node {node} is on storage server {} ({}), which is dead",
-                        lo + i,
-                        b.server,
-                        self.alloc.server_addr(b.server).unwrap_or("?")
-                    )));
-                }
+        let end = index.saturating_add(count).min(n.blocks.len() as u64);
+        let mut blocks = Vec::new();
+        for i in index..end {
+            let b = &n.blocks[i as usize];
+            if !self.alloc.is_alive(b.server) || self.moves.contains_key(&(node, i)) {
                 break;
             }
             blocks.push(self.loc(b));
         }
-        Ok(MetaReply::Blocks { size, blocks })
+        MetaReply::Blocks { size, blocks }
+    }
+
+    fn record_loc(&self, (container, slot): SlotRef) -> Option<RecordLoc> {
+        let bs = self.alloc.block_size() as u64;
+        let at = slot as u64 * RECORD_SIZE as u64;
+        let n = self.ns.get(container)?;
+        let b = n.blocks.get((at / bs) as usize)?;
+        Some(RecordLoc {
+            container,
+            slot,
+            block: self.loc(b),
+            offset: (at % bs) as u32,
+        })
     }
 
     fn loc(&self, b: &BlockRef) -> BlockLoc {
@@ -500,7 +731,20 @@ impl MetaState {
     }
 
     fn info(&self, id: NodeId, lease: u64) -> NodeInfo {
-        let n = self.ns.get(id).expect("node exists");
+        let Some(n) = self.ns.get(id) else {
+            return NodeInfo {
+                id,
+                ty: NodeType::File,
+                size: 0,
+                block_size: self.alloc.block_size(),
+                storage_class: NO_CLASS,
+                location: String::new(),
+                enumerable: false,
+                lease,
+                first_block: None,
+                record: None,
+            };
+        };
         let size = if n.ty.is_container() {
             n.children.len() as u64
         } else {
@@ -518,462 +762,759 @@ impl MetaState {
             first_block: n
                 .blocks
                 .first()
-                .filter(|b| self.alloc.is_alive(b.server) && !n.ty.is_container())
+                .filter(|b| {
+                    self.alloc.is_alive(b.server)
+                        && !n.ty.is_container()
+                        && !self.moves.contains_key(&(id, 0))
+                })
                 .map(|b| self.loc(b)),
             record: None,
         }
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use nodekernel_proto::{ErrorCode, NodeType, NO_CLASS};
-
-    const BS: u32 = 4096;
-
-    fn state() -> MetaState {
-        let mut s = MetaState::new(BS, 1000, 1);
-        for (class, n) in [(0u8, 4u32), (1, 9)] {
-            s.apply(
-                MetaRequest::Register(nodekernel_proto::ServerSpec {
-                    addr: format!("h:{class}"),
-                    class,
-                    class_name: format!("c{class}"),
-                    medium: "dram".into(),
-                    location: "h".into(),
-                    block_size: BS,
-                    first_block: 0,
-                    num_blocks: n,
-                }),
-                0,
-            )
-            .unwrap();
-        }
-        // The root's first record block (from the slowest class) is
-        // allocated up front, so tests see 4 free DRAM and 8 file blocks.
-        create(&mut s, "/setup", NodeType::Directory, 0).unwrap();
-        s
+    /// The durable state as text, in a fixed order: two states that dump
+    /// the same are the same (liveness and pending claims aside).
+    #[cfg(test)]
+    pub(crate) fn dump(&self) -> String {
+        format!(
+            "{}{}next_lease {} lease_ms {} moves {:?}\n",
+            self.ns.dump(),
+            self.alloc.dump(),
+            self.next_lease,
+            self.lease_ms,
+            self.moves
+        )
     }
 
-    fn create(s: &mut MetaState, path: &str, ty: NodeType, now: u64) -> Result<NodeInfo> {
-        match s.apply(
-            MetaRequest::Create {
-                path: path.into(),
-                ty,
-                storage_class: NO_CLASS,
-                location: String::new(),
-                enumerable: true,
-            },
-            now,
-        )? {
-            MetaReply::Node(n) => Ok(n),
-            r => panic!("unexpected {r:?}"),
+    // ----- invariants --------------------------------------------------------
+
+    /// Checks every invariant of the state (ARCHITECTURE.md, `meta`):
+    /// - no block is owned twice, and no owned block is free;
+    /// - free + used = capacity on every server (no block leaks);
+    /// - every generation in use is below the next one to hand out, and
+    ///   no two blocks in use share one;
+    /// - the record slot tables agree with the children;
+    /// - leases are unique and below the next lease id;
+    /// - puts in progress are unlinked KeyValues, the graveyard holds only
+    ///   unlinked roots.
+    ///
+    /// Costs time in proportion to the whole state: for tests and the
+    /// simulation.
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        let mut owned: BTreeMap<(u32, u32), NodeId> = BTreeMap::new();
+        let mut gens: BTreeSet<u64> = BTreeSet::new();
+        let mut leases: BTreeSet<u64> = BTreeSet::new();
+        let next_gen = self.alloc.next_gen();
+        let mut own = |server: u32, block: u32, gen: u64, by: NodeId| {
+            if let Some(other) = owned.insert((server, block), by) {
+                return Err(format!(
+                    "block {block} of server {server} is owned by nodes {other} and {by}"
+                ));
+            }
+            if gen >= next_gen {
+                return Err(format!(
+                    "block {block} of server {server} has generation {gen}, not below the next one {next_gen}"
+                ));
+            }
+            if !gens.insert(gen) {
+                return Err(format!("generation {gen} is used twice"));
+            }
+            Ok(())
+        };
+        for n in self.ns.nodes() {
+            for b in &n.blocks {
+                if self.alloc.server(b.server).is_some() {
+                    own(b.server, b.block, b.gen, n.id)?;
+                }
+            }
+            if let Some(l) = n.lease {
+                if l.id >= self.next_lease || !leases.insert(l.id) {
+                    return Err(format!("lease {} of node {} is not unique", l.id, n.id));
+                }
+            }
+            if n.ty.is_container() {
+                if !n.slots.is_consistent() {
+                    return Err(format!("slot table of node {} is inconsistent", n.id));
+                }
+                for (name, child) in &n.children {
+                    let c = self
+                        .ns
+                        .get(*child)
+                        .ok_or_else(|| format!("node {} lists missing child {child}", n.id))?;
+                    if c.parent != n.id || c.name != *name || !c.linked {
+                        return Err(format!("child {child} of node {} disagrees", n.id));
+                    }
+                    match (n.enumerable, c.slot) {
+                        (true, Some(s)) if n.slots.get(s) == Some(Slot::Live(*child)) => {}
+                        (false, None) => {}
+                        (e, s) => {
+                            return Err(format!(
+                                "child {child} of node {} (enumerable {e}) has record slot {s:?}",
+                                n.id
+                            ))
+                        }
+                    }
+                }
+                for (s, state) in n.slots.iter() {
+                    if let Slot::Live(c) = state {
+                        if self
+                            .ns
+                            .get(c)
+                            .is_none_or(|c| c.slot != Some(s) || c.parent != n.id)
+                        {
+                            return Err(format!(
+                                "slot {s} of node {} names child {c}, which disagrees",
+                                n.id
+                            ));
+                        }
+                    }
+                }
+            }
         }
+        for m in self.moves.values() {
+            own(m.to.server, m.to.block, m.to.gen, 0)?;
+        }
+        for (id, s) in self.alloc.servers() {
+            let used = owned.keys().filter(|(srv, _)| *srv == id).count() as u64;
+            let free = s.free.len();
+            if used + free != s.spec.num_blocks as u64 {
+                return Err(format!(
+                    "server {id}: {used} blocks used + {free} free != capacity {}",
+                    s.spec.num_blocks
+                ));
+            }
+            for b in s.free.blocks() {
+                if owned.contains_key(&(id, b)) {
+                    return Err(format!("block {b} of server {id} is free and owned"));
+                }
+            }
+        }
+        for n in self.ns.shadows() {
+            if n.linked || n.ty != NodeType::KeyValue {
+                return Err(format!(
+                    "put in progress {} is linked or not a KeyValue",
+                    n.id
+                ));
+            }
+        }
+        for r in self.ns.graveyard() {
+            if self.ns.get(r).is_none_or(|n| n.linked) {
+                return Err(format!("graveyard root {r} is missing or linked"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A decision being built: effects so far, plus the counters and
+/// allocation plan they consumed.
+struct Draft<'a> {
+    st: &'a MetaState,
+    plan: crate::alloc::AllocPlan<'a>,
+    effects: Vec<Effect>,
+    next_id: NodeId,
+    next_lease: u64,
+    /// Blocks appended to a node by this draft.
+    added: BTreeMap<NodeId, u64>,
+    heartbeat: Option<u32>,
+    suspect: Option<u32>,
+}
+
+impl<'a> Draft<'a> {
+    fn new(st: &'a MetaState) -> Self {
+        Draft {
+            st,
+            plan: st.alloc.plan(),
+            effects: Vec::new(),
+            next_id: st.ns.next_id(),
+            next_lease: st.next_lease,
+            added: BTreeMap::new(),
+            heartbeat: None,
+            suspect: None,
+        }
+    }
+
+    fn finish(self, reply: Reply) -> Decision {
+        Decision {
+            effects: self.effects,
+            reply,
+            heartbeat: self.heartbeat,
+            suspect: self.suspect,
+        }
+    }
+
+    fn push(&mut self, e: Effect) {
+        self.effects.push(e);
+    }
+
+    fn ns(&self) -> &'a Namespace {
+        &self.st.ns
+    }
+
+    fn bs(&self) -> u64 {
+        self.st.alloc.block_size() as u64
+    }
+
+    fn grant(&mut self, node: NodeId, now: u64) -> u64 {
+        let id = self.next_lease;
+        self.next_lease += 1;
+        self.renew(node, id, now);
+        id
+    }
+
+    fn renew(&mut self, node: NodeId, id: u64, now: u64) {
+        self.push(Effect::LeaseSet {
+            node,
+            lease: Lease {
+                id,
+                expires_ms: now + self.st.lease_ms,
+            },
+        });
+    }
+
+    fn add_block(&mut self, node: NodeId, block: BlockRef) {
+        *self.added.entry(node).or_default() += 1;
+        self.push(Effect::BlockAdded { node, block });
+    }
+
+    fn free(&mut self, b: BlockRef) {
+        let gen = self.plan.free(b);
+        self.push(Effect::BlockFreed {
+            block: BlockRef { gen, ..b },
+        });
+    }
+
+    /// Frees every block of `node` (and the target of any move of them).
+    fn free_node_blocks(&mut self, node: NodeId) {
+        let Some(n) = self.ns().get(node) else {
+            return;
+        };
+        for b in &n.blocks {
+            self.free(*b);
+        }
+        self.end_moves(node, 0);
+    }
+
+    /// Gives up the moves of blocks `from..` of `node` (their blocks are
+    /// being freed).
+    fn end_moves(&mut self, node: NodeId, from: u64) {
+        let moving: Vec<(u64, BlockRef)> = self
+            .st
+            .moves
+            .range((node, from)..=(node, u64::MAX))
+            .map(|((_, i), m)| (*i, m.to))
+            .collect();
+        for (index, to) in moving {
+            self.push(Effect::MoveEnded {
+                node,
+                index,
+                done: false,
+            });
+            self.free(to);
+        }
+    }
+
+    /// Gives `container` a record block for `slot` if it lacks one; returns
+    /// the slot.
+    fn ensure_record_space(&mut self, container: NodeId) -> Result<u32> {
+        let n = self.ns().get(container).ok_or_else(|| stale(container))?;
+        let slot = n.slots.peek();
+        let bs = self.bs();
+        let need = ((slot as u64 + 1) * RECORD_SIZE as u64).div_ceil(bs);
+        self.relocate_lost_records(container)?;
+        let have = n.blocks.len() as u64 + self.added.get(&container).copied().unwrap_or(0);
+        for _ in have..need {
+            let b = self.record_block(container)?;
+            self.add_block(container, b);
+        }
+        Ok(slot)
+    }
+
+    /// Allocates a block for a container's records.
+    fn record_block(&mut self, container: NodeId) -> Result<BlockRef> {
+        let class = self
+            .ns()
+            .get(container)
+            .ok_or_else(|| stale(container))?
+            .storage_class;
+        // Records are written on the create path, so they follow the normal
+        // placement (DRAM first, or the container's preferred class). The
+        // root's few records go to the slowest class instead: the root is
+        // shared by every top-level name and changes rarely.
+        let b = if class == NO_CLASS && container == ROOT {
+            self.plan.allocate_slowest_first()
+        } else {
+            self.plan.allocate(class, "")
+        };
+        b.map_err(|e| {
+            Error::new(
+                e.code,
+                format!(
+                    "no space for the child records of node {container}: {}",
+                    e.message
+                ),
+            )
+        })
+    }
+
+    /// Replaces record blocks of `container` that sit on dead storage
+    /// servers. Their records are lost; enumeration recovers the names of
+    /// those live slots from the metadata server (`RecordNames`).
+    fn relocate_lost_records(&mut self, container: NodeId) -> Result<()> {
+        let n = self.ns().get(container).ok_or_else(|| stale(container))?;
+        let lost: Vec<(usize, BlockRef)> = n
+            .blocks
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| !self.st.alloc.is_alive(b.server))
+            .map(|(i, b)| (i, *b))
+            .collect();
+        for (i, old) in lost {
+            let new = self.record_block(container)?;
+            self.push(Effect::BlockSwapped {
+                node: container,
+                index: i as u64,
+                block: new,
+            });
+            self.free(old);
+        }
+        Ok(())
+    }
+
+    fn create(
+        &mut self,
+        path: &str,
+        ty: NodeType,
+        class: u8,
+        location: &str,
+        enumerable: bool,
+        now: u64,
+    ) -> Result<Reply> {
+        self.st.check_partition(path)?;
+        let (parent, name) = self.ns().parent_for(path, ty)?;
+        if !ty.replaces_on_create() {
+            if let Some(old) = self.ns().child(parent, &name) {
+                let old_ty = self.ns().get(old).map_or(ty, |n| n.ty);
+                return Err(Error::already_exists(format!(
+                    "{path} already exists (a {old_ty})"
+                )));
+            }
+        }
+        let slot = if !ty.replaces_on_create() && self.ns().next_slot_in(parent).is_some() {
+            Some(self.ensure_record_space(parent)?)
+        } else {
+            None
+        };
+        let id = self.next_id;
+        self.next_id += 1;
+        let storage_class = self.ns().class_for_child(parent, class);
+        self.push(Effect::NodeCreated(NewNode {
+            id,
+            parent,
+            name,
+            ty,
+            storage_class,
+            location: location.to_string(),
+            enumerable,
+        }));
+        if !ty.replaces_on_create() {
+            self.push(Effect::Linked { id, slot });
+        }
+        let lease = if ty.is_container() {
+            0
+        } else {
+            self.grant(id, now)
+        };
+        if ty.replaces_on_create() {
+            // A put always writes: hand out its first block with the
+            // create, saving the put a map round trip. (No space now is not
+            // an error yet: the put's map will report it.)
+            if let Ok(b) = self.plan.allocate(storage_class, location) {
+                self.add_block(id, b);
+            }
+        }
+        Ok(Reply::Node {
+            id,
+            lease,
+            record: slot.map(|s| (parent, s)),
+        })
+    }
+
+    fn remove(&mut self, path: &str, recursive: bool) -> Result<Reply> {
+        self.st.check_partition(path)?;
+        let id = self.ns().resolve(path)?;
+        if id == ROOT {
+            return Err(Error::invalid_argument(
+                "the root directory / cannot be removed",
+            ));
+        }
+        let n = self.ns().get(id).ok_or_else(|| stale(id))?;
+        if !recursive && !n.children.is_empty() {
+            return Err(Error::not_empty(format!(
+                "{path} has {} children; remove it recursively",
+                n.children.len()
+            )));
+        }
+        let clear = n.slot.map(|s| (n.parent, s));
+        self.push(Effect::Unlinked { id });
+        // A small subtree is reaped at once; a big one in bounded steps
+        // afterwards (the server's reaper).
+        if self.ns().subtree_size(id, REAP_NODES + 1) <= REAP_NODES {
+            self.reap(&[id], REAP_NODES, REAP_BLOCKS);
+        }
+        Ok(Reply::Record(clear))
+    }
+
+    /// Frees the blocks of, and drops, the first nodes of the subtrees at
+    /// `roots` (children first), up to `max_nodes` nodes and about
+    /// `max_blocks` blocks. A node with more blocks than are left in the
+    /// budget loses its last blocks now and is dropped by a later step.
+    fn reap(&mut self, roots: &[NodeId], max_nodes: usize, max_blocks: usize) {
+        let order = self.ns().subtree_postorder(roots, max_nodes);
+        let mut budget = max_blocks;
+        let mut dropped = Vec::new();
+        for id in order {
+            let Some(n) = self.ns().get(id) else {
+                continue;
+            };
+            let blocks = n.blocks.len();
+            if blocks > budget {
+                // Free what the budget allows, from the end.
+                let keep = blocks - budget;
+                for b in &n.blocks[keep..] {
+                    self.free(*b);
+                }
+                self.end_moves(id, keep as u64);
+                self.push(Effect::BlocksTruncated {
+                    node: id,
+                    len: keep as u64,
+                });
+                break;
+            }
+            budget -= blocks;
+            self.free_node_blocks(id);
+            dropped.push(id);
+        }
+        if !dropped.is_empty() {
+            self.push(Effect::Dropped { ids: dropped });
+        }
+    }
+
+    fn rename(&mut self, src: &str, dst: &str) -> Result<Reply> {
+        self.st.check_partition(src)?;
+        let p = self.st.placement;
+        if p.partitions > 1
+            && path::partition_of(dst, p.partitions as usize)
+                != path::partition_of(src, p.partitions as usize)
+        {
+            return Err(Error::cross_partition(format!(
+                "cannot move {src} to {dst}: they are owned by different metadata partitions"
+            )));
+        }
+        let (id, parent, name) = self.ns().check_rename(src, dst)?;
+        let n = self.ns().get(id).ok_or_else(|| stale(id))?;
+        let clear = n.slot.map(|s| (n.parent, s));
+        let slot = if self.ns().next_slot_in(parent).is_some() {
+            Some(self.ensure_record_space(parent)?)
+        } else {
+            None
+        };
+        self.push(Effect::Moved {
+            id,
+            parent,
+            name,
+            slot,
+        });
+        Ok(Reply::Moved {
+            ty: n.ty,
+            clear,
+            write: slot.map(|s| (parent, s)),
+        })
+    }
+
+    /// The node, if `lease` is its current write lease. A lease that expired
+    /// but was not taken over stays usable (and is renewed by the caller).
+    fn writable(&self, node: NodeId, lease: u64) -> Result<&'a crate::namespace::Node> {
+        let n = self.ns().get(node).ok_or_else(|| stale(node))?;
+        if n.ty.is_container() {
+            return Err(Error::type_mismatch(format!(
+                "node {node} is a {}; its data is written by the metadata server",
+                n.ty
+            )));
+        }
+        match n.lease {
+            Some(l) if l.id == lease => Ok(n),
+            Some(_) => Err(Error::lease_expired(format!(
+                "write lease {lease} on node {node} expired and another writer took over"
+            ))),
+            None => Err(Error::lease_expired(format!(
+                "node {node} has no open writer; lease {lease} was closed or expired"
+            ))),
+        }
+    }
+
+    /// Refuses a map whose first block is on a dead server or being moved.
+    fn check_first_block(&self, node: NodeId, index: u64) -> Result<()> {
+        let Some(b) = self
+            .ns()
+            .get(node)
+            .and_then(|n| n.blocks.get(index as usize))
+        else {
+            return Ok(());
+        };
+        if !self.st.alloc.is_alive(b.server) {
+            return Err(Error::data_lost(format!(
+                "block {index} of node {node} is on storage server {} ({}), which is dead",
+                b.server,
+                self.st.alloc.server_addr(b.server).unwrap_or("retired")
+            )));
+        }
+        if self.st.moves.contains_key(&(node, index)) {
+            return Err(Error::try_again(format!(
+                "block {index} of node {node} is being moved; retry shortly"
+            )));
+        }
+        Ok(())
     }
 
     fn map(
-        s: &mut MetaState,
-        node: u64,
+        &mut self,
+        node: NodeId,
         index: u64,
         count: u32,
+        lease: Option<u64>,
+        now: u64,
+    ) -> Result<Reply> {
+        let count = count.clamp(1, MAX_MAP_COUNT) as u64;
+        let end = index.saturating_add(count);
+        let n = self.ns().get(node).ok_or_else(|| stale(node))?;
+        if let Some(lease) = lease {
+            let n = self.writable(node, lease)?;
+            let have = n.blocks.len() as u64;
+            if index > have {
+                return Err(Error::out_of_range(format!(
+                    "node {node} has {have} blocks; block {index} cannot be allocated before block {have}"
+                )));
+            }
+            self.renew(node, lease, now);
+            for i in have..end {
+                match self.plan.allocate(n.storage_class, &n.location) {
+                    Ok(b) => self.add_block(node, b),
+                    Err(e) if i <= index => return Err(e),
+                    Err(_) => break, // partial: the caller gets NoSpace on its next map
+                }
+            }
+        }
+        if n.ty.is_container() {
+            self.relocate_lost_records(node)?;
+        } else {
+            self.check_first_block(node, index)?;
+        }
+        Ok(Reply::Blocks { node, index, count })
+    }
+
+    fn open_write(&mut self, path: &str, now: u64) -> Result<Reply> {
+        self.st.check_partition(path)?;
+        let id = self.ns().resolve(path)?;
+        let n = self.ns().get(id).ok_or_else(|| stale(id))?;
+        if n.ty.is_container() {
+            return Err(Error::type_mismatch(format!(
+                "{path} is a {}; only File and KeyValue nodes hold data",
+                n.ty
+            )));
+        }
+        if let Some(l) = n.lease {
+            if now < l.expires_ms {
+                return Err(Error::busy(format!(
+                    "{path} is being written by another client (one writer at a time)"
+                )));
+            }
+            // The lease expired without a close: its writer may still be
+            // alive and writing. Fence it out at the storage layer: every
+            // block gets a new generation, so its late writes get `Stale`.
+            for (i, _) in n.blocks.iter().enumerate() {
+                let gen = self.plan.gen();
+                self.push(Effect::BlockStamped {
+                    node: id,
+                    index: i as u64,
+                    gen,
+                });
+            }
+            self.end_moves(id, 0);
+        }
+        let lease = self.grant(id, now);
+        Ok(Reply::Node {
+            id,
+            lease,
+            record: None,
+        })
+    }
+
+    fn sync(
+        &mut self,
+        node: NodeId,
         lease: u64,
-    ) -> Result<(u64, Vec<BlockLoc>)> {
-        match s.apply(
-            MetaRequest::Map {
+        size: u64,
+        close: bool,
+        now: u64,
+    ) -> Result<Reply> {
+        let n = self.writable(node, lease)?;
+        let bs = self.bs();
+        let capacity = n.blocks.len() as u64 * bs;
+        if size > capacity {
+            return Err(Error::out_of_range(format!(
+                "cannot publish size {size} of node {node}: only {capacity} bytes are allocated"
+            )));
+        }
+        if size < n.size {
+            return Err(Error::invalid_argument(format!(
+                "cannot shrink node {node} from {} to {size} bytes",
+                n.size
+            )));
+        }
+        // Closing a put makes the value visible, replacing any older one:
+        // check it can be linked before changing anything.
+        let link = if close && !n.linked {
+            Some(self.plan_link(n)?)
+        } else {
+            None
+        };
+        self.push(Effect::SizeSet { node, size });
+        if close {
+            // A closed node keeps only the blocks its bytes need: blocks
+            // handed out but never filled (an empty put, a write cut short)
+            // go back.
+            let keep = size.div_ceil(bs);
+            if (n.blocks.len() as u64) > keep {
+                for b in &n.blocks[keep as usize..] {
+                    self.free(*b);
+                }
+                self.end_moves(node, keep);
+                self.push(Effect::BlocksTruncated { node, len: keep });
+            }
+            self.push(Effect::LeaseCleared { node });
+        } else {
+            self.renew(node, lease, now);
+        }
+        let record = match link {
+            None => None,
+            Some(Link::Replace(old)) => {
+                #[cfg(test)]
+                let leak = self.st.bug == Some(crate::sim::Bug::LeakOnReplace);
+                #[cfg(not(test))]
+                let leak = false;
+                if !leak {
+                    self.free_node_blocks(old);
+                }
+                self.push(Effect::Replaced { old, new: node });
+                None
+            }
+            Some(Link::New(slot)) => {
+                self.push(Effect::Linked { id: node, slot });
+                slot.map(|s| (n.parent, s))
+            }
+        };
+        Ok(Reply::Record(record))
+    }
+
+    /// How the closing put `n` will be linked, with record space made for
+    /// a new slot.
+    fn plan_link(&mut self, n: &crate::namespace::Node) -> Result<Link> {
+        let parent = self
+            .ns()
+            .get(n.parent)
+            .filter(|p| p.linked)
+            .ok_or_else(|| {
+                Error::not_found(format!("cannot store {}: its table was removed", n.name))
+            })?;
+        match parent.children.get(&n.name) {
+            Some(&old) => {
+                let old_ty = self.ns().get(old).map(|o| o.ty);
+                if old_ty != Some(n.ty) {
+                    return Err(Error::already_exists(format!(
+                        "{} already exists (a {})",
+                        n.name,
+                        old_ty.map_or("node".to_string(), |t| t.to_string())
+                    )));
+                }
+                Ok(Link::Replace(old))
+            }
+            None if parent.enumerable => Ok(Link::New(Some(self.ensure_record_space(n.parent)?))),
+            None => Ok(Link::New(None)),
+        }
+    }
+
+    fn abort(&mut self, node: NodeId, lease: u64) -> Result<Reply> {
+        let n = self.writable(node, lease)?;
+        if !n.linked {
+            // A put that never closed: nothing of it was ever visible.
+            self.free_node_blocks(node);
+            self.push(Effect::Dropped { ids: vec![node] });
+        } else {
+            let keep = n.size.div_ceil(self.bs());
+            if (n.blocks.len() as u64) > keep {
+                for b in &n.blocks[keep as usize..] {
+                    self.free(*b);
+                }
+                self.end_moves(node, keep);
+                self.push(Effect::BlocksTruncated { node, len: keep });
+            }
+            self.push(Effect::LeaseCleared { node });
+        }
+        Ok(Reply::Done)
+    }
+
+    fn replace_block(
+        &mut self,
+        node: NodeId,
+        lease: u64,
+        index: u64,
+        gen: u64,
+        now: u64,
+    ) -> Result<Reply> {
+        let n = self.writable(node, lease)?;
+        let old = *n
+            .blocks
+            .get(index as usize)
+            .ok_or_else(|| Error::out_of_range(format!("node {node} has no block {index}")))?;
+        if old.gen == gen {
+            if index * self.bs() < n.size {
+                return Err(Error::invalid_argument(format!(
+                    "block {index} of node {node} holds published bytes; only a block the writer still holds in full can move"
+                )));
+            }
+            if self.st.moves.contains_key(&(node, index)) {
+                return Err(Error::try_again(format!(
+                    "block {index} of node {node} is being moved; retry shortly"
+                )));
+            }
+            self.plan.avoid(old.server);
+            let new = self.plan.allocate(n.storage_class, &n.location)?;
+            self.push(Effect::BlockSwapped {
                 node,
                 index,
-                count,
-                alloc: lease != 0,
-                lease,
-            },
-            0,
-        )? {
-            MetaReply::Blocks { size, blocks } => Ok((size, blocks)),
-            r => panic!("unexpected {r:?}"),
+                block: new,
+            });
+            self.free(old);
+            self.renew(node, lease, now);
+            self.suspect = Some(old.server);
         }
-    }
-
-    #[test]
-    fn write_lease_map_sync_cycle() {
-        let mut s = state();
-        let f = create(&mut s, "/f", NodeType::File, 0).unwrap();
-        assert_ne!(f.lease, 0, "creator holds the write lease");
-        let busy = s
-            .apply(MetaRequest::OpenWrite { path: "/f".into() }, 10)
-            .unwrap_err();
-        assert_eq!(busy.code, ErrorCode::Busy);
-        let (_, blocks) = map(&mut s, f.id, 0, 6, f.lease).unwrap();
-        assert_eq!(blocks.len(), 6);
-        assert_eq!(
-            blocks.iter().filter(|b| b.class == 0).count(),
-            4,
-            "DRAM first"
-        );
-        assert_eq!(
-            map(&mut s, f.id, 9, 1, f.lease).unwrap_err().code,
-            ErrorCode::OutOfRange
-        );
-        let too_big = MetaRequest::Sync {
-            node: f.id,
-            lease: f.lease,
-            size: 7 * BS as u64,
-            close: false,
-        };
-        assert_eq!(s.apply(too_big, 0).unwrap_err().code, ErrorCode::OutOfRange);
-        s.apply(
-            MetaRequest::Sync {
-                node: f.id,
-                lease: f.lease,
-                size: 5000,
-                close: true,
-            },
-            0,
-        )
-        .unwrap();
-        let (size, blocks) = map(&mut s, f.id, 0, 10, 0).unwrap();
-        assert_eq!(
-            (size, blocks.len()),
-            (5000, 2),
-            "closing trimmed the 4 unused blocks"
-        );
-        // Closed: the old lease is gone, a new writer may open.
-        let stale_lease = MetaRequest::Sync {
-            node: f.id,
-            lease: f.lease,
-            size: 5000,
-            close: false,
-        };
-        assert_eq!(
-            s.apply(stale_lease, 0).unwrap_err().code,
-            ErrorCode::LeaseExpired
-        );
-        s.apply(MetaRequest::OpenWrite { path: "/f".into() }, 0)
-            .unwrap();
-    }
-
-    #[test]
-    fn expired_lease_can_be_taken_and_node_keeps_synced_size() {
-        let mut s = state();
-        let f = create(&mut s, "/f", NodeType::File, 0).unwrap();
-        map(&mut s, f.id, 0, 2, f.lease).unwrap();
-        s.apply(
-            MetaRequest::Sync {
-                node: f.id,
-                lease: f.lease,
-                size: 100,
-                close: false,
-            },
-            0,
-        )
-        .unwrap();
-        // The writer dies; after the lease timeout another writer takes over.
-        let MetaReply::Node(n) = s
-            .apply(MetaRequest::OpenWrite { path: "/f".into() }, 5000)
-            .unwrap()
-        else {
-            panic!()
-        };
-        assert_ne!(n.lease, f.lease);
-        assert_eq!(n.size, 100, "last synced size is kept");
-        assert_eq!(
-            map(&mut s, f.id, 2, 1, f.lease).unwrap_err().code,
-            ErrorCode::LeaseExpired
-        );
-        // Deleting it returns all blocks, including the unpublished ones.
-        let before = s.alloc.free_blocks();
-        s.apply(
-            MetaRequest::Remove {
-                path: "/f".into(),
-                recursive: false,
-            },
-            0,
-        )
-        .unwrap();
-        assert_eq!(s.alloc.free_blocks(), before + 2, "no leaked blocks");
-    }
-
-    fn close(s: &mut MetaState, node: &NodeInfo, size: u64) -> Result<Option<RecordLoc>> {
-        let req = MetaRequest::Sync {
-            node: node.id,
-            lease: node.lease,
-            size,
-            close: true,
-        };
-        match s.apply(req, 0)? {
-            MetaReply::Record(r) => Ok(r),
-            r => panic!("unexpected {r:?}"),
-        }
-    }
-
-    #[test]
-    fn replaced_or_deleted_nodes_are_stale_and_their_blocks_invalidated() {
-        let mut s = state();
-        create(&mut s, "/t", NodeType::Table, 0).unwrap();
-        s.take_claims();
-        let k1 = create(&mut s, "/t/k", NodeType::KeyValue, 0).unwrap();
-        let (_, b1) = map(&mut s, k1.id, 0, 1, k1.lease).unwrap();
-        let rec = close(&mut s, &k1, 10)
-            .unwrap()
-            .expect("new key: record to write");
-        assert_eq!((rec.slot, rec.offset), (0, 0));
-        assert_eq!(
-            s.take_claims().len(),
-            1,
-            "the table's first record block is claimed"
-        );
-        let free_before = s.alloc.free_blocks();
-        let k2 = create(&mut s, "/t/k", NodeType::KeyValue, 0).unwrap();
-        map(&mut s, k2.id, 0, 1, k2.lease).unwrap();
-        assert!(
-            map(&mut s, k1.id, 0, 1, 0).is_ok(),
-            "old value readable until the put closes"
-        );
-        assert_eq!(
-            close(&mut s, &k2, 10).unwrap(),
-            None,
-            "same key keeps its record"
-        );
-        assert_eq!(
-            s.alloc.free_blocks(),
-            free_before,
-            "old block freed, new one used"
-        );
-        let inv = s.take_claims();
-        assert_eq!(inv.len(), 1);
-        assert_eq!(inv[0].block, b1[0].block);
-        assert!(
-            inv[0].gen > b1[0].gen,
-            "invalidation carries a newer generation"
-        );
-        assert_eq!(
-            map(&mut s, k1.id, 0, 1, 0).unwrap_err().code,
-            ErrorCode::Stale
-        );
-        assert_eq!(
-            map(&mut s, k1.id, 0, 1, k1.lease).unwrap_err().code,
-            ErrorCode::Stale
-        );
-        assert!(map(&mut s, k2.id, 0, 1, 0).is_ok());
-        s.apply(
-            MetaRequest::Remove {
-                path: "/t/k".into(),
-                recursive: false,
-            },
-            0,
-        )
-        .unwrap();
-        assert_eq!(
-            s.take_claims().len(),
-            1,
-            "deleted value's block invalidated"
-        );
-        let d = create(&mut s, "/d", NodeType::Directory, 0).unwrap();
-        create(&mut s, "/d/x", NodeType::File, 0).unwrap();
-        let claims = s.take_claims();
-        assert_eq!(claims.len(), 1, "a new container block is claimed");
-        let (_, blocks) = map(&mut s, d.id, 0, 1, 0).unwrap();
-        assert_eq!(
-            (claims[0].block, claims[0].gen),
-            (blocks[0].block, blocks[0].gen)
-        );
-    }
-
-    #[test]
-    fn puts_get_their_first_block_and_close_trims_unused_blocks() {
-        let mut s = state();
-        create(&mut s, "/t", NodeType::Table, 0).unwrap();
-        // The table's first record block is allocated by its first put.
-        let warm = create(&mut s, "/t/warm", NodeType::KeyValue, 0).unwrap();
-        close(&mut s, &warm, 0).unwrap();
-        let free = s.alloc.free_blocks();
-        let k = create(&mut s, "/t/k", NodeType::KeyValue, 0).unwrap();
-        let b0 = k
-            .first_block
-            .clone()
-            .expect("a put gets its first block with the create");
-        assert_eq!(s.alloc.free_blocks(), free - 1);
-        let (_, blocks) = map(&mut s, k.id, 0, 3, k.lease).unwrap();
-        assert_eq!(blocks[0], b0, "block 0 is the one handed out");
-        close(&mut s, &k, BS as u64 + 1).unwrap();
-        assert_eq!(
-            s.alloc.free_blocks(),
-            free - 2,
-            "the third block was never needed"
-        );
-        let e = create(&mut s, "/t/empty", NodeType::KeyValue, 0).unwrap();
-        close(&mut s, &e, 0).unwrap();
-        assert_eq!(
-            s.alloc.free_blocks(),
-            free - 2,
-            "an empty value keeps no block"
-        );
-        let f = create(&mut s, "/f", NodeType::File, 0).unwrap();
-        assert!(
-            f.first_block.is_none(),
-            "Files may stay empty: no block up front"
-        );
-    }
-
-    #[test]
-    fn abandoned_puts_are_swept() {
-        let mut s = state();
-        create(&mut s, "/t", NodeType::Table, 0).unwrap();
-        let free = s.alloc.free_blocks();
-        let k = create(&mut s, "/t/k", NodeType::KeyValue, 0).unwrap();
-        map(&mut s, k.id, 0, 2, k.lease).unwrap();
-        assert_eq!(s.sweep_abandoned_puts(500, 100), 0, "lease still valid");
-        assert_eq!(s.sweep_abandoned_puts(1100, 100), 1);
-        assert_eq!(s.alloc.free_blocks(), free, "no leaked blocks");
-        assert_eq!(close(&mut s, &k, 0).unwrap_err().code, ErrorCode::Stale);
-    }
-
-    #[test]
-    fn container_records_get_space_and_slots() {
-        let mut s = state();
-        let d = create(&mut s, "/d", NodeType::Directory, 0).unwrap();
-        assert!(d.record.is_some(), "root is enumerable: /d needs a record");
-        let per_block = BS as u64 / RECORD_SIZE as u64;
-        for i in 0..per_block + 1 {
-            let f = create(&mut s, &format!("/d/f{i}"), NodeType::File, 0).unwrap();
-            let r = f.record.unwrap();
-            assert_eq!(r.container, d.id);
-            assert_eq!(r.slot as u64, i);
-            assert_eq!(r.offset as u64, (i % per_block) * RECORD_SIZE as u64);
-        }
-        let (size, blocks) = map(&mut s, d.id, 0, 10, 0).unwrap();
-        assert_eq!(
-            size,
-            (per_block + 1) * RECORD_SIZE as u64,
-            "container data length"
-        );
-        assert_eq!(blocks.len(), 2);
-        let MetaReply::Listing { slots, live, .. } = s
-            .apply(MetaRequest::Enumerate { path: "/d".into() }, 0)
-            .unwrap()
-        else {
-            panic!()
-        };
-        assert_eq!(slots as u64, per_block + 1);
-        assert_eq!(
-            live.iter().map(|b| b.count_ones()).sum::<u32>() as u64,
-            per_block + 1
-        );
-        let MetaReply::Record(Some(clear)) = s
-            .apply(
-                MetaRequest::Remove {
-                    path: "/d/f3".into(),
-                    recursive: false,
-                },
-                0,
-            )
-            .unwrap()
-        else {
-            panic!()
-        };
-        assert_eq!(clear.slot, 3);
-        s.apply(
-            MetaRequest::ReleaseSlot {
-                container: d.id,
-                slot: 3,
-            },
-            0,
-        )
-        .unwrap();
-        let again = create(&mut s, "/d/g", NodeType::File, 0).unwrap();
-        assert_eq!(again.record.unwrap().slot, 3, "released slot reused");
-        let e = s.apply(
-            MetaRequest::Map {
-                node: d.id,
-                index: 0,
-                count: 1,
-                alloc: true,
-                lease: 1,
-            },
-            0,
-        );
-        assert_eq!(
-            e.unwrap_err().code,
-            ErrorCode::TypeMismatch,
-            "containers are not client-written"
-        );
-    }
-
-    #[test]
-    fn no_space_keeps_earlier_data_and_recovers_after_delete() {
-        let mut s = state();
-        let f = create(&mut s, "/f", NodeType::File, 0).unwrap();
-        let (_, got) = map(&mut s, f.id, 0, 100, f.lease).unwrap();
-        assert_eq!(got.len(), 12, "partial allocation up to capacity");
-        assert_eq!(
-            map(&mut s, f.id, 12, 1, f.lease).unwrap_err().code,
-            ErrorCode::NoSpace
-        );
-        s.apply(
-            MetaRequest::Sync {
-                node: f.id,
-                lease: f.lease,
-                size: 12 * BS as u64,
-                close: true,
-            },
-            0,
-        )
-        .unwrap();
-        let g = create(&mut s, "/g", NodeType::File, 0).unwrap();
-        assert_eq!(
-            map(&mut s, g.id, 0, 1, g.lease).unwrap_err().code,
-            ErrorCode::NoSpace
-        );
-        assert_eq!(
-            map(&mut s, f.id, 0, 100, 0).unwrap().1.len(),
-            12,
-            "earlier data still mapped"
-        );
-        s.apply(
-            MetaRequest::Remove {
-                path: "/f".into(),
-                recursive: false,
-            },
-            0,
-        )
-        .unwrap();
-        let (_, got) = map(&mut s, g.id, 0, 1, g.lease).unwrap();
-        assert_eq!(got[0].class, 0, "freed DRAM is used first again");
-    }
-
-    #[test]
-    fn dead_server_blocks_report_data_lost() {
-        let mut s = state();
-        let f = create(&mut s, "/f", NodeType::File, 0).unwrap();
-        let (_, b) = map(&mut s, f.id, 0, 1, f.lease).unwrap();
-        s.apply(
-            MetaRequest::Sync {
-                node: f.id,
-                lease: f.lease,
-                size: 10,
-                close: true,
-            },
-            0,
-        )
-        .unwrap();
-        // Only the other server keeps heartbeating.
-        let other = if b[0].server == 1 { 2 } else { 1 };
-        s.apply(MetaRequest::Heartbeat { server: other }, 5000)
-            .unwrap();
-        s.alloc.expire(5000, 1000);
-        assert_eq!(
-            map(&mut s, f.id, 0, 1, 0).unwrap_err().code,
-            ErrorCode::DataLost
-        );
-        let MetaReply::Node(info) = s
-            .apply(MetaRequest::Lookup { path: "/f".into() }, 0)
-            .unwrap()
-        else {
-            panic!()
-        };
-        assert!(info.first_block.is_none());
-        let g = create(&mut s, "/g", NodeType::File, 0).unwrap();
-        let (_, b2) = map(&mut s, g.id, 0, 1, g.lease).unwrap();
-        assert_eq!(b2[0].server, other, "dead server gets no new blocks");
+        // Otherwise the caller's location was outdated: it gets the current
+        // one and tries that.
+        Ok(Reply::Blocks {
+            node,
+            index,
+            count: 1,
+        })
     }
 }
+
+enum Link {
+    /// Replaces this KeyValue.
+    Replace(NodeId),
+    /// A new child with this record slot.
+    New(Option<u32>),
+}
+
+#[cfg(test)]
+mod tests;

@@ -149,6 +149,8 @@ impl Sim {
                 block_size: 4096,
                 first_block: 0,
                 num_blocks: 100_000,
+                identity: "model".into(),
+                incarnation: 1,
             }),
             0,
         )
@@ -301,12 +303,12 @@ proptest! {
                     .map(|k| k.rsplit('/').next().unwrap().to_string())
                     .collect();
                 prop_assert_eq!(sim.enumerate(&c), expect.clone(), "data-plane listing of {}", c);
-                let authority: BTreeSet<String> = sim.st.ns.children(&c).unwrap().into_iter().collect();
+                let authority: BTreeSet<String> = sim.st.ns().children(&c).unwrap().into_iter().collect();
                 prop_assert_eq!(authority, expect, "metadata listing of {}", c);
             }
             for (p, ty) in &model {
-                let id = sim.st.ns.resolve(p).unwrap();
-                prop_assert_eq!(sim.st.ns.get(id).unwrap().ty, *ty);
+                let id = sim.st.ns().resolve(p).unwrap();
+                prop_assert_eq!(sim.st.ns().get(id).unwrap().ty, *ty);
             }
         }
     }

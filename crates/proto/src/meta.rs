@@ -23,6 +23,8 @@ pub mod op {
     pub const RELEASE_SLOT: u16 = 12;
     pub const RECORD_NAMES: u16 = 13;
     pub const LOCAL_SOCKET: u16 = 14;
+    pub const ABORT: u16 = 15;
+    pub const REPLACE_BLOCK: u16 = 16;
 }
 
 /// Most blocks one map request may ask for.
@@ -97,6 +99,24 @@ pub enum MetaRequest {
     /// The abstract Unix socket this server also listens on, for clients
     /// on the same host (empty payload).
     LocalSocket,
+    /// The writer gives up: a KeyValue put that has not closed is dropped
+    /// with its blocks; any other node keeps its published size, gives back
+    /// the blocks beyond it and loses its write lease.
+    Abort {
+        node: u64,
+        lease: u64,
+    },
+    /// The writer could not reach the storage server of block `index`
+    /// (whose location had generation `gen`): give that block a new place
+    /// on another server. Only for a block the writer holds every byte of
+    /// (nothing of it was published); the reply is `Blocks` with the new
+    /// location.
+    ReplaceBlock {
+        node: u64,
+        lease: u64,
+        index: u64,
+        gen: u64,
+    },
 }
 
 impl MetaRequest {
@@ -116,6 +136,8 @@ impl MetaRequest {
             MetaRequest::ReleaseSlot { .. } => op::RELEASE_SLOT,
             MetaRequest::RecordNames { .. } => op::RECORD_NAMES,
             MetaRequest::LocalSocket => op::LOCAL_SOCKET,
+            MetaRequest::Abort { .. } => op::ABORT,
+            MetaRequest::ReplaceBlock { .. } => op::REPLACE_BLOCK,
         }
     }
 
@@ -182,6 +204,17 @@ impl MetaRequest {
                     e.u32(*s);
                 }
             }
+            MetaRequest::Abort { node, lease } => {
+                e.u64(*node).u64(*lease);
+            }
+            MetaRequest::ReplaceBlock {
+                node,
+                lease,
+                index,
+                gen,
+            } => {
+                e.u64(*node).u64(*lease).u64(*index).u64(*gen);
+            }
         }
     }
 
@@ -238,6 +271,16 @@ impl MetaRequest {
                 }
                 MetaRequest::RecordNames { container, slots }
             }
+            op::ABORT => MetaRequest::Abort {
+                node: d.u64()?,
+                lease: d.u64()?,
+            },
+            op::REPLACE_BLOCK => MetaRequest::ReplaceBlock {
+                node: d.u64()?,
+                lease: d.u64()?,
+                index: d.u64()?,
+                gen: d.u64()?,
+            },
             other => return Err(Error::protocol(format!("unknown metadata op {other}"))),
         };
         if d.remaining() != 0 {
@@ -255,7 +298,7 @@ impl MetaRequest {
 pub enum MetaReply {
     /// Create, Lookup, OpenWrite.
     Node(NodeInfo),
-    /// Heartbeat, ReleaseSlot.
+    /// Heartbeat, ReleaseSlot, Abort.
     Done,
     /// Remove: the record to clear; Sync: the record to write (a closed
     /// KeyValue that took a new slot).
@@ -275,7 +318,8 @@ pub enum MetaReply {
         slots: u32,
         live: Vec<u8>,
     },
-    /// Map: the node's published size and the requested block locations.
+    /// Map, ReplaceBlock: the node's published size and the requested
+    /// block locations.
     Blocks { size: u64, blocks: Vec<BlockLoc> },
     /// RecordNames: (slot, type, name) of each requested slot that is live.
     Names(Vec<(u32, NodeType, String)>),
@@ -334,7 +378,7 @@ impl MetaReply {
         let mut d = Dec::new(payload, "metadata reply");
         let reply = match opcode {
             op::CREATE | op::LOOKUP | op::OPEN_WRITE => MetaReply::Node(NodeInfo::decode(&mut d)?),
-            op::HEARTBEAT | op::RELEASE_SLOT => MetaReply::Done,
+            op::HEARTBEAT | op::RELEASE_SLOT | op::ABORT => MetaReply::Done,
             op::REMOVE | op::SYNC => MetaReply::Record(RecordLoc::decode_opt(&mut d)?),
             op::MOVE => MetaReply::Moved {
                 ty: NodeType::from_u8(d.u8()?)?,
@@ -359,7 +403,7 @@ impl MetaReply {
                     live,
                 }
             }
-            op::MAP => {
+            op::MAP | op::REPLACE_BLOCK => {
                 let size = d.u64()?;
                 let n = d.count(BlockLoc::MIN_LEN)?;
                 let mut blocks = Vec::with_capacity(n);
@@ -440,6 +484,8 @@ mod tests {
                 block_size: 1 << 20,
                 first_block: 0,
                 num_blocks: 64,
+                identity: "0123abcd".into(),
+                incarnation: 7,
             }),
             MetaRequest::Heartbeat { server: 5 },
             MetaRequest::Status,
@@ -452,6 +498,13 @@ mod tests {
                 slots: vec![1, 5, 9],
             },
             MetaRequest::LocalSocket,
+            MetaRequest::Abort { node: 9, lease: 77 },
+            MetaRequest::ReplaceBlock {
+                node: 9,
+                lease: 77,
+                index: 2,
+                gen: 123,
+            },
         ]
     }
 
@@ -512,6 +565,11 @@ mod tests {
         let status = ClusterStatus {
             block_size: 1 << 20,
             nodes: 3,
+            puts_in_progress: 1,
+            reclaiming: 2,
+            partition: 1,
+            partitions: 2,
+            expected_servers: 1,
             classes: vec![crate::types::ClassInfo {
                 class: 0,
                 name: "dram".into(),
@@ -529,6 +587,7 @@ mod tests {
                 used_blocks: 2,
                 alive: true,
                 last_seen_ms: 5,
+                identity: "abc".into(),
             }],
         };
         let cases = [

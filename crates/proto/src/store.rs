@@ -13,7 +13,12 @@ pub mod op {
     pub const WRITE: u16 = 2;
     pub const PING: u16 = 3;
     pub const SHM_INFO: u16 = 4;
+    pub const CLAIM: u16 = 5;
+    pub const COPY: u16 = 6;
 }
+
+/// Most (block, generation) pairs one `Claim` request may carry.
+pub const MAX_CLAIM_BATCH: usize = 4096;
 
 /// Bytes of the fixed part of a write request (block, gen, offset).
 pub const WRITE_PREFIX_LEN: usize = 4 + 8 + 4;
@@ -35,6 +40,23 @@ pub enum StoreRequest<'a> {
     Ping,
     /// Where to map this server's memory from (empty payload).
     ShmInfo,
+    /// Claim each block with its generation (a zero-length write each):
+    /// the metadata server's batched invalidations and fences. A block whose
+    /// generation is already newer is left alone (it moved on).
+    Claim {
+        claims: Vec<(u32, u64)>,
+    },
+    /// Copy the whole block `src_block` (generation `src_gen`) of the
+    /// storage server at `src_addr` into this server's `block`, claiming it
+    /// with `gen`: a block move, ordered by the metadata server. The bytes
+    /// go from server to server.
+    Copy {
+        block: u32,
+        gen: u64,
+        src_addr: String,
+        src_block: u32,
+        src_gen: u64,
+    },
 }
 
 impl<'a> StoreRequest<'a> {
@@ -44,6 +66,8 @@ impl<'a> StoreRequest<'a> {
             StoreRequest::Write { .. } => op::WRITE,
             StoreRequest::Ping => op::PING,
             StoreRequest::ShmInfo => op::SHM_INFO,
+            StoreRequest::Claim { .. } => op::CLAIM,
+            StoreRequest::Copy { .. } => op::COPY,
         }
     }
 
@@ -68,6 +92,27 @@ impl<'a> StoreRequest<'a> {
                 buf.extend_from_slice(data);
             }
             StoreRequest::Ping | StoreRequest::ShmInfo => {}
+            StoreRequest::Claim { claims } => {
+                let e = &mut Enc(buf);
+                e.u32(claims.len() as u32);
+                for (block, gen) in claims {
+                    e.u32(*block).u64(*gen);
+                }
+            }
+            StoreRequest::Copy {
+                block,
+                gen,
+                src_addr,
+                src_block,
+                src_gen,
+            } => {
+                Enc(buf)
+                    .u32(*block)
+                    .u64(*gen)
+                    .str(src_addr)
+                    .u32(*src_block)
+                    .u64(*src_gen);
+            }
         }
     }
 
@@ -103,6 +148,31 @@ impl<'a> StoreRequest<'a> {
             op::SHM_INFO => {
                 d.finish()?;
                 StoreRequest::ShmInfo
+            }
+            op::CLAIM => {
+                let n = d.count(4 + 8)?;
+                if n > MAX_CLAIM_BATCH {
+                    return Err(Error::protocol(format!(
+                        "claim batch of {n} blocks exceeds the limit of {MAX_CLAIM_BATCH}"
+                    )));
+                }
+                let mut claims = Vec::with_capacity(n);
+                for _ in 0..n {
+                    claims.push((d.u32()?, d.u64()?));
+                }
+                d.finish()?;
+                StoreRequest::Claim { claims }
+            }
+            op::COPY => {
+                let r = StoreRequest::Copy {
+                    block: d.u32()?,
+                    gen: d.u64()?,
+                    src_addr: d.string()?,
+                    src_block: d.u32()?,
+                    src_gen: d.u64()?,
+                };
+                d.finish()?;
+                r
             }
             other => return Err(Error::protocol(format!("unknown storage op {other}"))),
         };
@@ -172,6 +242,17 @@ mod tests {
             },
             StoreRequest::Ping,
             StoreRequest::ShmInfo,
+            StoreRequest::Claim { claims: vec![] },
+            StoreRequest::Claim {
+                claims: vec![(1, 2), (u32::MAX, u64::MAX)],
+            },
+            StoreRequest::Copy {
+                block: 1,
+                gen: 2,
+                src_addr: "127.0.0.1:7".into(),
+                src_block: 3,
+                src_gen: 4,
+            },
         ] {
             let mut b = BytesMut::new();
             r.encode(&mut b);
@@ -181,6 +262,12 @@ mod tests {
         assert!(StoreRequest::decode(op::READ, &[0; 21]).is_err());
         assert!(StoreRequest::decode(op::WRITE, &[0; 15]).is_err());
         assert!(StoreRequest::decode(42, &[]).is_err());
+        let mut too_many = BytesMut::new();
+        StoreRequest::Claim {
+            claims: vec![(0, 1); MAX_CLAIM_BATCH + 1],
+        }
+        .encode(&mut too_many);
+        assert!(StoreRequest::decode(op::CLAIM, &too_many).is_err());
         assert!(StoreRequest::decode(op::SHM_INFO, &[0]).is_err());
     }
 

@@ -253,6 +253,12 @@ impl NodeInfo {
 /// What a storage server announces when it registers: blocks
 /// `[first_block, first_block + num_blocks)` of `block_size` bytes at
 /// `addr`, in storage class `class`.
+///
+/// `identity` names the server for good (kept in its data directory, or
+/// random for a server without one); `incarnation` is random per process
+/// start. The same identity and incarnation registering again is a retry
+/// and gets the same id; a new incarnation is a restarted server, whose
+/// earlier blocks are gone.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerSpec {
     pub addr: String,
@@ -263,6 +269,8 @@ pub struct ServerSpec {
     pub block_size: u32,
     pub first_block: u32,
     pub num_blocks: u32,
+    pub identity: String,
+    pub incarnation: u64,
 }
 
 impl ServerSpec {
@@ -274,7 +282,9 @@ impl ServerSpec {
             .str(&self.location)
             .u32(self.block_size)
             .u32(self.first_block)
-            .u32(self.num_blocks);
+            .u32(self.num_blocks)
+            .str(&self.identity)
+            .u64(self.incarnation);
     }
 
     pub(crate) fn decode(d: &mut Dec) -> Result<ServerSpec> {
@@ -287,6 +297,8 @@ impl ServerSpec {
             block_size: d.u32()?,
             first_block: d.u32()?,
             num_blocks: d.u32()?,
+            identity: d.string()?,
+            incarnation: d.u64()?,
         })
     }
 }
@@ -306,10 +318,12 @@ pub struct ServerStatus {
     pub alive: bool,
     /// Milliseconds since the last heartbeat.
     pub last_seen_ms: u64,
+    /// The server's stable identity (see [`ServerSpec::identity`]).
+    pub identity: String,
 }
 
 impl ServerStatus {
-    const MIN_LEN: usize = 4 + 4 + 1 + 4 + 4 + 4 + 4 + 8 + 8 + 1 + 8;
+    const MIN_LEN: usize = 4 + 4 + 1 + 4 + 4 + 4 + 4 + 8 + 8 + 1 + 8 + 4;
     fn encode(&self, e: &mut Enc) {
         e.u32(self.id)
             .str(&self.addr)
@@ -321,7 +335,8 @@ impl ServerStatus {
             .u64(self.capacity_blocks)
             .u64(self.used_blocks)
             .bool(self.alive)
-            .u64(self.last_seen_ms);
+            .u64(self.last_seen_ms)
+            .str(&self.identity);
     }
     fn decode(d: &mut Dec) -> Result<ServerStatus> {
         Ok(ServerStatus {
@@ -336,6 +351,7 @@ impl ServerStatus {
             used_blocks: d.u64()?,
             alive: d.bool()?,
             last_seen_ms: d.u64()?,
+            identity: d.string()?,
         })
     }
 }
@@ -371,17 +387,37 @@ impl ClassInfo {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterStatus {
     pub block_size: u32,
-    /// Number of nodes in this metadata partition (the root included).
+    /// Nodes reachable in this metadata partition (the root included).
     pub nodes: u64,
+    /// KeyValue puts not closed yet.
+    pub puts_in_progress: u64,
+    /// Removed nodes whose blocks are still being reclaimed.
+    pub reclaiming: u64,
+    /// This server's partition and the number of partitions.
+    pub partition: u32,
+    pub partitions: u32,
+    /// Live storage servers this metadata server waits for before it calls
+    /// itself ready (`meta.expect_servers`).
+    pub expected_servers: u32,
     /// Configured storage classes (names and prices).
     pub classes: Vec<ClassInfo>,
     pub servers: Vec<ServerStatus>,
 }
 
 impl ClusterStatus {
+    /// Whether at least the expected number of storage servers is alive.
+    pub fn is_ready(&self) -> bool {
+        self.servers.iter().filter(|s| s.alive).count() >= self.expected_servers as usize
+    }
+
     pub(crate) fn encode(&self, e: &mut Enc) {
         e.u32(self.block_size)
             .u64(self.nodes)
+            .u64(self.puts_in_progress)
+            .u64(self.reclaiming)
+            .u32(self.partition)
+            .u32(self.partitions)
+            .u32(self.expected_servers)
             .u32(self.classes.len() as u32);
         for c in &self.classes {
             c.encode(e);
@@ -394,6 +430,11 @@ impl ClusterStatus {
     pub(crate) fn decode(d: &mut Dec) -> Result<ClusterStatus> {
         let block_size = d.u32()?;
         let nodes = d.u64()?;
+        let puts_in_progress = d.u64()?;
+        let reclaiming = d.u64()?;
+        let partition = d.u32()?;
+        let partitions = d.u32()?;
+        let expected_servers = d.u32()?;
         let n = d.count(ClassInfo::MIN_LEN)?;
         let mut classes = Vec::with_capacity(n);
         for _ in 0..n {
@@ -407,6 +448,11 @@ impl ClusterStatus {
         Ok(ClusterStatus {
             block_size,
             nodes,
+            puts_in_progress,
+            reclaiming,
+            partition,
+            partitions,
+            expected_servers,
             classes,
             servers,
         })

@@ -23,7 +23,12 @@ pub(crate) struct StoreHandler {
     /// Abstract socket name handing out the DRAM region; empty when the
     /// memory is not shared.
     shm_name: String,
+    /// Connections to other storage servers, for block copies.
+    peers: ConnectionPool,
 }
+
+/// Bytes a block copy moves per request.
+const COPY_CHUNK: u32 = 1 << 20;
 
 impl Handler for StoreHandler {
     async fn handle(&self, op: u16, payload: Bytes, out: &mut BytesMut) -> Result<()> {
@@ -45,7 +50,73 @@ impl Handler for StoreHandler {
                 encode_shm_info(out, &self.shm_name);
                 Ok(())
             }
+            StoreRequest::Claim { claims } => self.claim(&claims).await,
+            StoreRequest::Copy {
+                block,
+                gen,
+                src_addr,
+                src_block,
+                src_gen,
+            } => self.copy(block, gen, &src_addr, src_block, src_gen).await,
         }
+    }
+}
+
+impl StoreHandler {
+    /// Claims each block with its generation (a zero-length write). A block
+    /// already claimed by a newer owner is fine: the claim's purpose, that
+    /// nobody older writes there, holds. Every claim is tried; the first
+    /// other error is returned.
+    async fn claim(&self, claims: &[(u32, u64)]) -> Result<()> {
+        let mut first_err = None;
+        for &(block, gen) in claims {
+            match self.store.write(block, gen, 0, &[]).await {
+                Ok(()) => {}
+                Err(e) if e.code == ErrorCode::Stale => {}
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Copies block `src_block` (at `src_gen`) of the storage server at
+    /// `src_addr` into `block`, claimed with `gen`.
+    async fn copy(
+        &self,
+        block: u32,
+        gen: u64,
+        src_addr: &str,
+        src_block: u32,
+        src_gen: u64,
+    ) -> Result<()> {
+        let bs = self.store.block_size();
+        // Claim first: a failed copy leaves the target claimed (the
+        // metadata server frees it), never with an older owner's bytes.
+        self.store.write(block, gen, 0, &[]).await?;
+        let mut offset = 0;
+        while offset < bs {
+            let len = COPY_CHUNK.min(bs - offset);
+            let req = StoreRequest::Read {
+                block: src_block,
+                gen: src_gen,
+                offset,
+                len,
+            };
+            let mut buf = BytesMut::new();
+            req.encode(&mut buf);
+            let data = self.peers.call(src_addr, req.op(), &[&buf]).await?;
+            if data.len() != len as usize {
+                return Err(Error::protocol(format!(
+                    "storage server {src_addr} returned {} bytes of block {src_block} for a read of {len}",
+                    data.len()
+                )));
+            }
+            self.store.write(block, gen, offset, &data).await?;
+            offset += len;
+        }
+        Ok(())
     }
 }
 
@@ -254,6 +325,7 @@ impl StorageServer {
                     .as_ref()
                     .map(|s| s.name().to_string())
                     .unwrap_or_default(),
+                peers: ConnectionPool::new(cfg.rpc_timeout),
             }),
             nodekernel_rpc::ServeOptions {
                 spin: cfg.poll_spin,
@@ -286,6 +358,13 @@ impl StorageServer {
                     block_size: cfg.block_size,
                     first_block,
                     num_blocks: count,
+                    identity: advertise
+                        .chars()
+                        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+                        .collect(),
+                    incarnation: std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(1, |d| d.as_nanos() as u64),
                 })
             })
             .collect();

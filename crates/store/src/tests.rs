@@ -442,9 +442,15 @@ async fn registers_and_heartbeats() {
         vec![Some(7)],
         "registered before start returns"
     );
+    let regs = meta.registrations();
+    let MetaRequest::Register(got) = &regs[0] else {
+        panic!("not a registration: {regs:?}")
+    };
     assert_eq!(
-        meta.registrations(),
+        regs,
         vec![MetaRequest::Register(nodekernel_proto::ServerSpec {
+            identity: got.identity.clone(),
+            incarnation: got.incarnation,
             addr: srv.local_addr().to_string(),
             class: 2,
             class_name: "fast".into(),
@@ -737,4 +743,73 @@ async fn many_clients_map_one_server() {
     }
     assert_eq!(a.store().generation(1), Some(17));
     assert_eq!(b.store().generation(1), Some(0), "another server's memory");
+}
+
+/// `Claim` stamps each block, leaving alone a block already claimed by a
+/// newer owner; `Copy` pulls a whole block from another storage server,
+/// only at the source generation it names.
+async fn claims_and_copies(medium: MediumKind) {
+    let a = StorageServer::start(cfg(MediumKind::Dram, 4))
+        .await
+        .unwrap();
+    let b = StorageServer::start(cfg(medium, 4)).await.unwrap();
+    let ca = Connection::connect(&a.local_addr().to_string(), TIMEOUT)
+        .await
+        .unwrap();
+    let cb = Connection::connect(&b.local_addr().to_string(), TIMEOUT)
+        .await
+        .unwrap();
+    let data: Vec<u8> = (0..BS).map(|i| (i % 251) as u8).collect();
+    write(&ca, 1, 5, 0, &data).await.unwrap();
+    call(
+        &ca,
+        StoreRequest::Claim {
+            claims: vec![(1, 3), (2, 7)],
+        },
+    )
+    .await
+    .expect("an older claim is not an error");
+    assert_eq!(a.store().generation(1), Some(5), "the newer owner stays");
+    assert_eq!(a.store().generation(2), Some(7));
+    let bad = call(
+        &ca,
+        StoreRequest::Claim {
+            claims: vec![(2, 8), (99, 9)],
+        },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(bad.code, ErrorCode::OutOfRange, "{bad}");
+    assert_eq!(
+        a.store().generation(2),
+        Some(8),
+        "the good claims still apply"
+    );
+
+    let copy = |src_gen| StoreRequest::Copy {
+        block: 0,
+        gen: 9,
+        src_addr: a.local_addr().to_string(),
+        src_block: 1,
+        src_gen,
+    };
+    let stale = call(&cb, copy(4)).await.unwrap_err();
+    assert_eq!(stale.code, ErrorCode::Stale, "{stale}");
+    call(&cb, copy(5)).await.unwrap();
+    assert_eq!(read(&cb, 0, 9, 0, BS).await.unwrap(), data);
+    assert_eq!(b.store().generation(0), Some(9));
+}
+
+#[tokio::test]
+async fn claims_and_copies_dram() {
+    claims_and_copies(MediumKind::Dram).await;
+}
+
+#[tokio::test]
+async fn claims_and_copies_file() {
+    let dir = tempfile::tempdir().unwrap();
+    claims_and_copies(MediumKind::File {
+        path: dir.path().join("copy.blocks"),
+    })
+    .await;
 }

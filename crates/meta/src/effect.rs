@@ -1,0 +1,93 @@
+//! Effects: the only way the metadata state changes.
+//!
+//! [`MetaState::decide`](crate::MetaState::decide) looks at the state and a
+//! request and returns the effects that carry the request out, without
+//! changing anything; [`MetaState::apply_effect`](crate::MetaState::apply_effect)
+//! applies one. Effects carry every choice a decision made — node ids,
+//! blocks and their generations, lease ids and expiry times, record slots —
+//! so applying a list of effects to the state it was decided on always
+//! gives the same state, with no clock read and nothing re-decided. That is
+//! what an operation log writes (and a replica replays), and what the
+//! deterministic simulation checks after every step.
+//!
+//! The order inside one decision matters: each effect's preconditions hold
+//! once the effects before it are applied (e.g. a node's blocks are freed
+//! by `BlockFreed` effects before the `Dropped` effect that drops it).
+
+use crate::alloc::BlockRef;
+use crate::namespace::{Lease, NewNode, NodeId};
+use nodekernel_proto::ServerSpec;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// A node is added, unlinked. A KeyValue put stays unlinked until its
+    /// close; any other node is linked by the `Linked` effect that follows.
+    NodeCreated(NewNode),
+    /// Node `id` is linked into its parent under its name, with record
+    /// `slot` (`None` when the parent keeps no records).
+    Linked { id: NodeId, slot: Option<u32> },
+    /// The closed put `new` takes the place (and record slot) of the
+    /// KeyValue `old` at the same path; `old` is dropped.
+    Replaced { old: NodeId, new: NodeId },
+    /// Node `id` is unlinked from its parent (its record slot is to be
+    /// cleared) and its subtree waits in the graveyard until reaped.
+    Unlinked { id: NodeId },
+    /// Nodes dropped for good, children before parents: reaped nodes and
+    /// puts that never closed.
+    Dropped { ids: Vec<NodeId> },
+    /// Node `id` moves under `parent` as `name`, with record `slot`; its old
+    /// record slot is to be cleared.
+    Moved {
+        id: NodeId,
+        parent: NodeId,
+        name: String,
+        slot: Option<u32>,
+    },
+    /// A client cleared record `slot` of `container`: it may be reused.
+    SlotReleased { container: NodeId, slot: u32 },
+    /// `block` (taken from its server's free list) is appended to `node`.
+    BlockAdded { node: NodeId, block: BlockRef },
+    /// Block `index` of `node` is now `block` (taken from its server's free
+    /// list); the one it replaces is freed by its own effect.
+    BlockSwapped {
+        node: NodeId,
+        index: u64,
+        block: BlockRef,
+    },
+    /// `node` keeps only its first `len` blocks (the others were freed).
+    BlocksTruncated { node: NodeId, len: u64 },
+    /// A block goes back to its server's free list; `block.gen` is the fresh
+    /// generation it is claimed with.
+    BlockFreed { block: BlockRef },
+    /// Block `index` of `node` gets generation `gen` (a fence: every
+    /// location with the old generation is refused from now on).
+    BlockStamped { node: NodeId, index: u64, gen: u64 },
+    /// `node`'s published size.
+    SizeSet { node: NodeId, size: u64 },
+    /// `node`'s write lease (granted or renewed).
+    LeaseSet { node: NodeId, lease: Lease },
+    /// `node` has no writer any more.
+    LeaseCleared { node: NodeId },
+    /// A storage server joins under `id`.
+    ServerAdded { id: u32, spec: ServerSpec },
+    /// A storage server is gone for good; its blocks are lost.
+    ServerRetired { id: u32 },
+    /// A move of block `index` of `node` to `to` (taken from its server's
+    /// free list) begins: the block is fenced with generation `fence`, so
+    /// its data can be copied while nobody writes it, and maps of it answer
+    /// `TryAgain` until the move ends.
+    MoveStarted {
+        node: NodeId,
+        index: u64,
+        to: BlockRef,
+        fence: u64,
+    },
+    /// The move of block `index` of `node` ends: with `done`, the block is
+    /// now the move's target (the old one is freed by its own effect);
+    /// without, the target is given up (freed by its own effect).
+    MoveEnded {
+        node: NodeId,
+        index: u64,
+        done: bool,
+    },
+}

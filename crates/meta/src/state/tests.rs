@@ -1,0 +1,974 @@
+use super::*;
+use nodekernel_proto::{ErrorCode, NodeType, ServerSpec, NO_CLASS};
+use NodeType::*;
+
+const BS: u32 = 4096;
+
+fn spec(addr: &str, class: u8, n: u32) -> ServerSpec {
+    ServerSpec {
+        addr: addr.into(),
+        class,
+        class_name: format!("c{class}"),
+        medium: "dram".into(),
+        location: "h".into(),
+        block_size: BS,
+        first_block: 0,
+        num_blocks: n,
+        identity: format!("id-{}", addr.replace(':', "-")),
+        incarnation: 1,
+    }
+}
+
+/// 4 DRAM blocks (class 0) and 9 file blocks (class 1); the root's first
+/// record block (from the slowest class) is taken up front, so tests see 4
+/// free DRAM and 8 file blocks.
+fn state() -> MetaState {
+    let mut s = MetaState::new(BS, 1000, 1);
+    for (class, n) in [(0u8, 4u32), (1, 9)] {
+        s.apply(
+            MetaRequest::Register(spec(&format!("h:{class}"), class, n)),
+            0,
+        )
+        .unwrap();
+    }
+    create(&mut s, "/setup", Directory, 0).unwrap();
+    s.check_invariants().unwrap();
+    s
+}
+
+fn create(s: &mut MetaState, path: &str, ty: NodeType, now: u64) -> Result<NodeInfo> {
+    create_with(s, path, ty, NO_CLASS, true, now)
+}
+
+fn create_with(
+    s: &mut MetaState,
+    path: &str,
+    ty: NodeType,
+    class: u8,
+    enumerable: bool,
+    now: u64,
+) -> Result<NodeInfo> {
+    match s.apply(
+        MetaRequest::Create {
+            path: path.into(),
+            ty,
+            storage_class: class,
+            location: String::new(),
+            enumerable,
+        },
+        now,
+    )? {
+        MetaReply::Node(n) => Ok(n),
+        r => panic!("unexpected {r:?}"),
+    }
+}
+
+fn lookup(s: &mut MetaState, path: &str) -> Result<NodeInfo> {
+    match s.apply(MetaRequest::Lookup { path: path.into() }, 0)? {
+        MetaReply::Node(n) => Ok(n),
+        r => panic!("unexpected {r:?}"),
+    }
+}
+
+fn remove(s: &mut MetaState, path: &str, recursive: bool) -> Result<Option<RecordLoc>> {
+    match s.apply(
+        MetaRequest::Remove {
+            path: path.into(),
+            recursive,
+        },
+        0,
+    )? {
+        MetaReply::Record(r) => Ok(r),
+        r => panic!("unexpected {r:?}"),
+    }
+}
+
+fn map(
+    s: &mut MetaState,
+    node: u64,
+    index: u64,
+    count: u32,
+    lease: u64,
+) -> Result<(u64, Vec<BlockLoc>)> {
+    match s.apply(
+        MetaRequest::Map {
+            node,
+            index,
+            count,
+            alloc: lease != 0,
+            lease,
+        },
+        0,
+    )? {
+        MetaReply::Blocks { size, blocks } => Ok((size, blocks)),
+        r => panic!("unexpected {r:?}"),
+    }
+}
+
+fn sync(s: &mut MetaState, n: &NodeInfo, size: u64, close: bool) -> Result<Option<RecordLoc>> {
+    let req = MetaRequest::Sync {
+        node: n.id,
+        lease: n.lease,
+        size,
+        close,
+    };
+    match s.apply(req, 0)? {
+        MetaReply::Record(r) => Ok(r),
+        r => panic!("unexpected {r:?}"),
+    }
+}
+
+fn close(s: &mut MetaState, n: &NodeInfo, size: u64) -> Result<Option<RecordLoc>> {
+    sync(s, n, size, true)
+}
+
+/// A put: create the KeyValue, write `blocks` blocks, close at `size`.
+fn put(s: &mut MetaState, path: &str, size: u64) -> Result<NodeInfo> {
+    let k = create(s, path, KeyValue, 0)?;
+    if size > 0 {
+        map(s, k.id, 0, size.div_ceil(BS as u64) as u32, k.lease)?;
+    }
+    close(s, &k, size)?;
+    Ok(k)
+}
+
+fn children(s: &MetaState, path: &str) -> Vec<String> {
+    s.ns().children(path).unwrap()
+}
+
+#[test]
+fn decisions_change_nothing_and_effects_replay_to_the_same_state() {
+    let mut s = state();
+    create(&mut s, "/t", Table, 0).unwrap();
+    let before = s.dump();
+    let req = MetaRequest::Create {
+        path: "/t/k".into(),
+        ty: KeyValue,
+        storage_class: NO_CLASS,
+        location: String::new(),
+        enumerable: true,
+    };
+    let d = s.decide(&req, 5).unwrap();
+    assert!(!d.effects.is_empty());
+    assert_eq!(s.dump(), before, "deciding changed nothing");
+    let again = s.decide(&req, 5).unwrap();
+    assert_eq!(
+        d, again,
+        "the same state and request decide the same effects"
+    );
+    // A failing request decides nothing and changes nothing.
+    assert!(s
+        .decide(
+            &MetaRequest::Lookup {
+                path: "/nope".into()
+            },
+            0
+        )
+        .is_err());
+    let bad = MetaRequest::Create {
+        path: "/t/dir".into(),
+        ty: Directory,
+        storage_class: NO_CLASS,
+        location: String::new(),
+        enumerable: true,
+    };
+    assert_eq!(s.apply(bad, 0).unwrap_err().code, ErrorCode::TypeMismatch);
+    assert_eq!(s.dump(), before);
+}
+
+#[test]
+fn node_type_table() {
+    for parent in [Directory, Table, Bag] {
+        for child in NodeType::ALL {
+            let mut s = state();
+            create(&mut s, "/p", parent, 0).unwrap();
+            let r = create(&mut s, "/p/c", child, 0);
+            if parent.accepts(child) {
+                r.unwrap();
+            } else {
+                let e = r.unwrap_err();
+                assert_eq!(e.code, ErrorCode::TypeMismatch, "{parent} <- {child}");
+                assert!(e.message.contains("/p/c"), "{}", e.message);
+            }
+            s.check_invariants().unwrap();
+        }
+    }
+    let mut s = state();
+    create(&mut s, "/f", File, 0).unwrap();
+    create(&mut s, "/t", Table, 0).unwrap();
+    put(&mut s, "/t/k", 0).unwrap();
+    for p in ["/f/x", "/t/k/x"] {
+        assert_eq!(
+            create(&mut s, p, File, 0).unwrap_err().code,
+            ErrorCode::TypeMismatch
+        );
+    }
+}
+
+#[test]
+fn write_lease_map_sync_cycle() {
+    let mut s = state();
+    let f = create(&mut s, "/f", File, 0).unwrap();
+    assert_ne!(f.lease, 0, "creator holds the write lease");
+    let busy = s
+        .apply(MetaRequest::OpenWrite { path: "/f".into() }, 10)
+        .unwrap_err();
+    assert_eq!(busy.code, ErrorCode::Busy);
+    let (_, blocks) = map(&mut s, f.id, 0, 6, f.lease).unwrap();
+    assert_eq!(blocks.len(), 6);
+    assert_eq!(
+        blocks.iter().filter(|b| b.class == 0).count(),
+        4,
+        "DRAM first"
+    );
+    assert_eq!(
+        map(&mut s, f.id, 9, 1, f.lease).unwrap_err().code,
+        ErrorCode::OutOfRange
+    );
+    let too_big = MetaRequest::Sync {
+        node: f.id,
+        lease: f.lease,
+        size: 7 * BS as u64,
+        close: false,
+    };
+    assert_eq!(s.apply(too_big, 0).unwrap_err().code, ErrorCode::OutOfRange);
+    close(&mut s, &f, 5000).unwrap();
+    let (size, blocks) = map(&mut s, f.id, 0, 10, 0).unwrap();
+    assert_eq!(
+        (size, blocks.len()),
+        (5000, 2),
+        "closing trimmed the 4 unused blocks"
+    );
+    assert_eq!(
+        sync(&mut s, &f, 5000, false).unwrap_err().code,
+        ErrorCode::LeaseExpired,
+        "closed: the old lease is gone"
+    );
+    s.apply(MetaRequest::OpenWrite { path: "/f".into() }, 0)
+        .unwrap();
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn a_lease_taken_over_fences_the_old_writer_at_the_storage_layer() {
+    let mut s = state();
+    let f = create(&mut s, "/f", File, 0).unwrap();
+    let (_, old) = map(&mut s, f.id, 0, 2, f.lease).unwrap();
+    sync(&mut s, &f, 100, false).unwrap();
+    s.take_claims();
+    // A new writer may open after the lease expired; until then, Busy.
+    assert_eq!(
+        s.apply(MetaRequest::OpenWrite { path: "/f".into() }, 500)
+            .unwrap_err()
+            .code,
+        ErrorCode::Busy
+    );
+    let MetaReply::Node(n) = s
+        .apply(MetaRequest::OpenWrite { path: "/f".into() }, 5000)
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_ne!(n.lease, f.lease);
+    assert_eq!(n.size, 100, "last synced size is kept");
+    // Every block gets a new generation, claimed on its server before the
+    // new writer is answered: the old writer's late writes get Stale.
+    let claims = s.take_claims();
+    assert_eq!(claims.len(), 2);
+    let (_, now) = map(&mut s, f.id, 0, 2, 0).unwrap();
+    for (i, b) in now.iter().enumerate() {
+        assert_eq!((b.server, b.block), (old[i].server, old[i].block));
+        assert!(b.gen > old[i].gen, "block {i} is fenced");
+        assert!(claims.iter().any(|c| c.block == b.block && c.gen == b.gen));
+    }
+    assert_eq!(
+        map(&mut s, f.id, 2, 1, f.lease).unwrap_err().code,
+        ErrorCode::LeaseExpired
+    );
+    // A clean close hands over without fencing.
+    let n2 = NodeInfo { ..n };
+    close(&mut s, &n2, 100).unwrap();
+    s.take_claims(); // the close freed the unpublished block
+    s.apply(MetaRequest::OpenWrite { path: "/f".into() }, 5001)
+        .unwrap();
+    assert!(s.take_claims().is_empty(), "no fence after a clean close");
+    // Deleting it returns all blocks, the unpublished ones included.
+    let before = s.alloc().free_blocks();
+    remove(&mut s, "/f", false).unwrap();
+    assert_eq!(s.alloc().free_blocks(), before + 1, "no leaked blocks");
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn keyvalue_put_is_invisible_until_closed_then_replaces() {
+    let mut s = state();
+    let t = create(&mut s, "/t", Table, 0).unwrap();
+    s.take_claims();
+    let k1 = create(&mut s, "/t/k", KeyValue, 0).unwrap();
+    assert_eq!(
+        lookup(&mut s, "/t/k").unwrap_err().code,
+        ErrorCode::NotFound,
+        "invisible until its close"
+    );
+    let (_, b1) = map(&mut s, k1.id, 0, 1, k1.lease).unwrap();
+    let rec = close(&mut s, &k1, 10)
+        .unwrap()
+        .expect("new key: record to write");
+    assert_eq!((rec.container, rec.slot, rec.offset), (t.id, 0, 0));
+    assert_eq!(
+        s.take_claims().len(),
+        1,
+        "the table's first record block is claimed"
+    );
+    let free_before = s.alloc().free_blocks();
+    let k2 = create(&mut s, "/t/k", KeyValue, 0).unwrap();
+    map(&mut s, k2.id, 0, 1, k2.lease).unwrap();
+    assert_eq!(
+        lookup(&mut s, "/t/k").unwrap().id,
+        k1.id,
+        "old value visible"
+    );
+    assert!(
+        map(&mut s, k1.id, 0, 1, 0).is_ok(),
+        "old value readable until the put closes"
+    );
+    assert_eq!(
+        close(&mut s, &k2, 10).unwrap(),
+        None,
+        "same key keeps its record"
+    );
+    assert_eq!(lookup(&mut s, "/t/k").unwrap().id, k2.id);
+    assert_eq!(
+        s.alloc().free_blocks(),
+        free_before,
+        "old block freed, new one used"
+    );
+    let inv = s.take_claims();
+    assert_eq!(inv.len(), 1);
+    assert_eq!(inv[0].block, b1[0].block);
+    assert!(
+        inv[0].gen > b1[0].gen,
+        "the claim carries a newer generation"
+    );
+    for lease in [0, k1.lease] {
+        assert_eq!(
+            map(&mut s, k1.id, 0, 1, lease).unwrap_err().code,
+            ErrorCode::Stale
+        );
+    }
+    assert_eq!(children(&s, "/t"), vec!["k"]);
+    remove(&mut s, "/t/k", false).unwrap();
+    assert_eq!(s.take_claims().len(), 1, "deleted value's block claimed");
+    // A put whose table disappeared cannot be linked, and is reaped with it.
+    let k3 = create(&mut s, "/t/k3", KeyValue, 0).unwrap();
+    map(&mut s, k3.id, 0, 1, k3.lease).unwrap();
+    let free = s.alloc().free_blocks();
+    remove(&mut s, "/t", true).unwrap();
+    assert_eq!(
+        s.ns().shadow_count(),
+        0,
+        "its puts in progress went with it"
+    );
+    assert!(
+        s.alloc().free_blocks() > free,
+        "their blocks are free at once"
+    );
+    assert_eq!(close(&mut s, &k3, 1).unwrap_err().code, ErrorCode::Stale);
+    for (p, ty) in [("/d", Directory), ("/f", File), ("/t", Table), ("/b", Bag)] {
+        create(&mut s, p, ty, 0).unwrap();
+        assert_eq!(
+            create(&mut s, p, ty, 0).unwrap_err().code,
+            ErrorCode::AlreadyExists,
+            "{p}"
+        );
+    }
+    assert_eq!(
+        create(&mut s, "/", Directory, 0).unwrap_err().code,
+        ErrorCode::AlreadyExists
+    );
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn puts_get_their_first_block_and_close_trims_unused_blocks() {
+    let mut s = state();
+    create(&mut s, "/t", Table, 0).unwrap();
+    put(&mut s, "/t/warm", 0).unwrap();
+    let free = s.alloc().free_blocks();
+    let k = create(&mut s, "/t/k", KeyValue, 0).unwrap();
+    let b0 = k
+        .first_block
+        .clone()
+        .expect("a put gets its first block with the create");
+    assert_eq!(s.alloc().free_blocks(), free - 1);
+    let (_, blocks) = map(&mut s, k.id, 0, 3, k.lease).unwrap();
+    assert_eq!(blocks[0], b0, "block 0 is the one handed out");
+    close(&mut s, &k, BS as u64 + 1).unwrap();
+    assert_eq!(
+        s.alloc().free_blocks(),
+        free - 2,
+        "the third block was never needed"
+    );
+    put(&mut s, "/t/empty", 0).unwrap();
+    assert_eq!(
+        s.alloc().free_blocks(),
+        free - 2,
+        "an empty value keeps no block"
+    );
+    let f = create(&mut s, "/f", File, 0).unwrap();
+    assert!(
+        f.first_block.is_none(),
+        "Files may stay empty: no block up front"
+    );
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn abandoned_puts_are_swept_and_aborted_puts_vanish_at_once() {
+    let mut s = state();
+    create(&mut s, "/t", Table, 0).unwrap();
+    put(&mut s, "/t/warm", 0).unwrap();
+    let free = s.alloc().free_blocks();
+    let k = create(&mut s, "/t/k", KeyValue, 0).unwrap();
+    map(&mut s, k.id, 0, 2, k.lease).unwrap();
+    assert!(s.decide_sweep(500, 100).is_none(), "lease still valid");
+    let d = s.decide_sweep(1100, 100).expect("the put is abandoned");
+    s.commit(d, 1100);
+    assert_eq!(s.alloc().free_blocks(), free, "no leaked blocks");
+    assert_eq!(close(&mut s, &k, 0).unwrap_err().code, ErrorCode::Stale);
+
+    // A writer that gives up aborts: nothing stays behind, at once.
+    let k = create(&mut s, "/t/k", KeyValue, 0).unwrap();
+    map(&mut s, k.id, 0, 2, k.lease).unwrap();
+    assert_eq!(s.ns().shadow_count(), 1);
+    s.apply(
+        MetaRequest::Abort {
+            node: k.id,
+            lease: k.lease,
+        },
+        0,
+    )
+    .unwrap();
+    assert_eq!(s.ns().shadow_count(), 0);
+    assert_eq!(s.alloc().free_blocks(), free);
+    assert_eq!(
+        lookup(&mut s, "/t/k").unwrap_err().code,
+        ErrorCode::NotFound
+    );
+    // Aborting a File keeps what was published and frees the rest.
+    let f = create(&mut s, "/f", File, 0).unwrap();
+    map(&mut s, f.id, 0, 3, f.lease).unwrap();
+    sync(&mut s, &f, 10, false).unwrap();
+    s.apply(
+        MetaRequest::Abort {
+            node: f.id,
+            lease: f.lease,
+        },
+        0,
+    )
+    .unwrap();
+    assert_eq!(lookup(&mut s, "/f").unwrap().size, 10);
+    assert_eq!(map(&mut s, f.id, 0, 8, 0).unwrap().1.len(), 1);
+    assert_eq!(
+        s.apply(
+            MetaRequest::Abort {
+                node: f.id,
+                lease: f.lease
+            },
+            0
+        )
+        .unwrap_err()
+        .code,
+        ErrorCode::LeaseExpired
+    );
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn slots_are_cleared_before_reuse_and_moves_rewrite_records() {
+    let mut s = state();
+    let d = create(&mut s, "/d", Directory, 0).unwrap();
+    assert!(d.record.is_some(), "root is enumerable: /d needs a record");
+    let per_block = BS as u64 / RECORD_SIZE as u64;
+    for i in 0..per_block + 1 {
+        let f = create(&mut s, &format!("/d/f{i}"), File, 0).unwrap();
+        let r = f.record.unwrap();
+        assert_eq!((r.container, r.slot as u64), (d.id, i));
+        assert_eq!(r.offset as u64, (i % per_block) * RECORD_SIZE as u64);
+    }
+    let (size, blocks) = map(&mut s, d.id, 0, 10, 0).unwrap();
+    assert_eq!(size, (per_block + 1) * RECORD_SIZE as u64);
+    assert_eq!(blocks.len(), 2, "container data length");
+    let clear = remove(&mut s, "/d/f3", false).unwrap().unwrap();
+    assert_eq!(clear.slot, 3);
+    let next = create(&mut s, "/d/g", File, 0).unwrap();
+    assert_eq!(
+        next.record.unwrap().slot as u64,
+        per_block + 1,
+        "slot 3 is not reusable before its release"
+    );
+    s.apply(
+        MetaRequest::ReleaseSlot {
+            container: d.id,
+            slot: 3,
+        },
+        0,
+    )
+    .unwrap();
+    assert_eq!(
+        s.apply(
+            MetaRequest::ReleaseSlot {
+                container: d.id,
+                slot: 3
+            },
+            0
+        )
+        .unwrap_err()
+        .code,
+        ErrorCode::InvalidArgument
+    );
+    let again = create(&mut s, "/d/h", File, 0).unwrap();
+    assert_eq!(
+        again.record.unwrap().slot,
+        3,
+        "released slot reused, lowest first"
+    );
+    let e = create(&mut s, "/e", Directory, 0).unwrap();
+    let MetaReply::Moved { ty, clear, write } = s
+        .apply(
+            MetaRequest::Move {
+                src: "/d/f0".into(),
+                dst: "/e/g".into(),
+            },
+            0,
+        )
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(ty, File);
+    assert_eq!(clear.map(|r| (r.container, r.slot)), Some((d.id, 0)));
+    assert_eq!(write.map(|r| (r.container, r.slot)), Some((e.id, 0)));
+    let MetaReply::Listing { slots, live, .. } = s
+        .apply(MetaRequest::Enumerate { path: "/d".into() }, 0)
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(slots as u64, per_block + 2);
+    assert_eq!(
+        live.iter().map(|b| b.count_ones()).sum::<u32>() as u64,
+        per_block + 1
+    );
+    let e = s.apply(
+        MetaRequest::Map {
+            node: d.id,
+            index: 0,
+            count: 1,
+            alloc: true,
+            lease: 1,
+        },
+        0,
+    );
+    assert_eq!(
+        e.unwrap_err().code,
+        ErrorCode::TypeMismatch,
+        "containers are not client-written"
+    );
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn lookup_remove_move() {
+    let mut s = state();
+    assert_eq!(
+        lookup(&mut s, "/nope").unwrap_err().code,
+        ErrorCode::NotFound
+    );
+    let e = create(&mut s, "/a/b", File, 0).unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotFound);
+    assert!(e.message.contains("parent /a"), "{}", e.message);
+    create(&mut s, "/a", Directory, 0).unwrap();
+    create(&mut s, "/a/b", Directory, 0).unwrap();
+    let f = create(&mut s, "/a/b/f", File, 0).unwrap();
+    assert_eq!(
+        remove(&mut s, "/a", false).unwrap_err().code,
+        ErrorCode::NotEmpty
+    );
+    s.apply(
+        MetaRequest::Move {
+            src: "/a/b".into(),
+            dst: "/c".into(),
+        },
+        0,
+    )
+    .unwrap();
+    assert_eq!(lookup(&mut s, "/c/f").unwrap().id, f.id);
+    assert_eq!(
+        lookup(&mut s, "/a/b").unwrap_err().code,
+        ErrorCode::NotFound
+    );
+    for (dst, code) in [
+        ("/c/f2", ErrorCode::InvalidArgument),
+        ("/a", ErrorCode::AlreadyExists),
+    ] {
+        let e = s
+            .apply(
+                MetaRequest::Move {
+                    src: "/c".into(),
+                    dst: dst.into(),
+                },
+                0,
+            )
+            .unwrap_err();
+        assert_eq!(e.code, code, "{dst}");
+    }
+    remove(&mut s, "/c", true).unwrap();
+    assert_eq!(
+        lookup(&mut s, "/c/f").unwrap_err().code,
+        ErrorCode::NotFound
+    );
+    assert_eq!(
+        map(&mut s, f.id, 0, 1, 0).unwrap_err().code,
+        ErrorCode::Stale,
+        "a removed node is stale"
+    );
+    assert_eq!(
+        remove(&mut s, "/", true).unwrap_err().code,
+        ErrorCode::InvalidArgument
+    );
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn class_is_inherited_and_non_enumerable_tables_list_nothing() {
+    let mut s = state();
+    create_with(&mut s, "/d", Directory, 1, true, 0).unwrap();
+    let f = create(&mut s, "/d/f", File, 0).unwrap();
+    assert_eq!(f.storage_class, 1);
+    let t = create_with(&mut s, "/t", Table, NO_CLASS, false, 0).unwrap();
+    assert!(!t.enumerable);
+    let k = put(&mut s, "/t/k", 1).unwrap();
+    assert!(children(&s, "/t").is_empty());
+    assert_eq!(lookup(&mut s, "/t/k").unwrap().id, k.id);
+    assert_eq!(
+        s.ns().get(k.id).unwrap().slot,
+        None,
+        "no record in a non-enumerable table"
+    );
+    assert!(s.ns().get(t.id).unwrap().slots.is_empty());
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn no_space_keeps_earlier_data_and_recovers_after_delete() {
+    let mut s = state();
+    let f = create(&mut s, "/f", File, 0).unwrap();
+    let (_, got) = map(&mut s, f.id, 0, 100, f.lease).unwrap();
+    assert_eq!(got.len(), 12, "partial allocation up to capacity");
+    assert_eq!(
+        map(&mut s, f.id, 12, 1, f.lease).unwrap_err().code,
+        ErrorCode::NoSpace
+    );
+    close(&mut s, &f, 12 * BS as u64).unwrap();
+    let g = create(&mut s, "/g", File, 0).unwrap();
+    assert_eq!(
+        map(&mut s, g.id, 0, 1, g.lease).unwrap_err().code,
+        ErrorCode::NoSpace
+    );
+    assert_eq!(
+        map(&mut s, f.id, 0, 100, 0).unwrap().1.len(),
+        12,
+        "earlier data still mapped"
+    );
+    remove(&mut s, "/f", false).unwrap();
+    let (_, got) = map(&mut s, g.id, 0, 1, g.lease).unwrap();
+    assert_eq!(got[0].class, 0, "freed DRAM is used first again");
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn before_any_storage_server_registers_the_error_says_so() {
+    let mut s = MetaState::new(BS, 1000, 1);
+    let e = create(&mut s, "/d", Directory, 0).unwrap_err();
+    assert_eq!(e.code, ErrorCode::Unavailable);
+    assert!(
+        e.message.contains("no storage server has registered"),
+        "{e}"
+    );
+    let MetaReply::Status(st) = s.apply(MetaRequest::Status, 0).unwrap() else {
+        panic!()
+    };
+    assert!(!st.is_ready());
+    s.apply(MetaRequest::Register(spec("h:0", 0, 4)), 0)
+        .unwrap();
+    let MetaReply::Status(st) = s.apply(MetaRequest::Status, 0).unwrap() else {
+        panic!()
+    };
+    assert!(st.is_ready());
+    create(&mut s, "/d", Directory, 0).unwrap();
+}
+
+#[test]
+fn dead_servers_report_data_lost_and_retired_ones_leave_capacity() {
+    let mut s = state();
+    let f = create(&mut s, "/f", File, 0).unwrap();
+    let (_, b) = map(&mut s, f.id, 0, 1, f.lease).unwrap();
+    close(&mut s, &f, 10).unwrap();
+    let other = if b[0].server == 1 { 2 } else { 1 };
+    s.apply(MetaRequest::Heartbeat { server: other }, 5000)
+        .unwrap();
+    s.alloc_soft().expire(5000, 1000);
+    assert_eq!(
+        map(&mut s, f.id, 0, 1, 0).unwrap_err().code,
+        ErrorCode::DataLost
+    );
+    assert!(lookup(&mut s, "/f").unwrap().first_block.is_none());
+    let g = create(&mut s, "/g", File, 0).unwrap();
+    let (_, b2) = map(&mut s, g.id, 0, 1, g.lease).unwrap();
+    assert_eq!(b2[0].server, other, "dead server gets no new blocks");
+    // Retired after a while: it leaves status, its data is lost for good.
+    assert!(s.decide_retire(5500, 10_000).is_none());
+    let d = s.decide_retire(11_000, 10_000).unwrap();
+    s.commit(d, 11_000);
+    let MetaReply::Status(st) = s.apply(MetaRequest::Status, 11_000).unwrap() else {
+        panic!()
+    };
+    assert_eq!(st.servers.len(), 1);
+    assert_eq!(
+        map(&mut s, f.id, 0, 1, 0).unwrap_err().code,
+        ErrorCode::DataLost
+    );
+    // Deleting a node on a retired server is fine and claims nothing there.
+    s.take_claims();
+    remove(&mut s, "/f", false).unwrap();
+    assert!(s.take_claims().iter().all(|c| c.server == other));
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn registration_is_idempotent_and_a_restarted_server_replaces_its_old_self() {
+    let mut s = state();
+    let reg =
+        |s: &mut MetaState, sp: ServerSpec| match s.apply(MetaRequest::Register(sp), 0).unwrap() {
+            MetaReply::Registered { server } => server,
+            r => panic!("{r:?}"),
+        };
+    let sp = spec("h:0", 0, 4);
+    assert_eq!(
+        reg(&mut s, sp.clone()),
+        1,
+        "a retried registration gets the same id"
+    );
+    let f = create(&mut s, "/f", File, 0).unwrap();
+    let (_, b) = map(&mut s, f.id, 0, 1, f.lease).unwrap();
+    assert_eq!(b[0].server, 1);
+    close(&mut s, &f, 10).unwrap();
+    let mut restarted = sp.clone();
+    restarted.incarnation = 2;
+    let new = reg(&mut s, restarted);
+    assert_ne!(new, 1);
+    assert_eq!(
+        map(&mut s, f.id, 0, 1, 0).unwrap_err().code,
+        ErrorCode::DataLost,
+        "the old instance's blocks are gone with it"
+    );
+    // The new instance's blocks are all free: nothing is handed out twice.
+    let g = create(&mut s, "/g", File, 0).unwrap();
+    let (_, b) = map(&mut s, g.id, 0, 4, g.lease).unwrap();
+    assert!(b.iter().all(|x| x.server == new));
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn a_huge_registration_costs_nothing_up_front() {
+    let mut s = MetaState::new(BS, 1000, 1);
+    let sp = spec("h:0", 0, crate::alloc::MAX_SERVER_BLOCKS);
+    s.apply(MetaRequest::Register(sp), 0).unwrap();
+    let mut too_big = spec("h:1", 0, u32::MAX);
+    too_big.identity = "other".into();
+    assert_eq!(
+        s.apply(MetaRequest::Register(too_big), 0).unwrap_err().code,
+        ErrorCode::InvalidArgument
+    );
+    let f = create(&mut s, "/f", File, 0).unwrap();
+    assert_eq!(map(&mut s, f.id, 0, 8, f.lease).unwrap().1.len(), 8);
+}
+
+#[test]
+fn a_writer_replaces_a_block_on_an_unreachable_server() {
+    let mut s = state();
+    let f = create(&mut s, "/f", File, 0).unwrap();
+    let (_, b) = map(&mut s, f.id, 0, 2, f.lease).unwrap();
+    sync(&mut s, &f, 10, false).unwrap();
+    let replace = |s: &mut MetaState, index: u64, gen: u64| {
+        s.apply(
+            MetaRequest::ReplaceBlock {
+                node: f.id,
+                lease: f.lease,
+                index,
+                gen,
+            },
+            0,
+        )
+    };
+    assert_eq!(
+        replace(&mut s, 0, b[0].gen).unwrap_err().code,
+        ErrorCode::InvalidArgument,
+        "block 0 holds published bytes"
+    );
+    let MetaReply::Blocks { blocks, .. } = replace(&mut s, 1, b[1].gen).unwrap() else {
+        panic!()
+    };
+    assert_ne!(blocks[0].server, b[1].server, "another server");
+    // The failing server gets no new blocks until it heartbeats again.
+    let (_, more) = map(&mut s, f.id, 2, 1, f.lease).unwrap();
+    assert_ne!(more[0].server, b[1].server);
+    // An outdated location just gets the current one back.
+    let MetaReply::Blocks { blocks: again, .. } = replace(&mut s, 1, b[1].gen).unwrap() else {
+        panic!()
+    };
+    assert_eq!(again, blocks);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn a_big_delete_unlinks_at_once_and_reaps_in_bounded_steps() {
+    let mut s = MetaState::new(BS, 1000, 1);
+    s.apply(MetaRequest::Register(spec("h:0", 0, 100_000)), 0)
+        .unwrap();
+    create(&mut s, "/big", Directory, 0).unwrap();
+    create(&mut s, "/big/sub", Directory, 0).unwrap();
+    let n = REAP_NODES * 2 + 10;
+    for i in 0..n {
+        let f = create(&mut s, &format!("/big/sub/f{i}"), File, 0).unwrap();
+        map(&mut s, f.id, 0, 2, f.lease).unwrap();
+        close(&mut s, &f, 2 * BS as u64).unwrap();
+    }
+    let free = s.alloc().free_blocks();
+    let d = s
+        .decide(
+            &MetaRequest::Remove {
+                path: "/big".into(),
+                recursive: true,
+            },
+            0,
+        )
+        .unwrap();
+    assert!(
+        d.effects.len() < 4,
+        "a big subtree is only unlinked: {}",
+        d.effects.len()
+    );
+    s.commit(d, 0);
+    assert_eq!(
+        lookup(&mut s, "/big").unwrap_err().code,
+        ErrorCode::NotFound
+    );
+    s.check_invariants().unwrap();
+    let mut steps = 0;
+    while let Some(d) = s.decide_reap() {
+        let freed = d
+            .effects
+            .iter()
+            .filter(|e| matches!(e, Effect::BlockFreed { .. }))
+            .count();
+        assert!(
+            freed <= REAP_BLOCKS,
+            "a step frees at most {REAP_BLOCKS} blocks"
+        );
+        s.commit(d, 0);
+        s.check_invariants().unwrap();
+        steps += 1;
+        assert!(steps < 1000, "reaping ends");
+    }
+    assert!(steps >= 3, "{steps} steps");
+    assert_eq!(s.ns().len(), 1, "only the root is left");
+    let root_records = s.ns().get(ROOT).unwrap().blocks.len() as u64;
+    assert!(s.alloc().free_blocks() > free + 2 * n as u64);
+    assert_eq!(
+        s.alloc().free_blocks(),
+        100_000 - root_records,
+        "every block but the root's records is free again"
+    );
+}
+
+#[test]
+fn a_metadata_server_serves_only_its_own_partition() {
+    let mut s = state();
+    s.set_placement(Placement {
+        partition: 0,
+        partitions: 2,
+        expected_servers: 1,
+    });
+    let (mine, theirs): (Vec<String>, Vec<String>) = (0..20)
+        .map(|i| format!("/top{i}"))
+        .partition(|p| path::partition_of(p, 2) == 0);
+    let e = create(&mut s, &theirs[0], Directory, 0).unwrap_err();
+    assert_eq!(e.code, ErrorCode::WrongPartition);
+    assert!(e.message.contains("partition 1 of 2"), "{e}");
+    assert_eq!(
+        lookup(&mut s, &theirs[0]).unwrap_err().code,
+        ErrorCode::WrongPartition
+    );
+    create(&mut s, &mine[0], Directory, 0).unwrap();
+    let e = s
+        .apply(
+            MetaRequest::Move {
+                src: mine[0].clone(),
+                dst: theirs[0].clone(),
+            },
+            0,
+        )
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::CrossPartition);
+    lookup(&mut s, "/").unwrap();
+    s.apply(MetaRequest::Enumerate { path: "/".into() }, 0)
+        .unwrap();
+}
+
+#[test]
+fn a_block_moves_while_its_node_stays_put() {
+    let mut s = state();
+    let f = create(&mut s, "/f", File, 0).unwrap();
+    let (_, b) = map(&mut s, f.id, 0, 2, f.lease).unwrap();
+    close(&mut s, &f, 2 * BS as u64).unwrap();
+    let from_class = b[0].class;
+    let to_class = 1 - from_class;
+    let (d, src, dst) = s.decide_move_start(f.id, 0, to_class).unwrap();
+    s.commit(d, 0);
+    assert_eq!((src.server, src.block), (b[0].server, b[0].block));
+    assert!(src.gen > b[0].gen, "the source is fenced");
+    assert_eq!(dst.class, to_class);
+    assert_eq!(
+        map(&mut s, f.id, 0, 2, 0).unwrap_err().code,
+        ErrorCode::TryAgain,
+        "maps of a moving block say try again"
+    );
+    assert!(lookup(&mut s, "/f").unwrap().first_block.is_none());
+    s.check_invariants().unwrap();
+    let d = s.decide_move_end(f.id, 0, true).unwrap();
+    s.commit(d, 0);
+    let (_, now) = map(&mut s, f.id, 0, 2, 0).unwrap();
+    assert_eq!(
+        (now[0].server, now[0].block, now[0].gen),
+        (dst.server, dst.block, dst.gen)
+    );
+    assert_eq!(now[1], b[1]);
+    s.check_invariants().unwrap();
+    // A failed copy leaves the block where it was (fenced).
+    let (d, src, _) = s.decide_move_start(f.id, 1, from_class).unwrap();
+    s.commit(d, 0);
+    let d = s.decide_move_end(f.id, 1, false).unwrap();
+    s.commit(d, 0);
+    let (_, now) = map(&mut s, f.id, 1, 1, 0).unwrap();
+    assert_eq!((now[0].server, now[0].gen), (src.server, src.gen));
+    // A move that the node's deletion overtakes gives its target back.
+    let free = s.alloc().free_blocks();
+    let (d, _, _) = s.decide_move_start(f.id, 0, NO_CLASS).unwrap();
+    s.commit(d, 0);
+    remove(&mut s, "/f", false).unwrap();
+    assert!(s.decide_move_end(f.id, 0, true).is_none());
+    assert_eq!(s.alloc().free_blocks(), free + 2);
+    s.check_invariants().unwrap();
+}
