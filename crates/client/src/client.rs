@@ -1,9 +1,8 @@
-use crate::local::{Local, Mapped};
+use crate::blockio::{AccessHook, BlockIo};
 use crate::node::Node;
 use bytes::BytesMut;
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
 use nodekernel_proto::record::{self, RECORD_SIZE};
-use nodekernel_proto::store::{encode_write_prefix, op as store_op};
 use nodekernel_proto::{
     path, ClusterStatus, Error, ErrorCode, NodeInfo, NodeType, RecordLoc, Result, NO_CLASS,
 };
@@ -33,6 +32,9 @@ pub struct ClientConfig {
     /// How long a caller busy-polls for a reply before parking (0 disables
     /// spinning; default 50 µs or `NK_POLL_SPIN_US`).
     pub poll_spin: Duration,
+    /// Sees every block transfer, mapped ones included (per-block access
+    /// statistics, metrics); `None` by default.
+    pub access_hook: Option<Arc<dyn AccessHook>>,
 }
 
 impl ClientConfig {
@@ -45,6 +47,7 @@ impl ClientConfig {
             shared_memory: true,
             unix_sockets: true,
             poll_spin: nodekernel_rpc::default_spin(),
+            access_hook: None,
         }
     }
 }
@@ -95,9 +98,10 @@ pub(crate) struct Inner {
     /// Where each partition's requests go: the configured TCP address, or
     /// the server's Unix socket once it has proved to be on this host.
     routes: Vec<std::sync::RwLock<Arc<str>>>,
+    /// Connections to metadata servers.
     pub(crate) pool: ConnectionPool,
-    /// Mapped co-located storage servers.
-    pub(crate) local: Local,
+    /// Every block transfer goes through here.
+    pub(crate) io: BlockIo,
 }
 
 /// An asynchronous NodeKernel client. Cheap to clone; clones share
@@ -113,19 +117,26 @@ impl Client {
         if cfg.metas.is_empty() {
             return Err(Error::invalid_argument("no metadata server address given"));
         }
+        let opts = ConnOptions {
+            timeout: cfg.timeout,
+            spin: cfg.poll_spin,
+        };
+        let io = BlockIo::new(
+            ConnectionPool::with_options(opts),
+            cfg.shared_memory,
+            cfg.timeout,
+            cfg.access_hook.clone(),
+        );
         let client = Client {
             inner: Arc::new(Inner {
-                pool: ConnectionPool::with_options(ConnOptions {
-                    timeout: cfg.timeout,
-                    spin: cfg.poll_spin,
-                }),
+                pool: ConnectionPool::with_options(opts),
                 routes: cfg
                     .metas
                     .iter()
                     .map(|a| std::sync::RwLock::new(Arc::from(a.as_str())))
                     .collect(),
                 cfg,
-                local: Local::default(),
+                io,
             }),
         };
         for i in 0..client.inner.cfg.metas.len() {
@@ -175,44 +186,12 @@ impl Client {
     /// `addr` (as registered with the metadata server) and uses it for block
     /// transfers. Known after the first transfer to that server.
     pub fn is_colocated(&self, addr: &str) -> bool {
-        self.inner.local.is_mapped(addr)
+        self.inner.io.is_mapped(addr)
     }
 
     /// Block transfers so far, by path.
     pub fn data_path_stats(&self) -> DataPathStats {
-        self.inner.local.stats()
-    }
-
-    /// The mapping of the storage server at `addr`, or `None` to use the
-    /// network (shared memory off, not co-located, not DRAM).
-    pub(crate) async fn mapping(&self, addr: &str) -> Result<Option<Arc<Mapped>>> {
-        if !self.inner.cfg.shared_memory {
-            return Ok(None);
-        }
-        self.inner
-            .local
-            .mapping(&self.inner.pool, addr, self.inner.cfg.timeout)
-            .await
-    }
-
-    pub(crate) fn count_mapped(&self, write: bool) {
-        let l = &self.inner.local;
-        let c = if write {
-            &l.mapped_writes
-        } else {
-            &l.mapped_reads
-        };
-        c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    pub(crate) fn count_network(&self, write: bool) {
-        let l = &self.inner.local;
-        let c = if write {
-            &l.network_writes
-        } else {
-            &l.network_reads
-        };
-        c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.io.stats()
     }
 
     pub(crate) fn partition(&self, p: &str) -> usize {
@@ -316,20 +295,10 @@ impl Client {
     }
 
     async fn store_write(&self, rec: &RecordLoc, bytes: &[u8]) -> Result<()> {
-        if let Some(m) = self.mapping(&rec.block.addr).await? {
-            self.count_mapped(true);
-            return m
-                .region()
-                .write(rec.block.block, rec.block.gen, rec.offset, bytes);
-        }
-        self.count_network(true);
-        let mut prefix = BytesMut::with_capacity(16);
-        encode_write_prefix(&mut prefix, rec.block.block, rec.block.gen, rec.offset);
         self.inner
-            .pool
-            .call(&rec.block.addr, store_op::WRITE, &[&prefix, bytes])
+            .io
+            .write_once(&rec.block, rec.offset, bytes)
             .await
-            .map(drop)
     }
 
     /// Creates a Directory (and, with `parents`, its missing ancestors).
@@ -610,13 +579,25 @@ impl Client {
         merged.ok_or_else(|| Error::invalid_argument("no metadata server configured"))
     }
 
-    /// KeyValue put: create (replacing any old value), append, close.
+    /// KeyValue put: create (replacing any old value), append, close. A
+    /// put that fails leaves nothing behind: the new value is dropped and
+    /// its blocks freed at once (the old value, if any, stays).
     pub async fn put(&self, p: &str, value: &[u8]) -> Result<()> {
         let mut node = self
             .create(p, NodeType::KeyValue, CreateOptions::default())
             .await?;
-        node.append(value).await?;
-        node.close().await
+        let written = match node.append(value).await {
+            Ok(()) => node.close_in_place().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
+            if let Err(a) = node.abort().await {
+                // The metadata server drops the put once its lease expires.
+                tracing::debug!("{p}: could not abort the failed put: {a}");
+            }
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// KeyValue get (works for Files too): lookup, then read everything.

@@ -30,12 +30,14 @@
 
 mod bag;
 pub mod blocking;
+mod blockio;
 mod client;
 mod local;
 mod node;
 mod stream;
 
 pub use bag::{BagEntry, BagReader, DEFAULT_BAG_READS_IN_FLIGHT};
+pub use blockio::{Access, AccessHook, MAX_RELOCATIONS};
 pub use client::{
     default_location, Client, ClientConfig, CreateOptions, DataPathStats, GET_ATTEMPTS,
 };

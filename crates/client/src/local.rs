@@ -20,14 +20,13 @@
 //! socket name, unique per server instance): pages one client has mapped in
 //! are mapped for all, and a large region's page tables exist once.
 
-use crate::client::DataPathStats;
 use nodekernel_proto::store::{decode_shm_info, op as store_op};
 use nodekernel_proto::{ErrorCode, Result};
 use nodekernel_rpc::ConnectionPool;
 use nodekernel_shm::Region;
 use std::collections::HashMap;
 use std::io::Read;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 use tokio::sync::OnceCell;
@@ -76,10 +75,6 @@ type Slot = Arc<OnceCell<Option<Arc<Mapped>>>>;
 #[derive(Default)]
 pub(crate) struct Local {
     slots: Mutex<HashMap<String, Slot>>,
-    pub(crate) mapped_reads: AtomicU64,
-    pub(crate) mapped_writes: AtomicU64,
-    pub(crate) network_reads: AtomicU64,
-    pub(crate) network_writes: AtomicU64,
 }
 
 impl Local {
@@ -121,15 +116,6 @@ impl Local {
             .get(addr)
             .and_then(|s| s.get())
             .is_some_and(|m| m.as_ref().is_some_and(|m| m.usable()))
-    }
-
-    pub(crate) fn stats(&self) -> DataPathStats {
-        DataPathStats {
-            mapped_reads: self.mapped_reads.load(Ordering::Relaxed),
-            mapped_writes: self.mapped_writes.load(Ordering::Relaxed),
-            network_reads: self.network_reads.load(Ordering::Relaxed),
-            network_writes: self.network_writes.load(Ordering::Relaxed),
-        }
     }
 }
 

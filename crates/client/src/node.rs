@@ -1,11 +1,12 @@
+use crate::blockio::Locate;
 use crate::client::{unexpected, Client};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use nodekernel_proto::meta::{MetaReply, MetaRequest, MAX_MAP_COUNT};
-use nodekernel_proto::store::{encode_write_prefix, op as store_op, StoreRequest};
 use nodekernel_proto::{BlockLoc, Error, ErrorCode, NodeInfo, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// Block locations fetched beyond the ones a read needs, so the next read
 /// finds its locations cached.
@@ -45,6 +46,8 @@ struct WriteState {
 
 /// One contiguous piece of a transfer inside a single block.
 struct Segment {
+    /// Block index in the node.
+    index: u64,
     loc: BlockLoc,
     offset: u32,
     len: usize,
@@ -114,25 +117,25 @@ impl Node {
             alloc: lease.is_some(),
             lease: lease.unwrap_or(0),
         };
-        let reply = self
-            .client
-            .meta_at(self.part, &req)
-            .await
-            .map_err(|e| self.ctx(e))?;
-        match reply {
+        match self.client.meta_at(self.part, &req).await? {
             MetaReply::Blocks { size, blocks } => {
                 self.size.fetch_max(size, Ordering::AcqRel);
-                let mut locs = self.locs.lock().expect("locs lock");
-                let end = index as usize + blocks.len();
-                if locs.len() < end {
-                    locs.resize(end, None);
-                }
-                for (i, b) in blocks.iter().enumerate() {
-                    locs[index as usize + i] = Some(b.clone());
-                }
+                self.cache(index, &blocks);
                 Ok((size, blocks))
             }
             other => Err(unexpected(other)),
+        }
+    }
+
+    /// Remembers the locations of blocks `index..`.
+    fn cache(&self, index: u64, blocks: &[BlockLoc]) {
+        let mut locs = self.locs.lock().expect("locs lock");
+        let end = index as usize + blocks.len();
+        if locs.len() < end {
+            locs.resize(end, None);
+        }
+        for (i, b) in blocks.iter().enumerate() {
+            locs[index as usize + i] = Some(b.clone());
         }
     }
 
@@ -173,6 +176,7 @@ impl Node {
             let in_block = pos % bs;
             let n = (bs - in_block).min(end - pos);
             out.push(Segment {
+                index: idx,
                 loc: locs[idx as usize].clone().expect("ensured"),
                 offset: in_block as u32,
                 len: n as usize,
@@ -187,7 +191,7 @@ impl Node {
     fn ctx(&self, e: Error) -> Error {
         let msg = match e.code {
             ErrorCode::Stale => format!(
-                "{}: this handle is stale (the node was replaced or deleted, or its blocks were reused): {}",
+                "{}: this handle is stale (the node was replaced or deleted): {}",
                 self.path, e.message
             ),
             _ => format!("{}: {}", self.path, e.message),
@@ -199,7 +203,7 @@ impl Node {
 
     /// Re-reads the published size from the metadata server.
     pub async fn refresh(&self) -> Result<u64> {
-        let (size, _) = self.map(0, 1, None).await?;
+        let (size, _) = self.map(0, 1, None).await.map_err(|e| self.ctx(e))?;
         Ok(size)
     }
 
@@ -234,6 +238,10 @@ impl Node {
     /// mapped memory into `buf`; the rest come over the network, several
     /// blocks in flight. On any error `buf` holds no bytes of another node.
     pub async fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.read_at_raw(offset, buf).await.map_err(|e| self.ctx(e))
+    }
+
+    async fn read_at_raw(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check_range(offset, buf.len()).await?;
         if buf.is_empty() {
             return Ok(());
@@ -241,41 +249,24 @@ impl Node {
         let bs = self.block_size();
         let last = (offset + buf.len() as u64 - 1) / bs;
         self.ensure_locations(offset / bs, last, None).await?;
-        let segs = self.segments(offset, buf.len());
-        let mut remote = Vec::with_capacity(segs.len());
+        let io = &self.client.inner.io;
+        let mut segs = self.segments(offset, buf.len());
+        if segs.len() == 1 {
+            let s = segs.pop().expect("one segment");
+            return io.read_into(self, s.index, s.loc, s.offset, buf).await;
+        }
+        // Each piece gets its own part of `buf`; several are in flight.
+        let mut rest = buf;
+        let mut reads = Vec::with_capacity(segs.len());
         for s in segs {
-            match self
-                .client
-                .mapping(&s.loc.addr)
-                .await
-                .map_err(|e| self.ctx(e))?
-            {
-                Some(m) => {
-                    self.client.count_mapped(false);
-                    m.region()
-                        .read(
-                            s.loc.block,
-                            s.loc.gen,
-                            s.offset,
-                            &mut buf[s.at..s.at + s.len],
-                        )
-                        .map_err(|e| self.ctx(e))?;
-                }
-                None => remote.push(s),
-            }
+            let (dst, tail) = std::mem::take(&mut rest).split_at_mut(s.len);
+            rest = tail;
+            reads.push(io.read_into(self, s.index, s.loc, s.offset, dst));
         }
-        if remote.is_empty() {
-            return Ok(());
-        }
-        let mut results = stream::iter(remote.into_iter().map(|s| async move {
-            let data = self.read_remote(&s.loc, s.offset, s.len).await?;
-            Ok::<_, Error>((s.at, data))
-        }))
-        .buffer_unordered(self.client.config().transfers_in_flight.max(1));
-        while let Some((at, data)) = results.try_next().await? {
-            buf[at..at + data.len()].copy_from_slice(&data);
-        }
-        Ok(())
+        stream::iter(reads)
+            .buffer_unordered(self.client.config().transfers_in_flight.max(1))
+            .try_collect::<()>()
+            .await
     }
 
     /// Reads `len` bytes at `offset` into a new vector.
@@ -288,54 +279,6 @@ impl Node {
         Ok(buf)
     }
 
-    /// Reads one piece of a block, from mapped memory when the server is
-    /// co-located, otherwise over the network.
-    async fn read_segment(&self, loc: &BlockLoc, offset: u32, len: usize) -> Result<Bytes> {
-        if let Some(m) = self
-            .client
-            .mapping(&loc.addr)
-            .await
-            .map_err(|e| self.ctx(e))?
-        {
-            self.client.count_mapped(false);
-            let mut out = BytesMut::new();
-            m.region()
-                .read_append(loc.block, loc.gen, offset, len as u32, &mut out)
-                .map_err(|e| self.ctx(e))?;
-            return Ok(out.freeze());
-        }
-        self.read_remote(loc, offset, len).await
-    }
-
-    /// Reads one piece of a block over the network.
-    async fn read_remote(&self, loc: &BlockLoc, offset: u32, len: usize) -> Result<Bytes> {
-        self.client.count_network(false);
-        let mut req = BytesMut::with_capacity(24);
-        StoreRequest::Read {
-            block: loc.block,
-            gen: loc.gen,
-            offset,
-            len: len as u32,
-        }
-        .encode(&mut req);
-        let data = self
-            .client
-            .inner
-            .pool
-            .call(&loc.addr, store_op::READ, &[&req])
-            .await
-            .map_err(|e| self.ctx(e))?;
-        if data.len() != len {
-            return Err(Error::protocol(format!(
-                "{}: storage server {} returned {} bytes instead of {len}",
-                self.path,
-                loc.addr,
-                data.len()
-            )));
-        }
-        Ok(data)
-    }
-
     /// Locations of all blocks of the node, in stream order (including blocks
     /// a writer has allocated but not yet published).
     pub async fn block_locations(&self) -> Result<Vec<BlockLoc>> {
@@ -343,7 +286,8 @@ impl Node {
         loop {
             let (_, blocks) = self
                 .map(all.len() as u64, MAX_MAP_COUNT as u64, None)
-                .await?;
+                .await
+                .map_err(|e| self.ctx(e))?;
             let n = blocks.len();
             all.extend(blocks);
             if n < MAX_MAP_COUNT as usize {
@@ -358,11 +302,18 @@ impl Node {
         let bs = self.block_size();
         debug_assert!(len > 0 && offset % bs + len as u64 <= bs);
         let idx = offset / bs;
-        self.ensure_locations(idx, idx, None).await?;
-        let loc = self.locs.lock().expect("locs lock")[idx as usize]
-            .clone()
-            .expect("ensured");
-        self.read_segment(&loc, (offset % bs) as u32, len).await
+        let read = async {
+            self.ensure_locations(idx, idx, None).await?;
+            let loc = self.locs.lock().expect("locs lock")[idx as usize]
+                .clone()
+                .expect("ensured");
+            self.client
+                .inner
+                .io
+                .read(self, idx, loc, (offset % bs) as u32, len)
+                .await
+        };
+        read.await.map_err(|e| self.ctx(e))
     }
 
     /// A sequential reader starting at `offset`.
@@ -398,8 +349,17 @@ impl Node {
         }
     }
 
-    async fn write_range(&self, lease: u64, offset: u64, data: &[u8]) -> Result<()> {
-        self.write_range_from(lease, offset / self.block_size(), offset, data)
+    /// Writes `data` at `offset`; bytes from `fresh_from` on were never
+    /// written before (see [`Node::write_range_from`]).
+    async fn write_range(
+        &self,
+        lease: u64,
+        offset: u64,
+        data: &[u8],
+        fresh_from: u64,
+    ) -> Result<()> {
+        let alloc_from = offset / self.block_size();
+        self.write_range_from(lease, alloc_from, offset, data, fresh_from, true)
             .await
     }
 
@@ -413,12 +373,35 @@ impl Node {
     /// allocates the blocks the earlier writes need, instead of asking for
     /// a block past the allocated end. Every block before `alloc_from` must
     /// already exist.
+    ///
+    /// Bytes at `fresh_from` and after were never written before. A block
+    /// this write fills from its start, at or after `fresh_from`, is held
+    /// whole by the caller when the write fills all of it, or when the
+    /// caller writes exclusively (`exclusive`: no other write of the node in
+    /// flight): such a block moves to another storage server if its own
+    /// cannot be reached.
     pub(crate) async fn write_range_from(
         &self,
         lease: u64,
         alloc_from: u64,
         offset: u64,
         data: &[u8],
+        fresh_from: u64,
+        exclusive: bool,
+    ) -> Result<()> {
+        self.write_raw(lease, alloc_from, offset, data, fresh_from, exclusive)
+            .await
+            .map_err(|e| self.ctx(e))
+    }
+
+    async fn write_raw(
+        &self,
+        lease: u64,
+        alloc_from: u64,
+        offset: u64,
+        data: &[u8],
+        fresh_from: u64,
+        exclusive: bool,
     ) -> Result<()> {
         if data.is_empty() {
             return Ok(());
@@ -441,32 +424,13 @@ impl Node {
             }
         };
         self.ensure_locations(start, last, Some(lease)).await?;
+        let io = &self.client.inner.io;
         let segs = self.segments(offset, data.len());
-        stream::iter(segs.into_iter().map(|s| async move {
+        stream::iter(segs.into_iter().map(|s| {
+            let start = s.index * bs;
+            let whole = s.offset == 0 && start >= fresh_from && (exclusive || s.len as u64 == bs);
             let data = &data[s.at..s.at + s.len];
-            if let Some(m) = self
-                .client
-                .mapping(&s.loc.addr)
-                .await
-                .map_err(|e| self.ctx(e))?
-            {
-                // Straight from the caller's buffer into the server's memory.
-                self.client.count_mapped(true);
-                return m
-                    .region()
-                    .write(s.loc.block, s.loc.gen, s.offset, data)
-                    .map_err(|e| self.ctx(e));
-            }
-            self.client.count_network(true);
-            let mut prefix = BytesMut::with_capacity(16);
-            encode_write_prefix(&mut prefix, s.loc.block, s.loc.gen, s.offset);
-            self.client
-                .inner
-                .pool
-                .call(&s.loc.addr, store_op::WRITE, &[&prefix, data])
-                .await
-                .map_err(|e| self.ctx(e))
-                .map(drop)
+            io.write(self, s.index, s.loc, s.offset, data, whole)
         }))
         .buffer_unordered(self.client.config().transfers_in_flight.max(1))
         .try_collect::<()>()
@@ -477,7 +441,8 @@ impl Node {
     /// the next [`Node::sync`] or [`Node::close`].
     pub async fn append(&mut self, data: &[u8]) -> Result<()> {
         let w = self.write_state()?;
-        self.write_range(w.lease, w.written, data).await?;
+        self.write_range(w.lease, w.written, data, w.written)
+            .await?;
         if let Some(w) = &mut self.writer {
             w.written += data.len() as u64;
         }
@@ -496,7 +461,7 @@ impl Node {
                 w.written
             )));
         }
-        self.write_range(w.lease, offset, data).await
+        self.write_range(w.lease, offset, data, u64::MAX).await
     }
 
     async fn publish(&mut self, close: bool) -> Result<()> {
@@ -532,11 +497,90 @@ impl Node {
 
     /// Publishes everything written and releases the write lease.
     pub async fn close(mut self) -> Result<()> {
+        self.close_in_place().await
+    }
+
+    /// [`Node::close`] that keeps the handle (to abort after a failure).
+    pub(crate) async fn close_in_place(&mut self) -> Result<()> {
         if self.writer.is_some() {
             self.publish(true).await?;
             self.writer = None;
         }
         Ok(())
+    }
+
+    /// Gives up writing and releases the write lease. A put that never
+    /// closed leaves nothing behind: its node is dropped and its blocks are
+    /// free at once. A File keeps the bytes published by its last sync.
+    /// A read-only handle has nothing to abort.
+    pub async fn abort(mut self) -> Result<()> {
+        let Some(w) = self.writer.take() else {
+            return Ok(());
+        };
+        let req = MetaRequest::Abort {
+            node: self.info.id,
+            lease: w.lease,
+        };
+        match self.client.meta_at(self.part, &req).await {
+            Ok(MetaReply::Done) => Ok(()),
+            Ok(other) => Err(unexpected(other)),
+            Err(e) => Err(self.ctx(e)),
+        }
+    }
+}
+
+/// How long a transfer waits between re-maps of a block being moved, at
+/// most.
+const MOVE_WAIT_MAX: Duration = Duration::from_millis(50);
+
+impl Locate for Node {
+    async fn relocate(&self, index: u64, stale: &BlockLoc, err: Error) -> Result<BlockLoc> {
+        // A writer re-maps under its lease: if another writer took over,
+        // the answer is `LeaseExpired`, never a location to write on.
+        let lease = self.writer.map(|w| w.lease);
+        let deadline = Instant::now() + self.client.config().timeout;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match self.map(index, 1, lease).await {
+                Ok((_, blocks)) => {
+                    return match blocks.into_iter().next() {
+                        // The block moved (or was fenced): follow it.
+                        Some(b) if b != *stale => Ok(b),
+                        // Still there: the node's bytes changed hands.
+                        _ => Err(err),
+                    };
+                }
+                // Being moved right now: wait for the move to end.
+                Err(e) if e.code == ErrorCode::TryAgain && Instant::now() < deadline => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MOVE_WAIT_MAX);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn replace(&self, index: u64, lost: &BlockLoc) -> Result<BlockLoc> {
+        let lease = self.write_state()?.lease;
+        let req = MetaRequest::ReplaceBlock {
+            node: self.info.id,
+            lease,
+            index,
+            gen: lost.gen,
+        };
+        match self.client.meta_at(self.part, &req).await? {
+            MetaReply::Blocks { blocks, .. } => {
+                let b = blocks.into_iter().next().ok_or_else(|| {
+                    Error::unavailable(format!(
+                        "block {index}: storage server {} is unreachable and no other block is available",
+                        lost.addr
+                    ))
+                })?;
+                self.cache(index, std::slice::from_ref(&b));
+                Ok(b)
+            }
+            other => Err(unexpected(other)),
+        }
     }
 }
 
@@ -566,7 +610,10 @@ impl Reader<'_> {
         let n = (bs - self.pos % bs)
             .min(size - self.pos)
             .min(buf.len() as u64) as usize;
-        self.node.ensure_locations(idx, idx, None).await?;
+        self.node
+            .ensure_locations(idx, idx, None)
+            .await
+            .map_err(|e| self.node.ctx(e))?;
         let next = idx + 1;
         let next_known = (next * bs >= size)
             || self

@@ -448,7 +448,7 @@ impl BufferedWriter {
         let (lease, alloc_from) = (self.lease, self.alloc_from);
         self.in_flight.push_back(tokio::spawn(async move {
             let r = node
-                .write_range_from(lease, alloc_from, offset, &data)
+                .write_range_from(lease, alloc_from, offset, &data, offset, false)
                 .await;
             // Release the node before the result is seen, so that once every
             // slice has completed the writer holds the only reference.

@@ -1,0 +1,359 @@
+//! The block-I/O layer: the only code in the client that moves block bytes.
+//!
+//! Every read and write of a block piece — node data, streams, Bag chunks,
+//! child records — goes through [`BlockIo`]. It:
+//! - picks the path per block: a memory copy through the mapped region of a
+//!   co-located DRAM storage server, or a `Read`/`Write` request over the
+//!   network;
+//! - turns `Stale` on a block of a node that still exists into re-map and
+//!   retry ([`Locate::relocate`]), so blocks can move under readers and
+//!   writers (migration, drain); only a node that is gone or replaced (or
+//!   a writer whose lease was taken over) surfaces the error;
+//! - moves a write that cannot reach its storage server to another block
+//!   ([`Locate::replace`]) when the bytes of that block are all still in
+//!   the caller's hands;
+//! - counts every transfer by path ([`DataPathStats`]) and reports it to the
+//!   [`AccessHook`], mapped transfers included (which servers never see):
+//!   the place for per-block access statistics, metrics and, later,
+//!   encryption.
+//!
+//! Invariant: no other module touches a mapped region or sends a data
+//! request (the `blockio_is_the_only_data_path` test greps for it).
+
+use crate::client::DataPathStats;
+use crate::local::{Local, Mapped};
+use bytes::{Bytes, BytesMut};
+use nodekernel_proto::store::{encode_write_prefix, op as store_op, StoreRequest};
+use nodekernel_proto::{BlockLoc, Error, ErrorCode, Result};
+use nodekernel_rpc::ConnectionPool;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Re-maps one transfer may make after `Stale` before giving up (each one
+/// found the block at a new location, so this only stops a block that
+/// keeps moving).
+pub const MAX_RELOCATIONS: u32 = 16;
+
+/// One block transfer, as the [`AccessHook`] sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Access<'a> {
+    /// The block, at the generation used.
+    pub loc: &'a BlockLoc,
+    /// Byte offset inside the block, and length.
+    pub offset: u32,
+    pub len: usize,
+    pub write: bool,
+    /// Through mapped memory (`true`) or the network.
+    pub mapped: bool,
+}
+
+/// Sees every successful block transfer of a client (set in
+/// [`ClientConfig::access_hook`](crate::ClientConfig::access_hook)). Called
+/// on the transfer's task: keep it short and non-blocking.
+pub trait AccessHook: Send + Sync + std::fmt::Debug {
+    fn on_access(&self, access: &Access<'_>);
+}
+
+/// How a transfer finds its block again: implemented by the node handle.
+pub(crate) trait Locate {
+    /// Block `index` was `Stale` at `stale`: its current location, or the
+    /// error to surface (the node is gone or replaced, the lease was taken
+    /// over, or the block has not moved).
+    fn relocate(
+        &self,
+        index: u64,
+        stale: &BlockLoc,
+        err: Error,
+    ) -> impl Future<Output = Result<BlockLoc>> + Send;
+
+    /// The storage server of `lost` (block `index`) cannot be reached:
+    /// a new block to write instead (only asked when every byte of the
+    /// block is in the transfer).
+    fn replace(&self, index: u64, lost: &BlockLoc)
+        -> impl Future<Output = Result<BlockLoc>> + Send;
+}
+
+/// Where a block's bytes are reached.
+enum Route {
+    Mapped(Arc<Mapped>),
+    Network,
+}
+
+pub(crate) struct BlockIo {
+    pool: ConnectionPool,
+    local: Local,
+    shared_memory: bool,
+    timeout: Duration,
+    hook: Option<Arc<dyn AccessHook>>,
+    mapped_reads: AtomicU64,
+    mapped_writes: AtomicU64,
+    network_reads: AtomicU64,
+    network_writes: AtomicU64,
+}
+
+impl BlockIo {
+    pub(crate) fn new(
+        pool: ConnectionPool,
+        shared_memory: bool,
+        timeout: Duration,
+        hook: Option<Arc<dyn AccessHook>>,
+    ) -> Self {
+        BlockIo {
+            pool,
+            local: Local::default(),
+            shared_memory,
+            timeout,
+            hook,
+            mapped_reads: AtomicU64::new(0),
+            mapped_writes: AtomicU64::new(0),
+            network_reads: AtomicU64::new(0),
+            network_writes: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn stats(&self) -> DataPathStats {
+        DataPathStats {
+            mapped_reads: self.mapped_reads.load(Ordering::Relaxed),
+            mapped_writes: self.mapped_writes.load(Ordering::Relaxed),
+            network_reads: self.network_reads.load(Ordering::Relaxed),
+            network_writes: self.network_writes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether the memory of the storage server at `addr` is mapped.
+    pub(crate) fn is_mapped(&self, addr: &str) -> bool {
+        self.local.is_mapped(addr)
+    }
+
+    async fn route(&self, addr: &str) -> Result<Route> {
+        if !self.shared_memory {
+            return Ok(Route::Network);
+        }
+        Ok(
+            match self.local.mapping(&self.pool, addr, self.timeout).await? {
+                Some(m) => Route::Mapped(m),
+                None => Route::Network,
+            },
+        )
+    }
+
+    fn note(&self, loc: &BlockLoc, offset: u32, len: usize, write: bool, mapped: bool) {
+        let c = match (write, mapped) {
+            (false, true) => &self.mapped_reads,
+            (true, true) => &self.mapped_writes,
+            (false, false) => &self.network_reads,
+            (true, false) => &self.network_writes,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+        if let Some(h) = &self.hook {
+            h.on_access(&Access {
+                loc,
+                offset,
+                len,
+                write,
+                mapped,
+            });
+        }
+    }
+
+    // ----- one attempt at a known location ----------------------------------
+
+    /// Returns whether the bytes came through mapped memory.
+    async fn read_into_once(&self, loc: &BlockLoc, offset: u32, dst: &mut [u8]) -> Result<bool> {
+        match self.route(&loc.addr).await? {
+            Route::Mapped(m) => {
+                m.region().read(loc.block, loc.gen, offset, dst)?;
+                Ok(true)
+            }
+            Route::Network => {
+                let data = self.read_remote(loc, offset, dst.len()).await?;
+                dst.copy_from_slice(&data);
+                Ok(false)
+            }
+        }
+    }
+
+    async fn read_once(&self, loc: &BlockLoc, offset: u32, len: usize) -> Result<(Bytes, bool)> {
+        match self.route(&loc.addr).await? {
+            Route::Mapped(m) => {
+                let mut out = BytesMut::new();
+                m.region()
+                    .read_append(loc.block, loc.gen, offset, len as u32, &mut out)?;
+                Ok((out.freeze(), true))
+            }
+            Route::Network => Ok((self.read_remote(loc, offset, len).await?, false)),
+        }
+    }
+
+    async fn read_remote(&self, loc: &BlockLoc, offset: u32, len: usize) -> Result<Bytes> {
+        let mut req = BytesMut::with_capacity(24);
+        StoreRequest::Read {
+            block: loc.block,
+            gen: loc.gen,
+            offset,
+            len: len as u32,
+        }
+        .encode(&mut req);
+        let data = self.pool.call(&loc.addr, store_op::READ, &[&req]).await?;
+        if data.len() != len {
+            return Err(Error::protocol(format!(
+                "storage server {} returned {} bytes instead of {len}",
+                loc.addr,
+                data.len()
+            )));
+        }
+        Ok(data)
+    }
+
+    /// Writes `data` at `offset` of the block at `loc`, once, without
+    /// re-mapping (used for child records, which are best effort).
+    pub(crate) async fn write_once(&self, loc: &BlockLoc, offset: u32, data: &[u8]) -> Result<()> {
+        let mapped = match self.route(&loc.addr).await? {
+            Route::Mapped(m) => {
+                // Straight from the caller's buffer into the server's memory.
+                m.region().write(loc.block, loc.gen, offset, data)?;
+                true
+            }
+            Route::Network => {
+                let mut prefix = BytesMut::with_capacity(16);
+                encode_write_prefix(&mut prefix, loc.block, loc.gen, offset);
+                self.pool
+                    .call(&loc.addr, store_op::WRITE, &[&prefix, data])
+                    .await?;
+                false
+            }
+        };
+        self.note(loc, offset, data.len(), true, mapped);
+        Ok(())
+    }
+
+    // ----- transfers that follow their block --------------------------------
+
+    /// Fills `dst` from block `index` (first tried at `loc`) at `offset`.
+    pub(crate) async fn read_into(
+        &self,
+        at: &impl Locate,
+        index: u64,
+        mut loc: BlockLoc,
+        offset: u32,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        let mut moves = 0;
+        loop {
+            match self.read_into_once(&loc, offset, dst).await {
+                Ok(mapped) => {
+                    self.note(&loc, offset, dst.len(), false, mapped);
+                    return Ok(());
+                }
+                Err(e) if e.code == ErrorCode::Stale && moves < MAX_RELOCATIONS => {
+                    loc = at.relocate(index, &loc, e).await?;
+                    moves += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Reads `len` bytes of block `index` (first tried at `loc`) at `offset`.
+    pub(crate) async fn read(
+        &self,
+        at: &impl Locate,
+        index: u64,
+        mut loc: BlockLoc,
+        offset: u32,
+        len: usize,
+    ) -> Result<Bytes> {
+        let mut moves = 0;
+        loop {
+            match self.read_once(&loc, offset, len).await {
+                Ok((data, mapped)) => {
+                    self.note(&loc, offset, len, false, mapped);
+                    return Ok(data);
+                }
+                Err(e) if e.code == ErrorCode::Stale && moves < MAX_RELOCATIONS => {
+                    loc = at.relocate(index, &loc, e).await?;
+                    moves += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Writes `data` into block `index` (first tried at `loc`) at `offset`.
+    /// With `whole` (this transfer holds every byte the block will have
+    /// written so far), a storage server that cannot be reached gets the
+    /// block replaced by one elsewhere, and the write goes there.
+    pub(crate) async fn write(
+        &self,
+        at: &impl Locate,
+        index: u64,
+        mut loc: BlockLoc,
+        offset: u32,
+        data: &[u8],
+        whole: bool,
+    ) -> Result<()> {
+        let mut moves = 0;
+        loop {
+            match self.write_once(&loc, offset, data).await {
+                Ok(()) => return Ok(()),
+                Err(e) if moves >= MAX_RELOCATIONS => return Err(e),
+                Err(e) if e.code == ErrorCode::Stale => {
+                    loc = at.relocate(index, &loc, e).await?;
+                    moves += 1;
+                }
+                Err(e) if whole && unreachable(&e) => {
+                    tracing::debug!(
+                        "block {index} on storage server {} is unreachable ({e}); writing it elsewhere",
+                        loc.addr
+                    );
+                    loc = at.replace(index, &loc).await?;
+                    moves += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// Errors that mean the storage server itself could not be reached (as
+/// opposed to one that answered with a refusal).
+fn unreachable(e: &Error) -> bool {
+    matches!(e.code, ErrorCode::Unavailable | ErrorCode::Timeout)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The layer's invariant, checked on the sources: no other module
+    /// touches a mapped region or builds a data request.
+    #[test]
+    fn blockio_is_the_only_data_path() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+        let forbidden = [
+            ".region()",
+            "StoreRequest::Read",
+            "StoreRequest::Write",
+            "store_op::READ",
+            "store_op::WRITE",
+            "encode_write_prefix",
+        ];
+        let mut checked = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "rs") || path.ends_with("blockio.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            for f in forbidden {
+                assert!(
+                    !text.contains(f),
+                    "{} uses {f}: block bytes move only through blockio.rs",
+                    path.display()
+                );
+            }
+            checked += 1;
+        }
+        assert!(checked >= 5, "only {checked} source files found");
+    }
+}
