@@ -102,10 +102,28 @@ pub async fn ls(client: &Client, path: &str, json: bool) -> anyhow::Result<()> {
             } else {
                 format!("{} items", e.size)
             };
-            println!("{:<9} {:>12}  {}", e.ty, size, e.name);
+            println!("{:<9} {:>12}  {}", e.ty, size, printable(&e.name));
         }
     }
     Ok(())
+}
+
+/// A name as it is safe to print on a terminal: control characters
+/// (newlines, escape sequences) are shown escaped, like `\n` or `\u{1b}`.
+pub fn printable(name: &str) -> std::borrow::Cow<'_, str> {
+    if !name.chars().any(char::is_control) {
+        return name.into();
+    }
+    name.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
 }
 
 /// Keys of a table (sorted).
@@ -123,7 +141,7 @@ pub async fn kv_ls(client: &Client, table: &str, json: bool) -> anyhow::Result<(
         eprintln!("{table} is non-enumerable: its keys are not listed");
     } else {
         for k in keys {
-            println!("{k}");
+            println!("{}", printable(&k));
         }
     }
     Ok(())
@@ -173,6 +191,8 @@ pub async fn mkdir(
     if non_enumerable && ty != NodeType::Table {
         bail!("--non-enumerable only applies to tables");
     }
+    // Check the whole path before creating any parent.
+    nodekernel_proto::path::components(&path)?;
     if parents {
         if let Some((parent, _)) = path.rsplit_once('/').filter(|(p, _)| !p.is_empty()) {
             client.mkdir(parent, true).await?;
@@ -212,24 +232,20 @@ pub async fn put(
         enumerable: true,
     };
     let node = client.create(&path, NodeType::File, opts).await?;
-    let mut out = BufferedWriter::new(node, STREAM)?;
     let pb = progress(total, "put");
-    // The slices already taken are written in the background while the
-    // next piece is read from the local file.
-    let mut buf = vec![0u8; STREAM.slice_size];
-    let mut written = 0u64;
-    loop {
-        let n = read_full(&mut input, &mut buf)
-            .with_context(|| format!("reading {}", local.display()))?;
-        if n == 0 {
-            break;
-        }
-        out.write_all(&buf[..n]).await?;
-        written += n as u64;
-        pb.set_position(written);
-    }
-    out.close().await?;
+    let copied = copy_in(node, &mut input, local, &pb).await;
     pb.finish_and_clear();
+    let written = match copied {
+        Ok(n) => n,
+        Err(e) => {
+            // A put that fails leaves nothing behind: the file this put
+            // created goes, and its blocks are freed at once.
+            if let Err(d) = client.delete(&path, false).await {
+                eprintln!("nk: could not remove the partial {path}: {d}");
+            }
+            return Err(e);
+        }
+    };
     let secs = start.elapsed().as_secs_f64();
     eprintln!(
         "put {} -> {path}: {} in {secs:.3} s ({})",
@@ -238,6 +254,33 @@ pub async fn put(
         rate(written, secs)
     );
     Ok(())
+}
+
+/// Streams `input` into the new file `node` and closes it; returns the
+/// bytes written.
+async fn copy_in(
+    node: nodekernel_client::Node,
+    input: &mut dyn Read,
+    local: &Path,
+    pb: &ProgressBar,
+) -> anyhow::Result<u64> {
+    let mut out = BufferedWriter::new(node, STREAM)?;
+    // The slices already taken are written in the background while the
+    // next piece is read from the local file.
+    let mut buf = vec![0u8; STREAM.slice_size];
+    let mut written = 0u64;
+    loop {
+        let n =
+            read_full(input, &mut buf).with_context(|| format!("reading {}", local.display()))?;
+        if n == 0 {
+            break;
+        }
+        out.write_all(&buf[..n]).await?;
+        written += n as u64;
+        pb.set_position(written);
+    }
+    out.close().await?;
+    Ok(written)
 }
 
 /// Reads until `buf` is full or the input ends.
@@ -254,47 +297,41 @@ fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(n)
 }
 
+/// Copies a node to a local file (or stdout with `-`). The result is one
+/// whole version of the node or nothing: a file is written under a
+/// temporary name beside it and renamed on success; stdout gets the bytes
+/// only once all of them were read (spooled to an unlinked temporary
+/// file). A value replaced during the copy is read again, like
+/// [`Client::get`].
 pub async fn get(client: &Client, path: &str, local: &Path) -> anyhow::Result<()> {
     let path = norm(path);
     let start = Instant::now();
-    let node = client.lookup(&path).await?;
-    if node.info().ty.is_container() {
-        bail!(
-            "{path} is a {}; only File and KeyValue nodes hold data",
-            node.info().ty
-        );
-    }
-    let size = node.info().size;
     let to_stdout = local == Path::new("-");
-    let mut out: Box<dyn Write> = if to_stdout {
-        Box::new(std::io::stdout().lock())
+    let (mut spool, tmp) = if to_stdout {
+        (Spool::anonymous()?, None)
     } else {
-        Box::new(std::io::BufWriter::new(
-            std::fs::File::create(local)
-                .with_context(|| format!("cannot create {}", local.display()))?,
-        ))
+        let (f, tmp) = Spool::beside(local)?;
+        (f, Some(tmp))
     };
-    let pb = if to_stdout {
-        ProgressBar::hidden()
-    } else {
-        progress(Some(size), "get")
-    };
-    let mut input = BufferedReader::new(node, 0, STREAM)?;
-    // The next slices are read in the background while this one is written
-    // to the local file, straight from the stream's buffer.
-    loop {
-        let slice = input.fill_buf().await?;
-        if slice.is_empty() {
-            break;
+    let fetched = fetch(client, &path, &mut spool, !to_stdout).await;
+    let size = match fetched {
+        Ok(size) => size,
+        Err(e) => {
+            if let Some(tmp) = &tmp {
+                let _ = std::fs::remove_file(tmp);
+            }
+            return Err(e);
         }
-        out.write_all(slice)?;
-        let n = slice.len();
-        input.consume(n);
-        pb.set_position(input.position());
-    }
-    out.flush()?;
-    pb.finish_and_clear();
-    if !to_stdout {
+    };
+    if let Some(tmp) = tmp {
+        let done = spool
+            .file
+            .sync_all()
+            .and_then(|()| std::fs::rename(&tmp, local));
+        if let Err(e) = done {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e).with_context(|| format!("cannot write {}", local.display()));
+        }
         let secs = start.elapsed().as_secs_f64();
         eprintln!(
             "get {path} -> {}: {} in {secs:.3} s ({})",
@@ -302,8 +339,137 @@ pub async fn get(client: &Client, path: &str, local: &Path) -> anyhow::Result<()
             human(size),
             rate(size, secs)
         );
+    } else {
+        use std::io::Seek;
+        spool.file.rewind()?;
+        let mut stdout = std::io::stdout().lock();
+        std::io::copy(&mut spool.file, &mut stdout)?;
+        stdout.flush()?;
     }
     Ok(())
+}
+
+/// A local file a get writes into before the result is made visible.
+struct Spool {
+    file: std::fs::File,
+}
+
+impl Spool {
+    /// An unlinked file in the temporary directory, readable only by us.
+    fn anonymous() -> anyhow::Result<Spool> {
+        let dir = std::env::temp_dir();
+        let (file, p) = create_unique(&dir, "nk-get")?;
+        let _ = std::fs::remove_file(&p);
+        Ok(Spool { file })
+    }
+
+    /// A new file beside `local` (same file system, so the rename is
+    /// atomic), and its path.
+    fn beside(local: &Path) -> anyhow::Result<(Spool, std::path::PathBuf)> {
+        let dir = match local.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => std::path::PathBuf::from("."),
+        };
+        let name = local
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "get".into());
+        let (file, p) = create_unique(&dir, &format!(".{name}.nk-part"))
+            .with_context(|| format!("cannot create {}", local.display()))?;
+        Ok((Spool { file }, p))
+    }
+
+    fn reset(&mut self) -> std::io::Result<()> {
+        use std::io::Seek;
+        self.file.set_len(0)?;
+        self.file.rewind().map(drop)
+    }
+}
+
+fn create_unique(dir: &Path, prefix: &str) -> std::io::Result<(std::fs::File, std::path::PathBuf)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut attempt = 0u32;
+    loop {
+        let p = dir.join(format!("{prefix}-{}-{attempt}", std::process::id()));
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&p)
+        {
+            Ok(f) => return Ok((f, p)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 1000 => {
+                attempt += 1
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Reads the whole node at `path` into `spool`, looking it up again when
+/// it is replaced meanwhile; returns its size.
+async fn fetch(
+    client: &Client,
+    path: &str,
+    spool: &mut Spool,
+    show_progress: bool,
+) -> anyhow::Result<u64> {
+    let mut attempt = 1;
+    loop {
+        let node = client.lookup(path).await?;
+        if node.info().ty.is_container() {
+            bail!(
+                "{path} is a {}; only File and KeyValue nodes hold data",
+                node.info().ty
+            );
+        }
+        let size = node.info().size;
+        let pb = if show_progress {
+            progress(Some(size), "get")
+        } else {
+            ProgressBar::hidden()
+        };
+        let copied = copy_out(node, spool, &pb).await;
+        pb.finish_and_clear();
+        match copied {
+            Ok(()) => return Ok(size),
+            Err(CopyError::Node(e))
+                if e.code == nodekernel_client::ErrorCode::Stale
+                    && attempt < nodekernel_client::GET_ATTEMPTS =>
+            {
+                attempt += 1;
+                spool.reset()?;
+            }
+            Err(CopyError::Node(e)) => return Err(e.into()),
+            Err(CopyError::Local(e)) => return Err(e.into()),
+        }
+    }
+}
+
+enum CopyError {
+    Node(nodekernel_client::Error),
+    Local(std::io::Error),
+}
+
+async fn copy_out(
+    node: nodekernel_client::Node,
+    spool: &mut Spool,
+    pb: &ProgressBar,
+) -> Result<(), CopyError> {
+    let mut input = BufferedReader::new(node, 0, STREAM).map_err(CopyError::Node)?;
+    // The next slices are read in the background while this one is written
+    // to the local file, straight from the stream's buffer.
+    loop {
+        let slice = input.fill_buf().await.map_err(CopyError::Node)?;
+        if slice.is_empty() {
+            return Ok(());
+        }
+        spool.file.write_all(slice).map_err(CopyError::Local)?;
+        let n = slice.len();
+        input.consume(n);
+        pb.set_position(input.position());
+    }
 }
 
 #[derive(Serialize)]
@@ -458,6 +624,14 @@ struct ClassOut {
 struct StatusOut {
     block_size: u32,
     nodes: u64,
+    /// Whether the expected storage servers are alive.
+    ready: bool,
+    expected_servers: u32,
+    alive_servers: usize,
+    /// Puts not yet closed, and removed nodes whose blocks are still being
+    /// freed.
+    puts_in_progress: u64,
+    reclaiming: u64,
     classes: Vec<ClassOut>,
     servers: Vec<ServerOut>,
 }
@@ -466,6 +640,7 @@ struct StatusOut {
 struct ServerOut {
     id: u32,
     addr: String,
+    identity: String,
     class: u8,
     class_name: String,
     medium: String,
@@ -485,6 +660,7 @@ impl From<&ServerStatus> for ServerOut {
         ServerOut {
             id: s.id,
             addr: s.addr.clone(),
+            identity: s.identity.clone(),
             class: s.class,
             class_name: s.class_name.clone(),
             medium: s.medium.clone(),
@@ -500,8 +676,47 @@ impl From<&ServerStatus> for ServerOut {
     }
 }
 
-pub async fn status(client: &Client, json: bool) -> anyhow::Result<()> {
-    let st = client.status().await?;
+/// Waits until the cluster is ready (the expected storage servers are
+/// alive), polling status, for at most `timeout`.
+pub async fn wait_ready(
+    client: &Client,
+    timeout: std::time::Duration,
+) -> anyhow::Result<nodekernel_client::ClusterStatus> {
+    let deadline = Instant::now() + timeout;
+    let mut said = false;
+    loop {
+        let st = client.status().await?;
+        if st.is_ready() {
+            return Ok(st);
+        }
+        let alive = st.servers.iter().filter(|s| s.alive).count();
+        if Instant::now() >= deadline {
+            bail!(
+                "the cluster is not ready after {:?}: {alive} of {} expected storage servers are alive",
+                timeout,
+                st.expected_servers
+            );
+        }
+        if !said {
+            eprintln!(
+                "waiting for storage servers: {alive} of {} alive",
+                st.expected_servers
+            );
+            said = true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+pub async fn status(
+    client: &Client,
+    json: bool,
+    wait: Option<std::time::Duration>,
+) -> anyhow::Result<()> {
+    let st = match wait {
+        Some(t) => wait_ready(client, t).await?,
+        None => client.status().await?,
+    };
     let servers: Vec<ServerOut> = st.servers.iter().map(ServerOut::from).collect();
     let mut classes: Vec<ClassOut> = st
         .classes
@@ -541,6 +756,11 @@ pub async fn status(client: &Client, json: bool) -> anyhow::Result<()> {
     let out = StatusOut {
         block_size: st.block_size,
         nodes: st.nodes,
+        ready: st.is_ready(),
+        expected_servers: st.expected_servers,
+        alive_servers: st.servers.iter().filter(|s| s.alive).count(),
+        puts_in_progress: st.puts_in_progress,
+        reclaiming: st.reclaiming,
         classes,
         servers,
     };
@@ -549,9 +769,17 @@ pub async fn status(client: &Client, json: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "block size {}, {} nodes",
+        "block size {}, {} nodes, {} puts in progress, {} removed nodes being reclaimed",
         human(out.block_size as u64),
-        out.nodes
+        out.nodes,
+        out.puts_in_progress,
+        out.reclaiming
+    );
+    println!(
+        "{}: {} of {} expected storage servers alive",
+        if out.ready { "ready" } else { "NOT READY" },
+        out.alive_servers,
+        out.expected_servers
     );
     println!(
         "{:<6} {:<10} {:>8} {:>12} {:>12} {:>12}",

@@ -104,6 +104,13 @@ enum Cmd {
     Status {
         #[arg(long)]
         json: bool,
+        /// Wait until the expected storage servers are alive (for scripts
+        /// that start `nk up &`); fails after --timeout
+        #[arg(long)]
+        wait: bool,
+        /// Seconds --wait waits at most
+        #[arg(long, default_value_t = 60, requires = "wait")]
+        timeout: u64,
     },
 }
 
@@ -226,7 +233,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Kv(KvCmd::Get { key }) => fs::get(&client, &key, std::path::Path::new("-")).await,
         Cmd::Kv(KvCmd::Ls { table, json }) => fs::kv_ls(&client, &table, json).await,
         Cmd::Kv(KvCmd::Rm { key }) => fs::kv_rm(&client, &key).await,
-        Cmd::Status { json } => fs::status(&client, json).await,
+        Cmd::Status {
+            json,
+            wait,
+            timeout,
+        } => {
+            let wait = wait.then(|| std::time::Duration::from_secs(timeout));
+            fs::status(&client, json, wait).await
+        }
         Cmd::Bench(_) => unreachable!("handled above"),
         Cmd::Up(_) | Cmd::Meta(_) | Cmd::Store(_) => unreachable!("handled above"),
     }
