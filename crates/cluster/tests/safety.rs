@@ -1,0 +1,335 @@
+//! Data safety on fault paths, end to end in one process: blocks that move
+//! under readers and writers, puts that fail, stores that die silently or
+//! stop answering, writers whose lease was taken over.
+
+#[macro_use]
+mod common;
+
+use common::{pattern, start_on_path, start_with, BS};
+use nodekernel_client::{Access, AccessHook, Client, CreateOptions, ErrorCode, NodeType};
+use nodekernel_cluster::{ByteSize, Medium, StoreSection};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Generous bound that only catches hangs.
+const HANG: Duration = Duration::from_secs(120);
+
+/// Creates the table `/t` that the tests' values live in.
+async fn table(c: &Client) {
+    c.create("/t", NodeType::Table, CreateOptions::default())
+        .await
+        .unwrap();
+}
+
+on_both_paths!(#[tokio::test(flavor = "multi_thread", worker_threads = 2)] blocks_move_under_a_reader_and_a_writer => move_under_io);
+
+/// Blocks of a file being read and of a file being written move between
+/// the DRAM and the file tier (the metadata server's test hook) again and
+/// again: the reader and the writer see no error, and every byte is right.
+async fn move_under_io(shared_memory: bool) {
+    let t = start_on_path(8 << 20, 8 << 20, shared_memory).await;
+    let c = &t.client;
+    table(c).await;
+    let data = pattern(1, 3 * BS as usize);
+    c.put("/t/r", &data).await.unwrap();
+    let r = c.lookup("/t/r").await.unwrap();
+    let r_id = r.info().id;
+    let mut w = c
+        .create("/w", NodeType::File, CreateOptions::default())
+        .await
+        .unwrap();
+    let w_id = w.info().id;
+    w.append(&pattern(2, 1000)).await.unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let stop = stop.clone();
+        let data = data.clone();
+        tokio::spawn(async move {
+            let mut reads = 0u64;
+            let mut buf = vec![0u8; data.len()];
+            while !stop.load(Ordering::Acquire) || reads < 3 {
+                r.read_at(0, &mut buf).await.expect("read while moving");
+                assert!(buf == data, "read {reads} returned other bytes");
+                reads += 1;
+            }
+            reads
+        })
+    };
+    let writer = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut expect = pattern(2, 1000);
+            let mut n = 0u64;
+            while !stop.load(Ordering::Acquire) || n < 3 {
+                let piece = pattern(100 + n, 777);
+                w.append(&piece).await.expect("append while moving");
+                expect.extend_from_slice(&piece);
+                n += 1;
+                if n.is_multiple_of(8) {
+                    w.sync().await.expect("sync while moving");
+                }
+            }
+            w.close().await.expect("close");
+            expect
+        })
+    };
+    // Move blocks of both nodes back and forth while they run.
+    let mut moved = 0;
+    for round in 0..40u64 {
+        let (node, index) = if round % 2 == 0 {
+            (r_id, round / 2 % 3)
+        } else {
+            (w_id, 0)
+        };
+        match t
+            .cluster
+            .meta
+            .move_block(node, index, nodekernel_proto::NO_CLASS)
+            .await
+        {
+            Ok(()) => moved += 1,
+            // The writer's block may be mid-move or not yet allocated.
+            Err(e) => assert!(
+                matches!(e.code, ErrorCode::Busy | ErrorCode::OutOfRange),
+                "move {round}: {e}"
+            ),
+        }
+        tokio::task::yield_now().await;
+    }
+    stop.store(true, Ordering::Release);
+    let reads = tokio::time::timeout(HANG, reader).await.unwrap().unwrap();
+    let expect = tokio::time::timeout(HANG, writer).await.unwrap().unwrap();
+    assert!(moved >= 20, "only {moved} moves happened");
+    assert!(reads >= 3);
+    assert_eq!(c.get("/w").await.unwrap(), expect, "the written bytes");
+    assert_eq!(c.get("/t/r").await.unwrap(), data);
+}
+
+/// A put that runs out of space leaves nothing behind: no node, no held
+/// blocks, and the same key can be put right after.
+#[tokio::test]
+async fn a_failed_put_leaves_nothing_behind() {
+    let t = common::start(16 * BS, 32 * BS).await;
+    let c = &t.client;
+    table(c).await;
+    let before = c.status().await.unwrap();
+    let used = |s: &nodekernel_client::ClusterStatus| -> u64 {
+        s.servers.iter().map(|x| x.used_blocks).sum()
+    };
+    let err = c
+        .put("/t/big", &pattern(3, 100 * BS as usize))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::NoSpace, "{err}");
+    let after = c.status().await.unwrap();
+    assert_eq!(after.puts_in_progress, 0, "the put was dropped");
+    assert_eq!(used(&after), used(&before), "every block is free again");
+    assert_eq!(
+        c.lookup("/t/big").await.unwrap_err().code,
+        ErrorCode::NotFound
+    );
+    // Not AlreadyExists, not NoSpace: the space is back.
+    c.put("/t/big", &pattern(4, 10 * BS as usize))
+        .await
+        .unwrap();
+    assert_eq!(c.get("/t/big").await.unwrap(), pattern(4, 10 * BS as usize));
+}
+
+/// Two DRAM stores; one stops without the metadata server noticing (long
+/// dead-after). Puts still succeed: blocks that land on the dead store are
+/// written elsewhere while the value is in the client's hands.
+async fn writes_move_off_a_silently_dead_store(shared_memory: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = common::config(0, 0, &dir);
+    cfg.meta.dead_after_ms = 600_000;
+    cfg.meta.retire_after_ms = 600_000;
+    cfg.client.shared_memory = shared_memory;
+    cfg.store = (0..2)
+        .map(|_| StoreSection {
+            size: ByteSize(64 * BS),
+            medium: Medium::Dram,
+            ..StoreSection::default()
+        })
+        .collect();
+    let t = start_with(cfg, dir).await;
+    let c = &t.client;
+    table(c).await;
+    c.put("/t/warm", b"x").await.unwrap();
+    t.cluster.stores[0].shutdown();
+    for i in 0..8u64 {
+        let v = pattern(10 + i, (2 * BS + 5) as usize);
+        c.put(&format!("/t/k{i}"), &v)
+            .await
+            .unwrap_or_else(|e| panic!("put {i}: {e}"));
+        assert_eq!(c.get(&format!("/t/k{i}")).await.unwrap(), v);
+    }
+}
+
+on_both_paths!(#[tokio::test] puts_survive_a_silently_dead_store => writes_move_off_a_silently_dead_store);
+
+/// A storage server that accepts connections and never answers.
+async fn black_hole() -> String {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = l.accept().await {
+            held.push(s);
+        }
+    });
+    addr
+}
+
+/// Replies never wait on an unresponsive store: a put whose first block
+/// sits on a store that never answers moves it elsewhere (its claim goes
+/// to that store in the background), and an abort that frees a block there
+/// answers at once rather than timing out.
+#[tokio::test]
+async fn replies_do_not_wait_on_an_unresponsive_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = common::config(64 * BS, 0, &dir);
+    cfg.meta.claim_timeout_ms = 200;
+    cfg.meta.dead_after_ms = 600_000;
+    cfg.meta.retire_after_ms = 600_000;
+    let t = start_with(cfg, dir).await;
+    let c = &t.client;
+    // Register the black hole as the only server of class 7.
+    let hole = black_hole().await;
+    let spec = nodekernel_proto::ServerSpec {
+        addr: hole.clone(),
+        class: 7,
+        class_name: "hole".into(),
+        medium: "dram".into(),
+        location: "nowhere".into(),
+        block_size: BS as u32,
+        first_block: 0,
+        num_blocks: 16,
+        identity: "black-hole".into(),
+        incarnation: 1,
+    };
+    let req = nodekernel_proto::meta::MetaRequest::Register(spec);
+    let mut buf = bytes::BytesMut::new();
+    req.encode(&mut buf);
+    let pool = nodekernel_rpc::ConnectionPool::new(Duration::from_secs(5));
+    pool.call(&t.cluster.meta_addr().to_string(), req.op(), &[&buf])
+        .await
+        .unwrap();
+    let opts = CreateOptions {
+        storage_class: Some(7),
+        local: false,
+        enumerable: false,
+    };
+    c.create("/hole", NodeType::Table, opts.clone())
+        .await
+        .unwrap();
+    // The put's first block is on the black hole (class 7 first).
+    let v = pattern(5, (BS + 1) as usize);
+    c.put("/hole/k", &v)
+        .await
+        .expect("put moves off the black hole");
+    assert_eq!(c.get("/hole/k").await.unwrap(), v);
+    let node = c.lookup("/hole/k").await.unwrap();
+    for b in node.block_locations().await.unwrap() {
+        assert_ne!(b.addr, hole, "no block of the value is on the black hole");
+    }
+    // An abandoned put with a block on the black hole: the abort answers.
+    let k2 = c
+        .create("/hole/k2", NodeType::KeyValue, opts)
+        .await
+        .unwrap();
+    k2.abort().await.expect("abort answers without waiting");
+    c.delete("/hole", true).await.expect("delete answers");
+}
+
+/// A writer whose lease was taken over cannot write any more, not even to
+/// the blocks it already knows: the storage layer refuses them, and the new
+/// writer's bytes stay as written.
+#[tokio::test]
+async fn a_writer_whose_lease_was_taken_over_is_fenced() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = common::config(64 * BS, 0, &dir);
+    cfg.meta.lease_timeout_ms = 200;
+    let t = start_with(cfg, dir).await;
+    let c = &t.client;
+    let mut a = c
+        .create("/f", NodeType::File, CreateOptions::default())
+        .await
+        .unwrap();
+    a.append(b"first writer ").await.unwrap();
+    a.sync().await.unwrap();
+    // Wait for the lease to expire (an event: open_write stops saying Busy).
+    let mut b = tokio::time::timeout(HANG, async {
+        loop {
+            match c.open_write("/f").await {
+                Ok(n) => break n,
+                Err(e) if e.code == ErrorCode::Busy => {
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
+                Err(e) => panic!("open_write: {e}"),
+            }
+        }
+    })
+    .await
+    .unwrap();
+    b.append(b"second writer").await.unwrap();
+    // The first writer's late write into its known block is refused.
+    let late = a.write_at(0, b"LATE!").await.unwrap_err();
+    assert!(
+        matches!(late.code, ErrorCode::LeaseExpired | ErrorCode::Stale),
+        "{late}"
+    );
+    b.close().await.unwrap();
+    assert_eq!(
+        c.get("/f").await.unwrap(),
+        b"first writer second writer".to_vec()
+    );
+}
+
+#[derive(Debug, Default)]
+struct Counting {
+    mapped_reads: AtomicU64,
+    network_reads: AtomicU64,
+    writes: AtomicU64,
+}
+
+impl AccessHook for Counting {
+    fn on_access(&self, a: &Access<'_>) {
+        assert!(a.len > 0 && !a.loc.addr.is_empty());
+        let c = match (a.write, a.mapped) {
+            (true, _) => &self.writes,
+            (false, true) => &self.mapped_reads,
+            (false, false) => &self.network_reads,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The access hook sees every transfer, mapped reads included (which no
+/// server ever sees).
+#[tokio::test]
+async fn the_access_hook_sees_mapped_reads() {
+    let t = start_on_path(8 << 20, 0, true).await;
+    let hook = Arc::new(Counting::default());
+    let mut cfg = t.cluster.client_config();
+    cfg.access_hook = Some(hook.clone());
+    let c = Client::connect(cfg).await.unwrap();
+    table(&c).await;
+    c.put("/t/v", &pattern(6, (2 * BS) as usize)).await.unwrap();
+    assert_eq!(c.get("/t/v").await.unwrap().len(), 2 * BS as usize);
+    let stats = c.data_path_stats();
+    assert!(stats.mapped_reads >= 2, "{stats:?}");
+    assert_eq!(
+        hook.mapped_reads.load(Ordering::Relaxed),
+        stats.mapped_reads
+    );
+    assert_eq!(
+        hook.network_reads.load(Ordering::Relaxed),
+        stats.network_reads
+    );
+    assert_eq!(
+        hook.writes.load(Ordering::Relaxed),
+        stats.mapped_writes + stats.network_writes
+    );
+}
