@@ -40,7 +40,8 @@ pub fn config(dram: u64, file: u64, dir: &TempDir) -> Config {
     let mut cfg = Config::default();
     cfg.meta.listen = "127.0.0.1:0".into();
     cfg.meta.block_size = ByteSize(BS);
-    cfg.meta.dead_after_ms = 600;
+    // Heartbeats every 100 ms: generous on a loaded machine.
+    cfg.meta.dead_after_ms = 3_000;
     cfg.client.timeout_ms = 2_000;
     cfg.up.data_dir = dir.path().to_path_buf();
     cfg.up.dram = ByteSize(dram);
