@@ -320,7 +320,8 @@ impl Client {
             self.count_mapped(true);
             return m
                 .region()
-                .write(rec.block.block, rec.block.gen, rec.offset, bytes);
+                .write(rec.block.block, rec.block.gen, rec.offset, bytes)
+                .await;
         }
         self.count_network(true);
         let mut prefix = BytesMut::with_capacity(16);

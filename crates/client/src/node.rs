@@ -455,6 +455,7 @@ impl Node {
                 return m
                     .region()
                     .write(s.loc.block, s.loc.gen, s.offset, data)
+                    .await
                     .map_err(|e| self.ctx(e));
             }
             self.client.count_network(true);

@@ -654,7 +654,7 @@ async fn dram_memory_is_handed_to_colocated_clients() {
     let mut buf = [0u8; 16];
     region.read(2, 40, 0, &mut buf).unwrap();
     assert_eq!(&buf, b"over the network");
-    region.write(2, 41, 0, b"mapped").unwrap();
+    region.write(2, 41, 0, b"mapped").await.unwrap();
     assert_eq!(srv.store().generation(2), Some(41));
     assert_eq!(read(&c, 2, 41, 0, 6).await.unwrap(), b"mapped" as &[u8]);
     assert_eq!(
@@ -733,7 +733,7 @@ async fn many_clients_map_one_server() {
     .await
     .unwrap();
     for (i, (r, _)) in maps.iter().enumerate() {
-        r.write(1, 10 + i as u64, 0, &[i as u8; 8]).unwrap();
+        r.write(1, 10 + i as u64, 0, &[i as u8; 8]).await.unwrap();
     }
     assert_eq!(a.store().generation(1), Some(17));
     assert_eq!(b.store().generation(1), Some(0), "another server's memory");
