@@ -564,3 +564,186 @@ fn prefault_walks_a_client_mapping_once_and_keeps_its_bytes() {
     assert!((0..5).all(|b| client.is_populated(b)));
     assert_eq!(read(&server, 3, 1, 0, 5).unwrap(), b"small");
 }
+
+/// Environment variable naming the abstract socket a child test process
+/// (see [`child_process_writer`]) receives its region from.
+const CHILD_SOCKET: &str = "NK_SHM_TEST_CHILD_SOCKET";
+
+/// Not a test by itself: the body of the client process that
+/// [`a_live_stalled_process_is_waited_for_and_a_killed_one_reclaimed`]
+/// starts (this test binary again, with only this test selected). It maps
+/// the region over the hand-over socket and obeys commands on stdin:
+/// `stall BLOCK GEN` starts a write and stops it where its copy would
+/// begin, `land BYTE` finishes that write with 100 bytes of `BYTE`. It
+/// answers each with a line starting `NKCHILD`.
+#[test]
+fn child_process_writer() {
+    use std::io::BufRead;
+    let Ok(name) = std::env::var(CHILD_SOCKET) else {
+        return;
+    };
+    use std::os::linux::net::SocketAddrExt;
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let sock = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
+    let region = crate::receive_region(&sock).unwrap();
+    println!("NKCHILD mapped {}", region.slot().unwrap());
+    let mut stalled = None;
+    for line in std::io::stdin().lock().lines() {
+        let line = line.unwrap();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["stall", block, gen] => {
+                let w = stall_write(&region, block.parse().unwrap(), gen.parse().unwrap());
+                stalled = Some(w.unwrap());
+                println!("NKCHILD stalled");
+            }
+            ["land", byte] => {
+                let byte: u8 = byte.parse().unwrap();
+                stalled.take().unwrap().land(0, &[byte; 100]);
+                println!("NKCHILD landed");
+            }
+            _ => panic!("unknown command {line:?}"),
+        }
+    }
+    drop(stalled);
+    drop(region);
+    drop(sock);
+}
+
+/// The child process of the test below, and its stdout.
+struct Child {
+    process: std::process::Child,
+    stdin: std::process::ChildStdin,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+}
+
+impl Child {
+    fn start(socket: &str) -> Child {
+        use std::process::{Command, Stdio};
+        let mut process = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "tests::child_process_writer",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_SOCKET, socket)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = process.stdin.take().unwrap();
+        let stdout = process.stdout.take().unwrap();
+        let lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+        Child {
+            process,
+            stdin,
+            lines,
+        }
+    }
+
+    /// Sends `command` (if any) and waits for the answer containing
+    /// `NKCHILD <answer>`. Blocks until it comes (the child dying fails).
+    fn ask(&mut self, command: Option<&str>, answer: &str) {
+        use std::io::Write;
+        if let Some(c) = command {
+            writeln!(self.stdin, "{c}").unwrap();
+        }
+        let want = format!("NKCHILD {answer}");
+        for line in self.lines.by_ref() {
+            if line.unwrap().contains(&want) {
+                return;
+            }
+        }
+        panic!("the child process ended before answering {want:?}");
+    }
+}
+
+/// Regression for the defect this protocol replaces, with a real second
+/// process on a real hand-over connection. A claim used to presume a
+/// writer dead after 100 ms and forgive it, so a writer that was only
+/// slow landed its late bytes on the new owner. Now:
+///
+/// * a client process whose write stalls for far longer than 100 ms, but
+///   which is alive, is waited for: the claim completes only after its
+///   bytes have landed, so they are accounted before the new owner's;
+/// * a client process killed mid-write (SIGKILL) closes its hand-over
+///   connection; the server sees end-of-file, reclaims its slot, and only
+///   then does the claim go on.
+#[test]
+fn a_live_stalled_process_is_waited_for_and_a_killed_one_reclaimed() {
+    use std::io::Read;
+    use std::os::fd::AsFd;
+    use std::os::linux::net::SocketAddrExt;
+    let server = Arc::new(region());
+    let free = server.free_slots().unwrap();
+    let name = format!("nodekernel-shm-test-{}", std::process::id());
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    // The server's side of the hand-over, as the storage server runs it:
+    // grant a slot, then reclaim it at end-of-file.
+    let reclaimed = Arc::new(AtomicBool::new(false));
+    let serve = {
+        let server = server.clone();
+        let reclaimed = reclaimed.clone();
+        std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let lease = server.lease_slot().unwrap();
+            crate::send_region(conn.as_fd(), &server, Some(lease.slot())).unwrap();
+            let mut buf = [0u8; 16];
+            while conn.read(&mut buf).unwrap() != 0 {}
+            block_on(lease.reclaim());
+            reclaimed.store(true, Ordering::SeqCst);
+        })
+    };
+    write(&server, 1, 1, 0, &[9u8; 200]).unwrap();
+    let mut child = Child::start(&name);
+    child.ask(None, "mapped");
+    assert_eq!(server.free_slots(), Some(free - 1));
+
+    // Alive but stalled for far longer than the old 100 ms.
+    child.ask(Some("stall 1 1"), "stalled");
+    assert_eq!(server.writers_in_flight(1), Some(1));
+    let (claim, claimed) = {
+        let s = server.clone();
+        spawn_async(async move { s.write(1, 2, 0, &[2u8; 50]).await })
+    };
+    wait_until("the claim", || server.is_settling(1) == Some(true));
+    std::thread::sleep(LONGER_THAN_ANY_TIMEOUT);
+    assert!(
+        !claimed.load(Ordering::SeqCst),
+        "a live writer is waited for"
+    );
+    assert!(!reclaimed.load(Ordering::SeqCst), "and never reclaimed");
+    assert_eq!(server.writers_in_flight(1), Some(1), "nor forgiven");
+    child.ask(Some("land 1"), "landed");
+    claim.join().unwrap().unwrap();
+    let bytes = read(&server, 1, 2, 0, 200).unwrap();
+    assert_eq!(&bytes[..50], &[2u8; 50][..], "the new owner's bytes");
+    assert_eq!(
+        &bytes[50..100],
+        &[1u8; 50][..],
+        "the late bytes, accounted before"
+    );
+    assert_eq!(&bytes[100..], &[9u8; 100][..]);
+    assert_eq!(server.writers_in_flight(1), Some(0));
+
+    // Killed mid-write: waited for until its connection closes, then
+    // reclaimed.
+    child.ask(Some("stall 1 2"), "stalled");
+    let (claim, claimed) = {
+        let s = server.clone();
+        spawn_async(async move { s.write(1, 3, 0, &[3u8; 50]).await })
+    };
+    wait_until("the claim", || server.is_settling(1) == Some(true));
+    std::thread::sleep(LONGER_THAN_ANY_TIMEOUT);
+    assert!(!claimed.load(Ordering::SeqCst), "still waited for");
+    child.process.kill().unwrap();
+    child.process.wait().unwrap();
+    claim.join().unwrap().unwrap();
+    serve.join().unwrap();
+    assert!(reclaimed.load(Ordering::SeqCst));
+    assert_eq!(server.free_slots(), Some(free), "the slot is free again");
+    assert_eq!(server.writers_in_flight(1), Some(0));
+    assert_eq!(&read(&server, 1, 3, 0, 50).unwrap()[..], &[3u8; 50][..]);
+}
