@@ -20,3 +20,7 @@ echo "== cargo doc (broken links fail) =="
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 echo "== cargo test =="
 cargo test --workspace --locked
+echo "== loom model check of the shared-memory protocol (about a minute) =="
+# Its own target directory: --cfg loom rebuilds every dependency.
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+    cargo test -p nodekernel-shm --release --locked --test loom

@@ -213,7 +213,7 @@ impl BlockIo {
         let mapped = match self.route(&loc.addr).await? {
             Route::Mapped(m) => {
                 // Straight from the caller's buffer into the server's memory.
-                m.region().write(loc.block, loc.gen, offset, data)?;
+                m.region().write(loc.block, loc.gen, offset, data).await?;
                 true
             }
             Route::Network => {

@@ -2,17 +2,27 @@
 //!
 //! The server listens on an abstract Unix socket (Linux abstract namespace:
 //! no file, the name is only visible inside the server's network
-//! namespace). On each connection it sends one message: the
-//! [`HEADER_LEN`]-byte header as data, with the memfd attached as
-//! `SCM_RIGHTS` ancillary data. The client validates the header and the
-//! descriptor before mapping anything ([`Region::open`]). The connection
-//! then stays open without traffic: when the server goes away the client
-//! sees end-of-file and stops using the mapping.
+//! namespace). On each connection it sends one message of [`MESSAGE_LEN`]
+//! bytes: the [`HEADER_LEN`]-byte header, then the **grant**, the writer
+//! slot given to that client process (u32 little-endian, [`NO_SLOT`] when
+//! every client slot is taken) and 4 reserved zero bytes; the memfd is
+//! attached as `SCM_RIGHTS` ancillary data. The client validates the
+//! header, the slot and the descriptor before mapping anything
+//! ([`Region::open`]).
+//!
+//! The connection then stays open without traffic, and both ends watch it:
+//! when the server goes away the client sees end-of-file and stops using
+//! the mapping; when the client process dies (the kernel closes its
+//! sockets once all its threads are gone) or drops its mapping, the server
+//! sees end-of-file and reclaims the slot
+//! ([`SlotLease::reclaim`](crate::SlotLease::reclaim)). So a
+//! client must keep the connection open for as long as it may access the
+//! mapping, and close it only after its last access.
 //!
 //! This uses `libc::sendmsg`/`recvmsg` directly rather than the `nix` crate:
 //! two short, contained functions do not justify a new dependency.
 
-use crate::layout::HEADER_LEN;
+use crate::layout::{Layout, HEADER_LEN};
 use crate::Region;
 use std::io::{self, Read};
 use std::mem::{size_of, zeroed};
@@ -22,20 +32,30 @@ use std::os::unix::net::UnixStream;
 /// Prefix of every storage server's abstract socket name.
 pub const NAME_PREFIX: &str = "nodekernel-store-";
 
+/// Bytes of the hand-over message: the header and the grant.
+pub const MESSAGE_LEN: usize = HEADER_LEN + 8;
+
+/// The grant when the server has no client slot left: the client must
+/// not write through the mapping, and [`receive_region`] refuses it (the
+/// client then uses the network altogether).
+pub const NO_SLOT: u32 = u32::MAX;
+
 /// Control buffer with the alignment `cmsghdr` needs, with room for a few
 /// descriptors (more than one is refused, but must be received to be closed).
 #[repr(C, align(8))]
 struct Cmsg([u8; 128]);
 
-/// Sends `region`'s header and memfd on the connected stream socket `sock`.
-/// On a non-blocking socket this may fail with `WouldBlock`; retry when it
-/// is writable.
-pub fn send_region(sock: BorrowedFd<'_>, region: &Region) -> io::Result<()> {
-    let header = region.layout().encode();
+/// Sends `region`'s header, the grant of `slot` (`None`: no slot) and the
+/// memfd on the connected stream socket `sock`. On a non-blocking socket
+/// this may fail with `WouldBlock`; retry when it is writable.
+pub fn send_region(sock: BorrowedFd<'_>, region: &Region, slot: Option<u32>) -> io::Result<()> {
+    let mut message = [0u8; MESSAGE_LEN];
+    message[..HEADER_LEN].copy_from_slice(&region.layout().encode());
+    message[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&slot.unwrap_or(NO_SLOT).to_le_bytes());
     let fd: RawFd = region.file().as_raw_fd();
     let mut iov = libc::iovec {
-        iov_base: header.as_ptr() as *mut libc::c_void,
-        iov_len: header.len(),
+        iov_base: message.as_ptr() as *mut libc::c_void,
+        iov_len: message.len(),
     };
     let mut cbuf = Cmsg([0; 128]);
     // SAFETY: CMSG_SPACE only computes a size.
@@ -50,7 +70,7 @@ pub fn send_region(sock: BorrowedFd<'_>, region: &Region) -> io::Result<()> {
     // SAFETY: msg_control points to `space` aligned bytes, enough for one
     // cmsghdr carrying one descriptor, so CMSG_FIRSTHDR is non-null and
     // CMSG_DATA has room for the descriptor (written unaligned to be safe).
-    // sendmsg only reads `msg`, `iov`, `header` and `cbuf`, all alive here.
+    // sendmsg only reads `msg`, `iov`, `message` and `cbuf`, all alive here.
     let sent = unsafe {
         let c = libc::CMSG_FIRSTHDR(&msg);
         if c.is_null() {
@@ -65,28 +85,59 @@ pub fn send_region(sock: BorrowedFd<'_>, region: &Region) -> io::Result<()> {
     if sent < 0 {
         return Err(io::Error::last_os_error());
     }
-    if sent as usize != header.len() {
-        // The descriptor went with the first byte; the rest of a 64-byte
+    if sent as usize != message.len() {
+        // The descriptor went with the first byte; the rest of a short
         // message on a fresh connection always fits, so this is a broken
         // peer. Give up on the connection.
         return Err(io::Error::other(format!(
-            "sent {sent} of {} header bytes",
-            header.len()
+            "sent {sent} of {} message bytes",
+            message.len()
         )));
     }
     Ok(())
 }
 
 /// Receives a region from a server (blocking, bounded by the socket's read
-/// timeout), validates it and maps it.
+/// timeout), validates it and maps it, writing with the granted slot.
+/// Fails when the server had no slot left: such a client
+/// uses the network. Keep `sock` open for as long as the mapping may be
+/// used (drop the [`Region`] first): closing it tells the server that this
+/// process's writes are over and lets it reclaim the slot.
 pub fn receive_region(sock: &UnixStream) -> io::Result<Region> {
-    let (header, fd) = receive(sock)?;
-    Region::open(fd, &header)
+    match receive_grant(sock)? {
+        (fd, header, Some(slot)) => Region::open(fd, &header, Some(slot)),
+        (_, _, None) => Err(io::Error::other(
+            "the storage server has no writer slot left for this process",
+        )),
+    }
 }
 
-/// Receives the header bytes and exactly one descriptor.
-fn receive(sock: &UnixStream) -> io::Result<([u8; HEADER_LEN], OwnedFd)> {
-    let mut header = [0u8; HEADER_LEN];
+/// Receives a region that may come without a slot, and maps it read only
+/// in that case (see [`Region::can_write`]).
+pub fn receive_region_maybe_read_only(sock: &UnixStream) -> io::Result<Region> {
+    let (fd, header, slot) = receive_grant(sock)?;
+    Region::open(fd, &header, slot)
+}
+
+/// Receives the message and descriptor, and checks the grant's form.
+fn receive_grant(sock: &UnixStream) -> io::Result<(OwnedFd, [u8; HEADER_LEN], Option<u32>)> {
+    let (message, fd) = receive(sock)?;
+    let (header, grant) = message.split_at(HEADER_LEN);
+    if grant[4..] != [0; 4] {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "reserved bytes of the slot grant are not zero",
+        ));
+    }
+    let slot = u32::from_le_bytes([grant[0], grant[1], grant[2], grant[3]]);
+    let mut h = [0u8; HEADER_LEN];
+    h.copy_from_slice(header);
+    Ok((fd, h, (slot != NO_SLOT).then_some(slot)))
+}
+
+/// Receives the message bytes and exactly one descriptor.
+fn receive(sock: &UnixStream) -> io::Result<([u8; MESSAGE_LEN], OwnedFd)> {
+    let mut header = [0u8; MESSAGE_LEN];
     let mut iov = libc::iovec {
         iov_base: header.as_mut_ptr().cast(),
         iov_len: header.len(),
@@ -157,8 +208,14 @@ fn receive(sock: &UnixStream) -> io::Result<([u8; HEADER_LEN], OwnedFd)> {
             format!("expected one descriptor, received {}", fds.len()),
         ));
     }
-    if n < HEADER_LEN {
-        // The rest of the header (without descriptors) may come separately.
+    if n >= 12 {
+        // A server of another layout version may send a message of another
+        // length: say so rather than wait for bytes that never come.
+        Layout::check_version(&header[..n])
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    }
+    if n < MESSAGE_LEN {
+        // The rest of the message (without descriptors) may come separately.
         (&*sock).read_exact(&mut header[n..])?;
     }
     Ok((header, fds.pop().expect("one descriptor")))
@@ -167,42 +224,69 @@ fn receive(sock: &UnixStream) -> io::Result<([u8; HEADER_LEN], OwnedFd)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::VERSION;
     use std::io::Write;
     use std::os::fd::AsFd;
+    use std::sync::Arc;
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        crate::testing::block_on(f)
+    }
 
     #[test]
     fn hand_over_over_a_socket_pair() {
-        let r = Region::create(4096, 4).unwrap();
-        r.write(1, 7, 10, b"shared").unwrap();
+        let r = Arc::new(Region::create(4096, 4).unwrap());
+        block_on(r.write(1, 7, 10, b"shared")).unwrap();
         let (a, b) = UnixStream::pair().unwrap();
-        send_region(a.as_fd(), &r).unwrap();
+        let lease = r.lease_slot().unwrap();
+        send_region(a.as_fd(), &r, Some(lease.slot())).unwrap();
         let mapped = receive_region(&b).unwrap();
         assert_eq!(mapped.layout(), r.layout());
+        assert_eq!(mapped.slot(), Some(lease.slot()));
+        assert!(mapped.can_write());
         let mut out = [0u8; 6];
         mapped.read(1, 7, 10, &mut out).unwrap();
         assert_eq!(&out, b"shared");
         // A write through the second mapping is seen by the first.
-        mapped.write(1, 8, 0, b"claimed").unwrap();
+        block_on(mapped.write(1, 8, 0, b"claimed")).unwrap();
         assert_eq!(r.generation(1), Some(8));
         let mut out = [0u8; 7];
         r.read(1, 8, 0, &mut out).unwrap();
         assert_eq!(&out, b"claimed");
+        // Without a slot the mapping is refused, or reads but does not
+        // write.
+        send_region(a.as_fd(), &r, None).unwrap();
+        let e = receive_region(&b).unwrap_err();
+        assert!(e.to_string().contains("no writer slot"), "{e}");
+        send_region(a.as_fd(), &r, None).unwrap();
+        let ro = receive_region_maybe_read_only(&b).unwrap();
+        assert_eq!(ro.slot(), None);
+        assert!(!ro.can_write());
+        ro.read(1, 8, 0, &mut out).unwrap();
+        let e = block_on(ro.write(1, 8, 0, b"x")).unwrap_err();
+        assert_eq!(e.code, nodekernel_proto::ErrorCode::Unavailable, "{e}");
         // A stopped server's region is refused.
         r.close();
         assert!(mapped.is_closed());
-        send_region(a.as_fd(), &r).unwrap();
+        send_region(a.as_fd(), &r, Some(lease.slot())).unwrap();
         let e = receive_region(&b).unwrap_err();
         assert!(e.to_string().contains("stopped"), "{e}");
     }
 
     #[test]
-    fn refuses_missing_or_foreign_descriptors() {
-        let mut buf = [0u8; HEADER_LEN];
-        buf.copy_from_slice(&crate::Layout::new(4096, 1).unwrap().encode());
+    fn refuses_missing_or_foreign_descriptors_and_bad_grants() {
+        let layout = crate::Layout::new(4096, 1).unwrap();
+        let message = |header: &[u8], slot: u32| {
+            let mut m = header.to_vec();
+            m.extend_from_slice(&slot.to_le_bytes());
+            m.extend_from_slice(&[0; 4]);
+            m
+        };
+        let good = message(&layout.encode(), 5);
 
-        // Header without a descriptor.
+        // Message without a descriptor.
         let (mut a, b) = UnixStream::pair().unwrap();
-        a.write_all(&buf).unwrap();
+        a.write_all(&good).unwrap();
         let e = receive_region(&b).unwrap_err();
         assert!(e.to_string().contains("descriptor"), "{e}");
 
@@ -218,29 +302,57 @@ mod tests {
         // and so is a plain file.
         let (a, b) = UnixStream::pair().unwrap();
         let (other, _keep) = UnixStream::pair().unwrap();
-        send_raw(&a, &buf, other.as_raw_fd());
+        send_raw(&a, &good, other.as_raw_fd());
         let e = receive_region(&b).unwrap_err();
         assert!(e.to_string().contains("memfd"), "{e}");
         let f = std::fs::File::open("/proc/self/exe").unwrap();
-        send_raw(&a, &buf, f.as_raw_fd());
+        send_raw(&a, &good, f.as_raw_fd());
         let e = receive_region(&b).unwrap_err();
         assert!(e.to_string().contains("memfd"), "{e}");
 
         // A real region with a header that claims more than it holds.
         let r = Region::create(4096, 1).unwrap();
-        let mut lie = crate::Layout::new(4096, 2).unwrap().encode();
+        let lie = message(&crate::Layout::new(4096, 2).unwrap().encode(), 5);
         send_raw(&a, &lie, r.file().as_raw_fd());
         let e = receive_region(&b).unwrap_err();
         assert!(e.to_string().contains("bytes"), "{e}");
         // ... or a consistent but different one than in the memfd.
-        lie = crate::Layout::new(2048, 2).unwrap().encode();
+        let lie = message(&crate::Layout::new(2048, 2).unwrap().encode(), 5);
         send_raw(&a, &lie, r.file().as_raw_fd());
         let e = receive_region(&b).unwrap_err();
         assert!(e.to_string().contains("differs"), "{e}");
         // Garbage header.
-        send_raw(&a, &[0xAB; HEADER_LEN], r.file().as_raw_fd());
+        send_raw(&a, &[0xAB; MESSAGE_LEN], r.file().as_raw_fd());
         let e = receive_region(&b).unwrap_err();
         assert!(e.to_string().contains("magic"), "{e}");
+
+        // Slots the server keeps for itself, or past the end, are refused,
+        // and so are reserved bytes that are not zero.
+        for slot in [
+            0,
+            crate::layout::SERVER_SLOTS - 1,
+            layout.slots,
+            NO_SLOT - 1,
+        ] {
+            send_raw(&a, &message(&layout.encode(), slot), r.file().as_raw_fd());
+            let e = receive_region(&b).unwrap_err();
+            assert!(e.to_string().contains("slot"), "slot {slot}: {e}");
+        }
+        let mut m = good.clone();
+        m[MESSAGE_LEN - 1] = 1;
+        send_raw(&a, &m, r.file().as_raw_fd());
+        let e = receive_region(&b).unwrap_err();
+        assert!(e.to_string().contains("reserved"), "{e}");
+        send_raw(&a, &good, r.file().as_raw_fd());
+        assert_eq!(receive_region(&b).unwrap().slot(), Some(5));
+
+        // A server of another version is named as such at once, even when
+        // its message is shorter than ours (version 1 sent 64 bytes).
+        let mut old = layout.encode()[..64].to_vec();
+        old[8..12].copy_from_slice(&(VERSION - 1).to_le_bytes());
+        send_raw(&a, &old, r.file().as_raw_fd());
+        let e = receive_region(&b).unwrap_err();
+        assert!(e.to_string().contains("version 1"), "{e}");
     }
 
     /// Sends `data` with `fd` attached.

@@ -1,57 +1,85 @@
-//! A mapped shared region and the block protocol on its atomics.
+//! A mapped shared region, the block protocol on its atomics, and the
+//! server's table of writer slots.
 
-use crate::layout::{Layout, INFLIGHT_AT};
+use crate::layout::Layout;
+use crate::protocol::{self, Lanes, Memory};
 use bytes::BytesMut;
 use memmap2::{MmapOptions, MmapRaw};
 use nodekernel_proto::{Error, Result};
 use std::ffi::CStr;
 use std::fs::File;
+use std::future::Future;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::pin::Pin;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 
-/// Set in a block's generation word while a claim waits for the writers of
-/// the previous generation. Generations are below 2^63 (the metadata server
-/// seeds them from the wall clock in microseconds), so the bit is free.
-pub const SETTLING: u64 = 1 << 63;
-
-/// How long a claim waits for writers of the previous generation, and how
-/// long a writer waits for a settling claim of its own generation, before
-/// presuming the other party dead and going on.
-pub const CLAIM_WAIT: Duration = Duration::from_millis(100);
+pub use crate::protocol::SETTLING;
 
 /// Value of the state word once the server has stopped.
 const CLOSED: u64 = 1;
 
 const MEMFD_NAME: &CStr = c"nodekernel-dram";
 
-/// One DRAM storage server's memory: header, state word, per-block control
-/// entries and block data, in one sealed memfd mapped shared.
+/// One DRAM storage server's memory: header, state word, writer lanes,
+/// per-block generation words and block data, in one sealed memfd mapped
+/// shared.
 ///
-/// The server creates it ([`Region::create`]); a co-located client receives
-/// the memfd and maps it again ([`Region::open`]). Both then run exactly the
-/// same protocol ([`Region::read`], [`Region::write`]; see the crate docs) on
-/// the same atomics, so network and mapped accesses interoperate.
+/// The server creates it ([`Region::create`]) and writes with lanes of its
+/// own slots; a co-located client receives the memfd and the number of the
+/// slot granted to its process, and maps it again ([`Region::open`]). Both
+/// then run exactly the same protocol ([`Region::read`], [`Region::write`];
+/// see [`protocol`]) on the same atomics, so network and mapped
+/// accesses interoperate.
 ///
 /// No Rust reference to block data is ever formed: data is copied with
 /// `ptr::copy_nonoverlapping` between raw pointers into the mapping and the
-/// caller's buffers. Only the control words are accessed through
-/// references, as atomics.
+/// caller's buffers. Only the state, lane and generation words are accessed
+/// through references, as atomics.
 pub struct Region {
-    map: MmapRaw,
+    /// Shared with the waker thread (see [`Notifier`]), which sleeps on
+    /// the wake sequence inside it.
+    map: Arc<MmapRaw>,
     layout: Layout,
     file: File,
+    /// The lanes this mapping writes with: the server's slots, or the
+    /// client slot granted at the hand-over; `None` for a read-only mapping.
+    lanes: Option<Lanes>,
+    /// The client slot granted to this mapping (clients only).
+    slot: Option<u32>,
+    /// Server only: the state of every client slot.
+    slots: Option<Mutex<Vec<SlotState>>>,
     /// Clients only: one bit per block whose pages this mapping has already
     /// faulted in (see [`Region::touch`]). The server maps everything up
     /// front.
     populated: Option<Box<[AtomicU64]>>,
+    /// Wakes this process's async waits when the wake sequence moves.
+    notifier: Notifier,
+}
+
+/// The slot whose waiting count the server's own waits (its writes and
+/// reclamations) go to.
+const SERVER_WAIT_SLOT: u32 = 0;
+
+/// Where a client slot is in its life (server side).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotState {
+    /// All its lanes are free; it can be granted.
+    Free,
+    /// Granted to a hand-over connection that is still open.
+    Leased,
+    /// Its lease was dropped without reclamation (the server is stopping):
+    /// never granted again, since its process may still be writing.
+    Retired,
 }
 
 impl std::fmt::Debug for Region {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Region")
             .field("layout", &self.layout)
+            .field("slot", &self.slot)
             .field("closed", &self.is_closed())
             .finish()
     }
@@ -59,8 +87,9 @@ impl std::fmt::Debug for Region {
 
 impl Region {
     /// Creates a zero-filled region of `num_blocks` blocks of `block_size`
-    /// bytes (every generation 0, no writer in flight) in a new memfd, seals
-    /// its size and maps it.
+    /// bytes (every generation 0, every lane free) in a new memfd, seals
+    /// its size and maps it. The region writes with the lanes of the
+    /// server's slots, and grants the others with [`Region::lease_slot`].
     ///
     /// All of its memory is allocated here, not at first touch: the DRAM
     /// tier's capacity is then real (a later shortage cannot fault a
@@ -109,22 +138,43 @@ impl Region {
         unsafe {
             std::ptr::copy_nonoverlapping(header.as_ptr(), map.as_mut_ptr(), header.len());
         }
+        let client_slots = layout.slots - layout.server_slots;
+        let map = Arc::new(map);
         Ok(Region {
+            notifier: Notifier::new(map.clone(), layout.wake_seq_offset()),
             map,
             layout,
             file,
+            lanes: Some(Lanes {
+                slot: SERVER_WAIT_SLOT,
+                first: 0,
+                count: layout.server_slots as usize * layout.lanes_per_slot as usize,
+            }),
+            slot: None,
+            slots: Some(Mutex::new(vec![SlotState::Free; client_slots as usize])),
             populated: None,
         })
     }
 
     /// Maps a region received from a server, after checking everything:
-    /// the header parses and is consistent, the descriptor is a memfd
-    /// sealed against shrinking and at least as long as the header says,
-    /// the header inside the mapping matches the one received, and the
-    /// server has not stopped.
-    pub fn open(fd: OwnedFd, header: &[u8]) -> io::Result<Region> {
+    /// the header parses and is consistent, the granted `slot` (if any) is
+    /// a client slot of this layout, the descriptor is a memfd sealed
+    /// against shrinking and at least as long as the header says, the
+    /// header inside the mapping matches the one received, and the server
+    /// has not stopped.
+    ///
+    /// Writes use the lanes of `slot`; without one the mapping is read
+    /// only ([`Region::write`] fails with `Unavailable`).
+    pub fn open(fd: OwnedFd, header: &[u8], slot: Option<u32>) -> io::Result<Region> {
         let invalid = |msg: String| io::Error::new(io::ErrorKind::InvalidData, msg);
         let layout = Layout::decode(header).map_err(|e| invalid(e.to_string()))?;
+        if let Some(s) = slot.filter(|&s| !layout.is_client_slot(s)) {
+            return Err(invalid(format!(
+                "slot {s} is not a client slot (the server keeps slots 0 to {}, the region has {})",
+                layout.server_slots - 1,
+                layout.slots
+            )));
+        }
         let file = File::from(fd);
         // SAFETY: plain fcntl on a descriptor we own.
         let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
@@ -149,10 +199,15 @@ impl Region {
             .len(layout.total_len as usize)
             .map_raw(&file)?;
         let words = layout.num_blocks.div_ceil(64) as usize;
+        let map = Arc::new(map);
         let region = Region {
+            notifier: Notifier::new(map.clone(), layout.wake_seq_offset()),
             map,
             layout,
             file,
+            lanes: slot.map(|s| slot_lanes(&layout, s)),
+            slot,
+            slots: None,
             populated: Some((0..words).map(|_| AtomicU64::new(0)).collect()),
         };
         let mut mapped = [0u8; crate::HEADER_LEN];
@@ -212,44 +267,53 @@ impl Region {
 
     fn state(&self) -> &AtomicU64 {
         // SAFETY: state_offset is 8-aligned and inside the mapping
-        // (validated); the mapping is page aligned and lives as long as
-        // `self`. The word is only ever accessed atomically.
-        unsafe {
-            AtomicU64::from_ptr(
-                self.map
-                    .as_mut_ptr()
-                    .add(self.layout.state_offset as usize)
-                    .cast(),
-            )
-        }
+        // (validated layout); the state word is only ever accessed
+        // atomically.
+        unsafe { self.word_at(self.layout.state_offset) }
     }
 
-    /// The generation word and writer counter of `block` (< num_blocks).
-    pub(crate) fn ctl(&self, block: u32) -> (&AtomicU64, &AtomicU32) {
-        debug_assert!(block < self.layout.num_blocks);
-        let at = self.layout.ctrl_offset + u64::from(block) * self.layout.ctrl_stride;
-        // SAFETY: the entry lies inside the control region (block <
-        // num_blocks, validated layout), is 8-aligned (ctrl_offset and
-        // stride are multiples of 8 and the mapping is page aligned), and
-        // both words are only ever accessed atomically, by every process.
-        unsafe {
-            let p = self.map.as_mut_ptr().add(at as usize);
-            (
-                AtomicU64::from_ptr(p.cast()),
-                AtomicU32::from_ptr(p.add(INFLIGHT_AT as usize).cast()),
-            )
-        }
+    /// The word at `offset` of the mapping.
+    ///
+    /// # Safety
+    ///
+    /// `offset` must be 8-aligned, lie inside one of the word areas of the
+    /// validated layout (state word, lanes, generation words), and that
+    /// word must only ever be accessed atomically, by every process.
+    unsafe fn word_at(&self, offset: u64) -> &AtomicU64 {
+        // SAFETY: the caller's contract puts the word inside the mapping
+        // (which lives as long as `self`), 8-aligned (the mapping is page
+        // aligned), and only ever accessed atomically.
+        unsafe { AtomicU64::from_ptr(self.map.as_mut_ptr().add(offset as usize).cast()) }
+    }
+
+    /// The client slot this mapping writes with (`None` for the server's
+    /// own region and for a read-only mapping).
+    pub fn slot(&self) -> Option<u32> {
+        self.slot
+    }
+
+    /// Whether this mapping may write (it has lanes).
+    pub fn can_write(&self) -> bool {
+        self.lanes.is_some()
     }
 
     /// The current generation of `block`, or `None` past the end.
     pub fn generation(&self, block: u32) -> Option<u64> {
         (block < self.layout.num_blocks)
-            .then(|| self.ctl(block).0.load(Ordering::Acquire) & !SETTLING)
+            .then(|| self.generation_word(block).load(Ordering::Acquire) & !SETTLING)
     }
 
-    /// Writers of `block` in flight right now (for tests and diagnostics).
+    /// Whether a claim of `block` is still settling (waiting for writers
+    /// that saw an older generation), or `None` past the end.
+    pub fn is_settling(&self, block: u32) -> Option<bool> {
+        (block < self.layout.num_blocks)
+            .then(|| self.generation_word(block).load(Ordering::Acquire) & SETTLING != 0)
+    }
+
+    /// Writes of `block` that may be copying right now, in any process
+    /// (for tests and diagnostics).
     pub fn writers_in_flight(&self, block: u32) -> Option<u32> {
-        (block < self.layout.num_blocks).then(|| self.ctl(block).1.load(Ordering::Acquire))
+        (block < self.layout.num_blocks).then(|| protocol::writers_of(self, block))
     }
 
     /// Maps the pages of `block` into this mapping before the first large
@@ -405,183 +469,491 @@ impl Region {
             .map_err(|e| (e, false))?;
         check_generation(gen).map_err(|e| (e, false))?;
         self.touch(block, len);
-        let (word, _) = self.ctl(block);
-        let before = word.load(Ordering::Acquire);
-        if before != gen {
-            return Err((stale_read(block, gen, before), false));
-        }
+        protocol::read_begin(self, block, gen).map_err(|w| (stale_read(block, gen, w), false))?;
         // A racy copy: a claim may start writing the new owner's bytes while
         // we copy. The result is kept only if the generation is unchanged
-        // afterwards (a seqlock read); the acquire fence keeps the copy's
-        // loads before the second load of the generation, and pairs with
-        // the release fence writers issue between taking the block and
-        // copying, so a copy that saw any byte of a new owner sees the new
-        // generation too.
+        // afterwards (a seqlock read, see `protocol::read_end`).
         //
         // SAFETY: the source range lies inside the block (checked above),
         // the destination is valid for `len` bytes and separate from the
         // mapping (caller contract).
         unsafe { std::ptr::copy_nonoverlapping(self.src(block, offset), dst, len) };
-        fence(Ordering::Acquire);
-        let after = word.load(Ordering::Relaxed);
-        if after != gen {
-            return Err((stale_read(block, gen, after), true));
-        }
-        Ok(())
+        protocol::read_end(self, block, gen).map_err(|w| (stale_read(block, gen, w), true))
     }
 
     /// Writes `data` into `block` at `offset` under generation `gen`,
-    /// claiming the block first if `gen` is newer than its generation.
-    /// An empty `data` with a newer generation is a pure claim.
-    pub fn write(&self, block: u32, gen: u64, offset: u32, data: &[u8]) -> Result<()> {
+    /// claiming the block first if `gen` is newer than its generation
+    /// (then the bytes are written once every write that saw an older
+    /// generation has finished its copy). An empty `data` with a newer
+    /// generation is a pure claim ([`Region::claim`]).
+    ///
+    /// Never blocks the thread, and never polls on a timer: while it must
+    /// wait (for writers of an older generation to finish their copy,
+    /// however long that takes, or for a free lane of this mapping's slot),
+    /// the future is pending until a lane changes, in any process (see
+    /// [`protocol`]'s *Waiting*). Works on any executor. `Stale` if the
+    /// block belongs to a newer generation; `Unavailable` on a read-only
+    /// mapping.
+    ///
+    /// Cancel safety: dropping the future before it completes writes
+    /// nothing and frees its lane. A claim it had made stays settling
+    /// (readers of `gen` get `Stale`) until the next write of `gen` settles
+    /// it or a newer generation claims the block.
+    pub async fn write(&self, block: u32, gen: u64, offset: u32, data: &[u8]) -> Result<()> {
         let l = &self.layout;
         check_range(l.block_size, l.num_blocks, block, offset, data.len() as u64)?;
         check_generation(gen)?;
+        let lanes = self.lanes.ok_or_else(|| {
+            Error::unavailable(format!(
+                "block {block}: this mapping has no writer slot (read only)"
+            ))
+        })?;
         self.touch(block, data.len());
-        let (word, inflight) = self.ctl(block);
-        let _writer = enter(block, gen, word, inflight)?;
-        // Pairs with the readers' acquire fence (see `read_raw`): every
-        // change of the generation we observed or made happens before our
-        // bytes become visible.
-        fence(Ordering::Release);
+        let mut op = protocol::Write::new(self, lanes, block, gen);
+        if let Err(current) = self.until_ready(lanes.slot, || op.poll()).await {
+            return Err(stale_write(block, gen, current));
+        }
         // SAFETY: the destination range lies inside the block (checked
-        // above); `data` is the caller's buffer, never the mapping.
+        // above); `data` is the caller's buffer, never the mapping. The
+        // protocol gave us the block: no write of another generation copies
+        // into it until we finish.
         unsafe {
             std::ptr::copy_nonoverlapping(data.as_ptr(), self.src(block, offset), data.len());
         }
+        op.finish();
         Ok(())
-        // `_writer` drops here: the counter goes down (release), after the copy.
     }
-}
 
-/// A counted writer of one block; leaving decrements the counter.
-struct Writer<'a>(&'a AtomicU32);
-
-impl Drop for Writer<'_> {
-    fn drop(&mut self) {
-        leave(self.0);
+    /// Claims `block` for generation `gen` without writing: a zero-length
+    /// [`Region::write`]. Returns once every write that saw an older
+    /// generation has finished its copy; from then on writes and reads
+    /// with an older generation get `Stale`.
+    pub async fn claim(&self, block: u32, gen: u64) -> Result<()> {
+        self.write(block, gen, 0, &[]).await
     }
-}
 
-fn arrive(inflight: &AtomicU32) -> Writer<'_> {
-    inflight.fetch_add(1, Ordering::SeqCst);
-    Writer(inflight)
-}
-
-/// Decrements, never below zero: a writer presumed dead may have been
-/// forgiven already (see `drain`).
-fn leave(inflight: &AtomicU32) {
-    let _ = inflight.fetch_update(Ordering::Release, Ordering::Relaxed, |n| {
-        Some(n.saturating_sub(1))
-    });
-}
-
-/// Spins a little, then yields.
-fn backoff(round: &mut u32) {
-    if *round < 64 {
-        std::hint::spin_loop();
-    } else {
-        std::thread::yield_now();
-    }
-    *round = round.saturating_add(1);
-}
-
-/// Registers a writer of `gen` and makes sure `gen` is the block's settled
-/// generation, claiming the block if `gen` is newer.
-fn enter<'a>(
-    block: u32,
-    gen: u64,
-    word: &AtomicU64,
-    inflight: &'a AtomicU32,
-) -> Result<Writer<'a>> {
-    let mut me = arrive(inflight);
-    loop {
-        let w = word.load(Ordering::SeqCst);
-        let current = w & !SETTLING;
-        if current > gen {
-            return Err(stale_write(block, gen, current));
+    /// Runs `attempt` until it is ready; between tries, waits (without
+    /// blocking the thread) until a lane has changed. `slot`: whose
+    /// waiting count the wait goes to. See [`protocol::drive`], its
+    /// blocking twin.
+    async fn until_ready<T>(&self, slot: u32, mut attempt: impl FnMut() -> Poll<T>) -> T {
+        if let Poll::Ready(v) = attempt() {
+            return v;
         }
-        if current < gen {
-            // A new owner. Writers of the old generation that registered
-            // before this exchange are waited for in `drain`; every writer
-            // that registers after it sees the new generation and backs off.
-            if word
-                .compare_exchange(w, gen | SETTLING, Ordering::SeqCst, Ordering::SeqCst)
-                .is_ok()
-            {
-                drain(block, gen, word, inflight)?;
-                return Ok(me);
+        let waiting = protocol::Waiting::new(self, slot);
+        loop {
+            let seq = waiting.round();
+            if let Poll::Ready(v) = attempt() {
+                return v;
             }
-            continue;
+            self.notifier.changed(seq).await;
         }
-        if w & SETTLING == 0 {
-            return Ok(me);
+    }
+
+    /// The lanes this mapping writes with (tests).
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn lanes(&self) -> Option<Lanes> {
+        self.lanes
+    }
+
+    /// Server: grants a free client slot to a new hand-over connection, or
+    /// `None` when every client slot is taken (that client then uses the
+    /// network). The slot is granted again only after
+    /// [`SlotLease::reclaim`].
+    pub fn lease_slot(self: &Arc<Self>) -> Option<SlotLease> {
+        let table = self.slots.as_ref()?;
+        let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
+        let i = t.iter().position(|s| *s == SlotState::Free)?;
+        t[i] = SlotState::Leased;
+        Some(SlotLease {
+            region: self.clone(),
+            slot: self.layout.server_slots + i as u32,
+            reclaimed: false,
+        })
+    }
+
+    /// Client slots not granted now (server only; `None` on a client
+    /// mapping).
+    pub fn free_slots(&self) -> Option<usize> {
+        let t = self
+            .slots
+            .as_ref()?
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        Some(t.iter().filter(|s| **s == SlotState::Free).count())
+    }
+
+    fn set_slot_state(&self, slot: u32, state: SlotState) {
+        if let Some(table) = &self.slots {
+            let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(s) = t.get_mut((slot - self.layout.server_slots) as usize) {
+                *s = state;
+            }
         }
-        // Our generation, but another writer of it is still settling the
-        // claim. Step aside (it waits for the counter to drop to one) and
-        // wait for it, so we never write while an old owner still may.
-        drop(me);
-        wait_settled(block, gen, word);
-        me = arrive(inflight);
+    }
+
+    /// The wake sequence, a futex word shared by every process.
+    fn wake_word(&self) -> &AtomicU32 {
+        self.notifier.word()
     }
 }
 
-/// Waits until every other registered writer has left, then clears the
-/// settling bit. Fails with `Stale` if a newer claim takes the block over
-/// meanwhile.
-fn drain(block: u32, gen: u64, word: &AtomicU64, inflight: &AtomicU32) -> Result<()> {
-    let mine = gen | SETTLING;
-    let started = Instant::now();
-    let mut round = 0;
-    loop {
-        let w = word.load(Ordering::SeqCst);
-        if w == gen {
-            // A waiter presumed us dead and settled for us.
-            return Ok(());
-        }
-        if w != mine {
-            return Err(stale_write(block, gen, w & !SETTLING));
-        }
-        let n = inflight.load(Ordering::SeqCst);
-        if n <= 1 {
-            break;
-        }
-        if round >= 64 && started.elapsed() > CLAIM_WAIT {
-            // A writer that has not finished one copy in this long is taken
-            // for dead (its process was killed mid-copy): forgive its count
-            // so later claims do not wait for it again, and go on.
-            tracing::warn!(
-                "block {block}: claim by generation {gen} waited {CLAIM_WAIT:?} for {} writer(s) of an older generation; presuming them dead",
-                n - 1
-            );
-            let _ = inflight.compare_exchange(n, 1, Ordering::SeqCst, Ordering::SeqCst);
-            break;
-        }
-        backoff(&mut round);
-    }
-    match word.compare_exchange(mine, gen, Ordering::SeqCst, Ordering::SeqCst) {
-        Ok(_) => Ok(()),
-        Err(w) if w == gen => Ok(()),
-        Err(w) => Err(stale_write(block, gen, w & !SETTLING)),
+impl Drop for Region {
+    fn drop(&mut self) {
+        self.notifier.stop();
     }
 }
 
-/// Waits while `block`'s claim by `gen` settles. A claim that does not
-/// settle in twice [`CLAIM_WAIT`] (its claimer gives up waiting after one)
-/// is taken for dead, and the bit is cleared on its behalf.
-fn wait_settled(block: u32, gen: u64, word: &AtomicU64) {
-    let started = Instant::now();
-    let mut round = 0;
-    while word.load(Ordering::SeqCst) == gen | SETTLING {
-        if round >= 64 && started.elapsed() > 2 * CLAIM_WAIT {
-            tracing::warn!(
-                "block {block}: the claim by generation {gen} did not settle in {:?}; presuming its writer dead",
-                2 * CLAIM_WAIT
-            );
-            let _ = word.compare_exchange(gen | SETTLING, gen, Ordering::SeqCst, Ordering::SeqCst);
-            return;
+/// The lanes of `slot` (< `layout.slots`).
+fn slot_lanes(layout: &Layout, slot: u32) -> Lanes {
+    let per = layout.lanes_per_slot as usize;
+    Lanes {
+        slot,
+        first: slot as usize * per,
+        count: per,
+    }
+}
+
+impl Memory for Region {
+    type Word = AtomicU64;
+
+    fn fence(&self, order: Ordering) {
+        fence(order);
+    }
+
+    fn generation_word(&self, block: u32) -> &AtomicU64 {
+        assert!(block < self.layout.num_blocks, "block {block} out of range");
+        let at = self.layout.ctrl_offset + u64::from(block) * self.layout.ctrl_stride;
+        // SAFETY: the word lies inside the generation words (block <
+        // num_blocks, validated layout), is 8-aligned (offset and stride
+        // are multiples of 8), and is only ever accessed atomically.
+        unsafe { self.word_at(at) }
+    }
+
+    fn lane(&self, index: usize) -> &AtomicU64 {
+        assert!(
+            index < self.layout.lane_count(),
+            "lane {index} out of range"
+        );
+        let at = self.layout.lanes_offset + 8 * index as u64;
+        // SAFETY: the word lies inside the lanes (index < lane_count,
+        // validated layout), is 8-aligned, and is only ever accessed
+        // atomically.
+        unsafe { self.word_at(at) }
+    }
+
+    fn lane_count(&self) -> usize {
+        self.layout.lane_count()
+    }
+
+    fn waiting(&self) -> &AtomicU64 {
+        // SAFETY: the waiting count is a word of the validated layout's
+        // state words, 8-aligned, only ever accessed atomically.
+        unsafe { self.word_at(self.layout.waiting_offset()) }
+    }
+
+    fn slot_waiting(&self, slot: u32) -> &AtomicU64 {
+        assert!(slot < self.layout.slots, "slot {slot} out of range");
+        let at = self.layout.waits_offset() + 8 * u64::from(slot);
+        // SAFETY: the word lies inside the per-slot waiting counts (slot <
+        // slots, validated layout), is 8-aligned, and is only ever
+        // accessed atomically.
+        unsafe { self.word_at(at) }
+    }
+
+    fn wake_seq(&self) -> u32 {
+        self.wake_word().load(Ordering::SeqCst)
+    }
+
+    fn wake_all(&self) {
+        self.wake_word().fetch_add(1, Ordering::SeqCst);
+        futex_wake_all(self.wake_word());
+    }
+
+    fn wait(&self, seq: u32) {
+        futex_wait(self.wake_word(), seq);
+    }
+}
+
+/// A client slot granted to one hand-over connection, that is, to one
+/// client process (server side).
+///
+/// When the connection closes, the process is gone or has dropped its
+/// mapping, so none of its copies can still be running: call
+/// [`SlotLease::reclaim`]. Dropping the lease without reclaiming retires
+/// the slot for good (its process may still be writing), which is right
+/// when the server itself stops.
+#[derive(Debug)]
+pub struct SlotLease {
+    region: Arc<Region>,
+    slot: u32,
+    reclaimed: bool,
+}
+
+impl SlotLease {
+    /// The slot number, sent to the client with the region.
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    /// The slot's process is gone: frees its lanes, completes every claim
+    /// it had in progress (waiting, without blocking the thread, for
+    /// writers of older generations in other processes to finish their
+    /// copy), and only then makes the slot available again.
+    ///
+    /// Cancel safety: if the future is dropped before it completes, the
+    /// slot is retired, never granted again; claims not yet settled are
+    /// settled by their generation's next write or superseded.
+    pub async fn reclaim(mut self) {
+        let region = self.region.clone();
+        let claims = protocol::clear_lanes(&*region, slot_lanes(&region.layout, self.slot));
+        for block in claims {
+            if block >= region.layout.num_blocks {
+                // Only a corrupt lane can name one; nothing to settle.
+                tracing::warn!(
+                    "slot {}: a lane names block {block}, past the end",
+                    self.slot
+                );
+                continue;
+            }
+            region
+                .until_ready(SERVER_WAIT_SLOT, || protocol::poll_settle(&*region, block))
+                .await;
         }
-        backoff(&mut round);
+        region.set_slot_state(self.slot, SlotState::Free);
+        self.reclaimed = true;
+    }
+}
+
+impl Drop for SlotLease {
+    fn drop(&mut self) {
+        if !self.reclaimed {
+            self.region.set_slot_state(self.slot, SlotState::Retired);
+        }
+    }
+}
+
+/// `FUTEX_WAIT` on the shared (not process-private) futex `word`: sleeps
+/// while it holds `seq`, until a `FUTEX_WAKE` on it from any process (or
+/// a signal: callers check again anyway). Returns at once if it differs.
+fn futex_wait(word: &AtomicU32, seq: u32) {
+    // SAFETY: `word` is a live, aligned u32 (in the shared mapping); the
+    // kernel only reads it. No timeout, no second address.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            seq,
+            std::ptr::null::<libc::timespec>(),
+        );
+    }
+}
+
+/// Wakes every thread of any process sleeping in [`futex_wait`] on `word`.
+fn futex_wake_all(word: &AtomicU32) {
+    // SAFETY: as in `futex_wait`; FUTEX_WAKE does not even read the word.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+    }
+}
+
+/// Turns moves of the shared wake sequence into wake-ups of this process's
+/// async waits: the bridge between the futex, which only blocking threads
+/// can sleep on, and tasks, which must never block.
+///
+/// A task that must wait registers its waker with the sequence value it
+/// loaded before its last try ([`Notifier::changed`]). One thread per
+/// mapping, started at the first wait, sleeps in `FUTEX_WAIT` while every
+/// registered waiter's value is still current, and wakes the waiters whose
+/// value is not. Since a waiter's value was loaded before the thread's,
+/// and the thread sleeps only while the word still holds its own value, no
+/// move of the sequence is missed.
+struct Notifier {
+    shared: Arc<NotifierShared>,
+}
+
+struct NotifierShared {
+    /// Keeps the futex word mapped while the thread runs.
+    map: Arc<MmapRaw>,
+    /// Offset of the wake sequence in `map`.
+    at: u64,
+    sleepers: Mutex<Sleepers>,
+    /// Signalled when a waiter registers, or to stop.
+    registered: Condvar,
+}
+
+#[derive(Default)]
+struct Sleepers {
+    /// Registered waits: id, the sequence value they wait to move from,
+    /// their waker.
+    list: Vec<(u64, u32, Waker)>,
+    next_id: u64,
+    started: bool,
+    stop: bool,
+}
+
+impl Notifier {
+    fn new(map: Arc<MmapRaw>, at: u64) -> Notifier {
+        Notifier {
+            shared: Arc::new(NotifierShared {
+                map,
+                at,
+                sleepers: Mutex::default(),
+                registered: Condvar::new(),
+            }),
+        }
+    }
+
+    fn word(&self) -> &AtomicU32 {
+        self.shared.word()
+    }
+
+    /// Ready once the wake sequence differs from `seq`.
+    fn changed(&self, seq: u32) -> Changed<'_> {
+        Changed {
+            notifier: self,
+            seq,
+            id: None,
+        }
+    }
+
+    /// Stops the thread, if any (the region is being dropped, so nothing
+    /// waits any more).
+    fn stop(&self) {
+        let started = {
+            let mut s = self.shared.lock();
+            s.stop = true;
+            s.started
+        };
+        if started {
+            self.shared.registered.notify_all();
+            // The thread may be about to sleep on the futex: move the
+            // sequence so that it cannot (other processes' waiters just
+            // try once more).
+            self.word().fetch_add(1, Ordering::SeqCst);
+            futex_wake_all(self.word());
+        }
+    }
+}
+
+impl NotifierShared {
+    fn word(&self) -> &AtomicU32 {
+        // SAFETY: `at` is the wake sequence of the validated layout: inside
+        // the mapping, which `self.map` keeps alive, 8-aligned, and only
+        // ever accessed atomically (and by the kernel's futex calls).
+        unsafe { AtomicU32::from_ptr(self.map.as_mut_ptr().add(self.at as usize).cast()) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Sleepers> {
+        self.sleepers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The thread: wakes the waiters whose value is stale, sleeps on the
+    /// futex while the others' is current, on the condition variable while
+    /// there are none.
+    fn run(&self) {
+        let mut s = self.lock();
+        loop {
+            if s.stop {
+                return;
+            }
+            if s.list.is_empty() {
+                s = self.registered.wait(s).unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            let current = self.word().load(Ordering::SeqCst);
+            s.list.retain(|(_, seq, waker)| {
+                let moved = *seq != current;
+                if moved {
+                    waker.wake_by_ref();
+                }
+                !moved
+            });
+            if s.list.is_empty() {
+                continue;
+            }
+            drop(s);
+            futex_wait(self.word(), current);
+            s = self.lock();
+        }
+    }
+}
+
+/// The future of [`Notifier::changed`].
+struct Changed<'a> {
+    notifier: &'a Notifier,
+    seq: u32,
+    /// Our entry in the list, once registered.
+    id: Option<u64>,
+}
+
+impl Future for Changed<'_> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let shared = self.notifier.shared.clone();
+        if shared.word().load(Ordering::SeqCst) != self.seq {
+            self.unregister();
+            return Poll::Ready(());
+        }
+        let mut s = shared.lock();
+        if s.stop {
+            // Cannot happen while the region is borrowed; do not hang.
+            return Poll::Ready(());
+        }
+        let id = match self.id {
+            Some(id) => id,
+            None => {
+                let id = s.next_id;
+                s.next_id += 1;
+                self.id = Some(id);
+                id
+            }
+        };
+        let waker = cx.waker().clone();
+        match s.list.iter_mut().find(|e| e.0 == id) {
+            Some(e) => e.2 = waker,
+            None => s.list.push((id, self.seq, waker)),
+        }
+        if !s.started {
+            let thread = shared.clone();
+            let spawned = std::thread::Builder::new()
+                .name("nk-shm-wake".into())
+                .spawn(move || thread.run());
+            if let Err(e) = spawned {
+                // Without the thread nothing would wake us: try again at
+                // once rather than hang (the caller re-checks).
+                tracing::warn!("shared memory: cannot start the wake-up thread: {e}");
+                let i = s.list.iter().position(|e| e.0 == id);
+                if let Some(i) = i {
+                    s.list.swap_remove(i);
+                }
+                self.id = None;
+                return Poll::Ready(());
+            }
+            s.started = true;
+        }
+        drop(s);
+        shared.registered.notify_one();
+        Poll::Pending
+    }
+}
+
+impl Changed<'_> {
+    fn unregister(&mut self) {
+        if let Some(id) = self.id.take() {
+            let mut s = self.notifier.shared.lock();
+            if let Some(i) = s.list.iter().position(|e| e.0 == id) {
+                s.list.swap_remove(i);
+            }
+        }
+    }
+}
+
+impl Drop for Changed<'_> {
+    fn drop(&mut self) {
+        self.unregister();
     }
 }
 

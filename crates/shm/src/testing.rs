@@ -1,18 +1,55 @@
 //! Helpers for tests of the generation protocol, here and in the storage
 //! server (feature `testing`).
 
-use crate::Region;
+use crate::protocol::{self, Write};
+use crate::{Region, SlotLease};
+use nodekernel_proto::{Error, Result};
+use std::future::Future;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::Thread;
 
 /// A second, independent mapping of `r`'s memfd, as a co-located client in
-/// another process gets it.
-pub fn second_mapping(r: &Region) -> Region {
+/// another process gets it, with a client slot of its own and the slot's
+/// lease (reclaim it once the mapping is dropped, or drop it to retire the
+/// slot).
+pub fn mapping_with_lease(r: &Arc<Region>) -> (Region, SlotLease) {
+    let lease = r.lease_slot().expect("a free client slot");
     let fd = OwnedFd::from(r.file().try_clone().expect("dup the memfd"));
-    let m = Region::open(fd, &r.layout().encode()).expect("map the memfd again");
+    let m = Region::open(fd, &r.layout().encode(), Some(lease.slot())).expect("map again");
     assert_ne!(m.data_ptr(), r.data_ptr(), "a separate mapping");
-    m
+    (m, lease)
+}
+
+/// A second mapping (see [`mapping_with_lease`]) whose slot is never
+/// reclaimed.
+pub fn second_mapping(r: &Arc<Region>) -> Region {
+    mapping_with_lease(r).0
+}
+
+/// Runs `f` to completion on this thread (a minimal executor: parks until
+/// woken).
+pub fn block_on<F: Future>(f: F) -> F::Output {
+    struct Unpark(Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
+    }
 }
 
 /// Starts a thread running `op` until it returns false, and waits until it
@@ -33,4 +70,97 @@ pub fn busy_thread(op: impl Fn() -> bool + Send + 'static) -> std::thread::JoinH
         std::thread::yield_now();
     }
     t
+}
+
+/// A write that has taken its lane and may copy, stopped in the middle of
+/// its copy: a writer that is descheduled, stopped or paging. Claims of
+/// its block wait for it, however long it stays.
+pub struct StalledWrite<'a> {
+    region: &'a Region,
+    op: Write<'a, Region>,
+    block: u32,
+}
+
+/// Starts a write of `block` under `gen` through `r` and stops it where its
+/// copy would begin. Waits (blocking the thread until a lane changes) while
+/// the protocol says to; `Stale` if the block belongs to a newer
+/// generation.
+pub fn stall_write(r: &Region, block: u32, gen: u64) -> Result<StalledWrite<'_>> {
+    assert!(block < r.num_blocks());
+    let lanes = r.lanes().expect("a mapping that can write");
+    let mut op = Write::new(r, lanes, block, gen);
+    match protocol::drive(r, lanes.slot, || op.poll()) {
+        Ok(()) => Ok(StalledWrite {
+            region: r,
+            op,
+            block,
+        }),
+        Err(current) => Err(crate::stale_write(block, gen, current)),
+    }
+}
+
+impl StalledWrite<'_> {
+    /// Resumes: copies `data` at `offset` (the late bytes) and finishes.
+    pub fn land(self, offset: u32, data: &[u8]) {
+        let bs = self.region.block_size() as usize;
+        assert!(offset as usize + data.len() <= bs);
+        // SAFETY: the range lies inside the block (asserted above) and
+        // `data` is a separate buffer; the protocol gave this write the
+        // block, as for `Region::write`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.region
+                    .data_ptr()
+                    .add(self.block as usize * bs + offset as usize),
+                data.len(),
+            );
+        }
+        self.op.finish();
+    }
+
+    /// Ends as a killed process would: the lane stays taken until the
+    /// slot is reclaimed.
+    pub fn die(self) {
+        self.op.die();
+    }
+}
+
+/// A claim started and left waiting (for writers of an older generation).
+pub struct PendingClaim<'a> {
+    op: Write<'a, Region>,
+}
+
+/// Starts a pure claim of `block` by `gen` through `r` and polls it once:
+/// `Ok(None)` if it completed at once, `Ok(Some(_))` if it waits.
+pub fn start_claim(r: &Region, block: u32, gen: u64) -> Result<Option<PendingClaim<'_>>> {
+    assert!(block < r.num_blocks());
+    let lanes = r.lanes().expect("a mapping that can write");
+    let mut op = Write::new(r, lanes, block, gen);
+    match op.poll() {
+        Poll::Ready(Ok(())) => {
+            op.finish();
+            Ok(None)
+        }
+        Poll::Ready(Err(current)) => Err(crate::stale_write(block, gen, current)),
+        Poll::Pending => Ok(Some(PendingClaim { op })),
+    }
+}
+
+impl PendingClaim<'_> {
+    /// Polls again: `true` once the claim has completed.
+    pub fn poll(&mut self) -> std::result::Result<bool, Error> {
+        match self.op.poll() {
+            Poll::Ready(Ok(())) => Ok(true),
+            Poll::Ready(Err(current)) => Err(Error::stale(format!("superseded by {current}"))),
+            Poll::Pending => Ok(false),
+        }
+    }
+
+    /// Ends as a killed process would, mid-claim: its lane stays claiming
+    /// and the block settling until the slot is reclaimed (or another
+    /// writer of its generation settles it).
+    pub fn die(self) {
+        self.op.die();
+    }
 }

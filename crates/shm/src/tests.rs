@@ -1,8 +1,10 @@
 //! Protocol tests, on one mapping and on two independent mappings of the
 //! same memfd (as a server and a co-located client in two processes have).
 
-use crate::testing::{busy_thread, second_mapping};
-use crate::{Region, CLAIM_WAIT, SETTLING};
+use crate::testing::{
+    block_on, busy_thread, mapping_with_lease, second_mapping, stall_write, start_claim,
+};
+use crate::{Region, SETTLING};
 use nodekernel_proto::{ErrorCode, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -13,6 +15,10 @@ const N: u32 = 4;
 
 fn region() -> Region {
     Region::create(BS, N).unwrap()
+}
+
+fn write(r: &Region, block: u32, gen: u64, off: u32, data: &[u8]) -> Result<()> {
+    block_on(r.write(block, gen, off, data))
 }
 
 fn read(r: &Region, block: u32, gen: u64, off: u32, len: u32) -> Result<Vec<u8>> {
@@ -27,9 +33,9 @@ fn code<T: std::fmt::Debug>(r: Result<T>) -> ErrorCode {
 
 #[test]
 fn generation_rules_across_mappings() {
-    let a = region();
+    let a = Arc::new(region());
     let b = second_mapping(&a);
-    a.write(2, 5, 10, b"five").unwrap();
+    write(&a, 2, 5, 10, b"five").unwrap();
     assert_eq!(b.generation(2), Some(5));
     assert_eq!(read(&b, 2, 5, 10, 4).unwrap(), b"five");
     assert_eq!(
@@ -42,22 +48,22 @@ fn generation_rules_across_mappings() {
         ErrorCode::Stale,
         "owner not written yet"
     );
-    b.write(2, 6, 0, b"six").unwrap();
+    write(&b, 2, 6, 0, b"six").unwrap();
     assert_eq!(a.generation(2), Some(6));
-    assert_eq!(code(a.write(2, 5, 0, b"OLD")), ErrorCode::Stale);
+    assert_eq!(code(write(&a, 2, 5, 0, b"OLD")), ErrorCode::Stale);
     assert_eq!(
         read(&a, 2, 6, 0, 3).unwrap(),
         b"six",
         "a stale write writes nothing"
     );
     // A zero-length write is a claim.
-    a.write(2, 9, 0, &[]).unwrap();
+    write(&a, 2, 9, 0, &[]).unwrap();
     assert_eq!(b.generation(2), Some(9));
     assert_eq!(code(read(&b, 2, 6, 0, 3)), ErrorCode::Stale);
     assert_eq!(b.writers_in_flight(2), Some(0), "every writer left");
     // Bit 63 is reserved.
     assert_eq!(
-        code(a.write(1, SETTLING | 1, 0, b"x")),
+        code(write(&a, 1, SETTLING | 1, 0, b"x")),
         ErrorCode::InvalidArgument
     );
     assert_eq!(
@@ -75,7 +81,7 @@ fn generation_rules_across_mappings() {
     ] {
         assert_eq!(code(read(&a, block, 0, off, len)), ErrorCode::OutOfRange);
         let data = vec![0u8; len as usize];
-        assert_eq!(code(a.write(block, 7, off, &data)), ErrorCode::OutOfRange);
+        assert_eq!(code(write(&a, block, 7, off, &data)), ErrorCode::OutOfRange);
     }
     assert_eq!(a.generation(0), Some(0));
     let mut out = bytes::BytesMut::from(&b"hdr"[..]);
@@ -93,10 +99,10 @@ fn old_owner_never_overwrites_new_owner(old_side: Arc<Region>, new_side: Arc<Reg
     for round in 0..rounds {
         let old = base + 2 * round + 1;
         let new = old + 1;
-        old_side.write(3, old, 0, &[1u8; BS as usize]).unwrap();
+        write(&old_side, 3, old, 0, &[1u8; BS as usize]).unwrap();
         let writer = {
             let s = old_side.clone();
-            busy_thread(move || match s.write(3, old, 0, &[1u8; BS as usize]) {
+            busy_thread(move || match write(&s, 3, old, 0, &[1u8; BS as usize]) {
                 Ok(()) => true,
                 Err(e) => {
                     assert_eq!(e.code, ErrorCode::Stale);
@@ -104,7 +110,7 @@ fn old_owner_never_overwrites_new_owner(old_side: Arc<Region>, new_side: Arc<Reg
                 }
             })
         };
-        new_side.write(3, new, 0, &[2u8; BS as usize]).unwrap();
+        write(&new_side, 3, new, 0, &[2u8; BS as usize]).unwrap();
         writer.join().unwrap();
         let bytes = read(&new_side, 3, new, 0, BS).unwrap();
         let leaked = bytes.iter().filter(|&&b| b != 2).count();
@@ -127,7 +133,7 @@ fn racing_reads_get_old_bytes_or_stale(
     let base = claim_side.generation(0).unwrap();
     for round in 0..rounds {
         let old = base + 2 * round + 1;
-        claim_side.write(0, old, 0, &[7u8; BS as usize]).unwrap();
+        write(&claim_side, 0, old, 0, &[7u8; BS as usize]).unwrap();
         let reader = {
             let s = reader_side.clone();
             busy_thread(move || {
@@ -151,9 +157,7 @@ fn racing_reads_get_old_bytes_or_stale(
                 }
             })
         };
-        claim_side
-            .write(0, old + 1, 0, &[9u8; BS as usize])
-            .unwrap();
+        write(&claim_side, 0, old + 1, 0, &[9u8; BS as usize]).unwrap();
         reader.join().unwrap();
     }
 }
@@ -180,135 +184,324 @@ fn two_mappings_racing_reads_get_old_bytes_or_stale() {
     racing_reads_get_old_bytes_or_stale(b, a, 300);
 }
 
-/// Pretends a writer of the current generation registered and is copying.
-fn stuck_writer(r: &Region, block: u32) {
-    r.ctl(block).1.fetch_add(1, Ordering::SeqCst);
+/// Longer than any timeout the protocol ever had (it waited 100 ms for old
+/// writers, 200 ms for a settling claim): something that must still be
+/// waiting after this long waits for an event, not for time.
+const LONGER_THAN_ANY_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Runs `f` on a thread of its own (driven by `block_on`); `done` says
+/// whether it has returned.
+fn spawn_async<T: Send + 'static>(
+    f: impl std::future::Future<Output = T> + Send + 'static,
+) -> (std::thread::JoinHandle<T>, Arc<AtomicBool>) {
+    let done = Arc::new(AtomicBool::new(false));
+    let flag = done.clone();
+    let t = std::thread::spawn(move || {
+        let v = block_on(f);
+        flag.store(true, Ordering::SeqCst);
+        v
+    });
+    (t, done)
 }
 
-fn writer_leaves(r: &Region, block: u32) {
-    let _ = r
-        .ctl(block)
-        .1
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-            Some(n.saturating_sub(1))
-        });
+fn wait_until(what: &str, cond: impl Fn() -> bool) {
+    // A generous bound that only catches hangs.
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "hung waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
+/// Regression: a claim used to presume writers dead after 100 ms and go
+/// on, so a writer stalled mid-copy for longer landed its late bytes on
+/// the new owner. Now the claim (and a second writer of the new owner)
+/// waits for the stalled writer however long it takes, and its late bytes
+/// end up under the new owner's.
 #[test]
-fn a_claim_waits_for_old_writers_and_holds_off_its_own_generation() {
+fn a_claim_waits_for_a_stalled_writer_however_long() {
     let a = Arc::new(region());
     let b = Arc::new(second_mapping(&a));
-    a.write(1, 1, 0, &[1u8; 100]).unwrap();
-    stuck_writer(&a, 1);
-    let claim_done = Arc::new(AtomicBool::new(false));
-    let sibling_done = Arc::new(AtomicBool::new(false));
-    let started = Instant::now();
-    let claim = {
-        let (b, done) = (b.clone(), claim_done.clone());
-        std::thread::spawn(move || {
-            b.write(1, 2, 0, &[2u8; 50]).unwrap();
-            done.store(true, Ordering::SeqCst);
-        })
+    block_on(a.write(1, 1, 0, &[1u8; 100])).unwrap();
+    let stalled = stall_write(&a, 1, 1).unwrap();
+    assert_eq!(a.writers_in_flight(1), Some(1));
+    let (claim, claim_done) = {
+        let b = b.clone();
+        spawn_async(async move { b.write(1, 2, 0, &[2u8; 50]).await })
     };
-    while a.ctl(1).0.load(Ordering::SeqCst) != 2 | SETTLING {
-        std::thread::yield_now();
-    }
+    wait_until("the claim", || a.is_settling(1) == Some(true));
+    assert_eq!(a.generation(1), Some(2));
     // A second writer of the new owner (other bytes of the block) must not
-    // write while the old writer still may: it waits for the claim.
-    let sibling = {
-        let (a, done) = (a.clone(), sibling_done.clone());
-        std::thread::spawn(move || {
-            a.write(1, 2, 50, &[3u8; 50]).unwrap();
-            done.store(true, Ordering::SeqCst);
-        })
+    // write while the old writer still may: it helps the claim, and waits.
+    let (sibling, sibling_done) = {
+        let a = a.clone();
+        spawn_async(async move { a.write(1, 2, 50, &[3u8; 50]).await })
     };
-    std::thread::sleep(Duration::from_millis(10));
     assert_eq!(
         code(read(&a, 1, 1, 0, 1)),
         ErrorCode::Stale,
         "the old owner's reads are over"
     );
-    // Only meaningful while the claim has not given up on the old writer
-    // (after CLAIM_WAIT it presumes it dead): a heavily loaded machine may
-    // take that long to get here.
-    if started.elapsed() < CLAIM_WAIT / 2 {
-        assert!(
-            !claim_done.load(Ordering::SeqCst),
-            "the claim waits for the old writer"
-        );
-        assert!(
-            !sibling_done.load(Ordering::SeqCst),
-            "so does its own generation"
-        );
-        // The old writer lands its bytes and leaves: they must end up
-        // under the new owner's.
-        // SAFETY: test-only raw write into block 1, as the stuck writer's copy.
-        unsafe { std::ptr::write_bytes(a.data_ptr().add(BS as usize), 1, 100) };
-    }
-    writer_leaves(&a, 1);
-    claim.join().unwrap();
-    sibling.join().unwrap();
+    assert_eq!(code(read(&b, 1, 2, 0, 1)), ErrorCode::Stale, "not settled");
+    std::thread::sleep(LONGER_THAN_ANY_TIMEOUT);
+    assert!(!claim_done.load(Ordering::SeqCst), "the claim waits");
+    assert!(
+        !sibling_done.load(Ordering::SeqCst),
+        "so does its generation"
+    );
+    assert_eq!(a.is_settling(1), Some(true));
+    // The stalled writer wakes up and lands its late bytes.
+    stalled.land(0, &[1u8; 100]);
+    claim.join().unwrap().unwrap();
+    sibling.join().unwrap().unwrap();
     let bytes = read(&a, 1, 2, 0, 100).unwrap();
-    assert_eq!(&bytes[..50], &[2u8; 50][..]);
-    assert_eq!(&bytes[50..], &[3u8; 50][..]);
+    assert_eq!(&bytes[..50], &[2u8; 50][..], "no late byte under gen 2");
+    assert_eq!(&bytes[50..], &[3u8; 50][..], "no late byte under gen 2");
     assert_eq!(a.writers_in_flight(1), Some(0));
+    assert_eq!(a.is_settling(1), Some(false));
 }
 
+/// Regression: a writer killed mid-copy used to be forgiven after 100 ms.
+/// Now its lane holds claims of its block until the server reclaims its
+/// slot (its hand-over connection closed), and then they go on; the slot
+/// is granted again only after that.
 #[test]
-fn a_dead_writer_is_forgiven_after_the_claim_wait() {
-    let a = region();
-    a.write(0, 1, 0, b"old").unwrap();
-    stuck_writer(&a, 0);
-    let t = Instant::now();
-    a.write(0, 2, 0, b"new").unwrap();
-    assert!(t.elapsed() >= CLAIM_WAIT, "waited {:?}", t.elapsed());
-    assert_eq!(a.writers_in_flight(0), Some(0), "its count was forgiven");
-    // The next claim does not wait again.
-    let t = Instant::now();
-    a.write(0, 3, 0, b"newer").unwrap();
-    assert!(t.elapsed() < CLAIM_WAIT, "waited {:?}", t.elapsed());
-    assert_eq!(read(&a, 0, 3, 0, 5).unwrap(), b"newer");
+fn a_dead_writer_holds_claims_until_its_slot_is_reclaimed() {
+    let a = Arc::new(region());
+    let free = a.free_slots().unwrap();
+    let (m, lease) = mapping_with_lease(&a);
+    assert_eq!(a.free_slots(), Some(free - 1));
+    block_on(m.write(0, 1, 0, b"old")).unwrap();
+    stall_write(&m, 0, 1).unwrap().die();
+    drop(m);
+    let (claim, done) = {
+        let a = a.clone();
+        spawn_async(async move { a.write(0, 2, 0, b"new").await })
+    };
+    wait_until("the claim", || a.is_settling(0) == Some(true));
+    std::thread::sleep(LONGER_THAN_ANY_TIMEOUT);
+    assert!(
+        !done.load(Ordering::SeqCst),
+        "a dead writer is never presumed"
+    );
+    assert_eq!(a.free_slots(), Some(free - 1), "not granted before reclaim");
+    block_on(lease.reclaim());
+    claim.join().unwrap().unwrap();
+    assert_eq!(read(&a, 0, 2, 0, 3).unwrap(), b"new");
+    assert_eq!(a.writers_in_flight(0), Some(0));
+    assert_eq!(a.free_slots(), Some(free), "granted again after reclaim");
 }
 
+/// A claimer killed mid-claim (the block left settling, its lane
+/// claiming): reclaiming its slot completes the claim, once the older
+/// writer it was waiting for has finished, and the new owner reads and
+/// writes.
 #[test]
-fn a_dead_claimer_is_settled_for_by_its_generation() {
-    let a = region();
-    a.write(0, 1, 0, b"old").unwrap();
-    // A claimer of generation 2 died after its exchange.
-    a.ctl(0).0.store(2 | SETTLING, Ordering::SeqCst);
-    let t = Instant::now();
-    a.write(0, 2, 0, b"two").unwrap();
-    assert!(t.elapsed() >= 2 * CLAIM_WAIT, "waited {:?}", t.elapsed());
+fn a_dead_claimer_is_settled_by_reclamation() {
+    let a = Arc::new(region());
+    block_on(a.write(0, 1, 0, b"old")).unwrap();
+    let stalled = stall_write(&a, 0, 1).unwrap();
+    let (m, lease) = mapping_with_lease(&a);
+    let claim = start_claim(&m, 0, 2)
+        .unwrap()
+        .expect("waits for the old writer");
+    claim.die();
+    drop(m);
+    assert_eq!(a.is_settling(0), Some(true));
+    assert_eq!(code(read(&a, 0, 2, 0, 3)), ErrorCode::Stale, "not settled");
+    let (reclaim, done) = spawn_async(lease.reclaim());
+    std::thread::sleep(LONGER_THAN_ANY_TIMEOUT);
+    assert!(
+        !done.load(Ordering::SeqCst),
+        "reclamation settles only safely"
+    );
+    assert_eq!(a.is_settling(0), Some(true));
+    stalled.land(0, b"OLD");
+    reclaim.join().unwrap();
+    assert_eq!(a.is_settling(0), Some(false), "reclamation settled it");
+    assert_eq!(a.generation(0), Some(2));
+    assert_eq!(read(&a, 0, 2, 0, 3).unwrap(), b"OLD", "bytes from before");
+    block_on(a.write(0, 2, 0, b"two")).unwrap();
     assert_eq!(read(&a, 0, 2, 0, 3).unwrap(), b"two");
-    // A newer generation simply claims over it.
-    a.ctl(0).0.store(3 | SETTLING, Ordering::SeqCst);
-    a.write(0, 4, 0, b"four").unwrap();
-    assert_eq!(read(&a, 0, 4, 0, 4).unwrap(), b"four");
+    assert_eq!(code(block_on(a.write(0, 1, 0, b"one"))), ErrorCode::Stale);
+}
+
+/// Without reclamation, the next writer of the dead claimer's generation
+/// settles its claim (after the old writer), and a newer generation simply
+/// claims over it.
+#[test]
+fn a_dead_claim_is_settled_by_its_generation_or_superseded() {
+    let a = Arc::new(region());
+    let m = second_mapping(&a);
+    block_on(a.write(0, 1, 0, b"old")).unwrap();
+    let stalled = stall_write(&a, 0, 1).unwrap();
+    start_claim(&m, 0, 2).unwrap().unwrap().die();
+    let (helper, done) = {
+        let a = a.clone();
+        spawn_async(async move { a.write(0, 2, 0, b"two").await })
+    };
+    std::thread::sleep(LONGER_THAN_ANY_TIMEOUT);
+    assert!(
+        !done.load(Ordering::SeqCst),
+        "the helper waits for the old writer"
+    );
+    stalled.land(0, b"OLD");
+    helper.join().unwrap().unwrap();
+    assert_eq!(read(&a, 0, 2, 0, 3).unwrap(), b"two");
+
+    let stalled = stall_write(&a, 1, 0).unwrap();
+    start_claim(&m, 1, 3).unwrap().unwrap().die();
+    let (newer, _) = {
+        let a = a.clone();
+        spawn_async(async move { a.write(1, 4, 0, b"four").await })
+    };
+    wait_until("the newer claim", || a.generation(1) == Some(4));
+    stalled.land(0, b"zero");
+    newer.join().unwrap().unwrap();
+    assert_eq!(read(&a, 1, 4, 0, 4).unwrap(), b"four");
+    assert_eq!(code(block_on(a.write(1, 3, 0, b"3"))), ErrorCode::Stale);
 }
 
 #[test]
 fn a_newer_claim_takes_over_a_settling_one() {
     let a = Arc::new(region());
-    a.write(2, 1, 0, b"one").unwrap();
-    stuck_writer(&a, 2);
-    let first = {
+    block_on(a.write(2, 1, 0, b"one")).unwrap();
+    let stalled = stall_write(&a, 2, 1).unwrap();
+    let (first, _) = {
         let a = a.clone();
-        std::thread::spawn(move || a.write(2, 2, 0, b"two"))
+        spawn_async(async move { a.write(2, 2, 0, b"two").await })
     };
-    while a.ctl(2).0.load(Ordering::SeqCst) != 2 | SETTLING {
-        std::thread::yield_now();
-    }
-    let second = {
+    wait_until("the first claim", || {
+        a.generation(2) == Some(2) && a.is_settling(2) == Some(true)
+    });
+    let (second, _) = {
         let a = a.clone();
-        std::thread::spawn(move || a.write(2, 3, 0, b"three"))
+        spawn_async(async move { a.write(2, 3, 0, b"three").await })
     };
     let e = first.join().unwrap().unwrap_err();
     assert_eq!(e.code, ErrorCode::Stale, "{e}");
     assert!(e.message.contains("generation 3"), "{e}");
-    writer_leaves(&a, 2);
+    stalled.land(0, b"one");
     second.join().unwrap().unwrap();
     assert_eq!(read(&a, 2, 3, 0, 5).unwrap(), b"three");
     assert_eq!(a.writers_in_flight(2), Some(0));
+}
+
+/// A waker that counts its wake-ups.
+#[derive(Default)]
+struct Count(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for Count {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Count {
+    fn get(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Polls `f` once with `count`'s waker: whether it is ready.
+fn poll_with<F: std::future::Future>(f: std::pin::Pin<&mut F>, count: &Arc<Count>) -> bool {
+    let waker = std::task::Waker::from(count.clone());
+    f.poll(&mut std::task::Context::from_waker(&waker))
+        .is_ready()
+}
+
+/// A write that must wait returns to its executor and is woken only when
+/// a lane changes (not before, and not on a timer): for a claim waiting
+/// for an old writer, and for a write waiting for a free lane of its slot.
+/// Dropping it meanwhile frees its lane.
+#[test]
+fn waiting_writes_sleep_until_a_lane_changes() {
+    let a = Arc::new(region());
+    let m = second_mapping(&a);
+    block_on(a.write(3, 1, 0, b"old")).unwrap();
+    let stalled = stall_write(&a, 3, 1).unwrap();
+    let woken = Arc::new(Count::default());
+    let mut claim = std::pin::pin!(m.write(3, 2, 0, b"new"));
+    assert!(!poll_with(claim.as_mut(), &woken), "pending");
+    std::thread::sleep(LONGER_THAN_ANY_TIMEOUT);
+    assert_eq!(
+        woken.get(),
+        0,
+        "nothing to wake it for while the writer stalls"
+    );
+    assert!(
+        !poll_with(claim.as_mut(), &woken),
+        "a spurious poll changes nothing"
+    );
+    stalled.land(0, b"OLD");
+    wait_until("the wake-up", || woken.get() > 0);
+    assert!(
+        poll_with(claim.as_mut(), &woken),
+        "done once the old writer is"
+    );
+    assert_eq!(read(&m, 3, 2, 0, 3).unwrap(), b"new");
+
+    // Every lane of the slot taken by stalled writes: the next one waits.
+    let lanes = m.layout().lanes_per_slot;
+    let mut held: Vec<_> = (0..lanes).map(|_| stall_write(&m, 3, 2).unwrap()).collect();
+    assert_eq!(m.writers_in_flight(3), Some(lanes));
+    {
+        let mut more = std::pin::pin!(m.write(0, 1, 0, b"x"));
+        assert!(!poll_with(more.as_mut(), &Arc::default()));
+        assert_eq!(m.generation(0), Some(0), "nothing done yet");
+        // Dropped while waiting: nothing happens.
+    }
+    let woken = Arc::new(Count::default());
+    let mut more = std::pin::pin!(m.write(0, 1, 0, b"x"));
+    assert!(!poll_with(more.as_mut(), &woken));
+    held.pop().unwrap().land(0, b"y");
+    wait_until("the wake-up", || woken.get() > 0);
+    assert!(poll_with(more.as_mut(), &woken), "a lane came free");
+    assert_eq!(read(&a, 0, 1, 0, 1).unwrap(), b"x");
+    drop(held);
+
+    // A claim dropped while waiting frees its lane; its generation's next
+    // write settles the block.
+    let stalled = stall_write(&a, 2, 0).unwrap();
+    {
+        let mut claim = std::pin::pin!(m.write(2, 5, 0, b"five"));
+        assert!(!poll_with(claim.as_mut(), &Arc::default()));
+    }
+    assert_eq!(a.is_settling(2), Some(true));
+    assert_eq!(m.writers_in_flight(2), Some(1), "only the stalled writer");
+    stalled.land(0, b"zero");
+    block_on(m.write(2, 5, 0, b"five")).unwrap();
+    assert_eq!(read(&a, 2, 5, 0, 4).unwrap(), b"five");
+    assert_eq!(m.writers_in_flight(2), Some(0));
+}
+
+/// Slots: one per client process, until none is left; a slot is granted
+/// again only once reclaimed, and never if its lease was dropped (the
+/// server stopping: its process may still be writing).
+#[test]
+fn client_slots_are_granted_once_and_reused_only_after_reclamation() {
+    let a = Arc::new(region());
+    let l = *a.layout();
+    let clients = (l.slots - l.server_slots) as usize;
+    assert_eq!(a.free_slots(), Some(clients));
+    let mut leases: Vec<_> = (0..clients).map(|_| a.lease_slot().unwrap()).collect();
+    let mut seen: Vec<u32> = leases.iter().map(|s| s.slot()).collect();
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(seen.len(), clients, "distinct slots");
+    assert!(seen.iter().all(|&s| l.is_client_slot(s)));
+    assert!(a.lease_slot().is_none(), "no slot left");
+    drop(leases.pop());
+    assert!(a.lease_slot().is_none(), "a dropped lease retires its slot");
+    let last = leases.pop().unwrap();
+    let slot = last.slot();
+    block_on(last.reclaim());
+    assert_eq!(a.lease_slot().map(|s| s.slot()), Some(slot));
+    let m = second_mapping(&Arc::new(region()));
+    assert_eq!(m.free_slots(), None, "a client mapping grants nothing");
 }
 
 /// Many threads on two mappings, each owning its own bytes of one block,
@@ -317,14 +510,14 @@ fn a_newer_claim_takes_over_a_settling_one() {
 fn concurrent_writers_of_one_generation_keep_their_bytes() {
     let a = Arc::new(region());
     let b = Arc::new(second_mapping(&a));
-    a.write(0, 1, 0, &[]).unwrap();
+    write(&a, 0, 1, 0, &[]).unwrap();
     let threads: Vec<_> = (0..8u32)
         .map(|t| {
             let r = if t % 2 == 0 { a.clone() } else { b.clone() };
             std::thread::spawn(move || {
                 for round in 0..2000u32 {
                     let v = vec![(t * 31 + round) as u8; 512];
-                    r.write(0, 1, t * 512, &v).unwrap();
+                    write(&r, 0, 1, t * 512, &v).unwrap();
                     assert_eq!(read(&r, 0, 1, t * 512, 512).unwrap(), v);
                 }
             })
@@ -338,13 +531,13 @@ fn concurrent_writers_of_one_generation_keep_their_bytes() {
 
 #[test]
 fn prefault_walks_a_client_mapping_once_and_keeps_its_bytes() {
-    let server = Region::create(4096, 300).unwrap();
+    let server = Arc::new(Region::create(4096, 300).unwrap());
     assert_eq!(
         server.prefault(0),
         None,
         "the server maps everything at create"
     );
-    server.write(7, 1, 0, b"kept").unwrap();
+    write(&server, 7, 1, 0, b"kept").unwrap();
     let client = second_mapping(&server);
     assert!(!client.is_populated(7));
     // 16 MiB of 4 KiB blocks per call would be 4096: all 300 at once.
@@ -355,11 +548,11 @@ fn prefault_walks_a_client_mapping_once_and_keeps_its_bytes() {
 
     // Large blocks: one chunk is 16 MiB worth, and a large access maps its
     // block in on the spot.
-    let server = Region::create(8 << 20, 5).unwrap();
+    let server = Arc::new(Region::create(8 << 20, 5).unwrap());
     let client = second_mapping(&server);
-    client.write(4, 1, 0, &vec![9u8; 1 << 20]).unwrap();
+    write(&client, 4, 1, 0, &vec![9u8; 1 << 20]).unwrap();
     assert!(client.is_populated(4), "a large write maps its block in");
-    client.write(3, 1, 0, b"small").unwrap();
+    write(&client, 3, 1, 0, b"small").unwrap();
     assert!(
         !client.is_populated(3),
         "a small one takes its fault instead"
@@ -370,4 +563,187 @@ fn prefault_walks_a_client_mapping_once_and_keeps_its_bytes() {
     assert_eq!(client.prefault(5), None);
     assert!((0..5).all(|b| client.is_populated(b)));
     assert_eq!(read(&server, 3, 1, 0, 5).unwrap(), b"small");
+}
+
+/// Environment variable naming the abstract socket a child test process
+/// (see [`child_process_writer`]) receives its region from.
+const CHILD_SOCKET: &str = "NK_SHM_TEST_CHILD_SOCKET";
+
+/// Not a test by itself: the body of the client process that
+/// [`a_live_stalled_process_is_waited_for_and_a_killed_one_reclaimed`]
+/// starts (this test binary again, with only this test selected). It maps
+/// the region over the hand-over socket and obeys commands on stdin:
+/// `stall BLOCK GEN` starts a write and stops it where its copy would
+/// begin, `land BYTE` finishes that write with 100 bytes of `BYTE`. It
+/// answers each with a line starting `NKCHILD`.
+#[test]
+fn child_process_writer() {
+    use std::io::BufRead;
+    let Ok(name) = std::env::var(CHILD_SOCKET) else {
+        return;
+    };
+    use std::os::linux::net::SocketAddrExt;
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let sock = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
+    let region = crate::receive_region(&sock).unwrap();
+    println!("NKCHILD mapped {}", region.slot().unwrap());
+    let mut stalled = None;
+    for line in std::io::stdin().lock().lines() {
+        let line = line.unwrap();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["stall", block, gen] => {
+                let w = stall_write(&region, block.parse().unwrap(), gen.parse().unwrap());
+                stalled = Some(w.unwrap());
+                println!("NKCHILD stalled");
+            }
+            ["land", byte] => {
+                let byte: u8 = byte.parse().unwrap();
+                stalled.take().unwrap().land(0, &[byte; 100]);
+                println!("NKCHILD landed");
+            }
+            _ => panic!("unknown command {line:?}"),
+        }
+    }
+    drop(stalled);
+    drop(region);
+    drop(sock);
+}
+
+/// The child process of the test below, and its stdout.
+struct Child {
+    process: std::process::Child,
+    stdin: std::process::ChildStdin,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+}
+
+impl Child {
+    fn start(socket: &str) -> Child {
+        use std::process::{Command, Stdio};
+        let mut process = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "tests::child_process_writer",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_SOCKET, socket)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = process.stdin.take().unwrap();
+        let stdout = process.stdout.take().unwrap();
+        let lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+        Child {
+            process,
+            stdin,
+            lines,
+        }
+    }
+
+    /// Sends `command` (if any) and waits for the answer containing
+    /// `NKCHILD <answer>`. Blocks until it comes (the child dying fails).
+    fn ask(&mut self, command: Option<&str>, answer: &str) {
+        use std::io::Write;
+        if let Some(c) = command {
+            writeln!(self.stdin, "{c}").unwrap();
+        }
+        let want = format!("NKCHILD {answer}");
+        for line in self.lines.by_ref() {
+            if line.unwrap().contains(&want) {
+                return;
+            }
+        }
+        panic!("the child process ended before answering {want:?}");
+    }
+}
+
+/// Regression for the defect this protocol replaces, with a real second
+/// process on a real hand-over connection. A claim used to presume a
+/// writer dead after 100 ms and forgive it, so a writer that was only
+/// slow landed its late bytes on the new owner. Now:
+///
+/// * a client process whose write stalls for far longer than 100 ms, but
+///   which is alive, is waited for: the claim completes only after its
+///   bytes have landed, so they are accounted before the new owner's;
+/// * a client process killed mid-write (SIGKILL) closes its hand-over
+///   connection; the server sees end-of-file, reclaims its slot, and only
+///   then does the claim go on.
+#[test]
+fn a_live_stalled_process_is_waited_for_and_a_killed_one_reclaimed() {
+    use std::io::Read;
+    use std::os::fd::AsFd;
+    use std::os::linux::net::SocketAddrExt;
+    let server = Arc::new(region());
+    let free = server.free_slots().unwrap();
+    let name = format!("nodekernel-shm-test-{}", std::process::id());
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    // The server's side of the hand-over, as the storage server runs it:
+    // grant a slot, then reclaim it at end-of-file.
+    let reclaimed = Arc::new(AtomicBool::new(false));
+    let serve = {
+        let server = server.clone();
+        let reclaimed = reclaimed.clone();
+        std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let lease = server.lease_slot().unwrap();
+            crate::send_region(conn.as_fd(), &server, Some(lease.slot())).unwrap();
+            let mut buf = [0u8; 16];
+            while conn.read(&mut buf).unwrap() != 0 {}
+            block_on(lease.reclaim());
+            reclaimed.store(true, Ordering::SeqCst);
+        })
+    };
+    write(&server, 1, 1, 0, &[9u8; 200]).unwrap();
+    let mut child = Child::start(&name);
+    child.ask(None, "mapped");
+    assert_eq!(server.free_slots(), Some(free - 1));
+
+    // Alive but stalled for far longer than the old 100 ms.
+    child.ask(Some("stall 1 1"), "stalled");
+    assert_eq!(server.writers_in_flight(1), Some(1));
+    let (claim, claimed) = {
+        let s = server.clone();
+        spawn_async(async move { s.write(1, 2, 0, &[2u8; 50]).await })
+    };
+    wait_until("the claim", || server.is_settling(1) == Some(true));
+    std::thread::sleep(LONGER_THAN_ANY_TIMEOUT);
+    assert!(
+        !claimed.load(Ordering::SeqCst),
+        "a live writer is waited for"
+    );
+    assert!(!reclaimed.load(Ordering::SeqCst), "and never reclaimed");
+    assert_eq!(server.writers_in_flight(1), Some(1), "nor forgiven");
+    child.ask(Some("land 1"), "landed");
+    claim.join().unwrap().unwrap();
+    let bytes = read(&server, 1, 2, 0, 200).unwrap();
+    assert_eq!(&bytes[..50], &[2u8; 50][..], "the new owner's bytes");
+    assert_eq!(
+        &bytes[50..100],
+        &[1u8; 50][..],
+        "the late bytes, accounted before"
+    );
+    assert_eq!(&bytes[100..], &[9u8; 100][..]);
+    assert_eq!(server.writers_in_flight(1), Some(0));
+
+    // Killed mid-write: waited for until its connection closes, then
+    // reclaimed.
+    child.ask(Some("stall 1 2"), "stalled");
+    let (claim, claimed) = {
+        let s = server.clone();
+        spawn_async(async move { s.write(1, 3, 0, &[3u8; 50]).await })
+    };
+    wait_until("the claim", || server.is_settling(1) == Some(true));
+    std::thread::sleep(LONGER_THAN_ANY_TIMEOUT);
+    assert!(!claimed.load(Ordering::SeqCst), "still waited for");
+    child.process.kill().unwrap();
+    child.process.wait().unwrap();
+    claim.join().unwrap().unwrap();
+    serve.join().unwrap();
+    assert!(reclaimed.load(Ordering::SeqCst));
+    assert_eq!(server.free_slots(), Some(free), "the slot is free again");
+    assert_eq!(server.writers_in_flight(1), Some(0));
+    assert_eq!(&read(&server, 1, 3, 0, 50).unwrap()[..], &[3u8; 50][..]);
 }

@@ -20,11 +20,12 @@
 //! hands. Two implementations keep these rules:
 //!
 //! * **DRAM** (a medium with a [`shared_region`](Medium::shared_region)):
-//!   the generations and writer counters live in shared memory next to the
+//!   the generations and writer lanes live in shared memory next to the
 //!   data, and reads and writes run the lock-free protocol of
 //!   [`nodekernel_shm`]: readers check the generation before and after
-//!   their copy, writers register in a per-block counter, and a claim waits
-//!   for the counter to drain. Co-located clients that mapped the same
+//!   their copy, writers publish the block in a lane of their process's
+//!   slot, and a claim waits (without blocking the task) until no lane
+//!   writes the block. Co-located clients that mapped the same
 //!   memory run the very same protocol, so network and mapped accesses
 //!   interoperate. The copy is a synchronous memcpy in the connection task.
 //! * **Other media** (the file medium): the generation is an atomic in this
@@ -219,7 +220,7 @@ impl BlockStore {
     /// later claim still waits for it.
     pub async fn write(&self, block: u32, gen: u64, offset: u32, data: &[u8]) -> Result<()> {
         let blocks = match &self.guards {
-            Guards::Shared(r) => return r.write(block, gen, offset, data),
+            Guards::Shared(r) => return r.write(block, gen, offset, data).await,
             Guards::Locked(blocks) => blocks,
         };
         let state = self.check(blocks, block, offset, data.len() as u64)?;
@@ -632,7 +633,7 @@ mod tests {
         let mut buf = [0u8; 14];
         m.read(1, 5, 0, &mut buf).unwrap();
         assert_eq!(&buf, b"from the store");
-        m.write(1, 6, 0, b"client").unwrap();
+        block_on(m.write(1, 6, 0, b"client")).unwrap();
         assert_eq!(
             s.generation(1),
             Some(6),
@@ -646,7 +647,7 @@ mod tests {
             ErrorCode::Stale
         );
         assert_eq!(
-            m.write(1, 6, 0, b"late").unwrap_err().code,
+            block_on(m.write(1, 6, 0, b"late")).unwrap_err().code,
             ErrorCode::Stale,
             "a claim over the network fences mapped writers"
         );
@@ -654,16 +655,18 @@ mod tests {
         for round in 0..200u64 {
             let base = 100 + 4 * round;
             // Old owner on the mapping, new owner through the store.
-            m.write(3, base, 0, &[1u8; BS as usize]).unwrap();
+            block_on(m.write(3, base, 0, &[1u8; BS as usize])).unwrap();
             let old_writer = {
                 let m = m.clone();
-                busy_thread(move || match m.write(3, base, 0, &[1u8; BS as usize]) {
-                    Ok(()) => true,
-                    Err(e) => {
-                        assert_eq!(e.code, ErrorCode::Stale);
-                        false
-                    }
-                })
+                busy_thread(
+                    move || match block_on(m.write(3, base, 0, &[1u8; BS as usize])) {
+                        Ok(()) => true,
+                        Err(e) => {
+                            assert_eq!(e.code, ErrorCode::Stale);
+                            false
+                        }
+                    },
+                )
             };
             write(&s, 3, base + 1, 0, &[2u8; BS as usize]).unwrap();
             old_writer.join().unwrap();
@@ -686,7 +689,7 @@ mod tests {
                     },
                 )
             };
-            m.write(3, base + 2, 0, &[4u8; BS as usize]).unwrap();
+            block_on(m.write(3, base + 2, 0, &[4u8; BS as usize])).unwrap();
             old_writer.join().unwrap();
             let mut all = vec![0u8; BS as usize];
             m.read(3, base + 2, 0, &mut all).unwrap();

@@ -8,11 +8,17 @@
 //! server also checks the peer's credentials (`SO_PEERCRED`) and hands its
 //! memory only to processes of its own user (or root).
 //!
-//! On each accepted connection the server sends the region's header with
-//! the memfd attached ([`nodekernel_shm::send_region`]) and then keeps the
-//! connection open without traffic until the client closes it or the server
-//! stops: a client watching it learns that the server is gone even when it
-//! died without marking its region closed.
+//! On each accepted connection the server grants the client process a
+//! writer slot ([`Region::lease_slot`]) and sends the region's header and
+//! the slot with the memfd attached ([`nodekernel_shm::send_region`]); it
+//! then keeps the connection open without traffic until the client closes
+//! it or the server stops: a client watching it learns that the server is
+//! gone even when it died without marking its region closed. When the
+//! client's end closes (its process exited or was killed, or it dropped
+//! the mapping), none of its copies can still run, and the server reclaims
+//! the slot ([`nodekernel_shm::SlotLease::reclaim`]): claims that waited
+//! for a write the dead process left in flight then go on. Liveness is
+//! never judged by time.
 
 use nodekernel_shm::Region;
 use std::io;
@@ -90,14 +96,22 @@ async fn hand_over(mut stream: UnixStream, region: Arc<Region>, uid: libc::uid_t
             return;
         }
     }
+    // Dropped without reclaiming (this task aborted: the server stops),
+    // the lease retires the slot.
+    let lease = region.lease_slot();
+    if lease.is_none() {
+        tracing::warn!("shared-memory socket: no writer slot left; that client uses the network");
+    }
+    let slot = lease.as_ref().map(|l| l.slot());
     let sent = stream
         .async_io(Interest::WRITABLE, || {
-            nodekernel_shm::send_region(stream.as_fd(), &region)
+            nodekernel_shm::send_region(stream.as_fd(), &region, slot)
         })
         .await;
     if let Err(e) = sent {
         tracing::debug!("shared-memory socket: could not hand the region over: {e}");
-        return;
+        // The client may have received it all the same: it holds the slot
+        // until its end closes, so wait for that before reclaiming.
     }
     // Keep the connection until the client goes away (or we stop).
     let mut buf = [0u8; 64];
@@ -105,5 +119,8 @@ async fn hand_over(mut stream: UnixStream, region: Arc<Region>, uid: libc::uid_t
         if n == 0 {
             break;
         }
+    }
+    if let Some(lease) = lease {
+        lease.reclaim().await;
     }
 }

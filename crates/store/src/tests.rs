@@ -660,7 +660,7 @@ async fn dram_memory_is_handed_to_colocated_clients() {
     let mut buf = [0u8; 16];
     region.read(2, 40, 0, &mut buf).unwrap();
     assert_eq!(&buf, b"over the network");
-    region.write(2, 41, 0, b"mapped").unwrap();
+    region.write(2, 41, 0, b"mapped").await.unwrap();
     assert_eq!(srv.store().generation(2), Some(41));
     assert_eq!(read(&c, 2, 41, 0, 6).await.unwrap(), b"mapped" as &[u8]);
     assert_eq!(
@@ -739,7 +739,7 @@ async fn many_clients_map_one_server() {
     .await
     .unwrap();
     for (i, (r, _)) in maps.iter().enumerate() {
-        r.write(1, 10 + i as u64, 0, &[i as u8; 8]).unwrap();
+        r.write(1, 10 + i as u64, 0, &[i as u8; 8]).await.unwrap();
     }
     assert_eq!(a.store().generation(1), Some(17));
     assert_eq!(b.store().generation(1), Some(0), "another server's memory");
@@ -812,4 +812,34 @@ async fn claims_and_copies_file() {
         path: dir.path().join("copy.blocks"),
     })
     .await;
+}
+
+/// Each hand-over connection holds a writer slot of its own; the server
+/// takes it back when the client's end closes (its process gone), never
+/// because of time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_hand_over_connection_gives_its_slot_back() {
+    let srv = StorageServer::start(cfg(MediumKind::Dram, 2))
+        .await
+        .unwrap();
+    let region = srv.store().shared_region().unwrap().clone();
+    let free = region.free_slots().unwrap();
+    let name = srv.shared_memory_name().unwrap().to_string();
+    let (mapped, sock) = tokio::task::spawn_blocking(move || map_region(&name).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(region.free_slots(), Some(free - 1));
+    mapped.write(0, 5, 0, b"mapped").await.unwrap();
+    drop(mapped);
+    drop(sock);
+    // A generous bound that only catches hangs.
+    let start = std::time::Instant::now();
+    while region.free_slots() != Some(free) {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "slot never reclaimed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(region.writers_in_flight(0), Some(0));
 }
