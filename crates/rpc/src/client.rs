@@ -1,3 +1,4 @@
+use crate::limits::CLIENT_RECV_BUF;
 use crate::transport::{ReadHalf, Stream, WriteHalf};
 use bytes::{Buf, Bytes, BytesMut};
 use nodekernel_proto::frame::STATUS_OK;
@@ -73,6 +74,9 @@ impl Shared {
         let fd = self.inbound.rd.fd();
         let mut progress = false;
         loop {
+            if buf.capacity() - buf.len() < CLIENT_RECV_BUF / 4 {
+                buf.reserve(CLIENT_RECV_BUF);
+            }
             match crate::recv_now(fd, &mut buf) {
                 Ok(Some(0)) => {
                     return Err(Error::unavailable(format!(
@@ -162,7 +166,7 @@ impl Connection {
             peer: addr.to_string(),
             inbound: Inbound {
                 rd,
-                buf: Mutex::new(BytesMut::with_capacity(256 * 1024)),
+                buf: Mutex::new(BytesMut::with_capacity(CLIENT_RECV_BUF)),
             },
         });
         let reader = tokio::spawn(read_loop(shared.clone()));

@@ -5,7 +5,8 @@
 //! replies matched to requests by id, every call bounded by a timeout.
 //! [`serve`] is the server end: an accept loop that reads frames, hands each
 //! request to a [`Handler`] and writes the reply, batching replies while more
-//! requests are already buffered.
+//! requests are already buffered. Everything a peer can make a server hold
+//! is bounded ([`limits`]).
 //!
 //! Malformed input never takes a server down: a bad payload gets a
 //! `Protocol` error reply and the connection goes on; a bad header (an
@@ -13,6 +14,7 @@
 //! closed, because the byte stream can no longer be trusted.
 
 mod client;
+pub mod limits;
 mod server;
 mod transport;
 
@@ -40,16 +42,17 @@ use nodekernel_proto::Error;
 /// its descriptor. Unlike tokio's `try_read`, this does not depend on the
 /// reactor having seen the socket become readable, so a busy-polling thread
 /// picks data up the moment it arrives. `Ok(None)`: nothing to read;
-/// `Ok(Some(0))`: the peer closed.
+/// `Ok(Some(0))`: the peer closed. Reads at most the spare capacity of
+/// `buf`: the caller decides how the buffer grows.
 pub(crate) fn recv_now(
     fd: std::os::fd::RawFd,
     buf: &mut bytes::BytesMut,
 ) -> std::io::Result<Option<usize>> {
     use bytes::BufMut;
-    if buf.capacity() - buf.len() < 64 * 1024 {
-        buf.reserve(256 * 1024);
-    }
+    // Never a zero-length read (which would look like the end of stream):
+    // `chunk_mut` makes room if there is none.
     let spare = buf.chunk_mut();
+    debug_assert!(spare.len() > 0);
     // SAFETY: recv writes at most `spare.len()` bytes into memory we own
     // and returns how many it wrote; only those are marked initialised.
     let n = unsafe {
