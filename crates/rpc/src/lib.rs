@@ -2,11 +2,11 @@
 //!
 //! [`Connection`] is the client end: one socket (TCP, or a Unix socket for
 //! a server on the same host), many requests in flight,
-//! replies matched to requests by id, every call bounded by a timeout.
-//! [`serve`] is the server end: an accept loop that reads frames, hands each
-//! request to a [`Handler`] and writes the reply, batching replies while more
-//! requests are already buffered. Everything a peer can make a server hold
-//! is bounded ([`limits`]).
+//! replies matched to requests by id, every call bounded by a timeout and
+//! cancel safe. [`serve`] is the server end: an accept loop that reads
+//! frames, hands each request to a [`Handler`] and writes the reply,
+//! batching replies while more requests are already buffered. Everything a
+//! peer can make a server hold is bounded ([`limits`]).
 //!
 //! Malformed input never takes a server down: a bad payload gets a
 //! `Protocol` error reply and the connection goes on; a bad header (an
