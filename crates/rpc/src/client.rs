@@ -34,10 +34,12 @@
 //! frame could not go out anyway. Every pending call fails at once, the
 //! socket is shut down, and [`ConnectionPool`] connects afresh on next use.
 
+use crate::handshake::{ClientHandshake, HandshakeIo, PeerInfo, VersionHandshake};
 use crate::limits::CLIENT_RECV_BUF;
 use crate::transport::{ReadHalf, Stream, WriteHalf};
 use bytes::{Buf, Bytes, BytesMut};
 use nodekernel_proto::frame::STATUS_OK;
+use nodekernel_proto::hello::Role;
 use nodekernel_proto::{Error, FrameHeader, Result, HEADER_LEN, MAX_PAYLOAD_LEN};
 use std::collections::HashMap;
 use std::io::IoSlice;
@@ -50,7 +52,7 @@ use tokio::sync::oneshot;
 /// Settings of a client connection.
 #[derive(Debug, Clone, Copy)]
 pub struct ConnOptions {
-    /// Bound on connecting and on every call.
+    /// Bound on connecting (including the handshake) and on every call.
     pub timeout: Duration,
     /// How long a caller busy-polls the socket for its reply before parking
     /// (0 disables spinning). Waking a parked thread costs tens of
@@ -65,6 +67,12 @@ impl ConnOptions {
             spin: crate::default_spin(),
         }
     }
+}
+
+/// The handshake used when none is given: the wire-version check,
+/// introducing this end as a client.
+pub fn default_client_handshake() -> Arc<dyn ClientHandshake> {
+    Arc::new(VersionHandshake::new(Role::Client))
 }
 
 type Waiters = HashMap<u64, oneshot::Sender<Result<Bytes>>>;
@@ -367,6 +375,7 @@ pub struct Connection {
     next_id: AtomicU64,
     opts: ConnOptions,
     reader: tokio::task::JoinHandle<()>,
+    peer_info: PeerInfo,
 }
 
 impl Drop for Connection {
@@ -376,9 +385,9 @@ impl Drop for Connection {
 }
 
 impl Connection {
-    /// Connects to `addr` (`host:port`, `unix:@name` or `unix:/path`),
-    /// giving up after `timeout`. The same timeout bounds every call made on
-    /// the connection.
+    /// Connects to `addr` (`host:port`, `unix:@name` or `unix:/path`) and
+    /// runs the default handshake (the wire-version check), giving up after
+    /// `timeout`. The same timeout bounds every call made on the connection.
     ///
     /// Cancel safe: dropping the future abandons the attempt and closes its
     /// socket; nothing else is affected.
@@ -390,8 +399,24 @@ impl Connection {
     ///
     /// Cancel safe, as [`Connection::connect`].
     pub async fn connect_with(addr: &str, opts: ConnOptions) -> Result<Connection> {
+        let handshake = VersionHandshake::new(Role::Client);
+        Connection::connect_with_handshake(addr, opts, &handshake).await
+    }
+
+    /// Like [`Connection::connect_with`], running `handshake` on the new
+    /// socket before it carries any request. `opts.timeout` bounds the
+    /// connect and the handshake together. A server of another wire version
+    /// gives `VersionMismatch` here.
+    ///
+    /// Cancel safe, as [`Connection::connect`].
+    pub async fn connect_with_handshake(
+        addr: &str,
+        opts: ConnOptions,
+        handshake: &dyn ClientHandshake,
+    ) -> Result<Connection> {
         let timeout = opts.timeout;
-        let stream = match tokio::time::timeout(timeout, Stream::connect(addr)).await {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let stream = match tokio::time::timeout_at(deadline, Stream::connect(addr)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => return Err(Error::unavailable(format!("cannot connect to {addr}: {e}"))),
             Err(_) => {
@@ -400,7 +425,18 @@ impl Connection {
                 )))
             }
         };
-        let buf = BytesMut::with_capacity(CLIENT_RECV_BUF);
+        let mut io = HandshakeIo::new(stream, addr.to_string());
+        let peer_info = match tokio::time::timeout_at(deadline, handshake.connect(&mut io)).await {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => return Err(e),
+            Err(_) => {
+                return Err(Error::timeout(format!(
+                    "the handshake with {addr} did not finish within {timeout:?}"
+                )))
+            }
+        };
+        let (stream, mut buf) = io.into_parts();
+        buf.reserve(CLIENT_RECV_BUF);
         let (rd, wr) = stream.split();
         let shared = Arc::new(Shared {
             waiters: Mutex::new(HashMap::new()),
@@ -423,6 +459,7 @@ impl Connection {
             next_id: AtomicU64::new(1),
             opts,
             reader,
+            peer_info,
         })
     }
 
@@ -434,6 +471,11 @@ impl Connection {
 
     pub fn peer(&self) -> &str {
         &self.shared.peer
+    }
+
+    /// What the handshake learnt about the server.
+    pub fn peer_info(&self) -> &PeerInfo {
+        &self.peer_info
     }
 
     /// Calls waiting for their reply right now (for tests: a dropped call
@@ -655,6 +697,7 @@ async fn read_loop(shared: Arc<Shared>) {
 /// has failed.
 pub struct ConnectionPool {
     opts: ConnOptions,
+    handshake: Arc<dyn ClientHandshake>,
     conns: Mutex<HashMap<String, Arc<Connection>>>,
 }
 
@@ -663,9 +706,21 @@ impl ConnectionPool {
         ConnectionPool::with_options(ConnOptions::new(timeout))
     }
 
+    /// A pool whose connections run the default handshake (the
+    /// wire-version check, as a client).
     pub fn with_options(opts: ConnOptions) -> ConnectionPool {
+        ConnectionPool::with_handshake(opts, default_client_handshake())
+    }
+
+    /// A pool whose connections run `handshake` when they connect (to name
+    /// another role, or to authenticate).
+    pub fn with_handshake(
+        opts: ConnOptions,
+        handshake: Arc<dyn ClientHandshake>,
+    ) -> ConnectionPool {
         ConnectionPool {
             opts,
+            handshake,
             conns: Mutex::new(HashMap::new()),
         }
     }
@@ -684,7 +739,9 @@ impl ConnectionPool {
                 return Ok(c.clone());
             }
         }
-        let conn = Arc::new(Connection::connect_with(addr, self.opts).await?);
+        let conn = Arc::new(
+            Connection::connect_with_handshake(addr, self.opts, self.handshake.as_ref()).await?,
+        );
         let mut map = self.conns.lock().expect("pool lock");
         // Another task may have connected meanwhile; keep the first live one.
         match map.get(addr) {

@@ -5,8 +5,13 @@
 //! replies matched to requests by id, every call bounded by a timeout and
 //! cancel safe. [`serve`] is the server end: an accept loop that reads
 //! frames, hands each request to a [`Handler`] and writes the reply,
-//! batching replies while more requests are already buffered. Everything a
-//! peer can make a server hold is bounded ([`limits`]).
+//! batching replies while more requests are already buffered.
+//!
+//! Every connection starts with a handshake ([`handshake`]): by default the
+//! two ends exchange HELLOs and refuse each other unless they speak the
+//! same wire version; authentication plugs in at the same place
+//! ([`ClientHandshake`], [`ServerHandshake`]). Everything a peer can make a
+//! server hold is bounded ([`limits`]).
 //!
 //! Malformed input never takes a server down: a bad payload gets a
 //! `Protocol` error reply and the connection goes on; a bad header (an
@@ -14,11 +19,16 @@
 //! closed, because the byte stream can no longer be trusted.
 
 mod client;
+pub mod handshake;
 pub mod limits;
 mod server;
 mod transport;
 
-pub use client::{ConnOptions, Connection, ConnectionPool};
+pub use client::{default_client_handshake, ConnOptions, Connection, ConnectionPool};
+pub use handshake::{
+    ClientHandshake, HandshakeFrame, HandshakeIo, PeerInfo, ServerHandshake, VersionHandshake,
+};
+pub use nodekernel_proto::hello::{Role, WIRE_VERSION};
 pub use server::{serve, serve_unix, serve_with, Handler, ServeOptions, ServerHandle};
 pub use transport::{abstract_unix_addr, bind_abstract_unix, bind_unix, UNIX_PREFIX};
 

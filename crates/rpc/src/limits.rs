@@ -2,7 +2,7 @@
 //!
 //! A peer is never trusted to be small, quick or polite: the number of
 //! connections, the requests in flight, the bytes buffered for a frame and
-//! the time a frame may take are all bounded. The limits a
+//! the time a frame or a handshake may take are all bounded. The limits a
 //! deployment may want to change are fields of [`crate::ServeOptions`] with
 //! the defaults below; the others are fixed here. The largest frame is fixed
 //! by the wire protocol ([`nodekernel_proto::MAX_PAYLOAD_LEN`]: one 16 MiB
@@ -31,6 +31,15 @@ pub const MAX_IN_FLIGHT: usize = 64;
 /// same bound applies to replies: a peer that takes no reply bytes for this
 /// long (it stopped reading) is closed, releasing its requests' permits.
 pub const FRAME_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Default of [`crate::ServeOptions::handshake_timeout`]: a new connection
+/// must complete its handshake within this time or the server closes it.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Largest payload of a handshake frame (either direction). A HELLO is at
+/// most [`nodekernel_proto::hello::MAX_HELLO_LEN`] bytes; the rest is room
+/// for authentication exchanges.
+pub const MAX_HANDSHAKE_PAYLOAD: usize = 64 * 1024;
 
 /// Capacity of a server connection's receive buffer when it starts and after
 /// it shrinks back.

@@ -1,21 +1,25 @@
-//! The server end: an accept loop, and one task per connection that reads
-//! frames, hands each request to the [`Handler`] and writes the replies.
+//! The server end: an accept loop, and one task per connection that runs the
+//! handshake, then reads frames, hands each request to the [`Handler`] and
+//! writes the replies.
 //!
 //! Every resource a peer can make the server hold is bounded (see
 //! [`crate::limits`]): open connections ([`ServeOptions::max_connections`]),
 //! requests being handled per connection and per server, bytes buffered for
 //! an unfinished frame (receive buffers grow only as bytes arrive, and shrink
-//! back when idle), and the time a frame may take.
+//! back when idle), and the time a handshake or a frame may take.
 
+use crate::handshake::{HandshakeIo, ServerHandshake, VersionHandshake};
 use crate::limits::{
-    FRAME_TIMEOUT, LIMIT_WARN_INTERVAL, MAX_CONNECTIONS, MAX_ERROR_MESSAGE, MAX_IN_FLIGHT,
-    MAX_REQUESTS, RECV_BUF_INITIAL, RECV_GROW_STEP, RECV_READ_MIN, RECV_SHRINK_AFTER, REPLY_BUF,
+    FRAME_TIMEOUT, HANDSHAKE_TIMEOUT, LIMIT_WARN_INTERVAL, MAX_CONNECTIONS, MAX_ERROR_MESSAGE,
+    MAX_IN_FLIGHT, MAX_REQUESTS, RECV_BUF_INITIAL, RECV_GROW_STEP, RECV_READ_MIN,
+    RECV_SHRINK_AFTER, REPLY_BUF,
 };
 use crate::transport::{Listener, ReadHalf, Stream};
 use bytes::{Buf, Bytes, BytesMut};
 use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
 use nodekernel_proto::frame::STATUS_OK;
+use nodekernel_proto::hello::Role;
 use nodekernel_proto::{Error, ErrorCode, FrameHeader, Result, HEADER_LEN};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -39,6 +43,15 @@ pub trait Handler: Send + Sync + 'static {
         payload: Bytes,
         out: &mut BytesMut,
     ) -> impl Future<Output = Result<()>> + Send;
+
+    /// The handshake every connection to this server runs before its first
+    /// request; called once when serving starts. The default checks the
+    /// wire version ([`VersionHandshake`]) and introduces the server with
+    /// [`Role::Unspecified`]. Override it to name the server's role, or to
+    /// require authentication.
+    fn handshake(&self) -> Arc<dyn ServerHandshake> {
+        Arc::new(VersionHandshake::new(Role::Unspecified))
+    }
 }
 
 /// Settings of a server's connections. The defaults are the constants of
@@ -51,7 +64,8 @@ pub struct ServeOptions {
     /// Requests of one connection handled concurrently; replies go out as
     /// they complete (the client matches them by id).
     pub max_in_flight: usize,
-    /// Open connections. A connection beyond it is answered with an `Unavailable` error frame
+    /// Open connections (including those still in their handshake). A
+    /// connection beyond it is answered with an `Unavailable` error frame
     /// and closed at once.
     pub max_connections: usize,
     /// Requests handled at once across all connections of this server; a
@@ -62,6 +76,8 @@ pub struct ServeOptions {
     /// reading, because of the bounds above, does not count). Also the
     /// longest a reply may wait for the peer to take any of its bytes.
     pub frame_timeout: Duration,
+    /// A new connection must finish its handshake within this time.
+    pub handshake_timeout: Duration,
 }
 
 impl Default for ServeOptions {
@@ -72,6 +88,7 @@ impl Default for ServeOptions {
             max_connections: MAX_CONNECTIONS,
             max_requests: MAX_REQUESTS,
             frame_timeout: FRAME_TIMEOUT,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
         }
     }
 }
@@ -173,7 +190,7 @@ impl ServerHandle {
         self.task.abort();
     }
 
-    /// Connections open right now.
+    /// Connections open right now (including those in their handshake).
     pub fn connections(&self) -> usize {
         self.state.sockets.open()
     }
@@ -206,7 +223,7 @@ impl ServerHandle {
     }
 
     /// Connections closed so far because of a frame the server could not
-    /// parse (a bad header).
+    /// parse (a bad header, or a first frame that is not a valid HELLO).
     #[doc(hidden)]
     pub fn malformed_frames(&self) -> u64 {
         self.state.malformed.load(Ordering::Relaxed)
@@ -297,6 +314,7 @@ fn serve_listener<H: Handler>(
             .dup()
             .map_err(|e| crate::io_error("duplicating the listening socket", e))?,
     );
+    let handshake = handler.handshake();
     let st = state.clone();
     let task = tokio::spawn(async move {
         // Connections live in this set: aborting the accept task drops the
@@ -334,10 +352,11 @@ fn serve_listener<H: Handler>(
                         }
                         let guard = Registered { state: st.clone(), id: next_id };
                         let handler = handler.clone();
+                        let handshake = handshake.clone();
                         let state = st.clone();
                         conns.spawn(async move {
                             let _guard = guard;
-                            serve_requests(stream, BytesMut::new(), peer.into(), handler, &state, opts).await
+                            connection(stream, peer, handler, handshake, state, opts).await
                         });
                     }
                     // A listener shut down by `ServerHandle::shutdown`.
@@ -388,6 +407,45 @@ fn refuse_at_once(stream: &Stream, limit: usize) {
             libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
         );
     }
+}
+
+/// One connection: the handshake, then requests until the peer closes.
+async fn connection<H: Handler>(
+    stream: Stream,
+    peer: String,
+    handler: Arc<H>,
+    handshake: Arc<dyn ServerHandshake>,
+    state: Arc<ServerState>,
+    opts: ServeOptions,
+) {
+    let mut io = HandshakeIo::new(stream, peer);
+    match tokio::time::timeout(opts.handshake_timeout, handshake.accept(&mut io)).await {
+        Ok(Ok(info)) => tracing::debug!(
+            "connection from {} ({}, wire version {})",
+            io.peer(),
+            info.role,
+            info.version
+        ),
+        Ok(Err(e)) => {
+            tracing::debug!("refused the connection from {}: {e}", io.peer());
+            if e.code == ErrorCode::Protocol {
+                state.malformed.fetch_add(1, Ordering::Relaxed);
+            }
+            let _ = tokio::time::timeout(opts.handshake_timeout, io.refuse(&e)).await;
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(
+                "closing the connection from {}: no handshake within {:?}",
+                io.peer(),
+                opts.handshake_timeout
+            );
+            return;
+        }
+    }
+    let peer: Arc<str> = io.peer().into();
+    let (stream, leftover) = io.into_parts();
+    serve_requests(stream, leftover, peer, handler, &state, opts).await;
 }
 
 /// What the front of a receive buffer holds.
@@ -564,7 +622,7 @@ async fn spin_fill(
 
 type PermitWait = Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send>>;
 
-/// Serves the requests of one connection until the peer closes.
+/// Serves the requests of one connection whose handshake is done.
 async fn serve_requests<H: Handler>(
     stream: Stream,
     leftover: BytesMut,
@@ -759,7 +817,7 @@ fn stalled_writing(stall: Duration) -> std::io::Error {
     )
 }
 
-fn push_error(out: &mut BytesMut, id: u64, e: &Error) {
+pub(crate) fn push_error(out: &mut BytesMut, id: u64, e: &Error) {
     let msg = e.message.as_bytes();
     let msg = &msg[..msg.len().min(MAX_ERROR_MESSAGE)];
     FrameHeader::put(out, id, e.code as u16, msg.len());

@@ -9,7 +9,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
-use tokio::io::AsyncWrite;
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{tcp, unix, TcpListener, TcpStream, UnixListener, UnixStream};
 
 /// Prefix of Unix-socket addresses.
@@ -53,6 +53,23 @@ impl Stream {
                 set_keepalive(s.as_raw_fd());
                 Ok(Stream::Tcp(s))
             }
+        }
+    }
+
+    /// Writes all of `buf` (used only before the stream is split).
+    pub(crate) async fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.write_all(buf).await,
+            Stream::Unix(s) => s.write_all(buf).await,
+        }
+    }
+
+    /// Reads what is available into the spare capacity of `buf` (used only
+    /// before the stream is split). `Ok(0)`: end of stream.
+    pub(crate) async fn read_buf(&mut self, buf: &mut bytes::BytesMut) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read_buf(buf).await,
+            Stream::Unix(s) => s.read_buf(buf).await,
         }
     }
 

@@ -1,7 +1,7 @@
 //! The server's resource bounds: open connections, requests in flight,
-//! memory for a frame announced but not sent, and time for a frame that
-//! stalls. Every check waits for an event (with a bound that only catches
-//! hangs), never for a time to pass.
+//! memory for a frame announced but not sent, and time for a frame or a
+//! handshake that stalls. Every check waits for an event (with a bound that
+//! only catches hangs), never for a time to pass.
 
 mod common;
 
@@ -30,15 +30,12 @@ async fn connections_beyond_the_cap_are_refused_at_once_and_service_resumes() {
             conns.push(c);
         }
         // Beyond the cap: refused with an error, not left hanging (the
-        // call timeout, HANG, is far beyond any refusal).
+        // connect timeout, HANG, is far beyond any refusal).
         for _ in 0..3 {
-            let e = match Connection::connect(&server.addr, HANG).await {
-                Err(e) => e,
-                Ok(c) => c
-                    .call(2, &[b"x"])
-                    .await
-                    .expect_err("a connection beyond the cap is refused"),
-            };
+            let e = Connection::connect(&server.addr, HANG)
+                .await
+                .err()
+                .expect("a connection beyond the cap is refused");
             assert_eq!(e.code, ErrorCode::Unavailable, "{kind:?}: {e}");
         }
         if kind == Kind::Tcp {
@@ -169,6 +166,26 @@ async fn a_connection_stalled_mid_frame_is_closed() {
     assert_eq!(&conn.call(2, &[b"ok"]).await.unwrap()[..], b"ok");
     common::eventually("the stalled connections to leave the count", || {
         server.connections() == 1
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_connection_that_never_finishes_its_handshake_is_closed() {
+    let opts = ServeOptions {
+        handshake_timeout: Duration::from_millis(200),
+        ..ServeOptions::default()
+    };
+    let server = start(Kind::Tcp, Arc::new(Echo::default()), opts).await;
+    // Nothing at all.
+    let mut s = tokio::net::TcpStream::connect(&server.addr).await.unwrap();
+    closed_by_server(&mut s).await;
+    // Half a HELLO.
+    let mut s = tokio::net::TcpStream::connect(&server.addr).await.unwrap();
+    s.write_all(&common::hello_frame()[..10]).await.unwrap();
+    closed_by_server(&mut s).await;
+    common::eventually("the connections to leave the count", || {
+        server.connections() == 0
     })
     .await;
 }

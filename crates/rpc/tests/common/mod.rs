@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 use bytes::{Bytes, BytesMut};
+use nodekernel_proto::hello::{Hello, Role, HELLO_ID, HELLO_KIND};
 use nodekernel_proto::{Error, FrameHeader, Result, HEADER_LEN};
 use nodekernel_rpc::{
     abstract_unix_addr, bind_abstract_unix, serve_unix, serve_with, ConnOptions, Connection,
@@ -14,7 +15,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Bound that only catches hangs: nothing in these tests should come near
 /// it, however slow the machine.
@@ -142,6 +143,13 @@ pub fn frame(id: u64, kind: u16, payload: &[u8]) -> Vec<u8> {
     b.to_vec()
 }
 
+/// A client HELLO of this build's version, as a whole frame.
+pub fn hello_frame() -> Vec<u8> {
+    let mut p = BytesMut::new();
+    Hello::new(Role::Client).encode(&mut p).unwrap();
+    frame(HELLO_ID, HELLO_KIND, &p)
+}
+
 /// Reads one frame; `None` when the peer closed the connection (or reset
 /// it). Fails the test if nothing happens before [`HANG`].
 pub async fn read_frame(s: &mut tokio::net::TcpStream) -> Option<(u64, u16, Vec<u8>)> {
@@ -171,7 +179,17 @@ pub async fn closed_by_server(s: &mut tokio::net::TcpStream) {
     .await
 }
 
-/// A raw TCP connection.
+/// A raw TCP connection, past the HELLO exchange (done by hand).
 pub async fn raw_peer(addr: &str) -> tokio::net::TcpStream {
-    tokio::net::TcpStream::connect(addr).await.unwrap()
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(&hello_frame()).await.unwrap();
+    let (id, status, payload) = read_frame(&mut s).await.expect("a HELLO answer");
+    assert_eq!(
+        (id, status),
+        (HELLO_ID, 0),
+        "{}",
+        String::from_utf8_lossy(&payload)
+    );
+    Hello::decode(&payload).expect("the answer is a HELLO");
+    s
 }
