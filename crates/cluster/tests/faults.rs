@@ -5,6 +5,7 @@ mod common;
 
 use nodekernel_client::{CreateOptions, ErrorCode, NodeType};
 use nodekernel_proto::frame::STATUS_OK;
+use nodekernel_proto::hello::{Hello, Role, HELLO_ID, HELLO_KIND};
 use nodekernel_proto::{FrameHeader, HEADER_LEN};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -68,8 +69,16 @@ async fn abuse(addr: &str) {
     s.write_all(&[1, 2, 3]).await.unwrap();
     drop(s);
 
-    // 4. Unknown op and malformed payloads: Protocol error, connection lives on.
+    // 4. Unknown op and malformed payloads: Protocol error, connection lives on
+    //    (once past the handshake every connection starts with).
     let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut hello = bytes::BytesMut::new();
+    Hello::new(Role::Client).encode(&mut hello).unwrap();
+    s.write_all(&frame(HELLO_ID, HELLO_KIND, &hello))
+        .await
+        .unwrap();
+    let (id, status, _) = read_reply(&mut s).await.expect("a HELLO answer");
+    assert_eq!((id, status), (HELLO_ID, STATUS_OK));
     for (id, kind, payload) in [
         (1u64, 999u16, vec![]),
         (2, 1, vec![0xFF; 3]),

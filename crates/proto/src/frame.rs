@@ -64,6 +64,17 @@ impl FrameHeader {
         buf.put_u16_le(kind);
     }
 
+    /// The header of a frame with a payload of `payload_len` bytes, as an
+    /// array (for callers that send the payload from elsewhere).
+    pub fn encode(id: u64, kind: u16, payload_len: usize) -> [u8; HEADER_LEN] {
+        debug_assert!(payload_len <= MAX_PAYLOAD_LEN);
+        let mut h = [0u8; HEADER_LEN];
+        h[..4].copy_from_slice(&((payload_len + HEADER_LEN - 4) as u32).to_le_bytes());
+        h[4..12].copy_from_slice(&id.to_le_bytes());
+        h[12..].copy_from_slice(&kind.to_le_bytes());
+        h
+    }
+
     /// Starts a frame whose payload will be appended afterwards; finish it
     /// with [`FrameHeader::seal`].
     pub fn begin(buf: &mut BytesMut, id: u64, kind: u16) -> usize {
@@ -94,6 +105,7 @@ mod tests {
     fn header_round_trip() {
         let mut b = BytesMut::new();
         FrameHeader::put(&mut b, 42, 7, 100);
+        assert_eq!(&b[..], &FrameHeader::encode(42, 7, 100));
         let h = FrameHeader::parse(b[..HEADER_LEN].try_into().unwrap()).unwrap();
         assert_eq!(
             h,

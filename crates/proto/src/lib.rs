@@ -9,6 +9,7 @@
 pub mod codec;
 pub mod error;
 pub mod frame;
+pub mod hello;
 pub mod meta;
 pub mod path;
 pub mod record;

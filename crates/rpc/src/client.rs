@@ -1,6 +1,45 @@
+//! The client end of a connection.
+//!
+//! # Sending, and why every call is cancel safe
+//!
+//! Many callers share one socket. A caller sends its own frame, straight
+//! from its borrowed slices (a 1 MiB block goes from the user's buffer to
+//! the socket with one `writev`, no copy), while holding the writer lock.
+//! The danger is a caller that goes away in the middle of its frame (a
+//! `select!`, a `timeout`, an aborted task, a Python cancellation): the
+//! frames that follow would be read by the server as the rest of the
+//! abandoned one.
+//!
+//! So the caller writes through a guard (`PartialFrame`) that counts the
+//! bytes of its frame that went out. If the call is dropped after a partial
+//! write, the guard's `Drop` (which runs while the borrowed slices are still
+//! alive) copies the unsent rest of the frame into the writer state, and
+//! that rest goes out before any other frame: by a task spawned on the
+//! current runtime at once, or else by the next caller, who always finishes
+//! a pending rest first. A frame not started at all is simply not sent.
+//! Only an abandoned frame is ever copied; the normal path has no copy and
+//! no extra task.
+//!
+//! A queue feeding a writer task (mini-redis style) would also be cancel
+//! safe, but every request would have to be copied into an owned buffer
+//! first (the caller's slices cannot outlive its future), which costs a
+//! memory copy of every block written.
+//!
+//! Replies are matched by id. A caller registers its waiter through a guard
+//! that removes it when the call ends in any way, so the reply of an
+//! abandoned call is dropped on arrival and nothing leaks.
+//!
+//! A send that cannot finish before the call's deadline (the peer stopped
+//! reading) fails the whole connection: the stream is stuck and a later
+//! frame could not go out anyway. Every pending call fails at once, the
+//! socket is shut down, and [`ConnectionPool`] connects afresh on next use.
+
+use crate::handshake::{ClientHandshake, HandshakeIo, PeerInfo, VersionHandshake};
+use crate::limits::CLIENT_RECV_BUF;
 use crate::transport::{ReadHalf, Stream, WriteHalf};
 use bytes::{Buf, Bytes, BytesMut};
 use nodekernel_proto::frame::STATUS_OK;
+use nodekernel_proto::hello::Role;
 use nodekernel_proto::{Error, FrameHeader, Result, HEADER_LEN, MAX_PAYLOAD_LEN};
 use std::collections::HashMap;
 use std::io::IoSlice;
@@ -13,7 +52,7 @@ use tokio::sync::oneshot;
 /// Settings of a client connection.
 #[derive(Debug, Clone, Copy)]
 pub struct ConnOptions {
-    /// Bound on connecting and on every call.
+    /// Bound on connecting (including the handshake) and on every call.
     pub timeout: Duration,
     /// How long a caller busy-polls the socket for its reply before parking
     /// (0 disables spinning). Waking a parked thread costs tens of
@@ -30,6 +69,12 @@ impl ConnOptions {
     }
 }
 
+/// The handshake used when none is given: the wire-version check,
+/// introducing this end as a client.
+pub fn default_client_handshake() -> Arc<dyn ClientHandshake> {
+    Arc::new(VersionHandshake::new(Role::Client))
+}
+
 type Waiters = HashMap<u64, oneshot::Sender<Result<Bytes>>>;
 
 /// The receiving side of a connection, driven either by the reader task or
@@ -41,9 +86,14 @@ struct Inbound {
 
 struct Shared {
     waiters: Mutex<Waiters>,
+    /// Set (under the `waiters` lock) when the connection fails; no waiter
+    /// is registered after that.
     closed: AtomicBool,
     peer: String,
     inbound: Inbound,
+    /// Frames whose caller went away mid-write (their rest was sent from a
+    /// copy).
+    abandoned: AtomicU64,
 }
 
 enum Pump {
@@ -56,12 +106,42 @@ enum Pump {
 }
 
 impl Shared {
+    /// Fails every pending call with `err`, refuses new ones and shuts the
+    /// socket down (so the server, and our reader, see the end at once).
     fn fail_all(&self, err: &Error) {
-        self.closed.store(true, Ordering::Release);
-        let waiters: Vec<_> = self.waiters.lock().expect("waiters lock").drain().collect();
+        let waiters: Vec<_> = {
+            let mut w = self.waiters.lock().expect("waiters lock");
+            self.closed.store(true, Ordering::Release);
+            w.drain().collect()
+        };
         for (_, tx) in waiters {
             let _ = tx.send(Err(err.clone()));
         }
+        // SAFETY: a plain system call on the descriptor of the read half,
+        // which `self` owns (shutdown acts on the socket, both directions).
+        unsafe {
+            libc::shutdown(self.inbound.rd.fd(), libc::SHUT_RDWR);
+        }
+    }
+
+    fn closed_error(&self) -> Error {
+        Error::unavailable(format!("connection to {} is closed", self.peer))
+    }
+
+    /// Registers the waiter for request `id`; fails if the connection has
+    /// failed (checked under the same lock `fail_all` drains, so a waiter
+    /// is never left behind by a failure).
+    fn register(&self, id: u64, tx: oneshot::Sender<Result<Bytes>>) -> Result<WaiterGuard<'_>> {
+        let mut w = self.waiters.lock().expect("waiters lock");
+        if self.closed.load(Ordering::Acquire) {
+            return Err(self.closed_error());
+        }
+        w.insert(id, tx);
+        Ok(WaiterGuard {
+            shared: self,
+            id,
+            armed: true,
+        })
     }
 
     /// Reads what the socket has without blocking and hands every complete
@@ -73,6 +153,9 @@ impl Shared {
         let fd = self.inbound.rd.fd();
         let mut progress = false;
         loop {
+            if buf.capacity() - buf.len() < CLIENT_RECV_BUF / 4 {
+                buf.reserve(CLIENT_RECV_BUF);
+            }
             match crate::recv_now(fd, &mut buf) {
                 Ok(Some(0)) => {
                     return Err(Error::unavailable(format!(
@@ -91,12 +174,14 @@ impl Shared {
         Ok(if progress { Pump::Progress } else { Pump::Idle })
     }
 
-    /// Splits complete frames off `buf` and completes their waiters.
+    /// Splits complete frames off `buf` and completes their waiters. A reply
+    /// nobody waits for any more (its call was dropped) is discarded.
     fn dispatch(&self, buf: &mut BytesMut) -> Result<()> {
         while buf.len() >= HEADER_LEN {
             let h: [u8; HEADER_LEN] = buf[..HEADER_LEN].try_into().expect("length checked");
             let header = FrameHeader::parse(&h)?;
             if buf.len() < HEADER_LEN + header.payload_len {
+                // The server is trusted to send the replies it announces.
                 buf.reserve(HEADER_LEN + header.payload_len - buf.len());
                 break;
             }
@@ -120,14 +205,177 @@ impl Shared {
     }
 }
 
+/// Removes a call's waiter when the call ends without its reply (dropped,
+/// timed out, failed to send).
+struct WaiterGuard<'a> {
+    shared: &'a Shared,
+    id: u64,
+    /// Cleared once the reply (or the failure) was taken: the entry is gone.
+    armed: bool,
+}
+
+impl Drop for WaiterGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.shared
+                .waiters
+                .lock()
+                .expect("waiters lock")
+                .remove(&self.id);
+        }
+    }
+}
+
+/// The sending side, behind the writer lock.
+struct WriterState {
+    wr: WriteHalf,
+    /// The unsent rest of a frame whose caller went away mid-write. It goes
+    /// out before any other frame.
+    tail: Option<Tail>,
+    /// Set once a send failed: the stream can carry no more frames.
+    failed: Option<Error>,
+}
+
+struct Tail {
+    bytes: Vec<u8>,
+    sent: usize,
+}
+
+/// Why a send stopped.
+enum SendError {
+    Io(std::io::Error),
+    /// The deadline passed with the frame unfinished.
+    Stalled,
+}
+
+type Writer = Arc<tokio::sync::Mutex<WriterState>>;
+
+/// Writes the pending tail, if any. Progress is recorded after every write,
+/// so a caller dropped in here leaves a consistent tail behind.
+async fn flush_tail(st: &mut WriterState, deadline: tokio::time::Instant) -> Result<(), SendError> {
+    let WriterState { wr, tail, .. } = st;
+    while let Some(t) = tail {
+        let n = match tokio::time::timeout_at(deadline, wr.write(&t.bytes[t.sent..])).await {
+            Ok(Ok(0)) => return Err(SendError::Io(std::io::ErrorKind::WriteZero.into())),
+            Ok(Ok(n)) => n,
+            Ok(Err(e)) => return Err(SendError::Io(e)),
+            Err(_) => return Err(SendError::Stalled),
+        };
+        t.sent += n;
+        if t.sent == t.bytes.len() {
+            *tail = None;
+        }
+    }
+    Ok(())
+}
+
+/// Fails the connection after a send failed: marks the writer unusable,
+/// fails every pending call (with `Unavailable`) and shuts the socket down.
+/// Returns the error for the caller whose send failed.
+fn fail_sending(shared: &Shared, st: &mut WriterState, e: SendError, timeout: Duration) -> Error {
+    let (mine, others) = match e {
+        SendError::Io(e) => {
+            let err = crate::io_error(&format!("sending to {}", shared.peer), e);
+            (err.clone(), err)
+        }
+        SendError::Stalled => {
+            let msg = format!(
+                "sending to {} did not finish within {timeout:?}: the server stopped reading; \
+                 the connection is closed",
+                shared.peer
+            );
+            (Error::timeout(msg.clone()), Error::unavailable(msg))
+        }
+    };
+    st.failed = Some(others.clone());
+    shared.fail_all(&others);
+    mine
+}
+
+/// A frame being written by its caller, holding the writer lock. See the
+/// module docs: dropped after a partial write, it leaves the rest of the
+/// frame to be sent before anything else.
+struct PartialFrame<'a, 'b> {
+    st: tokio::sync::MutexGuard<'a, WriterState>,
+    conn: &'a Connection,
+    /// The frame's slices; `slices[first..]` is what is still unsent
+    /// (`slices[first]` already cut to its unsent part).
+    slices: Vec<&'b [u8]>,
+    first: usize,
+    /// Bytes of the frame that went out.
+    sent: usize,
+    /// Bytes of the frame still to send.
+    left: usize,
+    /// Set when the frame went out completely or the connection failed:
+    /// nothing to keep.
+    done: bool,
+}
+
+impl PartialFrame<'_, '_> {
+    fn advance(&mut self, mut n: usize) {
+        self.sent += n;
+        self.left -= n;
+        while self.first < self.slices.len() && n >= self.slices[self.first].len() {
+            n -= self.slices[self.first].len();
+            self.first += 1;
+        }
+        if self.first < self.slices.len() {
+            self.slices[self.first] = &self.slices[self.first][n..];
+        }
+    }
+}
+
+impl Drop for PartialFrame<'_, '_> {
+    fn drop(&mut self) {
+        if self.done || self.sent == 0 {
+            // Complete, or not started: the stream is at a frame boundary.
+            return;
+        }
+        // The caller went away mid-frame. Its borrowed slices are still
+        // alive here: keep a copy of the rest for the next writer.
+        let mut rest = Vec::with_capacity(self.left);
+        for s in &self.slices[self.first..] {
+            rest.extend_from_slice(s);
+        }
+        debug_assert_eq!(rest.len(), self.left);
+        debug_assert!(
+            self.st.tail.is_none(),
+            "a tail is flushed before a new frame"
+        );
+        self.st.tail = Some(Tail {
+            bytes: rest,
+            sent: 0,
+        });
+        self.conn.shared.abandoned.fetch_add(1, Ordering::Relaxed);
+        self.conn.spawn_tail_flush();
+    }
+}
+
+/// Hands the pending tail to a task if dropped while armed (a caller that
+/// went away while flushing it).
+struct TailRescue<'a> {
+    conn: &'a Connection,
+    armed: bool,
+}
+
+impl Drop for TailRescue<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.conn.spawn_tail_flush();
+        }
+    }
+}
+
 /// The client end of one connection to a NodeKernel server: many requests
-/// in flight, replies matched by id, every call bounded by a timeout.
+/// in flight, replies matched by id, every call bounded by a timeout, every
+/// call cancel safe (see the module docs).
 pub struct Connection {
     shared: Arc<Shared>,
-    writer: tokio::sync::Mutex<WriteHalf>,
+    writer: Writer,
     next_id: AtomicU64,
     opts: ConnOptions,
     reader: tokio::task::JoinHandle<()>,
+    peer_info: PeerInfo,
 }
 
 impl Drop for Connection {
@@ -137,16 +385,38 @@ impl Drop for Connection {
 }
 
 impl Connection {
-    /// Connects to `addr` (`host:port`, `unix:@name` or `unix:/path`),
-    /// giving up after `timeout`. The same timeout bounds every call made on
-    /// the connection.
+    /// Connects to `addr` (`host:port`, `unix:@name` or `unix:/path`) and
+    /// runs the default handshake (the wire-version check), giving up after
+    /// `timeout`. The same timeout bounds every call made on the connection.
+    ///
+    /// Cancel safe: dropping the future abandons the attempt and closes its
+    /// socket; nothing else is affected.
     pub async fn connect(addr: &str, timeout: Duration) -> Result<Connection> {
         Connection::connect_with(addr, ConnOptions::new(timeout)).await
     }
 
+    /// Like [`Connection::connect`], with explicit settings.
+    ///
+    /// Cancel safe, as [`Connection::connect`].
     pub async fn connect_with(addr: &str, opts: ConnOptions) -> Result<Connection> {
+        let handshake = VersionHandshake::new(Role::Client);
+        Connection::connect_with_handshake(addr, opts, &handshake).await
+    }
+
+    /// Like [`Connection::connect_with`], running `handshake` on the new
+    /// socket before it carries any request. `opts.timeout` bounds the
+    /// connect and the handshake together. A server of another wire version
+    /// gives `VersionMismatch` here.
+    ///
+    /// Cancel safe, as [`Connection::connect`].
+    pub async fn connect_with_handshake(
+        addr: &str,
+        opts: ConnOptions,
+        handshake: &dyn ClientHandshake,
+    ) -> Result<Connection> {
         let timeout = opts.timeout;
-        let stream = match tokio::time::timeout(timeout, Stream::connect(addr)).await {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let stream = match tokio::time::timeout_at(deadline, Stream::connect(addr)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => return Err(Error::unavailable(format!("cannot connect to {addr}: {e}"))),
             Err(_) => {
@@ -155,27 +425,46 @@ impl Connection {
                 )))
             }
         };
+        let mut io = HandshakeIo::new(stream, addr.to_string());
+        let peer_info = match tokio::time::timeout_at(deadline, handshake.connect(&mut io)).await {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => return Err(e),
+            Err(_) => {
+                return Err(Error::timeout(format!(
+                    "the handshake with {addr} did not finish within {timeout:?}"
+                )))
+            }
+        };
+        let (stream, mut buf) = io.into_parts();
+        buf.reserve(CLIENT_RECV_BUF);
         let (rd, wr) = stream.split();
         let shared = Arc::new(Shared {
             waiters: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
+            abandoned: AtomicU64::new(0),
             peer: addr.to_string(),
             inbound: Inbound {
                 rd,
-                buf: Mutex::new(BytesMut::with_capacity(256 * 1024)),
+                buf: Mutex::new(buf),
             },
         });
         let reader = tokio::spawn(read_loop(shared.clone()));
         Ok(Connection {
             shared,
-            writer: tokio::sync::Mutex::new(wr),
+            writer: Arc::new(tokio::sync::Mutex::new(WriterState {
+                wr,
+                tail: None,
+                failed: None,
+            })),
             next_id: AtomicU64::new(1),
             opts,
             reader,
+            peer_info,
         })
     }
 
-    /// Whether the connection has failed (the peer closed it or sent garbage).
+    /// Whether the connection has failed (the peer closed it, sent garbage,
+    /// or stopped reading).
     pub fn is_closed(&self) -> bool {
         self.shared.closed.load(Ordering::Acquire)
     }
@@ -184,68 +473,166 @@ impl Connection {
         &self.shared.peer
     }
 
+    /// What the handshake learnt about the server.
+    pub fn peer_info(&self) -> &PeerInfo {
+        &self.peer_info
+    }
+
+    /// Calls waiting for their reply right now (for tests: a dropped call
+    /// must not leave its waiter behind).
+    #[doc(hidden)]
+    pub fn pending_calls(&self) -> usize {
+        self.shared.waiters.lock().expect("waiters lock").len()
+    }
+
+    /// Requests so far whose caller went away in the middle of writing them
+    /// (for tests: their rest was sent from a copy).
+    #[doc(hidden)]
+    pub fn abandoned_frames(&self) -> u64 {
+        self.shared.abandoned.load(Ordering::Relaxed)
+    }
+
     /// Sends a request whose payload is the concatenation of `parts` (one
     /// vectored write, no copy) and waits for its reply payload. Error
-    /// replies become [`Error`]s; a reply that does not arrive within the
-    /// timeout gives `Timeout`.
+    /// replies become [`Error`]s; a call that does not complete within the
+    /// timeout gives `Timeout`. A send that cannot finish within the timeout
+    /// (the server stopped reading) also closes the connection, failing
+    /// every other pending call with `Unavailable`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the future may be dropped at any point (`select!`,
+    /// `timeout`, task abort) without harm to the connection or to other
+    /// calls on it. A request not yet started is not sent; a request partly
+    /// written is completed, from a copy of its unsent bytes, before any
+    /// other frame; the reply of a dropped call is discarded. Whether a
+    /// dropped request was executed by the server is unknown, as after a
+    /// timeout.
     pub async fn call(&self, kind: u16, parts: &[&[u8]]) -> Result<Bytes> {
-        if self.is_closed() {
-            return Err(Error::unavailable(format!(
-                "connection to {} is closed",
-                self.shared.peer
-            )));
-        }
         let len: usize = parts.iter().map(|p| p.len()).sum();
         if len > MAX_PAYLOAD_LEN {
             return Err(Error::invalid_argument(format!(
                 "request of {len} bytes exceeds the frame limit of {MAX_PAYLOAD_LEN}"
             )));
         }
+        let deadline = tokio::time::Instant::now() + self.opts.timeout;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, mut rx) = oneshot::channel();
-        self.shared
-            .waiters
-            .lock()
-            .expect("waiters lock")
-            .insert(id, tx);
-        let mut header = BytesMut::with_capacity(HEADER_LEN);
-        FrameHeader::put(&mut header, id, kind, len);
-
-        let deadline = tokio::time::Instant::now() + self.opts.timeout;
-        let send = async {
-            let mut w = self.writer.lock().await;
-            let mut slices: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
-            slices.push(&header);
-            slices.extend(parts.iter().filter(|p| !p.is_empty()));
-            write_all_vectored(&mut w, &mut slices).await
-        };
-        let outcome = match tokio::time::timeout_at(deadline, send).await {
-            Ok(Ok(())) => {
-                if let Some(r) = self.spin_for(&mut rx).await {
-                    return r;
-                }
-                match tokio::time::timeout_at(deadline, rx).await {
-                    Ok(Ok(r)) => return r,
-                    Ok(Err(_)) => Err(Error::unavailable(format!(
-                        "connection to {} closed while waiting for a reply",
-                        self.shared.peer
-                    ))),
-                    Err(_) => Err(self.timed_out()),
-                }
+        let mut waiter = self.shared.register(id, tx)?;
+        let header = FrameHeader::encode(id, kind, len);
+        self.send(&header, parts, deadline).await?;
+        if let Some(r) = self.spin_for(&mut rx).await {
+            waiter.armed = false;
+            return r;
+        }
+        match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(r)) => {
+                waiter.armed = false;
+                r
             }
-            Ok(Err(e)) => {
-                let err = crate::io_error(&format!("sending to {}", self.shared.peer), e);
-                self.shared.fail_all(&err);
-                Err(err)
+            Ok(Err(_)) => {
+                waiter.armed = false;
+                Err(Error::unavailable(format!(
+                    "connection to {} closed while waiting for a reply",
+                    self.shared.peer
+                )))
             }
             Err(_) => Err(self.timed_out()),
+        }
+    }
+
+    /// Writes one frame (`header` then `parts`) under the writer lock,
+    /// after any tail left by a dropped caller. Cancel safe (see
+    /// `PartialFrame`).
+    async fn send(
+        &self,
+        header: &[u8; HEADER_LEN],
+        parts: &[&[u8]],
+        deadline: tokio::time::Instant,
+    ) -> Result<()> {
+        let Ok(mut st) = tokio::time::timeout_at(deadline, self.writer.lock()).await else {
+            return Err(self.timed_out());
         };
-        self.shared
-            .waiters
-            .lock()
-            .expect("waiters lock")
-            .remove(&id);
-        outcome
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        if self.is_closed() {
+            return Err(self.shared.closed_error());
+        }
+        if st.tail.is_some() {
+            // If this caller goes away while finishing another one's tail,
+            // what is left of it still goes out (from a task).
+            let mut rescue = TailRescue {
+                conn: self,
+                armed: true,
+            };
+            let flushed = flush_tail(&mut st, deadline).await;
+            rescue.armed = false;
+            if let Err(e) = flushed {
+                return Err(fail_sending(&self.shared, &mut st, e, self.opts.timeout));
+            }
+        }
+        let mut slices: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
+        slices.push(header);
+        slices.extend(parts.iter().copied().filter(|p| !p.is_empty()));
+        let left = slices.iter().map(|s| s.len()).sum();
+        let mut frame = PartialFrame {
+            st,
+            conn: self,
+            slices,
+            first: 0,
+            sent: 0,
+            left,
+            done: false,
+        };
+        while frame.left > 0 {
+            let io: Vec<IoSlice<'_>> = frame.slices[frame.first..]
+                .iter()
+                .map(|s| IoSlice::new(s))
+                .collect();
+            let written = tokio::time::timeout_at(deadline, frame.st.wr.write_vectored(&io)).await;
+            let failure = match written {
+                Ok(Ok(0)) => SendError::Io(std::io::ErrorKind::WriteZero.into()),
+                Ok(Ok(n)) => {
+                    frame.advance(n);
+                    continue;
+                }
+                Ok(Err(e)) => SendError::Io(e),
+                Err(_) => SendError::Stalled,
+            };
+            // The connection is failed as a whole: nothing to keep.
+            frame.done = true;
+            return Err(fail_sending(
+                &self.shared,
+                &mut frame.st,
+                failure,
+                self.opts.timeout,
+            ));
+        }
+        frame.done = true;
+        Ok(())
+    }
+
+    /// Sends the tail a dropped caller left, from a task of the current
+    /// runtime, so the server is not left waiting for the rest of a frame
+    /// until the next call. Without a runtime the next caller sends it.
+    fn spawn_tail_flush(&self) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let writer = self.writer.clone();
+        let shared = self.shared.clone();
+        let timeout = self.opts.timeout;
+        rt.spawn(async move {
+            let mut st = writer.lock().await;
+            if st.failed.is_some() {
+                return;
+            }
+            let deadline = tokio::time::Instant::now() + timeout;
+            if let Err(e) = flush_tail(&mut st, deadline).await {
+                fail_sending(&shared, &mut st, e, timeout);
+            }
+        });
     }
 
     /// Busy-polls the socket for the reply for up to the spin budget,
@@ -285,26 +672,6 @@ impl Connection {
     }
 }
 
-/// Writes every slice, with as few `writev` calls as the socket allows.
-async fn write_all_vectored(w: &mut WriteHalf, slices: &mut [&[u8]]) -> std::io::Result<()> {
-    let mut first = 0;
-    while first < slices.len() {
-        let io: Vec<IoSlice> = slices[first..].iter().map(|s| IoSlice::new(s)).collect();
-        let mut n = w.write_vectored(&io).await?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        while first < slices.len() && n >= slices[first].len() {
-            n -= slices[first].len();
-            first += 1;
-        }
-        if first < slices.len() {
-            slices[first] = &slices[first][n..];
-        }
-    }
-    Ok(())
-}
-
 /// Reads replies whenever nobody is spinning for them.
 async fn read_loop(shared: Arc<Shared>) {
     let err = loop {
@@ -330,6 +697,7 @@ async fn read_loop(shared: Arc<Shared>) {
 /// has failed.
 pub struct ConnectionPool {
     opts: ConnOptions,
+    handshake: Arc<dyn ClientHandshake>,
     conns: Mutex<HashMap<String, Arc<Connection>>>,
 }
 
@@ -338,9 +706,21 @@ impl ConnectionPool {
         ConnectionPool::with_options(ConnOptions::new(timeout))
     }
 
+    /// A pool whose connections run the default handshake (the
+    /// wire-version check, as a client).
     pub fn with_options(opts: ConnOptions) -> ConnectionPool {
+        ConnectionPool::with_handshake(opts, default_client_handshake())
+    }
+
+    /// A pool whose connections run `handshake` when they connect (to name
+    /// another role, or to authenticate).
+    pub fn with_handshake(
+        opts: ConnOptions,
+        handshake: Arc<dyn ClientHandshake>,
+    ) -> ConnectionPool {
         ConnectionPool {
             opts,
+            handshake,
             conns: Mutex::new(HashMap::new()),
         }
     }
@@ -350,13 +730,18 @@ impl ConnectionPool {
     }
 
     /// The live connection to `addr`, connecting if there is none.
+    ///
+    /// Cancel safe: dropping the future abandons a connection attempt in
+    /// progress and leaves the pool as it was.
     pub async fn get(&self, addr: &str) -> Result<Arc<Connection>> {
         if let Some(c) = self.conns.lock().expect("pool lock").get(addr) {
             if !c.is_closed() {
                 return Ok(c.clone());
             }
         }
-        let conn = Arc::new(Connection::connect_with(addr, self.opts).await?);
+        let conn = Arc::new(
+            Connection::connect_with_handshake(addr, self.opts, self.handshake.as_ref()).await?,
+        );
         let mut map = self.conns.lock().expect("pool lock");
         // Another task may have connected meanwhile; keep the first live one.
         match map.get(addr) {
@@ -369,6 +754,8 @@ impl ConnectionPool {
     }
 
     /// Sends one request to `addr` over the pooled connection.
+    ///
+    /// Cancel safe, as [`ConnectionPool::get`] and [`Connection::call`].
     pub async fn call(&self, addr: &str, kind: u16, parts: &[&[u8]]) -> Result<Bytes> {
         self.get(addr).await?.call(kind, parts).await
     }

@@ -2,10 +2,16 @@
 //!
 //! [`Connection`] is the client end: one socket (TCP, or a Unix socket for
 //! a server on the same host), many requests in flight,
-//! replies matched to requests by id, every call bounded by a timeout.
-//! [`serve`] is the server end: an accept loop that reads frames, hands each
-//! request to a [`Handler`] and writes the reply, batching replies while more
-//! requests are already buffered.
+//! replies matched to requests by id, every call bounded by a timeout and
+//! cancel safe. [`serve`] is the server end: an accept loop that reads
+//! frames, hands each request to a [`Handler`] and writes the reply,
+//! batching replies while more requests are already buffered.
+//!
+//! Every connection starts with a handshake ([`handshake`]): by default the
+//! two ends exchange HELLOs and refuse each other unless they speak the
+//! same wire version; authentication plugs in at the same place
+//! ([`ClientHandshake`], [`ServerHandshake`]). Everything a peer can make a
+//! server hold is bounded ([`limits`]).
 //!
 //! Malformed input never takes a server down: a bad payload gets a
 //! `Protocol` error reply and the connection goes on; a bad header (an
@@ -13,10 +19,16 @@
 //! closed, because the byte stream can no longer be trusted.
 
 mod client;
+pub mod handshake;
+pub mod limits;
 mod server;
 mod transport;
 
-pub use client::{ConnOptions, Connection, ConnectionPool};
+pub use client::{default_client_handshake, ConnOptions, Connection, ConnectionPool};
+pub use handshake::{
+    ClientHandshake, HandshakeFrame, HandshakeIo, PeerInfo, ServerHandshake, VersionHandshake,
+};
+pub use nodekernel_proto::hello::{Role, WIRE_VERSION};
 pub use server::{serve, serve_unix, serve_with, Handler, ServeOptions, ServerHandle};
 pub use transport::{abstract_unix_addr, bind_abstract_unix, bind_unix, UNIX_PREFIX};
 
@@ -40,16 +52,17 @@ use nodekernel_proto::Error;
 /// its descriptor. Unlike tokio's `try_read`, this does not depend on the
 /// reactor having seen the socket become readable, so a busy-polling thread
 /// picks data up the moment it arrives. `Ok(None)`: nothing to read;
-/// `Ok(Some(0))`: the peer closed.
+/// `Ok(Some(0))`: the peer closed. Reads at most the spare capacity of
+/// `buf`: the caller decides how the buffer grows.
 pub(crate) fn recv_now(
     fd: std::os::fd::RawFd,
     buf: &mut bytes::BytesMut,
 ) -> std::io::Result<Option<usize>> {
     use bytes::BufMut;
-    if buf.capacity() - buf.len() < 64 * 1024 {
-        buf.reserve(256 * 1024);
-    }
+    // Never a zero-length read (which would look like the end of stream):
+    // `chunk_mut` makes room if there is none.
     let spare = buf.chunk_mut();
+    debug_assert!(spare.len() > 0);
     // SAFETY: recv writes at most `spare.len()` bytes into memory we own
     // and returns how many it wrote; only those are marked initialised.
     let n = unsafe {

@@ -1,16 +1,36 @@
+//! The server end: an accept loop, and one task per connection that runs the
+//! handshake, then reads frames, hands each request to the [`Handler`] and
+//! writes the replies.
+//!
+//! Every resource a peer can make the server hold is bounded (see
+//! [`crate::limits`]): open connections ([`ServeOptions::max_connections`]),
+//! requests being handled per connection and per server, bytes buffered for
+//! an unfinished frame (receive buffers grow only as bytes arrive, and shrink
+//! back when idle), and the time a handshake or a frame may take.
+
+use crate::handshake::{HandshakeIo, ServerHandshake, VersionHandshake};
+use crate::limits::{
+    FRAME_TIMEOUT, HANDSHAKE_TIMEOUT, LIMIT_WARN_INTERVAL, MAX_CONNECTIONS, MAX_ERROR_MESSAGE,
+    MAX_IN_FLIGHT, MAX_REQUESTS, RECV_BUF_INITIAL, RECV_GROW_STEP, RECV_READ_MIN,
+    RECV_SHRINK_AFTER, REPLY_BUF,
+};
 use crate::transport::{Listener, ReadHalf, Stream};
 use bytes::{Buf, Bytes, BytesMut};
 use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
 use nodekernel_proto::frame::STATUS_OK;
+use nodekernel_proto::hello::Role;
 use nodekernel_proto::{Error, ErrorCode, FrameHeader, Result, HEADER_LEN};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::{AcquireError, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
 
 /// Serves requests of one kind of server (metadata or storage).
@@ -23,9 +43,19 @@ pub trait Handler: Send + Sync + 'static {
         payload: Bytes,
         out: &mut BytesMut,
     ) -> impl Future<Output = Result<()>> + Send;
+
+    /// The handshake every connection to this server runs before its first
+    /// request; called once when serving starts. The default checks the
+    /// wire version ([`VersionHandshake`]) and introduces the server with
+    /// [`Role::Unspecified`]. Override it to name the server's role, or to
+    /// require authentication.
+    fn handshake(&self) -> Arc<dyn ServerHandshake> {
+        Arc::new(VersionHandshake::new(Role::Unspecified))
+    }
 }
 
-/// Settings of a server's connections.
+/// Settings of a server's connections. The defaults are the constants of
+/// [`crate::limits`].
 #[derive(Debug, Clone, Copy)]
 pub struct ServeOptions {
     /// How long an idle connection busy-polls for the next request before
@@ -34,13 +64,31 @@ pub struct ServeOptions {
     /// Requests of one connection handled concurrently; replies go out as
     /// they complete (the client matches them by id).
     pub max_in_flight: usize,
+    /// Open connections (including those still in their handshake). A
+    /// connection beyond it is answered with an `Unavailable` error frame
+    /// and closed at once.
+    pub max_connections: usize,
+    /// Requests handled at once across all connections of this server; a
+    /// request beyond it waits for another to finish.
+    pub max_requests: usize,
+    /// Once a frame's first byte has arrived, the rest must arrive within
+    /// this time, or the connection is closed (time the server spends not
+    /// reading, because of the bounds above, does not count). Also the
+    /// longest a reply may wait for the peer to take any of its bytes.
+    pub frame_timeout: Duration,
+    /// A new connection must finish its handshake within this time.
+    pub handshake_timeout: Duration,
 }
 
 impl Default for ServeOptions {
     fn default() -> Self {
         ServeOptions {
             spin: crate::default_spin(),
-            max_in_flight: 64,
+            max_in_flight: MAX_IN_FLIGHT,
+            max_connections: MAX_CONNECTIONS,
+            max_requests: MAX_REQUESTS,
+            frame_timeout: FRAME_TIMEOUT,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
         }
     }
 }
@@ -51,18 +99,34 @@ pub struct ServerHandle {
     /// The TCP address served; `None` for a Unix-socket server.
     addr: Option<SocketAddr>,
     task: JoinHandle<()>,
-    /// Duplicates of the listening socket and of every open connection, so
-    /// `shutdown` takes effect synchronously: the aborted tasks are only
-    /// dropped once the runtime gets to them, and a connection could
-    /// otherwise serve one more request.
-    sockets: Arc<Sockets>,
+    state: Arc<ServerState>,
+    opts: ServeOptions,
 }
 
+/// What the accept loop and the connections of one server share.
+struct ServerState {
+    sockets: Sockets,
+    /// Permits for requests being handled ([`ServeOptions::max_requests`]).
+    requests: Arc<Semaphore>,
+    /// Capacity of every connection's receive buffer, summed.
+    recv_bytes: AtomicUsize,
+    /// The largest value `recv_bytes` has had.
+    recv_bytes_peak: AtomicUsize,
+    /// Connections closed because of a frame that could not be parsed.
+    malformed: AtomicU64,
+    /// Connections refused because `max_connections` were open.
+    refused: AtomicU64,
+}
+
+/// Duplicates of the listening socket and of every open connection, so
+/// `shutdown` takes effect synchronously: the aborted tasks are only
+/// dropped once the runtime gets to them, and a connection could otherwise
+/// serve one more request.
 #[derive(Default)]
 struct Sockets {
     listener: std::sync::Mutex<Option<OwnedFd>>,
     conns: std::sync::Mutex<std::collections::HashMap<u64, OwnedFd>>,
-    stopped: std::sync::atomic::AtomicBool,
+    stopped: AtomicBool,
     /// Wakes the accept loop: a shut-down Unix listener keeps reporting
     /// readiness while `accept` finds nothing, so the loop must not rely on
     /// an accept error to notice the end.
@@ -71,8 +135,7 @@ struct Sockets {
 
 impl Sockets {
     fn shutdown_all(&self) {
-        self.stopped
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.stopped.store(true, Ordering::SeqCst);
         self.stop.notify_one();
         let close = |fd: &OwnedFd| {
             // shutdown(2) ends a listener's accepting and a connection's
@@ -89,17 +152,22 @@ impl Sockets {
             close(fd);
         }
     }
+
+    fn open(&self) -> usize {
+        self.conns.lock().expect("sockets lock").len()
+    }
 }
 
 /// Removes a connection from the registry when its task ends.
 struct Registered {
-    sockets: Arc<Sockets>,
+    state: Arc<ServerState>,
     id: u64,
 }
 
 impl Drop for Registered {
     fn drop(&mut self) {
-        self.sockets
+        self.state
+            .sockets
             .conns
             .lock()
             .expect("sockets lock")
@@ -118,8 +186,47 @@ impl ServerHandle {
     /// Stops the server: from the moment this returns, new connections are
     /// refused and open connections carry no more traffic. Idempotent.
     pub fn shutdown(&self) {
-        self.sockets.shutdown_all();
+        self.state.sockets.shutdown_all();
         self.task.abort();
+    }
+
+    /// Connections open right now (including those in their handshake).
+    pub fn connections(&self) -> usize {
+        self.state.sockets.open()
+    }
+
+    /// Connections refused so far because
+    /// [`ServeOptions::max_connections`] were open.
+    pub fn refused_connections(&self) -> u64 {
+        self.state.refused.load(Ordering::Relaxed)
+    }
+
+    /// Requests being handled right now, across all connections.
+    pub fn requests_in_flight(&self) -> usize {
+        self.opts
+            .max_requests
+            .saturating_sub(self.state.requests.available_permits())
+    }
+
+    /// Bytes of receive-buffer capacity held by this server's connections
+    /// (for tests of the memory bounds).
+    #[doc(hidden)]
+    pub fn recv_buffer_bytes(&self) -> usize {
+        self.state.recv_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The most receive-buffer capacity this server's connections have
+    /// held at once (for tests of the memory bounds).
+    #[doc(hidden)]
+    pub fn recv_buffer_peak(&self) -> usize {
+        self.state.recv_bytes_peak.load(Ordering::Relaxed)
+    }
+
+    /// Connections closed so far because of a frame the server could not
+    /// parse (a bad header, or a first frame that is not a valid HELLO).
+    #[doc(hidden)]
+    pub fn malformed_frames(&self) -> u64 {
+        self.state.malformed.load(Ordering::Relaxed)
     }
 }
 
@@ -156,53 +263,112 @@ pub fn serve_unix<H: Handler>(
     serve_listener(Listener::Unix(listener), None, handler, opts)
 }
 
+/// Logs a line at most once per [`LIMIT_WARN_INTERVAL`].
+#[derive(Default)]
+struct RateLimited {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl RateLimited {
+    /// `Some(lines suppressed since the last one)` when a line may be
+    /// logged now.
+    fn allow(&mut self) -> Option<u64> {
+        let now = Instant::now();
+        match self.last {
+            Some(t) if now.duration_since(t) < LIMIT_WARN_INTERVAL => {
+                self.suppressed += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.suppressed))
+            }
+        }
+    }
+}
+
 fn serve_listener<H: Handler>(
     listener: Listener,
     addr: Option<SocketAddr>,
     handler: Arc<H>,
     opts: ServeOptions,
 ) -> Result<ServerHandle> {
-    let sockets = Arc::new(Sockets::default());
-    *sockets.listener.lock().expect("sockets lock") = Some(
+    crate::transport::raise_nofile_limit();
+    let opts = ServeOptions {
+        max_in_flight: opts.max_in_flight.max(1),
+        max_connections: opts.max_connections.max(1),
+        max_requests: opts.max_requests.clamp(1, Semaphore::MAX_PERMITS),
+        ..opts
+    };
+    let state = Arc::new(ServerState {
+        sockets: Sockets::default(),
+        requests: Arc::new(Semaphore::new(opts.max_requests)),
+        recv_bytes: AtomicUsize::new(0),
+        recv_bytes_peak: AtomicUsize::new(0),
+        malformed: AtomicU64::new(0),
+        refused: AtomicU64::new(0),
+    });
+    *state.sockets.listener.lock().expect("sockets lock") = Some(
         listener
             .dup()
             .map_err(|e| crate::io_error("duplicating the listening socket", e))?,
     );
-    let registry = sockets.clone();
-    let opts = ServeOptions {
-        max_in_flight: opts.max_in_flight.max(1),
-        ..opts
-    };
+    let handshake = handler.handshake();
+    let st = state.clone();
     let task = tokio::spawn(async move {
         // Connections live in this set: aborting the accept task drops the
         // set, which aborts every connection task with it.
         let mut conns = JoinSet::new();
         let mut next_id = 0u64;
+        let mut refusals = RateLimited::default();
+        let mut accept_errors = RateLimited::default();
         loop {
             tokio::select! {
                 biased;
-                () = registry.stop.notified() => return,
+                () = st.sockets.stop.notified() => return,
                 accepted = listener.accept() => match accepted {
                     Ok((stream, peer)) => {
+                        let open = st.sockets.open();
+                        if open >= opts.max_connections {
+                            st.refused.fetch_add(1, Ordering::Relaxed);
+                            if let Some(suppressed) = refusals.allow() {
+                                tracing::warn!(
+                                    "refused a connection from {peer}: {open} connections are \
+                                     open, the limit (max_connections); {suppressed} more \
+                                     refused since the last warning"
+                                );
+                            }
+                            refuse_at_once(&stream, opts.max_connections);
+                            continue;
+                        }
                         let Ok(dup) = stream.dup() else {
                             continue; // out of descriptors: drop this connection
                         };
                         next_id += 1;
-                        registry.conns.lock().expect("sockets lock").insert(next_id, dup);
-                        if registry.stopped.load(std::sync::atomic::Ordering::SeqCst) {
-                            registry.shutdown_all();
+                        st.sockets.conns.lock().expect("sockets lock").insert(next_id, dup);
+                        if st.sockets.stopped.load(Ordering::SeqCst) {
+                            st.sockets.shutdown_all();
                         }
-                        let guard = Registered { sockets: registry.clone(), id: next_id };
+                        let guard = Registered { state: st.clone(), id: next_id };
                         let handler = handler.clone();
+                        let handshake = handshake.clone();
+                        let state = st.clone();
                         conns.spawn(async move {
                             let _guard = guard;
-                            connection(stream, peer, handler, opts).await
+                            connection(stream, peer, handler, handshake, state, opts).await
                         });
                     }
                     // A listener shut down by `ServerHandle::shutdown`.
                     Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => return,
                     Err(e) => {
-                        tracing::warn!("accept failed: {e}");
+                        // Out of descriptors, typically: back off a little.
+                        if let Some(suppressed) = accept_errors.allow() {
+                            tracing::warn!(
+                                "accept failed: {e} ({suppressed} more failures since the \
+                                 last warning)"
+                            );
+                        }
                         tokio::time::sleep(Duration::from_millis(10)).await;
                     }
                 },
@@ -213,37 +379,198 @@ fn serve_listener<H: Handler>(
     Ok(ServerHandle {
         addr,
         task,
-        sockets,
+        state,
+        opts,
     })
 }
 
-/// Takes the next complete frame off `buf`. A bad header is fatal for the
-/// connection: it yields the request id (if readable) and the error.
-fn next_frame(
-    buf: &mut BytesMut,
-) -> std::result::Result<Option<(FrameHeader, Bytes)>, (u64, Error)> {
-    if buf.len() < HEADER_LEN {
-        return Ok(None);
+/// Tells a connection over the limit why it is closed (if the socket takes
+/// the few bytes at once) and drops it.
+fn refuse_at_once(stream: &Stream, limit: usize) {
+    let mut out = BytesMut::new();
+    push_error(
+        &mut out,
+        0,
+        &Error::unavailable(format!(
+            "the server has {limit} open connections, its limit; try again later"
+        )),
+    );
+    let fd = stream.raw_fd();
+    // SAFETY: send reads `out.len()` bytes from a live buffer; `fd` is the
+    // open socket `stream` owns. MSG_DONTWAIT: never blocks the accept
+    // loop; MSG_NOSIGNAL: a peer already gone raises no SIGPIPE.
+    unsafe {
+        libc::send(
+            fd,
+            out.as_ptr().cast(),
+            out.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        );
     }
-    let h: [u8; HEADER_LEN] = buf[..HEADER_LEN].try_into().expect("length checked");
-    let header = FrameHeader::parse(&h).map_err(|e| {
-        let id = u64::from_le_bytes(h[4..12].try_into().expect("8 bytes"));
-        (id, e)
-    })?;
-    if buf.len() < HEADER_LEN + header.payload_len {
-        buf.reserve(HEADER_LEN + header.payload_len - buf.len());
-        return Ok(None);
-    }
-    buf.advance(HEADER_LEN);
-    Ok(Some((header, buf.split_to(header.payload_len).freeze())))
 }
 
-/// Handles one request; returns its whole reply frame.
+/// One connection: the handshake, then requests until the peer closes.
+async fn connection<H: Handler>(
+    stream: Stream,
+    peer: String,
+    handler: Arc<H>,
+    handshake: Arc<dyn ServerHandshake>,
+    state: Arc<ServerState>,
+    opts: ServeOptions,
+) {
+    let mut io = HandshakeIo::new(stream, peer);
+    match tokio::time::timeout(opts.handshake_timeout, handshake.accept(&mut io)).await {
+        Ok(Ok(info)) => tracing::debug!(
+            "connection from {} ({}, wire version {})",
+            io.peer(),
+            info.role,
+            info.version
+        ),
+        Ok(Err(e)) => {
+            tracing::debug!("refused the connection from {}: {e}", io.peer());
+            if e.code == ErrorCode::Protocol {
+                state.malformed.fetch_add(1, Ordering::Relaxed);
+            }
+            let _ = tokio::time::timeout(opts.handshake_timeout, io.refuse(&e)).await;
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(
+                "closing the connection from {}: no handshake within {:?}",
+                io.peer(),
+                opts.handshake_timeout
+            );
+            return;
+        }
+    }
+    let peer: Arc<str> = io.peer().into();
+    let (stream, leftover) = io.into_parts();
+    serve_requests(stream, leftover, peer, handler, &state, opts).await;
+}
+
+/// What the front of a receive buffer holds.
+enum Front {
+    /// Less than a header, or a header and part of its payload (with the
+    /// number of bytes still missing).
+    Partial(Option<usize>),
+    /// A complete frame.
+    Frame,
+    /// A header that cannot be parsed: the request id (as read) and why.
+    Bad(u64, Error),
+}
+
+fn front(buf: &[u8]) -> Front {
+    if buf.len() < HEADER_LEN {
+        return Front::Partial(None);
+    }
+    let h: [u8; HEADER_LEN] = buf[..HEADER_LEN].try_into().expect("length checked");
+    match FrameHeader::parse(&h) {
+        Ok(hdr) if buf.len() >= HEADER_LEN + hdr.payload_len => Front::Frame,
+        Ok(hdr) => Front::Partial(Some(HEADER_LEN + hdr.payload_len - buf.len())),
+        Err(e) => Front::Bad(u64::from_le_bytes(h[4..12].try_into().expect("8 bytes")), e),
+    }
+}
+
+/// Takes the complete frame at the front of `buf` (see [`front`]).
+fn take_frame(buf: &mut BytesMut) -> (FrameHeader, Bytes) {
+    let h: [u8; HEADER_LEN] = buf[..HEADER_LEN].try_into().expect("length checked");
+    let header = FrameHeader::parse(&h).expect("checked by front()");
+    buf.advance(HEADER_LEN);
+    (header, buf.split_to(header.payload_len).freeze())
+}
+
+/// A connection's receive buffer, counted in the server's total. It grows
+/// only as bytes arrive (see [`RECV_GROW_STEP`]), never from a declared frame
+/// length alone.
+struct RecvBuf<'a> {
+    buf: BytesMut,
+    counted: usize,
+    /// The server's total, and its high-water mark.
+    total: &'a AtomicUsize,
+    peak: &'a AtomicUsize,
+}
+
+impl<'a> RecvBuf<'a> {
+    fn new(mut buf: BytesMut, total: &'a AtomicUsize, peak: &'a AtomicUsize) -> RecvBuf<'a> {
+        if buf.capacity() < RECV_BUF_INITIAL {
+            buf.reserve(RECV_BUF_INITIAL - buf.len());
+        }
+        let mut b = RecvBuf {
+            buf,
+            counted: 0,
+            total,
+            peak,
+        };
+        b.sync();
+        b
+    }
+
+    /// Brings the server's total up to date with this buffer's capacity.
+    fn sync(&mut self) {
+        let cap = self.buf.capacity();
+        if cap > self.counted {
+            let now =
+                self.total.fetch_add(cap - self.counted, Ordering::Relaxed) + cap - self.counted;
+            self.peak.fetch_max(now, Ordering::Relaxed);
+        } else if cap < self.counted {
+            self.total.fetch_sub(self.counted - cap, Ordering::Relaxed);
+        }
+        self.counted = cap;
+    }
+
+    /// Makes room for the next read: when less than [`RECV_READ_MIN`] is
+    /// free, grows by at most `max(RECV_GROW_STEP, bytes buffered)`, and by
+    /// no more than the frame at the front still needs.
+    fn prepare(&mut self) {
+        let len = self.buf.len();
+        if self.buf.capacity() - len >= RECV_READ_MIN {
+            return;
+        }
+        let step = RECV_GROW_STEP.max(len);
+        let want = match front(&self.buf) {
+            Front::Partial(Some(missing)) => missing.min(step),
+            _ => RECV_GROW_STEP,
+        };
+        self.buf.reserve(want.max(RECV_READ_MIN));
+    }
+
+    /// Reads what the socket has (see [`crate::recv_now`]).
+    fn recv(&mut self, fd: std::os::fd::RawFd) -> std::io::Result<Option<usize>> {
+        self.prepare();
+        let r = crate::recv_now(fd, &mut self.buf);
+        self.sync();
+        r
+    }
+
+    /// Whether the buffer is larger than it needs to be while idle.
+    fn oversized(&self) -> bool {
+        self.buf.capacity() > RECV_BUF_INITIAL && self.buf.len() <= RECV_BUF_INITIAL / 2
+    }
+
+    /// Goes back to a buffer of [`RECV_BUF_INITIAL`] (keeping what is
+    /// buffered).
+    fn shrink(&mut self) {
+        let mut fresh = BytesMut::with_capacity(RECV_BUF_INITIAL);
+        fresh.extend_from_slice(&self.buf);
+        self.buf = fresh;
+        self.sync();
+    }
+}
+
+impl Drop for RecvBuf<'_> {
+    fn drop(&mut self) {
+        self.total.fetch_sub(self.counted, Ordering::Relaxed);
+    }
+}
+
+/// Handles one request, holding a permit of the server's request bound;
+/// returns its whole reply frame.
 async fn handle_one<H: Handler>(
     handler: Arc<H>,
     header: FrameHeader,
     payload: Bytes,
     peer: Arc<str>,
+    _permit: OwnedSemaphorePermit,
 ) -> BytesMut {
     let mut out = BytesMut::with_capacity(256);
     let start = FrameHeader::begin(&mut out, header.id, STATUS_OK);
@@ -260,9 +587,9 @@ async fn handle_one<H: Handler>(
 
 /// Reads whatever the socket has without blocking: `Some(true)` data,
 /// `Some(false)` end of stream, `None` nothing yet.
-fn try_fill(rd: &ReadHalf, buf: &mut BytesMut) -> std::io::Result<Option<bool>> {
+fn try_fill(rd: &ReadHalf, buf: &mut RecvBuf<'_>) -> std::io::Result<Option<bool>> {
     // Inside `try_io`, so a WouldBlock clears the reactor's readiness.
-    match rd.try_io(|| match crate::recv_now(rd.fd(), buf) {
+    match rd.try_io(|| match buf.recv(rd.fd()) {
         Ok(None) => Err(std::io::ErrorKind::WouldBlock.into()),
         other => other,
     }) {
@@ -278,13 +605,13 @@ fn try_fill(rd: &ReadHalf, buf: &mut BytesMut) -> std::io::Result<Option<bool>> 
 /// connection, say) still run.
 async fn spin_fill(
     rd: &ReadHalf,
-    buf: &mut BytesMut,
+    buf: &mut RecvBuf<'_>,
     spin: Duration,
 ) -> std::io::Result<Option<bool>> {
     let fd = rd.fd();
     let start = Instant::now();
     while start.elapsed() < spin {
-        match crate::recv_now(fd, buf)? {
+        match buf.recv(fd)? {
             Some(0) => return Ok(Some(false)),
             Some(_) => return Ok(Some(true)),
             None => tokio::task::yield_now().await,
@@ -293,48 +620,115 @@ async fn spin_fill(
     Ok(None)
 }
 
-async fn connection<H: Handler>(stream: Stream, peer: String, handler: Arc<H>, opts: ServeOptions) {
-    let peer: Arc<str> = peer.into();
+type PermitWait = Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send>>;
+
+/// Serves the requests of one connection whose handshake is done.
+async fn serve_requests<H: Handler>(
+    stream: Stream,
+    leftover: BytesMut,
+    peer: Arc<str>,
+    handler: Arc<H>,
+    state: &ServerState,
+    opts: ServeOptions,
+) {
     let (rd, wr) = stream.split();
-    let mut wr = BufWriter::with_capacity(64 * 1024, wr);
-    let mut rbuf = BytesMut::with_capacity(256 * 1024);
+    let mut wr = BufWriter::with_capacity(REPLY_BUF, wr);
+    let mut rbuf = RecvBuf::new(leftover, &state.recv_bytes, &state.recv_bytes_peak);
     let mut pending = FuturesUnordered::new();
     let mut eof = false;
+    // A permit of the server-wide bound, taken for the next request while
+    // waiting for it; and the wait itself, kept across turns of the loop so
+    // the connection keeps its place in the semaphore's queue.
+    let mut permit: Option<OwnedSemaphorePermit> = None;
+    let mut permit_wait: Option<PermitWait> = None;
+    // When the frame at the front must be complete (set while the server
+    // waits for its bytes).
+    let mut frame_deadline: Option<tokio::time::Instant> = None;
     loop {
-        // Start every complete request, up to the in-flight bound.
+        // Start every complete request, up to the bounds.
+        let mut blocked = false;
         while pending.len() < opts.max_in_flight {
-            match next_frame(&mut rbuf) {
-                Ok(Some((header, payload))) => {
-                    pending.push(handle_one(handler.clone(), header, payload, peer.clone()))
-                }
-                Ok(None) => break,
-                Err((id, e)) => {
+            match front(&rbuf.buf) {
+                Front::Partial(_) => break,
+                Front::Bad(id, e) => {
                     // The stream is unsynchronised: answer, then close.
+                    state.malformed.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!("closing connection from {peer}: {e}");
                     let mut out = BytesMut::new();
                     push_error(&mut out, id, &e);
-                    let _ = wr.write_all(&out).await;
-                    let _ = wr.flush().await;
+                    if write_bounded(&mut wr, &out, opts.frame_timeout)
+                        .await
+                        .is_ok()
+                    {
+                        let _ = flush_bounded(&mut wr, opts.frame_timeout).await;
+                    }
                     return;
+                }
+                Front::Frame => {
+                    let p = match permit.take() {
+                        Some(p) => p,
+                        // Already queued for a permit: wait for that one
+                        // (a queued wait may hold a permit handed to it).
+                        None if permit_wait.is_some() => {
+                            blocked = true;
+                            break;
+                        }
+                        None => match state.requests.clone().try_acquire_owned() {
+                            Ok(p) => p,
+                            Err(_) => {
+                                blocked = true;
+                                break;
+                            }
+                        },
+                    };
+                    let (header, payload) = take_frame(&mut rbuf.buf);
+                    frame_deadline = None;
+                    pending.push(handle_one(
+                        handler.clone(),
+                        header,
+                        payload,
+                        peer.clone(),
+                        p,
+                    ));
                 }
             }
         }
+        rbuf.sync();
         // Send every reply that is already done.
         while let Some(Some(reply)) = pending.next().now_or_never() {
-            if wr.write_all(&reply).await.is_err() {
+            if write_bounded(&mut wr, &reply, opts.frame_timeout)
+                .await
+                .is_err()
+            {
                 return;
             }
         }
-        if eof && pending.is_empty() {
-            let _ = wr.flush().await;
+        if eof && pending.is_empty() && !blocked {
+            let _ = flush_bounded(&mut wr, opts.frame_timeout).await;
             return; // the peer closed (a truncated frame is dropped)
         }
-        let can_read = !eof && pending.len() < opts.max_in_flight;
-        if can_read && next_frame_ready(&rbuf) {
+        let can_read = !eof && !blocked && pending.len() < opts.max_in_flight;
+        if can_read && matches!(front(&rbuf.buf), Front::Frame | Front::Bad(..)) {
             continue;
         }
-        if !wr.buffer().is_empty() && wr.flush().await.is_err() {
+        if !wr.buffer().is_empty() && flush_bounded(&mut wr, opts.frame_timeout).await.is_err() {
             return;
+        }
+        if can_read && !rbuf.buf.is_empty() {
+            // Waiting for the rest of a frame: bounded.
+            frame_deadline.get_or_insert_with(|| tokio::time::Instant::now() + opts.frame_timeout);
+        } else {
+            frame_deadline = None;
+        }
+        // Checked here too, not only when parked: a peer that trickles a
+        // byte at a time keeps the spin below from ever parking.
+        if frame_deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+            log_frame_timeout(&peer, opts.frame_timeout);
+            let _ = flush_bounded(&mut wr, opts.frame_timeout).await;
+            return;
+        }
+        if blocked && permit_wait.is_none() {
+            permit_wait = Some(Box::pin(state.requests.clone().acquire_owned()));
         }
         if pending.is_empty() && can_read && !opts.spin.is_zero() {
             // Idle: busy-poll briefly for the next request before parking.
@@ -347,9 +741,10 @@ async fn connection<H: Handler>(stream: Stream, peer: String, handler: Arc<H>, o
                 Err(_) => return,
             }
         }
+        let idle = can_read && pending.is_empty() && rbuf.oversized();
         tokio::select! {
             Some(reply) = pending.next(), if !pending.is_empty() => {
-                if wr.write_all(&reply).await.is_err() {
+                if write_bounded(&mut wr, &reply, opts.frame_timeout).await.is_err() {
                     return;
                 }
             }
@@ -363,25 +758,68 @@ async fn connection<H: Handler>(stream: Stream, peer: String, handler: Arc<H>, o
                     Err(_) => return,
                 }
             }
+            p = async { permit_wait.as_mut().expect("set when blocked").await }, if blocked => {
+                permit_wait = None;
+                match p {
+                    Ok(p) => permit = Some(p),
+                    Err(_) => return, // the semaphore is never closed
+                }
+            }
+            () = tokio::time::sleep_until(
+                frame_deadline.unwrap_or_else(tokio::time::Instant::now)
+            ), if frame_deadline.is_some() => {
+                log_frame_timeout(&peer, opts.frame_timeout);
+                let _ = flush_bounded(&mut wr, opts.frame_timeout).await;
+                return;
+            }
+            () = tokio::time::sleep(RECV_SHRINK_AFTER), if idle => rbuf.shrink(),
         }
     }
 }
 
-/// Whether `buf` holds at least one complete frame (or a bad header).
-fn next_frame_ready(buf: &BytesMut) -> bool {
-    if buf.len() < HEADER_LEN {
-        return false;
+fn log_frame_timeout(peer: &str, timeout: Duration) {
+    tracing::debug!(
+        "closing connection from {peer}: a frame did not arrive completely within {timeout:?}"
+    );
+}
+
+type Replies = BufWriter<crate::transport::WriteHalf>;
+
+/// Writes `buf` to the peer, failing when it takes no byte for `stall`: a
+/// peer that stopped reading its replies must not keep its requests (and
+/// their permits of the server-wide bound) forever.
+async fn write_bounded(wr: &mut Replies, buf: &[u8], stall: Duration) -> std::io::Result<()> {
+    let mut off = 0;
+    while off < buf.len() {
+        match tokio::time::timeout(stall, wr.write(&buf[off..])).await {
+            Ok(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(Ok(n)) => off += n,
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(stalled_writing(stall)),
+        }
     }
-    let h: [u8; HEADER_LEN] = buf[..HEADER_LEN].try_into().expect("length checked");
-    match FrameHeader::parse(&h) {
-        Ok(hdr) => buf.len() >= HEADER_LEN + hdr.payload_len,
-        Err(_) => true,
+    Ok(())
+}
+
+/// Flushes the buffered replies (at most [`REPLY_BUF`] bytes), failing when
+/// that takes longer than `stall`.
+async fn flush_bounded(wr: &mut Replies, stall: Duration) -> std::io::Result<()> {
+    match tokio::time::timeout(stall, wr.flush()).await {
+        Ok(r) => r,
+        Err(_) => Err(stalled_writing(stall)),
     }
 }
 
-fn push_error(out: &mut BytesMut, id: u64, e: &Error) {
+fn stalled_writing(stall: Duration) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("the peer took no reply bytes for {stall:?}"),
+    )
+}
+
+pub(crate) fn push_error(out: &mut BytesMut, id: u64, e: &Error) {
     let msg = e.message.as_bytes();
-    let msg = &msg[..msg.len().min(64 * 1024)];
+    let msg = &msg[..msg.len().min(MAX_ERROR_MESSAGE)];
     FrameHeader::put(out, id, e.code as u16, msg.len());
     out.extend_from_slice(msg);
 }

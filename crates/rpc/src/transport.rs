@@ -9,7 +9,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
-use tokio::io::AsyncWrite;
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{tcp, unix, TcpListener, TcpStream, UnixListener, UnixStream};
 
 /// Prefix of Unix-socket addresses.
@@ -50,8 +50,33 @@ impl Stream {
             None => {
                 let s = TcpStream::connect(addr).await?;
                 s.set_nodelay(true)?;
+                set_keepalive(s.as_raw_fd());
                 Ok(Stream::Tcp(s))
             }
+        }
+    }
+
+    /// Writes all of `buf` (used only before the stream is split).
+    pub(crate) async fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.write_all(buf).await,
+            Stream::Unix(s) => s.write_all(buf).await,
+        }
+    }
+
+    /// Reads what is available into the spare capacity of `buf` (used only
+    /// before the stream is split). `Ok(0)`: end of stream.
+    pub(crate) async fn read_buf(&mut self, buf: &mut bytes::BytesMut) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read_buf(buf).await,
+            Stream::Unix(s) => s.read_buf(buf).await,
+        }
+    }
+
+    pub(crate) fn raw_fd(&self) -> RawFd {
+        match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
         }
     }
 
@@ -128,6 +153,7 @@ impl Listener {
             Listener::Tcp(l) => {
                 let (s, peer) = l.accept().await?;
                 let _ = s.set_nodelay(true);
+                set_keepalive(s.as_raw_fd());
                 Ok((Stream::Tcp(s), peer.to_string()))
             }
             Listener::Unix(l) => {
@@ -143,6 +169,84 @@ impl Listener {
             Listener::Unix(l) => l.as_fd().try_clone_to_owned(),
         }
     }
+}
+
+/// Turns TCP keepalive on for `fd` with the probes of [`crate::limits`], so
+/// a peer that vanished without closing (a crashed host, a cut link) is
+/// noticed even on an idle connection. Best effort: a failure is logged.
+fn set_keepalive(fd: RawFd) {
+    use crate::limits::{KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES};
+    let opts: [(libc::c_int, libc::c_int, libc::c_int); 4] = [
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+        (
+            libc::IPPROTO_TCP,
+            libc::TCP_KEEPIDLE,
+            KEEPALIVE_IDLE.as_secs() as libc::c_int,
+        ),
+        (
+            libc::IPPROTO_TCP,
+            libc::TCP_KEEPINTVL,
+            KEEPALIVE_INTERVAL.as_secs() as libc::c_int,
+        ),
+        (
+            libc::IPPROTO_TCP,
+            libc::TCP_KEEPCNT,
+            KEEPALIVE_PROBES as libc::c_int,
+        ),
+    ];
+    for (level, name, value) in opts {
+        // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from a live
+        // local; `fd` is an open socket owned by the caller.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                (&value as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            tracing::debug!(
+                "setting TCP keepalive option {name}: {}",
+                io::Error::last_os_error()
+            );
+            return;
+        }
+    }
+}
+
+/// Raises this process's soft limit on open descriptors to its hard limit,
+/// once per process (a server holds two descriptors per connection).
+pub(crate) fn raise_nofile_limit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes one `rlimit` into the live local.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+            tracing::debug!("getrlimit(NOFILE): {}", io::Error::last_os_error());
+            return;
+        }
+        if lim.rlim_cur >= lim.rlim_max {
+            tracing::debug!("open-file limit already at its maximum ({})", lim.rlim_cur);
+            return;
+        }
+        let old = lim.rlim_cur;
+        lim.rlim_cur = lim.rlim_max;
+        // SAFETY: setrlimit reads one `rlimit` from the live local.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } == 0 {
+            tracing::debug!("raised the open-file limit from {old} to {}", lim.rlim_max);
+        } else {
+            tracing::debug!(
+                "raising the open-file limit from {old} to {}: {}",
+                lim.rlim_max,
+                io::Error::last_os_error()
+            );
+        }
+    });
 }
 
 /// Binds a Unix listener at `addr` (`unix:@name` or `unix:/path`).
@@ -204,5 +308,49 @@ mod tests {
             "{a}"
         );
         assert_ne!(a, b);
+    }
+
+    fn sockopt(fd: RawFd, level: libc::c_int, name: libc::c_int) -> libc::c_int {
+        let mut v: libc::c_int = -1;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into the live local.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                level,
+                name,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+        v
+    }
+
+    #[tokio::test]
+    async fn tcp_connections_probe_idle_peers_on_both_ends() {
+        use crate::limits::{KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES};
+        let listener = Listener::Tcp(TcpListener::bind("127.0.0.1:0").await.unwrap());
+        let Listener::Tcp(l) = &listener else {
+            unreachable!()
+        };
+        let addr = l.local_addr().unwrap().to_string();
+        let (client, accepted) = tokio::join!(Stream::connect(&addr), listener.accept());
+        for s in [client.unwrap(), accepted.unwrap().0] {
+            let fd = s.raw_fd();
+            assert_eq!(sockopt(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE), 1);
+            assert_eq!(
+                sockopt(fd, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE) as u64,
+                KEEPALIVE_IDLE.as_secs()
+            );
+            assert_eq!(
+                sockopt(fd, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL) as u64,
+                KEEPALIVE_INTERVAL.as_secs()
+            );
+            assert_eq!(
+                sockopt(fd, libc::IPPROTO_TCP, libc::TCP_KEEPCNT) as u32,
+                KEEPALIVE_PROBES
+            );
+        }
     }
 }
