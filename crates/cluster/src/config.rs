@@ -403,6 +403,7 @@ impl Config {
             class: s.class,
             class_name: s.class_name.clone(),
             medium,
+            data_dir: nodekernel_store::DataDirConfig::None,
             capacity: s.size.0,
             block_size: self.meta.block_size.0 as u32,
             location,
