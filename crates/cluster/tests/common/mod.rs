@@ -42,7 +42,7 @@ pub fn config(dram: u64, file: u64, dir: &TempDir) -> Config {
     cfg.meta.block_size = ByteSize(BS);
     cfg.meta.dead_after_ms = 600;
     cfg.client.timeout_ms = 2_000;
-    cfg.up.data_dir = dir.path().to_path_buf();
+    cfg.up.data_dir = Some(dir.path().to_path_buf());
     cfg.up.dram = ByteSize(dram);
     cfg.up.file = ByteSize(file);
     cfg
