@@ -623,6 +623,29 @@ fn second_up_on_the_same_data_dir_is_refused_and_the_first_keeps_working() {
 }
 
 #[test]
+fn os_errors_are_printed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plain-file");
+    std::fs::write(&file, b"").unwrap();
+    let (status, err) = refused(up_command(&file.join("d")), "is up");
+    assert!(!status.success());
+    assert!(err.contains(&file.display().to_string()), "{err}");
+    assert_eq!(err.matches("os error").count(), 1, "{err}");
+
+    // The metadata server's own error, through nk meta.
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    let mut cmd = Command::new(NK);
+    cmd.args(["meta", "--listen", &addr])
+        .env_remove("NK_CONFIG")
+        .stdout(Stdio::piped());
+    let (status, err) = refused(cmd, "listening on");
+    assert!(!status.success());
+    assert!(err.contains(&addr), "{err}");
+    assert_eq!(err.matches("os error").count(), 1, "{err}");
+}
+
+#[test]
 fn file_stores_without_a_path_get_their_own_private_directories() {
     let (meta, addr) = start_role(
         &["meta", "--listen", "127.0.0.1:0"],
