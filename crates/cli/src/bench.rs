@@ -98,7 +98,7 @@ pub struct BenchArgs {
     /// Block size of the embedded cluster (every KeyValue takes at least one block)
     #[arg(long, value_parser = crate::parse_size, default_value = "1MiB")]
     block_size: ByteSize,
-    /// Directory for file-tier block files (tiering)
+    /// Data directory of the tiering runs' clusters (LOCK, store-N); default: a fresh private one per run
     #[arg(long)]
     data_dir: Option<std::path::PathBuf>,
     /// Also run the same workload against this peer, started for the run
@@ -617,10 +617,6 @@ async fn tiering(a: &BenchArgs) -> anyhow::Result<()> {
     if size < bs {
         bail!("-s must be at least one block ({})", human(bs));
     }
-    let data_dir = a
-        .data_dir
-        .clone()
-        .unwrap_or_else(|| std::env::temp_dir().join("nk-bench-tiering"));
     let chunk = (16u64 << 20).min(size) as usize;
     let data: Vec<u8> = (0..chunk).map(|i| (i * 31 % 251) as u8).collect();
     let mut rows: Vec<TierRow> = Vec::new();
@@ -634,7 +630,7 @@ async fn tiering(a: &BenchArgs) -> anyhow::Result<()> {
         c.meta.block_size = a.block_size;
         c.up.dram = ByteSize(dram);
         c.up.file = ByteSize(file);
-        c.up.data_dir = data_dir.clone();
+        c.up.data_dir = a.data_dir.clone();
         let classes = c.classes();
         prices = (classes[0].price_per_gib, classes[1].price_per_gib);
         let cluster = LocalCluster::start(c)
@@ -666,11 +662,9 @@ async fn tiering(a: &BenchArgs) -> anyhow::Result<()> {
             pos += n as u64;
         }
         let read_s = t1.elapsed().as_secs_f64();
+        // The stores remove their block files.
         cluster.shutdown();
         drop(cluster);
-        for f in std::fs::read_dir(&data_dir).into_iter().flatten().flatten() {
-            let _ = std::fs::remove_file(f.path());
-        }
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         let dram_used = dram.min(size);
         let file_used = size - dram_used;

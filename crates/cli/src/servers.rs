@@ -15,8 +15,8 @@ pub struct UpArgs {
     /// Address to bind (default 127.0.0.1)
     #[arg(long)]
     host: Option<String>,
-    /// Directory for the file tier's block file
-    #[arg(long)]
+    /// Data directory: DIR/LOCK, and DIR/store-N (LOCK, identity, block file) per storage server [default: a fresh private directory, removed at shutdown]
+    #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
     /// DRAM tier size (0 disables it), e.g. 512MiB
     #[arg(long, value_parser = crate::parse_size)]
@@ -45,8 +45,11 @@ pub struct StoreArgs {
     medium: String,
     #[arg(long, value_parser = crate::parse_size, default_value = "512MiB")]
     size: ByteSize,
-    /// Backing file (file medium)
-    #[arg(long)]
+    /// Data directory of the server: LOCK, identity, and a file medium's block file [default: none for DRAM; a fresh private directory, removed at shutdown, for a file medium without --path]
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Block file of a file medium [default: blocks in the data directory; a relative path is taken under it]
+    #[arg(long, value_name = "FILE")]
     path: Option<PathBuf>,
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: String,
@@ -82,7 +85,7 @@ pub async fn up(mut cfg: Config, a: &UpArgs) -> anyhow::Result<()> {
         cfg.meta.listen = format!("{host}:{port}");
     }
     if let Some(d) = &a.data_dir {
-        cfg.up.data_dir = d.clone();
+        cfg.up.data_dir = Some(d.clone());
     }
     if let Some(s) = a.dram {
         cfg.up.dram = s;
@@ -97,7 +100,7 @@ pub async fn up(mut cfg: Config, a: &UpArgs) -> anyhow::Result<()> {
     println!("NodeKernel is up: metadata server at {addr}");
     for (s, srv) in stores.iter().zip(&cluster.stores) {
         println!(
-            "  storage class {} ({}): {} {} at {}",
+            "  storage class {} ({}): {} {} at {}, identity {}",
             s.class,
             s.class_name,
             human(s.size.0),
@@ -105,27 +108,26 @@ pub async fn up(mut cfg: Config, a: &UpArgs) -> anyhow::Result<()> {
                 Medium::Dram => "DRAM".to_string(),
                 Medium::File => "file".to_string(),
             },
-            srv.local_addr()
+            srv.local_addr(),
+            srv.identity(),
         );
     }
+    println!(
+        "  data directory {} ({})",
+        cluster.data_dir().display(),
+        if cluster.data_dir_is_private() {
+            "private, removed at shutdown"
+        } else {
+            "kept at shutdown, block files removed"
+        }
+    );
     println!("export NK_META={addr}   # then try: nk status");
     let sig = wait_for_signal().await?;
     println!("{sig}: stopping NodeKernel");
+    // Each store removes its block file (nothing persists yet); a private
+    // data directory goes entirely.
     cluster.shutdown();
-    remove_block_files(&cluster.config, &stores);
     Ok(())
-}
-
-/// Without persistence a file tier's blocks are unreachable after shutdown:
-/// remove the block files rather than leave gigabytes behind.
-fn remove_block_files(cfg: &Config, stores: &[StoreSection]) {
-    for (i, s) in stores.iter().enumerate() {
-        if let Ok(sc) = cfg.store_config(i, s, Vec::new()) {
-            if let nodekernel_store::MediumKind::File { path } = sc.medium {
-                let _ = std::fs::remove_file(path);
-            }
-        }
-    }
 }
 
 pub async fn meta(mut cfg: Config, a: &MetaArgs) -> anyhow::Result<()> {
@@ -153,6 +155,7 @@ pub async fn store(mut cfg: Config, metas: Vec<String>, a: &StoreArgs) -> anyhow
             class_name: a.class_name.clone(),
             medium,
             size: a.size,
+            data_dir: a.data_dir.clone(),
             path: a.path.clone(),
             listen: a.listen.clone(),
             advertise: a.advertise.clone(),
@@ -164,17 +167,34 @@ pub async fn store(mut cfg: Config, metas: Vec<String>, a: &StoreArgs) -> anyhow
         anyhow::bail!("no storage server defined: pass --class (and --medium, --size) or list [[store]] in the config");
     }
     cfg.validate()?;
-    let mut servers = Vec::new();
+    let mut servers: Vec<StorageServer> = Vec::new();
     for (i, s) in cfg.store.iter().enumerate() {
-        let sc = cfg.store_config(i, s, metas.clone())?;
-        let srv = StorageServer::start(sc)
-            .await
-            .with_context(|| format!("starting storage server {i} ({})", s.class_name))?;
+        let started = match cfg.store_config(i, s, metas.clone()) {
+            Ok(sc) => StorageServer::start(sc)
+                .await
+                .with_context(|| format!("starting storage server {i} ({})", s.class_name)),
+            Err(e) => Err(e.into()),
+        };
+        let srv = match started {
+            Ok(srv) => srv,
+            Err(e) => {
+                // Leave nothing behind: undo the servers started before.
+                for srv in servers {
+                    srv.discard();
+                }
+                return Err(e);
+            }
+        };
         println!(
-            "storage server {i}: class {} ({}), {} at {}",
+            "storage server {i}: class {} ({}), {}, identity {}{}, at {}",
             s.class,
             s.class_name,
             human(s.size.0),
+            srv.identity(),
+            match srv.data_dir() {
+                Some(d) => format!(", data directory {}", d.display()),
+                None => String::new(),
+            },
             srv.local_addr()
         );
         servers.push(srv);

@@ -2,6 +2,7 @@
 
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -10,29 +11,44 @@ const NK: &str = env!("CARGO_BIN_EXE_nk");
 struct Up {
     child: Child,
     meta: String,
-    _dir: tempfile::TempDir,
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// `nk up` on port 0 with a 64 MiB DRAM and a 256 MiB file tier in
+/// `data_dir`, output piped.
+fn up_command(data_dir: &std::path::Path) -> Command {
+    let mut cmd = Command::new(NK);
+    cmd.args([
+        "up",
+        "--port",
+        "0",
+        "--dram",
+        "64MiB",
+        "--file",
+        "256MiB",
+        "--data-dir",
+    ])
+    .arg(data_dir)
+    .env_remove("NK_META")
+    .env_remove("NK_CONFIG")
+    .stdout(Stdio::piped());
+    cmd
 }
 
 impl Up {
-    /// `nk up` on port 0; returns once it printed its address.
+    /// `nk up` on port 0 in a fresh data directory; returns once it printed
+    /// its address.
     fn start(extra: &[&str]) -> Up {
         let dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new(NK)
-            .args([
-                "up",
-                "--port",
-                "0",
-                "--dram",
-                "64MiB",
-                "--file",
-                "256MiB",
-                "--data-dir",
-            ])
-            .arg(dir.path())
+        let mut up = Up::start_in(dir.path(), extra);
+        up._dir = Some(dir);
+        up
+    }
+
+    /// `nk up` on port 0 in `data_dir`; returns once it printed its address.
+    fn start_in(data_dir: &std::path::Path, extra: &[&str]) -> Up {
+        let mut child = up_command(data_dir)
             .args(extra)
-            .env_remove("NK_META")
-            .env_remove("NK_CONFIG")
-            .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
@@ -49,7 +65,7 @@ impl Up {
         Up {
             child,
             meta,
-            _dir: dir,
+            _dir: None,
         }
     }
 
@@ -548,5 +564,147 @@ fn separately_started_meta_and_store_serve_clients_and_bench() {
     );
     check_report("putkey", &serde_json::from_slice(&out.stdout).unwrap(), 50);
     stop(store);
+    stop(meta);
+}
+
+/// Runs a command that must fail to start and returns its exit status and
+/// stderr. If its first line of output contains `up_marker` instead, it
+/// started: it is killed and the test fails (rather than waiting forever).
+fn refused(mut cmd: Command, up_marker: &str) -> (std::process::ExitStatus, String) {
+    let mut child = cmd.stderr(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    if let Some(Ok(line)) = lines.next() {
+        if line.contains(up_marker) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("started although it must not: {line}");
+        }
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn second_up_on_the_same_data_dir_is_refused_and_the_first_keeps_working() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start_in(dir.path(), &[]);
+    let first_pid = up.child.id();
+    let src = dir.path().join("src.bin");
+    std::fs::write(&src, vec![7u8; 3 << 20]).unwrap();
+    up.ok(&["put", "--class", "1", src.to_str().unwrap(), "/before"]);
+
+    let (status, err) = refused(up_command(dir.path()), "is up");
+    assert!(!status.success(), "the second nk up fails");
+    assert!(
+        err.contains(&format!("data directory {}", dir.path().display()))
+            && err.contains(&format!("pid {first_pid}"))
+            && err.contains("--data-dir"),
+        "names the directory and the holder: {err}"
+    );
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+
+    // The first cluster still serves what it had, and more.
+    let back = dir.path().join("back.bin");
+    up.ok(&["get", "/before", back.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&back).unwrap(), vec![7u8; 3 << 20]);
+    up.ok(&["put", src.to_str().unwrap(), "/after"]);
+    up.stop();
+
+    // Stopped cleanly: no block file is left, the identities are, and the
+    // directory can be used again.
+    assert!(dir.path().join("store-1/identity").exists());
+    assert!(!dir.path().join("store-1/blocks").exists());
+    let again = Up::start_in(dir.path(), &[]);
+    again.ok(&["status"]);
+    again.stop();
+}
+
+#[test]
+fn os_errors_are_printed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plain-file");
+    std::fs::write(&file, b"").unwrap();
+    let (status, err) = refused(up_command(&file.join("d")), "is up");
+    assert!(!status.success());
+    assert!(err.contains(&file.display().to_string()), "{err}");
+    assert_eq!(err.matches("os error").count(), 1, "{err}");
+
+    // The metadata server's own error, through nk meta.
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    let mut cmd = Command::new(NK);
+    cmd.args(["meta", "--listen", &addr])
+        .env_remove("NK_CONFIG")
+        .stdout(Stdio::piped());
+    let (status, err) = refused(cmd, "listening on");
+    assert!(!status.success());
+    assert!(err.contains(&addr), "{err}");
+    assert_eq!(err.matches("os error").count(), 1, "{err}");
+}
+
+#[test]
+fn file_stores_without_a_path_get_their_own_private_directories() {
+    let (meta, addr) = start_role(
+        &["meta", "--listen", "127.0.0.1:0"],
+        &[],
+        "metadata server listening on",
+    );
+    let store = |class: &str| {
+        let mut cmd = Command::new(NK);
+        cmd.args([
+            "store",
+            "--class",
+            class,
+            "--class-name",
+            "file",
+            "--medium",
+            "file",
+            "--size",
+            "64MiB",
+        ])
+        .env_remove("NK_CONFIG")
+        .env("NK_META", &addr)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+        let mut child = cmd.spawn().unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let line = lines.next().expect("a first line").unwrap();
+        std::thread::spawn(move || for _ in lines {});
+        let dir = line
+            .split(", data directory ")
+            .nth(1)
+            .and_then(|rest| rest.split(", at ").next())
+            .unwrap_or_else(|| panic!("no data directory in: {line}"))
+            .to_string();
+        (child, std::path::PathBuf::from(dir))
+    };
+    let (a, da) = store("1");
+    let (b, db) = store("1");
+    assert_ne!(da, db, "each store has its own directory");
+    for d in [&da, &db] {
+        assert!(d.join("blocks").exists(), "{}", d.display());
+        assert_eq!(
+            std::fs::metadata(d).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+    }
+    let st: Value = serde_json::from_slice(
+        &Command::new(NK)
+            .args(["status", "--json"])
+            .env("NK_META", &addr)
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(st["servers"].as_array().unwrap().len(), 2, "{st}");
+    stop(a);
+    assert!(!da.exists(), "removed at shutdown");
+    assert!(db.join("blocks").exists());
+    stop(b);
+    assert!(!db.exists());
     stop(meta);
 }

@@ -8,7 +8,7 @@
 use crate::size::ByteSize;
 use nodekernel_client::ClientConfig;
 use nodekernel_meta::MetaConfig;
-use nodekernel_store::{MediumKind, StoreConfig};
+use nodekernel_store::{DataDirConfig, MediumKind, StoreConfig};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -18,12 +18,14 @@ pub const DEFAULT_META: &str = "127.0.0.1:9060";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
+    /// The message includes the OS error, so it is not a `source` too
+    /// (printing the chain would repeat it).
+    #[error("cannot read config file {}: {error}", path.display())]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    #[error("bad config file {path}: {message}")]
+    #[error("bad config file {}: {message}", path.display())]
     Parse { path: PathBuf, message: String },
     #[error("bad config value {key}: {reason}")]
     Value { key: String, reason: String },
@@ -165,7 +167,13 @@ pub struct StoreSection {
     pub class_name: String,
     pub medium: Medium,
     pub size: ByteSize,
-    /// Backing file of a `file` store (relative paths are under `up.data_dir`).
+    /// The server's data directory (`LOCK`, `identity`, block file). Under
+    /// `nk up`: relative to `up.data_dir`, default `store-<i>` there. Under
+    /// `nk store`: none by default (a file store without `path` gets a
+    /// fresh private one).
+    pub data_dir: Option<PathBuf>,
+    /// Block file of a `file` store (default `blocks`; relative paths are
+    /// under the data directory).
     pub path: Option<PathBuf>,
     pub listen: String,
     /// Address registered with the metadata server (default: the bound address).
@@ -186,6 +194,7 @@ impl Default for StoreSection {
             class_name: "dram".into(),
             medium: Medium::Dram,
             size: ByteSize(512 << 20),
+            data_dir: None,
             path: None,
             listen: "127.0.0.1:0".into(),
             advertise: None,
@@ -200,7 +209,9 @@ impl Default for StoreSection {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpSection {
-    pub data_dir: PathBuf,
+    /// `nk up`'s data directory (`LOCK`, and `store-<i>` per storage
+    /// server). `None`: a fresh private directory, removed at shutdown.
+    pub data_dir: Option<PathBuf>,
     pub dram: ByteSize,
     pub file: ByteSize,
 }
@@ -208,7 +219,7 @@ pub struct UpSection {
 impl Default for UpSection {
     fn default() -> Self {
         UpSection {
-            data_dir: std::env::temp_dir().join("nodekernel"),
+            data_dir: None,
             dram: ByteSize(512 << 20),
             file: ByteSize(2 << 30),
         }
@@ -228,9 +239,9 @@ impl Config {
 
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
         Config::parse(&text, path)
     }
@@ -321,6 +332,11 @@ impl Config {
                     ),
                 ));
             }
+            for (k, p) in [("data_dir", &s.data_dir), ("path", &s.path)] {
+                if p.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+                    return Err(bad(key(k), "must not be empty"));
+                }
+            }
             if s.heartbeat_ms == 0 || s.heartbeat_ms >= self.meta.dead_after_ms {
                 return Err(bad(
                     key("heartbeat_ms"),
@@ -330,6 +346,14 @@ impl Config {
                     ),
                 ));
             }
+        }
+        if self
+            .up
+            .data_dir
+            .as_ref()
+            .is_some_and(|p| p.as_os_str().is_empty())
+        {
+            return Err(bad("up.data_dir", "must not be empty"));
         }
         for (key, size) in [("up.dram", self.up.dram), ("up.file", self.up.file)] {
             if size.0 != 0 && size.0 < bs {
@@ -391,7 +415,7 @@ impl Config {
     }
 
     /// The storage servers `nk up` starts: the `[[store]]` list, or a DRAM
-    /// store of `up.dram` plus a file store of `up.file` under `up.data_dir`.
+    /// store of `up.dram` plus a file store of `up.file`.
     pub fn up_stores(&self) -> Vec<StoreSection> {
         if !self.store.is_empty() {
             return self.store.clone();
@@ -409,34 +433,63 @@ impl Config {
                 class_name: "file".into(),
                 medium: Medium::File,
                 size: self.up.file,
-                path: Some(PathBuf::from("file-tier.blocks")),
                 ..StoreSection::default()
             });
         }
         v
     }
 
-    /// Turns a store section into the storage server's settings.
+    /// Turns a store section into the storage server's settings, for
+    /// `nk store`: the data directory is `data_dir` as given (relative to
+    /// the current directory); without one, a file store without `path`
+    /// gets a fresh private directory (removed when it stops) and any other
+    /// store has none. The block file is `path`, default `blocks`, relative
+    /// to the data directory.
     pub fn store_config(
         &self,
         i: usize,
         s: &StoreSection,
         metas: Vec<String>,
     ) -> Result<StoreConfig, ConfigError> {
+        self.make_store_config(i, s, metas, None)
+    }
+
+    /// [`store_config`](Self::store_config) for a storage server of
+    /// `nk up` whose data directory is `up_dir`: the server's data
+    /// directory is `data_dir` (relative to `up_dir`), default
+    /// `up_dir/store-<i>`.
+    pub fn store_config_under(
+        &self,
+        i: usize,
+        s: &StoreSection,
+        metas: Vec<String>,
+        up_dir: &Path,
+    ) -> Result<StoreConfig, ConfigError> {
+        self.make_store_config(i, s, metas, Some(up_dir))
+    }
+
+    fn make_store_config(
+        &self,
+        i: usize,
+        s: &StoreSection,
+        metas: Vec<String>,
+        up_dir: Option<&Path>,
+    ) -> Result<StoreConfig, ConfigError> {
+        let data_dir = match (&s.data_dir, up_dir) {
+            (Some(d), Some(up)) => DataDirConfig::At(up.join(d)),
+            (Some(d), None) => DataDirConfig::At(d.clone()),
+            (None, Some(up)) => DataDirConfig::At(up.join(format!("store-{i}"))),
+            (None, None) if s.medium == Medium::File && s.path.is_none() => DataDirConfig::Private,
+            (None, None) => DataDirConfig::None,
+        };
         let medium = match s.medium {
             Medium::Dram => MediumKind::Dram,
-            Medium::File => {
-                let p = s
+            Medium::File => MediumKind::File {
+                path: s
                     .path
                     .clone()
-                    .unwrap_or_else(|| PathBuf::from(format!("store-{i}.blocks")));
-                let p = if p.is_relative() {
-                    self.up.data_dir.join(p)
-                } else {
-                    p
-                };
-                MediumKind::File { path: p }
-            }
+                    .unwrap_or_else(|| PathBuf::from(nodekernel_store::datadir::BLOCK_FILE)),
+            },
         };
         let location = if s.location.is_empty() {
             nodekernel_client::default_location()
@@ -450,6 +503,7 @@ impl Config {
             class: s.class,
             class_name: s.class_name.clone(),
             medium,
+            data_dir,
             capacity: s.size.0,
             block_size: self.meta.block_size.0 as u32,
             location,
@@ -523,6 +577,63 @@ mod tests {
             1,
             "[[store]] replaces the default pair"
         );
+    }
+
+    #[test]
+    fn data_directories() {
+        let file = |path: &str| match path {
+            "" => "[[store]]\nmedium = \"file\"\n".to_string(),
+            p => format!("[[store]]\nmedium = \"file\"\npath = \"{p}\"\n"),
+        };
+        let c = parse("").unwrap();
+        assert_eq!(c.up.data_dir, None, "nk up: a fresh private directory");
+        let up = Path::new("/up");
+        let stores = c.up_stores();
+        let sc: Vec<StoreConfig> = stores
+            .iter()
+            .enumerate()
+            .map(|(i, s)| c.store_config_under(i, s, vec![], up).unwrap())
+            .collect();
+        assert_eq!(sc[0].data_dir, DataDirConfig::At(up.join("store-0")));
+        assert_eq!(sc[1].data_dir, DataDirConfig::At(up.join("store-1")));
+        assert_eq!(
+            sc[1].medium,
+            MediumKind::File {
+                path: PathBuf::from("blocks")
+            },
+            "the block file is `blocks` in the store's data directory"
+        );
+
+        // nk store: a file store without path or data_dir gets a private
+        // directory; with a path, none; a DRAM store, none.
+        let c = parse(&file("")).unwrap();
+        let sc = c.store_config(0, &c.store[0], vec![]).unwrap();
+        assert_eq!(sc.data_dir, DataDirConfig::Private);
+        let c = parse(&file("/x/b")).unwrap();
+        let sc = c.store_config(0, &c.store[0], vec![]).unwrap();
+        assert_eq!(sc.data_dir, DataDirConfig::None);
+        let c = parse("[[store]]\n").unwrap();
+        let sc = c.store_config(0, &c.store[0], vec![]).unwrap();
+        assert_eq!(sc.data_dir, DataDirConfig::None);
+
+        let c = parse("[up]\ndata_dir = \"/d\"\n[[store]]\ndata_dir = \"mine\"\n").unwrap();
+        assert_eq!(c.up.data_dir, Some(PathBuf::from("/d")));
+        let sc = c.store_config(0, &c.store[0], vec![]).unwrap();
+        assert_eq!(sc.data_dir, DataDirConfig::At("mine".into()));
+        let sc = c
+            .store_config_under(0, &c.store[0], vec![], Path::new("/d"))
+            .unwrap();
+        assert_eq!(sc.data_dir, DataDirConfig::At("/d/mine".into()));
+
+        for (text, key) in [
+            ("[up]\ndata_dir = \"\"\n", "up.data_dir"),
+            ("[[store]]\ndata_dir = \"\"\n", "store[0].data_dir"),
+            ("[[store]]\npath = \"\"\n", "store[0].path"),
+            ("[[store]]\ndata_dirs = \"x\"\n", "data_dirs"),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(key), "{text:?}: {e}");
+        }
     }
 
     #[test]

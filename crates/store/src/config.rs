@@ -13,8 +13,28 @@ pub enum MediumKind {
     /// Anonymous shared memory (a `memfd`), mapped into the server.
     Dram,
     /// A file, preallocated to the exported size. Its previous contents are
-    /// discarded at start.
+    /// discarded at start, and the file is removed when the server stops
+    /// (nothing persists yet). A relative path is taken under the server's
+    /// data directory (see [`StoreConfig::data_dir`]), or the current
+    /// directory without one.
     File { path: PathBuf },
+}
+
+/// Where a storage server keeps its `LOCK`, its `identity` and, by default,
+/// its block file (see [`datadir`](crate::datadir)).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum DataDirConfig {
+    /// No data directory: the server gets a random identity at every start,
+    /// and a file medium's block file must be named by its path.
+    #[default]
+    None,
+    /// This directory, created (mode 0700) if missing and kept when the
+    /// server stops (its block file is removed).
+    At(PathBuf),
+    /// A fresh private directory made at start
+    /// (`<temp dir>/nodekernel-<uid>/store-<pid>-<random>`) and removed
+    /// entirely when the server stops.
+    Private,
 }
 
 impl MediumKind {
@@ -91,6 +111,8 @@ pub struct StoreConfig {
     /// Name of the storage class, e.g. `"dram"` or `"file"`.
     pub class_name: String,
     pub medium: MediumKind,
+    /// The server's data directory. Default [`DataDirConfig::None`].
+    pub data_dir: DataDirConfig,
     /// Bytes to export; the server exports `capacity / block_size` whole
     /// blocks (at least one).
     pub capacity: u64,
@@ -124,6 +146,7 @@ impl Default for StoreConfig {
             class: 0,
             class_name: "dram".into(),
             medium: MediumKind::Dram,
+            data_dir: DataDirConfig::None,
             capacity: 64 << 20,
             block_size: nodekernel_proto::DEFAULT_BLOCK_SIZE,
             location: "localhost".into(),
@@ -213,6 +236,11 @@ impl StoreConfig {
         if let MediumKind::File { path } = &self.medium {
             if path.as_os_str().is_empty() {
                 return Err(StoreError::config("medium", "file path must not be empty"));
+            }
+        }
+        if let DataDirConfig::At(dir) = &self.data_dir {
+            if dir.as_os_str().is_empty() {
+                return Err(StoreError::config("data_dir", "must not be empty"));
             }
         }
         Ok(blocks)
@@ -340,6 +368,13 @@ mod tests {
                     ..base.clone()
                 },
                 "medium",
+            ),
+            (
+                StoreConfig {
+                    data_dir: DataDirConfig::At(PathBuf::new()),
+                    ..base.clone()
+                },
+                "data_dir",
             ),
         ];
         for (cfg, field) in cases {

@@ -20,6 +20,11 @@
 //!
 //! Malformed network input gives `Protocol` errors and never panics.
 //!
+//! **A data directory or block file serves at most one server at a time.**
+//! Both are locked (`flock`) before anything in them is truncated or
+//! written, for the life of the server, so two clusters on one machine never
+//! share bytes (see [`datadir`]).
+//!
 //! # Co-located clients
 //!
 //! A DRAM server keeps its blocks and their generations in one shared memfd
@@ -40,11 +45,14 @@
 //!   and `O_DIRECT` through aligned bounce buffers, with buffered and
 //!   thread-pool fallbacks (the module docs explain the design);
 //! * [`blocks`]: [`BlockStore`], blocks plus generations over a medium;
+//! * [`datadir`]: data directories (`LOCK`, `identity`, block file), the
+//!   exclusive locks on them and on block files, modes and clean-up;
 //! * [`StorageServer`]: the data port, registration and heartbeats, and the
 //!   shared-memory hand-over socket (`share.rs`).
 
 pub mod blocks;
 mod config;
+pub mod datadir;
 mod error;
 pub mod file;
 pub mod medium;
@@ -52,7 +60,10 @@ mod server;
 mod share;
 
 pub use blocks::BlockStore;
-pub use config::{FileIoConfig, MediumKind, StoreConfig, MAX_QUEUE_DEPTH, MIN_BLOCK_SIZE};
+pub use config::{
+    DataDirConfig, FileIoConfig, MediumKind, StoreConfig, MAX_QUEUE_DEPTH, MIN_BLOCK_SIZE,
+};
+pub use datadir::DirLock;
 pub use error::StoreError;
 pub use file::IoMode;
 pub use medium::{AsyncMedium, DramMedium, FileMedium, Medium};

@@ -1,7 +1,8 @@
 //! The running storage server: data port, registration and heartbeats.
 
 use crate::blocks::BlockStore;
-use crate::config::{partition, FileIoConfig, MediumKind, StoreConfig};
+use crate::config::{partition, DataDirConfig, FileIoConfig, MediumKind, StoreConfig};
+use crate::datadir::{self, DataDir, Footprint};
 use crate::medium::{DramMedium, FileMedium, Medium};
 use crate::share::Share;
 use crate::StoreError;
@@ -11,6 +12,7 @@ use nodekernel_proto::store::{encode_shm_info, StoreRequest};
 use nodekernel_proto::{Error, ErrorCode, Result};
 use nodekernel_rpc::{ConnectionPool, Handler, ServerHandle};
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -186,7 +188,7 @@ impl Registrar {
             if !transient || (attempts >= 2 && left.is_zero()) {
                 return Err(StoreError::Register {
                     meta: self.metas[i].clone(),
-                    source: err,
+                    error: err,
                 });
             }
             let pause = backoff.min(left).max(Duration::from_millis(10));
@@ -244,6 +246,42 @@ async fn heartbeat_loop(reg: Arc<Registrar>, i: usize, interval: Duration) {
     }
 }
 
+/// Sets up what a server holds on disk and in memory: locks and reads its
+/// data directory, then creates the medium (after locking a block file).
+/// Blocking work (file system calls, preallocating, prefaulting DRAM):
+/// run it off the async workers. On error, the dropped footprint removes
+/// what was created.
+fn prepare(
+    data_dir: &DataDirConfig,
+    medium: &MediumKind,
+    block_size: u32,
+    num_blocks: u32,
+    bytes: u64,
+    file_io: &FileIoConfig,
+) -> std::result::Result<(Box<dyn Medium>, Footprint), StoreError> {
+    let dir = match data_dir {
+        DataDirConfig::None => None,
+        DataDirConfig::At(p) => Some(DataDir::open(p)?),
+        DataDirConfig::Private => Some(DataDir::private("store")?),
+    };
+    let mut footprint = Footprint::new(dir);
+    let medium: Box<dyn Medium> = match medium {
+        MediumKind::Dram => Box::new(DramMedium::new(block_size, num_blocks)?),
+        MediumKind::File { path } => {
+            let path = match footprint.data_dir() {
+                Some(d) if path.is_relative() => d.path().join(path),
+                _ => path.clone(),
+            };
+            let m = FileMedium::create_with(&path, bytes, file_io)?;
+            if let Some(b) = m.footprint() {
+                footprint.set_block_file(b);
+            }
+            Box::new(m)
+        }
+    };
+    Ok((medium, footprint))
+}
+
 /// Handle of a running storage server. Dropping it stops the server.
 pub struct StorageServer {
     local_addr: SocketAddr,
@@ -255,12 +293,22 @@ pub struct StorageServer {
     stopped: AtomicBool,
     registrar: Arc<Registrar>,
     heartbeats: Vec<JoinHandle<()>>,
+    identity: String,
+    incarnation: u64,
+    /// The locked data directory and block file, and what to remove when
+    /// the server stops (or its start fails).
+    footprint: Footprint,
 }
 
 impl StorageServer {
-    /// Creates the medium, binds the data port, starts serving and registers
-    /// with every metadata server. Returns once every registration
-    /// succeeded; heartbeats then run in the background.
+    /// Locks the data directory and reads (or creates) the identity there,
+    /// creates the medium, binds the data port, starts serving and
+    /// registers with every metadata server. Returns once every
+    /// registration succeeded; heartbeats then run in the background.
+    ///
+    /// A data directory or block file in use by another server gives
+    /// [`StoreError::Locked`] before anything is changed. A failed start
+    /// removes what it created (see [`datadir`](crate::datadir)).
     ///
     /// A file medium uses the default [`FileIoConfig`] (io_uring and
     /// `O_DIRECT` where the machine allows them).
@@ -278,21 +326,27 @@ impl StorageServer {
         let num_blocks = cfg.validate()?;
         file_io.validate()?;
         let bytes = cfg.exported_bytes(num_blocks);
-        let medium: Box<dyn Medium> = match &cfg.medium {
-            MediumKind::Dram => Box::new(DramMedium::new(cfg.block_size, num_blocks)?),
-            MediumKind::File { path } => {
-                let path = path.clone();
-                // Preallocation may take a while on slow file systems.
-                let m = tokio::task::spawn_blocking(move || {
-                    FileMedium::create_with(&path, bytes, &file_io)
-                })
-                .await
-                .map_err(|e| {
-                    StoreError::Rpc(Error::internal(format!("medium set-up task failed: {e}")))
-                })??;
-                Box::new(m)
-            }
+        // Locking, preallocation and prefaulting DRAM (about 1 s per GiB)
+        // block: keep them off the async workers.
+        let (medium, footprint) = {
+            let (data_dir, kind, bs) = (cfg.data_dir.clone(), cfg.medium.clone(), cfg.block_size);
+            tokio::task::spawn_blocking(move || {
+                prepare(&data_dir, &kind, bs, num_blocks, bytes, &file_io)
+            })
+            .await
+            .map_err(|e| {
+                StoreError::Rpc(Error::internal(format!("medium set-up task failed: {e}")))
+            })??
         };
+        // From here on, an early return drops `footprint`, which removes
+        // what this start created while it still holds the locks.
+        let identity = match footprint.data_dir() {
+            Some(d) => d.identity().to_string(),
+            None => datadir::random_identity()
+                .map_err(|e| StoreError::io("generate an identity from", "getrandom", e))?,
+        };
+        let incarnation = datadir::random_incarnation()
+            .map_err(|e| StoreError::io("generate an incarnation from", "getrandom", e))?;
         let store = Arc::new(BlockStore::new(medium, cfg.block_size, num_blocks));
         // Sharing is an optimisation: without the socket, clients simply
         // use the data port.
@@ -309,9 +363,9 @@ impl StorageServer {
             _ => None,
         };
 
-        let listen_err = |source| StoreError::Listen {
+        let listen_err = |error| StoreError::Listen {
             addr: cfg.listen.clone(),
-            source,
+            error,
         };
         let listener = tokio::net::TcpListener::bind(&cfg.listen)
             .await
@@ -358,13 +412,8 @@ impl StorageServer {
                     block_size: cfg.block_size,
                     first_block,
                     num_blocks: count,
-                    identity: advertise
-                        .chars()
-                        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-                        .collect(),
-                    incarnation: std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(1, |d| d.as_nanos() as u64),
+                    identity: identity.clone(),
+                    incarnation,
                 })
             })
             .collect();
@@ -385,9 +434,13 @@ impl StorageServer {
             stopped: AtomicBool::new(false),
             registrar: registrar.clone(),
             heartbeats: Vec::new(),
+            identity,
+            incarnation,
+            footprint,
         };
         // Register with all metadata servers concurrently. On failure `srv`
-        // drops, which stops the data port again.
+        // drops, which stops the data port again and removes what this
+        // start created.
         let pending: Vec<_> = (0..k)
             .map(|i| {
                 let reg = registrar.clone();
@@ -412,14 +465,20 @@ impl StorageServer {
         srv.heartbeats = (0..k)
             .map(|i| tokio::spawn(heartbeat_loop(registrar.clone(), i, cfg.heartbeat_interval)))
             .collect();
+        srv.footprint.started();
         tracing::info!(
-            "storage server on {} exports {num_blocks} {} blocks of {} bytes ({}{})",
+            "storage server on {} exports {num_blocks} {} blocks of {} bytes ({}{}), identity {}{}",
             srv.local_addr,
             srv.store.medium_kind(),
             cfg.block_size,
             srv.store.io_mode(),
             match &srv.share {
                 Some(s) => format!(", shared with co-located clients at @{}", s.name()),
+                None => String::new(),
+            },
+            srv.identity,
+            match srv.data_dir() {
+                Some(d) => format!(", data directory {}", d.display()),
                 None => String::new(),
             }
         );
@@ -464,6 +523,38 @@ impl StorageServer {
         &self.store
     }
 
+    /// The server's stable identity: [`IDENTITY_LEN`](crate::datadir::IDENTITY_LEN)
+    /// lowercase hexadecimal digits, kept in its data directory (the same
+    /// at every start there), or random per start without one.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// A random, nonzero number drawn at every start: tells a restarted
+    /// server (same identity) from the one before it.
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    /// The locked data directory, if the server has one.
+    pub fn data_dir(&self) -> Option<&Path> {
+        self.footprint.data_dir().map(|d| d.path())
+    }
+
+    /// The locked block file of a file medium.
+    pub fn block_file(&self) -> Option<&Path> {
+        self.footprint.block_file()
+    }
+
+    /// Stops the server and removes everything its start created (block
+    /// file, identity, `LOCK`, directories that did not exist), as if it
+    /// had never started. For a larger start-up that failed after this
+    /// server started (`nk up`, `nk store` with several servers). After
+    /// [`shutdown`](Self::shutdown) it removes nothing more.
+    pub fn discard(self) {
+        self.stop(true);
+    }
+
     /// Server ids assigned by each metadata server, in `StoreConfig::metas`
     /// order; `None` while not registered with that one.
     pub fn server_ids(&self) -> Vec<Option<u32>> {
@@ -478,11 +569,29 @@ impl StorageServer {
     /// moment this returns), every client connection and the heartbeats.
     /// A shared DRAM region is marked closed, so co-located clients stop
     /// using their mappings at their next access, and the hand-over socket
-    /// closes. Idempotent; also done on drop.
+    /// closes.
+    ///
+    /// On disk: the block file of a file medium is removed if this start
+    /// created it or it lies in the data directory (nothing persists yet),
+    /// a private data directory is removed entirely, any other data
+    /// directory stays with its `LOCK` and `identity`. The data directory's
+    /// lock is released, so a new server may start on it at once; a block
+    /// file's lock goes with the medium, when the server is dropped.
+    /// Idempotent; also done on drop.
     pub fn shutdown(&self) {
-        if self.stopped.swap(true, Ordering::AcqRel) {
-            return;
+        self.stop(false);
+    }
+
+    fn stop(&self, undo: bool) {
+        if !self.stopped.swap(true, Ordering::AcqRel) {
+            self.stop_serving();
+            tracing::info!("storage server on {} stopped", self.local_addr);
         }
+        // After serving stopped, and idempotent itself.
+        self.footprint.finish(undo);
+    }
+
+    fn stop_serving(&self) {
         if let Some(r) = self.store.shared_region() {
             r.close();
         }
@@ -493,7 +602,6 @@ impl StorageServer {
         for h in &self.heartbeats {
             h.abort();
         }
-        tracing::info!("storage server on {} stopped", self.local_addr);
     }
 }
 
@@ -508,6 +616,9 @@ impl std::fmt::Debug for StorageServer {
         f.debug_struct("StorageServer")
             .field("local_addr", &self.local_addr)
             .field("advertise", &self.advertise)
+            .field("identity", &self.identity)
+            .field("incarnation", &self.incarnation)
+            .field("data_dir", &self.data_dir())
             .field("medium", &self.store.medium_kind())
             .field("io_mode", &self.store.io_mode())
             .field("num_blocks", &self.num_blocks)

@@ -8,6 +8,7 @@ use nodekernel_proto::store::{op, StoreRequest};
 use nodekernel_proto::{Error, ErrorCode, Result};
 use nodekernel_rpc::{Connection, Handler, ServerHandle};
 use std::collections::HashSet;
+use std::os::unix::fs::PermissionsExt;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -170,8 +171,21 @@ async fn serve_over_network_with(medium: MediumKind, io: FileIoConfig) {
     assert!(call(&c, StoreRequest::Ping).await.unwrap().is_empty());
     assert_eq!(read(&c, 3, 12, 0, 9).await.unwrap(), b"new owner" as &[u8]);
 
+    // The block file: private, preallocated while running; removed at
+    // shutdown (this start created it and nothing persists yet).
+    let block_file = srv.block_file().map(|p| p.to_path_buf());
+    if let Some(p) = &block_file {
+        let m = std::fs::metadata(p).unwrap();
+        assert_eq!(m.len(), 4 * u64::from(BS));
+        assert_eq!(m.permissions().mode() & 0o777, 0o600);
+    }
+    assert_eq!(block_file.is_some(), is_file);
+
     // Shutdown: new connections are refused at once, old ones are closed.
     srv.shutdown();
+    if let Some(p) = &block_file {
+        assert!(!p.exists(), "{} is removed at shutdown", p.display());
+    }
     let e = Connection::connect(&addr, TIMEOUT)
         .await
         .err()
@@ -197,7 +211,7 @@ async fn file_server_over_network() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("nested/dir/blocks.dat");
     serve_over_network(MediumKind::File { path: path.clone() }).await;
-    assert_eq!(std::fs::metadata(&path).unwrap().len(), 4 * u64::from(BS));
+    assert!(!path.exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -442,15 +456,11 @@ async fn registers_and_heartbeats() {
         vec![Some(7)],
         "registered before start returns"
     );
-    let regs = meta.registrations();
-    let MetaRequest::Register(got) = &regs[0] else {
-        panic!("not a registration: {regs:?}")
-    };
     assert_eq!(
-        regs,
+        meta.registrations(),
         vec![MetaRequest::Register(nodekernel_proto::ServerSpec {
-            identity: got.identity.clone(),
-            incarnation: got.incarnation,
+            identity: srv.identity().to_string(),
+            incarnation: srv.incarnation(),
             addr: srv.local_addr().to_string(),
             class: 2,
             class_name: "fast".into(),
@@ -842,4 +852,391 @@ async fn a_closed_hand_over_connection_gives_its_slot_back() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert_eq!(region.writers_in_flight(0), Some(0));
+}
+
+// ---------------------------------------------------------------------------
+// Data directories and block files: exclusive use, modes, identity, clean-up.
+
+use crate::datadir::{IDENTITY_FILE, IDENTITY_LEN, LOCK_FILE};
+use crate::DataDirConfig;
+use std::path::{Path, PathBuf};
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+/// A file server of `blocks` blocks in data directory `dir`, block file
+/// `blocks` there.
+fn in_dir(dir: &Path, blocks: u64) -> StoreConfig {
+    StoreConfig {
+        data_dir: DataDirConfig::At(dir.to_path_buf()),
+        ..cfg(
+            MediumKind::File {
+                path: PathBuf::from("blocks"),
+            },
+            blocks,
+        )
+    }
+}
+
+/// The message and every cause, as `anyhow` prints them with `{:#}`.
+fn chain_text(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cur = c.source();
+    }
+    text
+}
+
+fn is_identity(s: &str) -> bool {
+    s.len() == IDENTITY_LEN && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_data_dir_is_refused_naming_it_and_left_alone() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("d");
+    let first = StorageServer::start(in_dir(&dir, 2)).await.unwrap();
+    assert_eq!(first.data_dir(), Some(dir.as_path()));
+    assert_eq!(first.block_file(), Some(dir.join("blocks").as_path()));
+    let c = Connection::connect(&first.local_addr().to_string(), TIMEOUT)
+        .await
+        .unwrap();
+    write(&c, 1, 1, 0, b"first's bytes").await.unwrap();
+
+    for medium in [
+        MediumKind::Dram,
+        MediumKind::File {
+            path: PathBuf::from("other-blocks"),
+        },
+    ] {
+        let e = StorageServer::start(StoreConfig {
+            data_dir: DataDirConfig::At(dir.clone()),
+            ..cfg(medium, 2)
+        })
+        .await
+        .unwrap_err();
+        let text = e.to_string();
+        let pid = std::process::id();
+        assert!(
+            matches!(&e, StoreError::Locked { path, holder: Some(h), .. }
+                if *path == dir && *h == pid),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("data directory {}", dir.display()))
+                && text.contains(&format!("pid {pid}"))
+                && text.contains("--data-dir"),
+            "{text}"
+        );
+        assert_eq!(Error::from(e).code, ErrorCode::Busy);
+    }
+    assert!(
+        !dir.join("other-blocks").exists(),
+        "the refused start made nothing"
+    );
+    assert_eq!(
+        std::fs::metadata(dir.join("blocks")).unwrap().len(),
+        2 * u64::from(BS),
+        "and truncated nothing"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join(LOCK_FILE)).unwrap(),
+        format!("{}\n", std::process::id())
+    );
+    assert_eq!(
+        read(&c, 1, 1, 0, 13).await.unwrap(),
+        b"first's bytes" as &[u8],
+        "the first server keeps serving its bytes"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_file_in_use_is_refused_and_not_truncated() {
+    let t = tempfile::tempdir().unwrap();
+    let path = t.path().join("shared.blocks");
+    let file = |blocks| cfg(MediumKind::File { path: path.clone() }, blocks);
+    let first = StorageServer::start(file(2)).await.unwrap();
+    assert_eq!(first.data_dir(), None);
+    let c = Connection::connect(&first.local_addr().to_string(), TIMEOUT)
+        .await
+        .unwrap();
+    let data: Vec<u8> = (0..BS).map(|i| (i % 253) as u8).collect();
+    write(&c, 1, 1, 0, &data).await.unwrap();
+
+    // Another server (same or other size) must not truncate or resize it.
+    for blocks in [2, 1] {
+        let e = StorageServer::start(file(blocks)).await.unwrap_err();
+        let text = e.to_string();
+        assert!(
+            matches!(&e, StoreError::Locked { path: p, .. } if *p == path),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("block file {}", path.display()))
+                && text.contains(&format!("pid {}", std::process::id())),
+            "{text}"
+        );
+    }
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 2 * u64::from(BS));
+    assert_eq!(read(&c, 1, 1, 0, BS).await.unwrap(), data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn created_files_are_0600_and_directories_0700() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("a/b");
+    let srv = StorageServer::start(in_dir(&dir, 1)).await.unwrap();
+    for d in [t.path().join("a"), dir.clone()] {
+        assert_eq!(mode(&d), 0o700, "{}", d.display());
+    }
+    for f in [LOCK_FILE, IDENTITY_FILE, "blocks"] {
+        assert_eq!(mode(&dir.join(f)), 0o600, "{f}");
+    }
+    drop(srv);
+
+    // A block file named by its path, in new directories.
+    let path = t.path().join("x/y/blocks");
+    let _srv = StorageServer::start(cfg(MediumKind::File { path: path.clone() }, 1))
+        .await
+        .unwrap();
+    assert_eq!(mode(&t.path().join("x")), 0o700);
+    assert_eq!(mode(&t.path().join("x/y")), 0o700);
+    assert_eq!(mode(&path), 0o600);
+
+    // An existing block file is made private before it holds blocks.
+    let old = t.path().join("old.blocks");
+    std::fs::write(&old, b"x").unwrap();
+    std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let srv = StorageServer::start(cfg(MediumKind::File { path: old.clone() }, 1))
+        .await
+        .unwrap();
+    assert_eq!(mode(&old), 0o600);
+    srv.shutdown();
+    assert!(old.exists(), "a block file that existed before is kept");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn private_data_dirs_are_unique_and_removed_at_shutdown() {
+    let private = || StoreConfig {
+        data_dir: DataDirConfig::Private,
+        ..cfg(
+            MediumKind::File {
+                path: PathBuf::from("blocks"),
+            },
+            1,
+        )
+    };
+    let a = StorageServer::start(private()).await.unwrap();
+    let b = StorageServer::start(private()).await.unwrap();
+    let (da, db) = (
+        a.data_dir().unwrap().to_path_buf(),
+        b.data_dir().unwrap().to_path_buf(),
+    );
+    assert_ne!(da, db);
+    assert_ne!(a.identity(), b.identity());
+    // SAFETY: geteuid has no preconditions.
+    let base = std::env::temp_dir().join(format!("nodekernel-{}", unsafe { libc::geteuid() }));
+    for d in [&da, &db] {
+        assert_eq!(d.parent(), Some(base.as_path()), "{}", d.display());
+        assert_eq!(mode(d), 0o700);
+        assert!(d.join("blocks").exists());
+    }
+    assert_eq!(mode(&base) & 0o077, 0, "the base is private too");
+    a.shutdown();
+    assert!(!da.exists(), "removed at shutdown");
+    assert!(db.join("blocks").exists(), "the other one is untouched");
+    drop(b);
+    assert!(!db.exists(), "removed when dropped");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identity_is_kept_in_the_data_dir_and_the_lock_freed_at_shutdown() {
+    let t = tempfile::tempdir().unwrap();
+    let (d1, d2) = (t.path().join("one"), t.path().join("two"));
+    let first = StorageServer::start(in_dir(&d1, 1)).await.unwrap();
+    let id = first.identity().to_string();
+    assert!(is_identity(&id), "{id}");
+    assert_eq!(
+        std::fs::read_to_string(d1.join(IDENTITY_FILE)).unwrap(),
+        format!("{id}\n")
+    );
+    let incarnation = first.incarnation();
+
+    // After shutdown (the handle still alive) the directory is free.
+    first.shutdown();
+    assert!(
+        !d1.join("blocks").exists(),
+        "the block file goes at shutdown"
+    );
+    assert!(d1.join(LOCK_FILE).exists() && d1.join(IDENTITY_FILE).exists());
+    let second = StorageServer::start(in_dir(&d1, 1)).await.unwrap();
+    assert_eq!(second.identity(), id, "same directory, same identity");
+    assert_ne!(second.incarnation(), incarnation, "a new incarnation");
+    drop(second);
+    drop(first);
+    let third = StorageServer::start(in_dir(&d1, 2)).await.unwrap();
+    assert_eq!(third.identity(), id);
+
+    let other = StorageServer::start(in_dir(&d2, 1)).await.unwrap();
+    assert!(is_identity(other.identity()));
+    assert_ne!(other.identity(), id, "another directory, another identity");
+
+    // Without a data directory: a fresh identity every start.
+    let a = StorageServer::start(cfg(MediumKind::Dram, 1))
+        .await
+        .unwrap();
+    let b = StorageServer::start(cfg(MediumKind::Dram, 1))
+        .await
+        .unwrap();
+    assert!(is_identity(a.identity()) && is_identity(b.identity()));
+    assert_ne!(a.identity(), b.identity());
+    assert_eq!(a.data_dir(), None);
+
+    // A damaged identity refuses to start, naming the file, and is kept.
+    drop(other);
+    std::fs::write(d2.join(IDENTITY_FILE), b"not an identity\n").unwrap();
+    let e = StorageServer::start(in_dir(&d2, 1)).await.unwrap_err();
+    let text = e.to_string();
+    assert!(
+        matches!(e, StoreError::Identity { .. })
+            && text.contains(&d2.join(IDENTITY_FILE).display().to_string()),
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::read(d2.join(IDENTITY_FILE)).unwrap(),
+        b"not an identity\n"
+    );
+    assert!(!d2.join("blocks").exists());
+}
+
+/// A port in use, so that a start fails after its medium was created.
+fn busy_port() -> (std::net::TcpListener, String) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    (l, addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_start_leaves_nothing_behind() {
+    let t = tempfile::tempdir().unwrap();
+    let (_l, busy) = busy_port();
+
+    // A new data directory, in new parents.
+    let dir = t.path().join("new/data");
+    let mut c = in_dir(&dir, 1);
+    c.listen = busy.clone();
+    let e = StorageServer::start(c).await.unwrap_err();
+    assert!(matches!(e, StoreError::Listen { .. }), "{e}");
+    assert!(
+        !t.path().join("new").exists(),
+        "nothing of new/data is left"
+    );
+
+    // A block file named by its path.
+    let path = t.path().join("x/blocks");
+    let mut c = cfg(MediumKind::File { path: path.clone() }, 1);
+    c.listen = busy.clone();
+    StorageServer::start(c).await.unwrap_err();
+    assert!(!t.path().join("x").exists(), "no block file is left");
+
+    // A registration that fails: the same.
+    let unreachable = busy_port().1;
+    let mut c = in_dir(&dir, 1);
+    c.metas = vec![unreachable];
+    c.rpc_timeout = Duration::from_millis(50);
+    let e = StorageServer::start(c).await.unwrap_err();
+    assert!(matches!(e, StoreError::Register { .. }), "{e}");
+    assert!(!t.path().join("new").exists());
+
+    // An existing data directory keeps what it had, and only that.
+    let srv = StorageServer::start(in_dir(&dir, 1)).await.unwrap();
+    let id = srv.identity().to_string();
+    drop(srv);
+    std::fs::write(dir.join("blocks"), b"left by a crash").unwrap();
+    let mut c = in_dir(&dir, 1);
+    c.listen = busy;
+    StorageServer::start(c).await.unwrap_err();
+    let mut left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, [LOCK_FILE, "blocks", IDENTITY_FILE]);
+    assert_eq!(
+        std::fs::read_to_string(dir.join(IDENTITY_FILE)).unwrap(),
+        format!("{id}\n")
+    );
+    // The next start reuses the directory.
+    let srv = StorageServer::start(in_dir(&dir, 1)).await.unwrap();
+    assert_eq!(srv.identity(), id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discard_removes_what_the_start_created() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("new");
+    let srv = StorageServer::start(in_dir(&dir, 1)).await.unwrap();
+    let addr = srv.local_addr().to_string();
+    srv.discard();
+    assert!(!dir.exists());
+    assert!(Connection::connect(&addr, TIMEOUT).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn os_errors_appear_once_in_the_message() {
+    let t = tempfile::tempdir().unwrap();
+    let not_dir = t.path().join("plain-file");
+    std::fs::write(&not_dir, b"").unwrap();
+    let (_l, busy) = busy_port();
+    let mut listen = cfg(MediumKind::Dram, 1);
+    listen.listen = busy;
+    for (c, errno) in [
+        (in_dir(&not_dir.join("d"), 1), libc::ENOTDIR),
+        (
+            cfg(
+                MediumKind::File {
+                    path: not_dir.join("blocks"),
+                },
+                1,
+            ),
+            libc::ENOTDIR,
+        ),
+        (listen, libc::EADDRINUSE),
+    ] {
+        let e = StorageServer::start(c).await.unwrap_err();
+        let text = chain_text(&e);
+        let os = std::io::Error::from_raw_os_error(errno).to_string();
+        assert_eq!(text.matches(&os).count(), 1, "{text}");
+        assert_eq!(text.matches("os error").count(), 1, "{text}");
+    }
+}
+
+/// Creating the medium (prefaulting DRAM, preallocating a file) runs off
+/// the async workers: other tasks of a one-thread runtime run meanwhile.
+#[tokio::test(flavor = "current_thread")]
+async fn start_does_not_hold_the_async_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    for medium in [
+        MediumKind::Dram,
+        MediumKind::File {
+            path: dir.path().join("blocks"),
+        },
+    ] {
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        tokio::spawn(async move { r.store(true, Ordering::SeqCst) });
+        let _srv = StorageServer::start(cfg(medium, 64)).await.unwrap();
+        assert!(
+            ran.load(Ordering::SeqCst),
+            "another task ran during the start"
+        );
+    }
 }

@@ -43,7 +43,7 @@ pub fn config(dram: u64, file: u64, dir: &TempDir) -> Config {
     // Heartbeats every 100 ms: generous on a loaded machine.
     cfg.meta.dead_after_ms = 3_000;
     cfg.client.timeout_ms = 2_000;
-    cfg.up.data_dir = dir.path().to_path_buf();
+    cfg.up.data_dir = Some(dir.path().to_path_buf());
     cfg.up.dram = ByteSize(dram);
     cfg.up.file = ByteSize(file);
     cfg

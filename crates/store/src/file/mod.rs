@@ -106,6 +106,7 @@ pub(crate) use engine::block_on;
 pub use engine::Keepalive;
 
 use crate::config::FileIoConfig;
+use crate::datadir::BlockFile;
 use crate::medium::{check_range, AsyncMedium, IoFuture, Medium};
 use crate::StoreError;
 use buf::{AlignedBuf, BufPool};
@@ -184,6 +185,10 @@ pub struct FileMedium {
     stripes: Box<[Arc<Mutex<()>>]>,
     /// Recycled bounce buffers.
     pool: BufPool,
+    /// The locked descriptor (the lock lives as long as it is open; `file`
+    /// may be a second, `O_DIRECT` descriptor) and what creating the file
+    /// created. `None` only while the medium is being set up.
+    footprint: Option<BlockFile>,
 }
 
 impl FileMedium {
@@ -194,9 +199,17 @@ impl FileMedium {
     }
 
     /// Creates (or truncates) the file at `path`, creating parent
-    /// directories, preallocates `size` bytes (rounded up to [`ALIGN`]) and
-    /// starts the I/O engine. Previous contents are discarded so that bytes
-    /// of an earlier run can never be served.
+    /// directories (mode 0700), preallocates `size` bytes (rounded up to
+    /// [`ALIGN`]) and starts the I/O engine. Previous contents are discarded
+    /// so that bytes of an earlier run can never be served.
+    ///
+    /// The file is locked for exclusive use (`flock`) before anything is
+    /// truncated, and stays locked until the medium is dropped: a file in
+    /// use by another medium (of any process) gives
+    /// [`StoreError::Locked`] and is left untouched. The file gets mode
+    /// 0600. On failure, a file (and directories) this call created are
+    /// removed again. Dropping the medium leaves the file in place (a
+    /// [`StorageServer`](crate::StorageServer) removes it when it stops).
     pub fn create_with(
         path: &Path,
         size: u64,
@@ -215,22 +228,45 @@ impl FileMedium {
                 format!("{size} bytes exceeds the largest file offset"),
             )
         })?;
-        let file = create_file(path, file_len)?;
-        let (file, direct) = if io.direct {
+        let locked = crate::datadir::lock_block_file(path)?;
+        match FileMedium::set_up(&locked, size, file_len, io) {
+            Ok(mut m) => {
+                m.footprint = Some(locked);
+                Ok(m)
+            }
+            Err(e) => {
+                // Still locked here: nobody else can have taken it over.
+                locked.undo();
+                Err(e)
+            }
+        }
+    }
+
+    /// Sizes the locked file and starts the engine.
+    fn set_up(
+        locked: &BlockFile,
+        size: u64,
+        file_len: u64,
+        io: &FileIoConfig,
+    ) -> Result<FileMedium, StoreError> {
+        let path = locked.path.as_path();
+        prepare_file(&locked.lock, path, file_len)?;
+        let file = if io.direct {
             match open_direct(path) {
-                Ok(f) => (f, true),
+                Ok(f) => Some(Arc::new(f)),
                 Err(e) => {
                     tracing::info!(
                         "{}: O_DIRECT is not available here ({e}); using buffered I/O",
                         path.display()
                     );
-                    (file, false)
+                    None
                 }
             }
         } else {
-            (file, false)
+            None
         };
-        let file = Arc::new(file);
+        let direct = file.is_some();
+        let file = file.unwrap_or_else(|| locked.lock.clone());
         let uring = if io.io_uring {
             match uring::Uring::new(file.clone(), io.queue_depth) {
                 Ok(u) => Some(u),
@@ -278,7 +314,13 @@ impl FileMedium {
             align: if direct { ALIGN } else { 1 },
             stripes: (0..STRIPES).map(|_| Arc::new(Mutex::new(()))).collect(),
             pool: BufPool::new(io.queue_depth as usize * 2),
+            footprint: None,
         })
+    }
+
+    /// The lock and creation record, for the server's clean-up.
+    pub(crate) fn footprint(&self) -> Option<BlockFile> {
+        self.footprint.clone()
     }
 
     pub fn path(&self) -> &Path {
@@ -421,18 +463,10 @@ fn stripe(sector: u64) -> usize {
     (sector.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - STRIPES.trailing_zeros())) as usize
 }
 
-fn create_file(path: &Path, len: u64) -> Result<File, StoreError> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| StoreError::io("create directory", dir, e))?;
-    }
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(path)
-        .map_err(|e| StoreError::io("open", path, e))?;
-    file.set_len(len)
+/// Empties the locked file and preallocates `len` bytes.
+fn prepare_file(file: &File, path: &Path, len: u64) -> Result<(), StoreError> {
+    file.set_len(0)
+        .and_then(|()| file.set_len(len))
         .map_err(|e| StoreError::io("size", path, e))?;
     let off_len = libc::off_t::try_from(len).map_err(|_| {
         StoreError::config(
@@ -460,7 +494,7 @@ fn create_file(path: &Path, len: u64) -> Result<File, StoreError> {
             ))
         }
     }
-    Ok(file)
+    Ok(())
 }
 
 /// Opens `path` with `O_DIRECT` and proves that aligned I/O works on it
