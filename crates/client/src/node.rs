@@ -389,52 +389,42 @@ impl Node {
         fresh_from: u64,
         exclusive: bool,
     ) -> Result<()> {
-        self.write_raw(lease, alloc_from, offset, data, fresh_from, exclusive)
-            .await
-            .map_err(|e| self.ctx(e))
-    }
-
-    async fn write_raw(
-        &self,
-        lease: u64,
-        alloc_from: u64,
-        offset: u64,
-        data: &[u8],
-        fresh_from: u64,
-        exclusive: bool,
-    ) -> Result<()> {
-        if data.is_empty() {
-            return Ok(());
-        }
-        let bs = self.block_size();
-        let (first, last) = (offset / bs, (offset + data.len() as u64 - 1) / bs);
-        let start = {
-            let locs = self.locs.lock().expect("locs lock");
-            let missing = |i: u64| locs.get(i as usize).is_none_or(|l| l.is_none());
-            match (first..=last).find(|i| missing(*i)) {
-                // Walk back over the missing blocks before it: a known
-                // block exists on the server, so the map may start after it.
-                Some(mut m) => {
-                    while m > alloc_from && missing(m - 1) {
-                        m -= 1;
-                    }
-                    m
-                }
-                None => first,
+        let write = async {
+            if data.is_empty() {
+                return Ok(());
             }
+            let bs = self.block_size();
+            let (first, last) = (offset / bs, (offset + data.len() as u64 - 1) / bs);
+            let start = {
+                let locs = self.locs.lock().expect("locs lock");
+                let missing = |i: u64| locs.get(i as usize).is_none_or(|l| l.is_none());
+                match (first..=last).find(|i| missing(*i)) {
+                    // Walk back over the missing blocks before it: a known
+                    // block exists on the server, so the map may start after it.
+                    Some(mut m) => {
+                        while m > alloc_from && missing(m - 1) {
+                            m -= 1;
+                        }
+                        m
+                    }
+                    None => first,
+                }
+            };
+            self.ensure_locations(start, last, Some(lease)).await?;
+            let io = &self.client.inner.io;
+            let segs = self.segments(offset, data.len());
+            stream::iter(segs.into_iter().map(|s| {
+                let start = s.index * bs;
+                let whole =
+                    s.offset == 0 && start >= fresh_from && (exclusive || s.len as u64 == bs);
+                let data = &data[s.at..s.at + s.len];
+                io.write(self, s.index, s.loc, s.offset, data, whole)
+            }))
+            .buffer_unordered(self.client.config().transfers_in_flight.max(1))
+            .try_collect::<()>()
+            .await
         };
-        self.ensure_locations(start, last, Some(lease)).await?;
-        let io = &self.client.inner.io;
-        let segs = self.segments(offset, data.len());
-        stream::iter(segs.into_iter().map(|s| {
-            let start = s.index * bs;
-            let whole = s.offset == 0 && start >= fresh_from && (exclusive || s.len as u64 == bs);
-            let data = &data[s.at..s.at + s.len];
-            io.write(self, s.index, s.loc, s.offset, data, whole)
-        }))
-        .buffer_unordered(self.client.config().transfers_in_flight.max(1))
-        .try_collect::<()>()
-        .await
+        write.await.map_err(|e| self.ctx(e))
     }
 
     /// Appends `data` at the end. Bytes become visible to other readers at

@@ -85,11 +85,10 @@ impl Default for MetaConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetaError {
-    #[error("cannot listen on {addr}")]
-    Bind {
-        addr: String,
-        source: std::io::Error,
-    },
+    /// The cause is part of the message (and not a `source()`), so a
+    /// printed chain names the OS error once.
+    #[error("cannot listen on {addr}: {error}")]
+    Bind { addr: String, error: std::io::Error },
     #[error("invalid metadata server setting {key}: {reason}")]
     Config { key: &'static str, reason: String },
     #[error(transparent)]
@@ -289,9 +288,9 @@ impl MetaServer {
         }
         let listener = TcpListener::bind(&cfg.listen)
             .await
-            .map_err(|source| MetaError::Bind {
+            .map_err(|error| MetaError::Bind {
                 addr: cfg.listen.clone(),
-                source,
+                error,
             })?;
         let first_gen = SystemTime::now()
             .duration_since(UNIX_EPOCH)

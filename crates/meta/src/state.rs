@@ -995,6 +995,21 @@ impl<'a> Draft<'a> {
         self.end_moves(node, 0);
     }
 
+    /// Frees the blocks of `n` from block `keep` on (and their moves).
+    fn truncate(&mut self, n: &crate::namespace::Node, keep: u64) {
+        if (n.blocks.len() as u64) <= keep {
+            return;
+        }
+        for b in &n.blocks[keep as usize..] {
+            self.free(*b);
+        }
+        self.end_moves(n.id, keep);
+        self.push(Effect::BlocksTruncated {
+            node: n.id,
+            len: keep,
+        });
+    }
+
     /// Gives up the moves of blocks `from..` of `node` (their blocks are
     /// being freed).
     fn end_moves(&mut self, node: NodeId, from: u64) {
@@ -1180,15 +1195,7 @@ impl<'a> Draft<'a> {
             let blocks = n.blocks.len();
             if blocks > budget {
                 // Free what the budget allows, from the end.
-                let keep = blocks - budget;
-                for b in &n.blocks[keep..] {
-                    self.free(*b);
-                }
-                self.end_moves(id, keep as u64);
-                self.push(Effect::BlocksTruncated {
-                    node: id,
-                    len: keep as u64,
-                });
+                self.truncate(n, (blocks - budget) as u64);
                 break;
             }
             budget -= blocks;
@@ -1384,14 +1391,7 @@ impl<'a> Draft<'a> {
             // A closed node keeps only the blocks its bytes need: blocks
             // handed out but never filled (an empty put, a write cut short)
             // go back.
-            let keep = size.div_ceil(bs);
-            if (n.blocks.len() as u64) > keep {
-                for b in &n.blocks[keep as usize..] {
-                    self.free(*b);
-                }
-                self.end_moves(node, keep);
-                self.push(Effect::BlocksTruncated { node, len: keep });
-            }
+            self.truncate(n, size.div_ceil(bs));
             self.push(Effect::LeaseCleared { node });
         } else {
             self.renew(node, lease, now);
@@ -1451,14 +1451,7 @@ impl<'a> Draft<'a> {
             self.free_node_blocks(node);
             self.push(Effect::Dropped { ids: vec![node] });
         } else {
-            let keep = n.size.div_ceil(self.bs());
-            if (n.blocks.len() as u64) > keep {
-                for b in &n.blocks[keep as usize..] {
-                    self.free(*b);
-                }
-                self.end_moves(node, keep);
-                self.push(Effect::BlocksTruncated { node, len: keep });
-            }
+            self.truncate(n, n.size.div_ceil(self.bs()));
             self.push(Effect::LeaseCleared { node });
         }
         Ok(Reply::Done)

@@ -110,7 +110,7 @@ pub(crate) fn check_range(off: u64, len: usize, size: u64) -> io::Result<usize> 
 
 /// DRAM medium: the data part of a shared [`Region`], a sealed memfd mapped
 /// shared into this process that also holds the per-block generations and
-/// writer counters.
+/// the writer slots.
 ///
 /// The block store runs the generation protocol of [`nodekernel_shm`] on the
 /// region directly (see [`BlockStore`](crate::BlockStore)); the
