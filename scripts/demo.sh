@@ -38,6 +38,8 @@ NK_META=$(sed -n 's/.*metadata server at \([^ ]*\).*/\1/p' "$LOG" | head -n 1)
 [[ -n "$NK_META" ]] || { echo "demo: nk up did not report its address" >&2; cat "$WORK/up.err" >&2; exit 1; }
 export NK_META
 cat "$LOG"
+# Readiness is explicit: wait until the storage servers are alive.
+"$NK" status --wait --timeout 120 | head -n 2
 
 now() { date +%s%N; }
 step() {
