@@ -98,8 +98,12 @@ pub enum MetaError {
 struct MetaHandler {
     state: Mutex<MetaState>,
     epoch: Instant,
-    /// Connections to storage servers, for claims and copies.
+    /// Connections to storage servers for claims: every call (connect
+    /// included) is bounded by the claim timeout, so no extra timer runs
+    /// per claim (arming one costs a wake-up of the timer thread).
     stores: ConnectionPool,
+    /// Connections to storage servers for block copies (longer bound).
+    copies: ConnectionPool,
     claim_timeout: Duration,
     /// Claims not acknowledged yet, by storage server address.
     pending: Mutex<BTreeMap<String, Vec<BlockClaim>>>,
@@ -133,24 +137,13 @@ impl MetaHandler {
             by_addr.entry(c.addr.clone()).or_default().push(c);
         }
         let sends = by_addr.into_iter().map(|(addr, claims)| async move {
-            let delivered = tokio::time::timeout(
-                self.claim_timeout,
-                deliver(&self.stores, &addr, &claims),
-            )
-            .await;
-            match delivered {
-                Ok(Ok(())) => {}
-                outcome => {
-                    let why = match outcome {
-                        Ok(Err(e)) => e.to_string(),
-                        _ => format!("no answer within {:?}", self.claim_timeout),
-                    };
-                    tracing::warn!(
-                        "could not claim {} block(s) on storage server {addr} ({why}); retrying in the background",
-                        claims.len()
-                    );
-                    self.keep_pending(addr, claims);
-                }
+            if let Err(e) = deliver(&self.stores, &addr, &claims).await {
+                tracing::warn!(
+                    "could not claim {} block(s) on storage server {addr} within {:?} ({e}); retrying in the background",
+                    claims.len(),
+                    self.claim_timeout
+                );
+                self.keep_pending(addr, claims);
             }
         });
         futures::future::join_all(sends).await;
@@ -302,7 +295,8 @@ impl MetaServer {
         let handler = Arc::new(MetaHandler {
             state: Mutex::new(state),
             epoch: Instant::now(),
-            stores: ConnectionPool::new(cfg.dead_after.min(Duration::from_secs(5))),
+            stores: ConnectionPool::new(cfg.claim_timeout),
+            copies: ConnectionPool::new(cfg.dead_after.min(Duration::from_secs(5))),
             claim_timeout: cfg.claim_timeout,
             pending: Mutex::new(BTreeMap::new()),
             reap: Notify::new(),
@@ -408,7 +402,7 @@ impl MetaServer {
                 };
                 let mut buf = BytesMut::new();
                 req.encode(&mut buf);
-                h.stores.call(&dst.addr, req.op(), &[&buf]).await.map(drop)
+                h.copies.call(&dst.addr, req.op(), &[&buf]).await.map(drop)
             }
             Err(e) => Err(e),
         };

@@ -154,6 +154,7 @@ impl Layout {
     }
 
     /// Lane words in all (`slots * lanes_per_slot`).
+    #[inline]
     pub fn lane_count(&self) -> usize {
         self.slots as usize * self.lanes_per_slot as usize
     }

@@ -167,15 +167,19 @@ pub trait Word {
 }
 
 impl Word for std::sync::atomic::AtomicU64 {
+    #[inline]
     fn load(&self, order: Ordering) -> u64 {
         self.load(order)
     }
+    #[inline]
     fn store(&self, value: u64, order: Ordering) {
         self.store(value, order)
     }
+    #[inline]
     fn swap(&self, value: u64, order: Ordering) -> u64 {
         self.swap(value, order)
     }
+    #[inline]
     fn compare_exchange(
         &self,
         current: u64,
@@ -185,9 +189,11 @@ impl Word for std::sync::atomic::AtomicU64 {
     ) -> Result<u64, u64> {
         self.compare_exchange(current, new, success, failure)
     }
+    #[inline]
     fn fetch_add(&self, value: u64, order: Ordering) -> u64 {
         self.fetch_add(value, order)
     }
+    #[inline]
     fn fetch_sub(&self, value: u64, order: Ordering) -> u64 {
         self.fetch_sub(value, order)
     }

@@ -279,6 +279,7 @@ impl Region {
     /// `offset` must be 8-aligned, lie inside one of the word areas of the
     /// validated layout (state word, lanes, generation words), and that
     /// word must only ever be accessed atomically, by every process.
+    #[inline]
     unsafe fn word_at(&self, offset: u64) -> &AtomicU64 {
         // SAFETY: the caller's contract puts the word inside the mapping
         // (which lives as long as `self`), 8-aligned (the mapping is page
@@ -617,10 +618,12 @@ fn slot_lanes(layout: &Layout, slot: u32) -> Lanes {
 impl Memory for Region {
     type Word = AtomicU64;
 
+    #[inline]
     fn fence(&self, order: Ordering) {
         fence(order);
     }
 
+    #[inline]
     fn generation_word(&self, block: u32) -> &AtomicU64 {
         assert!(block < self.layout.num_blocks, "block {block} out of range");
         let at = self.layout.ctrl_offset + u64::from(block) * self.layout.ctrl_stride;
@@ -630,6 +633,7 @@ impl Memory for Region {
         unsafe { self.word_at(at) }
     }
 
+    #[inline]
     fn lane(&self, index: usize) -> &AtomicU64 {
         assert!(
             index < self.layout.lane_count(),
@@ -642,16 +646,19 @@ impl Memory for Region {
         unsafe { self.word_at(at) }
     }
 
+    #[inline]
     fn lane_count(&self) -> usize {
         self.layout.lane_count()
     }
 
+    #[inline]
     fn waiting(&self) -> &AtomicU64 {
         // SAFETY: the waiting count is a word of the validated layout's
         // state words, 8-aligned, only ever accessed atomically.
         unsafe { self.word_at(self.layout.waiting_offset()) }
     }
 
+    #[inline]
     fn slot_waiting(&self, slot: u32) -> &AtomicU64 {
         assert!(slot < self.layout.slots, "slot {slot} out of range");
         let at = self.layout.waits_offset() + 8 * u64::from(slot);
@@ -661,15 +668,18 @@ impl Memory for Region {
         unsafe { self.word_at(at) }
     }
 
+    #[inline]
     fn wake_seq(&self) -> u32 {
         self.wake_word().load(Ordering::SeqCst)
     }
 
+    #[inline]
     fn wake_all(&self) {
         self.wake_word().fetch_add(1, Ordering::SeqCst);
         futex_wake_all(self.wake_word());
     }
 
+    #[inline]
     fn wait(&self, seq: u32) {
         futex_wait(self.wake_word(), seq);
     }
