@@ -101,7 +101,8 @@ impl Up {
             .status()
             .unwrap()
             .success());
-        let deadline = Instant::now() + Duration::from_secs(10);
+        // Generous: only catches a hang.
+        let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
                 assert!(status.success(), "nk up exits cleanly on SIGTERM: {status}");

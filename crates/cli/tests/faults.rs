@@ -52,6 +52,13 @@ fn start(args: &[&str], config: Option<&Path>, meta: Option<&str>, ready: &str) 
     (Proc(child), last)
 }
 
+/// `nk args` as a client of the cluster at `meta` with config file `config`.
+fn nk_cmd(meta: &str, config: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(NK);
+    c.args(args).env("NK_META", meta).env("NK_CONFIG", config);
+    c
+}
+
 struct Cluster {
     meta: String,
     config: tempfile::NamedTempFile,
@@ -79,11 +86,7 @@ impl Cluster {
     }
 
     fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(NK);
-        c.args(args)
-            .env("NK_META", &self.meta)
-            .env("NK_CONFIG", self.config.path());
-        c
+        nk_cmd(&self.meta, self.config.path(), args)
     }
 
     fn nk(&self, args: &[&str]) -> Output {
@@ -237,14 +240,7 @@ fn readiness_is_explicit() {
         None,
         "metadata server listening on",
     );
-    let nk = |args: &[&str]| {
-        Command::new(NK)
-            .args(args)
-            .env("NK_META", &addr)
-            .env("NK_CONFIG", &cfg)
-            .output()
-            .unwrap()
-    };
+    let nk = |args: &[&str]| nk_cmd(&addr, &cfg, args).output().unwrap();
     let o = nk(&["status", "--wait", "--timeout", "1"]);
     assert!(!o.status.success());
     assert!(
@@ -261,10 +257,7 @@ fn readiness_is_explicit() {
         stderr(&o)
     );
     // A store that starts later: --wait returns once it is alive.
-    let waiter = Command::new(NK)
-        .args(["status", "--wait", "--json"])
-        .env("NK_META", &addr)
-        .env("NK_CONFIG", &cfg)
+    let waiter = nk_cmd(&addr, &cfg, &["status", "--wait", "--json"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -408,14 +401,7 @@ fn a_killed_storage_server_loses_only_its_blocks() {
         Some(&addr),
         "storage server 0",
     );
-    let nk = |args: &[&str]| {
-        Command::new(NK)
-            .args(args)
-            .env("NK_META", &addr)
-            .env("NK_CONFIG", &cfg)
-            .output()
-            .unwrap()
-    };
+    let nk = |args: &[&str]| nk_cmd(&addr, &cfg, args).output().unwrap();
     let a = dir.path().join("a.bin");
     let b = dir.path().join("b.bin");
     std::fs::write(&a, vec![0xAA; 3 << 20]).unwrap();

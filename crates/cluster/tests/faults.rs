@@ -17,8 +17,8 @@ const HANG: Duration = Duration::from_secs(120);
 /// Reads one reply frame, or `None` if the server closed the connection.
 async fn read_reply(s: &mut TcpStream) -> Option<(u64, u16, Vec<u8>)> {
     let mut h = [0u8; HEADER_LEN];
-    let r = tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut h)).await;
-    match r.expect("server answers or closes within 5 s") {
+    let r = tokio::time::timeout(HANG, s.read_exact(&mut h)).await;
+    match r.expect("server answers or closes") {
         Ok(_) => {}
         Err(_) => return None,
     }

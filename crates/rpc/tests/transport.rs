@@ -10,11 +10,14 @@ use nodekernel_rpc::{
     Connection, Handler, ServeOptions, ServerHandle,
 };
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// op 1: echo after the number of milliseconds in the first payload byte;
-/// op 2: echo at once; op 3: an error naming the payload length.
+/// op 2: echo at once; op 3: an error naming the payload length; op 4:
+/// echo once the test opens [`GATE`].
 struct Echo;
+
+static GATE: tokio::sync::Notify = tokio::sync::Notify::const_new();
 
 impl Handler for Echo {
     async fn handle(&self, op: u16, payload: Bytes, out: &mut BytesMut) -> Result<()> {
@@ -30,6 +33,11 @@ impl Handler for Echo {
                 Ok(())
             }
             3 => Err(Error::not_found(format!("{} bytes", payload.len()))),
+            4 => {
+                GATE.notified().await;
+                out.extend_from_slice(&payload);
+                Ok(())
+            }
             _ => Err(Error::protocol("unknown op")),
         }
     }
@@ -104,26 +112,26 @@ async fn replies_complete_out_of_order_and_match_their_requests() {
     for (spin, kind) in spins_and_kinds() {
         let (_server, conn) = pair(spin, kind).await;
         let conn = Arc::new(conn);
+        // A request that completes only when the test says so.
         let slow = {
             let c = conn.clone();
-            tokio::spawn(async move {
-                let t = Instant::now();
-                let r = c.call(1, &[&[200u8, 1, 2, 3]]).await.unwrap();
-                (r, t.elapsed())
-            })
+            tokio::spawn(async move { c.call(4, &[&[200u8, 1, 2, 3]]).await.unwrap() })
         };
         tokio::time::sleep(Duration::from_millis(20)).await;
-        // The fast request sent after the slow one is not stuck behind it.
-        let t = Instant::now();
-        let fast = conn.call(2, &[b"fast"]).await.unwrap();
-        let fast_time = t.elapsed();
+        // The fast request sent after the slow one is not stuck behind it:
+        // it completes while the slow one still waits.
+        let fast = tokio::time::timeout(Duration::from_secs(120), conn.call(2, &[b"fast"]))
+            .await
+            .expect("the fast call is stuck behind the slow one")
+            .unwrap();
         assert_eq!(&fast[..], b"fast");
-        let (slow_reply, slow_time) = slow.await.unwrap();
-        assert_eq!(&slow_reply[..], &[200u8, 1, 2, 3]);
         assert!(
-            fast_time < slow_time,
-            "{kind:?}, spin {spin:?}: {fast_time:?} vs {slow_time:?}"
+            !slow.is_finished(),
+            "{kind:?}, spin {spin:?}: the slow call finished first"
         );
+        GATE.notify_one();
+        let slow_reply = slow.await.unwrap();
+        assert_eq!(&slow_reply[..], &[200u8, 1, 2, 3]);
     }
 }
 
