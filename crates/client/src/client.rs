@@ -30,7 +30,7 @@ pub struct ClientConfig {
     /// socket instead of TCP (default `true`).
     pub unix_sockets: bool,
     /// How long a caller busy-polls for a reply before parking (0 disables
-    /// spinning; default 50 µs or `NK_POLL_SPIN_US`).
+    /// spinning; default 100 µs or `NK_POLL_SPIN_US`).
     pub poll_spin: Duration,
     /// Sees every block transfer, mapped ones included (per-block access
     /// statistics, metrics); `None` by default.
@@ -46,7 +46,7 @@ impl ClientConfig {
             transfers_in_flight: 16,
             shared_memory: true,
             unix_sockets: true,
-            poll_spin: nodekernel_rpc::default_spin(),
+            poll_spin: nodekernel_rpc::default_call_spin(),
             access_hook: None,
         }
     }

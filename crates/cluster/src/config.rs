@@ -407,7 +407,11 @@ impl Config {
         c.transfers_in_flight = self.client.transfers_in_flight;
         c.shared_memory = self.client.shared_memory;
         c.unix_sockets = self.client.unix_socket;
-        c.poll_spin = spin(self.client.poll_spin_us);
+        c.poll_spin = self
+            .client
+            .poll_spin_us
+            .map(Duration::from_micros)
+            .unwrap_or_else(nodekernel_rpc::default_call_spin);
         if !self.client.location.is_empty() {
             c.location = self.client.location.clone();
         }
@@ -577,6 +581,26 @@ mod tests {
             1,
             "[[store]] replaces the default pair"
         );
+    }
+
+    /// Unconfigured, a caller waits for its reply with the call budget
+    /// (a reply can include a server's own round trip) and servers poll
+    /// idle connections with the shorter one.
+    #[test]
+    fn default_spin_budgets() {
+        let c = parse("").unwrap();
+        assert_eq!(
+            c.client_config().poll_spin,
+            nodekernel_rpc::default_call_spin()
+        );
+        assert_eq!(c.meta_config().poll_spin, nodekernel_rpc::default_spin());
+        if std::env::var_os("NK_POLL_SPIN_US").is_none() {
+            assert_eq!(
+                nodekernel_rpc::default_call_spin(),
+                Duration::from_micros(100)
+            );
+            assert_eq!(nodekernel_rpc::default_spin(), Duration::from_micros(50));
+        }
     }
 
     #[test]

@@ -64,7 +64,7 @@ impl ConnOptions {
     pub fn new(timeout: Duration) -> Self {
         ConnOptions {
             timeout,
-            spin: crate::default_spin(),
+            spin: crate::default_call_spin(),
         }
     }
 }
