@@ -209,10 +209,8 @@ impl Node {
 
     async fn check_range(&self, offset: u64, len: usize) -> Result<()> {
         let end = offset.checked_add(len as u64).ok_or_else(|| {
-            Error::out_of_range(format!(
-                "{}: offset {offset} + length {len} overflows",
-                self.path
-            ))
+            // `read_at` names the path.
+            Error::out_of_range(format!("offset {offset} + length {len} overflows"))
         })?;
         if end <= self.size() {
             return Ok(());
@@ -224,8 +222,7 @@ impl Node {
         };
         if end > size {
             return Err(Error::out_of_range(format!(
-                "{}: read of {len} bytes at offset {offset} goes past the end (size {size})",
-                self.path
+                "read of {len} bytes at offset {offset} goes past the end (size {size})"
             )));
         }
         Ok(())

@@ -514,6 +514,20 @@ impl BufferedWriter {
         node.set_written(written);
         node.close().await
     }
+
+    /// Gives up writing: drops the unsent bytes, waits for the slice
+    /// writes already sent (their outcome no longer matters), then
+    /// releases the write lease without publishing ([`Node::abort`]): a
+    /// put leaves nothing behind, a File keeps what its last sync published.
+    pub async fn abort(mut self) -> Result<()> {
+        self.current = Vec::new();
+        while let Some(task) = self.in_flight.pop_front() {
+            let _ = task.await;
+        }
+        let path = self.node.path().to_string();
+        let node = Arc::try_unwrap(self.node).map_err(|_| still_shared(&path))?;
+        node.abort().await
+    }
 }
 
 /// A finished slice task always releases the node first (see

@@ -13,8 +13,7 @@ use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// Default metadata server address (clients fall back to it).
-pub const DEFAULT_META: &str = "127.0.0.1:9060";
+pub use nodekernel_client::{ClientSection, DEFAULT_META};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -118,37 +117,6 @@ impl Default for MetaSection {
             partition: 0,
             partitions: 1,
             expect_servers: None,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ClientSection {
-    /// Metadata servers in partition order.
-    pub meta: Vec<String>,
-    pub timeout_ms: u64,
-    pub transfers_in_flight: usize,
-    /// Empty: the host name.
-    pub location: String,
-    /// Map co-located DRAM storage servers' memory (zero-copy data path).
-    pub shared_memory: bool,
-    /// Reach metadata servers on this host over their Unix socket.
-    pub unix_socket: bool,
-    /// Busy-poll budget while waiting for a reply.
-    pub poll_spin_us: Option<u64>,
-}
-
-impl Default for ClientSection {
-    fn default() -> Self {
-        ClientSection {
-            meta: vec![DEFAULT_META.into()],
-            timeout_ms: 5_000,
-            transfers_in_flight: 16,
-            location: String::new(),
-            shared_memory: true,
-            unix_socket: true,
-            poll_spin_us: None,
         }
     }
 }
@@ -402,20 +370,7 @@ impl Config {
     }
 
     pub fn client_config(&self) -> ClientConfig {
-        let mut c = ClientConfig::new(self.client.meta.clone());
-        c.timeout = Duration::from_millis(self.client.timeout_ms);
-        c.transfers_in_flight = self.client.transfers_in_flight;
-        c.shared_memory = self.client.shared_memory;
-        c.unix_sockets = self.client.unix_socket;
-        c.poll_spin = self
-            .client
-            .poll_spin_us
-            .map(Duration::from_micros)
-            .unwrap_or_else(nodekernel_rpc::default_call_spin);
-        if !self.client.location.is_empty() {
-            c.location = self.client.location.clone();
-        }
-        c
+        self.client.to_config()
     }
 
     /// The storage servers `nk up` starts: the `[[store]]` list, or a DRAM

@@ -5,7 +5,7 @@
 #[macro_use]
 mod common;
 
-use common::{pattern, start_on_path, start_with, BS};
+use common::{config, patient, pattern, start_on_path, start_with, BS};
 use nodekernel_client::{Access, AccessHook, Client, CreateOptions, ErrorCode, NodeType};
 use nodekernel_cluster::{ByteSize, Medium, StoreSection};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,7 +28,11 @@ on_both_paths!(#[tokio::test(flavor = "multi_thread", worker_threads = 2)] block
 /// the DRAM and the file tier (the metadata server's test hook) again and
 /// again: the reader and the writer see no error, and every byte is right.
 async fn move_under_io(shared_memory: bool) {
-    let t = start_on_path(8 << 20, 8 << 20, shared_memory).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(8 << 20, 8 << 20, &dir);
+    cfg.client.shared_memory = shared_memory;
+    patient(&mut cfg);
+    let t = start_with(cfg, dir).await;
     let c = &t.client;
     table(c).await;
     let data = pattern(1, 3 * BS as usize);

@@ -437,3 +437,36 @@ async fn overtaking_slices(shared_memory: bool) {
         assert_same(&c.get(&path).await.unwrap(), &data, &path);
     }
 }
+
+on_both_paths!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    aborted_streams_publish_nothing_new => aborted_streams
+);
+
+/// An aborted stream releases the write lease at once (another writer may
+/// open the File) and publishes nothing beyond its last sync; an aborted
+/// put in steps leaves no value.
+async fn aborted_streams(shared_memory: bool) {
+    let t = start(shared_memory).await;
+    let c = &t.client;
+    let wopts = StreamOptions::new(8 * BS as usize, BS as usize).unwrap();
+    let node = c.create("/f", NodeType::File, opts()).await.unwrap();
+    let mut w = BufferedWriter::new(node, wopts).unwrap();
+    let synced = pattern(20, 3 * BS as usize + 5);
+    w.write_all(&synced).await.unwrap();
+    w.sync().await.unwrap();
+    w.write_all(&pattern(21, 5 * BS as usize)).await.unwrap();
+    w.abort().await.unwrap();
+    assert_same(&c.get("/f").await.unwrap(), &synced, "/f after abort");
+    // The lease is free: a new writer opens the File at once.
+    let again = c.open_write("/f").await.unwrap();
+    again.close().await.unwrap();
+
+    c.create("/t", NodeType::Table, opts()).await.unwrap();
+    let kv = c.create("/t/k", NodeType::KeyValue, opts()).await.unwrap();
+    let mut w = BufferedWriter::new(kv, wopts).unwrap();
+    w.write_all(&pattern(22, 2 * BS as usize)).await.unwrap();
+    w.abort().await.unwrap();
+    let e = c.lookup("/t/k").await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotFound, "{e}");
+}

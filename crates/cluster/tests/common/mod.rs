@@ -76,6 +76,15 @@ pub async fn start(dram: u64, file: u64) -> TestCluster {
     start_with(cfg, dir).await
 }
 
+/// For tests where no server dies: every bound only catches a hang, so a
+/// loaded machine (slow heartbeats, slow copies) cannot fail them.
+pub fn patient(cfg: &mut Config) {
+    cfg.meta.dead_after_ms = 600_000;
+    cfg.meta.retire_after_ms = 600_000;
+    cfg.meta.claim_timeout_ms = 120_000;
+    cfg.client.timeout_ms = 120_000;
+}
+
 /// Like [`start`], with clients that map the co-located DRAM server
 /// (`shared_memory`) or reach every server over the network.
 pub async fn start_on_path(dram: u64, file: u64, shared_memory: bool) -> TestCluster {
