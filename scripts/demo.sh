@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds NodeKernel, starts a one-machine cluster (`nk up`), runs a short demo
 # workload through the `nk` CLI (directories, files, a table of KeyValues, a
-# bag), reads everything back, prints what it did and how long each step
-# took, then stops the cluster.
+# bag), reads everything back, uses the same cluster from Python (the
+# nodekernel package and its fsspec filesystem, in .venv), prints what it did
+# and how long each step took, then stops the cluster.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +14,7 @@ fi
 
 echo "== building (release) =="
 cargo build --release --bin nk
+./scripts/python-env.sh --release
 NK="$PWD/target/release/nk"
 
 WORK=$(mktemp -d)
@@ -82,6 +84,22 @@ echo "\$ nk ls /demo/cache";   "$NK" ls /demo/cache
 echo "\$ nk ls /demo/shuffle"; "$NK" ls /demo/shuffle
 echo "\$ nk stat /demo/jobs/job1/input.bin"; "$NK" stat /demo/jobs/job1/input.bin
 echo "\$ nk status";           "$NK" status
+echo
+echo "== the same cluster from Python (nodekernel + fsspec, .venv) =="
+.venv/bin/python - <<'PY'
+import fsspec
+import nodekernel
+
+with nodekernel.connect() as nk:  # finds the cluster through NK_META
+    cache = nodekernel.Table(nk, "/demo/cache")
+    print("  Table /demo/cache from Python:", {k: cache[k] for k in sorted(cache)})
+    cache["from-python"] = b"written by Python"
+fs = fsspec.filesystem("nk")
+with fs.open("/demo/jobs/job1/report.txt", "wb") as f:
+    f.write(b"fsspec wrote this\n")
+print("  fsspec ls /demo/jobs/job1:", sorted(fs.ls("/demo/jobs/job1", detail=False)))
+print("  fsspec cat report.txt:", fs.cat("/demo/jobs/job1/report.txt"))
+PY
 echo
 step "mv /demo/jobs/job1 /demo/done" "$NK" mv /demo/jobs/job1 /demo/done
 step "rm -r /demo" "$NK" rm -r /demo

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, and every test in the workspace.
-# Works on a fresh machine of the project's kind (Rust via rustup is preinstalled).
+# Works on a fresh machine of the project's kind (Rust via rustup and CPython
+# are preinstalled; the Python packages go into .venv, see python-env.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,3 +25,9 @@ echo "== loom model check of the shared-memory protocol (about a minute) =="
 # Its own target directory: --cfg loom rebuilds every dependency.
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
     cargo test -p nodekernel-shm --release --locked --test loom
+echo "== Python package: build into .venv, ruff, pytest =="
+./scripts/python-env.sh
+.venv/bin/ruff check crates/py scripts
+.venv/bin/ruff format --check crates/py scripts
+# The tests start clusters with target/debug/nk (built by cargo test above).
+.venv/bin/python -m pytest crates/py/tests -q

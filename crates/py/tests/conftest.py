@@ -1,0 +1,131 @@
+"""Fixtures: a real NodeKernel cluster (`nk up` on port 0) per test session."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+STARTUP_TIMEOUT_S = 120  # only catches a hang; startup normally takes a second
+
+
+def nk_binary() -> str:
+    """`NK_BIN`, else the workspace's debug build, else its release build."""
+    if os.environ.get("NK_BIN"):
+        return os.environ["NK_BIN"]
+    for profile in ("debug", "release"):
+        p = ROOT / "target" / profile / "nk"
+        if p.exists():
+            return str(p)
+    found = shutil.which("nk")
+    if found:
+        return found
+    pytest.exit("no nk binary: run `cargo build -p nodekernel-cli` or set NK_BIN", 2)
+
+
+class Cluster:
+    """A `nk up` process with its own data directory."""
+
+    def __init__(self, dram: str = "1GiB", extra: tuple[str, ...] = ()):
+        self.dir = tempfile.mkdtemp(prefix="nk-py-")
+        self.bin = nk_binary()
+        self.log = open(os.path.join(self.dir, "up.log"), "w+")
+        self.proc = subprocess.Popen(
+            [
+                self.bin,
+                "up",
+                "--port",
+                "0",
+                "--dram",
+                dram,
+                "--file",
+                "0",
+                "--data-dir",
+                os.path.join(self.dir, "data"),
+                *extra,
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.meta = self._wait_for_address()
+        subprocess.run(
+            [
+                self.bin,
+                "status",
+                "--wait",
+                "--timeout",
+                str(STARTUP_TIMEOUT_S),
+                "--meta",
+                self.meta,
+            ],
+            check=True,
+            capture_output=True,
+        )
+
+    def _wait_for_address(self) -> str:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            self.log.seek(0)
+            m = re.search(r"metadata server at (\S+)", self.log.read())
+            if m:
+                return m.group(1)
+            if self.proc.poll() is not None:
+                self.log.seek(0)
+                raise RuntimeError(f"nk up exited: {self.log.read()}")
+            time.sleep(0.05)
+        raise RuntimeError("nk up did not print its address")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    c = Cluster()
+    old = os.environ.get("NK_META")
+    os.environ["NK_META"] = c.meta
+    yield c
+    if old is None:
+        os.environ.pop("NK_META", None)
+    else:
+        os.environ["NK_META"] = old
+    c.stop()
+
+
+@pytest.fixture(scope="session")
+def nk_meta(cluster) -> str:
+    """The session cluster's metadata server address (also in NK_META)."""
+    return cluster.meta
+
+
+_counter = 0
+
+
+@pytest.fixture
+def nk_dir(nk_meta) -> str:
+    """A fresh, empty directory path in the session cluster."""
+    import nodekernel
+
+    global _counter
+    _counter += 1
+    path = f"/t{os.getpid()}_{_counter}"
+    with nodekernel.connect(nk_meta) as c:
+        c.mkdir(path)
+    return path

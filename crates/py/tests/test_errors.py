@@ -1,0 +1,112 @@
+"""Every wire error code maps to a `nodekernel.Error` subclass and, where one
+matches, a builtin; real failures raise the right class with path and code."""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+import pytest
+
+import nodekernel
+from nodekernel import _native, errors
+
+BUILTIN = {
+    "NotFound": (FileNotFoundError, errno.ENOENT),
+    "AlreadyExists": (FileExistsError, errno.EEXIST),
+    "NotEmpty": (OSError, errno.ENOTEMPTY),
+    "TypeMismatch": (OSError, errno.EINVAL),
+    "InvalidPath": (ValueError, None),
+    "Busy": (OSError, errno.EBUSY),
+    "Stale": (OSError, errno.ESTALE),
+    "NoSpace": (OSError, errno.ENOSPC),
+    "OutOfRange": (ValueError, None),
+    "CrossPartition": (OSError, errno.EXDEV),
+    "Unavailable": (ConnectionError, errno.ECONNREFUSED),
+    "DataLost": (OSError, errno.EIO),
+    "Protocol": (OSError, errno.EPROTO),
+    "Timeout": (TimeoutError, errno.ETIMEDOUT),
+    "InvalidArgument": (ValueError, None),
+    "Internal": (Exception, None),
+    "LeaseExpired": (OSError, errno.ESTALE),
+    "UnknownServer": (ConnectionError, errno.ECONNREFUSED),
+    "TryAgain": (BlockingIOError, errno.EAGAIN),
+    "WrongPartition": (Exception, None),
+    "VersionMismatch": (ConnectionError, errno.EPROTO),
+}
+
+
+def test_the_table_covers_every_wire_code():
+    assert sorted(name for _, name in _native.error_codes()) == sorted(BUILTIN)
+
+
+@pytest.mark.parametrize("code", sorted(BUILTIN))
+def test_code_maps_to_its_class(code):
+    exc = errors._from_code(code, "message text", "/some/path")
+    builtin, errno_value = BUILTIN[code]
+    assert type(exc) is errors.BY_CODE[code]
+    assert type(exc).__name__ == code and getattr(nodekernel, code) is type(exc)
+    assert isinstance(exc, nodekernel.Error) and isinstance(exc, builtin)
+    assert exc.code == code and exc.path == "/some/path" and exc.message == "message text"
+    if errno_value is not None:
+        assert exc.errno == errno_value and exc.filename == "/some/path"
+    assert code in str(exc) and "message text" in str(exc)
+    with pytest.raises(builtin):
+        raise exc
+
+
+@pytest.fixture
+def nk(nk_meta):
+    with nodekernel.connect(nk_meta) as c:
+        yield c
+
+
+def test_real_failures_raise_their_class(nk, nk_dir):
+    with pytest.raises(nodekernel.NotFound) as e:
+        nk.get(f"{nk_dir}/missing")
+    assert e.value.path == f"{nk_dir}/missing" and e.value.code == "NotFound"
+    nk.mkdir(f"{nk_dir}/d")
+    with pytest.raises(FileExistsError):
+        nk.mkdir(f"{nk_dir}/d")
+    with nk.create(f"{nk_dir}/d/f") as f:
+        f.write(b"x")
+    with pytest.raises(nodekernel.NotEmpty) as e:
+        nk.delete(f"{nk_dir}/d")
+    assert e.value.errno == errno.ENOTEMPTY
+    with pytest.raises(nodekernel.TypeMismatch):
+        nk.put(f"{nk_dir}/d/kv", b"KeyValues live in Tables")
+    with pytest.raises(nodekernel.TypeMismatch):
+        nk.get(f"{nk_dir}/d")
+    with pytest.raises(nodekernel.InvalidPath):
+        nk.mkdir("relative/path")
+    with pytest.raises(ValueError):
+        nk.stat(f"{nk_dir}//double")
+
+
+def test_second_writer_is_busy(nk, nk_dir):
+    p = f"{nk_dir}/f"
+    with nk.open(p, "wb") as w:
+        w.write(b"x")
+        with pytest.raises(nodekernel.Busy):
+            nk.open(p, "ab")
+
+
+def test_replaced_value_is_stale_for_an_old_handle(nk, nk_dir):
+    t = f"{nk_dir}/t"
+    nk.mkdir(t, type="table")
+    nk.put(f"{t}/k", b"old")
+    handle = nk.lookup(f"{t}/k")
+    nk.put(f"{t}/k", b"new")
+    with pytest.raises(nodekernel.Stale) as e:
+        handle.read()
+    assert e.value.errno == errno.ESTALE
+    assert nk.get(f"{t}/k") == b"new"
+
+
+def test_unreachable_server_is_unavailable():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ConnectionError) as e:
+        nodekernel.connect(f"127.0.0.1:{port}")
+    assert isinstance(e.value, nodekernel.Error)
