@@ -302,48 +302,60 @@ fn writable_target(obj: &Bound<'_, PyAny>) -> PyResult<Target> {
     })
 }
 
-/// Bytes to store: a `bytes` object is used in place (it is immutable and
-/// held for the call); any other bytes-like object is copied once.
+/// Bytes to store, borrowed for the call where possible: a `bytes`
+/// object (immutable) or a writable C-contiguous buffer (bytearray,
+/// `BytesIO.getbuffer()`, NumPy, pinned through ctypes like
+/// [`writable_target`]) is used in place; any other bytes-like object
+/// (a read-only memoryview, ...) is copied once.
 struct Input {
-    _keep: Py<PyBytes>,
+    _keep: Py<PyAny>,
     addr: usize,
     len: usize,
 }
 
 impl Input {
     fn new(obj: &Bound<'_, PyAny>) -> PyResult<Input> {
-        let bytes = match obj.cast::<PyBytes>() {
-            Ok(b) => b.clone(),
-            Err(_) => {
-                let py = obj.py();
-                let view = py
-                    .import("builtins")?
-                    .getattr("memoryview")?
-                    .call1((obj,))
-                    .map_err(|_| {
-                        PyTypeError::new_err(format!(
-                            "expected a bytes-like object (bytes, bytearray, memoryview, NumPy array), not {}",
-                            type_name(obj)
-                        ))
-                    })?;
-                let b = view.call_method0("tobytes")?;
-                view.call_method0("release")?;
-                b.cast_into::<PyBytes>()?
-            }
+        if let Ok(b) = obj.cast::<PyBytes>() {
+            let data = b.as_bytes();
+            return Ok(Input {
+                addr: data.as_ptr() as usize,
+                len: data.len(),
+                _keep: b.clone().into_any().unbind(),
+            });
+        }
+        let not_bytes = || {
+            PyTypeError::new_err(format!(
+                "expected a bytes-like object (bytes, bytearray, memoryview, NumPy array), not {}",
+                type_name(obj)
+            ))
         };
-        let data = bytes.as_bytes();
-        Ok(Input {
-            addr: data.as_ptr() as usize,
-            len: data.len(),
-            _keep: bytes.unbind(),
-        })
+        let py = obj.py();
+        let view = py
+            .import("builtins")?
+            .getattr("memoryview")?
+            .call1((obj,))
+            .map_err(|_| not_bytes())?;
+        let borrowable = !view.getattr("readonly")?.extract::<bool>()?
+            && view.getattr("c_contiguous")?.extract::<bool>()?;
+        if borrowable {
+            view.call_method0("release")?;
+            let t = writable_target(obj)?;
+            return Ok(Input {
+                _keep: t._keep,
+                addr: t.addr,
+                len: t.len,
+            });
+        }
+        let b = view.call_method0("tobytes")?;
+        view.call_method0("release")?;
+        Input::new(&b)
     }
 
     fn data(&self) -> &[u8] {
-        // SAFETY: `_keep` holds the immutable bytes object.
         if self.len == 0 {
             return &[];
         }
+        // SAFETY: `_keep` holds the object (and its export) for the call.
         unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
     }
 }

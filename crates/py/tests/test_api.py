@@ -3,6 +3,7 @@ files, Tables, Bags, zero-copy reads."""
 
 from __future__ import annotations
 
+import io
 import mmap
 import os
 import subprocess
@@ -62,6 +63,13 @@ def test_put_get_replace_delete(nk, nk_dir):
     nk.put(f"{t}/ba", bytearray(b"from bytearray"))
     nk.put(f"{t}/mv", memoryview(b"from memoryview"))
     nk.put(f"{t}/np", np.arange(10, dtype=np.int64))
+    b = io.BytesIO(b"from a BytesIO buffer")
+    view = b.getbuffer()  # writable: borrowed for the call, not copied
+    nk.put(f"{t}/bio", view)
+    view.release()
+    nk.put(f"{t}/ro", memoryview(np.arange(3, dtype=np.uint8)).toreadonly())  # copied
+    assert nk.get(f"{t}/bio") == b"from a BytesIO buffer"
+    assert nk.get(f"{t}/ro") == bytes([0, 1, 2])
     assert nk.get(f"{t}/ba") == b"from bytearray"
     assert nk.get(f"{t}/mv") == b"from memoryview"
     assert np.frombuffer(nk.get(f"{t}/np"), dtype=np.int64).tolist() == list(range(10))
@@ -70,7 +78,7 @@ def test_put_get_replace_delete(nk, nk_dir):
     assert not nk.exists(f"{t}/k")
     nk.move(f"{t}/ba", f"{t}/moved")
     assert nk.get(f"{t}/moved") == b"from bytearray"
-    assert sorted(nk.ls(t)) == ["moved", "mv", "np"]
+    assert sorted(nk.ls(t)) == ["bio", "moved", "mv", "np", "ro"]
 
 
 def test_readinto_numpy_and_memoryview(nk, nk_dir):

@@ -192,6 +192,22 @@ def test_cat_ranges_and_buffered_reads(fs, nk_dir):
         f.seek(len(data) + 10)
         assert f.read(10) == b""
     assert fs.read_block(path, 1_000_000, 500) == data[1_000_000:1_000_500]
+    # Reads of a block or more bypass the read-ahead cache (one copy);
+    # mixed with small reads, every byte still comes from the right place.
+    with fs.open(path, "rb", block_size=1 << 20) as f:
+        assert f.read(10) == data[:10]  # small: fills the cache
+        assert f.read(3 << 20) == data[10 : 10 + (3 << 20)]  # starts in the cache
+        pos = f.tell()
+        assert f.read(2 << 20) == data[pos : pos + (2 << 20)]  # straight from the handle
+        f.seek(5_000_001)
+        buf = bytearray(2 << 20)
+        assert f.readinto(buf) == len(buf)
+        assert bytes(buf) == data[5_000_001 : 5_000_001 + len(buf)]
+        assert f.tell() == 5_000_001 + len(buf)
+        f.seek(len(data) - 100)
+        assert f.readinto(bytearray(2 << 20)) == 100  # small at the end: the cache path
+        f.seek(len(data) - (1 << 20) - 7)
+        assert f.read() == data[-(1 << 20) - 7 :]
 
 
 def test_append_and_exclusive_open(fs, nk_dir):

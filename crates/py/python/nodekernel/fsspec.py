@@ -500,6 +500,41 @@ class NodeKernelFile(AbstractBufferedFile):
             **kwargs,
         )
 
+    def read(self, length=-1):
+        """Reads of at least a block that the cache does not hold go
+        straight to the handle: one copy, into the returned `bytes`.
+        (fsspec's read-ahead cache would fetch a block more and join the
+        pieces: two more full copies.) Smaller reads use the cache."""
+        if self.mode != "rb" or self.closed or self._cached(self.loc):
+            return super().read(length)
+        left = max(self.size - self.loc, 0)
+        length = left if length is None or length < 0 else min(length, left)
+        if length < self.blocksize:
+            return super().read(length)
+        data = self._fetch_range(self.loc, self.loc + length)
+        self.loc += len(data)
+        return data
+
+    def readinto(self, b):
+        """Large reads fill `b` straight from the handle (no extra copy)."""
+        if self.mode != "rb" or self.closed or self._cached(self.loc):
+            return super().readinto(b)
+        out = memoryview(b).cast("B")
+        n = min(len(out), max(self.size - self.loc, 0))
+        if n < self.blocksize:
+            return super().readinto(b)
+        with self._lock:
+            self._handle.seek(self.loc)
+            got = self._handle.readinto(out[:n])
+        self.loc += got
+        return got
+
+    def _cached(self, loc: int) -> bool:
+        """Whether the read-ahead cache holds the byte at `loc`."""
+        c = self.cache
+        start, end = getattr(c, "start", 0), getattr(c, "end", 0)
+        return start <= loc < end
+
     def _fetch_range(self, start, end):
         end = min(end, self.size)
         if start >= end:
