@@ -155,17 +155,25 @@ def test_pyarrow_parquet_with_fsspec_filesystem(nk_dir, tmp_path):
 def dask_client(cluster):
     """Two worker processes (they inherit NK_META from the test process)."""
     distributed = pytest.importorskip("distributed")
-    with (
-        distributed.LocalCluster(
-            n_workers=2,
-            processes=True,
-            threads_per_worker=1,
-            dashboard_address=":0",
-            death_timeout=HANG_TIMEOUT_S,
-        ) as lc,
-        distributed.Client(lc, timeout=HANG_TIMEOUT_S) as client,
-    ):
+    lc = distributed.LocalCluster(
+        n_workers=2,
+        processes=True,
+        threads_per_worker=1,
+        dashboard_address=":0",
+        death_timeout=HANG_TIMEOUT_S,
+    )
+    client = distributed.Client(lc, timeout=HANG_TIMEOUT_S)
+    try:
         yield client
+    finally:
+        client.close(timeout=HANG_TIMEOUT_S)
+        try:
+            lc.close(timeout=HANG_TIMEOUT_S)
+        except TimeoutError:
+            # distributed waits only 5 s for a worker process to exit; on a
+            # loaded 2-core machine that can run out after the job's results
+            # were checked. The nanny has killed the process by then.
+            pass
 
 
 def _dask_job(client, src: str, dst: str) -> pd.DataFrame:
