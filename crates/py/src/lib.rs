@@ -114,9 +114,6 @@ fn failure(code: ErrorCode, message: String, path: &str) -> Failure {
     }
 }
 
-/// A failure that is a Python exception already (a bad buffer, ...).
-struct PyFailure(PyErr);
-
 static ERROR_FACTORY: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 impl Failure {
@@ -142,10 +139,11 @@ impl Failure {
     }
 }
 
-/// What an operation body returns: a client failure, or a Python error.
+/// What an operation body returns: a client failure, or a Python
+/// exception already (a bad buffer, ...).
 enum Fail {
     Nk(Failure),
-    Py(PyFailure),
+    Py(PyErr),
 }
 
 impl From<Failure> for Fail {
@@ -156,7 +154,7 @@ impl From<Failure> for Fail {
 
 impl From<PyErr> for Fail {
     fn from(e: PyErr) -> Self {
-        Fail::Py(PyFailure(e))
+        Fail::Py(e)
     }
 }
 
@@ -164,7 +162,7 @@ impl Fail {
     fn into_pyerr(self, py: Python<'_>) -> PyErr {
         match self {
             Fail::Nk(f) => f.into_pyerr(py),
-            Fail::Py(PyFailure(e)) => e,
+            Fail::Py(e) => e,
         }
     }
 }
@@ -1275,13 +1273,6 @@ fn block_value(
     Ok(v.into_pyobject(py)?.unbind())
 }
 
-fn spawn_value<'py>(
-    py: Python<'py>,
-    fut: impl Future<Output = Out<Value>> + Send + 'static,
-) -> PyResult<Bound<'py, PyAny>> {
-    spawn(py, fut)
-}
-
 client_methods!(Client, block_value, Py<PyAny>, false, {
     /// Closes the client; later calls raise ValueError. Open files keep
     /// working until closed.
@@ -1298,7 +1289,7 @@ client_methods!(Client, block_value, Py<PyAny>, false, {
         self.close();
     }
 });
-client_methods!(AsyncClient, spawn_value, Bound<'py, PyAny>, true, {
+client_methods!(AsyncClient, spawn, Bound<'py, PyAny>, true, {
     fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         self.core.closed.store(true, Ordering::Release);
         spawn(py, async { Ok(Value::None) })
