@@ -21,7 +21,6 @@ REQ=crates/py/requirements-dev.txt
 STAMP=.venv/.requirements.sha256
 if ! sha256sum --status -c "$STAMP" 2>/dev/null; then
     echo "== installing Python test dependencies ($REQ) =="
-    .venv/bin/python -m pip install --quiet --upgrade pip
     .venv/bin/python -m pip install --quiet -r "$REQ"
     sha256sum "$REQ" >"$STAMP"
 fi
