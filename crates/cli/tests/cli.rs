@@ -6,7 +6,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-const NK: &str = env!("CARGO_BIN_EXE_nk");
+mod common;
+
+use common::{start_role, NK};
 
 struct Up {
     child: Child,
@@ -493,27 +495,6 @@ fn bench_reports_valid_json() {
     } else {
         assert!(String::from_utf8_lossy(&out.stderr).contains("apt-get install redis-server"));
     }
-}
-
-/// Starts a long-running `nk` role and returns it once it printed a line
-/// containing `ready`; the last word of that line is the address.
-fn start_role(args: &[&str], envs: &[(&str, &str)], ready: &str) -> (Child, String) {
-    let mut cmd = Command::new(NK);
-    cmd.args(args).env_remove("NK_META").env_remove("NK_CONFIG");
-    for (k, v) in envs {
-        cmd.env(k, v);
-    }
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = lines.next().expect("a first line").unwrap();
-    assert!(line.contains(ready), "unexpected first line: {line}");
-    std::thread::spawn(move || for _ in lines {});
-    let addr = line.rsplit(' ').next().unwrap().to_string();
-    (child, addr)
 }
 
 fn stop(mut child: Child) {

@@ -130,7 +130,11 @@ impl Seed for nodekernel_client::Client {
 
 #[tokio::test]
 async fn killed_storage_server_fails_reads_fast_and_spares_the_rest() {
-    let t = common::start(8 << 20, 32 << 20).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = common::config(8 << 20, 32 << 20, &dir);
+    // Declaring the killed server dead is under test (heartbeats: 100 ms).
+    cfg.meta.dead_after_ms = 3_000;
+    let t = common::start_with(cfg, dir).await;
     let c = &t.client;
     let on = |class| CreateOptions {
         storage_class: Some(class),

@@ -5,7 +5,7 @@
 #[macro_use]
 mod common;
 
-use common::{config, patient, pattern, start_on_path, start_with, BS};
+use common::{pattern, start_on_path, start_with, BS};
 use nodekernel_client::{Access, AccessHook, Client, CreateOptions, ErrorCode, NodeType};
 use nodekernel_cluster::{ByteSize, Medium, StoreSection};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,11 +28,7 @@ on_both_paths!(#[tokio::test(flavor = "multi_thread", worker_threads = 2)] block
 /// the DRAM and the file tier (the metadata server's test hook) again and
 /// again: the reader and the writer see no error, and every byte is right.
 async fn move_under_io(shared_memory: bool) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut cfg = config(8 << 20, 8 << 20, &dir);
-    cfg.client.shared_memory = shared_memory;
-    patient(&mut cfg);
-    let t = start_with(cfg, dir).await;
+    let t = start_on_path(8 << 20, 8 << 20, shared_memory).await;
     let c = &t.client;
     table(c).await;
     let data = pattern(1, 3 * BS as usize);
@@ -146,9 +142,8 @@ async fn a_failed_put_leaves_nothing_behind() {
 /// written elsewhere while the value is in the client's hands.
 async fn writes_move_off_a_silently_dead_store(shared_memory: bool) {
     let dir = tempfile::tempdir().unwrap();
+    // The metadata server never notices (the defaults: a long dead-after).
     let mut cfg = common::config(0, 0, &dir);
-    cfg.meta.dead_after_ms = 600_000;
-    cfg.meta.retire_after_ms = 600_000;
     cfg.client.shared_memory = shared_memory;
     cfg.store = (0..2)
         .map(|_| StoreSection {
@@ -194,9 +189,10 @@ async fn black_hole() -> String {
 async fn replies_do_not_wait_on_an_unresponsive_store() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = common::config(64 * BS, 0, &dir);
+    // The timeouts under test: a write to the black hole gives up after
+    // the client's, a claim after the metadata server's.
     cfg.meta.claim_timeout_ms = 200;
-    cfg.meta.dead_after_ms = 600_000;
-    cfg.meta.retire_after_ms = 600_000;
+    cfg.client.timeout_ms = 2_000;
     let t = start_with(cfg, dir).await;
     let c = &t.client;
     // Register the black hole as the only server of class 7.

@@ -3,45 +3,16 @@
 //! payloads, and the same behaviour with and without busy-polling, over
 //! TCP and over Unix sockets (abstract and path-bound).
 
-use bytes::{Bytes, BytesMut};
-use nodekernel_proto::{Error, ErrorCode, Result};
+mod common;
+
+use common::Echo;
+use nodekernel_proto::ErrorCode;
 use nodekernel_rpc::{
     abstract_unix_addr, bind_abstract_unix, bind_unix, serve_unix, serve_with, ConnOptions,
-    Connection, Handler, ServeOptions, ServerHandle,
+    Connection, ServeOptions, ServerHandle,
 };
 use std::sync::Arc;
 use std::time::Duration;
-
-/// op 1: echo after the number of milliseconds in the first payload byte;
-/// op 2: echo at once; op 3: an error naming the payload length; op 4:
-/// echo once the test opens [`GATE`].
-struct Echo;
-
-static GATE: tokio::sync::Notify = tokio::sync::Notify::const_new();
-
-impl Handler for Echo {
-    async fn handle(&self, op: u16, payload: Bytes, out: &mut BytesMut) -> Result<()> {
-        match op {
-            1 => {
-                let ms = payload.first().copied().unwrap_or(0);
-                tokio::time::sleep(Duration::from_millis(ms as u64)).await;
-                out.extend_from_slice(&payload);
-                Ok(())
-            }
-            2 => {
-                out.extend_from_slice(&payload);
-                Ok(())
-            }
-            3 => Err(Error::not_found(format!("{} bytes", payload.len()))),
-            4 => {
-                GATE.notified().await;
-                out.extend_from_slice(&payload);
-                Ok(())
-            }
-            _ => Err(Error::protocol("unknown op")),
-        }
-    }
-}
 
 #[derive(Debug, Clone, Copy)]
 enum Kind {
@@ -74,19 +45,19 @@ async fn pair(spin: Duration, kind: Kind) -> (Server, Connection) {
     let (handle, addr, dir) = match kind {
         Kind::Tcp => {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let h = serve_with(listener, Arc::new(Echo), opts).unwrap();
+            let h = serve_with(listener, Arc::new(Echo::default()), opts).unwrap();
             let addr = h.local_addr().to_string();
             (h, addr, None)
         }
         Kind::AbstractUnix => {
             let (name, listener) = bind_abstract_unix("nk-rpc-test-").unwrap();
-            let h = serve_unix(listener, Arc::new(Echo), opts).unwrap();
+            let h = serve_unix(listener, Arc::new(Echo::default()), opts).unwrap();
             (h, abstract_unix_addr(&name), None)
         }
         Kind::PathUnix => {
             let dir = tempfile::tempdir().unwrap();
             let addr = format!("unix:{}", dir.path().join("s.sock").display());
-            let h = serve_unix(bind_unix(&addr).unwrap(), Arc::new(Echo), opts).unwrap();
+            let h = serve_unix(bind_unix(&addr).unwrap(), Arc::new(Echo::default()), opts).unwrap();
             (h, addr, Some(dir))
         }
     };
@@ -129,7 +100,7 @@ async fn replies_complete_out_of_order_and_match_their_requests() {
             !slow.is_finished(),
             "{kind:?}, spin {spin:?}: the slow call finished first"
         );
-        GATE.notify_one();
+        common::GATE.notify_one();
         let slow_reply = slow.await.unwrap();
         assert_eq!(&slow_reply[..], &[200u8, 1, 2, 3]);
     }

@@ -4,12 +4,10 @@
 use crate::protocol::{self, Write};
 use crate::{Region, SlotLease};
 use nodekernel_proto::{Error, Result};
-use std::future::Future;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
-use std::thread::Thread;
+use std::task::Poll;
 
 /// A second, independent mapping of `r`'s memfd, as a co-located client in
 /// another process gets it, with a client slot of its own and the slot's
@@ -29,28 +27,8 @@ pub fn second_mapping(r: &Arc<Region>) -> Region {
     mapping_with_lease(r).0
 }
 
-/// Runs `f` to completion on this thread (a minimal executor: parks until
-/// woken).
-pub fn block_on<F: Future>(f: F) -> F::Output {
-    struct Unpark(Thread);
-    impl Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-        fn wake_by_ref(self: &Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let mut f = std::pin::pin!(f);
-    loop {
-        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-            return v;
-        }
-        std::thread::park();
-    }
-}
+/// Runs `f` to completion on this thread, parking it while `f` waits.
+pub use futures::executor::block_on;
 
 /// Starts a thread running `op` until it returns false, and waits until it
 /// has completed at least one successful iteration.

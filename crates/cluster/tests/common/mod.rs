@@ -40,9 +40,13 @@ pub fn config(dram: u64, file: u64, dir: &TempDir) -> Config {
     let mut cfg = Config::default();
     cfg.meta.listen = "127.0.0.1:0".into();
     cfg.meta.block_size = ByteSize(BS);
-    // Heartbeats every 100 ms: generous on a loaded machine.
-    cfg.meta.dead_after_ms = 3_000;
-    cfg.client.timeout_ms = 2_000;
+    // Every bound only catches a hang, so a loaded machine (slow
+    // heartbeats, slow copies) cannot fail a test; tests of timeouts and of
+    // dead servers set their own.
+    cfg.meta.dead_after_ms = 600_000;
+    cfg.meta.retire_after_ms = 600_000;
+    cfg.meta.claim_timeout_ms = 120_000;
+    cfg.client.timeout_ms = 120_000;
     cfg.up.data_dir = Some(dir.path().to_path_buf());
     cfg.up.dram = ByteSize(dram);
     cfg.up.file = ByteSize(file);
@@ -74,15 +78,6 @@ pub async fn start(dram: u64, file: u64) -> TestCluster {
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = config(dram, file, &dir);
     start_with(cfg, dir).await
-}
-
-/// For tests where no server dies: every bound only catches a hang, so a
-/// loaded machine (slow heartbeats, slow copies) cannot fail them.
-pub fn patient(cfg: &mut Config) {
-    cfg.meta.dead_after_ms = 600_000;
-    cfg.meta.retire_after_ms = 600_000;
-    cfg.meta.claim_timeout_ms = 120_000;
-    cfg.client.timeout_ms = 120_000;
 }
 
 /// Like [`start`], with clients that map the co-located DRAM server

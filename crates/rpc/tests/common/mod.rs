@@ -40,7 +40,8 @@ pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
 }
 
 /// op 1: echo after the number of milliseconds in the first payload byte;
-/// op 2: echo at once; op 3: an error naming the payload length. Counts the
+/// op 2: echo at once; op 3: an error naming the payload length; op 4:
+/// echo once the test opens [`GATE`]. Counts the
 /// requests being handled and the most handled at once, and records the
 /// first 8 bytes of every payload (the tests' call ids).
 #[derive(Default)]
@@ -49,6 +50,9 @@ pub struct Echo {
     pub most_active: AtomicUsize,
     pub seen: std::sync::Mutex<std::collections::HashSet<u64>>,
 }
+
+/// Opens op 4 of [`Echo`] (`notify_one`: one waiting request).
+pub static GATE: tokio::sync::Notify = tokio::sync::Notify::const_new();
 
 impl Echo {
     /// Whether a request whose payload starts with `id` was handled.
@@ -77,6 +81,11 @@ impl Handler for Echo {
                 Ok(())
             }
             3 => Err(Error::not_found(format!("{} bytes", payload.len()))),
+            4 => {
+                GATE.notified().await;
+                out.extend_from_slice(&payload);
+                Ok(())
+            }
             _ => Err(Error::protocol("unknown op")),
         };
         self.active.fetch_sub(1, Ordering::SeqCst);

@@ -4,11 +4,8 @@ use super::buf::AlignedBuf;
 use super::threads::Pool;
 use super::uring::Uring;
 use std::any::Any;
-use std::future::Future;
 use std::io;
-use std::pin::pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
 use tokio::sync::oneshot;
 
 /// Something that must stay alive until the kernel has finished with a
@@ -96,26 +93,7 @@ pub(crate) fn gone() -> io::Error {
 /// future waits. Used by the synchronous [`Medium`](crate::Medium) methods of
 /// the file medium, whose futures only wait on `tokio::sync` primitives
 /// (which need no runtime) completed by the engine's own threads.
-pub(crate) fn block_on<F: Future>(fut: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
-    impl Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-        fn wake_by_ref(self: &Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let mut fut = pin!(fut);
-    loop {
-        if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
-            return v;
-        }
-        std::thread::park();
-    }
-}
+pub(crate) use futures::executor::block_on;
 
 /// Transfers the whole of `buf` at `off` with positional system calls,
 /// retrying short transfers and `EINTR`.

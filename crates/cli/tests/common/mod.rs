@@ -1,0 +1,29 @@
+//! Helpers shared by the `nk` end-to-end tests.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+pub const NK: &str = env!("CARGO_BIN_EXE_nk");
+
+/// Starts a long-running `nk` role (`up`, `meta`, `store`) with only the
+/// environment `envs` naming a cluster, and returns it once it printed a
+/// first line containing `ready`, with the last word of that line (the
+/// address). Later output is drained so the role never blocks on it.
+pub fn start_role(args: &[&str], envs: &[(&str, &str)], ready: &str) -> (Child, String) {
+    let mut cmd = Command::new(NK);
+    cmd.args(args).env_remove("NK_META").env_remove("NK_CONFIG");
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = lines.next().expect("a first line").unwrap();
+    assert!(line.contains(ready), "unexpected first line: {line}");
+    std::thread::spawn(move || for _ in lines {});
+    let last = line.rsplit(' ').next().unwrap().to_string();
+    (child, last)
+}
