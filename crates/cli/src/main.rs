@@ -5,7 +5,7 @@ mod fs;
 mod servers;
 
 use clap::{Parser, Subcommand};
-use nodekernel_cluster::{ByteSize, Config, DEFAULT_META};
+use nodekernel_cluster::{ByteSize, Config};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -138,20 +138,14 @@ impl Cli {
         })
     }
 
-    /// Client settings: --meta / NK_META, then the config file, then the default.
+    /// Client settings, in the order every front end uses
+    /// (`nodekernel_client::discover`): --meta / NK_META, then the
+    /// `[client]` section of --config / NK_CONFIG, then the default.
     fn client_config(&self) -> anyhow::Result<nodekernel_client::ClientConfig> {
-        let cfg = self.load_config()?;
-        let mut c = cfg.client_config();
-        if let Some(m) = &self.meta {
-            c.metas = m
-                .split(',')
-                .map(|s| s.trim().to_string())
-                .filter(|s| !s.is_empty())
-                .collect();
-        } else if self.config.is_none() {
-            c.metas = vec![DEFAULT_META.to_string()];
-        }
-        Ok(c)
+        Ok(nodekernel_client::discover(
+            self.meta.as_deref(),
+            self.config.as_deref(),
+        )?)
     }
 }
 

@@ -236,13 +236,9 @@ fn new_bytes(py: Python<'_>, len: u64) -> PyResult<Target> {
 }
 
 impl Target {
-    fn into_bytes(self, py: Python<'_>) -> Py<PyBytes> {
-        // Only `new_bytes` targets are turned into bytes.
-        self._keep
-            .into_bound(py)
-            .cast_into::<PyBytes>()
-            .map(Bound::unbind)
-            .unwrap_or_else(|_| PyBytes::new(py, &[]).unbind())
+    /// The `bytes` a [`new_bytes`] target fills.
+    fn into_bytes(self, py: Python<'_>) -> PyResult<Bound<'_, PyBytes>> {
+        Ok(self._keep.into_bound(py).cast_into::<PyBytes>()?)
     }
 }
 
@@ -488,7 +484,7 @@ impl<'py> IntoPyObject<'py> for Value {
             Value::Stats(v) => v.into_pyobject(py)?.into_any(),
             Value::Stat(s) => s.into_pyobject(py)?.into_any(),
             Value::Status(s) => s.into_pyobject(py)?.into_any(),
-            Value::Bytes(t) => t.into_bytes(py).into_bound(py).into_any(),
+            Value::Bytes(t) => t.into_bytes(py)?.into_any(),
             Value::File(f, false) => Bound::new(py, File { f })?.into_any(),
             Value::File(f, true) => Bound::new(py, AsyncFile { f })?.into_any(),
         })
@@ -935,16 +931,10 @@ impl FileCore {
         let got = self.read_locked(&mut st, pos, unsafe { t.slice() }).await?;
         if got < n as usize {
             // A Bag's stream ended early (a File shrank): return what came.
-            let b = Python::attach(|py| {
-                let all = t.into_bytes(py);
-                let part = all.bind(py).as_bytes()[..got].to_vec();
-                new_bytes(py, got as u64).map(|mut x| {
-                    // SAFETY: fresh object, ours alone.
-                    unsafe { x.slice() }.copy_from_slice(&part);
-                    x
-                })
-            })?;
-            return Ok(Value::Bytes(b));
+            let mut short = Python::attach(|py| new_bytes(py, got as u64))?;
+            // SAFETY: both bytes objects are ours alone.
+            unsafe { short.slice().copy_from_slice(&t.slice()[..got]) };
+            return Ok(Value::Bytes(short));
         }
         Ok(Value::Bytes(t))
     }
