@@ -38,8 +38,9 @@
 //!
 //! Waiting never blocks a task's thread, and never polls on a timer or
 //! spins: [`Region::write`] is an `async fn` (for any executor) that is
-//! pending until a lane changes. Whoever frees or changes a lane, in any
-//! process, moves a shared wake sequence and wakes its futex when some
+//! pending until a lane changes (or a newer claim supersedes its own).
+//! Whoever frees or changes a lane, in any process, or supersedes a
+//! settling claim, moves a shared wake sequence and wakes its futex when some
 //! operation waits; one thread per mapping, started at its first wait,
 //! sleeps on that futex and wakes the waiting tasks (see [`protocol`]'s
 //! *Waiting*).

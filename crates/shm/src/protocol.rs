@@ -82,18 +82,21 @@
 //!
 //! A write (or a settle) that cannot go on waits for a lane to change: a
 //! writing lane of its block to be freed or turned claiming, or a lane of
-//! its slot to come free. Nothing is polled on a timer. The waiter
-//! registers in the waiting counts ([`Waiting::new`]), then, each round,
-//! loads the wake sequence, fences (`SeqCst`) and tries again; if it must
-//! still wait, it sleeps until the wake sequence differs from the value it
-//! loaded ([`Memory::wait`]: a futex wait in the real region). Whoever
-//! frees or changes a lane fences (`SeqCst`) and loads the global waiting
-//! count; if it is not zero, it advances the wake sequence and wakes every
-//! sleeper ([`Memory::wake_all`]). Another Dekker pair: either the lane's
-//! change comes before the waiter's try (which then sees it), or the
-//! waiter's registration comes before the load of the count, and the wake
-//! sequence advances after the waiter loaded it (so its sleep ends at
-//! once or is woken).
+//! its slot to come free; a claim that waits also wakes when a newer
+//! claim supersedes it (it then returns `Stale` without waiting for the
+//! old writers, which may hold their lanes for long). Nothing is polled on
+//! a timer. The waiter registers in the waiting counts ([`Waiting::new`]),
+//! then, each round, loads the wake sequence, fences (`SeqCst`) and tries
+//! again; if it must still wait, it sleeps until the wake sequence differs
+//! from the value it loaded ([`Memory::wait`]: a futex wait in the real
+//! region). Whoever frees or changes a lane, or swaps a settling
+//! generation word for a newer claim, fences (`SeqCst`) and loads the
+//! global waiting count; if it is not zero, it advances the wake sequence
+//! and wakes every sleeper ([`Memory::wake_all`]). Another Dekker pair:
+//! either the change comes before the waiter's try (which then sees it),
+//! or the waiter's registration comes before the load of the count, and
+//! the wake sequence advances after the waiter loaded it (so its sleep
+//! ends at once or is woken).
 //!
 //! # Dead processes
 //!
@@ -243,10 +246,10 @@ fn writer_in_flight<M: Memory + ?Sized>(mem: &M, block: u32) -> bool {
     (0..mem.lane_count()).any(|i| mem.lane(i).load(Acquire) == writing)
 }
 
-/// A lane was freed or stopped writing: wakes the waiters, if any. The
-/// fence orders the lane's change before the load of the waiting count
-/// (see [Waiting](self#waiting)).
-fn lane_changed<M: Memory + ?Sized>(mem: &M) {
+/// A lane was freed or stopped writing, or a settling claim superseded:
+/// wakes the waiters, if any. The fence orders the change before the load
+/// of the waiting count (see [Waiting](self#waiting)).
+fn wake_waiters<M: Memory + ?Sized>(mem: &M) {
     mem.fence(SeqCst);
     if mem.waiting().load(SeqCst) != 0 {
         mem.wake_all();
@@ -338,14 +341,22 @@ impl<'a, M: Memory + ?Sized> Write<'a, M> {
             if !self.claiming {
                 self.mem.lane(lane).store(lane_claiming(self.block), SeqCst);
                 self.claiming = true;
-                lane_changed(self.mem);
+                wake_waiters(self.mem);
             }
-            if current < gen
-                && word
+            if current < gen {
+                if word
                     .compare_exchange(w, gen | SETTLING, SeqCst, Relaxed)
                     .is_err()
-            {
-                continue;
+                {
+                    continue;
+                }
+                if w & SETTLING != 0 {
+                    // We superseded a settling claim: its claimers and
+                    // helpers may be waiting for a writer that holds its
+                    // lane for long, and must learn now that the block is
+                    // no longer theirs.
+                    wake_waiters(self.mem);
+                }
             }
             // Dekker with writers: the claim (ours, or the one we loaded)
             // is ordered before our loads of the lanes.
@@ -391,7 +402,7 @@ impl<'a, M: Memory + ?Sized> Write<'a, M> {
             // Release: a claimer that finds the lane free (acquire) sees
             // our copy complete.
             self.mem.lane(l).store(0, Release);
-            lane_changed(self.mem);
+            wake_waiters(self.mem);
         }
     }
 }

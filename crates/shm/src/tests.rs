@@ -193,15 +193,35 @@ const LONGER_THAN_ANY_TIMEOUT: Duration = Duration::from_millis(500);
 /// whether it has returned.
 fn spawn_async<T: Send + 'static>(
     f: impl std::future::Future<Output = T> + Send + 'static,
-) -> (std::thread::JoinHandle<T>, Arc<AtomicBool>) {
+) -> (Spawned<T>, Arc<AtomicBool>) {
     let done = Arc::new(AtomicBool::new(false));
     let flag = done.clone();
-    let t = std::thread::spawn(move || {
+    let thread = std::thread::spawn(move || {
         let v = block_on(f);
         flag.store(true, Ordering::SeqCst);
         v
     });
-    (t, done)
+    let spawned = Spawned {
+        thread,
+        done: done.clone(),
+    };
+    (spawned, done)
+}
+
+/// A thread of [`spawn_async`]: joining it fails the test, rather than
+/// hanging it, if the operation never returns (a lost wake-up).
+struct Spawned<T> {
+    thread: std::thread::JoinHandle<T>,
+    done: Arc<AtomicBool>,
+}
+
+impl<T> Spawned<T> {
+    fn join(self) -> std::thread::Result<T> {
+        wait_until("the operation to return", || {
+            self.done.load(Ordering::SeqCst)
+        });
+        self.thread.join()
+    }
 }
 
 fn wait_until(what: &str, cond: impl Fn() -> bool) {

@@ -405,3 +405,32 @@ fn full_slot_waits_for_a_free_lane() {
         mem.check_quiet(2);
     });
 }
+
+/// A claim by generation 2 waits for an old writer (generation 1) that
+/// holds its lane throughout; a claim by generation 3 supersedes it. The
+/// waiting claim must learn of that and return `Stale` at once, while the
+/// old writer still holds its lane (no lane changes after the newer claim:
+/// only the claim itself can wake it). Then the old writer finishes and
+/// the newest owner writes.
+#[test]
+fn a_newer_claim_wakes_a_superseded_one() {
+    model(|| {
+        let mem = Mem::new(3, 1, 1, 1, 10);
+        let mut old = Write::new(&*mem, mem.lanes_of(0), BLOCK, 1);
+        assert_eq!(old.poll(), Poll::Ready(Ok(())));
+        let superseded = {
+            let mem = mem.clone();
+            thread::spawn(move || mem.write(1, 2, &[0], 20))
+        };
+        let newer = {
+            let mem = mem.clone();
+            thread::spawn(move || mem.write(2, 3, &[0], 30))
+        };
+        assert_eq!(superseded.join().unwrap(), Err(3));
+        mem.copy(0, 11);
+        old.finish();
+        newer.join().unwrap().unwrap();
+        assert_eq!(mem.value(0), 30);
+        mem.check_quiet(3);
+    });
+}
