@@ -326,6 +326,7 @@ pub async fn bench(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<Report> {
             storage_class: a.class,
             local: a.local,
             enumerable: !a.non_enumerable,
+            ..CreateOptions::default()
         },
     });
     setup.mkdir(&plan.root, false).await?;

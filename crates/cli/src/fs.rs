@@ -202,6 +202,7 @@ pub async fn mkdir(
         storage_class: class,
         local: false,
         enumerable: !non_enumerable,
+        ..CreateOptions::default()
     };
     match client.create(&path, ty, opts).await {
         Err(e) if parents && e.code == nodekernel_client::ErrorCode::AlreadyExists => Ok(()),
@@ -229,7 +230,7 @@ pub async fn put(
     let opts = CreateOptions {
         storage_class: class,
         local: local_placement,
-        enumerable: true,
+        ..CreateOptions::default()
     };
     let node = client.create(&path, NodeType::File, opts).await?;
     let pb = progress(total, "put");

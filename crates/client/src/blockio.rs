@@ -58,9 +58,9 @@ pub trait AccessHook: Send + Sync + std::fmt::Debug {
 
 /// How a transfer finds its block again: implemented by the node handle.
 pub(crate) trait Locate {
-    /// Block `index` was `Stale` at `stale`: its current location, or the
-    /// error to surface (the node is gone or replaced, the lease was taken
-    /// over, or the block has not moved).
+    /// Block `index` was `Stale` at `stale`: its current location according
+    /// to the metadata server (which may be `stale` itself), or the error
+    /// to surface (the node is gone or replaced, the lease was taken over).
     fn relocate(
         &self,
         index: u64,
@@ -160,8 +160,12 @@ impl BlockIo {
 
     // ----- one attempt at a known location ----------------------------------
 
+    // `offset` is inside the node's block; a small value's block is a
+    // piece of a storage block, at `loc.offset`.
+
     /// Returns whether the bytes came through mapped memory.
     async fn read_into_once(&self, loc: &BlockLoc, offset: u32, dst: &mut [u8]) -> Result<bool> {
+        let offset = loc.storage_offset(offset)?;
         match self.route(&loc.addr).await? {
             Route::Mapped(m) => {
                 m.region().read(loc.block, loc.gen, offset, dst)?;
@@ -176,6 +180,7 @@ impl BlockIo {
     }
 
     async fn read_once(&self, loc: &BlockLoc, offset: u32, len: usize) -> Result<(Bytes, bool)> {
+        let offset = loc.storage_offset(offset)?;
         match self.route(&loc.addr).await? {
             Route::Mapped(m) => {
                 let mut out = BytesMut::new();
@@ -210,15 +215,16 @@ impl BlockIo {
     /// Writes `data` at `offset` of the block at `loc`, once, without
     /// re-mapping (used for child records, which are best effort).
     pub(crate) async fn write_once(&self, loc: &BlockLoc, offset: u32, data: &[u8]) -> Result<()> {
+        let at = loc.storage_offset(offset)?;
         let mapped = match self.route(&loc.addr).await? {
             Route::Mapped(m) => {
                 // Straight from the caller's buffer into the server's memory.
-                m.region().write(loc.block, loc.gen, offset, data).await?;
+                m.region().write(loc.block, loc.gen, at, data).await?;
                 true
             }
             Route::Network => {
                 let mut prefix = BytesMut::with_capacity(16);
-                encode_write_prefix(&mut prefix, loc.block, loc.gen, offset);
+                encode_write_prefix(&mut prefix, loc.block, loc.gen, at);
                 self.pool
                     .call(&loc.addr, store_op::WRITE, &[&prefix, data])
                     .await?;
@@ -248,12 +254,34 @@ impl BlockIo {
                     return Ok(());
                 }
                 Err(e) if e.code == ErrorCode::Stale && moves < MAX_RELOCATIONS => {
-                    loc = at.relocate(index, &loc, e).await?;
+                    loc = self.follow_for_read(at, index, loc, e).await?;
                     moves += 1;
                 }
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// A read of `stale` got `Stale` (`err`): where to read next. When the
+    /// metadata server says `stale` is still the block's location, the
+    /// storage server is behind it: the claim of a fence is on its way (a
+    /// small value's slab is fenced whenever a neighbouring value is freed,
+    /// and a lookup can overtake that claim). The reader then makes the
+    /// claim itself — it fences only what the metadata server already
+    /// fenced — and reads there again; if the storage server is ahead
+    /// instead (the claim fails), the node's bytes changed hands.
+    async fn follow_for_read(
+        &self,
+        at: &impl Locate,
+        index: u64,
+        stale: BlockLoc,
+        err: Error,
+    ) -> Result<BlockLoc> {
+        let next = at.relocate(index, &stale, err.clone()).await?;
+        if next == stale && self.write_once(&stale, 0, &[]).await.is_err() {
+            return Err(err);
+        }
+        Ok(next)
     }
 
     /// Reads `len` bytes of block `index` (first tried at `loc`) at `offset`.
@@ -273,7 +301,7 @@ impl BlockIo {
                     return Ok(data);
                 }
                 Err(e) if e.code == ErrorCode::Stale && moves < MAX_RELOCATIONS => {
-                    loc = at.relocate(index, &loc, e).await?;
+                    loc = self.follow_for_read(at, index, loc, e).await?;
                     moves += 1;
                 }
                 Err(e) => return Err(e),
@@ -300,7 +328,14 @@ impl BlockIo {
                 Ok(()) => return Ok(()),
                 Err(e) if moves >= MAX_RELOCATIONS => return Err(e),
                 Err(e) if e.code == ErrorCode::Stale => {
-                    loc = at.relocate(index, &loc, e).await?;
+                    // A write with a newer generation claims the block, so
+                    // `Stale` means the storage server is ahead of `loc`.
+                    // Unless the block moved, its bytes changed hands.
+                    let next = at.relocate(index, &loc, e.clone()).await?;
+                    if next == loc {
+                        return Err(e);
+                    }
+                    loc = next;
                     moves += 1;
                 }
                 Err(e) if whole && unreachable(&e) => {

@@ -81,6 +81,11 @@ pub struct CreateOptions {
     pub local: bool,
     /// For Tables: whether children are listed (default true).
     pub enumerable: bool,
+    /// For a KeyValue: the size its writer will write, when known (0:
+    /// unknown). A small value (up to a quarter block) is then stored in a
+    /// piece of a block shared with other small values, and cannot grow
+    /// past that piece. [`Client::put`] sets it.
+    pub size_hint: u64,
 }
 
 impl Default for CreateOptions {
@@ -89,6 +94,7 @@ impl Default for CreateOptions {
             storage_class: None,
             local: false,
             enumerable: true,
+            size_hint: 0,
         }
     }
 }
@@ -246,6 +252,7 @@ impl Client {
                 String::new()
             },
             enumerable: opts.enumerable,
+            size_hint: opts.size_hint,
         };
         let info = self.node_reply(idx, &req).await?;
         if let Some(rec) = &info.record {
@@ -583,9 +590,11 @@ impl Client {
     /// put that fails leaves nothing behind: the new value is dropped and
     /// its blocks freed at once (the old value, if any, stays).
     pub async fn put(&self, p: &str, value: &[u8]) -> Result<()> {
-        let mut node = self
-            .create(p, NodeType::KeyValue, CreateOptions::default())
-            .await?;
+        let opts = CreateOptions {
+            size_hint: value.len() as u64,
+            ..CreateOptions::default()
+        };
+        let mut node = self.create(p, NodeType::KeyValue, opts).await?;
         let written = match node.append(value).await {
             Ok(()) => node.close_in_place().await,
             Err(e) => Err(e),

@@ -521,7 +521,7 @@ impl Node {
 const MOVE_WAIT_MAX: Duration = Duration::from_millis(50);
 
 impl Locate for Node {
-    async fn relocate(&self, index: u64, stale: &BlockLoc, err: Error) -> Result<BlockLoc> {
+    async fn relocate(&self, index: u64, _stale: &BlockLoc, err: Error) -> Result<BlockLoc> {
         // A writer re-maps under its lease: if another writer took over,
         // the answer is `LeaseExpired`, never a location to write on.
         let lease = self.writer.map(|w| w.lease);
@@ -530,12 +530,9 @@ impl Locate for Node {
         loop {
             match self.map(index, 1, lease).await {
                 Ok((_, blocks)) => {
-                    return match blocks.into_iter().next() {
-                        // The block moved (or was fenced): follow it.
-                        Some(b) if b != *stale => Ok(b),
-                        // Still there: the node's bytes changed hands.
-                        _ => Err(err),
-                    };
+                    // Where the block is now: moved or fenced, or still
+                    // `stale` (the block-I/O layer decides what that means).
+                    return blocks.into_iter().next().ok_or(err);
                 }
                 // Being moved right now: wait for the move to end.
                 Err(e) if e.code == ErrorCode::TryAgain && Instant::now() < deadline => {

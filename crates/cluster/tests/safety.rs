@@ -220,6 +220,7 @@ async fn replies_do_not_wait_on_an_unresponsive_store() {
         storage_class: Some(7),
         local: false,
         enumerable: false,
+        ..CreateOptions::default()
     };
     c.create("/hole", NodeType::Table, opts.clone())
         .await

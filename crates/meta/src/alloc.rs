@@ -420,7 +420,7 @@ impl BlockAllocator {
     }
 
     /// Class search order for a preference.
-    fn class_order(&self, preferred: u8) -> Vec<u8> {
+    pub(crate) fn class_order(&self, preferred: u8) -> Vec<u8> {
         let all: Vec<u8> = self.classes.keys().copied().collect();
         if preferred == NO_CLASS {
             return all;
@@ -553,6 +553,12 @@ impl AllocPlan<'_> {
             && (!local_only || self.a.servers[&server].spec.location == location)
     }
 
+    /// Whether `server` may get new data in this plan (alive, not avoided,
+    /// free blocks or not).
+    pub(crate) fn may_use(&self, server: u32) -> bool {
+        self.avoid != Some(server) && self.a.usable(server)
+    }
+
     /// Free blocks left on servers that may get new blocks.
     pub fn usable_free_blocks(&self) -> u64 {
         self.a
@@ -583,7 +589,7 @@ impl AllocPlan<'_> {
         }
     }
 
-    fn allocate_in(&mut self, class: u8, location: &str) -> Option<BlockRef> {
+    pub(crate) fn allocate_in(&mut self, class: u8, location: &str) -> Option<BlockRef> {
         let c = self.a.classes.get(&class)?;
         let n = c.servers.len();
         let next = self.rr.get(&class).copied().unwrap_or(c.next);

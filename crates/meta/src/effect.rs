@@ -16,6 +16,7 @@
 
 use crate::alloc::BlockRef;
 use crate::namespace::{Lease, NewNode, NodeId};
+use crate::slab::Piece;
 use nodekernel_proto::ServerSpec;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,4 +91,18 @@ pub enum Effect {
         index: u64,
         done: bool,
     },
+    /// `block` (taken from its server's free list) becomes a slab of
+    /// `piece_size` pieces, with the block's generation.
+    SlabCreated { block: BlockRef, piece_size: u32 },
+    /// `node` takes `piece` (the next free piece of its slab).
+    PieceTaken { node: NodeId, piece: Piece },
+    /// `piece` is free again (its old owner is being dropped).
+    PieceFreed { piece: Piece },
+    /// The slab in `block` of `server` gets generation `gen`, claimed on
+    /// the server: every location of its pieces with an older generation
+    /// is refused from now on.
+    SlabStamped { server: u32, block: u32, gen: u64 },
+    /// The slab in `block` of `server`, now empty, stops being one; its
+    /// block goes back by the `BlockFreed` effect that follows.
+    SlabReleased { server: u32, block: u32 },
 }

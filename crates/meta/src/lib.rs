@@ -2,6 +2,7 @@
 //!
 //! - [`namespace`]: the node tree and its type rules;
 //! - [`alloc`]: storage servers, free blocks, generations, placement;
+//! - [`slab`]: small values in pieces of shared blocks;
 //! - [`effect`]: the changes a decision makes, the only way state changes;
 //! - [`state`]: all of it plus write leases, decided request by request;
 //! - [`server`]: the thin async shell (decode, lock, decide and apply,
@@ -17,6 +18,7 @@ pub mod alloc;
 pub mod effect;
 pub mod namespace;
 pub mod server;
+pub mod slab;
 pub mod state;
 
 #[cfg(test)]

@@ -16,6 +16,7 @@
 //! delete never holds the state for long.
 
 use crate::alloc::BlockRef;
+use crate::slab::Piece;
 use nodekernel_proto::path;
 use nodekernel_proto::{Error, NodeType, Result, NO_CLASS};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -150,6 +151,8 @@ pub struct Node {
     /// Blocks of the node's data: bytes of a data node, child records of a
     /// container.
     pub blocks: Vec<BlockRef>,
+    /// A small value's piece of a shared block, instead of blocks.
+    pub piece: Option<Piece>,
     /// Children of a container, by full name (the authority on what exists).
     pub children: BTreeMap<String, NodeId>,
     /// Record slots of a container.
@@ -228,6 +231,7 @@ impl Namespace {
             ty: NodeType::Directory,
             size: 0,
             blocks: Vec::new(),
+            piece: None,
             children: BTreeMap::new(),
             slots: SlotTable::default(),
             slot: None,
@@ -519,6 +523,7 @@ impl Namespace {
                 ty: n.ty,
                 size: 0,
                 blocks: Vec::new(),
+                piece: None,
                 children: BTreeMap::new(),
                 slots: SlotTable::default(),
                 slot: None,

@@ -19,6 +19,7 @@
 use crate::alloc::{BlockAllocator, BlockClaim, BlockRef, Registration};
 use crate::effect::Effect;
 use crate::namespace::{stale, Lease, Namespace, NewNode, NodeId, Slot, SlotRef, ROOT};
+use crate::slab::{piece_size_for, Piece, Slabs};
 use nodekernel_proto::meta::{MetaReply, MetaRequest, MAX_MAP_COUNT};
 use nodekernel_proto::path;
 use nodekernel_proto::record::RECORD_SIZE;
@@ -114,6 +115,8 @@ pub struct Outcome {
 pub struct MetaState {
     ns: Namespace,
     alloc: BlockAllocator,
+    /// Blocks shared by small values.
+    slabs: Slabs,
     lease_ms: u64,
     next_lease: u64,
     placement: Placement,
@@ -134,6 +137,7 @@ impl MetaState {
         MetaState {
             ns: Namespace::new(),
             alloc: BlockAllocator::new(block_size, first_gen),
+            slabs: Slabs::default(),
             lease_ms,
             next_lease: 1,
             placement: Placement::default(),
@@ -152,6 +156,10 @@ impl MetaState {
 
     pub fn alloc(&self) -> &BlockAllocator {
         &self.alloc
+    }
+
+    pub fn slabs(&self) -> &Slabs {
+        &self.slabs
     }
 
     /// Liveness (soft state) of the storage servers.
@@ -319,7 +327,10 @@ impl MetaState {
                 }
             }
             Effect::ServerAdded { id, spec } => self.alloc.add_server(*id, spec, 0),
-            Effect::ServerRetired { id } => self.alloc.retire(*id),
+            Effect::ServerRetired { id } => {
+                self.alloc.retire(*id);
+                self.slabs.retire_server(*id);
+            }
             Effect::MoveStarted {
                 node,
                 index,
@@ -353,6 +364,29 @@ impl MetaState {
                     }
                 }
             }
+            Effect::SlabCreated { block, piece_size } => {
+                self.alloc.take(block.server, block.block, block.gen);
+                let class = self.alloc.server_class(block.server).unwrap_or(0);
+                let bs = self.alloc.block_size();
+                self.slabs.create(*block, class, *piece_size, bs);
+            }
+            Effect::PieceTaken { node, piece } => {
+                self.slabs.take(piece, *node);
+                if let Some(n) = self.ns.get_mut(*node) {
+                    n.piece = Some(*piece);
+                }
+            }
+            Effect::PieceFreed { piece } => self.slabs.free(piece),
+            Effect::SlabStamped { server, block, gen } => {
+                self.alloc.bump_gen(*gen);
+                self.slabs.stamp(*server, *block, *gen);
+                self.claim(BlockRef {
+                    server: *server,
+                    block: *block,
+                    gen: *gen,
+                });
+            }
+            Effect::SlabReleased { server, block } => self.slabs.remove(*server, *block),
         }
     }
 
@@ -381,7 +415,16 @@ impl MetaState {
                 storage_class,
                 location,
                 enumerable,
-            } => d.create(path, *ty, *storage_class, location, *enumerable, now)?,
+                size_hint,
+            } => d.create(
+                path,
+                *ty,
+                *storage_class,
+                location,
+                *enumerable,
+                *size_hint,
+                now,
+            )?,
             MetaRequest::Lookup { path } => {
                 self.check_partition(path)?;
                 Reply::Node {
@@ -691,6 +734,14 @@ impl MetaState {
         } else {
             n.size
         };
+        if let Some(p) = &n.piece {
+            let blocks = (index == 0)
+                .then(|| self.piece_loc(p))
+                .flatten()
+                .into_iter()
+                .collect();
+            return MetaReply::Blocks { size, blocks };
+        }
         let end = index.saturating_add(count).min(n.blocks.len() as u64);
         let mut blocks = Vec::new();
         for i in index..end {
@@ -727,7 +778,26 @@ impl MetaState {
             block: b.block,
             gen: b.gen,
             class: self.alloc.server_class(b.server).unwrap_or(0),
+            offset: 0,
         }
+    }
+
+    /// Where a piece is: its slab's block at the slab's generation, `None`
+    /// when its server is dead or gone.
+    fn piece_loc(&self, p: &Piece) -> Option<BlockLoc> {
+        let slab = self.slabs.get(p.server, p.block)?;
+        if !self.alloc.is_alive(p.server) {
+            return None;
+        }
+        let b = BlockRef {
+            server: p.server,
+            block: p.block,
+            gen: slab.gen,
+        };
+        Some(BlockLoc {
+            offset: p.offset(),
+            ..self.loc(&b)
+        })
     }
 
     fn info(&self, id: NodeId, lease: u64) -> NodeInfo {
@@ -750,16 +820,9 @@ impl MetaState {
         } else {
             n.size
         };
-        NodeInfo {
-            id,
-            ty: n.ty,
-            size,
-            block_size: self.alloc.block_size(),
-            storage_class: n.storage_class,
-            location: n.location.clone(),
-            enumerable: n.enumerable,
-            lease,
-            first_block: n
+        let first_block = match &n.piece {
+            Some(p) => self.piece_loc(p),
+            None => n
                 .blocks
                 .first()
                 .filter(|b| {
@@ -768,6 +831,18 @@ impl MetaState {
                         && !self.moves.contains_key(&(id, 0))
                 })
                 .map(|b| self.loc(b)),
+        };
+        NodeInfo {
+            id,
+            ty: n.ty,
+            size,
+            // A small value's one block is its piece.
+            block_size: n.piece.map_or(self.alloc.block_size(), |p| p.size),
+            storage_class: n.storage_class,
+            location: n.location.clone(),
+            enumerable: n.enumerable,
+            lease,
+            first_block,
             record: None,
         }
     }
@@ -777,9 +852,10 @@ impl MetaState {
     #[cfg(test)]
     pub(crate) fn dump(&self) -> String {
         format!(
-            "{}{}next_lease {} lease_ms {} moves {:?}\n",
+            "{}{}{:?}\nnext_lease {} lease_ms {} moves {:?}\n",
             self.ns.dump(),
             self.alloc.dump(),
+            self.slabs,
             self.next_lease,
             self.lease_ms,
             self.moves
@@ -825,6 +901,14 @@ impl MetaState {
             for b in &n.blocks {
                 if self.alloc.server(b.server).is_some() {
                     own(b.server, b.block, b.gen, n.id)?;
+                }
+            }
+            if let Some(p) = &n.piece {
+                if !n.blocks.is_empty() {
+                    return Err(format!("node {} has a piece and blocks", n.id));
+                }
+                if self.alloc.server(p.server).is_some() && !self.slabs.is_owner(p, n.id) {
+                    return Err(format!("node {} holds piece {p:?}, not its own", n.id));
                 }
             }
             if let Some(l) = n.lease {
@@ -874,6 +958,39 @@ impl MetaState {
         for m in self.moves.values() {
             own(m.to.server, m.to.block, m.to.gen, 0)?;
         }
+        for ((server, block), slab) in self.slabs.iter() {
+            if self.alloc.server(server).is_none() {
+                return Err(format!("slab {block} of server {server}: no such server"));
+            }
+            if slab.used() == 0 {
+                return Err(format!("slab {block} of server {server} is empty but kept"));
+            }
+            own(server, block, slab.gen, 0)?;
+            for (index, owner) in slab.owned() {
+                let piece = Piece {
+                    server,
+                    block,
+                    index,
+                    size: slab.piece_size,
+                };
+                match self.ns.get(owner) {
+                    None => {
+                        return Err(format!(
+                            "piece {index} of slab {block} on server {server} is leaked: its owner, node {owner}, is gone"
+                        ))
+                    }
+                    Some(n) if n.piece != Some(piece) => {
+                        return Err(format!(
+                            "piece {index} of slab {block} on server {server} names node {owner}, which disagrees"
+                        ))
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        if !self.slabs.is_consistent() {
+            return Err("the slab index disagrees with the slabs".into());
+        }
         for (id, s) in self.alloc.servers() {
             let used = owned.keys().filter(|(srv, _)| *srv == id).count() as u64;
             let free = s.free.len();
@@ -916,6 +1033,10 @@ struct Draft<'a> {
     next_lease: u64,
     /// Blocks appended to a node by this draft.
     added: BTreeMap<NodeId, u64>,
+    /// Pieces freed by this draft, per slab.
+    pieces_freed: BTreeMap<(u32, u32), u32>,
+    /// Slabs stamped by this draft.
+    stamped: BTreeSet<(u32, u32)>,
     heartbeat: Option<u32>,
     suspect: Option<u32>,
 }
@@ -929,6 +1050,8 @@ impl<'a> Draft<'a> {
             next_id: st.ns.next_id(),
             next_lease: st.next_lease,
             added: BTreeMap::new(),
+            pieces_freed: BTreeMap::new(),
+            stamped: BTreeSet::new(),
             heartbeat: None,
             suspect: None,
         }
@@ -984,7 +1107,8 @@ impl<'a> Draft<'a> {
         });
     }
 
-    /// Frees every block of `node` (and the target of any move of them).
+    /// Frees every block of `node` (and the target of any move of them),
+    /// or its piece.
     fn free_node_blocks(&mut self, node: NodeId) {
         let Some(n) = self.ns().get(node) else {
             return;
@@ -992,7 +1116,110 @@ impl<'a> Draft<'a> {
         for b in &n.blocks {
             self.free(*b);
         }
+        if let Some(p) = n.piece {
+            self.free_piece(p);
+        }
         self.end_moves(node, 0);
+    }
+
+    /// Gives `node` a piece of `piece_size` bytes: of a slab with a free
+    /// piece, or of a new slab, class by class in placement order (so small
+    /// values tier like blocks: the preferred class first, the location's
+    /// servers first within a class). `None` when there is no room.
+    fn take_piece(
+        &mut self,
+        node: NodeId,
+        class: u8,
+        location: &str,
+        piece_size: u32,
+    ) -> Option<Piece> {
+        let passes: &[bool] = if location.is_empty() {
+            &[false]
+        } else {
+            &[true, false]
+        };
+        for c in self.st.alloc.class_order(class) {
+            for &local_only in passes {
+                let found = self
+                    .st
+                    .slabs
+                    .partial(piece_size, c)
+                    .find_map(|(server, block)| {
+                        let local = self
+                            .st
+                            .alloc
+                            .server(server)
+                            .is_some_and(|s| s.spec.location == location);
+                        if !self.plan.may_use(server)
+                            || (local_only && !local)
+                            || self.pieces_freed.contains_key(&(server, block))
+                        {
+                            return None;
+                        }
+                        let index = self.st.slabs.get(server, block)?.next_free()?;
+                        Some(Piece {
+                            server,
+                            block,
+                            index,
+                            size: piece_size,
+                        })
+                    });
+                if let Some(piece) = found {
+                    self.push(Effect::PieceTaken { node, piece });
+                    return Some(piece);
+                }
+            }
+            if let Some(block) = self.plan.allocate_in(c, location) {
+                self.push(Effect::SlabCreated { block, piece_size });
+                let piece = Piece {
+                    server: block.server,
+                    block: block.block,
+                    index: 0,
+                    size: piece_size,
+                };
+                self.push(Effect::PieceTaken { node, piece });
+                return Some(piece);
+            }
+        }
+        None
+    }
+
+    /// Frees piece `p`: the slab is stamped (once per decision), so the
+    /// freed value's handles get `Stale` before the piece is reused; a slab
+    /// left empty gives its block back instead.
+    fn free_piece(&mut self, p: Piece) {
+        let Some(slab) = self.st.slabs.get(p.server, p.block) else {
+            return; // gone with its server
+        };
+        let key = (p.server, p.block);
+        self.push(Effect::PieceFreed { piece: p });
+        let freed = self.pieces_freed.entry(key).or_default();
+        *freed += 1;
+        if *freed >= slab.used() {
+            self.push(Effect::SlabReleased {
+                server: p.server,
+                block: p.block,
+            });
+            self.free(BlockRef {
+                server: p.server,
+                block: p.block,
+                gen: slab.gen,
+            });
+        } else {
+            #[cfg(test)]
+            if self.st.bug == Some(crate::sim::Bug::PieceReusedUnfenced) {
+                return;
+            }
+            self.stamp_slab(key);
+        }
+    }
+
+    /// Fences every piece of a slab: a fresh generation, claimed.
+    fn stamp_slab(&mut self, (server, block): (u32, u32)) {
+        if self.stamped.insert((server, block)) {
+            let gen = self.plan.gen();
+            self.push(Effect::SlabStamped { server, block, gen });
+        }
     }
 
     /// Frees the blocks of `n` from block `keep` on (and their moves).
@@ -1096,6 +1323,7 @@ impl<'a> Draft<'a> {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn create(
         &mut self,
         path: &str,
@@ -1103,6 +1331,7 @@ impl<'a> Draft<'a> {
         class: u8,
         location: &str,
         enumerable: bool,
+        size_hint: u64,
         now: u64,
     ) -> Result<Reply> {
         self.st.check_partition(path)?;
@@ -1141,11 +1370,19 @@ impl<'a> Draft<'a> {
             self.grant(id, now)
         };
         if ty.replaces_on_create() {
-            // A put always writes: hand out its first block with the
-            // create, saving the put a map round trip. (No space now is not
-            // an error yet: the put's map will report it.)
-            if let Ok(b) = self.plan.allocate(storage_class, location) {
-                self.add_block(id, b);
+            // A put always writes: hand out its first block (or, for a
+            // small value, its piece) with the create, saving the put a map
+            // round trip. (No space now is not an error yet: the put's map
+            // will report it.)
+            match piece_size_for(self.st.alloc.block_size(), size_hint) {
+                Some(size) => {
+                    self.take_piece(id, storage_class, location, size);
+                }
+                None => {
+                    if let Ok(b) = self.plan.allocate(storage_class, location) {
+                        self.add_block(id, b);
+                    }
+                }
             }
         }
         Ok(Reply::Node {
@@ -1192,8 +1429,8 @@ impl<'a> Draft<'a> {
             let Some(n) = self.ns().get(id) else {
                 continue;
             };
-            let blocks = n.blocks.len();
-            if blocks > budget {
+            let blocks = n.blocks.len() + usize::from(n.piece.is_some());
+            if blocks > budget && n.piece.is_none() {
                 // Free what the budget allows, from the end.
                 self.truncate(n, (blocks - budget) as u64);
                 break;
@@ -1262,6 +1499,19 @@ impl<'a> Draft<'a> {
 
     /// Refuses a map whose first block is on a dead server or being moved.
     fn check_first_block(&self, node: NodeId, index: u64) -> Result<()> {
+        if let Some(p) = self.ns().get(node).and_then(|n| n.piece) {
+            if index == 0
+                && (!self.st.alloc.is_alive(p.server)
+                    || self.st.slabs.get(p.server, p.block).is_none())
+            {
+                return Err(Error::data_lost(format!(
+                    "node {node} is a small value on storage server {} ({}), which is dead",
+                    p.server,
+                    self.st.alloc.server_addr(p.server).unwrap_or("retired")
+                )));
+            }
+            return Ok(());
+        }
         let Some(b) = self
             .ns()
             .get(node)
@@ -1297,6 +1547,17 @@ impl<'a> Draft<'a> {
         let n = self.ns().get(node).ok_or_else(|| stale(node))?;
         if let Some(lease) = lease {
             let n = self.writable(node, lease)?;
+            if let Some(p) = n.piece {
+                if index > 0 {
+                    return Err(Error::out_of_range(format!(
+                        "node {node} is a small value stored in a piece of {} bytes and cannot grow past it (a value written without a size hint gets whole blocks)",
+                        p.size
+                    )));
+                }
+                self.renew(node, lease, now);
+                self.check_first_block(node, index)?;
+                return Ok(Reply::Blocks { node, index, count });
+            }
             let have = n.blocks.len() as u64;
             if index > have {
                 return Err(Error::out_of_range(format!(
@@ -1347,6 +1608,11 @@ impl<'a> Draft<'a> {
                     gen,
                 });
             }
+            if let Some(p) = n.piece {
+                if self.st.slabs.get(p.server, p.block).is_some() {
+                    self.stamp_slab((p.server, p.block));
+                }
+            }
             self.end_moves(id, 0);
         }
         let lease = self.grant(id, now);
@@ -1367,7 +1633,10 @@ impl<'a> Draft<'a> {
     ) -> Result<Reply> {
         let n = self.writable(node, lease)?;
         let bs = self.bs();
-        let capacity = n.blocks.len() as u64 * bs;
+        let capacity = match n.piece {
+            Some(p) => u64::from(p.size),
+            None => n.blocks.len() as u64 * bs,
+        };
         if size > capacity {
             return Err(Error::out_of_range(format!(
                 "cannot publish size {size} of node {node}: only {capacity} bytes are allocated"
@@ -1466,6 +1735,9 @@ impl<'a> Draft<'a> {
         now: u64,
     ) -> Result<Reply> {
         let n = self.writable(node, lease)?;
+        if let Some(p) = n.piece {
+            return self.replace_piece(n, p, lease, index, gen, now);
+        }
         let old = *n
             .blocks
             .get(index as usize)
@@ -1494,6 +1766,51 @@ impl<'a> Draft<'a> {
         }
         // Otherwise the caller's location was outdated: it gets the current
         // one and tries that.
+        Ok(Reply::Blocks {
+            node,
+            index,
+            count: 1,
+        })
+    }
+}
+
+impl Draft<'_> {
+    /// [`Draft::replace_block`] for a small value: a new piece elsewhere.
+    fn replace_piece(
+        &mut self,
+        n: &crate::namespace::Node,
+        p: Piece,
+        lease: u64,
+        index: u64,
+        gen: u64,
+        now: u64,
+    ) -> Result<Reply> {
+        let node = n.id;
+        let slab_gen = self.st.slabs.get(p.server, p.block).map(|s| s.gen);
+        if index != 0 {
+            return Err(Error::out_of_range(format!(
+                "node {node} is a small value: it has only block 0"
+            )));
+        }
+        if slab_gen == Some(gen) {
+            if n.size > 0 {
+                return Err(Error::invalid_argument(format!(
+                    "node {node} holds published bytes; only a value the writer still holds in full can move"
+                )));
+            }
+            self.plan.avoid(p.server);
+            self.free_piece(p);
+            if self
+                .take_piece(node, n.storage_class, &n.location, p.size)
+                .is_none()
+            {
+                return Err(Error::no_space(format!(
+                    "no room for node {node}'s value on any other storage server"
+                )));
+            }
+            self.renew(node, lease, now);
+            self.suspect = Some(p.server);
+        }
         Ok(Reply::Blocks {
             node,
             index,

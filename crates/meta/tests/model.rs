@@ -190,6 +190,7 @@ impl Sim {
             storage_class: NO_CLASS,
             location: String::new(),
             enumerable: true,
+            size_hint: 0,
         };
         match op {
             Op::Create(p, NodeType::KeyValue) | Op::Put(p) => {

@@ -40,6 +40,11 @@ pub enum MetaRequest {
         storage_class: u8,
         location: String,
         enumerable: bool,
+        /// The size the writer will write, when it knows it (a KeyValue
+        /// put); 0 when unknown. A small known size gets a piece of a
+        /// shared block instead of a block of its own, and the node can
+        /// then never grow past the piece (`docs/small-values.md`).
+        size_hint: u64,
     },
     Lookup {
         path: String,
@@ -151,12 +156,14 @@ impl MetaRequest {
                 storage_class,
                 location,
                 enumerable,
+                size_hint,
             } => {
                 e.str(path)
                     .u8(*ty as u8)
                     .u8(*storage_class)
                     .str(location)
-                    .bool(*enumerable);
+                    .bool(*enumerable)
+                    .u64(*size_hint);
             }
             MetaRequest::Lookup { path }
             | MetaRequest::Enumerate { path }
@@ -229,6 +236,7 @@ impl MetaRequest {
                 storage_class: d.u8()?,
                 location: d.string()?,
                 enumerable: d.bool()?,
+                size_hint: d.u64()?,
             },
             op::LOOKUP => MetaRequest::Lookup { path: d.string()? },
             op::ENUMERATE => MetaRequest::Enumerate { path: d.string()? },
@@ -450,6 +458,7 @@ mod tests {
                 storage_class: 1,
                 location: "host-a".into(),
                 enumerable: false,
+                size_hint: 100,
             },
             MetaRequest::Lookup { path: "/x".into() },
             MetaRequest::Remove {
@@ -538,6 +547,7 @@ mod tests {
             block: 2,
             gen: 3,
             class: 0,
+            offset: 4096,
         };
         let node = NodeInfo {
             id: 1,

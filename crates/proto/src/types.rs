@@ -114,6 +114,12 @@ pub struct BlockLoc {
     pub gen: u64,
     /// Storage class (priority) of the server.
     pub class: u8,
+    /// Where the node's block starts inside the storage block: 0 for a
+    /// block of its own, the piece's offset for a small value sharing the
+    /// block with others (see `docs/small-values.md`). Offsets the client
+    /// sends to the storage server are relative to the storage block, so
+    /// it adds this to its offset inside the node's block.
+    pub offset: u32,
 }
 
 impl BlockLoc {
@@ -122,9 +128,10 @@ impl BlockLoc {
             .str(&self.addr)
             .u32(self.block)
             .u64(self.gen)
-            .u8(self.class);
+            .u8(self.class)
+            .u32(self.offset);
     }
-    pub(crate) const MIN_LEN: usize = 4 + 4 + 4 + 8 + 1;
+    pub(crate) const MIN_LEN: usize = 4 + 4 + 4 + 8 + 1 + 4;
     pub(crate) fn decode(d: &mut Dec) -> Result<BlockLoc> {
         Ok(BlockLoc {
             server: d.u32()?,
@@ -132,6 +139,18 @@ impl BlockLoc {
             block: d.u32()?,
             gen: d.u64()?,
             class: d.u8()?,
+            offset: d.u32()?,
+        })
+    }
+
+    /// `offset` inside the node's block as an offset inside the storage
+    /// block (`Protocol` if a bad location makes it overflow).
+    pub fn storage_offset(&self, offset: u32) -> Result<u32> {
+        self.offset.checked_add(offset).ok_or_else(|| {
+            crate::Error::protocol(format!(
+                "block {} of server {}: offset {offset} past a piece at {} overflows",
+                self.block, self.server, self.offset
+            ))
         })
     }
 }

@@ -55,6 +55,7 @@ fn create_with(
             storage_class: class,
             location: String::new(),
             enumerable,
+            size_hint: 0,
         },
         now,
     )? {
@@ -147,6 +148,7 @@ fn decisions_change_nothing_and_effects_replay_to_the_same_state() {
         storage_class: NO_CLASS,
         location: String::new(),
         enumerable: true,
+        size_hint: 0,
     };
     let d = s.decide(&req, 5).unwrap();
     assert!(!d.effects.is_empty());
@@ -171,6 +173,7 @@ fn decisions_change_nothing_and_effects_replay_to_the_same_state() {
         storage_class: NO_CLASS,
         location: String::new(),
         enumerable: true,
+        size_hint: 0,
     };
     assert_eq!(s.apply(bad, 0).unwrap_err().code, ErrorCode::TypeMismatch);
     assert_eq!(s.dump(), before);
@@ -970,5 +973,332 @@ fn a_block_moves_while_its_node_stays_put() {
     remove(&mut s, "/f", false).unwrap();
     assert!(s.decide_move_end(f.id, 0, true).is_none());
     assert_eq!(s.alloc().free_blocks(), free + 2);
+    s.check_invariants().unwrap();
+}
+
+// ----- small values --------------------------------------------------------
+
+/// A state with one DRAM server of `dram` and one file server of `file`
+/// blocks of `bs` bytes.
+fn state_of(bs: u32, dram: u32, file: u32) -> MetaState {
+    let mut s = MetaState::new(bs, 1000, 1);
+    for (class, n) in [(0u8, dram), (1, file)] {
+        if n == 0 {
+            continue;
+        }
+        let spec = ServerSpec {
+            block_size: bs,
+            ..spec(&format!("h:{class}"), class, n)
+        };
+        s.apply(MetaRequest::Register(spec), 0).unwrap();
+    }
+    s
+}
+
+/// A put of a value of known `size` (what `Client::put` sends).
+fn put_small(s: &mut MetaState, path: &str, size: u64) -> Result<NodeInfo> {
+    let k = create_with_hint(s, path, size)?;
+    close(s, &k, size)?;
+    Ok(k)
+}
+
+fn used_blocks(s: &MetaState, class: u8) -> u64 {
+    s.alloc()
+        .status(0)
+        .iter()
+        .filter(|x| x.class == class)
+        .map(|x| x.used_blocks)
+        .sum()
+}
+
+fn table(s: &mut MetaState, path: &str, enumerable: bool) {
+    create_with(s, path, Table, NO_CLASS, enumerable, 0).unwrap();
+}
+
+#[test]
+fn a_hundred_thousand_small_values_fit_in_32_mib_of_dram() {
+    const MIB: u32 = 1 << 20;
+    let mut s = state_of(MIB, 32, 0);
+    // Non-enumerable: the child records (512 bytes per key) would need
+    // 49 MiB by themselves; this is about the values.
+    table(&mut s, "/t", false);
+    for i in 0..100_000 {
+        let k = put_small(&mut s, &format!("/t/k{i}"), 100).unwrap();
+        if i == 0 {
+            assert_eq!(k.block_size, 128, "a 100-byte value gets a 128-byte piece");
+            let loc = k.first_block.expect("a piece with the create");
+            assert_eq!(loc.offset, 0);
+        }
+    }
+    // 100,000 pieces of 128 bytes, 8,192 to a slab: 13 blocks, plus the
+    // root's record block.
+    assert_eq!(s.slabs().len(), 13);
+    assert_eq!(used_blocks(&s, 0), 13 + 1);
+    s.check_invariants().unwrap();
+    let k = lookup(&mut s, "/t/k99999").unwrap();
+    assert_eq!((k.size, k.block_size), (100, 128));
+    let loc = k.first_block.unwrap();
+    assert_eq!(loc.offset, (99_999 % 8192) * 128);
+}
+
+/// splitmix64, for tests that need many varied operations reproducibly.
+fn mix(x: &mut u64) -> u64 {
+    *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+#[test]
+fn a_million_replaces_and_deletes_keep_used_space_bounded() {
+    const KEYS: u64 = 2000;
+    let mut s = state_of(1 << 20, 64, 0);
+    table(&mut s, "/t", true);
+    let mut rng = 7u64;
+    let mut live = BTreeMap::new();
+    let mut peaks = Vec::new();
+    let mut peak = 0;
+    for op in 1..=1_000_000u64 {
+        let key = mix(&mut rng) % KEYS;
+        let path = format!("/t/k{key}");
+        if mix(&mut rng).is_multiple_of(5) {
+            if live.remove(&key).is_some() {
+                let r = remove(&mut s, &path, false).unwrap();
+                if let Some(r) = r {
+                    s.apply(
+                        MetaRequest::ReleaseSlot {
+                            container: r.container,
+                            slot: r.slot,
+                        },
+                        0,
+                    )
+                    .unwrap();
+                }
+            }
+        } else {
+            let size = 1 + mix(&mut rng) % 1500;
+            put_small(&mut s, &path, size).unwrap();
+            live.insert(key, size);
+        }
+        peak = peak.max(used_blocks(&s, 0));
+        if op % 100_000 == 0 {
+            peaks.push(peak);
+            peak = 0;
+        }
+    }
+    s.check_invariants().unwrap();
+    // Every slab holds a live value, and the space used does not creep up
+    // with the operations: the last windows peak no higher than the first.
+    let pieces: u64 = s.slabs().iter().map(|(_, sl)| sl.used() as u64).sum();
+    assert_eq!(pieces, live.len() as u64);
+    eprintln!("peak blocks used per 100,000 operations: {peaks:?}");
+    let first = peaks[0];
+    assert!(
+        peaks.iter().all(|p| *p <= first + 1),
+        "used space grew with churn: {peaks:?}"
+    );
+    // Deleting everything gives every block back but the records'.
+    for key in live.keys() {
+        remove(&mut s, &format!("/t/k{key}"), false).unwrap();
+    }
+    assert!(s.slabs().is_empty());
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn a_freed_piece_is_fenced_before_another_value_reuses_it() {
+    let mut s = state_of(BS, 4, 0);
+    table(&mut s, "/t", true);
+    let a = put_small(&mut s, "/t/a", 100).unwrap();
+    let b = put_small(&mut s, "/t/b", 100).unwrap();
+    let (la, lb) = (a.first_block.unwrap(), b.first_block.unwrap());
+    assert_eq!((lb.block, lb.offset), (la.block, 128), "one slab");
+    assert_eq!(la.gen, lb.gen, "the slab's generation");
+    s.take_claims();
+    remove(&mut s, "/t/a", false).unwrap();
+    // The slab is fenced at once: its storage server is told to refuse the
+    // old generation, before the piece can go to anyone else.
+    let claims = s.take_claims();
+    let fence = claims
+        .iter()
+        .find(|c| c.block == la.block)
+        .expect("the slab is claimed with a fresh generation");
+    assert!(fence.gen > la.gen);
+    // The next small value reuses the piece under the new generation; the
+    // old handle's generation is refused by the storage server.
+    let c = put_small(&mut s, "/t/c", 120).unwrap();
+    let lc = c.first_block.unwrap();
+    assert_eq!((lc.block, lc.offset), (la.block, la.offset), "piece reused");
+    assert_eq!(lc.gen, fence.gen);
+    // The value that stayed is found at the new generation (its readers
+    // re-map once after `Stale`).
+    let lb2 = map(&mut s, b.id, 0, 1, 0).unwrap().1.remove(0);
+    assert_eq!(
+        (lb2.block, lb2.offset, lb2.gen),
+        (lb.block, lb.offset, fence.gen)
+    );
+    // The deleted value's node is gone: its re-map says so.
+    assert_eq!(
+        map(&mut s, a.id, 0, 1, 0).unwrap_err().code,
+        ErrorCode::Stale
+    );
+    // Replacing a value frees the old value's piece the same way, when the
+    // new one closes.
+    put_small(&mut s, "/t/b", 100).unwrap();
+    let b2 = lookup(&mut s, "/t/b").unwrap();
+    assert!(b2.first_block.unwrap().gen > fence.gen);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn small_values_tier_like_blocks_and_report_no_space() {
+    // 3 DRAM blocks and 3 file blocks of 4 KiB (one of them the root's
+    // records, from the slowest class): pieces up to 1 KiB.
+    let mut s = state_of(BS, 3, 3);
+    table(&mut s, "/t", false);
+    let class_of = |k: &NodeInfo| k.first_block.as_ref().unwrap().class;
+    // 4 KiB / 1 KiB = 4 pieces per slab; DRAM holds 3 slabs.
+    let mut dram = Vec::new();
+    for i in 0..12 {
+        let k = put_small(&mut s, &format!("/t/s{i}"), 1000).unwrap();
+        assert_eq!(class_of(&k), 0, "value {i} in DRAM");
+        dram.push(k);
+    }
+    // DRAM is full: small and big values go on to the file class.
+    let k = put_small(&mut s, "/t/next", 1000).unwrap();
+    assert_eq!(class_of(&k), 1);
+    let big = put(&mut s, "/t/big", 3 * BS as u64 / 4 + 1).unwrap();
+    assert_eq!(
+        map(&mut s, big.id, 0, 1, 0).unwrap().1[0].class,
+        1,
+        "a big value gets a whole file block"
+    );
+    // Both classes full: the put's map reports NoSpace (nothing is left
+    // behind).
+    for i in 0..3 {
+        put_small(&mut s, &format!("/t/f{i}"), 1000).unwrap();
+    }
+    let k = create_with_hint(&mut s, "/t/full", 1000).unwrap();
+    assert!(k.first_block.is_none());
+    assert_eq!(
+        map(&mut s, k.id, 0, 1, k.lease).unwrap_err().code,
+        ErrorCode::NoSpace
+    );
+    s.apply(
+        MetaRequest::Abort {
+            node: k.id,
+            lease: k.lease,
+        },
+        0,
+    )
+    .unwrap();
+    // Freeing one DRAM slab's values gives its block back: the next value
+    // lands in DRAM again.
+    for i in 0..4 {
+        remove(&mut s, &format!("/t/s{i}"), false).unwrap();
+    }
+    let k = put_small(&mut s, "/t/back", 200).unwrap();
+    assert_eq!(class_of(&k), 0);
+    s.check_invariants().unwrap();
+}
+
+fn create_with_hint(s: &mut MetaState, path: &str, size: u64) -> Result<NodeInfo> {
+    let req = MetaRequest::Create {
+        path: path.into(),
+        ty: KeyValue,
+        storage_class: NO_CLASS,
+        location: String::new(),
+        enumerable: true,
+        size_hint: size,
+    };
+    match s.apply(req, 0)? {
+        MetaReply::Node(n) => Ok(n),
+        r => panic!("unexpected {r:?}"),
+    }
+}
+
+#[test]
+fn a_small_value_cannot_grow_past_its_piece() {
+    let mut s = state_of(BS, 4, 0);
+    table(&mut s, "/t", true);
+    let k = create_with_hint(&mut s, "/t/k", 100).unwrap();
+    assert_eq!(k.block_size, 128);
+    let e = map(&mut s, k.id, 1, 1, k.lease).unwrap_err();
+    assert_eq!(e.code, ErrorCode::OutOfRange);
+    assert!(e.message.contains("piece of 128 bytes"), "{e}");
+    let e = close(&mut s, &k, 129).unwrap_err();
+    assert_eq!(e.code, ErrorCode::OutOfRange);
+    close(&mut s, &k, 128).unwrap();
+    // Without a size hint (or above a quarter block) a value gets blocks.
+    let big = create_with_hint(&mut s, "/t/big", BS as u64 / 4 + 1).unwrap();
+    assert_eq!(big.block_size, BS);
+    let unknown = create_with_hint(&mut s, "/t/unknown", 0).unwrap();
+    assert_eq!(unknown.block_size, BS);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn a_small_value_moves_off_an_unreachable_server_and_is_fenced_on_takeover() {
+    let mut s = MetaState::new(BS, 1000, 1);
+    for i in 0..2 {
+        s.apply(MetaRequest::Register(spec(&format!("h:{i}"), 0, 4)), 0)
+            .unwrap();
+    }
+    table(&mut s, "/t", false);
+    let k = create_with_hint(&mut s, "/t/k", 100).unwrap();
+    let lost = k.first_block.clone().unwrap();
+    let moved = match s
+        .apply(
+            MetaRequest::ReplaceBlock {
+                node: k.id,
+                lease: k.lease,
+                index: 0,
+                gen: lost.gen,
+            },
+            0,
+        )
+        .unwrap()
+    {
+        MetaReply::Blocks { blocks, .. } => blocks[0].clone(),
+        r => panic!("unexpected {r:?}"),
+    };
+    assert_ne!(moved.server, lost.server);
+    close(&mut s, &k, 100).unwrap();
+    // An expired lease taken over fences the piece's slab.
+    let w = match s
+        .apply(
+            MetaRequest::OpenWrite {
+                path: "/t/k".into(),
+            },
+            0,
+        )
+        .unwrap()
+    {
+        MetaReply::Node(n) => n,
+        r => panic!("unexpected {r:?}"),
+    };
+    s.take_claims();
+    let now = 10_000;
+    let again = match s
+        .apply(
+            MetaRequest::OpenWrite {
+                path: "/t/k".into(),
+            },
+            now,
+        )
+        .unwrap()
+    {
+        MetaReply::Node(n) => n,
+        r => panic!("unexpected {r:?}"),
+    };
+    assert_ne!(again.lease, w.lease);
+    let claims = s.take_claims();
+    assert!(
+        claims
+            .iter()
+            .any(|c| c.block == moved.block && c.gen > moved.gen),
+        "{claims:?}"
+    );
     s.check_invariants().unwrap();
 }

@@ -1,0 +1,349 @@
+//! Small values share blocks: a *slab* is a block cut into equal *pieces*,
+//! and a small KeyValue owns one piece instead of a whole block
+//! (`docs/small-values.md`).
+//!
+//! Plain data, no I/O. The block of a slab is taken from its server's free
+//! list like any other and counted as used; the slab hands out its pieces
+//! and gives the block back once the last one is freed.
+//!
+//! Staleness: a piece has no generation of its own. The slab's block has
+//! one, which every piece's location carries; freeing a piece stamps the
+//! slab with a fresh generation (a fence claimed on the storage server), so
+//! a handle to the freed value gets `Stale` before the piece can be reused,
+//! and the live pieces' readers and writers re-map once and carry on.
+
+use crate::alloc::BlockRef;
+use crate::namespace::NodeId;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Smallest piece size.
+pub const MIN_PIECE: u32 = 64;
+
+/// Largest piece for a block size: values above it get blocks of their own.
+pub fn max_piece(block_size: u32) -> u32 {
+    block_size / 4
+}
+
+/// The piece size for a value of `size` bytes, or `None` when it gets
+/// whole blocks (empty, or above [`max_piece`]). Sizes go 64, 96, 128,
+/// 192, 256, …: two per doubling, so a piece wastes at most a third of
+/// itself.
+pub fn piece_size_for(block_size: u32, size: u64) -> Option<u32> {
+    let max = max_piece(block_size);
+    if size == 0 || size > u64::from(max) {
+        return None;
+    }
+    let mut p = MIN_PIECE;
+    while p <= max {
+        if size <= u64::from(p) {
+            return Some(p);
+        }
+        let mid = p + p / 2;
+        if mid <= max && size <= u64::from(mid) {
+            return Some(mid);
+        }
+        p *= 2;
+    }
+    None
+}
+
+/// One piece: `size` bytes at `index * size` in `block` of `server`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Piece {
+    pub server: u32,
+    pub block: u32,
+    pub index: u32,
+    pub size: u32,
+}
+
+impl Piece {
+    pub fn offset(&self) -> u32 {
+        self.index * self.size
+    }
+    fn slab(&self) -> (u32, u32) {
+        (self.server, self.block)
+    }
+}
+
+/// A block cut into pieces of one size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slab {
+    pub piece_size: u32,
+    /// Storage class of its server (the index of partial slabs is by it).
+    pub class: u8,
+    /// Generation of the block: every piece's location carries it.
+    pub gen: u64,
+    /// Owner of each piece (0: free).
+    owners: Vec<NodeId>,
+    /// Freed pieces, reused last-freed first.
+    freed: Vec<u32>,
+    /// Pieces from here on were never used.
+    fresh: u32,
+    used: u32,
+}
+
+impl Slab {
+    /// Pieces in use.
+    pub fn used(&self) -> u32 {
+        self.used
+    }
+
+    /// Pieces in all.
+    pub fn pieces(&self) -> u32 {
+        self.owners.len() as u32
+    }
+
+    /// The piece the slab hands out next, if any is free.
+    pub fn next_free(&self) -> Option<u32> {
+        self.freed
+            .last()
+            .copied()
+            .or_else(|| (self.fresh < self.pieces()).then_some(self.fresh))
+    }
+
+    pub fn owner(&self, index: u32) -> Option<NodeId> {
+        self.owners.get(index as usize).copied().filter(|o| *o != 0)
+    }
+
+    /// (piece index, owner) of every used piece.
+    pub fn owned(&self) -> impl Iterator<Item = (u32, NodeId)> + '_ {
+        self.owners
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| **o != 0)
+            .map(|(i, o)| (i as u32, *o))
+    }
+}
+
+/// Every slab of one metadata server.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Slabs {
+    slabs: BTreeMap<(u32, u32), Slab>,
+    /// Slabs with a free piece, by (piece size, storage class).
+    partial: BTreeMap<(u32, u8), BTreeSet<(u32, u32)>>,
+}
+
+impl Slabs {
+    pub fn get(&self, server: u32, block: u32) -> Option<&Slab> {
+        self.slabs.get(&(server, block))
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = ((u32, u32), &Slab)> {
+        self.slabs.iter().map(|(k, s)| (*k, s))
+    }
+
+    pub fn len(&self) -> usize {
+        self.slabs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slabs.is_empty()
+    }
+
+    /// Slabs of `piece_size` in `class` with a free piece, lowest first (so
+    /// low slabs fill up and high ones drain and go back).
+    pub fn partial(&self, piece_size: u32, class: u8) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.partial
+            .get(&(piece_size, class))
+            .into_iter()
+            .flatten()
+            .copied()
+    }
+
+    /// Whether `piece` is used by `node`.
+    pub fn is_owner(&self, piece: &Piece, node: NodeId) -> bool {
+        self.slabs
+            .get(&piece.slab())
+            .is_some_and(|s| s.piece_size == piece.size && s.owner(piece.index) == Some(node))
+    }
+
+    // ----- appliers ----------------------------------------------------------
+
+    /// `block` (taken from its server's free list) becomes a slab of
+    /// `piece_size` pieces.
+    pub(crate) fn create(&mut self, b: BlockRef, class: u8, piece_size: u32, block_size: u32) {
+        let n = (block_size / piece_size.max(1)) as usize;
+        self.slabs.insert(
+            (b.server, b.block),
+            Slab {
+                piece_size,
+                class,
+                gen: b.gen,
+                owners: vec![0; n],
+                freed: Vec::new(),
+                fresh: 0,
+                used: 0,
+            },
+        );
+        self.reindex(b.server, b.block);
+    }
+
+    /// `node` takes `piece`, which must be the slab's next free one.
+    pub(crate) fn take(&mut self, piece: &Piece, node: NodeId) {
+        let Some(s) = self.slabs.get_mut(&piece.slab()) else {
+            return;
+        };
+        debug_assert_eq!(s.next_free(), Some(piece.index), "not the next piece");
+        if s.freed.last() == Some(&piece.index) {
+            s.freed.pop();
+        } else if piece.index == s.fresh {
+            s.fresh += 1;
+        } else {
+            return;
+        }
+        s.owners[piece.index as usize] = node;
+        s.used += 1;
+        self.reindex(piece.server, piece.block);
+    }
+
+    /// `piece` is free again.
+    pub(crate) fn free(&mut self, piece: &Piece) {
+        let Some(s) = self.slabs.get_mut(&piece.slab()) else {
+            return;
+        };
+        let Some(o) = s.owners.get_mut(piece.index as usize) else {
+            return;
+        };
+        if *o == 0 {
+            return;
+        }
+        *o = 0;
+        s.used -= 1;
+        s.freed.push(piece.index);
+        self.reindex(piece.server, piece.block);
+    }
+
+    /// The slab's block gets generation `gen`.
+    pub(crate) fn stamp(&mut self, server: u32, block: u32, gen: u64) {
+        if let Some(s) = self.slabs.get_mut(&(server, block)) {
+            s.gen = gen;
+        }
+    }
+
+    /// An empty slab stops being one (its block goes back separately).
+    pub(crate) fn remove(&mut self, server: u32, block: u32) {
+        if let Some(s) = self.slabs.remove(&(server, block)) {
+            self.unindex(&s, server, block);
+        }
+    }
+
+    /// The slabs of a retired server are gone with it.
+    pub(crate) fn retire_server(&mut self, server: u32) {
+        let gone: Vec<(u32, u32)> = self
+            .slabs
+            .range((server, 0)..=(server, u32::MAX))
+            .map(|(k, _)| *k)
+            .collect();
+        for (srv, block) in gone {
+            self.remove(srv, block);
+        }
+    }
+
+    fn reindex(&mut self, server: u32, block: u32) {
+        let Some(s) = self.slabs.get(&(server, block)) else {
+            return;
+        };
+        let key = (s.piece_size, s.class);
+        if s.next_free().is_some() {
+            self.partial.entry(key).or_default().insert((server, block));
+        } else {
+            let s = s.clone();
+            self.unindex(&s, server, block);
+        }
+    }
+
+    fn unindex(&mut self, s: &Slab, server: u32, block: u32) {
+        let key = (s.piece_size, s.class);
+        if let Some(set) = self.partial.get_mut(&key) {
+            set.remove(&(server, block));
+            if set.is_empty() {
+                self.partial.remove(&key);
+            }
+        }
+    }
+
+    /// Whether the partial index agrees with the slabs (for invariants).
+    pub fn is_consistent(&self) -> bool {
+        let indexed: usize = self.partial.values().map(|s| s.len()).sum();
+        let partial = self
+            .slabs
+            .iter()
+            .filter(|(k, s)| {
+                s.next_free().is_some()
+                    && self
+                        .partial
+                        .get(&(s.piece_size, s.class))
+                        .is_some_and(|set| set.contains(k))
+            })
+            .count();
+        let counts = self.slabs.values().all(|s| {
+            s.owners.iter().filter(|o| **o != 0).count() as u32 == s.used
+                && s.freed.iter().all(|i| s.owner(*i).is_none())
+                && s.fresh as usize <= s.owners.len()
+        });
+        let with_free = self
+            .slabs
+            .values()
+            .filter(|s| s.next_free().is_some())
+            .count();
+        counts && indexed == partial && partial == with_free
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn piece_sizes_waste_at_most_a_third() {
+        let bs = 1 << 20;
+        assert_eq!(piece_size_for(bs, 0), None);
+        assert_eq!(piece_size_for(bs, 1), Some(64));
+        assert_eq!(piece_size_for(bs, 65), Some(96));
+        assert_eq!(piece_size_for(bs, 100), Some(128));
+        assert_eq!(piece_size_for(bs, 1024), Some(1024));
+        assert_eq!(piece_size_for(bs, 1025), Some(1536));
+        assert_eq!(piece_size_for(bs, 256 << 10), Some(256 << 10));
+        assert_eq!(piece_size_for(bs, (256 << 10) + 1), None);
+        for size in u64::from(MIN_PIECE)..=(256u64 << 10) {
+            let p = piece_size_for(bs, size).unwrap() as u64;
+            assert!(p >= size && (p - size) * 3 <= p, "{size} -> {p}");
+        }
+        // Tiny blocks have no pieces at all.
+        assert_eq!(piece_size_for(128, 10), None);
+    }
+
+    #[test]
+    fn pieces_are_reused_and_the_index_follows() {
+        let mut s = Slabs::default();
+        let b = BlockRef {
+            server: 1,
+            block: 7,
+            gen: 5,
+        };
+        s.create(b, 0, 1024, 4096);
+        let piece = |index| Piece {
+            server: 1,
+            block: 7,
+            index,
+            size: 1024,
+        };
+        for i in 0..4 {
+            assert_eq!(s.get(1, 7).unwrap().next_free(), Some(i));
+            s.take(&piece(i), 10 + i as u64);
+        }
+        assert_eq!(s.partial(1024, 0).count(), 0, "full");
+        assert!(s.is_consistent());
+        s.free(&piece(2));
+        s.free(&piece(2)); // twice is once
+        assert_eq!(s.get(1, 7).unwrap().used(), 3);
+        assert_eq!(s.partial(1024, 0).collect::<Vec<_>>(), vec![(1, 7)]);
+        assert_eq!(s.get(1, 7).unwrap().next_free(), Some(2));
+        assert!(s.is_owner(&piece(1), 11));
+        assert!(!s.is_owner(&piece(2), 12));
+        assert!(s.is_consistent());
+        s.retire_server(1);
+        assert!(s.is_empty());
+        assert_eq!(s.partial(1024, 0).count(), 0);
+    }
+}
