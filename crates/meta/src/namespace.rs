@@ -434,9 +434,14 @@ impl Namespace {
                     continue;
                 }
                 stack.push((id, true));
-                // Reversed, so children come out in name order.
-                stack.extend(n.children.values().rev().map(|c| (*c, false)));
-                let shadows: Vec<NodeId> = self.shadows_of(id).collect();
+                // At most `limit` children of a node can come out before
+                // the step ends, so only those are stacked: a step costs
+                // time in proportion to `limit`, not to the width of a
+                // container (a Table of a million keys). Reversed, so
+                // children come out in name order.
+                let room = limit - out.len();
+                stack.extend(n.children.values().take(room).rev().map(|c| (*c, false)));
+                let shadows: Vec<NodeId> = self.shadows_of(id).take(room).collect();
                 stack.extend(shadows.into_iter().rev().map(|c| (c, false)));
             }
         }
@@ -454,8 +459,10 @@ impl Namespace {
                 return n;
             }
             if let Some(node) = self.nodes.get(&id) {
-                stack.extend(node.children.values().copied());
-                stack.extend(self.shadows_of(id));
+                // Only what can still be counted (see `subtree_postorder`).
+                let room = limit - n;
+                stack.extend(node.children.values().take(room).copied());
+                stack.extend(self.shadows_of(id).take(room));
             }
         }
         n
