@@ -60,9 +60,9 @@ async fn a_hundred_thousand_values_of_100_bytes_fit_in_32_mib_of_dram() {
             }
         })
         .await;
-    // 8,192 pieces of 128 bytes to a slab: 13 blocks, and the root's
+    // 9,362 pieces of 112 bytes to a slab: 11 blocks, and the root's
     // records.
-    assert_eq!(used_blocks(&t.client, 0).await, 14);
+    assert_eq!(used_blocks(&t.client, 0).await, 12);
     for i in (0..N).step_by(997) {
         assert_eq!(
             t.client.get(&format!("/t/k{i}")).await.unwrap(),
@@ -95,7 +95,7 @@ async fn stale_handles(shared_memory: bool) {
     assert_ne!(la.offset, lb.offset);
 
     c.delete("/t/a", false).await.unwrap();
-    c.put("/t/c", &value(3, 0, 120)).await.unwrap();
+    c.put("/t/c", &value(3, 0, 110)).await.unwrap();
     let lc = c.lookup("/t/c").await.unwrap().info().first_block.clone();
     let lc = lc.unwrap();
     assert_eq!(
@@ -110,14 +110,14 @@ async fn stale_handles(shared_memory: bool) {
     assert_eq!(e.code, ErrorCode::Stale, "{e}");
     // b's handle follows its value to the slab's new generation.
     assert_eq!(held_b.read(0, 100).await.unwrap(), value(2, 0, 100));
-    assert_eq!(c.get("/t/c").await.unwrap(), value(3, 0, 120));
+    assert_eq!(c.get("/t/c").await.unwrap(), value(3, 0, 110));
 
     // Replacing a value the same way: the old handle gets Stale.
     let old_c = c.lookup("/t/c").await.unwrap();
-    c.put("/t/c", &value(3, 1, 110)).await.unwrap();
+    c.put("/t/c", &value(3, 1, 105)).await.unwrap();
     c.put("/t/d", &value(4, 0, 100)).await.unwrap();
-    assert_eq!(old_c.read(0, 120).await.unwrap_err().code, ErrorCode::Stale);
-    assert_eq!(c.get("/t/c").await.unwrap(), value(3, 1, 110));
+    assert_eq!(old_c.read(0, 110).await.unwrap_err().code, ErrorCode::Stale);
+    assert_eq!(c.get("/t/c").await.unwrap(), value(3, 1, 105));
     assert_eq!(c.get("/t/d").await.unwrap(), value(4, 0, 100));
     common::assert_data_path(&t, c, shared_memory);
     t.cluster.shutdown();

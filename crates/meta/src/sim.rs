@@ -512,7 +512,7 @@ impl Sim {
             } else {
                 NodeType::File
             };
-            // Most puts are small values of known size, of two piece
+            // Most puts are small values of known size, of three piece
             // sizes, into the two tables' eight keys: slabs are shared by
             // several values, and their pieces freed and reused.
             let small = ty == NodeType::KeyValue && self.rng.chance(70);

@@ -25,9 +25,9 @@ pub fn max_piece(block_size: u32) -> u32 {
 }
 
 /// The piece size for a value of `size` bytes, or `None` when it gets
-/// whole blocks (empty, or above [`max_piece`]). Sizes go 64, 96, 128,
-/// 192, 256, …: two per doubling, so a piece wastes at most a third of
-/// itself.
+/// whole blocks (empty, or above [`max_piece`]). Sizes go 64, 80, 96, 112,
+/// 128, 160, 192, 224, 256, …: four per doubling, so a piece wastes at most
+/// a fifth of itself (a 100-byte value takes 112 bytes).
 pub fn piece_size_for(block_size: u32, size: u64) -> Option<u32> {
     let max = max_piece(block_size);
     if size == 0 || size > u64::from(max) {
@@ -35,12 +35,11 @@ pub fn piece_size_for(block_size: u32, size: u64) -> Option<u32> {
     }
     let mut p = MIN_PIECE;
     while p <= max {
-        if size <= u64::from(p) {
-            return Some(p);
-        }
-        let mid = p + p / 2;
-        if mid <= max && size <= u64::from(mid) {
-            return Some(mid);
+        for step in 0..4 {
+            let s = p + p / 4 * step;
+            if s <= max && size <= u64::from(s) {
+                return Some(s);
+            }
         }
         p *= 2;
     }
@@ -295,19 +294,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn piece_sizes_waste_at_most_a_third() {
+    fn piece_sizes_waste_at_most_a_fifth() {
         let bs = 1 << 20;
         assert_eq!(piece_size_for(bs, 0), None);
         assert_eq!(piece_size_for(bs, 1), Some(64));
-        assert_eq!(piece_size_for(bs, 65), Some(96));
-        assert_eq!(piece_size_for(bs, 100), Some(128));
+        assert_eq!(piece_size_for(bs, 65), Some(80));
+        assert_eq!(piece_size_for(bs, 100), Some(112));
+        assert_eq!(piece_size_for(bs, 120), Some(128));
         assert_eq!(piece_size_for(bs, 1024), Some(1024));
-        assert_eq!(piece_size_for(bs, 1025), Some(1536));
+        assert_eq!(piece_size_for(bs, 1025), Some(1280));
         assert_eq!(piece_size_for(bs, 256 << 10), Some(256 << 10));
         assert_eq!(piece_size_for(bs, (256 << 10) + 1), None);
         for size in u64::from(MIN_PIECE)..=(256u64 << 10) {
             let p = piece_size_for(bs, size).unwrap() as u64;
-            assert!(p >= size && (p - size) * 3 <= p, "{size} -> {p}");
+            assert!(p >= size && (p - size) * 5 <= p, "{size} -> {p}");
         }
         // Tiny blocks have no pieces at all.
         assert_eq!(piece_size_for(128, 10), None);

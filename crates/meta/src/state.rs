@@ -458,7 +458,7 @@ impl MetaState {
                     .iter()
                     .filter_map(|slot| match n.slots.get(*slot) {
                         Some(Slot::Live(id)) => {
-                            self.ns.get(id).map(|c| (*slot, c.ty, c.name.clone()))
+                            self.ns.get(id).map(|c| (*slot, c.ty, c.name.to_string()))
                         }
                         _ => None,
                     })
@@ -839,7 +839,7 @@ impl MetaState {
             // A small value's one block is its piece.
             block_size: n.piece.map_or(self.alloc.block_size(), |p| p.size),
             storage_class: n.storage_class,
-            location: n.location.clone(),
+            location: n.location.to_string(),
             enumerable: n.enumerable,
             lease,
             first_block,

@@ -1025,20 +1025,20 @@ fn a_hundred_thousand_small_values_fit_in_32_mib_of_dram() {
     for i in 0..100_000 {
         let k = put_small(&mut s, &format!("/t/k{i}"), 100).unwrap();
         if i == 0 {
-            assert_eq!(k.block_size, 128, "a 100-byte value gets a 128-byte piece");
+            assert_eq!(k.block_size, 112, "a 100-byte value gets a 112-byte piece");
             let loc = k.first_block.expect("a piece with the create");
             assert_eq!(loc.offset, 0);
         }
     }
-    // 100,000 pieces of 128 bytes, 8,192 to a slab: 13 blocks, plus the
+    // 100,000 pieces of 112 bytes, 9,362 to a slab: 11 blocks, plus the
     // root's record block.
-    assert_eq!(s.slabs().len(), 13);
-    assert_eq!(used_blocks(&s, 0), 13 + 1);
+    assert_eq!(s.slabs().len(), 11);
+    assert_eq!(used_blocks(&s, 0), 11 + 1);
     s.check_invariants().unwrap();
     let k = lookup(&mut s, "/t/k99999").unwrap();
-    assert_eq!((k.size, k.block_size), (100, 128));
+    assert_eq!((k.size, k.block_size), (100, 112));
     let loc = k.first_block.unwrap();
-    assert_eq!(loc.offset, (99_999 % 8192) * 128);
+    assert_eq!(loc.offset, (99_999 % 9362) * 112);
 }
 
 /// splitmix64, for tests that need many varied operations reproducibly.
@@ -1113,7 +1113,7 @@ fn a_freed_piece_is_fenced_before_another_value_reuses_it() {
     let a = put_small(&mut s, "/t/a", 100).unwrap();
     let b = put_small(&mut s, "/t/b", 100).unwrap();
     let (la, lb) = (a.first_block.unwrap(), b.first_block.unwrap());
-    assert_eq!((lb.block, lb.offset), (la.block, 128), "one slab");
+    assert_eq!((lb.block, lb.offset), (la.block, 112), "one slab");
     assert_eq!(la.gen, lb.gen, "the slab's generation");
     s.take_claims();
     remove(&mut s, "/t/a", false).unwrap();
@@ -1127,7 +1127,7 @@ fn a_freed_piece_is_fenced_before_another_value_reuses_it() {
     assert!(fence.gen > la.gen);
     // The next small value reuses the piece under the new generation; the
     // old handle's generation is refused by the storage server.
-    let c = put_small(&mut s, "/t/c", 120).unwrap();
+    let c = put_small(&mut s, "/t/c", 110).unwrap();
     let lc = c.first_block.unwrap();
     assert_eq!((lc.block, lc.offset), (la.block, la.offset), "piece reused");
     assert_eq!(lc.gen, fence.gen);
@@ -1223,13 +1223,13 @@ fn a_small_value_cannot_grow_past_its_piece() {
     let mut s = state_of(BS, 4, 0);
     table(&mut s, "/t", true);
     let k = create_with_hint(&mut s, "/t/k", 100).unwrap();
-    assert_eq!(k.block_size, 128);
+    assert_eq!(k.block_size, 112);
     let e = map(&mut s, k.id, 1, 1, k.lease).unwrap_err();
     assert_eq!(e.code, ErrorCode::OutOfRange);
-    assert!(e.message.contains("piece of 128 bytes"), "{e}");
-    let e = close(&mut s, &k, 129).unwrap_err();
+    assert!(e.message.contains("piece of 112 bytes"), "{e}");
+    let e = close(&mut s, &k, 113).unwrap_err();
     assert_eq!(e.code, ErrorCode::OutOfRange);
-    close(&mut s, &k, 128).unwrap();
+    close(&mut s, &k, 112).unwrap();
     // Without a size hint (or above a quarter block) a value gets blocks.
     let big = create_with_hint(&mut s, "/t/big", BS as u64 / 4 + 1).unwrap();
     assert_eq!(big.block_size, BS);
