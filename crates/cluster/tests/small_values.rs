@@ -216,3 +216,45 @@ async fn mixed_churn(shared_memory: bool) {
     );
     t.cluster.shutdown();
 }
+
+on_both_paths!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    out_of_space_small_values_get_no_space_and_earlier_ones_stay_intact => no_space
+);
+
+/// PRODUCT.md §8, "out of space in all classes": small values fill every
+/// class, the next put gets `NoSpace` and leaves nothing behind, every
+/// earlier value reads back intact, and a delete makes room again.
+async fn no_space(shared_memory: bool) {
+    // 4 blocks of 64 KiB, one of them the root's records: 3 slabs of 64
+    // pieces of 1 KiB.
+    let t = common::start_on_path(4 * common::BS, 0, shared_memory).await;
+    let c = &t.client;
+    c.create("/t", NodeType::Table, table(false)).await.unwrap();
+    let mut stored = 0u64;
+    let err = loop {
+        match c
+            .put(&format!("/t/k{stored}"), &value(stored, 0, 1000))
+            .await
+        {
+            Ok(()) => stored += 1,
+            Err(e) => break e,
+        }
+        assert!(stored <= 1000, "no NoSpace after {stored} values");
+    };
+    assert_eq!(err.code, ErrorCode::NoSpace, "{err}");
+    assert_eq!(stored, 3 * 64);
+    assert_eq!(
+        c.lookup(&format!("/t/k{stored}")).await.unwrap_err().code,
+        ErrorCode::NotFound,
+        "the failed put left nothing"
+    );
+    for i in 0..stored {
+        assert_eq!(c.get(&format!("/t/k{i}")).await.unwrap(), value(i, 0, 1000));
+    }
+    c.delete("/t/k7", false).await.unwrap();
+    c.put("/t/again", &value(999, 0, 1000)).await.unwrap();
+    assert_eq!(c.get("/t/again").await.unwrap(), value(999, 0, 1000));
+    common::assert_data_path(&t, c, shared_memory);
+    t.cluster.shutdown();
+}

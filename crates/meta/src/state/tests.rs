@@ -1302,3 +1302,36 @@ fn a_small_value_moves_off_an_unreachable_server_and_is_fenced_on_takeover() {
     );
     s.check_invariants().unwrap();
 }
+
+#[test]
+fn small_values_on_a_dead_server_are_reported_lost_and_others_carry_on() {
+    let mut s = MetaState::new(BS, 1000, 1);
+    for i in 1..=2 {
+        s.apply(MetaRequest::Register(spec(&format!("h:{i}"), 0, 4)), 0)
+            .unwrap();
+    }
+    table(&mut s, "/t", false);
+    let a = put_small(&mut s, "/t/a", 100).unwrap();
+    let la = a.first_block.unwrap();
+    let other = if la.server == 1 { 2 } else { 1 };
+    s.apply(MetaRequest::Heartbeat { server: other }, 5000)
+        .unwrap();
+    s.alloc_soft().expire(5000, 1000);
+    assert_eq!(
+        map(&mut s, a.id, 0, 1, 0).unwrap_err().code,
+        ErrorCode::DataLost
+    );
+    assert!(lookup(&mut s, "/t/a").unwrap().first_block.is_none());
+    // New small values go to the live server, into a slab of their own.
+    let b = put_small(&mut s, "/t/b", 100).unwrap();
+    assert_eq!(b.first_block.unwrap().server, other);
+    // Retired: the slab is gone with its server; deleting the lost value
+    // frees nothing and claims nothing there.
+    let d = s.decide_retire(11_000, 10_000).unwrap();
+    s.commit(d, 11_000);
+    assert_eq!(s.slabs().len(), 1);
+    s.take_claims();
+    remove(&mut s, "/t/a", false).unwrap();
+    assert!(s.take_claims().iter().all(|c| c.server == other));
+    s.check_invariants().unwrap();
+}
