@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{start_role, NK};
+use common::{client, start_role, NK};
 
 struct Up {
     child: Child,
@@ -72,11 +72,7 @@ impl Up {
     }
 
     fn nk(&self, args: &[&str]) -> Output {
-        Command::new(NK)
-            .args(args)
-            .env("NK_META", &self.meta)
-            .output()
-            .unwrap()
+        client(&self.meta).args(args).output().unwrap()
     }
 
     fn ok(&self, args: &[&str]) -> String {
@@ -522,13 +518,7 @@ fn separately_started_meta_and_store_serve_clients_and_bench() {
         &[("NK_META", &addr)],
         "storage server 0",
     );
-    let nk = |args: &[&str]| {
-        Command::new(NK)
-            .args(args)
-            .env("NK_META", &addr)
-            .output()
-            .unwrap()
-    };
+    let nk = |args: &[&str]| client(&addr).args(args).output().unwrap();
     let st: Value = serde_json::from_slice(&nk(&["status", "--json"]).stdout).unwrap();
     assert_eq!(
         st["servers"].as_array().unwrap().len(),

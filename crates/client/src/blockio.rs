@@ -58,15 +58,11 @@ pub trait AccessHook: Send + Sync + std::fmt::Debug {
 
 /// How a transfer finds its block again: implemented by the node handle.
 pub(crate) trait Locate {
-    /// Block `index` was `Stale` at `stale`: its current location according
-    /// to the metadata server (which may be `stale` itself), or the error
-    /// to surface (the node is gone or replaced, the lease was taken over).
-    fn relocate(
-        &self,
-        index: u64,
-        stale: &BlockLoc,
-        err: Error,
-    ) -> impl Future<Output = Result<BlockLoc>> + Send;
+    /// Block `index` was refused as `Stale` (`err`): its current location
+    /// according to the metadata server (which may be the refused one
+    /// itself), or the error to surface (the node is gone or replaced, the
+    /// lease was taken over).
+    fn relocate(&self, index: u64, err: Error) -> impl Future<Output = Result<BlockLoc>> + Send;
 
     /// The storage server of `lost` (block `index`) cannot be reached:
     /// a new block to write instead (only asked when every byte of the
@@ -277,7 +273,7 @@ impl BlockIo {
         stale: BlockLoc,
         err: Error,
     ) -> Result<BlockLoc> {
-        let next = at.relocate(index, &stale, err.clone()).await?;
+        let next = at.relocate(index, err.clone()).await?;
         if next == stale && self.write_once(&stale, 0, &[]).await.is_err() {
             return Err(err);
         }
@@ -331,7 +327,7 @@ impl BlockIo {
                     // A write with a newer generation claims the block, so
                     // `Stale` means the storage server is ahead of `loc`.
                     // Unless the block moved, its bytes changed hands.
-                    let next = at.relocate(index, &loc, e.clone()).await?;
+                    let next = at.relocate(index, e.clone()).await?;
                     if next == loc {
                         return Err(e);
                     }

@@ -521,7 +521,7 @@ impl Node {
 const MOVE_WAIT_MAX: Duration = Duration::from_millis(50);
 
 impl Locate for Node {
-    async fn relocate(&self, index: u64, _stale: &BlockLoc, err: Error) -> Result<BlockLoc> {
+    async fn relocate(&self, index: u64, err: Error) -> Result<BlockLoc> {
         // A writer re-maps under its lease: if another writer took over,
         // the answer is `LeaseExpired`, never a location to write on.
         let lease = self.writer.map(|w| w.lease);

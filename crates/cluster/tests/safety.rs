@@ -212,7 +212,7 @@ async fn replies_do_not_wait_on_an_unresponsive_store() {
     let req = nodekernel_proto::meta::MetaRequest::Register(spec);
     let mut buf = bytes::BytesMut::new();
     req.encode(&mut buf);
-    let pool = nodekernel_rpc::ConnectionPool::new(Duration::from_secs(5));
+    let pool = nodekernel_rpc::ConnectionPool::new(Duration::from_secs(120));
     pool.call(&t.cluster.meta_addr().to_string(), req.op(), &[&buf])
         .await
         .unwrap();

@@ -222,7 +222,7 @@ impl Slabs {
     /// An empty slab stops being one (its block goes back separately).
     pub(crate) fn remove(&mut self, server: u32, block: u32) {
         if let Some(s) = self.slabs.remove(&(server, block)) {
-            self.unindex(&s, server, block);
+            self.unindex((s.piece_size, s.class), server, block);
         }
     }
 
@@ -246,13 +246,11 @@ impl Slabs {
         if s.next_free().is_some() {
             self.partial.entry(key).or_default().insert((server, block));
         } else {
-            let s = s.clone();
-            self.unindex(&s, server, block);
+            self.unindex(key, server, block);
         }
     }
 
-    fn unindex(&mut self, s: &Slab, server: u32, block: u32) {
-        let key = (s.piece_size, s.class);
+    fn unindex(&mut self, key: (u32, u8), server: u32, block: u32) {
         if let Some(set) = self.partial.get_mut(&key) {
             set.remove(&(server, block));
             if set.is_empty() {
@@ -261,31 +259,24 @@ impl Slabs {
         }
     }
 
-    /// Whether the partial index agrees with the slabs (for invariants).
+    /// Whether each slab's counts agree with its owners, and the partial
+    /// index holds exactly the slabs with a free piece (for invariants).
     pub fn is_consistent(&self) -> bool {
         let indexed: usize = self.partial.values().map(|s| s.len()).sum();
-        let partial = self
-            .slabs
-            .iter()
-            .filter(|(k, s)| {
-                s.next_free().is_some()
-                    && self
-                        .partial
-                        .get(&(s.piece_size, s.class))
-                        .is_some_and(|set| set.contains(k))
-            })
-            .count();
-        let counts = self.slabs.values().all(|s| {
-            s.owners.iter().filter(|o| **o != 0).count() as u32 == s.used
+        let mut with_free = 0;
+        let slabs_agree = self.slabs.iter().all(|(k, s)| {
+            let has_free = s.next_free().is_some();
+            with_free += usize::from(has_free);
+            let in_index = self
+                .partial
+                .get(&(s.piece_size, s.class))
+                .is_some_and(|set| set.contains(k));
+            s.owned().count() as u32 == s.used
                 && s.freed.iter().all(|i| s.owner(*i).is_none())
                 && s.fresh as usize <= s.owners.len()
+                && has_free == in_index
         });
-        let with_free = self
-            .slabs
-            .values()
-            .filter(|s| s.next_free().is_some())
-            .count();
-        counts && indexed == partial && partial == with_free
+        slabs_agree && indexed == with_free
     }
 }
 

@@ -14,7 +14,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const BS: u32 = 64 << 10;
-const TIMEOUT: Duration = Duration::from_secs(5);
 /// Generous bound that only catches hangs.
 const HANG: Duration = Duration::from_secs(120);
 
@@ -27,7 +26,7 @@ fn cfg(medium: MediumKind, blocks: u64) -> StoreConfig {
         block_size: BS,
         location: "test-host".into(),
         heartbeat_interval: Duration::from_millis(20),
-        rpc_timeout: Duration::from_secs(2),
+        rpc_timeout: HANG,
         ..StoreConfig::default()
     }
 }
@@ -98,7 +97,7 @@ async fn serve_over_network_with(medium: MediumKind, io: FileIoConfig) {
     assert_eq!(srv.server_ids(), Vec::<Option<u32>>::new());
     let addr = srv.local_addr().to_string();
     assert_ne!(srv.local_addr().port(), 0);
-    let c = Connection::connect(&addr, TIMEOUT).await.unwrap();
+    let c = Connection::connect(&addr, HANG).await.unwrap();
 
     assert!(call(&c, StoreRequest::Ping).await.unwrap().is_empty());
 
@@ -188,7 +187,7 @@ async fn serve_over_network_with(medium: MediumKind, io: FileIoConfig) {
     if let Some(p) = &block_file {
         assert!(!p.exists(), "{} is removed at shutdown", p.display());
     }
-    let e = Connection::connect(&addr, TIMEOUT)
+    let e = Connection::connect(&addr, HANG)
         .await
         .err()
         .expect("connect after shutdown must fail");
@@ -275,7 +274,7 @@ async fn concurrent_clients_on_the_file_tier() {
         .map(|t| {
             let addr = addr.clone();
             tokio::spawn(async move {
-                let c = Connection::connect(&addr, TIMEOUT).await.unwrap();
+                let c = Connection::connect(&addr, HANG).await.unwrap();
                 for round in 0..10u32 {
                     // Client t owns bytes [7+t*100, 7+t*100+100) of block
                     // 0: neighbours share 4 KiB sectors, never bytes.
@@ -290,7 +289,7 @@ async fn concurrent_clients_on_the_file_tier() {
     for t in tasks {
         t.await.unwrap();
     }
-    let c = Connection::connect(&addr, TIMEOUT).await.unwrap();
+    let c = Connection::connect(&addr, HANG).await.unwrap();
     let all = read(&c, 0, 1, 7, 1600).await.unwrap();
     for t in 0..16usize {
         let want = (t as u32 * 13 + 9) as u8;
@@ -307,9 +306,9 @@ async fn drop_stops_the_server() {
         .await
         .unwrap();
     let addr = srv.local_addr().to_string();
-    Connection::connect(&addr, TIMEOUT).await.unwrap();
+    Connection::connect(&addr, HANG).await.unwrap();
     drop(srv);
-    assert!(Connection::connect(&addr, TIMEOUT).await.is_err());
+    assert!(Connection::connect(&addr, HANG).await.is_err());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -322,7 +321,7 @@ async fn concurrent_clients_on_disjoint_blocks() {
         .map(|b| {
             let addr = addr.clone();
             tokio::spawn(async move {
-                let c = Connection::connect(&addr, TIMEOUT).await.unwrap();
+                let c = Connection::connect(&addr, HANG).await.unwrap();
                 for round in 0..20u32 {
                     let gen = u64::from(round) + 1;
                     let data = vec![(b * 31 + round) as u8; (BS / 2) as usize + b as usize];
@@ -526,7 +525,7 @@ async fn survives_a_meta_restart() {
     // The metadata server dies: heartbeats fail, the storage server stays up.
     drop(h1);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let data = Connection::connect(&srv.local_addr().to_string(), TIMEOUT)
+    let data = Connection::connect(&srv.local_addr().to_string(), HANG)
         .await
         .unwrap();
     assert!(call(&data, StoreRequest::Ping).await.is_ok());
@@ -641,7 +640,7 @@ fn map_region(
     use std::os::linux::net::SocketAddrExt;
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
     let sock = std::os::unix::net::UnixStream::connect_addr(&addr)?;
-    sock.set_read_timeout(Some(TIMEOUT))?;
+    sock.set_read_timeout(Some(HANG))?;
     let region = nodekernel_shm::receive_region(&sock)?;
     Ok((region, sock))
 }
@@ -651,7 +650,7 @@ async fn dram_memory_is_handed_to_colocated_clients() {
     let srv = StorageServer::start(cfg(MediumKind::Dram, 4))
         .await
         .unwrap();
-    let c = Connection::connect(&srv.local_addr().to_string(), TIMEOUT)
+    let c = Connection::connect(&srv.local_addr().to_string(), HANG)
         .await
         .unwrap();
     let name = shm_name(&c).await;
@@ -708,7 +707,7 @@ async fn only_shared_dram_answers_with_a_socket_name() {
     let mut c = cfg(MediumKind::Dram, 1);
     c.shared_memory = false;
     let srv = StorageServer::start(c).await.unwrap();
-    let conn = Connection::connect(&srv.local_addr().to_string(), TIMEOUT)
+    let conn = Connection::connect(&srv.local_addr().to_string(), HANG)
         .await
         .unwrap();
     assert_eq!(shm_name(&conn).await, "", "sharing disabled");
@@ -723,7 +722,7 @@ async fn only_shared_dram_answers_with_a_socket_name() {
     ))
     .await
     .unwrap();
-    let conn = Connection::connect(&srv.local_addr().to_string(), TIMEOUT)
+    let conn = Connection::connect(&srv.local_addr().to_string(), HANG)
         .await
         .unwrap();
     assert_eq!(shm_name(&conn).await, "", "file medium");
@@ -764,10 +763,10 @@ async fn claims_and_copies(medium: MediumKind) {
         .await
         .unwrap();
     let b = StorageServer::start(cfg(medium, 4)).await.unwrap();
-    let ca = Connection::connect(&a.local_addr().to_string(), TIMEOUT)
+    let ca = Connection::connect(&a.local_addr().to_string(), HANG)
         .await
         .unwrap();
-    let cb = Connection::connect(&b.local_addr().to_string(), TIMEOUT)
+    let cb = Connection::connect(&b.local_addr().to_string(), HANG)
         .await
         .unwrap();
     let data: Vec<u8> = (0..BS).map(|i| (i % 251) as u8).collect();
@@ -907,7 +906,7 @@ async fn a_locked_data_dir_is_refused_naming_it_and_left_alone() {
     let first = StorageServer::start(in_dir(&dir, 2)).await.unwrap();
     assert_eq!(first.data_dir(), Some(dir.as_path()));
     assert_eq!(first.block_file(), Some(dir.join("blocks").as_path()));
-    let c = Connection::connect(&first.local_addr().to_string(), TIMEOUT)
+    let c = Connection::connect(&first.local_addr().to_string(), HANG)
         .await
         .unwrap();
     write(&c, 1, 1, 0, b"first's bytes").await.unwrap();
@@ -966,7 +965,7 @@ async fn a_block_file_in_use_is_refused_and_not_truncated() {
     let file = |blocks| cfg(MediumKind::File { path: path.clone() }, blocks);
     let first = StorageServer::start(file(2)).await.unwrap();
     assert_eq!(first.data_dir(), None);
-    let c = Connection::connect(&first.local_addr().to_string(), TIMEOUT)
+    let c = Connection::connect(&first.local_addr().to_string(), HANG)
         .await
         .unwrap();
     let data: Vec<u8> = (0..BS).map(|i| (i % 253) as u8).collect();
@@ -1188,7 +1187,7 @@ async fn discard_removes_what_the_start_created() {
     let addr = srv.local_addr().to_string();
     srv.discard();
     assert!(!dir.exists());
-    assert!(Connection::connect(&addr, TIMEOUT).await.is_err());
+    assert!(Connection::connect(&addr, HANG).await.is_err());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -27,3 +27,21 @@ pub fn start_role(args: &[&str], envs: &[(&str, &str)], ready: &str) -> (Child, 
     let last = line.rsplit(' ').next().unwrap().to_string();
     (child, last)
 }
+
+/// An `nk` client command against the cluster at `meta`, whose requests
+/// wait for a reply as long as it takes: its timeout only catches a hang
+/// (the default 5 s is not that on a loaded machine).
+#[allow(dead_code)] // not every test binary runs client commands this way
+pub fn client(meta: &str) -> Command {
+    static CONFIG: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    let config = CONFIG.get_or_init(|| {
+        // Written once per test process, before any command reads it.
+        let name = format!("client-hang-bound-{}.toml", std::process::id());
+        let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+        std::fs::write(&path, "[client]\ntimeout_ms = 120000\n").unwrap();
+        path
+    });
+    let mut cmd = Command::new(NK);
+    cmd.env("NK_META", meta).env("NK_CONFIG", config);
+    cmd
+}

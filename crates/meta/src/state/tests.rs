@@ -712,6 +712,13 @@ fn before_any_storage_server_registers_the_error_says_so() {
     create(&mut s, "/d", Directory, 0).unwrap();
 }
 
+/// At `now`, every storage server but `alive` has been silent too long.
+fn only_alive(s: &mut MetaState, alive: u32, now: u64) {
+    s.apply(MetaRequest::Heartbeat { server: alive }, now)
+        .unwrap();
+    s.alloc_soft().expire(now, 1000);
+}
+
 #[test]
 fn dead_servers_report_data_lost_and_retired_ones_leave_capacity() {
     let mut s = state();
@@ -719,9 +726,7 @@ fn dead_servers_report_data_lost_and_retired_ones_leave_capacity() {
     let (_, b) = map(&mut s, f.id, 0, 1, f.lease).unwrap();
     close(&mut s, &f, 10).unwrap();
     let other = if b[0].server == 1 { 2 } else { 1 };
-    s.apply(MetaRequest::Heartbeat { server: other }, 5000)
-        .unwrap();
-    s.alloc_soft().expire(5000, 1000);
+    only_alive(&mut s, other, 5000);
     assert_eq!(
         map(&mut s, f.id, 0, 1, 0).unwrap_err().code,
         ErrorCode::DataLost
@@ -1041,28 +1046,19 @@ fn a_hundred_thousand_small_values_fit_in_32_mib_of_dram() {
     assert_eq!(loc.offset, (99_999 % 9362) * 112);
 }
 
-/// splitmix64, for tests that need many varied operations reproducibly.
-fn mix(x: &mut u64) -> u64 {
-    *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *x;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 #[test]
 fn a_million_replaces_and_deletes_keep_used_space_bounded() {
     const KEYS: u64 = 2000;
     let mut s = state_of(1 << 20, 64, 0);
     table(&mut s, "/t", true);
-    let mut rng = 7u64;
+    let mut rng = crate::sim::Rng(7);
     let mut live = BTreeMap::new();
     let mut peaks = Vec::new();
     let mut peak = 0;
     for op in 1..=1_000_000u64 {
-        let key = mix(&mut rng) % KEYS;
+        let key = rng.below(KEYS);
         let path = format!("/t/k{key}");
-        if mix(&mut rng).is_multiple_of(5) {
+        if rng.below(5) == 0 {
             if live.remove(&key).is_some() {
                 let r = remove(&mut s, &path, false).unwrap();
                 if let Some(r) = r {
@@ -1077,7 +1073,7 @@ fn a_million_replaces_and_deletes_keep_used_space_bounded() {
                 }
             }
         } else {
-            let size = 1 + mix(&mut rng) % 1500;
+            let size = 1 + rng.below(1500);
             put_small(&mut s, &path, size).unwrap();
             live.insert(key, size);
         }
@@ -1314,9 +1310,7 @@ fn small_values_on_a_dead_server_are_reported_lost_and_others_carry_on() {
     let a = put_small(&mut s, "/t/a", 100).unwrap();
     let la = a.first_block.unwrap();
     let other = if la.server == 1 { 2 } else { 1 };
-    s.apply(MetaRequest::Heartbeat { server: other }, 5000)
-        .unwrap();
-    s.alloc_soft().expire(5000, 1000);
+    only_alive(&mut s, other, 5000);
     assert_eq!(
         map(&mut s, a.id, 0, 1, 0).unwrap_err().code,
         ErrorCode::DataLost
