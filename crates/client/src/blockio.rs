@@ -27,6 +27,7 @@ use nodekernel_proto::store::{encode_write_prefix, op as store_op, StoreRequest}
 use nodekernel_proto::{BlockLoc, Error, ErrorCode, Result};
 use nodekernel_rpc::ConnectionPool;
 use std::future::Future;
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -115,6 +116,8 @@ impl BlockIo {
             mapped_writes: self.mapped_writes.load(Ordering::Relaxed),
             network_reads: self.network_reads.load(Ordering::Relaxed),
             network_writes: self.network_writes.load(Ordering::Relaxed),
+            network_read_bytes_direct: self.pool.reply_copies().direct(),
+            network_read_bytes_copied: self.pool.reply_copies().staged(),
         }
     }
 
@@ -159,17 +162,26 @@ impl BlockIo {
     // `offset` is inside the node's block; a small value's block is a
     // piece of a storage block, at `loc.offset`.
 
-    /// Returns whether the bytes came through mapped memory.
-    async fn read_into_once(&self, loc: &BlockLoc, offset: u32, dst: &mut [u8]) -> Result<bool> {
+    /// Fills `dst` (copied from mapped memory, or received from the
+    /// socket straight into it); returns whether the bytes came through
+    /// mapped memory.
+    async fn read_into_once(
+        &self,
+        loc: &BlockLoc,
+        offset: u32,
+        dst: &mut [MaybeUninit<u8>],
+    ) -> Result<bool> {
         let offset = loc.storage_offset(offset)?;
         match self.route(&loc.addr).await? {
             Route::Mapped(m) => {
-                m.region().read(loc.block, loc.gen, offset, dst)?;
+                m.region().read_uninit(loc.block, loc.gen, offset, dst)?;
                 Ok(true)
             }
             Route::Network => {
-                let data = self.read_remote(loc, offset, dst.len()).await?;
-                dst.copy_from_slice(&data);
+                let req = read_request(loc, offset, dst.len());
+                let conn = self.pool.get(&loc.addr).await?;
+                let n = conn.call_into_uninit(store_op::READ, &[&req], dst).await?;
+                check_read_len(loc, n, dst.len())?;
                 Ok(false)
             }
         }
@@ -189,22 +201,9 @@ impl BlockIo {
     }
 
     async fn read_remote(&self, loc: &BlockLoc, offset: u32, len: usize) -> Result<Bytes> {
-        let mut req = BytesMut::with_capacity(24);
-        StoreRequest::Read {
-            block: loc.block,
-            gen: loc.gen,
-            offset,
-            len: len as u32,
-        }
-        .encode(&mut req);
+        let req = read_request(loc, offset, len);
         let data = self.pool.call(&loc.addr, store_op::READ, &[&req]).await?;
-        if data.len() != len {
-            return Err(Error::protocol(format!(
-                "storage server {} returned {} bytes instead of {len}",
-                loc.addr,
-                data.len()
-            )));
-        }
+        check_read_len(loc, data.len(), len)?;
         Ok(data)
     }
 
@@ -240,7 +239,7 @@ impl BlockIo {
         index: u64,
         mut loc: BlockLoc,
         offset: u32,
-        dst: &mut [u8],
+        dst: &mut [MaybeUninit<u8>],
     ) -> Result<()> {
         let mut moves = 0;
         loop {
@@ -346,6 +345,29 @@ impl BlockIo {
             }
         }
     }
+}
+
+/// A READ of `len` bytes of the block at `loc`, at storage offset `offset`.
+fn read_request(loc: &BlockLoc, offset: u32, len: usize) -> BytesMut {
+    let mut req = BytesMut::with_capacity(24);
+    StoreRequest::Read {
+        block: loc.block,
+        gen: loc.gen,
+        offset,
+        len: len as u32,
+    }
+    .encode(&mut req);
+    req
+}
+
+fn check_read_len(loc: &BlockLoc, got: usize, len: usize) -> Result<()> {
+    if got == len {
+        return Ok(());
+    }
+    Err(Error::protocol(format!(
+        "storage server {} returned {got} bytes instead of {len}",
+        loc.addr
+    )))
 }
 
 /// Errors that mean the storage server itself could not be reached (as

@@ -53,13 +53,20 @@ impl ClientConfig {
 }
 
 /// How many block transfers went through mapped memory and how many over
-/// the network, since the client was created (one per block piece).
+/// the network, since the client was created (one per block piece), and
+/// how the bytes of network reads reached the reader's buffer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DataPathStats {
     pub mapped_reads: u64,
     pub mapped_writes: u64,
     pub network_reads: u64,
     pub network_writes: u64,
+    /// Bytes of network reads the kernel received straight into the
+    /// reader's buffer (no copy in the client).
+    pub network_read_bytes_direct: u64,
+    /// Bytes of network reads received into a connection buffer first and
+    /// copied from there (read ahead together with another reply).
+    pub network_read_bytes_copied: u64,
 }
 
 /// The host name, used as the default location class.

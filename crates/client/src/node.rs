@@ -4,6 +4,7 @@ use bytes::Bytes;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use nodekernel_proto::meta::{MetaReply, MetaRequest, MAX_MAP_COUNT};
 use nodekernel_proto::{BlockLoc, Error, ErrorCode, NodeInfo, Result};
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -235,10 +236,15 @@ impl Node {
     /// mapped memory into `buf`; the rest come over the network, several
     /// blocks in flight. On any error `buf` holds no bytes of another node.
     pub async fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        // SAFETY: the read path only ever writes initialised bytes into the
+        // buffer (copies, recv, zeroes), so it stays initialised.
+        let buf = unsafe { &mut *(buf as *mut [u8] as *mut [MaybeUninit<u8>]) };
         self.read_at_raw(offset, buf).await.map_err(|e| self.ctx(e))
     }
 
-    async fn read_at_raw(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+    /// Fills `buf`, which need not be initialised: the bytes are copied
+    /// from mapped memory or received from the socket straight into it.
+    async fn read_at_raw(&self, offset: u64, buf: &mut [MaybeUninit<u8>]) -> Result<()> {
         self.check_range(offset, buf.len()).await?;
         if buf.is_empty() {
             return Ok(());
@@ -252,27 +258,36 @@ impl Node {
             let s = segs.pop().expect("one segment");
             return io.read_into(self, s.index, s.loc, s.offset, buf).await;
         }
-        // Each piece gets its own part of `buf`; several are in flight.
+        // Each piece gets its own part of `buf`; several are in flight,
+        // created as they start (not one future per block up front).
         let mut rest = buf;
-        let mut reads = Vec::with_capacity(segs.len());
-        for s in segs {
+        let reads = segs.into_iter().map(move |s| {
             let (dst, tail) = std::mem::take(&mut rest).split_at_mut(s.len);
             rest = tail;
-            reads.push(io.read_into(self, s.index, s.loc, s.offset, dst));
-        }
+            io.read_into(self, s.index, s.loc, s.offset, dst)
+        });
         stream::iter(reads)
             .buffer_unordered(self.client.config().transfers_in_flight.max(1))
             .try_collect::<()>()
             .await
     }
 
-    /// Reads `len` bytes at `offset` into a new vector.
+    /// Reads `len` bytes at `offset` into a new vector, allocated once and
+    /// filled by the read itself (never zeroed first).
     pub async fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>> {
         let len = usize::try_from(len).map_err(|_| {
             Error::invalid_argument(format!("{}: length {len} too large", self.path))
         })?;
-        let mut buf = vec![0u8; len];
-        self.read_at(offset, &mut buf).await?;
+        // Checked before allocating: `len` comes from the caller.
+        self.check_range(offset, len)
+            .await
+            .map_err(|e| self.ctx(e))?;
+        let mut buf = Vec::with_capacity(len);
+        self.read_at_raw(offset, &mut buf.spare_capacity_mut()[..len])
+            .await
+            .map_err(|e| self.ctx(e))?;
+        // SAFETY: a successful read initialised all `len` bytes.
+        unsafe { buf.set_len(len) };
         Ok(buf)
     }
 

@@ -4,6 +4,7 @@
 //! bytes (those of a model), and each path must be the one really taken.
 
 mod common;
+use common::PutFile;
 
 use common::pattern;
 use nodekernel_client::{Client, CreateOptions, ErrorCode, Node, NodeType};
@@ -297,21 +298,6 @@ async fn a_stopped_server_is_not_read_through_its_old_mapping() {
         "{e}"
     );
     assert!(e.message.contains("/f"), "{e}");
-}
-
-trait PutFile {
-    async fn put_file(&self, path: &str, data: &[u8]);
-}
-
-impl PutFile for Client {
-    async fn put_file(&self, path: &str, data: &[u8]) {
-        let mut n = self
-            .create(path, NodeType::File, CreateOptions::default())
-            .await
-            .unwrap();
-        n.append(data).await.unwrap();
-        n.close().await.unwrap();
-    }
 }
 
 /// Metadata requests of a client on the metadata server's host go over the

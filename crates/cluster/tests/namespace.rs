@@ -1,6 +1,7 @@
 //! Namespace semantics through a real cluster (PRODUCT.md §1 table, §2).
 
 mod common;
+use common::PutFile;
 
 use nodekernel_client::{CreateOptions, ErrorCode, NodeType};
 use NodeType::*;
@@ -217,17 +218,4 @@ async fn invalid_paths_are_refused() {
         c.lookup(&a).await.unwrap().info().id,
         c.lookup(&b).await.unwrap().info().id
     );
-}
-
-/// Small helper: write a whole File and close it.
-trait PutFile {
-    async fn put_file(&self, path: &str, data: &[u8]);
-}
-
-impl PutFile for nodekernel_client::Client {
-    async fn put_file(&self, path: &str, data: &[u8]) {
-        let mut n = self.create(path, File, opts()).await.unwrap();
-        n.append(data).await.unwrap();
-        n.close().await.unwrap();
-    }
 }

@@ -29,6 +29,21 @@
 //! that removes it when the call ends in any way, so the reply of an
 //! abandoned call is dropped on arrival and nothing leaks.
 //!
+//! # Receiving straight into the caller's buffer
+//!
+//! A reply normally lands in the connection's receive buffer and is handed
+//! over as `Bytes` cut from it. A caller of [`Connection::call_into`] wants
+//! the payload in its own buffer instead, without that intermediate copy.
+//! While such a call is waiting, the connection reads frame by frame (a
+//! header, then exactly the rest of its frame), so no byte of a later
+//! frame is read ahead into the receive buffer. When the header of the
+//! direct reply arrives, whoever is reading stops there: the stream is
+//! *parked* and belongs to that caller, which receives the payload with
+//! `recv` straight into its buffer, inside its own future (no pointer to
+//! the buffer is ever stored). When the payload is complete, the stream is
+//! unparked and the reader task goes on. A caller that goes away while the
+//! stream is parked for it leaves the rest of its payload to be skipped.
+//!
 //! A send that cannot finish before the call's deadline (the peer stopped
 //! reading) fails the whole connection: the stream is stuck and a later
 //! frame could not go out anyway. Every pending call fails at once, the
@@ -43,7 +58,8 @@ use nodekernel_proto::hello::Role;
 use nodekernel_proto::{Error, FrameHeader, Result, HEADER_LEN, MAX_PAYLOAD_LEN};
 use std::collections::HashMap;
 use std::io::IoSlice;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
@@ -75,17 +91,102 @@ pub fn default_client_handshake() -> Arc<dyn ClientHandshake> {
     Arc::new(VersionHandshake::new(Role::Client))
 }
 
-type Waiters = HashMap<u64, oneshot::Sender<Result<Bytes>>>;
+/// How a call wants its reply.
+enum Waiter {
+    /// As `Bytes` cut from the receive buffer.
+    Buffered(oneshot::Sender<Result<Bytes>>),
+    /// Straight into the caller's buffer of `cap` bytes (see the module
+    /// docs): `Ok(len)` tells the caller the stream is parked at its
+    /// payload of `len` bytes.
+    Direct {
+        tx: oneshot::Sender<Result<usize>>,
+        cap: usize,
+    },
+}
 
-/// The receiving side of a connection, driven either by the reader task or
-/// by a caller spinning for its reply (whoever holds `buf`).
+impl Waiter {
+    fn fail(self, e: Error) {
+        match self {
+            Waiter::Buffered(tx) => {
+                let _ = tx.send(Err(e));
+            }
+            Waiter::Direct { tx, .. } => {
+                let _ = tx.send(Err(e));
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct Waiters {
+    map: HashMap<u64, Waiter>,
+    /// Entries of `map` that are `Direct`.
+    direct: usize,
+}
+
+impl Waiters {
+    fn remove(&mut self, id: u64) -> Option<Waiter> {
+        let w = self.map.remove(&id);
+        if matches!(w, Some(Waiter::Direct { .. })) {
+            self.direct -= 1;
+        }
+        w
+    }
+}
+
+/// Bytes of direct replies ([`Connection::call_into`]) by how they reached
+/// the caller's buffer; shared by the connections of a pool.
+#[derive(Debug, Default)]
+pub struct ReplyCopies {
+    direct: AtomicU64,
+    staged: AtomicU64,
+}
+
+impl ReplyCopies {
+    /// Payload bytes the kernel wrote straight into callers' buffers.
+    pub fn direct(&self) -> u64 {
+        self.direct.load(Ordering::Relaxed)
+    }
+
+    /// Payload bytes that went through a receive buffer first and were
+    /// copied from there (read together with an earlier frame).
+    pub fn staged(&self) -> u64 {
+        self.staged.load(Ordering::Relaxed)
+    }
+}
+
+/// The receiving side of a connection, driven by the reader task, by a
+/// caller spinning for its reply (whoever holds `state`), or by the caller
+/// the stream is parked for.
 struct Inbound {
     rd: ReadHalf,
-    buf: Mutex<BytesMut>,
+    state: Mutex<InState>,
+    /// Signalled when a parked stream is given back to the reader task.
+    unparked: tokio::sync::Notify,
+}
+
+struct InState {
+    buf: BytesMut,
+    /// The direct reply whose payload its caller is receiving: nobody else
+    /// reads the socket meanwhile.
+    parked: Option<Parked>,
+    /// Payload bytes of an abandoned direct reply still to be dropped.
+    skip: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Parked {
+    id: u64,
+    /// Payload bytes its caller has not received yet.
+    left: usize,
 }
 
 struct Shared {
     waiters: Mutex<Waiters>,
+    /// `waiters.direct`, readable without the lock: while it is not zero,
+    /// the connection reads frame by frame.
+    direct_waiters: AtomicUsize,
+    copies: Arc<ReplyCopies>,
     /// Set (under the `waiters` lock) when the connection fails; no waiter
     /// is registered after that.
     closed: AtomicBool,
@@ -94,6 +195,8 @@ struct Shared {
     /// Frames whose caller went away mid-write (their rest was sent from a
     /// copy).
     abandoned: AtomicU64,
+    /// Direct replies whose caller went away while receiving the payload.
+    abandoned_replies: AtomicU64,
 }
 
 enum Pump {
@@ -103,6 +206,8 @@ enum Pump {
     Idle,
     /// Another thread is reading.
     Busy,
+    /// The stream is parked for a direct reply's caller.
+    Parked,
 }
 
 impl Shared {
@@ -112,10 +217,12 @@ impl Shared {
         let waiters: Vec<_> = {
             let mut w = self.waiters.lock().expect("waiters lock");
             self.closed.store(true, Ordering::Release);
-            w.drain().collect()
+            w.direct = 0;
+            self.direct_waiters.store(0, Ordering::Relaxed);
+            w.map.drain().collect()
         };
-        for (_, tx) in waiters {
-            let _ = tx.send(Err(err.clone()));
+        for (_, waiter) in waiters {
+            waiter.fail(err.clone());
         }
         // SAFETY: a plain system call on the descriptor of the read half,
         // which `self` owns (shutdown acts on the socket, both directions).
@@ -131,32 +238,152 @@ impl Shared {
     /// Registers the waiter for request `id`; fails if the connection has
     /// failed (checked under the same lock `fail_all` drains, so a waiter
     /// is never left behind by a failure).
-    fn register(&self, id: u64, tx: oneshot::Sender<Result<Bytes>>) -> Result<WaiterGuard<'_>> {
+    fn register(&self, id: u64, waiter: Waiter) -> Result<WaiterGuard<'_>> {
         let mut w = self.waiters.lock().expect("waiters lock");
         if self.closed.load(Ordering::Acquire) {
             return Err(self.closed_error());
         }
-        w.insert(id, tx);
+        let direct = matches!(waiter, Waiter::Direct { .. });
+        if direct {
+            w.direct += 1;
+            self.direct_waiters.store(w.direct, Ordering::SeqCst);
+        }
+        w.map.insert(id, waiter);
         Ok(WaiterGuard {
             shared: self,
             id,
+            direct,
             armed: true,
         })
+    }
+
+    fn remove_waiter(&self, id: u64) -> Option<Waiter> {
+        let mut w = self.waiters.lock().expect("waiters lock");
+        let waiter = w.remove(id);
+        self.direct_waiters.store(w.direct, Ordering::SeqCst);
+        waiter
+    }
+
+    /// How much the next read may take: everything the buffer has room
+    /// for, or, while a direct call waits, no more than the rest of the
+    /// frame at the front (so its payload is not read ahead).
+    fn read_limit(&self, st: &InState) -> usize {
+        if self.direct_waiters.load(Ordering::SeqCst) == 0 {
+            return usize::MAX;
+        }
+        if st.skip > 0 {
+            return st.skip;
+        }
+        if st.buf.len() < HEADER_LEN {
+            return HEADER_LEN - st.buf.len();
+        }
+        let h: [u8; HEADER_LEN] = st.buf[..HEADER_LEN].try_into().expect("length checked");
+        match FrameHeader::parse(&h) {
+            Ok(header) => (HEADER_LEN + header.payload_len)
+                .saturating_sub(st.buf.len())
+                .max(1),
+            Err(_) => usize::MAX, // dispatch reports it
+        }
+    }
+
+    /// Hands a stream that is no longer parked back: delivers the frames
+    /// already buffered and wakes the reader task.
+    fn unpark(&self, mut st: std::sync::MutexGuard<'_, InState>) {
+        st.parked = None;
+        let dispatched = self.dispatch(&mut st);
+        drop(st);
+        if let Err(e) = dispatched {
+            self.fail_all(&e);
+        }
+        self.inbound.unparked.notify_one();
+    }
+
+    /// The caller of direct reply `id` went away: if the stream is parked
+    /// for it, the rest of its payload is skipped.
+    fn abandon_direct(&self, id: u64) {
+        let mut st = self.inbound.state.lock().expect("inbound lock");
+        let left = match st.parked {
+            Some(p) if p.id == id => p.left,
+            _ => return,
+        };
+        let n = left.min(st.buf.len());
+        st.buf.advance(n);
+        st.skip = left - n;
+        self.abandoned_replies.fetch_add(1, Ordering::Relaxed);
+        self.unpark(st);
+    }
+
+    /// Receives what has arrived of the payload the stream is parked at
+    /// (for direct reply `id`) into `rest`, the part of the caller's buffer
+    /// still to fill; returns how many bytes it took, and unparks the
+    /// stream once `rest` is full. Never waits.
+    fn receive_now(&self, id: u64, rest: &mut [MaybeUninit<u8>]) -> Result<usize> {
+        let rd = &self.inbound.rd;
+        let fd = rd.fd();
+        let mut st = self.inbound.state.lock().expect("inbound lock");
+        debug_assert!(matches!(st.parked, Some(p) if p.id == id && p.left == rest.len()));
+        // Bytes read together with the header (before the call was
+        // registered as direct, or by a read not yet frame by frame):
+        // copied once from the receive buffer.
+        let mut got = st.buf.len().min(rest.len());
+        if got > 0 {
+            // SAFETY: both ranges are valid for `got` bytes and do not
+            // overlap (`rest` is the caller's memory).
+            unsafe {
+                std::ptr::copy_nonoverlapping(st.buf.as_ptr(), rest.as_mut_ptr().cast::<u8>(), got);
+            }
+            st.buf.advance(got);
+            self.copies.staged.fetch_add(got as u64, Ordering::Relaxed);
+        }
+        while got < rest.len() {
+            // Inside `try_io`, so a WouldBlock clears the readiness.
+            let r = rd.try_io(|| match crate::recv_into(fd, &mut rest[got..]) {
+                Ok(None) => Err(std::io::ErrorKind::WouldBlock.into()),
+                other => other,
+            });
+            let e = match r {
+                Ok(Some(0)) => {
+                    Error::unavailable(format!("connection to {} closed by the peer", self.peer))
+                }
+                Ok(Some(n)) => {
+                    got += n;
+                    self.copies.direct.fetch_add(n as u64, Ordering::Relaxed);
+                    continue;
+                }
+                // `Ok(None)` is turned into WouldBlock above.
+                Ok(None) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => crate::io_error(&format!("connection to {}", self.peer), e),
+            };
+            drop(st);
+            self.fail_all(&e);
+            return Err(e);
+        }
+        if got == rest.len() {
+            self.unpark(st);
+        } else if let Some(p) = &mut st.parked {
+            p.left -= got;
+        }
+        Ok(got)
     }
 
     /// Reads what the socket has without blocking and hands every complete
     /// reply to its waiter.
     fn pump(&self) -> Result<Pump> {
-        let Ok(mut buf) = self.inbound.buf.try_lock() else {
+        let Ok(mut st) = self.inbound.state.try_lock() else {
             return Ok(Pump::Busy);
         };
+        if st.parked.is_some() {
+            return Ok(Pump::Parked);
+        }
         let fd = self.inbound.rd.fd();
         let mut progress = false;
         loop {
-            if buf.capacity() - buf.len() < CLIENT_RECV_BUF / 4 {
-                buf.reserve(CLIENT_RECV_BUF);
+            if st.buf.capacity() - st.buf.len() < CLIENT_RECV_BUF / 4 {
+                st.buf.reserve(CLIENT_RECV_BUF);
             }
-            match crate::recv_now(fd, &mut buf) {
+            let max = self.read_limit(&st);
+            match crate::recv_now(fd, &mut st.buf, max) {
                 Ok(Some(0)) => {
                     return Err(Error::unavailable(format!(
                         "connection to {} closed by the peer",
@@ -165,7 +392,10 @@ impl Shared {
                 }
                 Ok(Some(_)) => {
                     progress = true;
-                    self.dispatch(&mut buf)?;
+                    self.dispatch(&mut st)?;
+                    if st.parked.is_some() {
+                        return Ok(Pump::Parked);
+                    }
                 }
                 Ok(None) => break,
                 Err(e) => return Err(crate::io_error(&format!("connection to {}", self.peer), e)),
@@ -174,34 +404,93 @@ impl Shared {
         Ok(if progress { Pump::Progress } else { Pump::Idle })
     }
 
-    /// Splits complete frames off `buf` and completes their waiters. A reply
-    /// nobody waits for any more (its call was dropped) is discarded.
-    fn dispatch(&self, buf: &mut BytesMut) -> Result<()> {
-        while buf.len() >= HEADER_LEN {
-            let h: [u8; HEADER_LEN] = buf[..HEADER_LEN].try_into().expect("length checked");
-            let header = FrameHeader::parse(&h)?;
-            if buf.len() < HEADER_LEN + header.payload_len {
-                // The server is trusted to send the replies it announces.
-                buf.reserve(HEADER_LEN + header.payload_len - buf.len());
-                break;
+    /// Splits complete frames off the receive buffer and completes their
+    /// waiters; stops at the header of a direct reply, parking the stream
+    /// for its caller. A reply nobody waits for any more (its call was
+    /// dropped) is discarded.
+    fn dispatch(&self, st: &mut InState) -> Result<()> {
+        loop {
+            if st.skip > 0 {
+                let n = st.skip.min(st.buf.len());
+                st.buf.advance(n);
+                st.skip -= n;
+                if st.skip > 0 {
+                    return Ok(());
+                }
             }
-            buf.advance(HEADER_LEN);
-            let payload = buf.split_to(header.payload_len).freeze();
+            if st.buf.len() < HEADER_LEN {
+                return Ok(());
+            }
+            let h: [u8; HEADER_LEN] = st.buf[..HEADER_LEN].try_into().expect("length checked");
+            let header = FrameHeader::parse(&h)?;
+            if header.kind == STATUS_OK && self.park_for_direct(st, &header) {
+                if st.parked.is_some() {
+                    return Ok(());
+                }
+                continue;
+            }
+            if st.buf.len() < HEADER_LEN + header.payload_len {
+                // The server is trusted to send the replies it announces.
+                let missing = HEADER_LEN + header.payload_len - st.buf.len();
+                st.buf.reserve(missing);
+                return Ok(());
+            }
+            st.buf.advance(HEADER_LEN);
+            let payload = st.buf.split_to(header.payload_len).freeze();
             let result = if header.kind == STATUS_OK {
                 Ok(payload)
             } else {
                 Err(Error::from_wire(header.kind, &payload))
             };
-            let waiter = self
-                .waiters
-                .lock()
-                .expect("waiters lock")
-                .remove(&header.id);
-            if let Some(tx) = waiter {
-                let _ = tx.send(result);
+            match (self.remove_waiter(header.id), result) {
+                (Some(Waiter::Buffered(tx)), r) => {
+                    let _ = tx.send(r);
+                }
+                (Some(w), Err(e)) => w.fail(e),
+                (Some(Waiter::Direct { .. }), Ok(_)) => {
+                    unreachable!("a successful direct reply parks the stream")
+                }
+                (None, _) => {}
             }
         }
-        Ok(())
+    }
+
+    /// If the successful reply `header` (at the front of the buffer) is for
+    /// a direct call, takes its header off and parks the stream for that
+    /// caller (or, if the caller is gone, or the payload does not fit its
+    /// buffer, skips the payload). Returns whether it was a direct reply.
+    fn park_for_direct(&self, st: &mut InState, header: &FrameHeader) -> bool {
+        let waiter = {
+            let mut w = self.waiters.lock().expect("waiters lock");
+            if !matches!(w.map.get(&header.id), Some(Waiter::Direct { .. })) {
+                return false;
+            }
+            let waiter = w.remove(header.id);
+            self.direct_waiters.store(w.direct, Ordering::SeqCst);
+            waiter
+        };
+        let Some(Waiter::Direct { tx, cap }) = waiter else {
+            unreachable!("checked under the lock")
+        };
+        st.buf.advance(HEADER_LEN);
+        let len = header.payload_len;
+        if len > cap {
+            let _ = tx.send(Err(Error::protocol(format!(
+                "{} sent a reply of {len} bytes for a buffer of {cap}",
+                self.peer
+            ))));
+            st.skip = len;
+        } else if len == 0 {
+            let _ = tx.send(Ok(0));
+        } else if tx.send(Ok(len)).is_ok() {
+            st.parked = Some(Parked {
+                id: header.id,
+                left: len,
+            });
+        } else {
+            st.skip = len;
+        }
+        true
     }
 }
 
@@ -210,18 +499,38 @@ impl Shared {
 struct WaiterGuard<'a> {
     shared: &'a Shared,
     id: u64,
-    /// Cleared once the reply (or the failure) was taken: the entry is gone.
+    /// A direct call's reply may have parked the stream before the call
+    /// went away.
+    direct: bool,
+    /// Cleared once the reply (or the failure) was taken: the entry is gone
+    /// (and for a direct call, its payload received).
     armed: bool,
 }
 
 impl Drop for WaiterGuard<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.shared
-                .waiters
-                .lock()
-                .expect("waiters lock")
-                .remove(&self.id);
+            self.shared.remove_waiter(self.id);
+            if self.direct {
+                self.shared.abandon_direct(self.id);
+            }
+        }
+    }
+}
+
+/// Leaves the rest of a direct payload to be skipped when its caller goes
+/// away while the stream is parked for it.
+struct ParkedGuard<'a> {
+    shared: &'a Shared,
+    id: u64,
+    /// Payload bytes not received yet; 0 once the payload is complete.
+    left: usize,
+}
+
+impl Drop for ParkedGuard<'_> {
+    fn drop(&mut self) {
+        if self.left > 0 {
+            self.shared.abandon_direct(self.id);
         }
     }
 }
@@ -414,6 +723,16 @@ impl Connection {
         opts: ConnOptions,
         handshake: &dyn ClientHandshake,
     ) -> Result<Connection> {
+        Connection::connect_counting(addr, opts, handshake, Arc::default()).await
+    }
+
+    /// Connects, counting direct reply bytes in `copies`.
+    async fn connect_counting(
+        addr: &str,
+        opts: ConnOptions,
+        handshake: &dyn ClientHandshake,
+        copies: Arc<ReplyCopies>,
+    ) -> Result<Connection> {
         let timeout = opts.timeout;
         let deadline = tokio::time::Instant::now() + timeout;
         let stream = match tokio::time::timeout_at(deadline, Stream::connect(addr)).await {
@@ -439,13 +758,21 @@ impl Connection {
         buf.reserve(CLIENT_RECV_BUF);
         let (rd, wr) = stream.split();
         let shared = Arc::new(Shared {
-            waiters: Mutex::new(HashMap::new()),
+            waiters: Mutex::new(Waiters::default()),
+            direct_waiters: AtomicUsize::new(0),
+            copies,
             closed: AtomicBool::new(false),
             abandoned: AtomicU64::new(0),
+            abandoned_replies: AtomicU64::new(0),
             peer: addr.to_string(),
             inbound: Inbound {
                 rd,
-                buf: Mutex::new(buf),
+                state: Mutex::new(InState {
+                    buf,
+                    parked: None,
+                    skip: 0,
+                }),
+                unparked: tokio::sync::Notify::new(),
             },
         });
         let reader = tokio::spawn(read_loop(shared.clone()));
@@ -482,7 +809,13 @@ impl Connection {
     /// must not leave its waiter behind).
     #[doc(hidden)]
     pub fn pending_calls(&self) -> usize {
-        self.shared.waiters.lock().expect("waiters lock").len()
+        self.shared.waiters.lock().expect("waiters lock").map.len()
+    }
+
+    /// How the payloads of this connection's direct replies
+    /// ([`Connection::call_into`]) reached their callers' buffers.
+    pub fn reply_copies(&self) -> &ReplyCopies {
+        &self.shared.copies
     }
 
     /// Requests so far whose caller went away in the middle of writing them
@@ -490,6 +823,13 @@ impl Connection {
     #[doc(hidden)]
     pub fn abandoned_frames(&self) -> u64 {
         self.shared.abandoned.load(Ordering::Relaxed)
+    }
+
+    /// Direct replies so far whose caller went away while their payload
+    /// was arriving (for tests: the rest was skipped).
+    #[doc(hidden)]
+    pub fn abandoned_replies(&self) -> u64 {
+        self.shared.abandoned_replies.load(Ordering::Relaxed)
     }
 
     /// Sends a request whose payload is the concatenation of `parts` (one
@@ -509,6 +849,19 @@ impl Connection {
     /// dropped request was executed by the server is unknown, as after a
     /// timeout.
     pub async fn call(&self, kind: u16, parts: &[&[u8]]) -> Result<Bytes> {
+        let (reply, _, _) = self.exchange(kind, parts, Waiter::Buffered).await?;
+        Ok(reply)
+    }
+
+    /// Sends a request and waits for what its waiter (made by `waiter`)
+    /// is given: the part `call` and `call_into_uninit` share. Returns it
+    /// with the request's id and the call's deadline.
+    async fn exchange<T>(
+        &self,
+        kind: u16,
+        parts: &[&[u8]],
+        waiter: impl FnOnce(oneshot::Sender<Result<T>>) -> Waiter,
+    ) -> Result<(T, u64, tokio::time::Instant)> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         if len > MAX_PAYLOAD_LEN {
             return Err(Error::invalid_argument(format!(
@@ -518,27 +871,23 @@ impl Connection {
         let deadline = tokio::time::Instant::now() + self.opts.timeout;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, mut rx) = oneshot::channel();
-        let mut waiter = self.shared.register(id, tx)?;
+        let mut guard = self.shared.register(id, waiter(tx))?;
         let header = FrameHeader::encode(id, kind, len);
         self.send(&header, parts, deadline).await?;
-        if let Some(r) = self.spin_for(&mut rx).await {
-            waiter.armed = false;
-            return r;
-        }
-        match tokio::time::timeout_at(deadline, rx).await {
-            Ok(Ok(r)) => {
-                waiter.armed = false;
-                r
-            }
-            Ok(Err(_)) => {
-                waiter.armed = false;
-                Err(Error::unavailable(format!(
+        let reply = match self.spin_for(&mut rx).await {
+            Some(r) => r,
+            None => match tokio::time::timeout_at(deadline, rx).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(_)) => Err(Error::unavailable(format!(
                     "connection to {} closed while waiting for a reply",
                     self.shared.peer
-                )))
-            }
-            Err(_) => Err(self.timed_out()),
-        }
+                ))),
+                Err(_) => return Err(self.timed_out()),
+            },
+        };
+        // The entry is gone: taken with the reply, or by a failure.
+        guard.armed = false;
+        Ok((reply?, id, deadline))
     }
 
     /// Writes one frame (`header` then `parts`) under the writer lock,
@@ -635,10 +984,84 @@ impl Connection {
         });
     }
 
+    /// Like [`Connection::call`], with the reply payload received by the
+    /// kernel straight into `dst` (see the module docs): no intermediate
+    /// buffer, no copy. Returns the payload's length; a reply longer than
+    /// `dst` is a `Protocol` error. On an error, `dst` may hold part of the
+    /// reply.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`Connection::call`]: a call dropped while its
+    /// payload is arriving leaves the rest to be skipped.
+    pub async fn call_into(&self, kind: u16, parts: &[&[u8]], dst: &mut [u8]) -> Result<usize> {
+        // SAFETY: the call only ever writes initialised bytes (what recv
+        // or a copy puts there) into `dst`, so it stays initialised.
+        let dst = unsafe { &mut *(dst as *mut [u8] as *mut [MaybeUninit<u8>]) };
+        self.call_into_uninit(kind, parts, dst).await
+    }
+
+    /// Like [`Connection::call_into`], into memory that need not be
+    /// initialised (a result buffer allocated for the reply, not zeroed).
+    /// On success the first returned-length bytes of `dst` are initialised.
+    pub async fn call_into_uninit(
+        &self,
+        kind: u16,
+        parts: &[&[u8]],
+        dst: &mut [MaybeUninit<u8>],
+    ) -> Result<usize> {
+        let cap = dst.len();
+        let (len, id, deadline) = self
+            .exchange(kind, parts, |tx| Waiter::Direct { tx, cap })
+            .await?;
+        if len > 0 {
+            self.receive_parked(id, &mut dst[..len], deadline).await?;
+        }
+        Ok(len)
+    }
+
+    /// Receives the payload of direct reply `id`, for which the stream is
+    /// parked, into `dst` (exactly its length), then unparks the stream.
+    async fn receive_parked(
+        &self,
+        id: u64,
+        dst: &mut [MaybeUninit<u8>],
+        deadline: tokio::time::Instant,
+    ) -> Result<()> {
+        let shared = &*self.shared;
+        let mut guard = ParkedGuard {
+            shared,
+            id,
+            left: dst.len(),
+        };
+        let start = Instant::now();
+        loop {
+            let got = dst.len() - guard.left;
+            let received = shared.receive_now(id, &mut dst[got..]);
+            guard.left -= received?;
+            if guard.left == 0 {
+                return Ok(());
+            }
+            if start.elapsed() < self.opts.spin {
+                tokio::task::yield_now().await;
+                continue;
+            }
+            match tokio::time::timeout_at(deadline, shared.inbound.rd.readable()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    let e = crate::io_error(&format!("connection to {}", shared.peer), e);
+                    shared.fail_all(&e);
+                    return Err(e);
+                }
+                Err(_) => return Err(self.timed_out()),
+            }
+        }
+    }
+
     /// Busy-polls the socket for the reply for up to the spin budget,
     /// reading and dispatching replies itself (no thread wake-up needed),
     /// and yielding between polls so other tasks keep running.
-    async fn spin_for(&self, rx: &mut oneshot::Receiver<Result<Bytes>>) -> Option<Result<Bytes>> {
+    async fn spin_for<T>(&self, rx: &mut oneshot::Receiver<Result<T>>) -> Option<Result<T>> {
         if self.opts.spin.is_zero() {
             return None;
         }
@@ -651,7 +1074,7 @@ impl Connection {
             }
             match self.shared.pump() {
                 Ok(Pump::Progress) => continue,
-                Ok(Pump::Idle | Pump::Busy) => {}
+                Ok(Pump::Idle | Pump::Busy | Pump::Parked) => {}
                 Err(e) => {
                     self.shared.fail_all(&e);
                     return None;
@@ -686,6 +1109,7 @@ async fn read_loop(shared: Arc<Shared>) {
         });
         match outcome {
             Err(_) => {}
+            Ok(Ok(Pump::Parked)) => shared.inbound.unparked.notified().await,
             Ok(Ok(_busy)) => tokio::task::yield_now().await,
             Ok(Err(e)) => break e,
         }
@@ -699,6 +1123,7 @@ pub struct ConnectionPool {
     opts: ConnOptions,
     handshake: Arc<dyn ClientHandshake>,
     conns: Mutex<HashMap<String, Arc<Connection>>>,
+    copies: Arc<ReplyCopies>,
 }
 
 impl ConnectionPool {
@@ -722,7 +1147,14 @@ impl ConnectionPool {
             opts,
             handshake,
             conns: Mutex::new(HashMap::new()),
+            copies: Arc::default(),
         }
+    }
+
+    /// How the payloads of direct replies reached their callers' buffers,
+    /// over every connection this pool has made.
+    pub fn reply_copies(&self) -> &ReplyCopies {
+        &self.copies
     }
 
     pub fn timeout(&self) -> Duration {
@@ -740,7 +1172,13 @@ impl ConnectionPool {
             }
         }
         let conn = Arc::new(
-            Connection::connect_with_handshake(addr, self.opts, self.handshake.as_ref()).await?,
+            Connection::connect_counting(
+                addr,
+                self.opts,
+                self.handshake.as_ref(),
+                self.copies.clone(),
+            )
+            .await?,
         );
         let mut map = self.conns.lock().expect("pool lock");
         // Another task may have connected meanwhile; keep the first live one.

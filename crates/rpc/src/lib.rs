@@ -24,7 +24,7 @@ pub mod limits;
 mod server;
 mod transport;
 
-pub use client::{default_client_handshake, ConnOptions, Connection, ConnectionPool};
+pub use client::{default_client_handshake, ConnOptions, Connection, ConnectionPool, ReplyCopies};
 pub use handshake::{
     ClientHandshake, HandshakeFrame, HandshakeIo, PeerInfo, ServerHandshake, VersionHandshake,
 };
@@ -71,30 +71,52 @@ use nodekernel_proto::Error;
 /// its descriptor. Unlike tokio's `try_read`, this does not depend on the
 /// reactor having seen the socket become readable, so a busy-polling thread
 /// picks data up the moment it arrives. `Ok(None)`: nothing to read;
-/// `Ok(Some(0))`: the peer closed. Reads at most the spare capacity of
-/// `buf`: the caller decides how the buffer grows.
+/// `Ok(Some(0))`: the peer closed. Reads at most `max` bytes and at most the
+/// spare capacity of `buf`: the caller decides how the buffer grows.
 pub(crate) fn recv_now(
     fd: std::os::fd::RawFd,
     buf: &mut bytes::BytesMut,
+    max: usize,
 ) -> std::io::Result<Option<usize>> {
     use bytes::BufMut;
     // Never a zero-length read (which would look like the end of stream):
     // `chunk_mut` makes room if there is none.
     let spare = buf.chunk_mut();
-    debug_assert!(spare.len() > 0);
-    // SAFETY: recv writes at most `spare.len()` bytes into memory we own
-    // and returns how many it wrote; only those are marked initialised.
-    let n = unsafe {
-        libc::recv(
-            fd,
-            spare.as_mut_ptr().cast(),
-            spare.len(),
-            libc::MSG_DONTWAIT,
-        )
-    };
-    if n >= 0 {
+    debug_assert!(spare.len() > 0 && max > 0);
+    let len = spare.len().min(max);
+    // SAFETY: `spare` is writable memory we own, of at least `len` bytes.
+    let n = unsafe { recv_raw(fd, spare.as_mut_ptr(), len)? };
+    if let Some(n) = n {
         // SAFETY: `n` bytes were just written by recv.
-        unsafe { buf.advance_mut(n as usize) };
+        unsafe { buf.advance_mut(n) };
+    }
+    Ok(n)
+}
+
+/// Like [`recv_now`], into `dst` (memory the caller may not have
+/// initialised: recv only writes to it).
+pub(crate) fn recv_into(
+    fd: std::os::fd::RawFd,
+    dst: &mut [std::mem::MaybeUninit<u8>],
+) -> std::io::Result<Option<usize>> {
+    debug_assert!(!dst.is_empty());
+    // SAFETY: `dst` is writable memory of `dst.len()` bytes.
+    unsafe { recv_raw(fd, dst.as_mut_ptr().cast(), dst.len()) }
+}
+
+/// `recv(MSG_DONTWAIT)` of at most `len` bytes to `ptr`.
+///
+/// # Safety
+/// `ptr` must be valid for writes of `len` bytes.
+unsafe fn recv_raw(
+    fd: std::os::fd::RawFd,
+    ptr: *mut u8,
+    len: usize,
+) -> std::io::Result<Option<usize>> {
+    // SAFETY: the caller guarantees `ptr` is writable for `len` bytes; recv
+    // writes at most that many and returns how many it wrote.
+    let n = unsafe { libc::recv(fd, ptr.cast(), len, libc::MSG_DONTWAIT) };
+    if n >= 0 {
         return Ok(Some(n as usize));
     }
     let e = std::io::Error::last_os_error();

@@ -537,7 +537,7 @@ impl<'a> RecvBuf<'a> {
     /// Reads what the socket has (see [`crate::recv_now`]).
     fn recv(&mut self, fd: std::os::fd::RawFd) -> std::io::Result<Option<usize>> {
         self.prepare();
-        let r = crate::recv_now(fd, &mut self.buf);
+        let r = crate::recv_now(fd, &mut self.buf, usize::MAX);
         self.sync();
         r
     }

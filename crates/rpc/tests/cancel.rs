@@ -1,12 +1,15 @@
-//! Cancel safety of `Connection::call`: calls dropped at random points
-//! (inside `timeout`, lost `select!` races, aborted tasks), many at once on
-//! one shared connection, never leave half a frame on the socket, never
-//! leave a waiter behind, and never mix up replies: every call that
-//! completes, then and afterwards, gets exactly its own payload back.
+//! Cancel safety of `Connection::call` and `Connection::call_into`: calls
+//! dropped at random points (inside `timeout`, lost `select!` races,
+//! aborted tasks), many at once on one shared connection, never leave half
+//! a frame on the socket, never leave a waiter behind, never leave a
+//! direct reply's payload half read, and never mix up replies: every call
+//! that completes, then and afterwards, gets exactly its own payload back.
 
 mod common;
 
+use bytes::Bytes;
 use common::{connect, no_hang, start, Echo, Kind, Server};
+use nodekernel_proto::Result;
 use nodekernel_rpc::{Connection, ServeOptions};
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,6 +56,20 @@ fn size(r: &mut Rng) -> usize {
     }
 }
 
+/// Echoes `parts` (op 2), the reply either cut from the connection's
+/// buffer or, with `direct`, received straight into a buffer of the
+/// caller's (larger than the reply, as a reader's buffer may be).
+async fn echo(conn: &Connection, direct: bool, parts: &[&[u8]]) -> Result<Bytes> {
+    if !direct {
+        return conn.call(2, parts).await;
+    }
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    let mut buf = vec![0u8; len + 16];
+    let n = conn.call_into(2, parts, &mut buf).await?;
+    buf.truncate(n);
+    Ok(Bytes::from(buf))
+}
+
 fn check(what: &str, seed: u64, sent: &[u8], got: nodekernel_proto::Result<bytes::Bytes>) {
     let got = got.unwrap_or_else(|e| panic!("{what} (call {seed:#x}) failed: {e}"));
     assert!(
@@ -72,13 +89,19 @@ async fn chaos(conn: Arc<Connection>, task: u64, round: u64, iters: u64) {
     for i in 0..iters {
         let seed = (round << 40) | (task << 20) | i;
         let data = payload(seed, size(&mut r));
+        let direct = r.below(2) == 0;
         match r.below(5) {
             // Completes normally.
-            0 => check("plain call", seed, &data, conn.call(2, &[&data]).await),
+            0 => check(
+                "plain call",
+                seed,
+                &data,
+                echo(&conn, direct, &[&data]).await,
+            ),
             // Dropped by a timeout of 0 to 3 ms, anywhere in the call.
             1 => {
                 let t = Duration::from_micros(r.below(3_000));
-                if let Ok(got) = tokio::time::timeout(t, conn.call(2, &[&data])).await {
+                if let Ok(got) = tokio::time::timeout(t, echo(&conn, direct, &[&data])).await {
                     check("call under timeout", seed, &data, got);
                 }
             }
@@ -87,7 +110,7 @@ async fn chaos(conn: Arc<Connection>, task: u64, round: u64, iters: u64) {
                 let yields = r.below(40);
                 let parts: [&[u8]; 1] = [&data];
                 tokio::select! {
-                    got = conn.call(2, &parts) => check("call in select", seed, &data, got),
+                    got = echo(&conn, direct, &parts) => check("call in select", seed, &data, got),
                     () = async {
                         for _ in 0..yields {
                             tokio::task::yield_now().await;
@@ -103,8 +126,8 @@ async fn chaos(conn: Arc<Connection>, task: u64, round: u64, iters: u64) {
                 let parts: [&[u8]; 1] = [&data];
                 let others: [&[u8]; 2] = [&other[..8], &other[8..]];
                 tokio::select! {
-                    got = conn.call(2, &parts) => check("select race", seed, &data, got),
-                    got = conn.call(2, &others) => {
+                    got = echo(&conn, direct, &parts) => check("select race", seed, &data, got),
+                    got = echo(&conn, !direct, &others) => {
                         check("select race", seed2, &other, got)
                     }
                 }
@@ -114,7 +137,7 @@ async fn chaos(conn: Arc<Connection>, task: u64, round: u64, iters: u64) {
                 let c = conn.clone();
                 let d = data.clone();
                 let task = tokio::spawn(async move {
-                    let got = c.call(2, &[&d]).await;
+                    let got = echo(&c, direct, &[&d]).await;
                     check("call in an aborted task", seed, &d, got);
                 });
                 tokio::time::sleep(Duration::from_micros(r.below(2_000))).await;
@@ -142,7 +165,7 @@ async fn all_later_calls_are_right(conn: &Arc<Connection>, round: u64) {
                     "call after the chaos",
                     seed,
                     &data,
-                    c.call(2, &[&data]).await,
+                    echo(&c, i.is_multiple_of(2), &[&data]).await,
                 );
             }
         }));
@@ -162,10 +185,11 @@ async fn calls_dropped_at_random_points_never_corrupt_the_connection() {
     ] {
         let server: Server = start(kind, Arc::new(Echo::default()), ServeOptions::default()).await;
         let conn = Arc::new(connect(&server.addr, spin).await);
-        // Until several frames were abandoned mid-write (the case that
-        // matters), but at least three rounds.
+        // Until several frames were abandoned mid-write and several direct
+        // replies mid-payload (the cases that matter), but at least three
+        // rounds.
         let mut round = 0;
-        while round < 3 || conn.abandoned_frames() < 5 {
+        while round < 3 || conn.abandoned_frames() < 5 || conn.abandoned_replies() < 5 {
             let tasks: Vec<_> = (0..8u64)
                 .map(|t| tokio::spawn(chaos(conn.clone(), t, round, 25)))
                 .collect();
@@ -186,7 +210,10 @@ async fn calls_dropped_at_random_points_never_corrupt_the_connection() {
             round += 1;
             assert!(
                 round < 1_000,
-                "{kind:?}, spin {spin:?}: no call was dropped mid-frame in 1000 rounds"
+                "{kind:?}, spin {spin:?}: too few calls dropped mid-frame ({}) or mid-reply \
+                 ({}) in 1000 rounds",
+                conn.abandoned_frames(),
+                conn.abandoned_replies()
             );
         }
         assert_eq!(conn.pending_calls(), 0);

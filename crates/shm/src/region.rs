@@ -418,6 +418,32 @@ impl Region {
         }
     }
 
+    /// Like [`Region::read`], into memory that need not be initialised (a
+    /// result buffer allocated for the read, not zeroed). On success all of
+    /// `dst` is initialised; on `Stale` after the copy it is zeroed.
+    pub fn read_uninit(
+        &self,
+        block: u32,
+        gen: u64,
+        offset: u32,
+        dst: &mut [std::mem::MaybeUninit<u8>],
+    ) -> Result<()> {
+        let (ptr, len) = (dst.as_mut_ptr().cast::<u8>(), dst.len());
+        // SAFETY: `dst` is valid for writes of its length and is not the
+        // shared mapping (a `&mut` to it can only come from safe code that
+        // never forms one).
+        match unsafe { self.read_raw(block, gen, offset, ptr, len) } {
+            Ok(()) => Ok(()),
+            Err((e, copied)) => {
+                if copied {
+                    // SAFETY: as above.
+                    unsafe { std::ptr::write_bytes(ptr, 0, len) };
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// Appends `len` bytes of `block` at `offset` to `out`, if `gen` is the
     /// block's generation before and after the copy. On error nothing is
     /// appended.

@@ -4,7 +4,7 @@
 
 #![allow(dead_code, unused_macros)]
 
-use nodekernel_client::Client;
+use nodekernel_client::{Client, CreateOptions, NodeType};
 use nodekernel_cluster::{ByteSize, Config, LocalCluster};
 use tempfile::TempDir;
 
@@ -137,4 +137,20 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut v = vec![0u8; len];
     rand::rngs::SmallRng::seed_from_u64(seed).fill_bytes(&mut v);
     v
+}
+
+/// Writes a whole File and closes it.
+pub trait PutFile {
+    async fn put_file(&self, path: &str, data: &[u8]);
+}
+
+impl PutFile for Client {
+    async fn put_file(&self, path: &str, data: &[u8]) {
+        let mut n = self
+            .create(path, NodeType::File, CreateOptions::default())
+            .await
+            .unwrap();
+        n.append(data).await.unwrap();
+        n.close().await.unwrap();
+    }
 }
