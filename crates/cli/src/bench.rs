@@ -1,8 +1,10 @@
 //! `nk bench`: the iobench modes of the seeds against a running cluster (or
 //! an embedded one), with HDR-histogram latency percentiles and throughput,
-//! optionally side by side with a Redis server started for the run.
+//! optionally side by side with a Redis or memcached server started for the
+//! run.
 //! The `--json` output is documented in `docs/bench.md`.
 
+mod memcached;
 mod redis;
 
 use anyhow::{bail, Context};
@@ -49,6 +51,7 @@ pub enum Mode {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Peer {
     Redis,
+    Memcached,
 }
 
 #[derive(Args, Clone)]
@@ -101,9 +104,10 @@ pub struct BenchArgs {
     /// Data directory of the tiering runs' clusters (LOCK, store-N); default: a fresh private one per run
     #[arg(long)]
     data_dir: Option<std::path::PathBuf>,
-    /// Also run the same workload against this peer, started for the run
-    #[arg(long)]
-    vs: Option<Peer>,
+    /// Also run the same workload against these peers, each started for
+    /// the run (comma-separated or repeated: `--vs redis,memcached`)
+    #[arg(long, value_delimiter = ',')]
+    vs: Vec<Peer>,
     #[arg(long)]
     json: bool,
 }
@@ -154,8 +158,12 @@ pub struct Report {
     /// How metadata requests went: `unix` (a co-located metadata server's
     /// Unix socket), `tcp`, or `none` (baselines).
     pub meta_transport: &'static str,
+    /// The first of `peers` (kept for readers of the one-peer schema).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peer: Option<redis::PeerReport>,
+    /// Every `--vs` peer, in the order given.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub peers: Vec<redis::PeerReport>,
 }
 
 /// The paths the benchmark's clients took (see [`Report`]).
@@ -235,10 +243,18 @@ pub async fn run(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<()> {
         cfg.shared_memory = false;
         cfg.unix_sockets = false;
     }
-    let mut report = bench(cfg, a).await?;
-    if let Some(Peer::Redis) = a.vs {
-        report.peer = Some(redis::compare(a.mode, a.clients, a.count, a.size.0, &report).await?);
+    if a.vs.contains(&Peer::Memcached) {
+        memcached::check(a.mode)?;
     }
+    let mut report = bench(cfg, a).await?;
+    for peer in &a.vs {
+        let p = match peer {
+            Peer::Redis => redis::compare(a.mode, a.clients, a.count, a.size.0, &report).await?,
+            Peer::Memcached => memcached::compare(a, &report).await?,
+        };
+        report.peers.push(p);
+    }
+    report.peer = report.peers.first().cloned();
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -270,10 +286,10 @@ fn print_human(r: &Report, a: &BenchArgs) {
         "  latency us: p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
         l.p50, l.p90, l.p99, l.p999, l.max
     );
-    if let Some(p) = &r.peer {
+    for p in &r.peers {
         println!(
-            "  redis {}: {:.0} ops/s, p50 {:.1} us, p99 {:.1} us -> NodeKernel p50 is {:.2}x Redis's, throughput {:.2}x",
-            p.op, p.ops_per_sec, p.p50_us, p.p99_us, p.p50_ratio, p.throughput_ratio
+            "  {} {}: {:.0} ops/s, p50 {:.1} us, p99 {:.1} us -> NodeKernel p50 is {:.2}x {}'s, throughput {:.2}x",
+            p.name, p.op, p.ops_per_sec, p.p50_us, p.p99_us, p.p50_ratio, p.name, p.throughput_ratio
         );
     }
 }
@@ -355,6 +371,7 @@ pub async fn bench(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<Report> {
         data_path: paths.data_path(),
         meta_transport: paths.meta_transport(),
         peer: None,
+        peers: Vec::new(),
     })
 }
 
@@ -377,19 +394,42 @@ async fn run_clients(
         let value = value.clone();
         tasks.push(tokio::spawn(async move {
             let r = one_client(client.clone(), plan, c, value, barrier).await;
-            r.map(|(h, elapsed)| (h, elapsed, client))
+            r.map(|(h, measured)| (h, measured, client))
         }));
     }
     let mut hist = new_histogram();
-    let mut wall = Duration::ZERO;
+    let mut phase = Phase::default();
     let mut paths = Paths::default();
     for t in tasks {
-        let (h, elapsed, client) = t.await??;
+        let (h, measured, client) = t.await??;
         hist.add(&h).context("merging histograms")?;
-        wall = wall.max(elapsed);
+        phase.add(measured);
         paths.add(&client);
     }
-    Ok((hist.clone(), hist.len(), wall.as_secs_f64(), paths))
+    Ok((hist.clone(), hist.len(), phase.seconds(), paths))
+}
+
+/// The measured phase of a run: from the first client's start to the
+/// last client's end. The slowest client's own time is not enough: with
+/// more clients than runtime threads, a client whose operations do not
+/// wait (co-located reads) may run only after others have finished, and
+/// every client's own time is then a fraction of the phase.
+#[derive(Default)]
+struct Phase(Option<std::ops::Range<Instant>>);
+
+impl Phase {
+    fn add(&mut self, client: std::ops::Range<Instant>) {
+        self.0 = Some(match self.0.take() {
+            None => client,
+            Some(p) => p.start.min(client.start)..p.end.max(client.end),
+        });
+    }
+
+    fn seconds(&self) -> f64 {
+        self.0
+            .as_ref()
+            .map_or(0.0, |p| (p.end - p.start).as_secs_f64())
+    }
 }
 
 fn new_histogram() -> Histogram<u64> {
@@ -463,7 +503,7 @@ async fn one_client(
     c: u64,
     value: Vec<u8>,
     barrier: Arc<tokio::sync::Barrier>,
-) -> nodekernel_client::Result<(Histogram<u64>, Duration)> {
+) -> nodekernel_client::Result<(Histogram<u64>, std::ops::Range<Instant>)> {
     let dir = plan.dir(c);
     let mut hist = new_histogram();
     let (total, from) = (plan.total(), plan.measured_from());
@@ -593,7 +633,7 @@ async fn one_client(
             }
         }
     }
-    Ok((hist, started.elapsed()))
+    Ok((hist, started..Instant::now()))
 }
 
 #[derive(Serialize)]
@@ -796,5 +836,6 @@ async fn baseline(a: &BenchArgs) -> anyhow::Result<Report> {
         data_path: "none",
         meta_transport: "none",
         peer: None,
+        peers: Vec::new(),
     })
 }
