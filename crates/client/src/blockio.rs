@@ -23,7 +23,10 @@
 use crate::client::DataPathStats;
 use crate::local::{Local, Mapped};
 use bytes::{Bytes, BytesMut};
-use nodekernel_proto::store::{encode_write_prefix, op as store_op, StoreRequest};
+use nodekernel_proto::store::{
+    check_read_status, encode_write_prefix, op as store_op, read_reply_data, StoreRequest,
+    READ_TRAILER_LEN,
+};
 use nodekernel_proto::{BlockLoc, Error, ErrorCode, Result};
 use nodekernel_rpc::ConnectionPool;
 use std::future::Future;
@@ -126,7 +129,21 @@ impl BlockIo {
         self.local.is_mapped(addr)
     }
 
+    /// Where a transfer to `addr` goes. A mapped transfer is a plain memory
+    /// copy that never waits, so it counts against the task's cooperative
+    /// budget first: a task that only reads and writes co-located memory
+    /// still yields to the runtime now and then, and tasks it woke (kept
+    /// in its worker's LIFO slot, where no other worker can steal them)
+    /// get to run.
     async fn route(&self, addr: &str) -> Result<Route> {
+        let route = self.route_now(addr).await?;
+        if matches!(route, Route::Mapped(_)) {
+            tokio::task::consume_budget().await;
+        }
+        Ok(route)
+    }
+
+    async fn route_now(&self, addr: &str) -> Result<Route> {
         if !self.shared_memory {
             return Ok(Route::Network);
         }
@@ -180,8 +197,23 @@ impl BlockIo {
             Route::Network => {
                 let req = read_request(loc, offset, dst.len());
                 let conn = self.pool.get(&loc.addr).await?;
-                let n = conn.call_into_uninit(store_op::READ, &[&req], dst).await?;
-                check_read_len(loc, n, dst.len())?;
+                let mut status = [0u8; READ_TRAILER_LEN];
+                let n = conn
+                    .call_into_uninit(store_op::READ, &[&req], dst, &mut status)
+                    .await?;
+                if n != dst.len() {
+                    return Err(Error::protocol(format!(
+                        "storage server {} returned {n} bytes instead of {}",
+                        loc.addr,
+                        dst.len()
+                    )));
+                }
+                if let Err(e) = check_read_status(status[0], loc.block, loc.gen) {
+                    // The bytes may be another owner's.
+                    // SAFETY: plain bytes written over memory we own.
+                    unsafe { std::ptr::write_bytes(dst.as_mut_ptr(), 0, dst.len()) };
+                    return Err(e);
+                }
                 Ok(false)
             }
         }
@@ -202,9 +234,8 @@ impl BlockIo {
 
     async fn read_remote(&self, loc: &BlockLoc, offset: u32, len: usize) -> Result<Bytes> {
         let req = read_request(loc, offset, len);
-        let data = self.pool.call(&loc.addr, store_op::READ, &[&req]).await?;
-        check_read_len(loc, data.len(), len)?;
-        Ok(data)
+        let reply = self.pool.call(&loc.addr, store_op::READ, &[&req]).await?;
+        read_reply_data(reply, loc.block, loc.gen, len)
     }
 
     /// Writes `data` at `offset` of the block at `loc`, once, without
@@ -358,16 +389,6 @@ fn read_request(loc: &BlockLoc, offset: u32, len: usize) -> BytesMut {
     }
     .encode(&mut req);
     req
-}
-
-fn check_read_len(loc: &BlockLoc, got: usize, len: usize) -> Result<()> {
-    if got == len {
-        return Ok(());
-    }
-    Err(Error::protocol(format!(
-        "storage server {} returned {got} bytes instead of {len}",
-        loc.addr
-    )))
 }
 
 /// Errors that mean the storage server itself could not be reached (as

@@ -61,8 +61,9 @@ pub struct DataPathStats {
     pub mapped_writes: u64,
     pub network_reads: u64,
     pub network_writes: u64,
-    /// Bytes of network reads the kernel received straight into the
-    /// reader's buffer (no copy in the client).
+    /// Bytes of network reads (with each reply's one status byte) the
+    /// kernel received straight into the reader's buffer (no copy in the
+    /// client).
     pub network_read_bytes_direct: u64,
     /// Bytes of network reads received into a connection buffer first and
     /// copied from there (read ahead together with another reply).

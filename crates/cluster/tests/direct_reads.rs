@@ -11,6 +11,7 @@ mod common;
 
 use common::{pattern, PutFile};
 use nodekernel_client::{Client, ClientConfig, CreateOptions, NodeType};
+use nodekernel_proto::store::READ_TRAILER_LEN;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -157,6 +158,12 @@ async fn network_reads_land_in_the_callers_buffer() {
             s.network_read_bytes_copied, 0,
             "no byte went through a receive buffer: {s:?}"
         );
-        assert_eq!(s.network_read_bytes_direct, expected, "{s:?}");
+        // Each READ reply ends with its status byte, received directly too.
+        let status_bytes = s.network_reads * READ_TRAILER_LEN as u64;
+        assert_eq!(
+            s.network_read_bytes_direct,
+            expected + status_bytes,
+            "{s:?}"
+        );
     });
 }

@@ -85,7 +85,13 @@ impl FrameHeader {
 
     /// Fixes up the length field of a frame started with [`FrameHeader::begin`].
     pub fn seal(buf: &mut BytesMut, start: usize) -> Result<()> {
-        let payload = buf.len() - start - HEADER_LEN;
+        FrameHeader::seal_with(buf, start, 0)
+    }
+
+    /// Like [`FrameHeader::seal`], for a frame whose payload goes on for
+    /// `more` bytes sent from elsewhere.
+    pub fn seal_with(buf: &mut BytesMut, start: usize, more: usize) -> Result<()> {
+        let payload = buf.len() - start - HEADER_LEN + more;
         if payload > MAX_PAYLOAD_LEN {
             return Err(Error::invalid_argument(format!(
                 "message of {payload} bytes exceeds the maximum frame payload of {MAX_PAYLOAD_LEN}"

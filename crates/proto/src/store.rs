@@ -1,12 +1,13 @@
 //! Data-plane messages: byte-granular block reads and writes.
 //!
-//! A read reply's payload is the raw bytes; a write request's payload is a
+//! A read reply's payload is the raw bytes and a status byte sent after
+//! them ([`READ_TRAILER_LEN`]); a write request's payload is a
 //! fixed prefix followed by the raw bytes (their length is implied by the
 //! frame), so data is never copied into an intermediate encoding.
 
 use crate::codec::{Dec, Enc};
 use crate::error::{Error, Result};
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 
 pub mod op {
     pub const READ: u16 = 1;
@@ -15,6 +16,43 @@ pub mod op {
     pub const SHM_INFO: u16 = 4;
     pub const CLAIM: u16 = 5;
     pub const COPY: u16 = 6;
+}
+
+/// Bytes after the data of a `Read` reply: one status byte, sent after
+/// the data went out ([`READ_OK`], or [`READ_CHANGED_HANDS`] when the
+/// block changed hands while its bytes were being sent, so the data must
+/// be thrown away). A storage server may send straight from memory that a
+/// new owner can write to meanwhile; the status says whether it did.
+pub const READ_TRAILER_LEN: usize = 1;
+pub const READ_OK: u8 = 0;
+pub const READ_CHANGED_HANDS: u8 = 1;
+
+/// Checks a `Read` reply's status byte (see [`READ_TRAILER_LEN`]).
+pub fn check_read_status(status: u8, block: u32, gen: u64) -> Result<()> {
+    match status {
+        READ_OK => Ok(()),
+        READ_CHANGED_HANDS => Err(Error::stale(format!(
+            "block {block}: read with generation {gen} refused, the block changed hands while it \
+             was being sent"
+        ))),
+        other => Err(Error::protocol(format!(
+            "read of block {block}: unknown status byte {other}"
+        ))),
+    }
+}
+
+/// The data of a whole `Read` reply for `len` bytes of `block` at `gen`,
+/// its status byte checked and cut off.
+pub fn read_reply_data(mut payload: Bytes, block: u32, gen: u64, len: usize) -> Result<Bytes> {
+    if payload.len() != len + READ_TRAILER_LEN {
+        return Err(Error::protocol(format!(
+            "read of {len} bytes of block {block}: a reply of {} bytes",
+            payload.len()
+        )));
+    }
+    let status = payload.split_off(len);
+    check_read_status(status[0], block, gen)?;
+    Ok(payload)
 }
 
 /// Most (block, generation) pairs one `Claim` request may carry.
@@ -217,6 +255,29 @@ pub(crate) fn check_socket_name(name: String, what: &str) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ErrorCode;
+
+    #[test]
+    fn a_read_reply_is_its_data_and_a_status_byte_checked() {
+        let ok = Bytes::from_static(b"data\x00");
+        assert_eq!(&read_reply_data(ok, 3, 9, 4).unwrap()[..], b"data");
+        let changed = Bytes::from_static(b"data\x01");
+        let e = read_reply_data(changed, 3, 9, 4).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Stale);
+        assert!(
+            e.message.contains("block 3") && e.message.contains("9"),
+            "{e}"
+        );
+        let unknown = Bytes::from_static(b"data\x07");
+        assert_eq!(
+            read_reply_data(unknown, 3, 9, 4).unwrap_err().code,
+            ErrorCode::Protocol
+        );
+        for wrong in [&b"data"[..], b"", b"data\x00\x00"] {
+            let e = read_reply_data(Bytes::copy_from_slice(wrong), 3, 9, 4).unwrap_err();
+            assert_eq!(e.code, ErrorCode::Protocol, "{wrong:?}");
+        }
+    }
 
     #[test]
     fn round_trip() {

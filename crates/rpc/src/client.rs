@@ -95,12 +95,13 @@ pub fn default_client_handshake() -> Arc<dyn ClientHandshake> {
 enum Waiter {
     /// As `Bytes` cut from the receive buffer.
     Buffered(oneshot::Sender<Result<Bytes>>),
-    /// Straight into the caller's buffer of `cap` bytes (see the module
-    /// docs): `Ok(len)` tells the caller the stream is parked at its
-    /// payload of `len` bytes.
+    /// Straight into the caller's buffers (see the module docs): the
+    /// payload is at least `trailer` and at most `cap` bytes. `Ok(len)`
+    /// tells the caller the stream is parked at its payload of `len` bytes.
     Direct {
         tx: oneshot::Sender<Result<usize>>,
         cap: usize,
+        trailer: usize,
     },
 }
 
@@ -314,14 +315,14 @@ impl Shared {
     }
 
     /// Receives what has arrived of the payload the stream is parked at
-    /// (for direct reply `id`) into `rest`, the part of the caller's buffer
-    /// still to fill; returns how many bytes it took, and unparks the
-    /// stream once `rest` is full. Never waits.
+    /// (for direct reply `id`) into `rest`, the next part of the caller's
+    /// buffers to fill; returns how many bytes it took, and unparks the
+    /// stream once the whole payload is in. Never waits.
     fn receive_now(&self, id: u64, rest: &mut [MaybeUninit<u8>]) -> Result<usize> {
         let rd = &self.inbound.rd;
         let fd = rd.fd();
         let mut st = self.inbound.state.lock().expect("inbound lock");
-        debug_assert!(matches!(st.parked, Some(p) if p.id == id && p.left == rest.len()));
+        debug_assert!(matches!(st.parked, Some(p) if p.id == id && p.left >= rest.len()));
         // Bytes read together with the header (before the call was
         // registered as direct, or by a read not yet frame by frame):
         // copied once from the receive buffer.
@@ -359,10 +360,10 @@ impl Shared {
             self.fail_all(&e);
             return Err(e);
         }
-        if got == rest.len() {
+        let p = st.parked.as_mut().expect("parked for this call");
+        p.left -= got;
+        if p.left == 0 {
             self.unpark(st);
-        } else if let Some(p) = &mut st.parked {
-            p.left -= got;
         }
         Ok(got)
     }
@@ -469,15 +470,16 @@ impl Shared {
             self.direct_waiters.store(w.direct, Ordering::SeqCst);
             waiter
         };
-        let Some(Waiter::Direct { tx, cap }) = waiter else {
+        let Some(Waiter::Direct { tx, cap, trailer }) = waiter else {
             unreachable!("checked under the lock")
         };
         st.buf.advance(HEADER_LEN);
         let len = header.payload_len;
-        if len > cap {
+        if len > cap || len < trailer {
             let _ = tx.send(Err(Error::protocol(format!(
-                "{} sent a reply of {len} bytes for a buffer of {cap}",
-                self.peer
+                "{} sent a reply of {len} bytes for a buffer of {} and a trailer of {trailer}",
+                self.peer,
+                cap - trailer
             ))));
             st.skip = len;
         } else if len == 0 {
@@ -995,29 +997,44 @@ impl Connection {
     /// Cancel safe, as [`Connection::call`]: a call dropped while its
     /// payload is arriving leaves the rest to be skipped.
     pub async fn call_into(&self, kind: u16, parts: &[&[u8]], dst: &mut [u8]) -> Result<usize> {
-        // SAFETY: the call only ever writes initialised bytes (what recv
-        // or a copy puts there) into `dst`, so it stays initialised.
-        let dst = unsafe { &mut *(dst as *mut [u8] as *mut [MaybeUninit<u8>]) };
-        self.call_into_uninit(kind, parts, dst).await
+        // SAFETY: a direct call writes only received bytes into `dst`.
+        let dst = unsafe { init_as_uninit(dst) };
+        self.call_into_uninit(kind, parts, dst, &mut []).await
     }
 
     /// Like [`Connection::call_into`], into memory that need not be
-    /// initialised (a result buffer allocated for the reply, not zeroed).
-    /// On success the first returned-length bytes of `dst` are initialised.
+    /// initialised (a result buffer allocated for the reply, not zeroed),
+    /// and with the last `trailer.len()` bytes of the payload (a status
+    /// sent after the data, say) received into `trailer`. Returns the
+    /// length of the rest, received into `dst`, whose first that many bytes
+    /// are then initialised. A payload shorter than the trailer, or longer
+    /// than both buffers, is a `Protocol` error.
     pub async fn call_into_uninit(
         &self,
         kind: u16,
         parts: &[&[u8]],
         dst: &mut [MaybeUninit<u8>],
+        trailer: &mut [u8],
     ) -> Result<usize> {
-        let cap = dst.len();
+        let cap = dst.len() + trailer.len();
+        let trailer_len = trailer.len();
         let (len, id, deadline) = self
-            .exchange(kind, parts, |tx| Waiter::Direct { tx, cap })
+            .exchange(kind, parts, |tx| Waiter::Direct {
+                tx,
+                cap,
+                trailer: trailer_len,
+            })
             .await?;
-        if len > 0 {
-            self.receive_parked(id, &mut dst[..len], deadline).await?;
+        let data = len - trailer_len;
+        if data > 0 {
+            self.receive_parked(id, &mut dst[..data], deadline).await?;
         }
-        Ok(len)
+        if trailer_len > 0 {
+            // SAFETY: only received bytes are written into `trailer`.
+            let trailer = unsafe { init_as_uninit(trailer) };
+            self.receive_parked(id, trailer, deadline).await?;
+        }
+        Ok(data)
     }
 
     /// Receives the payload of direct reply `id`, for which the stream is
@@ -1093,6 +1110,15 @@ impl Connection {
             self.shared.peer, self.opts.timeout
         ))
     }
+}
+
+/// `buf` as memory to receive into.
+///
+/// # Safety
+/// Only initialised bytes may be written through the result.
+unsafe fn init_as_uninit(buf: &mut [u8]) -> &mut [MaybeUninit<u8>] {
+    // SAFETY: the caller writes only initialised bytes.
+    unsafe { &mut *(buf as *mut [u8] as *mut [MaybeUninit<u8>]) }
 }
 
 /// Reads replies whenever nobody is spinning for them.

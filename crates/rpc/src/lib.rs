@@ -29,7 +29,9 @@ pub use handshake::{
     ClientHandshake, HandshakeFrame, HandshakeIo, PeerInfo, ServerHandshake, VersionHandshake,
 };
 pub use nodekernel_proto::hello::{Role, WIRE_VERSION};
-pub use server::{serve, serve_unix, serve_with, Handler, ServeOptions, ServerHandle};
+pub use server::{
+    serve, serve_unix, serve_with, Handler, Reply, ServeOptions, ServerHandle, SharedBody,
+};
 pub use transport::{abstract_unix_addr, bind_abstract_unix, bind_unix, UNIX_PREFIX};
 
 /// Busy-poll budget of an idle server connection waiting for its next

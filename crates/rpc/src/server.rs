@@ -52,6 +52,75 @@ pub trait Handler: Send + Sync + 'static {
     fn handshake(&self) -> Arc<dyn ServerHandshake> {
         Arc::new(VersionHandshake::new(Role::Unspecified))
     }
+
+    /// Like [`Handler::handle`], with the whole [`Reply`] at hand: a
+    /// handler overrides it to end its reply with a [`SharedBody`] (sent
+    /// without a copy). The default calls [`Handler::handle`].
+    fn handle_reply(
+        &self,
+        op: u16,
+        payload: Bytes,
+        reply: &mut Reply,
+    ) -> impl Future<Output = Result<()>> + Send {
+        self.handle(op, payload, &mut reply.out)
+    }
+}
+
+/// The end of a reply's payload sent straight from memory the server shares
+/// with other processes (a storage server's DRAM region), without copying
+/// it into the reply first. Those bytes may change while they are sent, so
+/// once they went out, [`SharedBody::seal`] appends a trailer saying
+/// whether they were still valid.
+///
+/// # Safety
+///
+/// The memory `bytes` names must stay mapped and readable for as long as
+/// the body lives. Its contents may change at any time: the server never
+/// forms a Rust reference to it, it only passes the address to `send(2)`.
+pub unsafe trait SharedBody: Send + 'static {
+    /// Where the bytes are, and how many.
+    fn bytes(&self) -> (*const u8, usize);
+    /// How many bytes [`SharedBody::seal`] appends.
+    fn trailer_len(&self) -> usize;
+    /// Called once every byte went out (not at all if the send failed):
+    /// appends exactly [`SharedBody::trailer_len`] bytes.
+    fn seal(&self, out: &mut BytesMut);
+}
+
+/// A reply being built: the frame so far (header and payload bytes), and
+/// optionally a [`SharedBody`] that ends the payload.
+#[derive(Default)]
+pub struct Reply {
+    out: BytesMut,
+    body: Option<Box<dyn SharedBody>>,
+}
+
+impl Reply {
+    /// An empty reply (the server makes one per request; for tests of
+    /// handlers).
+    pub fn new() -> Reply {
+        Reply {
+            out: BytesMut::new(),
+            body: None,
+        }
+    }
+
+    /// Takes the shared body out (for tests of handlers).
+    #[doc(hidden)]
+    pub fn take_body(&mut self) -> Option<Box<dyn SharedBody>> {
+        self.body.take()
+    }
+
+    /// The payload bytes so far; a handler appends its reply here.
+    pub fn out(&mut self) -> &mut BytesMut {
+        &mut self.out
+    }
+
+    /// Ends the payload with `body`, sent after the bytes of
+    /// [`Reply::out`] (which must not grow after this).
+    pub fn set_body(&mut self, body: Box<dyn SharedBody>) {
+        self.body = Some(body);
+    }
 }
 
 /// Settings of a server's connections. The defaults are the constants of
@@ -564,25 +633,33 @@ impl Drop for RecvBuf<'_> {
 }
 
 /// Handles one request, holding a permit of the server's request bound;
-/// returns its whole reply frame.
+/// returns its whole reply frame (with its shared body, if any).
 async fn handle_one<H: Handler>(
     handler: Arc<H>,
     header: FrameHeader,
     payload: Bytes,
     peer: Arc<str>,
     _permit: OwnedSemaphorePermit,
-) -> BytesMut {
-    let mut out = BytesMut::with_capacity(256);
-    let start = FrameHeader::begin(&mut out, header.id, STATUS_OK);
-    let result = handler.handle(header.kind, payload, &mut out).await;
-    if let Err(e) = result.and_then(|()| FrameHeader::seal(&mut out, start)) {
+) -> Reply {
+    let mut reply = Reply {
+        out: BytesMut::with_capacity(256),
+        body: None,
+    };
+    let start = FrameHeader::begin(&mut reply.out, header.id, STATUS_OK);
+    let result = handler.handle_reply(header.kind, payload, &mut reply).await;
+    let more = reply
+        .body
+        .as_ref()
+        .map_or(0, |b| b.bytes().1 + b.trailer_len());
+    if let Err(e) = result.and_then(|()| FrameHeader::seal_with(&mut reply.out, start, more)) {
         if e.code == ErrorCode::Protocol {
             tracing::debug!("bad request from {peer}: {e}");
         }
-        out.truncate(start);
-        push_error(&mut out, header.id, &e);
+        reply.out.truncate(start);
+        reply.body = None;
+        push_error(&mut reply.out, header.id, &e);
     }
-    out
+    reply
 }
 
 /// Reads whatever the socket has without blocking: `Some(true)` data,
@@ -696,7 +773,7 @@ async fn serve_requests<H: Handler>(
         rbuf.sync();
         // Send every reply that is already done.
         while let Some(Some(reply)) = pending.next().now_or_never() {
-            if write_bounded(&mut wr, &reply, opts.frame_timeout)
+            if write_reply(&mut wr, &rd, reply, opts.frame_timeout)
                 .await
                 .is_err()
             {
@@ -744,7 +821,7 @@ async fn serve_requests<H: Handler>(
         let idle = can_read && pending.is_empty() && rbuf.oversized();
         tokio::select! {
             Some(reply) = pending.next(), if !pending.is_empty() => {
-                if write_bounded(&mut wr, &reply, opts.frame_timeout).await.is_err() {
+                if write_reply(&mut wr, &rd, reply, opts.frame_timeout).await.is_err() {
                     return;
                 }
             }
@@ -799,6 +876,61 @@ async fn write_bounded(wr: &mut Replies, buf: &[u8], stall: Duration) -> std::io
         }
     }
     Ok(())
+}
+
+/// Writes a reply: its frame bytes (buffered), then any shared body
+/// straight from its memory, then the body's trailer. `sock` is the
+/// connection's socket (its read half), for sending the body directly.
+async fn write_reply(
+    wr: &mut Replies,
+    sock: &ReadHalf,
+    reply: Reply,
+    stall: Duration,
+) -> std::io::Result<()> {
+    write_bounded(wr, &reply.out, stall).await?;
+    let Some(body) = reply.body else {
+        return Ok(());
+    };
+    // The frame's first bytes go out before the body's.
+    flush_bounded(wr, stall).await?;
+    let len = body.bytes().1;
+    let mut sent = 0;
+    while sent < len {
+        let r = sock.try_write_io(|| {
+            let (ptr, _) = body.bytes();
+            // SAFETY: `SharedBody`'s contract: `ptr` is readable for `len`
+            // bytes while `body` lives. send(2) only reads them.
+            let n = unsafe {
+                libc::send(
+                    sock.fd(),
+                    ptr.add(sent).cast(),
+                    len - sent,
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            if n < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(n as usize)
+            }
+        });
+        match r {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                match tokio::time::timeout(stall, sock.writable()).await {
+                    Ok(r) => r?,
+                    Err(_) => return Err(stalled_writing(stall)),
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let mut trailer = BytesMut::with_capacity(body.trailer_len());
+    body.seal(&mut trailer);
+    debug_assert_eq!(trailer.len(), body.trailer_len());
+    write_bounded(wr, &trailer, stall).await
 }
 
 /// Flushes the buffered replies (at most [`REPLY_BUF`] bytes), failing when

@@ -129,6 +129,25 @@ impl ReadHalf {
         }
     }
 
+    /// Waits until the reactor reports the socket writable (the half
+    /// shares the socket with the write half).
+    pub(crate) async fn writable(&self) -> io::Result<()> {
+        match self {
+            ReadHalf::Tcp(r) => AsRef::<TcpStream>::as_ref(r).writable().await,
+            ReadHalf::Unix(r) => AsRef::<UnixStream>::as_ref(r).writable().await,
+        }
+    }
+
+    /// Runs `f` (a write on the descriptor); a `WouldBlock` from it clears
+    /// the reactor's write readiness.
+    pub(crate) fn try_write_io<R>(&self, f: impl FnOnce() -> io::Result<R>) -> io::Result<R> {
+        let interest = tokio::io::Interest::WRITABLE;
+        match self {
+            ReadHalf::Tcp(r) => AsRef::<TcpStream>::as_ref(r).try_io(interest, f),
+            ReadHalf::Unix(r) => AsRef::<UnixStream>::as_ref(r).try_io(interest, f),
+        }
+    }
+
     /// Runs `f` (a read on the descriptor); a `WouldBlock` from it clears
     /// the reactor's readiness so the next `readable` waits for new data.
     pub(crate) fn try_io<R>(&self, f: impl FnOnce() -> io::Result<R>) -> io::Result<R> {

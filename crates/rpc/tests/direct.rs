@@ -173,3 +173,90 @@ async fn a_direct_call_dropped_mid_payload_leaves_the_connection_usable() {
     assert_eq!(conn.pending_calls(), 0);
     assert!(!conn.is_closed());
 }
+
+/// A handler whose op 9 replies with a byte prefix from the reply buffer,
+/// then a body sent straight from memory it does not own, then a trailer
+/// computed after the body went out.
+struct Shared {
+    sealed: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+static BODY: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| pattern(3 << 20, 42));
+
+struct StaticBody(Arc<std::sync::atomic::AtomicUsize>);
+
+// SAFETY: `BODY` lives for the whole program.
+unsafe impl nodekernel_rpc::SharedBody for StaticBody {
+    fn bytes(&self) -> (*const u8, usize) {
+        (BODY.as_ptr(), BODY.len())
+    }
+    fn trailer_len(&self) -> usize {
+        2
+    }
+    fn seal(&self, out: &mut bytes::BytesMut) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        out.extend_from_slice(b"OK");
+    }
+}
+
+impl nodekernel_rpc::Handler for Shared {
+    async fn handle(
+        &self,
+        _op: u16,
+        payload: bytes::Bytes,
+        out: &mut bytes::BytesMut,
+    ) -> nodekernel_proto::Result<()> {
+        out.extend_from_slice(&payload);
+        Ok(())
+    }
+
+    async fn handle_reply(
+        &self,
+        op: u16,
+        payload: bytes::Bytes,
+        reply: &mut nodekernel_rpc::Reply,
+    ) -> nodekernel_proto::Result<()> {
+        if op != 9 {
+            return self.handle(op, payload, reply.out()).await;
+        }
+        reply.out().extend_from_slice(b"head:");
+        reply.set_body(Box::new(StaticBody(self.sealed.clone())));
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_body_goes_out_after_the_reply_bytes_and_before_its_trailer() {
+    let sealed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    for kind in [Kind::Tcp, Kind::Unix] {
+        let handler = Arc::new(Shared {
+            sealed: sealed.clone(),
+        });
+        let server = start(kind, handler, ServeOptions::default()).await;
+        let conn = connect(&server.addr, Duration::ZERO).await;
+        // Whole, through the receive buffer.
+        let got = conn.call(9, &[b"x"]).await.unwrap();
+        assert_eq!(got.len(), 5 + BODY.len() + 2, "{kind:?}");
+        assert_eq!(&got[..5], b"head:");
+        assert!(got[5..5 + BODY.len()] == BODY[..], "{kind:?}: the body");
+        assert_eq!(&got[5 + BODY.len()..], b"OK");
+        // Direct, the trailer into its own buffer; ordinary replies in
+        // between are untouched.
+        for _ in 0..3 {
+            let mut buf = Vec::with_capacity(5 + BODY.len());
+            let mut trailer = [0u8; 2];
+            let n = conn
+                .call_into_uninit(9, &[b"x"], buf.spare_capacity_mut(), &mut trailer)
+                .await
+                .unwrap();
+            // SAFETY: `n` bytes were received.
+            unsafe { buf.set_len(n) };
+            assert_eq!(n, 5 + BODY.len());
+            assert!(buf[5..] == BODY[..], "{kind:?}: the body, direct");
+            assert_eq!(&trailer, b"OK");
+            assert_eq!(&conn.call(2, &[b"plain"]).await.unwrap()[..], b"plain");
+        }
+        assert_eq!(conn.reply_copies().staged(), 0, "{kind:?}");
+    }
+    assert_eq!(sealed.load(std::sync::atomic::Ordering::SeqCst), 8);
+}

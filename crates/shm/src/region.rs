@@ -444,6 +444,32 @@ impl Region {
         }
     }
 
+    /// Begins a read of `len` bytes of `block` at `offset` that someone
+    /// else copies (the kernel, sending them to a socket): checks the range
+    /// and that `gen` is the block's generation, and returns where the
+    /// bytes are. They are valid for as long as this region lives, but may
+    /// change hands meanwhile: once the copy is done,
+    /// [`Region::read_unchanged`] says whether it may be used.
+    pub fn read_shared(&self, block: u32, gen: u64, offset: u32, len: u32) -> Result<*const u8> {
+        check_range(
+            self.layout.block_size,
+            self.layout.num_blocks,
+            block,
+            offset,
+            u64::from(len),
+        )?;
+        check_generation(gen)?;
+        self.touch(block, len as usize);
+        protocol::read_begin(self, block, gen).map_err(|w| stale_read(block, gen, w))?;
+        Ok(self.src(block, offset).cast_const())
+    }
+
+    /// Ends a read begun with [`Region::read_shared`]: whether `block` was
+    /// still at `gen` throughout (so the bytes copied are its owner's).
+    pub fn read_unchanged(&self, block: u32, gen: u64) -> bool {
+        protocol::read_end(self, block, gen).is_ok()
+    }
+
     /// Appends `len` bytes of `block` at `offset` to `out`, if `gen` is the
     /// block's generation before and after the copy. On error nothing is
     /// appended.

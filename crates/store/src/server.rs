@@ -8,9 +8,13 @@ use crate::share::Share;
 use crate::StoreError;
 use bytes::{Bytes, BytesMut};
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
-use nodekernel_proto::store::{encode_shm_info, StoreRequest};
+use nodekernel_proto::store::{
+    encode_shm_info, op as store_op, read_reply_data, StoreRequest, READ_CHANGED_HANDS, READ_OK,
+    READ_TRAILER_LEN,
+};
 use nodekernel_proto::{Error, ErrorCode, Result};
-use nodekernel_rpc::{ConnectionPool, Handler, ServerHandle};
+use nodekernel_rpc::{ConnectionPool, Handler, Reply, ServerHandle, SharedBody};
+use nodekernel_shm::Region;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,10 +33,61 @@ pub(crate) struct StoreHandler {
     peers: ConnectionPool,
 }
 
+/// Bytes of a block in the DRAM region, sent as the end of a `Read` reply
+/// (see [`StoreHandler::read_from_region`]).
+struct RegionBody {
+    /// Keeps the mapping `ptr` points into alive.
+    region: Arc<Region>,
+    block: u32,
+    gen: u64,
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: `ptr` points into the mapping `region` owns; it is only ever
+// handed to send(2), from whichever thread sends the reply.
+unsafe impl Send for RegionBody {}
+
+// SAFETY: `ptr..ptr + len` lies inside the region's data (checked by
+// `read_shared`), mapped for as long as `region`, which the body holds.
+unsafe impl SharedBody for RegionBody {
+    fn bytes(&self) -> (*const u8, usize) {
+        (self.ptr, self.len)
+    }
+
+    fn trailer_len(&self) -> usize {
+        READ_TRAILER_LEN
+    }
+
+    fn seal(&self, out: &mut BytesMut) {
+        let status = if self.region.read_unchanged(self.block, self.gen) {
+            READ_OK
+        } else {
+            READ_CHANGED_HANDS
+        };
+        out.extend_from_slice(&[status]);
+    }
+}
+
 /// Bytes a block copy moves per request.
 const COPY_CHUNK: u32 = 1 << 20;
 
 impl Handler for StoreHandler {
+    async fn handle_reply(&self, op: u16, payload: Bytes, reply: &mut Reply) -> Result<()> {
+        if let (store_op::READ, Some(region)) = (op, self.store.shared_region()) {
+            if let StoreRequest::Read {
+                block,
+                gen,
+                offset,
+                len,
+            } = StoreRequest::decode(op, &payload)?
+            {
+                return Self::read_from_region(region, block, gen, offset, len, reply);
+            }
+        }
+        self.handle(op, payload, reply.out()).await
+    }
+
     async fn handle(&self, op: u16, payload: Bytes, out: &mut BytesMut) -> Result<()> {
         match StoreRequest::decode(op, &payload)? {
             StoreRequest::Read {
@@ -40,7 +95,13 @@ impl Handler for StoreHandler {
                 gen,
                 offset,
                 len,
-            } => self.store.read(block, gen, offset, len, out).await,
+            } => {
+                // Copied into the reply (the media other than DRAM; DRAM
+                // replies are sent from the region by `handle_reply`).
+                self.store.read(block, gen, offset, len, out).await?;
+                out.extend_from_slice(&[READ_OK]);
+                Ok(())
+            }
             StoreRequest::Write {
                 block,
                 gen,
@@ -65,6 +126,28 @@ impl Handler for StoreHandler {
 }
 
 impl StoreHandler {
+    /// A read from the DRAM region, sent from it without a copy: the
+    /// generation is checked before, and again after the bytes went out
+    /// (the trailer says whether it held).
+    pub(crate) fn read_from_region(
+        region: &Arc<Region>,
+        block: u32,
+        gen: u64,
+        offset: u32,
+        len: u32,
+        reply: &mut Reply,
+    ) -> Result<()> {
+        let ptr = region.read_shared(block, gen, offset, len)?;
+        reply.set_body(Box::new(RegionBody {
+            region: region.clone(),
+            block,
+            gen,
+            ptr,
+            len: len as usize,
+        }));
+        Ok(())
+    }
+
     /// Claims each block with its generation (a zero-length write). A block
     /// already claimed by a newer owner is fine: the claim's purpose, that
     /// nobody older writes there, holds. Every claim is tried; the first
@@ -108,13 +191,10 @@ impl StoreHandler {
             };
             let mut buf = BytesMut::new();
             req.encode(&mut buf);
-            let data = self.peers.call(src_addr, req.op(), &[&buf]).await?;
-            if data.len() != len as usize {
-                return Err(Error::protocol(format!(
-                    "storage server {src_addr} returned {} bytes of block {src_block} for a read of {len}",
-                    data.len()
-                )));
-            }
+            let reply = self.peers.call(src_addr, req.op(), &[&buf]).await?;
+            let data = read_reply_data(reply, src_block, src_gen, len as usize).map_err(|e| {
+                Error::new(e.code, format!("storage server {src_addr}: {}", e.message))
+            })?;
             self.store.write(block, gen, offset, &data).await?;
             offset += len;
         }

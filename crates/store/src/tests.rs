@@ -4,7 +4,7 @@
 use crate::{FileIoConfig, MediumKind, StorageServer, StoreConfig, StoreError};
 use bytes::{Bytes, BytesMut};
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
-use nodekernel_proto::store::{op, StoreRequest};
+use nodekernel_proto::store::{op, read_reply_data, StoreRequest, READ_CHANGED_HANDS, READ_OK};
 use nodekernel_proto::{Error, ErrorCode, Result};
 use nodekernel_rpc::{Connection, Handler, ServerHandle};
 use std::collections::HashSet;
@@ -53,7 +53,7 @@ async fn write(c: &Connection, block: u32, gen: u64, offset: u32, data: &[u8]) -
 }
 
 async fn read(c: &Connection, block: u32, gen: u64, offset: u32, len: u32) -> Result<Bytes> {
-    call(
+    let reply = call(
         c,
         StoreRequest::Read {
             block,
@@ -62,7 +62,8 @@ async fn read(c: &Connection, block: u32, gen: u64, offset: u32, len: u32) -> Re
             len,
         },
     )
-    .await
+    .await?;
+    read_reply_data(reply, block, gen, len as usize)
 }
 
 async fn eventually(what: &str, cond: impl Fn() -> bool) {
@@ -643,6 +644,56 @@ fn map_region(
     sock.set_read_timeout(Some(HANG))?;
     let region = nodekernel_shm::receive_region(&sock)?;
     Ok((region, sock))
+}
+
+/// A DRAM server answers a read with the bytes of its region itself (no
+/// copy into the reply), and says after sending them whether the block
+/// was still the reader's generation throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dram_reads_are_sent_from_the_region_and_checked_after() {
+    use crate::server::StoreHandler;
+    use nodekernel_rpc::Reply;
+    let srv = StorageServer::start(cfg(MediumKind::Dram, 4))
+        .await
+        .unwrap();
+    let c = Connection::connect(&srv.local_addr().to_string(), HANG)
+        .await
+        .unwrap();
+    write(&c, 1, 7, 100, b"straight from the region")
+        .await
+        .unwrap();
+    let region = srv.store().shared_region().expect("a DRAM region").clone();
+
+    let mut reply = Reply::new();
+    StoreHandler::read_from_region(&region, 1, 7, 100, 24, &mut reply).unwrap();
+    assert!(reply.out().is_empty(), "no byte was copied into the reply");
+    let body = reply
+        .take_body()
+        .expect("the bytes are sent from the region");
+    let (ptr, len) = body.bytes();
+    let expected = region.data_ptr() as usize + BS as usize + 100;
+    assert_eq!((ptr as usize, len), (expected, 24), "block 1 at offset 100");
+    let mut status = BytesMut::new();
+    body.seal(&mut status);
+    assert_eq!(&status[..], &[READ_OK]);
+
+    // A new owner claims the block while the bytes are (say) still going
+    // out: the status sent after them says so.
+    write(&c, 1, 8, 0, b"new owner").await.unwrap();
+    let mut status = BytesMut::new();
+    body.seal(&mut status);
+    assert_eq!(&status[..], &[READ_CHANGED_HANDS]);
+    // A read that starts after the claim is refused at once.
+    let e = StoreHandler::read_from_region(&region, 1, 7, 100, 24, &mut Reply::new())
+        .expect_err("refused");
+    assert_eq!(e.code, ErrorCode::Stale, "{e}");
+
+    // Over the network, the client sees the bytes and the status checked.
+    assert_eq!(read(&c, 1, 8, 0, 9).await.unwrap(), b"new owner" as &[u8]);
+    assert_eq!(
+        read(&c, 1, 7, 0, 9).await.unwrap_err().code,
+        ErrorCode::Stale
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
