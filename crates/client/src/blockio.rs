@@ -25,10 +25,11 @@ use crate::local::{Local, Mapped};
 use bytes::{Bytes, BytesMut};
 use nodekernel_proto::store::{
     check_read_status, encode_write_prefix, op as store_op, read_reply_data, StoreRequest,
-    READ_TRAILER_LEN,
+    READ_TRAILER_LEN, TAG_LEN,
 };
 use nodekernel_proto::{BlockLoc, Error, ErrorCode, Result};
 use nodekernel_rpc::ConnectionPool;
+use nodekernel_shm::Region;
 use std::future::Future;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -191,6 +192,7 @@ impl BlockIo {
         let offset = loc.storage_offset(offset)?;
         match self.route(&loc.addr).await? {
             Route::Mapped(m) => {
+                check_mapped_tag(m.region(), loc)?;
                 m.region().read_uninit(loc.block, loc.gen, offset, dst)?;
                 Ok(true)
             }
@@ -223,6 +225,7 @@ impl BlockIo {
         let offset = loc.storage_offset(offset)?;
         match self.route(&loc.addr).await? {
             Route::Mapped(m) => {
+                check_mapped_tag(m.region(), loc)?;
                 let mut out = BytesMut::new();
                 m.region()
                     .read_append(loc.block, loc.gen, offset, len as u32, &mut out)?;
@@ -240,19 +243,35 @@ impl BlockIo {
 
     /// Writes `data` at `offset` of the block at `loc`, once, without
     /// re-mapping (used for child records, which are best effort).
+    ///
+    /// A small value's tag goes with the bytes written at its start.
     pub(crate) async fn write_once(&self, loc: &BlockLoc, offset: u32, data: &[u8]) -> Result<()> {
         let at = loc.storage_offset(offset)?;
+        let tag = loc.tag.to_le_bytes();
+        let tag: &[u8] = match loc.tag_check() {
+            Some(_) if offset == 0 && !data.is_empty() => &tag,
+            _ => &[],
+        };
+        // Where the tag, if any, and then `data` go.
+        let start = at.checked_sub(tag.len() as u32).ok_or_else(|| {
+            Error::protocol(format!(
+                "a small value at offset {at} leaves no room for its tag"
+            ))
+        })?;
         let mapped = match self.route(&loc.addr).await? {
             Route::Mapped(m) => {
                 // Straight from the caller's buffer into the server's memory.
+                if !tag.is_empty() {
+                    m.region().write(loc.block, loc.gen, start, tag).await?;
+                }
                 m.region().write(loc.block, loc.gen, at, data).await?;
                 true
             }
             Route::Network => {
                 let mut prefix = BytesMut::with_capacity(16);
-                encode_write_prefix(&mut prefix, loc.block, loc.gen, at);
+                encode_write_prefix(&mut prefix, loc.block, loc.gen, start);
                 self.pool
-                    .call(&loc.addr, store_op::WRITE, &[&prefix, data])
+                    .call(&loc.addr, store_op::WRITE, &[&prefix, tag, data])
                     .await?;
                 false
             }
@@ -378,17 +397,30 @@ impl BlockIo {
     }
 }
 
-/// A READ of `len` bytes of the block at `loc`, at storage offset `offset`.
+/// A READ of `len` bytes of the block at `loc`, at storage offset `offset`
+/// (a small value's tag checked by the storage server first).
 fn read_request(loc: &BlockLoc, offset: u32, len: usize) -> BytesMut {
-    let mut req = BytesMut::with_capacity(24);
+    let mut req = BytesMut::with_capacity(36);
     StoreRequest::Read {
         block: loc.block,
         gen: loc.gen,
         offset,
         len: len as u32,
+        tag: loc.tag_check(),
     }
     .encode(&mut req);
     req
+}
+
+/// Checks a small value's tag in mapped memory, before its bytes are
+/// read: `Stale` once the value was replaced or deleted.
+fn check_mapped_tag(region: &Region, loc: &BlockLoc) -> Result<()> {
+    let Some(t) = loc.tag_check() else {
+        return Ok(());
+    };
+    let mut found = [0; TAG_LEN as usize];
+    region.read(loc.block, loc.gen, t.at, &mut found)?;
+    t.check(found, loc.block)
 }
 
 /// Errors that mean the storage server itself could not be reached (as

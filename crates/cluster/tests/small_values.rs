@@ -77,12 +77,17 @@ on_both_paths!(
     a_stale_handle_never_reads_a_reused_piece => stale_handles
 );
 
+/// Values in pieces of 12 KiB (their 8-byte tag included): five to a
+/// 64 KiB slab, so a test fills one quickly.
+const PIECE: usize = (12 << 10) - 8;
+
 async fn stale_handles(shared_memory: bool) {
+    assert_eq!(common::BS, 64 << 10, "five pieces to a slab");
     let t = common::start_on_path(4 * MIB, 0, shared_memory).await;
     let c = &t.client;
     c.create("/t", NodeType::Table, table(true)).await.unwrap();
-    c.put("/t/a", &value(1, 0, 100)).await.unwrap();
-    c.put("/t/b", &value(2, 0, 100)).await.unwrap();
+    c.put("/t/a", &value(1, 0, PIECE)).await.unwrap();
+    c.put("/t/b", &value(2, 0, PIECE)).await.unwrap();
     let old_a = c.lookup("/t/a").await.unwrap();
     let held_b = c.lookup("/t/b").await.unwrap();
     let la = old_a.info().first_block.clone().unwrap();
@@ -94,8 +99,21 @@ async fn stale_handles(shared_memory: bool) {
     );
     assert_ne!(la.offset, lb.offset);
 
+    // Deleted: a's handle gets `Stale` at once (its tag is cleared), from
+    // the start of the value or inside it.
     c.delete("/t/a", false).await.unwrap();
-    c.put("/t/c", &value(3, 0, 110)).await.unwrap();
+    for (offset, len) in [(0, 100), (5000, 10)] {
+        let e = old_a.read(offset, len).await.unwrap_err();
+        assert_eq!(e.code, ErrorCode::Stale, "{e}");
+    }
+    // a's piece is quarantined: the slab's never-used pieces go first.
+    for f in 0..3 {
+        c.put(&format!("/t/f{f}"), &value(10 + f, 0, PIECE))
+            .await
+            .unwrap();
+    }
+    // The slab is full but for a's piece: c reuses it behind a fence.
+    c.put("/t/c", &value(3, 0, PIECE - 7)).await.unwrap();
     let lc = c.lookup("/t/c").await.unwrap().info().first_block.clone();
     let lc = lc.unwrap();
     assert_eq!(
@@ -109,16 +127,27 @@ async fn stale_handles(shared_memory: bool) {
     let e = old_a.read(0, 100).await.unwrap_err();
     assert_eq!(e.code, ErrorCode::Stale, "{e}");
     // b's handle follows its value to the slab's new generation.
-    assert_eq!(held_b.read(0, 100).await.unwrap(), value(2, 0, 100));
-    assert_eq!(c.get("/t/c").await.unwrap(), value(3, 0, 110));
+    assert_eq!(
+        held_b.read(0, PIECE as u64).await.unwrap(),
+        value(2, 0, PIECE)
+    );
+    assert_eq!(c.get("/t/c").await.unwrap(), value(3, 0, PIECE - 7));
 
-    // Replacing a value the same way: the old handle gets Stale.
+    // Replacing a value: the old handle gets Stale at once, and after its
+    // piece is reused.
     let old_c = c.lookup("/t/c").await.unwrap();
-    c.put("/t/c", &value(3, 1, 105)).await.unwrap();
-    c.put("/t/d", &value(4, 0, 100)).await.unwrap();
-    assert_eq!(old_c.read(0, 110).await.unwrap_err().code, ErrorCode::Stale);
-    assert_eq!(c.get("/t/c").await.unwrap(), value(3, 1, 105));
-    assert_eq!(c.get("/t/d").await.unwrap(), value(4, 0, 100));
+    c.put("/t/c", &value(3, 1, PIECE - 3)).await.unwrap();
+    assert_eq!(old_c.read(0, 100).await.unwrap_err().code, ErrorCode::Stale);
+    c.put("/t/d", &value(4, 0, PIECE)).await.unwrap();
+    assert_eq!(old_c.read(0, 100).await.unwrap_err().code, ErrorCode::Stale);
+    assert_eq!(c.get("/t/c").await.unwrap(), value(3, 1, PIECE - 3));
+    assert_eq!(c.get("/t/d").await.unwrap(), value(4, 0, PIECE));
+    for f in 0..3 {
+        assert_eq!(
+            c.get(&format!("/t/f{f}")).await.unwrap(),
+            value(10 + f, 0, PIECE)
+        );
+    }
     common::assert_data_path(&t, c, shared_memory);
     t.cluster.shutdown();
 }

@@ -66,6 +66,9 @@ pub struct BlockClaim {
     pub addr: String,
     pub block: u32,
     pub gen: u64,
+    /// A freed small value's tag to clear, at `gen` (see
+    /// `nodekernel_proto::store::Claim`).
+    pub clear_tag_at: Option<u32>,
 }
 
 pub use nodekernel_proto::ServerSpec;

@@ -16,7 +16,7 @@ use crate::alloc::BlockClaim;
 use crate::state::{Decision, MetaState, Placement};
 use bytes::{Bytes, BytesMut};
 use nodekernel_proto::meta::MetaRequest;
-use nodekernel_proto::store::{StoreRequest, MAX_CLAIM_BATCH};
+use nodekernel_proto::store::{Claim, StoreRequest, MAX_CLAIM_BATCH};
 use nodekernel_proto::Result;
 use nodekernel_rpc::{
     bind_abstract_unix, serve_unix, serve_with, ConnectionPool, Handler, ServeOptions, ServerHandle,
@@ -214,9 +214,16 @@ impl MetaHandler {
 async fn deliver(pool: &ConnectionPool, addr: &str, claims: &[BlockClaim]) -> Result<()> {
     for chunk in claims.chunks(MAX_CLAIM_BATCH) {
         let req = StoreRequest::Claim {
-            claims: chunk.iter().map(|c| (c.block, c.gen)).collect(),
+            claims: chunk
+                .iter()
+                .map(|c| Claim {
+                    block: c.block,
+                    gen: c.gen,
+                    clear_tag_at: c.clear_tag_at,
+                })
+                .collect(),
         };
-        let mut buf = BytesMut::with_capacity(4 + 12 * chunk.len());
+        let mut buf = BytesMut::with_capacity(4 + 16 * chunk.len());
         req.encode(&mut buf);
         pool.call(addr, req.op(), &[&buf]).await?;
     }

@@ -17,7 +17,10 @@
 //! - reads see their own node's bytes: a block (or a small value's piece
 //!   of a shared block) read at its current generation holds bytes
 //!   written for the node being read, never another's (the model stores
-//!   record who wrote each block and each piece);
+//!   record who wrote each block and each piece), by the generation
+//!   alone: the tag a small value's piece starts with is a second guard
+//!   the model does not lean on, except that a live value's tag is never
+//!   cleared;
 //! - periodically, replaying every effect so far onto a fresh state gives
 //!   the same state (effects alone carry every decision).
 //!
@@ -27,18 +30,20 @@
 use crate::alloc::BlockClaim;
 use crate::effect::Effect;
 use crate::namespace::NodeId;
+use crate::slab::TAG_LEN;
 use crate::state::MetaState;
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
 use nodekernel_proto::{BlockLoc, ErrorCode, NodeType, ServerSpec, NO_CLASS};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// A deliberately injected bug, to show the simulation catches it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Bug {
     /// Replacing a KeyValue drops the old value without freeing its blocks.
     LeakOnReplace,
-    /// Freeing a small value's piece does not fence its slab, so the piece
-    /// is reused under the generation old handles still carry.
+    /// Reusing a freed piece does not fence its slab (the stamp keeps the
+    /// generation), so the piece is reused under the generation old handles
+    /// still carry.
     PieceReusedUnfenced,
 }
 
@@ -84,6 +89,9 @@ struct Store {
     up: bool,
     gens: Vec<u64>,
     bytes: Vec<BTreeMap<u32, (NodeId, u64)>>,
+    /// Per block, the small values (by offset) whose tags were cleared:
+    /// reads through them get `Stale` until a put writes the piece again.
+    cleared: Vec<BTreeSet<u32>>,
 }
 
 impl Store {
@@ -112,15 +120,24 @@ impl Store {
         self.gens[b] = loc.gen;
         if whole {
             self.bytes[b].clear();
+            self.cleared[b].clear();
         }
         self.bytes[b].insert(loc.offset, (node, loc.gen));
+        self.cleared[b].remove(&loc.offset);
         true
     }
 
-    fn claim(&mut self, block: u32, gen: u64) {
+    /// A claim: newer claims the block; with `clear_tag_at`, the tag of
+    /// the piece there is cleared (a write under `gen`: refused if older).
+    fn claim(&mut self, block: u32, gen: u64, clear_tag_at: Option<u32>) {
         let b = block as usize;
         if gen > self.gens[b] {
             self.gens[b] = gen;
+        }
+        if let Some(at) = clear_tag_at {
+            if gen == self.gens[b] {
+                self.cleared[b].insert(at + TAG_LEN);
+            }
         }
     }
 
@@ -130,6 +147,7 @@ impl Store {
         self.id = None;
         self.gens.iter_mut().for_each(|g| *g = 0);
         self.bytes.iter_mut().for_each(|b| b.clear());
+        self.cleared.iter_mut().for_each(|b| b.clear());
     }
 }
 
@@ -210,6 +228,7 @@ impl Sim {
                     up: true,
                     gens: vec![0; num_blocks as usize],
                     bytes: vec![BTreeMap::new(); num_blocks as usize],
+                    cleared: vec![BTreeSet::new(); num_blocks as usize],
                 }
             })
             .collect();
@@ -406,7 +425,7 @@ impl Sim {
             if self.rng.chance(60) {
                 if let Some(s) = self.store_of(c.server) {
                     if s.up {
-                        s.claim(c.block, c.gen);
+                        s.claim(c.block, c.gen, c.clear_tag_at);
                     }
                 }
             } else {
@@ -506,13 +525,15 @@ impl Sim {
             } else {
                 NodeType::File
             };
-            // Most puts are small values of known size, of three piece
-            // sizes, into the two tables' eight keys: slabs are shared by
-            // several values, and their pieces freed and reused.
+            // Most puts are small values of known size, of four piece sizes
+            // (four to six pieces a slab), into the two tables' 32 keys:
+            // slabs are shared by several values, stay in use, and soon
+            // hand out every never-used piece, so their freed pieces are
+            // reused (behind a stamp).
             let small = ty == NodeType::KeyValue && self.rng.chance(70);
             let (path, size_hint) = if small {
-                let key = format!("/t{}/k{}", self.rng.below(2), self.rng.below(8));
-                (key, 1 + self.rng.below(90))
+                let key = format!("/t{}/k{}", self.rng.below(2), self.rng.below(32));
+                (key, 513 + self.rng.below(512))
             } else {
                 (path, 0)
             };
@@ -584,6 +605,20 @@ impl Sim {
             return Ok(());
         }
         let whole = self.st.slabs().get(loc.server, loc.block).is_none();
+        // A piece handed to another node under the generation its old
+        // owner wrote it with: that owner's old handles would read the new
+        // node's bytes (the storage server cannot tell them apart).
+        if let Some(&(writer, gen)) = self
+            .store_of(loc.server)
+            .and_then(|s| s.bytes[loc.block as usize].get(&loc.offset))
+        {
+            if !whole && writer != node && gen == loc.gen {
+                return Err(format!(
+                    "an old handle of node {writer} would read node {node}'s bytes: the piece at offset {} of block {} of server {} was handed out again under generation {gen}",
+                    loc.offset, loc.block, loc.server
+                ));
+            }
+        }
         let wrote = self
             .store_of(loc.server)
             .is_some_and(|s| s.write(&loc, whole, node));
@@ -666,7 +701,7 @@ impl Sim {
             .st
             .ns()
             .get(id)
-            .map_or(BS, |n| n.piece.map_or(BS, |p| p.size));
+            .map_or(BS, |n| n.piece.map_or(BS, |p| p.capacity()));
         let blocks = match self.exec(MetaRequest::Map {
             node: id,
             index: 0,
@@ -682,10 +717,11 @@ impl Sim {
         };
         for loc in blocks {
             self.keep_handle(id, &loc);
-            let held = match self.store_of(loc.server) {
-                Some(s) if s.up && s.gens[loc.block as usize] == loc.gen => {
-                    s.bytes[loc.block as usize].get(&loc.offset).copied()
-                }
+            let (held, cleared) = match self.store_of(loc.server) {
+                Some(s) if s.up && s.gens[loc.block as usize] == loc.gen => (
+                    s.bytes[loc.block as usize].get(&loc.offset).copied(),
+                    s.cleared[loc.block as usize].contains(&loc.offset),
+                ),
                 _ => continue, // unreachable, or Stale: the client re-maps
             };
             self.stats.reads += 1;
@@ -699,6 +735,14 @@ impl Sim {
                         id, loc.block, loc.server, loc.gen
                     ));
                 }
+                // A live small value's tag cleared: its readers would get
+                // `Stale` for good.
+                _ if cleared => {
+                    return Err(format!(
+                        "the tag of node {id}'s piece at offset {} of block {} of server {} is gone while the node lives",
+                        loc.offset, loc.block, loc.server
+                    ));
+                }
                 _ => {}
             }
         }
@@ -707,8 +751,10 @@ impl Sim {
 
     /// Keeps a location a client used, to read through it later.
     fn keep_handle(&mut self, node: NodeId, loc: &BlockLoc) {
-        if self.handles.len() >= 32 {
-            let i = self.rng.below(32) as usize;
+        // Many: a freed piece is reused only after its slab's never-used
+        // pieces, so a handle must outlive many puts to see the reuse.
+        if self.handles.len() >= 512 {
+            let i = self.rng.below(512) as usize;
             self.handles.swap_remove(i);
         }
         self.handles.push((node, loc.clone()));
@@ -725,18 +771,18 @@ impl Sim {
         let i = self.rng.below(self.handles.len() as u64) as usize;
         let (node, loc) = self.handles[i].clone();
         let held = match self.store_of(loc.server) {
-            Some(s) if s.up && s.gens[loc.block as usize] == loc.gen => {
+            Some(s)
+                if s.up
+                    && s.gens[loc.block as usize] == loc.gen
+                    && !s.cleared[loc.block as usize].contains(&loc.offset) =>
+            {
                 s.bytes[loc.block as usize].get(&loc.offset).copied()
             }
-            _ => return Ok(()), // Stale: the handle's owner learns it is gone
+            // Stale (a generation refused, or a small value's tag cleared):
+            // the handle's owner learns it is gone.
+            _ => return Ok(()),
         };
         self.stats.old_handle_reads += 1;
-        if self.st.slabs().get(loc.server, loc.block).is_some() {
-            eprintln!(
-                "DBG piece handle node {node} loc {loc:?} held {held:?} alive {}",
-                self.st.ns().get(node).is_some()
-            );
-        }
         match held {
             Some((writer, _)) if writer != node => Err(format!(
                 "an old handle of node {node} read block {} of server {} (offset {}) at generation {}, written for node {writer}",
@@ -847,7 +893,7 @@ impl Sim {
         if !s.up {
             return false;
         }
-        s.claim(src.block, src.gen);
+        s.claim(src.block, src.gen, None);
         if s.gens[src.block as usize] != src.gen {
             return false;
         }

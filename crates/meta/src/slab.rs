@@ -7,13 +7,18 @@
 //! and gives the block back once the last one is freed.
 //!
 //! Staleness: a piece has no generation of its own. The slab's block has
-//! one, which every piece's location carries; freeing a piece stamps the
-//! slab with a fresh generation (a fence claimed on the storage server), so
-//! a handle to the freed value gets `Stale` before the piece can be reused,
-//! and the live pieces' readers and writers re-map once and carry on.
+//! one, which every piece's location carries. A freed piece is
+//! *quarantined*: it is not handed out again until the slab is stamped with
+//! a fresh generation (a fence claimed on the storage server), so a handle
+//! to the freed value gets `Stale` before the piece is reused. Stamping is
+//! lazy: it happens when a slab's quarantined pieces are needed, fencing
+//! all of them at once, so the live pieces' readers and writers re-map once
+//! per batch of reuses, not once per freed value (under churn, stamping on
+//! every free re-fenced a busy slab faster than its writers could re-map).
 
 use crate::alloc::BlockRef;
 use crate::namespace::NodeId;
+pub use nodekernel_proto::store::TAG_LEN;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Smallest piece size.
@@ -24,15 +29,17 @@ pub fn max_piece(block_size: u32) -> u32 {
     block_size / 4
 }
 
-/// The piece size for a value of `size` bytes, or `None` when it gets
-/// whole blocks (empty, or above [`max_piece`]). Sizes go 64, 80, 96, 112,
-/// 128, 160, 192, 224, 256, …: four per doubling, so a piece wastes at most
-/// a fifth of itself (a 100-byte value takes 112 bytes).
+/// The piece size for a value of `size` bytes and its [`TAG_LEN`]-byte
+/// tag, or `None` when the value gets whole blocks (empty, or the two above
+/// [`max_piece`]). Sizes go 64, 80, 96, 112, 128, 160, 192, 224, 256, …:
+/// four per doubling, so a piece wastes at most a fifth of itself (a
+/// 100-byte value and its tag take 112 bytes).
 pub fn piece_size_for(block_size: u32, size: u64) -> Option<u32> {
     let max = max_piece(block_size);
-    if size == 0 || size > u64::from(max) {
+    if size == 0 || size > u64::from(max.saturating_sub(TAG_LEN)) {
         return None;
     }
+    let size = size + u64::from(TAG_LEN);
     let mut p = MIN_PIECE;
     while p <= max {
         for step in 0..4 {
@@ -56,8 +63,17 @@ pub struct Piece {
 }
 
 impl Piece {
+    /// Where the piece starts in its block: its value's tag.
     pub fn offset(&self) -> u32 {
         self.index * self.size
+    }
+    /// Where the value starts in the block, after its tag.
+    pub fn value_offset(&self) -> u32 {
+        self.offset() + TAG_LEN
+    }
+    /// The most bytes the value may hold.
+    pub fn capacity(&self) -> u32 {
+        self.size - TAG_LEN
     }
     fn slab(&self) -> (u32, u32) {
         (self.server, self.block)
@@ -74,8 +90,11 @@ pub struct Slab {
     pub gen: u64,
     /// Owner of each piece (0: free).
     owners: Vec<NodeId>,
-    /// Freed pieces, reused last-freed first.
+    /// Freed pieces whose old owners' handles are fenced (by a stamp since
+    /// they were freed), reused last-freed first.
     freed: Vec<u32>,
+    /// Freed pieces not fenced yet: reusable after the next stamp.
+    quarantined: Vec<u32>,
     /// Pieces from here on were never used.
     fresh: u32,
     used: u32,
@@ -100,6 +119,17 @@ impl Slab {
             .or_else(|| (self.fresh < self.pieces()).then_some(self.fresh))
     }
 
+    /// The piece the slab hands out next once it is stamped (when no piece
+    /// is free without one).
+    pub fn next_after_stamp(&self) -> Option<u32> {
+        self.quarantined.last().copied()
+    }
+
+    /// Freed pieces waiting for a stamp.
+    pub fn quarantined(&self) -> usize {
+        self.quarantined.len()
+    }
+
     pub fn owner(&self, index: u32) -> Option<NodeId> {
         self.owners.get(index as usize).copied().filter(|o| *o != 0)
     }
@@ -118,7 +148,8 @@ impl Slab {
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Slabs {
     slabs: BTreeMap<(u32, u32), Slab>,
-    /// Slabs with a free piece, by (piece size, storage class).
+    /// Slabs with a free or quarantined piece, by (piece size, storage
+    /// class).
     partial: BTreeMap<(u32, u8), BTreeSet<(u32, u32)>>,
 }
 
@@ -139,8 +170,8 @@ impl Slabs {
         self.slabs.is_empty()
     }
 
-    /// Slabs of `piece_size` in `class` with a free piece, lowest first (so
-    /// low slabs fill up and high ones drain and go back).
+    /// Slabs of `piece_size` in `class` with a free or quarantined piece,
+    /// lowest first (so low slabs fill up and high ones drain and go back).
     pub fn partial(&self, piece_size: u32, class: u8) -> impl Iterator<Item = (u32, u32)> + '_ {
         self.partial
             .get(&(piece_size, class))
@@ -170,6 +201,7 @@ impl Slabs {
                 gen: b.gen,
                 owners: vec![0; n],
                 freed: Vec::new(),
+                quarantined: Vec::new(),
                 fresh: 0,
                 used: 0,
             },
@@ -208,14 +240,17 @@ impl Slabs {
         }
         *o = 0;
         s.used -= 1;
-        s.freed.push(piece.index);
+        s.quarantined.push(piece.index);
         self.reindex(piece.server, piece.block);
     }
 
-    /// The slab's block gets generation `gen`.
+    /// The slab's block gets generation `gen`: every quarantined piece is
+    /// fenced, and free.
     pub(crate) fn stamp(&mut self, server: u32, block: u32, gen: u64) {
         if let Some(s) = self.slabs.get_mut(&(server, block)) {
             s.gen = gen;
+            let fenced = std::mem::take(&mut s.quarantined);
+            s.freed.extend(fenced);
         }
     }
 
@@ -243,7 +278,7 @@ impl Slabs {
             return;
         };
         let key = (s.piece_size, s.class);
-        if s.next_free().is_some() {
+        if s.next_free().is_some() || s.next_after_stamp().is_some() {
             self.partial.entry(key).or_default().insert((server, block));
         } else {
             self.unindex(key, server, block);
@@ -265,7 +300,7 @@ impl Slabs {
         let indexed: usize = self.partial.values().map(|s| s.len()).sum();
         let mut with_free = 0;
         let slabs_agree = self.slabs.iter().all(|(k, s)| {
-            let has_free = s.next_free().is_some();
+            let has_free = s.next_free().is_some() || s.next_after_stamp().is_some();
             with_free += usize::from(has_free);
             let in_index = self
                 .partial
@@ -273,6 +308,9 @@ impl Slabs {
                 .is_some_and(|set| set.contains(k));
             s.owned().count() as u32 == s.used
                 && s.freed.iter().all(|i| s.owner(*i).is_none())
+                && s.quarantined
+                    .iter()
+                    .all(|i| s.owner(*i).is_none() && !s.freed.contains(i))
                 && s.fresh as usize <= s.owners.len()
                 && has_free == in_index
         });
@@ -288,17 +326,20 @@ mod tests {
     fn piece_sizes_waste_at_most_a_fifth() {
         let bs = 1 << 20;
         assert_eq!(piece_size_for(bs, 0), None);
+        // The value and its 8-byte tag.
         assert_eq!(piece_size_for(bs, 1), Some(64));
-        assert_eq!(piece_size_for(bs, 65), Some(80));
+        assert_eq!(piece_size_for(bs, 56), Some(64));
+        assert_eq!(piece_size_for(bs, 57), Some(80));
         assert_eq!(piece_size_for(bs, 100), Some(112));
         assert_eq!(piece_size_for(bs, 120), Some(128));
-        assert_eq!(piece_size_for(bs, 1024), Some(1024));
-        assert_eq!(piece_size_for(bs, 1025), Some(1280));
-        assert_eq!(piece_size_for(bs, 256 << 10), Some(256 << 10));
-        assert_eq!(piece_size_for(bs, (256 << 10) + 1), None);
-        for size in u64::from(MIN_PIECE)..=(256u64 << 10) {
+        assert_eq!(piece_size_for(bs, 1016), Some(1024));
+        assert_eq!(piece_size_for(bs, 1024), Some(1280));
+        assert_eq!(piece_size_for(bs, (256 << 10) - 8), Some(256 << 10));
+        assert_eq!(piece_size_for(bs, (256 << 10) - 7), None);
+        for size in u64::from(MIN_PIECE)..=(256u64 << 10) - 8 {
             let p = piece_size_for(bs, size).unwrap() as u64;
-            assert!(p >= size && (p - size) * 5 <= p, "{size} -> {p}");
+            let used = size + 8;
+            assert!(p >= used && (p - used) * 5 <= p, "{size} -> {p}");
         }
         // Tiny blocks have no pieces at all.
         assert_eq!(piece_size_for(128, 10), None);
@@ -329,7 +370,14 @@ mod tests {
         s.free(&piece(2)); // twice is once
         assert_eq!(s.get(1, 7).unwrap().used(), 3);
         assert_eq!(s.partial(1024, 0).collect::<Vec<_>>(), vec![(1, 7)]);
+        // Quarantined until a stamp fences the old owner's handles.
+        assert_eq!(s.get(1, 7).unwrap().next_free(), None);
+        assert_eq!(s.get(1, 7).unwrap().next_after_stamp(), Some(2));
+        assert!(s.is_consistent());
+        s.stamp(1, 7, 6);
+        assert_eq!(s.get(1, 7).unwrap().gen, 6);
         assert_eq!(s.get(1, 7).unwrap().next_free(), Some(2));
+        assert_eq!(s.get(1, 7).unwrap().quarantined(), 0);
         assert!(s.is_owner(&piece(1), 11));
         assert!(!s.is_owner(&piece(2), 12));
         assert!(s.is_consistent());

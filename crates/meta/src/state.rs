@@ -376,7 +376,21 @@ impl MetaState {
                     n.piece = Some(*piece);
                 }
             }
-            Effect::PieceFreed { piece } => self.slabs.free(piece),
+            Effect::PieceFreed { piece } => {
+                // The freed value's tag is cleared (at the slab's
+                // generation now), so its handles get `Stale` at once.
+                if let Some(gen) = self.slabs.get(piece.server, piece.block).map(|s| s.gen) {
+                    self.claim_with(
+                        BlockRef {
+                            server: piece.server,
+                            block: piece.block,
+                            gen,
+                        },
+                        Some(piece.offset()),
+                    );
+                }
+                self.slabs.free(piece);
+            }
             Effect::SlabStamped { server, block, gen } => {
                 self.alloc.bump_gen(*gen);
                 self.slabs.stamp(*server, *block, *gen);
@@ -392,12 +406,18 @@ impl MetaState {
 
     /// Queues a claim of `b` with its generation, if its server is known.
     fn claim(&mut self, b: BlockRef) {
+        self.claim_with(b, None);
+    }
+
+    /// [`MetaState::claim`] that also clears the tag at `clear_tag_at`.
+    fn claim_with(&mut self, b: BlockRef, clear_tag_at: Option<u32>) {
         if let Some(addr) = self.alloc.server_addr(b.server) {
             self.claims.push(BlockClaim {
                 server: b.server,
                 addr: addr.to_string(),
                 block: b.block,
                 gen: b.gen,
+                clear_tag_at,
             });
         }
     }
@@ -736,7 +756,7 @@ impl MetaState {
         };
         if let Some(p) = &n.piece {
             let blocks = (index == 0)
-                .then(|| self.piece_loc(p))
+                .then(|| self.piece_loc(node, p))
                 .flatten()
                 .into_iter()
                 .collect();
@@ -779,12 +799,14 @@ impl MetaState {
             gen: b.gen,
             class: self.alloc.server_class(b.server).unwrap_or(0),
             offset: 0,
+            tag: 0,
         }
     }
 
-    /// Where a piece is: its slab's block at the slab's generation, `None`
-    /// when its server is dead or gone.
-    fn piece_loc(&self, p: &Piece) -> Option<BlockLoc> {
+    /// Where `node`'s piece is: its slab's block at the slab's generation,
+    /// past the tag that names `node`; `None` when its server is dead or
+    /// gone.
+    fn piece_loc(&self, node: NodeId, p: &Piece) -> Option<BlockLoc> {
         let slab = self.slabs.get(p.server, p.block)?;
         if !self.alloc.is_alive(p.server) {
             return None;
@@ -795,7 +817,8 @@ impl MetaState {
             gen: slab.gen,
         };
         Some(BlockLoc {
-            offset: p.offset(),
+            offset: p.value_offset(),
+            tag: node,
             ..self.loc(&b)
         })
     }
@@ -821,7 +844,7 @@ impl MetaState {
             n.size
         };
         let first_block = match &n.piece {
-            Some(p) => self.piece_loc(p),
+            Some(p) => self.piece_loc(id, p),
             None => n
                 .blocks
                 .first()
@@ -836,8 +859,8 @@ impl MetaState {
             id,
             ty: n.ty,
             size,
-            // A small value's one block is its piece.
-            block_size: n.piece.map_or(self.alloc.block_size(), |p| p.size),
+            // A small value's one block is its piece, less the tag.
+            block_size: n.piece.map_or(self.alloc.block_size(), |p| p.capacity()),
             storage_class: n.storage_class,
             location: n.location.to_string(),
             enumerable: n.enumerable,
@@ -1156,15 +1179,24 @@ impl<'a> Draft<'a> {
                         {
                             return None;
                         }
-                        let index = self.st.slabs.get(server, block)?.next_free()?;
-                        Some(Piece {
+                        let slab = self.st.slabs.get(server, block)?;
+                        let (index, stamp) = match slab.next_free() {
+                            Some(i) => (i, false),
+                            None => (slab.next_after_stamp()?, true),
+                        };
+                        let piece = Piece {
                             server,
                             block,
                             index,
                             size: piece_size,
-                        })
+                        };
+                        Some((piece, stamp))
                     });
-                if let Some(piece) = found {
+                if let Some((piece, stamp)) = found {
+                    if stamp {
+                        // Quarantined pieces are reused only behind a fence.
+                        self.stamp_slab((piece.server, piece.block));
+                    }
                     self.push(Effect::PieceTaken { node, piece });
                     return Some(piece);
                 }
@@ -1184,9 +1216,10 @@ impl<'a> Draft<'a> {
         None
     }
 
-    /// Frees piece `p`: the slab is stamped (once per decision), so the
-    /// freed value's handles get `Stale` before the piece is reused; a slab
-    /// left empty gives its block back instead.
+    /// Frees piece `p`: it is quarantined until the slab is next stamped
+    /// (when its pieces are needed again), so the freed value's handles get
+    /// `Stale` before the piece is reused; a slab left empty gives its
+    /// block back instead.
     fn free_piece(&mut self, p: Piece) {
         let Some(slab) = self.st.slabs.get(p.server, p.block) else {
             return; // gone with its server
@@ -1205,12 +1238,6 @@ impl<'a> Draft<'a> {
                 block: p.block,
                 gen: slab.gen,
             });
-        } else {
-            #[cfg(test)]
-            if self.st.bug == Some(crate::sim::Bug::PieceReusedUnfenced) {
-                return;
-            }
-            self.stamp_slab(key);
         }
     }
 
@@ -1218,6 +1245,12 @@ impl<'a> Draft<'a> {
     fn stamp_slab(&mut self, (server, block): (u32, u32)) {
         if self.stamped.insert((server, block)) {
             let gen = self.plan.gen();
+            #[cfg(test)]
+            let gen = match self.st.slabs.get(server, block) {
+                // The injected bug: quarantined pieces freed, not fenced.
+                Some(s) if self.st.bug == Some(crate::sim::Bug::PieceReusedUnfenced) => s.gen,
+                _ => gen,
+            };
             self.push(Effect::SlabStamped { server, block, gen });
         }
     }
@@ -1634,7 +1667,7 @@ impl<'a> Draft<'a> {
         let n = self.writable(node, lease)?;
         let bs = self.bs();
         let capacity = match n.piece {
-            Some(p) => u64::from(p.size),
+            Some(p) => u64::from(p.capacity()),
             None => n.blocks.len() as u64 * bs,
         };
         if size > capacity {

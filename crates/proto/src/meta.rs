@@ -548,6 +548,12 @@ mod tests {
             gen: 3,
             class: 0,
             offset: 4096,
+            tag: 0,
+        };
+        let small = BlockLoc {
+            offset: 120,
+            tag: 77,
+            ..loc.clone()
         };
         let node = NodeInfo {
             id: 1,
@@ -626,7 +632,7 @@ mod tests {
                 op::MAP,
                 MetaReply::Blocks {
                     size: 5,
-                    blocks: vec![loc.clone(), loc],
+                    blocks: vec![loc.clone(), small.clone()],
                 },
             ),
             (op::REGISTER, MetaReply::Registered { server: 3 }),
@@ -649,6 +655,34 @@ mod tests {
                 assert!(MetaReply::decode(op, &b[..cut]).is_err());
             }
         }
+    }
+
+    #[test]
+    fn a_small_value_location_leaves_room_for_its_tag() {
+        let loc = |offset| BlockLoc {
+            server: 1,
+            addr: "a:1".into(),
+            block: 2,
+            gen: 3,
+            class: 0,
+            offset,
+            tag: 77,
+        };
+        let blocks = |offset| {
+            let mut b = BytesMut::new();
+            MetaReply::Blocks {
+                size: 5,
+                blocks: vec![loc(offset)],
+            }
+            .encode(&mut b);
+            MetaReply::decode(op::MAP, &b)
+        };
+        let check = loc(8).tag_check().unwrap();
+        assert_eq!((check.at, check.expect), (0, 77));
+        blocks(8).unwrap();
+        let e = blocks(7).unwrap_err();
+        assert!(e.message.contains("no room for its tag"), "{e}");
+        assert_eq!(BlockLoc { tag: 0, ..loc(0) }.tag_check(), None);
     }
 
     #[test]

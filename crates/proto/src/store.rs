@@ -55,8 +55,49 @@ pub fn read_reply_data(mut payload: Bytes, block: u32, gen: u64, len: usize) -> 
     Ok(payload)
 }
 
-/// Most (block, generation) pairs one `Claim` request may carry.
+/// Most blocks one `Claim` request may carry.
 pub const MAX_CLAIM_BATCH: usize = 4096;
+
+/// Bytes of a small value's tag: the first bytes of its piece hold its
+/// node id (little-endian), written by its put and cleared when the value
+/// is freed, so a handle to a replaced or deleted value gets `Stale` on
+/// both data paths (`docs/small-values.md`).
+pub const TAG_LEN: u32 = 8;
+
+/// A read's check of a small value's tag: the [`TAG_LEN`] bytes at `at`
+/// must hold `expect`, or the read is refused with `Stale`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TagCheck {
+    pub at: u32,
+    pub expect: u64,
+}
+
+impl TagCheck {
+    /// Checks the tag bytes read at [`TagCheck::at`].
+    pub fn check(&self, found: [u8; TAG_LEN as usize], block: u32) -> Result<()> {
+        if u64::from_le_bytes(found) == self.expect {
+            return Ok(());
+        }
+        Err(Error::stale(format!(
+            "block {block}: the small value at offset {} (node {}) was replaced or deleted",
+            self.at + TAG_LEN,
+            self.expect
+        )))
+    }
+}
+
+/// One block of a `Claim` request: claim `block` with `gen` (a
+/// zero-length write) and, with `clear_tag_at`, clear the tag of the small
+/// value freed at that offset (at `gen`, the slab's generation then).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    pub block: u32,
+    pub gen: u64,
+    pub clear_tag_at: Option<u32>,
+}
+
+/// `clear_tag_at` on the wire when there is none.
+const NO_TAG: u32 = u32::MAX;
 
 /// Bytes of the fixed part of a write request (block, gen, offset).
 pub const WRITE_PREFIX_LEN: usize = 4 + 8 + 4;
@@ -68,6 +109,8 @@ pub enum StoreRequest<'a> {
         gen: u64,
         offset: u32,
         len: u32,
+        /// A small value's tag to check first.
+        tag: Option<TagCheck>,
     },
     Write {
         block: u32,
@@ -79,10 +122,11 @@ pub enum StoreRequest<'a> {
     /// Where to map this server's memory from (empty payload).
     ShmInfo,
     /// Claim each block with its generation (a zero-length write each):
-    /// the metadata server's batched invalidations and fences. A block whose
-    /// generation is already newer is left alone (it moved on).
+    /// the metadata server's batched invalidations and fences, and the
+    /// tags of freed small values cleared. A block whose generation is
+    /// already newer is left alone (it moved on).
     Claim {
-        claims: Vec<(u32, u64)>,
+        claims: Vec<Claim>,
     },
     /// Copy the whole block `src_block` (generation `src_gen`) of the
     /// storage server at `src_addr` into this server's `block`, claiming it
@@ -117,8 +161,14 @@ impl<'a> StoreRequest<'a> {
                 gen,
                 offset,
                 len,
+                tag,
             } => {
-                Enc(buf).u32(*block).u64(*gen).u32(*offset).u32(*len);
+                let e = &mut Enc(buf);
+                e.u32(*block).u64(*gen).u32(*offset).u32(*len);
+                match tag {
+                    Some(t) => e.bool(true).u32(t.at).u64(t.expect),
+                    None => e.bool(false),
+                };
             }
             StoreRequest::Write {
                 block,
@@ -133,8 +183,10 @@ impl<'a> StoreRequest<'a> {
             StoreRequest::Claim { claims } => {
                 let e = &mut Enc(buf);
                 e.u32(claims.len() as u32);
-                for (block, gen) in claims {
-                    e.u32(*block).u64(*gen);
+                for c in claims {
+                    e.u32(c.block)
+                        .u64(c.gen)
+                        .u32(c.clear_tag_at.unwrap_or(NO_TAG));
                 }
             }
             StoreRequest::Copy {
@@ -163,6 +215,14 @@ impl<'a> StoreRequest<'a> {
                     gen: d.u64()?,
                     offset: d.u32()?,
                     len: d.u32()?,
+                    tag: if d.bool()? {
+                        Some(TagCheck {
+                            at: d.u32()?,
+                            expect: d.u64()?,
+                        })
+                    } else {
+                        None
+                    },
                 };
                 d.finish()?;
                 r
@@ -188,7 +248,7 @@ impl<'a> StoreRequest<'a> {
                 StoreRequest::ShmInfo
             }
             op::CLAIM => {
-                let n = d.count(4 + 8)?;
+                let n = d.count(4 + 8 + 4)?;
                 if n > MAX_CLAIM_BATCH {
                     return Err(Error::protocol(format!(
                         "claim batch of {n} blocks exceeds the limit of {MAX_CLAIM_BATCH}"
@@ -196,7 +256,13 @@ impl<'a> StoreRequest<'a> {
                 }
                 let mut claims = Vec::with_capacity(n);
                 for _ in 0..n {
-                    claims.push((d.u32()?, d.u64()?));
+                    let (block, gen) = (d.u32()?, d.u64()?);
+                    let at = d.u32()?;
+                    claims.push(Claim {
+                        block,
+                        gen,
+                        clear_tag_at: (at != NO_TAG).then_some(at),
+                    });
                 }
                 d.finish()?;
                 StoreRequest::Claim { claims }
@@ -280,6 +346,17 @@ mod tests {
     }
 
     #[test]
+    fn a_tag_check_passes_only_on_the_expected_node_id() {
+        let t = TagCheck { at: 64, expect: 42 };
+        t.check(42u64.to_le_bytes(), 3).unwrap();
+        for found in [0u64, 41, 42 << 8] {
+            let e = t.check(found.to_le_bytes(), 3).unwrap_err();
+            assert_eq!(e.code, ErrorCode::Stale);
+            assert!(e.message.contains("node 42"), "{e}");
+        }
+    }
+
+    #[test]
     fn round_trip() {
         let data = [1u8, 2, 3];
         for r in [
@@ -288,6 +365,14 @@ mod tests {
                 gen: 2,
                 offset: 3,
                 len: 4,
+                tag: None,
+            },
+            StoreRequest::Read {
+                block: 1,
+                gen: 2,
+                offset: 11,
+                len: 4,
+                tag: Some(TagCheck { at: 3, expect: 77 }),
             },
             StoreRequest::Write {
                 block: 1,
@@ -305,7 +390,18 @@ mod tests {
             StoreRequest::ShmInfo,
             StoreRequest::Claim { claims: vec![] },
             StoreRequest::Claim {
-                claims: vec![(1, 2), (u32::MAX, u64::MAX)],
+                claims: vec![
+                    Claim {
+                        block: 1,
+                        gen: 2,
+                        clear_tag_at: None,
+                    },
+                    Claim {
+                        block: u32::MAX,
+                        gen: u64::MAX,
+                        clear_tag_at: Some(7),
+                    },
+                ],
             },
             StoreRequest::Copy {
                 block: 1,
@@ -319,13 +415,23 @@ mod tests {
             r.encode(&mut b);
             assert_eq!(StoreRequest::decode(r.op(), &b).unwrap(), r);
         }
-        assert!(StoreRequest::decode(op::READ, &[0; 19]).is_err());
-        assert!(StoreRequest::decode(op::READ, &[0; 21]).is_err());
+        assert!(StoreRequest::decode(op::READ, &[0; 20]).is_err());
+        assert!(StoreRequest::decode(op::READ, &[0; 22]).is_err());
+        let mut bad_flag = vec![0; 21];
+        bad_flag[20] = 2;
+        assert!(StoreRequest::decode(op::READ, &bad_flag).is_err());
         assert!(StoreRequest::decode(op::WRITE, &[0; 15]).is_err());
         assert!(StoreRequest::decode(42, &[]).is_err());
         let mut too_many = BytesMut::new();
         StoreRequest::Claim {
-            claims: vec![(0, 1); MAX_CLAIM_BATCH + 1],
+            claims: vec![
+                Claim {
+                    block: 0,
+                    gen: 1,
+                    clear_tag_at: None,
+                };
+                MAX_CLAIM_BATCH + 1
+            ],
         }
         .encode(&mut too_many);
         assert!(StoreRequest::decode(op::CLAIM, &too_many).is_err());

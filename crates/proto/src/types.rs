@@ -3,6 +3,7 @@
 
 use crate::codec::{Dec, Enc};
 use crate::error::{Error, Result};
+use crate::store::{TagCheck, TAG_LEN};
 
 /// "No storage class preference": allocate from the highest-priority class
 /// with a free block anywhere in the cluster.
@@ -120,6 +121,10 @@ pub struct BlockLoc {
     /// sends to the storage server are relative to the storage block, so
     /// it adds this to its offset inside the node's block.
     pub offset: u32,
+    /// A small value's node id, which the [`TAG_LEN`] bytes before
+    /// `offset` (the start of its piece) hold while the value lives; 0 for
+    /// a block of its own.
+    pub tag: u64,
 }
 
 impl BlockLoc {
@@ -129,17 +134,35 @@ impl BlockLoc {
             .u32(self.block)
             .u64(self.gen)
             .u8(self.class)
-            .u32(self.offset);
+            .u32(self.offset)
+            .u64(self.tag);
     }
-    pub(crate) const MIN_LEN: usize = 4 + 4 + 4 + 8 + 1 + 4;
+    pub(crate) const MIN_LEN: usize = 4 + 4 + 4 + 8 + 1 + 4 + 8;
     pub(crate) fn decode(d: &mut Dec) -> Result<BlockLoc> {
-        Ok(BlockLoc {
+        let loc = BlockLoc {
             server: d.u32()?,
             addr: d.string()?,
             block: d.u32()?,
             gen: d.u64()?,
             class: d.u8()?,
             offset: d.u32()?,
+            tag: d.u64()?,
+        };
+        if loc.tag != 0 && loc.offset < TAG_LEN {
+            return Err(Error::protocol(format!(
+                "block {} of server {}: a small value at offset {} leaves no room for its tag",
+                loc.block, loc.server, loc.offset
+            )));
+        }
+        Ok(loc)
+    }
+
+    /// The check of a small value's tag, for reads of it; `None` for a
+    /// block of its own.
+    pub fn tag_check(&self) -> Option<TagCheck> {
+        (self.tag != 0).then(|| TagCheck {
+            at: self.offset.saturating_sub(TAG_LEN),
+            expect: self.tag,
         })
     }
 

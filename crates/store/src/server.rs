@@ -9,8 +9,8 @@ use crate::StoreError;
 use bytes::{Bytes, BytesMut};
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
 use nodekernel_proto::store::{
-    encode_shm_info, op as store_op, read_reply_data, StoreRequest, READ_CHANGED_HANDS, READ_OK,
-    READ_TRAILER_LEN,
+    encode_shm_info, op as store_op, read_reply_data, Claim, StoreRequest, TagCheck,
+    READ_CHANGED_HANDS, READ_OK, READ_TRAILER_LEN, TAG_LEN,
 };
 use nodekernel_proto::{Error, ErrorCode, Result};
 use nodekernel_rpc::{ConnectionPool, Handler, Reply, ServerHandle, SharedBody};
@@ -80,8 +80,12 @@ impl Handler for StoreHandler {
                 gen,
                 offset,
                 len,
+                tag,
             } = StoreRequest::decode(op, &payload)?
             {
+                if let Some(t) = tag {
+                    self.check_tag(block, gen, t).await?;
+                }
                 return Self::read_from_region(region, block, gen, offset, len, reply);
             }
         }
@@ -95,10 +99,30 @@ impl Handler for StoreHandler {
                 gen,
                 offset,
                 len,
+                tag,
             } => {
                 // Copied into the reply (the media other than DRAM; DRAM
                 // replies are sent from the region by `handle_reply`).
-                self.store.read(block, gen, offset, len, out).await?;
+                match tag {
+                    // A small value read from its start: the tag and the
+                    // bytes in one read, the tag then cut off.
+                    Some(t) if t.at.checked_add(TAG_LEN) == Some(offset) => {
+                        let start = out.len();
+                        let with_tag = len.checked_add(TAG_LEN).ok_or_else(|| {
+                            Error::out_of_range(format!("read of {len} bytes is too long"))
+                        })?;
+                        self.store.read(block, gen, t.at, with_tag, out).await?;
+                        let found = out[start..start + TAG_LEN as usize].try_into();
+                        t.check(found.expect("8 bytes"), block)?;
+                        out.copy_within(start + TAG_LEN as usize.., start);
+                        out.truncate(start + len as usize);
+                    }
+                    Some(t) => {
+                        self.check_tag(block, gen, t).await?;
+                        self.store.read(block, gen, offset, len, out).await?;
+                    }
+                    None => self.store.read(block, gen, offset, len, out).await?,
+                }
                 out.extend_from_slice(&[READ_OK]);
                 Ok(())
             }
@@ -148,14 +172,34 @@ impl StoreHandler {
         Ok(())
     }
 
-    /// Claims each block with its generation (a zero-length write). A block
-    /// already claimed by a newer owner is fine: the claim's purpose, that
-    /// nobody older writes there, holds. Every claim is tried; the first
-    /// other error is returned.
-    async fn claim(&self, claims: &[(u32, u64)]) -> Result<()> {
+    /// Checks a small value's tag (`Stale` when it names another node, or
+    /// none: the value was replaced or deleted).
+    async fn check_tag(&self, block: u32, gen: u64, t: TagCheck) -> Result<()> {
+        let mut found = BytesMut::with_capacity(TAG_LEN as usize);
+        self.store
+            .read(block, gen, t.at, TAG_LEN, &mut found)
+            .await?;
+        t.check(found[..].try_into().expect("8 bytes"), block)
+    }
+
+    /// Claims each block with its generation (a zero-length write), and
+    /// clears the tags of freed small values (a write of zeros at that
+    /// generation). A block already claimed by a newer owner is fine: the
+    /// claim's purpose, that nobody older writes there, holds. Every claim
+    /// is tried; the first other error is returned.
+    async fn claim(&self, claims: &[Claim]) -> Result<()> {
         let mut first_err = None;
-        for &(block, gen) in claims {
-            match self.store.write(block, gen, 0, &[]).await {
+        for c in claims {
+            let (block, gen) = (c.block, c.gen);
+            let done = match c.clear_tag_at {
+                Some(at) => {
+                    self.store
+                        .write(block, gen, at, &[0; TAG_LEN as usize])
+                        .await
+                }
+                None => self.store.write(block, gen, 0, &[]).await,
+            };
+            match done {
                 Ok(()) => {}
                 Err(e) if e.code == ErrorCode::Stale => {}
                 Err(e) => {
@@ -188,6 +232,7 @@ impl StoreHandler {
                 gen: src_gen,
                 offset,
                 len,
+                tag: None,
             };
             let mut buf = BytesMut::new();
             req.encode(&mut buf);

@@ -4,7 +4,9 @@
 use crate::{FileIoConfig, MediumKind, StorageServer, StoreConfig, StoreError};
 use bytes::{Bytes, BytesMut};
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
-use nodekernel_proto::store::{op, read_reply_data, StoreRequest, READ_CHANGED_HANDS, READ_OK};
+use nodekernel_proto::store::{
+    op, read_reply_data, Claim, StoreRequest, TagCheck, READ_CHANGED_HANDS, READ_OK,
+};
 use nodekernel_proto::{Error, ErrorCode, Result};
 use nodekernel_rpc::{Connection, Handler, ServerHandle};
 use std::collections::HashSet;
@@ -53,6 +55,17 @@ async fn write(c: &Connection, block: u32, gen: u64, offset: u32, data: &[u8]) -
 }
 
 async fn read(c: &Connection, block: u32, gen: u64, offset: u32, len: u32) -> Result<Bytes> {
+    read_tagged(c, block, gen, offset, len, None).await
+}
+
+async fn read_tagged(
+    c: &Connection,
+    block: u32,
+    gen: u64,
+    offset: u32,
+    len: u32,
+    tag: Option<TagCheck>,
+) -> Result<Bytes> {
     let reply = call(
         c,
         StoreRequest::Read {
@@ -60,10 +73,20 @@ async fn read(c: &Connection, block: u32, gen: u64, offset: u32, len: u32) -> Re
             gen,
             offset,
             len,
+            tag,
         },
     )
     .await?;
     read_reply_data(reply, block, gen, len as usize)
+}
+
+/// A claim of `block` with `gen`, clearing no tag.
+fn claim(block: u32, gen: u64) -> Claim {
+    Claim {
+        block,
+        gen,
+        clear_tag_at: None,
+    }
 }
 
 async fn eventually(what: &str, cond: impl Fn() -> bool) {
@@ -157,7 +180,7 @@ async fn serve_over_network_with(medium: MediumKind, io: FileIoConfig) {
     assert!(e.message.contains("999"), "{e}");
     for (opcode, payload) in [
         (op::READ, &[1u8; 5][..]),
-        (op::READ, &[0u8; 21][..]),
+        (op::READ, &[0u8; 22][..]),
         (op::WRITE, &[0u8; 15][..]),
         (op::PING, &[0u8][..]),
     ] {
@@ -825,7 +848,7 @@ async fn claims_and_copies(medium: MediumKind) {
     call(
         &ca,
         StoreRequest::Claim {
-            claims: vec![(1, 3), (2, 7)],
+            claims: vec![claim(1, 3), claim(2, 7)],
         },
     )
     .await
@@ -835,7 +858,7 @@ async fn claims_and_copies(medium: MediumKind) {
     let bad = call(
         &ca,
         StoreRequest::Claim {
-            claims: vec![(2, 8), (99, 9)],
+            claims: vec![claim(2, 8), claim(99, 9)],
         },
     )
     .await
@@ -861,19 +884,76 @@ async fn claims_and_copies(medium: MediumKind) {
     assert_eq!(b.store().generation(0), Some(9));
 }
 
-#[tokio::test]
-async fn claims_and_copies_dram() {
-    claims_and_copies(MediumKind::Dram).await;
+/// A small value's read checks its tag first: the node id its piece
+/// starts with, which a claim clears when the value is freed; a clear at
+/// an older generation (the piece reused since) changes nothing.
+async fn tags(medium: MediumKind) {
+    let s = StorageServer::start(cfg(medium, 2)).await.unwrap();
+    let c = Connection::connect(&s.local_addr().to_string(), HANG)
+        .await
+        .unwrap();
+    // Two values of 100 bytes in 112-byte pieces at 0 and 112.
+    let piece = |tag: u64, v: u8| [&tag.to_le_bytes()[..], &[v; 100]].concat();
+    write(&c, 1, 4, 0, &piece(41, 1)).await.unwrap();
+    write(&c, 1, 4, 112, &piece(42, 2)).await.unwrap();
+    let tag = |at, expect| Some(TagCheck { at, expect });
+    let a = read_tagged(&c, 1, 4, 8, 100, tag(0, 41)).await.unwrap();
+    assert_eq!(&a[..], &[1; 100]);
+    // Not from the start: the tag is read on its own.
+    let b = read_tagged(&c, 1, 4, 130, 10, tag(112, 42)).await.unwrap();
+    assert_eq!(&b[..], &[2; 10]);
+    let wrong = read_tagged(&c, 1, 4, 8, 100, tag(0, 42)).await.unwrap_err();
+    assert_eq!(wrong.code, ErrorCode::Stale, "{wrong}");
+    assert!(wrong.message.contains("replaced or deleted"), "{wrong}");
+
+    // a is freed: its tag is cleared, b's stays.
+    let clear_a_at = |gen| {
+        let claims = vec![Claim {
+            block: 1,
+            gen,
+            clear_tag_at: Some(0),
+        }];
+        call(&c, StoreRequest::Claim { claims })
+    };
+    clear_a_at(4).await.unwrap();
+    for (offset, len) in [(8, 100), (50, 7)] {
+        let e = read_tagged(&c, 1, 4, offset, len, tag(0, 41))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::Stale, "{e}");
+    }
+    let b = read_tagged(&c, 1, 4, 120, 100, tag(112, 42)).await.unwrap();
+    assert_eq!(&b[..], &[2; 100]);
+    // Untagged reads (whole blocks) are not checked.
+    assert_eq!(&read(&c, 1, 4, 8, 4).await.unwrap()[..], &[1; 4]);
+
+    // The slab moves on to generation 5 and a's piece is reused: a late
+    // clear of a's tag at 4 leaves the new value alone.
+    write(&c, 1, 5, 0, &piece(43, 3)).await.unwrap();
+    clear_a_at(4).await.unwrap();
+    let n = read_tagged(&c, 1, 5, 8, 100, tag(0, 43)).await.unwrap();
+    assert_eq!(&n[..], &[3; 100]);
 }
 
-#[tokio::test]
-async fn claims_and_copies_file() {
-    let dir = tempfile::tempdir().unwrap();
-    claims_and_copies(MediumKind::File {
-        path: dir.path().join("copy.blocks"),
-    })
-    .await;
+/// Runs `$f(medium)` as two tests: on DRAM and on a block file.
+macro_rules! on_both_media {
+    ($dram:ident, $file:ident => $f:ident) => {
+        #[tokio::test]
+        async fn $dram() {
+            $f(MediumKind::Dram).await;
+        }
+
+        #[tokio::test]
+        async fn $file() {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join(concat!(stringify!($f), ".blocks"));
+            $f(MediumKind::File { path }).await;
+        }
+    };
 }
+
+on_both_media!(small_value_tags_dram, small_value_tags_file => tags);
+on_both_media!(claims_and_copies_dram, claims_and_copies_file => claims_and_copies);
 
 /// Each hand-over connection holds a writer slot of its own; the server
 /// takes it back when the client's end closes (its process gone), never

@@ -1030,9 +1030,12 @@ fn a_hundred_thousand_small_values_fit_in_32_mib_of_dram() {
     for i in 0..100_000 {
         let k = put_small(&mut s, &format!("/t/k{i}"), 100).unwrap();
         if i == 0 {
-            assert_eq!(k.block_size, 112, "a 100-byte value gets a 112-byte piece");
+            assert_eq!(
+                k.block_size, 104,
+                "a 100-byte value and its tag get a 112-byte piece"
+            );
             let loc = k.first_block.expect("a piece with the create");
-            assert_eq!(loc.offset, 0);
+            assert_eq!((loc.offset, loc.tag), (8, k.id), "past the tag");
         }
     }
     // 100,000 pieces of 112 bytes, 9,362 to a slab: 11 blocks, plus the
@@ -1041,9 +1044,9 @@ fn a_hundred_thousand_small_values_fit_in_32_mib_of_dram() {
     assert_eq!(used_blocks(&s, 0), 11 + 1);
     s.check_invariants().unwrap();
     let k = lookup(&mut s, "/t/k99999").unwrap();
-    assert_eq!((k.size, k.block_size), (100, 112));
+    assert_eq!((k.size, k.block_size), (100, 104));
     let loc = k.first_block.unwrap();
-    assert_eq!(loc.offset, (99_999 % 9362) * 112);
+    assert_eq!(loc.offset, (99_999 % 9362) * 112 + 8);
 }
 
 #[test]
@@ -1104,26 +1107,40 @@ fn a_million_replaces_and_deletes_keep_used_space_bounded() {
 
 #[test]
 fn a_freed_piece_is_fenced_before_another_value_reuses_it() {
-    let mut s = state_of(BS, 4, 0);
+    let mut s = state_of(BS, 16, 0);
     table(&mut s, "/t", true);
     let a = put_small(&mut s, "/t/a", 100).unwrap();
     let b = put_small(&mut s, "/t/b", 100).unwrap();
     let (la, lb) = (a.first_block.unwrap(), b.first_block.unwrap());
-    assert_eq!((lb.block, lb.offset), (la.block, 112), "one slab");
+    assert_eq!((lb.block, lb.offset), (la.block, 112 + 8), "one slab");
     assert_eq!(la.gen, lb.gen, "the slab's generation");
     s.take_claims();
     remove(&mut s, "/t/a", false).unwrap();
-    // The slab is fenced at once: its storage server is told to refuse the
-    // old generation, before the piece can go to anyone else.
+    // The freed value's tag is cleared (its handles get `Stale` at once),
+    // under the slab's generation: no fence yet.
+    let claims = s.take_claims();
+    assert_eq!(claims.len(), 1, "{claims:?}");
+    assert_eq!(
+        (claims[0].block, claims[0].gen, claims[0].clear_tag_at),
+        (la.block, la.gen, Some(la.offset - 8))
+    );
+    // The piece is quarantined: the values stored meanwhile get the slab's
+    // never-used pieces, under its generation.
+    for i in 2..BS / 112 {
+        let k = put_small(&mut s, &format!("/t/f{i}"), 100).unwrap();
+        let l = k.first_block.unwrap();
+        assert_eq!((l.block, l.gen), (la.block, la.gen), "f{i}");
+        assert_ne!(l.offset, la.offset, "f{i} got the quarantined piece");
+    }
+    // Every never-used piece is taken: the next value gets the quarantined
+    // one, behind a fence that the storage server is told about first.
+    let c = put_small(&mut s, "/t/c", 104).unwrap();
     let claims = s.take_claims();
     let fence = claims
         .iter()
         .find(|c| c.block == la.block)
         .expect("the slab is claimed with a fresh generation");
     assert!(fence.gen > la.gen);
-    // The next small value reuses the piece under the new generation; the
-    // old handle's generation is refused by the storage server.
-    let c = put_small(&mut s, "/t/c", 110).unwrap();
     let lc = c.first_block.unwrap();
     assert_eq!((lc.block, lc.offset), (la.block, la.offset), "piece reused");
     assert_eq!(lc.gen, fence.gen);
@@ -1219,15 +1236,16 @@ fn a_small_value_cannot_grow_past_its_piece() {
     let mut s = state_of(BS, 4, 0);
     table(&mut s, "/t", true);
     let k = create_with_hint(&mut s, "/t/k", 100).unwrap();
-    assert_eq!(k.block_size, 112);
+    // A piece of 112 bytes: 104 for the value, 8 for its tag.
+    assert_eq!(k.block_size, 104);
     let e = map(&mut s, k.id, 1, 1, k.lease).unwrap_err();
     assert_eq!(e.code, ErrorCode::OutOfRange);
     assert!(e.message.contains("piece of 112 bytes"), "{e}");
-    let e = close(&mut s, &k, 113).unwrap_err();
+    let e = close(&mut s, &k, 105).unwrap_err();
     assert_eq!(e.code, ErrorCode::OutOfRange);
-    close(&mut s, &k, 112).unwrap();
+    close(&mut s, &k, 104).unwrap();
     // Without a size hint (or above a quarter block) a value gets blocks.
-    let big = create_with_hint(&mut s, "/t/big", BS as u64 / 4 + 1).unwrap();
+    let big = create_with_hint(&mut s, "/t/big", BS as u64 / 4 - 7).unwrap();
     assert_eq!(big.block_size, BS);
     let unknown = create_with_hint(&mut s, "/t/unknown", 0).unwrap();
     assert_eq!(unknown.block_size, BS);
