@@ -41,6 +41,36 @@ use std::time::Duration;
 /// keeps moving).
 pub const MAX_RELOCATIONS: u32 = 16;
 
+/// Re-maps one transfer may make that find its block in the same place
+/// under a newer generation (a small value's slab stamped to reuse freed
+/// pieces) before giving up. Stamps come one per batch of reused pieces,
+/// so a busy slab may fence an in-flight transfer a few times; this only
+/// stops one that never gets through.
+pub const MAX_REFENCES: u32 = 256;
+
+/// The re-maps of one transfer: moves to a new place, and fences in place.
+#[derive(Default)]
+struct Follows {
+    moves: u32,
+    fences: u32,
+}
+
+impl Follows {
+    fn may_follow(&self) -> bool {
+        self.moves < MAX_RELOCATIONS && self.fences < MAX_REFENCES
+    }
+
+    fn count(&mut self, from: &BlockLoc, to: &BlockLoc) {
+        let in_place = (&from.addr, from.server, from.block, from.offset)
+            == (&to.addr, to.server, to.block, to.offset);
+        if in_place {
+            self.fences += 1;
+        } else {
+            self.moves += 1;
+        }
+    }
+}
+
 /// One block transfer, as the [`AccessHook`] sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct Access<'a> {
@@ -291,16 +321,17 @@ impl BlockIo {
         offset: u32,
         dst: &mut [MaybeUninit<u8>],
     ) -> Result<()> {
-        let mut moves = 0;
+        let mut follows = Follows::default();
         loop {
             match self.read_into_once(&loc, offset, dst).await {
                 Ok(mapped) => {
                     self.note(&loc, offset, dst.len(), false, mapped);
                     return Ok(());
                 }
-                Err(e) if e.code == ErrorCode::Stale && moves < MAX_RELOCATIONS => {
-                    loc = self.follow_for_read(at, index, loc, e).await?;
-                    moves += 1;
+                Err(e) if e.code == ErrorCode::Stale && follows.may_follow() => {
+                    let next = self.follow_for_read(at, index, &loc, e).await?;
+                    follows.count(&loc, &next);
+                    loc = next;
                 }
                 Err(e) => return Err(e),
             }
@@ -319,11 +350,11 @@ impl BlockIo {
         &self,
         at: &impl Locate,
         index: u64,
-        stale: BlockLoc,
+        stale: &BlockLoc,
         err: Error,
     ) -> Result<BlockLoc> {
         let next = at.relocate(index, err.clone()).await?;
-        if next == stale && self.write_once(&stale, 0, &[]).await.is_err() {
+        if next == *stale && self.write_once(stale, 0, &[]).await.is_err() {
             return Err(err);
         }
         Ok(next)
@@ -338,16 +369,17 @@ impl BlockIo {
         offset: u32,
         len: usize,
     ) -> Result<Bytes> {
-        let mut moves = 0;
+        let mut follows = Follows::default();
         loop {
             match self.read_once(&loc, offset, len).await {
                 Ok((data, mapped)) => {
                     self.note(&loc, offset, len, false, mapped);
                     return Ok(data);
                 }
-                Err(e) if e.code == ErrorCode::Stale && moves < MAX_RELOCATIONS => {
-                    loc = self.follow_for_read(at, index, loc, e).await?;
-                    moves += 1;
+                Err(e) if e.code == ErrorCode::Stale && follows.may_follow() => {
+                    let next = self.follow_for_read(at, index, &loc, e).await?;
+                    follows.count(&loc, &next);
+                    loc = next;
                 }
                 Err(e) => return Err(e),
             }
@@ -367,29 +399,31 @@ impl BlockIo {
         data: &[u8],
         whole: bool,
     ) -> Result<()> {
-        let mut moves = 0;
+        let mut follows = Follows::default();
         loop {
             match self.write_once(&loc, offset, data).await {
                 Ok(()) => return Ok(()),
-                Err(e) if moves >= MAX_RELOCATIONS => return Err(e),
+                Err(e) if !follows.may_follow() => return Err(e),
                 Err(e) if e.code == ErrorCode::Stale => {
                     // A write with a newer generation claims the block, so
                     // `Stale` means the storage server is ahead of `loc`.
-                    // Unless the block moved, its bytes changed hands.
+                    // Unless the block moved or was fenced in place, its
+                    // bytes changed hands.
                     let next = at.relocate(index, e.clone()).await?;
                     if next == loc {
                         return Err(e);
                     }
+                    follows.count(&loc, &next);
                     loc = next;
-                    moves += 1;
                 }
                 Err(e) if whole && unreachable(&e) => {
                     tracing::debug!(
                         "block {index} on storage server {} is unreachable ({e}); writing it elsewhere",
                         loc.addr
                     );
-                    loc = at.replace(index, &loc).await?;
-                    moves += 1;
+                    let next = at.replace(index, &loc).await?;
+                    follows.count(&loc, &next);
+                    loc = next;
                 }
                 Err(e) => return Err(e),
             }
@@ -431,6 +465,46 @@ fn unreachable(e: &Error) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// Moves and fences in place have budgets of their own: a small value's
+    /// slab stamped again and again (by reuses elsewhere in it) is not a
+    /// block that keeps moving.
+    #[test]
+    fn fences_in_place_do_not_use_up_the_moves() {
+        let at = |block, gen, offset| BlockLoc {
+            server: 1,
+            addr: "a:1".into(),
+            block,
+            gen,
+            class: 0,
+            offset,
+            tag: 9,
+        };
+        let mut f = Follows::default();
+        for gen in 1..MAX_REFENCES as u64 {
+            f.count(&at(3, gen, 120), &at(3, gen + 1, 120));
+            assert!(f.may_follow(), "fence {gen}");
+        }
+        assert_eq!((f.moves, f.fences), (0, MAX_REFENCES - 1));
+        f.count(&at(3, 1, 120), &at(3, 2, 120));
+        assert!(!f.may_follow(), "a transfer that never gets through stops");
+
+        let mut f = Follows::default();
+        for b in 0..MAX_RELOCATIONS {
+            assert!(f.may_follow());
+            // Another block, or another piece of the same block: a move.
+            let next = if b % 2 == 0 {
+                at(b + 10, 1, 120)
+            } else {
+                at(3, 1, 240)
+            };
+            f.count(&at(3, 1, 120), &next);
+        }
+        assert_eq!(f.moves, MAX_RELOCATIONS);
+        assert!(!f.may_follow());
+    }
+
     /// The layer's invariant, checked on the sources: no other module
     /// touches a mapped region or builds a data request.
     #[test]

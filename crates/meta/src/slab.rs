@@ -53,6 +53,13 @@ pub fn piece_size_for(block_size: u32, size: u64) -> Option<u32> {
     None
 }
 
+/// Quarantined pieces a slab gathers before it is stamped to reuse them,
+/// while a new slab can still be had instead: an eighth of its pieces, at
+/// most 256 (so the space held back is bounded), at least one.
+pub fn stamp_batch(pieces: u32) -> usize {
+    (pieces / 8).clamp(1, 256) as usize
+}
+
 /// One piece: `size` bytes at `index * size` in `block` of `server`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Piece {

@@ -19,7 +19,7 @@
 use crate::alloc::{BlockAllocator, BlockClaim, BlockRef, Registration};
 use crate::effect::Effect;
 use crate::namespace::{stale, Lease, Namespace, NewNode, NodeId, Slot, SlotRef, ROOT};
-use crate::slab::{piece_size_for, Piece, Slabs};
+use crate::slab::{piece_size_for, stamp_batch, Piece, Slabs};
 use nodekernel_proto::meta::{MetaReply, MetaRequest, MAX_MAP_COUNT};
 use nodekernel_proto::path;
 use nodekernel_proto::record::RECORD_SIZE;
@@ -1145,10 +1145,15 @@ impl<'a> Draft<'a> {
         self.end_moves(node, 0);
     }
 
-    /// Gives `node` a piece of `piece_size` bytes: of a slab with a free
-    /// piece, or of a new slab, class by class in placement order (so small
-    /// values tier like blocks: the preferred class first, the location's
-    /// servers first within a class). `None` when there is no room.
+    /// Gives `node` a piece of `piece_size` bytes, class by class in
+    /// placement order (so small values tier like blocks: the preferred
+    /// class first, the location's servers first within a class). Within a
+    /// class: a free piece (never used, or fenced by an earlier stamp); else
+    /// a slab's quarantined pieces behind a stamp, once it has a batch of
+    /// them; else a new slab; else any quarantined piece. Stamping only
+    /// whole batches keeps stamps rare under churn: each one makes the
+    /// slab's in-flight writers and readers re-map. `None` when there is no
+    /// room.
     fn take_piece(
         &mut self,
         node: NodeId,
@@ -1156,50 +1161,16 @@ impl<'a> Draft<'a> {
         location: &str,
         piece_size: u32,
     ) -> Option<Piece> {
-        let passes: &[bool] = if location.is_empty() {
-            &[false]
-        } else {
-            &[true, false]
-        };
         for c in self.st.alloc.class_order(class) {
-            for &local_only in passes {
-                let found = self
-                    .st
-                    .slabs
-                    .partial(piece_size, c)
-                    .find_map(|(server, block)| {
-                        let local = self
-                            .st
-                            .alloc
-                            .server(server)
-                            .is_some_and(|s| s.spec.location == location);
-                        if !self.plan.may_use(server)
-                            || (local_only && !local)
-                            || self.pieces_freed.contains_key(&(server, block))
-                        {
-                            return None;
-                        }
-                        let slab = self.st.slabs.get(server, block)?;
-                        let (index, stamp) = match slab.next_free() {
-                            Some(i) => (i, false),
-                            None => (slab.next_after_stamp()?, true),
-                        };
-                        let piece = Piece {
-                            server,
-                            block,
-                            index,
-                            size: piece_size,
-                        };
-                        Some((piece, stamp))
-                    });
-                if let Some((piece, stamp)) = found {
-                    if stamp {
-                        // Quarantined pieces are reused only behind a fence.
-                        self.stamp_slab((piece.server, piece.block));
-                    }
-                    self.push(Effect::PieceTaken { node, piece });
-                    return Some(piece);
-                }
+            let found = self
+                .find_piece(c, location, piece_size, |s| s.next_free().is_some())
+                .or_else(|| {
+                    self.find_piece(c, location, piece_size, |s| {
+                        s.quarantined() >= stamp_batch(s.pieces())
+                    })
+                });
+            if let Some(found) = found {
+                return Some(self.take_found(node, found));
             }
             if let Some(block) = self.plan.allocate_in(c, location) {
                 self.push(Effect::SlabCreated { block, piece_size });
@@ -1212,8 +1183,69 @@ impl<'a> Draft<'a> {
                 self.push(Effect::PieceTaken { node, piece });
                 return Some(piece);
             }
+            if let Some(found) = self.find_piece(c, location, piece_size, |s| s.quarantined() > 0) {
+                return Some(self.take_found(node, found));
+            }
         }
         None
+    }
+
+    /// The next piece of the first slab of `piece_size` in class `c` that
+    /// `fits` (one at `location` first, when it names one) and that this
+    /// decision may use, and whether taking it needs a stamp.
+    fn find_piece(
+        &self,
+        c: u8,
+        location: &str,
+        piece_size: u32,
+        fits: impl Fn(&crate::slab::Slab) -> bool,
+    ) -> Option<(Piece, bool)> {
+        let passes: &[bool] = if location.is_empty() {
+            &[false]
+        } else {
+            &[true, false]
+        };
+        passes.iter().find_map(|&local_only| {
+            self.st
+                .slabs
+                .partial(piece_size, c)
+                .find_map(|(server, block)| {
+                    let local = self
+                        .st
+                        .alloc
+                        .server(server)
+                        .is_some_and(|s| s.spec.location == location);
+                    if !self.plan.may_use(server)
+                        || (local_only && !local)
+                        || self.pieces_freed.contains_key(&(server, block))
+                    {
+                        return None;
+                    }
+                    let slab = self.st.slabs.get(server, block).filter(|s| fits(s))?;
+                    let (index, stamp) = match slab.next_free() {
+                        Some(i) => (i, false),
+                        None => (slab.next_after_stamp()?, true),
+                    };
+                    let piece = Piece {
+                        server,
+                        block,
+                        index,
+                        size: piece_size,
+                    };
+                    Some((piece, stamp))
+                })
+        })
+    }
+
+    /// Takes `piece` for `node`, stamping its slab first if it was
+    /// quarantined.
+    fn take_found(&mut self, node: NodeId, (piece, stamp): (Piece, bool)) -> Piece {
+        if stamp {
+            // Quarantined pieces are reused only behind a fence.
+            self.stamp_slab((piece.server, piece.block));
+        }
+        self.push(Effect::PieceTaken { node, piece });
+        piece
     }
 
     /// Frees piece `p`: it is quarantined until the slab is next stamped

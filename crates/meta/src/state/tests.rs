@@ -1132,18 +1132,40 @@ fn a_freed_piece_is_fenced_before_another_value_reuses_it() {
         assert_eq!((l.block, l.gen), (la.block, la.gen), "f{i}");
         assert_ne!(l.offset, la.offset, "f{i} got the quarantined piece");
     }
-    // Every never-used piece is taken: the next value gets the quarantined
-    // one, behind a fence that the storage server is told about first.
+    // Every never-used piece is taken. One quarantined piece is not worth
+    // a stamp (each one makes the slab's live handles re-map) while a new
+    // slab can be had.
     let c = put_small(&mut s, "/t/c", 104).unwrap();
+    assert_ne!(c.first_block.unwrap().block, la.block, "a new slab");
+    assert!(
+        s.take_claims()
+            .iter()
+            .all(|c| c.gen == la.gen || c.block != la.block),
+        "no fence yet"
+    );
+    // A batch of quarantined pieces (an eighth of the slab's 36), and no
+    // free piece elsewhere (c's slab goes back with c): the next value gets
+    // one of them, behind a fence that the storage server is told about
+    // first.
+    assert_eq!(crate::slab::stamp_batch(36), 4);
+    remove(&mut s, "/t/c", false).unwrap();
+    let mut quarantined = vec![la.offset];
+    for i in 2..5 {
+        let f = lookup(&mut s, &format!("/t/f{i}")).unwrap();
+        quarantined.push(f.first_block.unwrap().offset);
+        remove(&mut s, &format!("/t/f{i}"), false).unwrap();
+    }
+    s.take_claims();
+    let d = put_small(&mut s, "/t/d", 104).unwrap();
     let claims = s.take_claims();
     let fence = claims
         .iter()
-        .find(|c| c.block == la.block)
+        .find(|c| c.block == la.block && c.gen > la.gen)
         .expect("the slab is claimed with a fresh generation");
-    assert!(fence.gen > la.gen);
-    let lc = c.first_block.unwrap();
-    assert_eq!((lc.block, lc.offset), (la.block, la.offset), "piece reused");
-    assert_eq!(lc.gen, fence.gen);
+    let ld = d.first_block.unwrap();
+    assert_eq!(ld.block, la.block, "the slab's pieces reused");
+    assert!(quarantined.contains(&ld.offset), "{ld:?}");
+    assert_eq!(ld.gen, fence.gen);
     // The value that stayed is found at the new generation (its readers
     // re-map once after `Stale`).
     let lb2 = map(&mut s, b.id, 0, 1, 0).unwrap().1.remove(0);
@@ -1157,10 +1179,15 @@ fn a_freed_piece_is_fenced_before_another_value_reuses_it() {
         ErrorCode::Stale
     );
     // Replacing a value frees the old value's piece the same way, when the
-    // new one closes.
+    // new one closes: its tag is cleared at once.
     put_small(&mut s, "/t/b", 100).unwrap();
-    let b2 = lookup(&mut s, "/t/b").unwrap();
-    assert!(b2.first_block.unwrap().gen > fence.gen);
+    let claims = s.take_claims();
+    assert!(
+        claims
+            .iter()
+            .any(|c| c.block == lb.block && c.clear_tag_at == Some(lb.offset - 8)),
+        "{claims:?}"
+    );
     s.check_invariants().unwrap();
 }
 
