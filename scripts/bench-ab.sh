@@ -2,6 +2,9 @@
 # A/B of the small-operation rows (getkey/putkey 4 B and 1 KiB, one client,
 # co-located and remote; lookups with 16 clients) between two `nk` binaries:
 #   scripts/bench-ab.sh OLD_NK NEW_NK [ROUNDS]
+# ROWS=large runs the rows of the remote data path instead: getkey/putkey
+# of 64 KiB and 1 MiB, one client, --remote (p50), and sequential write and
+# read of a 1 GiB File in 16 MiB operations, --remote (GB/s).
 # Each round starts `nk up` with each binary in turn (so both see the same
 # machine state; the order alternates), runs every row, and stops it. Prints the median p50 (and
 # lookups/s) per row and binary, and NEW/OLD. Each binary talks only to its
@@ -20,7 +23,8 @@ trap cleanup EXIT
 
 run_rows() { # NAME NK
     local name=$1 nk=$2
-    "$nk" up --port 0 --dram 1GiB --file 0 --data-dir "$WORK/data-$name" >"$WORK/up.log" 2>"$WORK/up.err" &
+    local dram=1GiB; [[ ${ROWS:-small} == large ]] && dram=2GiB
+    "$nk" up --port 0 --dram "$dram" --file 0 --data-dir "$WORK/data-$name" >"$WORK/up.log" 2>"$WORK/up.err" &
     UP_PID=$!
     for _ in $(seq 1 600); do
         grep -q "metadata server at" "$WORK/up.log" 2>/dev/null && break
@@ -33,14 +37,24 @@ run_rows() { # NAME NK
         local tag=$1; shift
         "$nk" bench "$@" --json | python3 -c 'import json,sys; print(json.dumps({"bin": sys.argv[1], "tag": sys.argv[2], "report": json.load(sys.stdin)}))' "$name" "$tag" >>"$OUT"
     }
-    for path in colocated remote; do
-        flag=(); [[ $path == remote ]] && flag=(--remote)
-        for size in 4 1KiB; do
-            rec "getkey $path $size c1" getkey -s "$size" -c 1 -k 5000 -w 500 --keys 100 "${flag[@]}"
-            rec "putkey $path $size c1" putkey -s "$size" -c 1 -k 5000 -w 500 --keys 100 "${flag[@]}"
+    if [[ ${ROWS:-small} == large ]]; then
+        for size in 64KiB 1MiB; do
+            k=2000; [[ $size == 1MiB ]] && k=500
+            rec "getkey remote $size c1" getkey -s "$size" -c 1 -k $k -w $(( k / 10 )) --keys 8 --remote
+            rec "putkey remote $size c1" putkey -s "$size" -c 1 -k $k -w $(( k / 10 )) --keys 8 --remote
         done
-    done
-    rec "lookup c16" lookup -c 16 -k 5000 -w 1000
+        rec "write remote 1GiB" write -s 16MiB -k 64 -w 0 --remote
+        rec "read remote 1GiB" read -s 16MiB -k 64 -w 4 --qd 4 --remote
+    else
+        for path in colocated remote; do
+            flag=(); [[ $path == remote ]] && flag=(--remote)
+            for size in 4 1KiB; do
+                rec "getkey $path $size c1" getkey -s "$size" -c 1 -k 5000 -w 500 --keys 100 "${flag[@]}"
+                rec "putkey $path $size c1" putkey -s "$size" -c 1 -k 5000 -w 500 --keys 100 "${flag[@]}"
+            done
+        done
+        rec "lookup c16" lookup -c 16 -k 5000 -w 1000
+    fi
     kill -TERM "$UP_PID"; wait "$UP_PID" || true; UP_PID=
     rm -rf "$WORK/data-$name"
 }
@@ -62,13 +76,25 @@ rows = {}
 for line in open(sys.argv[1]):
     r = json.loads(line)
     rep = r["report"]
-    val = rep["ops_per_sec"] if r["tag"].startswith("lookup") else rep["latency_us"]["p50"]
-    rows.setdefault(r["tag"], {}).setdefault(r["bin"], []).append(val)
+    tag = r["tag"]
+    if tag.startswith("lookup"):
+        val = rep["ops_per_sec"]
+    elif tag.startswith(("read", "write")):
+        val = rep["gb_per_sec"]
+    else:
+        val = rep["latency_us"]["p50"]
+    rows.setdefault(tag, {}).setdefault(r["bin"], []).append(val)
 print("| row | metric | old (median) | new (median) | new/old | old runs | new runs |")
 print("|---|---|---:|---:|---:|---|---|")
 for tag, v in rows.items():
-    metric = "ops/s" if tag.startswith("lookup") else "p50 µs"
+    if tag.startswith("lookup"):
+        metric = "ops/s"
+    elif tag.startswith(("read", "write")):
+        metric = "GB/s"
+    else:
+        metric = "p50 µs"
     o, n = statistics.median(v["old"]), statistics.median(v["new"])
-    fmt = lambda xs: ", ".join(f"{x:.0f}" if metric == "ops/s" else f"{x:.1f}" for x in xs)
-    print(f"| {tag} | {metric} | {o:.1f} | {n:.1f} | {n / o:.2f}x | {fmt(v['old'])} | {fmt(v['new'])} |")
+    digits = {"ops/s": 0, "GB/s": 2}.get(metric, 1)
+    fmt = lambda xs: ", ".join(f"{x:.{digits}f}" for x in xs)
+    print(f"| {tag} | {metric} | {o:.{digits}f} | {n:.{digits}f} | {n / o:.2f}x | {fmt(v['old'])} | {fmt(v['new'])} |")
 EOF
