@@ -60,9 +60,13 @@ impl Follows {
         self.moves < MAX_RELOCATIONS && self.fences < MAX_REFENCES
     }
 
+    /// Counts a re-map from `from` to `to`: in place under a newer
+    /// generation is a fence; anything else (the same location again
+    /// included) counts as a move.
     fn count(&mut self, from: &BlockLoc, to: &BlockLoc) {
         let in_place = (&from.addr, from.server, from.block, from.offset)
-            == (&to.addr, to.server, to.block, to.offset);
+            == (&to.addr, to.server, to.block, to.offset)
+            && to.gen > from.gen;
         if in_place {
             self.fences += 1;
         } else {
@@ -503,6 +507,13 @@ mod tests {
         }
         assert_eq!(f.moves, MAX_RELOCATIONS);
         assert!(!f.may_follow());
+
+        // The same location again (a reader that made the claim itself and
+        // reads there again) is a move: a tag that never matches stops
+        // after 16 tries, not 256.
+        let mut f = Follows::default();
+        f.count(&at(3, 5, 120), &at(3, 5, 120));
+        assert_eq!((f.moves, f.fences), (1, 0));
     }
 
     /// The layer's invariant, checked on the sources: no other module

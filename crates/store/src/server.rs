@@ -69,6 +69,14 @@ unsafe impl SharedBody for RegionBody {
     }
 }
 
+/// The tag at the start of `b` (which a read of at least [`TAG_LEN`]
+/// bytes filled).
+fn tag_bytes(b: &[u8]) -> Result<[u8; TAG_LEN as usize]> {
+    b.get(..TAG_LEN as usize)
+        .and_then(|t| t.try_into().ok())
+        .ok_or_else(|| Error::internal(format!("a tag read returned {} bytes", b.len())))
+}
+
 /// Bytes a block copy moves per request.
 const COPY_CHUNK: u32 = 1 << 20;
 
@@ -112,8 +120,7 @@ impl Handler for StoreHandler {
                             Error::out_of_range(format!("read of {len} bytes is too long"))
                         })?;
                         self.store.read(block, gen, t.at, with_tag, out).await?;
-                        let found = out[start..start + TAG_LEN as usize].try_into();
-                        t.check(found.expect("8 bytes"), block)?;
+                        t.check(tag_bytes(&out[start..])?, block)?;
                         out.copy_within(start + TAG_LEN as usize.., start);
                         out.truncate(start + len as usize);
                     }
@@ -179,7 +186,7 @@ impl StoreHandler {
         self.store
             .read(block, gen, t.at, TAG_LEN, &mut found)
             .await?;
-        t.check(found[..].try_into().expect("8 bytes"), block)
+        t.check(tag_bytes(&found)?, block)
     }
 
     /// Claims each block with its generation (a zero-length write), and
