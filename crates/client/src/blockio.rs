@@ -282,9 +282,10 @@ impl BlockIo {
     pub(crate) async fn write_once(&self, loc: &BlockLoc, offset: u32, data: &[u8]) -> Result<()> {
         let at = loc.storage_offset(offset)?;
         let tag = loc.tag.to_le_bytes();
-        let tag: &[u8] = match loc.tag_check() {
-            Some(_) if offset == 0 && !data.is_empty() => &tag,
-            _ => &[],
+        let tag: &[u8] = if loc.tag != 0 && offset == 0 && !data.is_empty() {
+            &tag
+        } else {
+            &[]
         };
         // Where the tag, if any, and then `data` go.
         let start = at.checked_sub(tag.len() as u32).ok_or_else(|| {
@@ -345,7 +346,7 @@ impl BlockIo {
     /// A read of `stale` got `Stale` (`err`): where to read next. When the
     /// metadata server says `stale` is still the block's location, the
     /// storage server is behind it: the claim of a fence is on its way (a
-    /// small value's slab is fenced whenever a neighbouring value is freed,
+    /// small value's slab is fenced when its freed pieces are reused,
     /// and a lookup can overtake that claim). The reader then makes the
     /// claim itself — it fences only what the metadata server already
     /// fenced — and reads there again; if the storage server is ahead

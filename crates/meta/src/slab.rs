@@ -10,11 +10,14 @@
 //! one, which every piece's location carries. A freed piece is
 //! *quarantined*: it is not handed out again until the slab is stamped with
 //! a fresh generation (a fence claimed on the storage server), so a handle
-//! to the freed value gets `Stale` before the piece is reused. Stamping is
-//! lazy: it happens when a slab's quarantined pieces are needed, fencing
-//! all of them at once, so the live pieces' readers and writers re-map once
-//! per batch of reuses, not once per freed value (under churn, stamping on
-//! every free re-fenced a busy slab faster than its writers could re-map).
+//! to the freed value can never reach the piece's next value. Stamping is
+//! lazy and batched ([`stamp_batch`]): a slab is stamped when a batch of its
+//! quarantined pieces is needed, fencing all of them at once, so the live
+//! pieces' readers and writers re-map once per batch of reuses, not once
+//! per freed value (under churn, stamping on every free re-fenced a busy
+//! slab faster than its writers could re-map). That a freed value's handle
+//! gets `Stale` at once is the tag's job: each piece starts with its
+//! value's node id ([`TAG_LEN`] bytes), cleared when the piece is freed.
 
 use crate::alloc::BlockRef;
 use crate::namespace::NodeId;

@@ -92,7 +92,9 @@ impl Handler for StoreHandler {
             } = StoreRequest::decode(op, &payload)?
             {
                 if let Some(t) = tag {
-                    self.check_tag(block, gen, t).await?;
+                    let mut found = [0; TAG_LEN as usize];
+                    region.read(block, gen, t.at, &mut found)?;
+                    t.check(found, block)?;
                 }
                 return Self::read_from_region(region, block, gen, offset, len, reply);
             }
@@ -180,7 +182,8 @@ impl StoreHandler {
     }
 
     /// Checks a small value's tag (`Stale` when it names another node, or
-    /// none: the value was replaced or deleted).
+    /// none: the value was replaced or deleted), on media other than DRAM
+    /// (whose reads check it in the region, without a buffer).
     async fn check_tag(&self, block: u32, gen: u64, t: TagCheck) -> Result<()> {
         let mut found = BytesMut::with_capacity(TAG_LEN as usize);
         self.store
