@@ -2,7 +2,7 @@
 # profile-cluster.sh NAME N ARGS...: nk meta + N DRAM stores (as bench-scale.sh; servers get
 # NK_POLL_SPIN_US=$SSPIN when set), then perf record -a -g over one nk bench run.
 set -uo pipefail
-cd "$(dirname "$0")/.."; NK="$PWD/target/release/nk"; NAME=$1; N=$2; shift 2; OUTDIR=${OUTDIR:-$PWD/target/profiles}; mkdir -p "$OUTDIR"
+cd "$(dirname "$0")/.."; NK=${NK:-$PWD/target/release/nk}; NAME=$1; N=$2; shift 2; OUTDIR=${OUTDIR:-$PWD/target/profiles}; mkdir -p "$OUTDIR"
 ENVS=(); [[ -n ${SSPIN:-} ]] && ENVS=(NK_POLL_SPIN_US=$SSPIN)
 D=$(mktemp -d)
 env "${ENVS[@]}" $NK meta --listen 127.0.0.1:0 >$D/meta.log 2>&1 & P=($!)

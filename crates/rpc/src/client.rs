@@ -51,6 +51,7 @@
 
 use crate::handshake::{ClientHandshake, HandshakeIo, PeerInfo, VersionHandshake};
 use crate::limits::CLIENT_RECV_BUF;
+use crate::spin::{Spin, SpinStats};
 use crate::transport::{ReadHalf, Stream, WriteHalf};
 use bytes::{Buf, Bytes, BytesMut};
 use nodekernel_proto::frame::STATUS_OK;
@@ -59,7 +60,7 @@ use nodekernel_proto::{Error, FrameHeader, Result, HEADER_LEN, MAX_PAYLOAD_LEN};
 use std::collections::HashMap;
 use std::io::IoSlice;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
@@ -198,6 +199,8 @@ struct Shared {
     abandoned: AtomicU64,
     /// Direct replies whose caller went away while receiving the payload.
     abandoned_replies: AtomicU64,
+    /// How soon replies come (`SpinStats::to_bits`): whether callers spin.
+    spin_stats: AtomicU32,
 }
 
 enum Pump {
@@ -212,6 +215,18 @@ enum Pump {
 }
 
 impl Shared {
+    fn spin_stats(&self) -> SpinStats {
+        SpinStats::from_bits(self.spin_stats.load(Ordering::Relaxed))
+    }
+
+    /// Records how long a caller waited for its reply. Concurrent callers
+    /// may overwrite each other's update; the average only steers spinning.
+    fn record_wait(&self, waited: Duration, budget: Duration) {
+        let mut stats = self.spin_stats();
+        stats.record(waited, budget);
+        self.spin_stats.store(stats.to_bits(), Ordering::Relaxed);
+    }
+
     /// Fails every pending call with `err`, refuses new ones and shuts the
     /// socket down (so the server, and our reader, see the end at once).
     fn fail_all(&self, err: &Error) {
@@ -766,6 +781,7 @@ impl Connection {
             closed: AtomicBool::new(false),
             abandoned: AtomicU64::new(0),
             abandoned_replies: AtomicU64::new(0),
+            spin_stats: AtomicU32::new(SpinStats::default().to_bits()),
             peer: addr.to_string(),
             inbound: Inbound {
                 rd,
@@ -805,6 +821,12 @@ impl Connection {
     /// What the handshake learnt about the server.
     pub fn peer_info(&self) -> &PeerInfo {
         &self.peer_info
+    }
+
+    /// Whether a caller on this connection would busy-poll for its reply
+    /// now: while most recent replies came soon (see [`crate::spin`]).
+    pub fn spinning(&self) -> bool {
+        !self.opts.spin.is_zero() && self.shared.spin_stats().should_spin()
     }
 
     /// Calls waiting for their reply right now (for tests: a dropped call
@@ -876,6 +898,7 @@ impl Connection {
         let mut guard = self.shared.register(id, waiter(tx))?;
         let header = FrameHeader::encode(id, kind, len);
         self.send(&header, parts, deadline).await?;
+        let sent = Instant::now();
         let reply = match self.spin_for(&mut rx).await {
             Some(r) => r,
             None => match tokio::time::timeout_at(deadline, rx).await {
@@ -889,6 +912,7 @@ impl Connection {
         };
         // The entry is gone: taken with the reply, or by a failure.
         guard.armed = false;
+        self.shared.record_wait(sent.elapsed(), self.opts.spin);
         Ok((reply?, id, deadline))
     }
 
@@ -1051,7 +1075,7 @@ impl Connection {
             id,
             left: dst.len(),
         };
-        let start = Instant::now();
+        let mut spin = Spin::begin(self.opts.spin, shared.spin_stats());
         loop {
             let got = dst.len() - guard.left;
             let received = shared.receive_now(id, &mut dst[got..]);
@@ -1059,10 +1083,11 @@ impl Connection {
             if guard.left == 0 {
                 return Ok(());
             }
-            if start.elapsed() < self.opts.spin {
+            if spin.as_ref().is_some_and(Spin::again) {
                 tokio::task::yield_now().await;
                 continue;
             }
+            spin = None;
             match tokio::time::timeout_at(deadline, shared.inbound.rd.readable()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
@@ -1079,10 +1104,7 @@ impl Connection {
     /// reading and dispatching replies itself (no thread wake-up needed),
     /// and yielding between polls so other tasks keep running.
     async fn spin_for<T>(&self, rx: &mut oneshot::Receiver<Result<T>>) -> Option<Result<T>> {
-        if self.opts.spin.is_zero() {
-            return None;
-        }
-        let start = Instant::now();
+        let spin = Spin::begin(self.opts.spin, self.shared.spin_stats())?;
         loop {
             match rx.try_recv() {
                 Ok(r) => return Some(r),
@@ -1097,7 +1119,7 @@ impl Connection {
                     return None;
                 }
             }
-            if start.elapsed() >= self.opts.spin {
+            if !spin.again() {
                 return None;
             }
             tokio::task::yield_now().await;

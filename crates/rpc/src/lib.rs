@@ -22,6 +22,7 @@ mod client;
 pub mod handshake;
 pub mod limits;
 mod server;
+pub mod spin;
 mod transport;
 
 pub use client::{default_client_handshake, ConnOptions, Connection, ConnectionPool, ReplyCopies};
@@ -37,7 +38,8 @@ pub use transport::{abstract_unix_addr, bind_abstract_unix, bind_unix, UNIX_PREF
 /// Busy-poll budget of an idle server connection waiting for its next
 /// request, when a setting does not say otherwise: 50 µs, or
 /// `NK_POLL_SPIN_US` from the environment (0 disables spinning). See
-/// [`ServeOptions::spin`].
+/// [`ServeOptions::spin`]; a connection spins only while its requests
+/// come soon ([`spin`]).
 pub fn default_spin() -> std::time::Duration {
     env_spin().unwrap_or(std::time::Duration::from_micros(50))
 }

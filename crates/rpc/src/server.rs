@@ -14,6 +14,7 @@ use crate::limits::{
     MAX_IN_FLIGHT, MAX_REQUESTS, RECV_BUF_INITIAL, RECV_GROW_STEP, RECV_READ_MIN,
     RECV_SHRINK_AFTER, REPLY_BUF,
 };
+use crate::spin::{Spin, SpinStats};
 use crate::transport::{Listener, ReadHalf, Stream};
 use bytes::{Buf, Bytes, BytesMut};
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -185,6 +186,8 @@ struct ServerState {
     malformed: AtomicU64,
     /// Connections refused because `max_connections` were open.
     refused: AtomicU64,
+    /// Idle connections that busy-polled for their next request.
+    idle_spins: AtomicU64,
 }
 
 /// Duplicates of the listening socket and of every open connection, so
@@ -291,6 +294,12 @@ impl ServerHandle {
         self.state.recv_bytes_peak.load(Ordering::Relaxed)
     }
 
+    /// Times an idle connection busy-polled for its next request (it
+    /// stops while its requests come seldom; see [`crate::spin`]).
+    pub fn idle_spins(&self) -> u64 {
+        self.state.idle_spins.load(Ordering::Relaxed)
+    }
+
     /// Connections closed so far because of a frame the server could not
     /// parse (a bad header, or a first frame that is not a valid HELLO).
     #[doc(hidden)]
@@ -377,6 +386,7 @@ fn serve_listener<H: Handler>(
         recv_bytes_peak: AtomicUsize::new(0),
         malformed: AtomicU64::new(0),
         refused: AtomicU64::new(0),
+        idle_spins: AtomicU64::new(0),
     });
     *state.sockets.listener.lock().expect("sockets lock") = Some(
         listener
@@ -684,17 +694,21 @@ async fn spin_fill(
     rd: &ReadHalf,
     buf: &mut RecvBuf<'_>,
     spin: Duration,
+    stats: SpinStats,
+    spins: &AtomicU64,
 ) -> std::io::Result<Option<bool>> {
     let fd = rd.fd();
-    let start = Instant::now();
-    while start.elapsed() < spin {
+    let Some(spin) = Spin::begin(spin, stats) else {
+        return Ok(None);
+    };
+    spins.fetch_add(1, Ordering::Relaxed);
+    loop {
         match buf.recv(fd)? {
-            Some(0) => return Ok(Some(false)),
-            Some(_) => return Ok(Some(true)),
-            None => tokio::task::yield_now().await,
+            Some(n) => return Ok(Some(n > 0)),
+            None if spin.again() => tokio::task::yield_now().await,
+            None => return Ok(None),
         }
     }
-    Ok(None)
 }
 
 type PermitWait = Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send>>;
@@ -718,6 +732,9 @@ async fn serve_requests<H: Handler>(
     // the connection keeps its place in the semaphore's queue.
     let mut permit: Option<OwnedSemaphorePermit> = None;
     let mut permit_wait: Option<PermitWait> = None;
+    // How soon this connection's requests come after it went idle.
+    let mut spin_stats = SpinStats::default();
+    let mut idle_since: Option<Instant> = None;
     // When the frame at the front must be complete (set while the server
     // waits for its bytes).
     let mut frame_deadline: Option<tokio::time::Instant> = None;
@@ -808,9 +825,13 @@ async fn serve_requests<H: Handler>(
             permit_wait = Some(Box::pin(state.requests.clone().acquire_owned()));
         }
         if pending.is_empty() && can_read && !opts.spin.is_zero() {
-            // Idle: busy-poll briefly for the next request before parking.
-            match spin_fill(&rd, &mut rbuf, opts.spin).await {
+            // Idle: busy-poll briefly for the next request before parking,
+            // if this connection's requests usually come that soon.
+            let since = *idle_since.get_or_insert_with(Instant::now);
+            match spin_fill(&rd, &mut rbuf, opts.spin, spin_stats, &state.idle_spins).await {
                 Ok(Some(more)) => {
+                    spin_stats.record(since.elapsed(), opts.spin);
+                    idle_since = None;
                     eof |= !more;
                     continue;
                 }
@@ -830,7 +851,12 @@ async fn serve_requests<H: Handler>(
                     return;
                 }
                 match try_fill(&rd, &mut rbuf) {
-                    Ok(Some(true)) | Ok(None) => {}
+                    Ok(Some(true)) => {
+                        if let Some(since) = idle_since.take() {
+                            spin_stats.record(since.elapsed(), opts.spin);
+                        }
+                    }
+                    Ok(None) => {}
                     Ok(Some(false)) => eof = true,
                     Err(_) => return,
                 }
