@@ -35,8 +35,11 @@ use std::time::{Duration, Instant};
 /// Which implementation moves the bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Engine {
-    /// The file tier with io_uring and O_DIRECT (the default path).
+    /// The file tier with io_uring and O_DIRECT, large reads uncached
+    /// buffered (the default path).
     UringDirect,
+    /// The file tier with io_uring and O_DIRECT for every read too.
+    UringDirectOnly,
     /// The file tier with io_uring through the page cache.
     UringBuffered,
     /// The file tier's fallback: pread/pwrite threads with O_DIRECT.
@@ -49,17 +52,19 @@ pub enum Engine {
 
 impl Engine {
     fn file_io(self, queue_depth: u32) -> Option<FileIoConfig> {
-        let (direct, io_uring) = match self {
-            Engine::UringDirect => (true, true),
-            Engine::UringBuffered => (false, true),
-            Engine::ThreadsDirect => (true, false),
-            Engine::ThreadsBuffered => (false, false),
+        let (direct, io_uring, stream_reads) = match self {
+            Engine::UringDirect => (true, true, true),
+            Engine::UringDirectOnly => (true, true, false),
+            Engine::UringBuffered => (false, true, false),
+            Engine::ThreadsDirect => (true, false, true),
+            Engine::ThreadsBuffered => (false, false, false),
             Engine::Baseline => return None,
         };
         Some(FileIoConfig {
             direct,
             io_uring,
             queue_depth,
+            stream_reads,
         })
     }
 }
@@ -132,15 +137,15 @@ impl Target {
             Some(io) => {
                 let medium = FileMedium::create_with(path, bytes, &io).map_err(io::Error::other)?;
                 let mode = medium.mode();
+                let name = match medium.stream_reads() {
+                    true => format!("{mode}, uncached large reads"),
+                    false => mode.to_string(),
+                };
                 let store = BlockStore::new(Box::new(medium), cfg.block_size, blocks as u32);
                 let rt = tokio::runtime::Builder::new_multi_thread()
                     .enable_all()
                     .build()?;
-                (
-                    mode.as_str().to_string(),
-                    mode.is_direct(),
-                    Kind::Store(Arc::new(store), rt),
-                )
+                (name, mode.is_direct(), Kind::Store(Arc::new(store), rt))
             }
             None => {
                 let f = std::fs::OpenOptions::new()
@@ -539,6 +544,7 @@ mod tests {
             rand_time: Duration::from_millis(20),
             engines: vec![
                 Engine::UringDirect,
+                Engine::UringDirectOnly,
                 Engine::UringBuffered,
                 Engine::ThreadsDirect,
                 Engine::ThreadsBuffered,

@@ -323,6 +323,7 @@ mod tests {
                     io_uring,
                     direct,
                     queue_depth: 8,
+                    stream_reads: true,
                 });
             }
         }

@@ -63,6 +63,11 @@ pub struct FileIoConfig {
     /// Most I/Os in flight at once (io_uring), and the size of the fallback
     /// thread pool (capped at 16). `1..=4096`, default 64.
     pub queue_depth: u32,
+    /// With `O_DIRECT`: read ranges of [`STREAM_READ_MIN`](crate::file::STREAM_READ_MIN)
+    /// bytes or more through the page cache with `RWF_DONTCACHE` (the
+    /// kernel reads ahead; the pages are dropped once read), where the
+    /// kernel and file system support it. Default `true`.
+    pub stream_reads: bool,
 }
 
 /// Largest accepted [`FileIoConfig::queue_depth`].
@@ -74,6 +79,7 @@ impl Default for FileIoConfig {
             direct: true,
             io_uring: true,
             queue_depth: 64,
+            stream_reads: true,
         }
     }
 }

@@ -263,6 +263,7 @@ mod tests {
                     io_uring,
                     direct,
                     queue_depth: 4,
+                    stream_reads: true,
                 };
                 let dir = tempfile::tempdir().unwrap();
                 let path = dir.path().join("a/b/blocks.dat");

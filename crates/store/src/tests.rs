@@ -248,6 +248,7 @@ async fn file_server_over_network_in_fallback_modes() {
             direct,
             io_uring,
             queue_depth: 4,
+            stream_reads: true,
         };
         serve_over_network_with(MediumKind::File { path }, io).await;
     }

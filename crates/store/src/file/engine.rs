@@ -17,6 +17,21 @@ pub type Keepalive = Arc<dyn Any + Send + Sync>;
 pub(crate) enum OpKind {
     Read,
     Write,
+    /// A read through the page cache with `RWF_DONTCACHE`, on the medium's
+    /// buffered descriptor: the kernel reads ahead, and drops the pages
+    /// once they were read (see [`FileMedium`](super::FileMedium)).
+    StreamRead,
+}
+
+impl OpKind {
+    /// The descriptor this kind of I/O goes to: `stream` for
+    /// [`OpKind::StreamRead`] (set whenever such reads are issued).
+    pub fn fd(self, direct: i32, stream: i32) -> i32 {
+        match self {
+            OpKind::StreamRead => stream,
+            OpKind::Read | OpKind::Write => direct,
+        }
+    }
 }
 
 /// One positional I/O of the whole of `buf` at `off`.
@@ -112,6 +127,13 @@ pub(crate) fn pio(fd: i32, kind: OpKind, off: u64, buf: &mut AlignedBuf) -> io::
             let p = base.add(done);
             match kind {
                 OpKind::Read => libc::pread(fd, p.cast(), len - done, pos),
+                OpKind::StreamRead => {
+                    let iov = libc::iovec {
+                        iov_base: p.cast(),
+                        iov_len: len - done,
+                    };
+                    libc::preadv2(fd, &iov, 1, pos, libc::RWF_DONTCACHE)
+                }
                 OpKind::Write => libc::pwrite(fd, p.cast_const().cast(), len - done, pos),
             }
         };
@@ -131,7 +153,7 @@ pub(crate) fn pio(fd: i32, kind: OpKind, off: u64, buf: &mut AlignedBuf) -> io::
 
 pub(crate) fn short(kind: OpKind) -> io::Error {
     match kind {
-        OpKind::Read => io::Error::new(
+        OpKind::Read | OpKind::StreamRead => io::Error::new(
             io::ErrorKind::UnexpectedEof,
             "file ended before the read did",
         ),

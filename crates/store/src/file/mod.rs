@@ -23,6 +23,17 @@
 //! [`IoMode`]); both fallbacks can be forced through [`FileIoConfig`] (the
 //! tests run every mode).
 //!
+//! 3. **Stream reads** (if [`FileIoConfig::stream_reads`], with `O_DIRECT`):
+//!    reads of [`STREAM_READ_MIN`] bytes or more go to the buffered
+//!    descriptor with `RWF_DONTCACHE` (Linux 6.14+, probed at start). The
+//!    kernel reads ahead in large requests, as for a plain buffered reader,
+//!    and drops each page once it was read, so the file tier still does not
+//!    keep a second copy of what the DRAM tier caches. `O_DIRECT` writes
+//!    invalidate cached pages of the range they write, so a stream read
+//!    never sees old bytes. Small reads stay `O_DIRECT`: read-ahead would
+//!    only cost a point read device time. Where the probe fails, large reads
+//!    use `O_DIRECT` like the rest.
+//!
 //! # Several I/Os in flight
 //!
 //! Connection tasks never block on the file. Each access becomes one or a
@@ -120,6 +131,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
+/// Reads of this many bytes or more are *stream reads* where the medium
+/// has them ([`FileMedium::stream_reads`]): a client streaming a File reads
+/// whole blocks, and the kernel's read-ahead serves those from the device
+/// in larger requests than one block (about 1.7x `O_DIRECT` on this
+/// project's machines, `docs/benchmarks.md`). Smaller reads are point
+/// reads (small values, a record), where read-ahead would only waste the
+/// device's time.
+pub const STREAM_READ_MIN: usize = 128 << 10;
+
 /// Number of sector locks (a power of two).
 const STRIPES: usize = 256;
 
@@ -183,6 +203,9 @@ pub struct FileMedium {
     align: u64,
     /// Sector locks for read-modify-writes.
     stripes: Box<[Arc<Mutex<()>>]>,
+    /// Reads of [`STREAM_READ_MIN`] bytes or more go through the page
+    /// cache with `RWF_DONTCACHE`.
+    stream_reads: bool,
     /// Recycled bounce buffers.
     pool: BufPool,
     /// The locked descriptor (the lock lives as long as it is open; `file`
@@ -267,8 +290,23 @@ impl FileMedium {
         };
         let direct = file.is_some();
         let file = file.unwrap_or_else(|| locked.lock.clone());
+        let stream = match direct && io.stream_reads {
+            true => match probe_stream_reads(&locked.lock) {
+                Ok(()) => Some(locked.lock.clone()),
+                Err(e) => {
+                    tracing::info!(
+                        "{}: uncached buffered reads (RWF_DONTCACHE) are not available ({e}); \
+                         large reads use O_DIRECT too",
+                        path.display()
+                    );
+                    None
+                }
+            },
+            false => None,
+        };
+        let stream_reads = stream.is_some();
         let uring = if io.io_uring {
-            match uring::Uring::new(file.clone(), io.queue_depth) {
+            match uring::Uring::new(file.clone(), stream.clone(), io.queue_depth) {
                 Ok(u) => Some(u),
                 Err(e) => {
                     let sysctl = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
@@ -289,7 +327,7 @@ impl FileMedium {
             (Some(u), false) => (Engine::Uring(u), IoMode::UringBuffered),
             (None, direct) => {
                 let threads = io.queue_depth.clamp(1, MAX_FALLBACK_THREADS) as usize;
-                let pool = threads::Pool::new(file.clone(), threads)
+                let pool = threads::Pool::new(file.clone(), stream, threads)
                     .map_err(|e| StoreError::io("start I/O threads for", path, e))?;
                 let mode = if direct {
                     IoMode::ThreadsDirect
@@ -300,9 +338,13 @@ impl FileMedium {
             }
         };
         tracing::info!(
-            "{}: file tier of {size} bytes uses {mode} (queue depth {})",
+            "{}: file tier of {size} bytes uses {mode} (queue depth {}{})",
             path.display(),
-            io.queue_depth
+            io.queue_depth,
+            match stream_reads {
+                true => ", uncached buffered stream reads",
+                false => "",
+            }
         );
         Ok(FileMedium {
             engine,
@@ -312,6 +354,7 @@ impl FileMedium {
             mode,
             queue_depth: io.queue_depth,
             align: if direct { ALIGN } else { 1 },
+            stream_reads,
             stripes: (0..STRIPES).map(|_| Arc::new(Mutex::new(()))).collect(),
             pool: BufPool::new(io.queue_depth as usize * 2),
             footprint: None,
@@ -337,6 +380,12 @@ impl FileMedium {
         self.queue_depth
     }
 
+    /// Whether large reads are uncached buffered reads (see
+    /// [`STREAM_READ_MIN`]).
+    pub fn stream_reads(&self) -> bool {
+        self.stream_reads
+    }
+
     /// The open block file (opened with `O_DIRECT` in the direct modes).
     pub fn file(&self) -> &File {
         &self.file
@@ -355,9 +404,13 @@ impl FileMedium {
         if len == 0 {
             return Ok(());
         }
-        let (start, end) = self.cover(off, len as u64);
+        let (kind, (start, end)) = match self.stream_reads && len >= STREAM_READ_MIN {
+            // Buffered: any offset and length will do.
+            true => (OpKind::StreamRead, (off, off + len as u64)),
+            false => (OpKind::Read, self.cover(off, len as u64)),
+        };
         let buf = self.pool.get((end - start) as usize);
-        let buf = self.engine.run(OpKind::Read, start, buf, keep).await?;
+        let buf = self.engine.run(kind, start, buf, keep).await?;
         let skip = (off - start) as usize;
         out.extend_from_slice(&buf.as_slice()[skip..skip + len]);
         self.pool.put(buf);
@@ -511,6 +564,13 @@ fn open_direct(path: &Path) -> io::Result<File> {
     pio(file.as_raw_fd(), OpKind::Read, 0, &mut probe)?;
     pio(file.as_raw_fd(), OpKind::Write, 0, &mut probe)?;
     Ok(file)
+}
+
+/// Proves that the kernel and file system take uncached buffered reads
+/// (`RWF_DONTCACHE`, Linux 6.14 and later, not every file system).
+fn probe_stream_reads(file: &File) -> io::Result<()> {
+    let mut probe = AlignedBuf::zeroed(ALIGN as usize);
+    pio(file.as_raw_fd(), OpKind::StreamRead, 0, &mut probe)
 }
 
 impl Medium for FileMedium {

@@ -9,11 +9,12 @@ use std::time::Duration;
 pub(crate) fn all_modes(queue_depth: u32) -> Vec<FileIoConfig> {
     let mut v = Vec::new();
     for io_uring in [true, false] {
-        for direct in [true, false] {
+        for (direct, stream_reads) in [(true, true), (true, false), (false, false)] {
             v.push(FileIoConfig {
                 direct,
                 io_uring,
                 queue_depth,
+                stream_reads,
             });
         }
     }
@@ -319,10 +320,11 @@ fn io_errors_are_reported() {
         let mut m = FileMedium::create_with(&path, 1 << 20, &io).unwrap();
         let ro = Arc::new(std::fs::File::open(&path).unwrap());
         // Swap in an engine on a read-only descriptor.
+        let stream = m.stream_reads().then(|| ro.clone());
         m.engine = if io.io_uring && m.mode().is_uring() {
-            Engine::Uring(uring::Uring::new(ro, 4).unwrap())
+            Engine::Uring(uring::Uring::new(ro, stream, 4).unwrap())
         } else {
-            Engine::Threads(threads::Pool::new(ro, 2).unwrap())
+            Engine::Threads(threads::Pool::new(ro, stream, 2).unwrap())
         };
         m.align = 1;
         let e = m.write(0, b"x").unwrap_err();
@@ -330,5 +332,51 @@ fn io_errors_are_reported() {
         let mut out = BytesMut::from(&b"hdr"[..]);
         m.read_into(0, 4, &mut out).unwrap();
         assert_eq!(&out[..], b"hdr\0\0\0\0");
+        // A stream read (where the medium has them) reads the same file.
+        let mut out = BytesMut::new();
+        m.read_into(0, STREAM_READ_MIN, &mut out).unwrap();
+        assert_eq!(out.len(), STREAM_READ_MIN);
+        assert!(out.iter().all(|&b| b == 0), "{io:?}");
+    }
+}
+
+/// Large reads go through the page cache uncached where the kernel takes
+/// `RWF_DONTCACHE` (found out here independently), and O_DIRECT writes
+/// stay visible to them: a range read (and so read ahead) once, then
+/// rewritten, reads back new.
+#[test]
+fn stream_reads_where_the_kernel_has_them_and_they_see_every_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe_path = dir.path().join("probe");
+    std::fs::write(&probe_path, vec![0u8; 4096]).unwrap();
+    let probe = std::fs::File::open(&probe_path).unwrap();
+    let mut b = [0u8; 4096];
+    let iov = libc::iovec {
+        iov_base: b.as_mut_ptr().cast(),
+        iov_len: b.len(),
+    };
+    // SAFETY: `iov` points at `b`, which outlives the call.
+    let kernel_has_them =
+        unsafe { libc::preadv2(probe.as_raw_fd(), &iov, 1, 0, libc::RWF_DONTCACHE) } == 4096;
+    let rt = rt();
+    for io in all_modes(8) {
+        let m = FileMedium::create_with(&dir.path().join("b"), 4 << 20, &io).unwrap();
+        let want = io.stream_reads && m.mode().is_direct() && kernel_has_them;
+        assert_eq!(m.stream_reads(), want, "{io:?}");
+        let len = 2 * STREAM_READ_MIN + 100;
+        rt.block_on(async {
+            for round in 0u8..3 {
+                let data: Vec<u8> = (0..len).map(|i| (i as u8) ^ round).collect();
+                m.write_at(4096, &data, Arc::new(())).await.unwrap();
+                let mut out = BytesMut::new();
+                m.read_at(4096, len, &mut out, Arc::new(())).await.unwrap();
+                assert!(out[..] == data[..], "{io:?} round {round}: old bytes read");
+                // Read ahead of what is written next.
+                let mut ahead = BytesMut::new();
+                m.read_at(0, 4 << 20, &mut ahead, Arc::new(()))
+                    .await
+                    .unwrap();
+            }
+        });
     }
 }

@@ -18,7 +18,9 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    pub fn new(file: Arc<File>, threads: usize) -> io::Result<Pool> {
+    /// Starts `threads` workers doing I/O on `file`, and stream reads on
+    /// `stream`.
+    pub fn new(file: Arc<File>, stream: Option<Arc<File>>, threads: usize) -> io::Result<Pool> {
         let (tx, rx) = mpsc::channel::<Request>();
         let rx = Arc::new(Mutex::new(rx));
         let mut pool = Pool {
@@ -28,9 +30,10 @@ impl Pool {
         for i in 0..threads.max(1) {
             let rx = rx.clone();
             let file = file.clone();
+            let stream = stream.clone();
             let t = std::thread::Builder::new()
                 .name(format!("nk-file-io-{i}"))
-                .spawn(move || worker(&file, &rx))?;
+                .spawn(move || worker(&file, stream.as_deref(), &rx))?;
             pool.threads.push(t);
         }
         Ok(pool)
@@ -42,8 +45,9 @@ impl Pool {
     }
 }
 
-fn worker(file: &File, rx: &Mutex<mpsc::Receiver<Request>>) {
+fn worker(file: &File, stream: Option<&File>, rx: &Mutex<mpsc::Receiver<Request>>) {
     let fd = file.as_raw_fd();
+    let stream_fd = stream.map_or(-1, |f| f.as_raw_fd());
     loop {
         // Holding the lock while blocked in `recv` is fine: the other idle
         // workers would wait for a request anyway.
@@ -51,7 +55,7 @@ fn worker(file: &File, rx: &Mutex<mpsc::Receiver<Request>>) {
         let Ok(mut req) = next else {
             return; // the medium is gone and the queue is drained
         };
-        let result = pio(fd, req.kind, req.off, &mut req.buf);
+        let result = pio(req.kind.fd(fd, stream_fd), req.kind, req.off, &mut req.buf);
         req.complete(result);
     }
 }

@@ -74,7 +74,8 @@ impl Uring {
     /// Sets up a ring for `depth` requests in flight and starts its thread.
     /// Fails (so that the caller can fall back) if io_uring is unavailable
     /// or lacks the operations we need.
-    pub fn new(file: Arc<File>, depth: u32) -> io::Result<Uring> {
+    /// Stream reads go to `stream`.
+    pub fn new(file: Arc<File>, stream: Option<Arc<File>>, depth: u32) -> io::Result<Uring> {
         let depth = depth.max(1);
         // One extra entry for the eventfd poll.
         let entries = (depth + 1).next_power_of_two();
@@ -131,6 +132,7 @@ impl Uring {
                     Ring {
                         ring,
                         fd: file.as_raw_fd(),
+                        stream_fd: stream.as_ref().map_or(-1, |f| f.as_raw_fd()),
                         depth: depth as usize,
                         slots: Vec::new(),
                         free: Vec::new(),
@@ -138,8 +140,8 @@ impl Uring {
                         wake,
                     }
                     .run(&rx);
-                    // `file` lives until every I/O on it completed.
-                    drop(file);
+                    // The files live until every I/O on them completed.
+                    drop((file, stream));
                 })?
         };
         Ok(Uring {
@@ -181,6 +183,8 @@ struct Slot {
 struct Ring {
     ring: IoUring,
     fd: RawFd,
+    /// The buffered descriptor of stream reads (-1: none).
+    stream_fd: RawFd,
     depth: usize,
     slots: Vec<Option<Slot>>,
     free: Vec<usize>,
@@ -284,9 +288,13 @@ impl Ring {
         // Buffers are bounded by the block size (≤ 16 MiB + 8 KiB), far
         // below u32::MAX; clamp anyway, a short transfer is resubmitted.
         let n = u32::try_from(len).unwrap_or(!4095);
-        let fd = types::Fd(self.fd);
+        let fd = types::Fd(slot.req.kind.fd(self.fd, self.stream_fd));
         let entry = match slot.req.kind {
             OpKind::Read => opcode::Read::new(fd, ptr, n).offset(off).build(),
+            OpKind::StreamRead => opcode::Read::new(fd, ptr, n)
+                .offset(off)
+                .rw_flags(libc::RWF_DONTCACHE)
+                .build(),
             OpKind::Write => opcode::Write::new(fd, ptr.cast_const(), n)
                 .offset(off)
                 .build(),
