@@ -8,4 +8,5 @@ fuzz_target!(|data: &[u8]| {
     }
     let op = u16::from_le_bytes([data[0], data[1]]);
     let _ = nodekernel_proto::store::StoreRequest::decode(op, &data[2..]);
+    let _ = nodekernel_proto::store::decode_write_prefix(&data[2..]);
 });

@@ -289,6 +289,15 @@ pub fn encode_write_prefix(buf: &mut BytesMut, block: u32, gen: u64, offset: u32
     Enc(buf).u32(block).u64(gen).u32(offset);
 }
 
+/// Decodes a write request's fixed prefix (exactly [`WRITE_PREFIX_LEN`]
+/// bytes): block, generation and offset.
+pub fn decode_write_prefix(prefix: &[u8]) -> Result<(u32, u64, u32)> {
+    let mut d = Dec::new(prefix, "write prefix");
+    let r = (d.u32()?, d.u64()?, d.u32()?);
+    d.finish()?;
+    Ok(r)
+}
+
 /// Longest abstract socket name a `SHM_INFO` or `LOCAL_SOCKET` reply may
 /// carry (the limit of `sockaddr_un.sun_path` minus the leading NUL).
 pub const MAX_SHM_NAME_LEN: usize = 107;

@@ -31,7 +31,8 @@ pub use handshake::{
 };
 pub use nodekernel_proto::hello::{Role, WIRE_VERSION};
 pub use server::{
-    serve, serve_unix, serve_with, Handler, Reply, ServeOptions, ServerHandle, SharedBody,
+    serve, serve_unix, serve_with, DirectSink, Handler, Reply, ServeOptions, ServerHandle,
+    SharedBody, DIRECT_MIN,
 };
 pub use transport::{abstract_unix_addr, bind_abstract_unix, bind_unix, UNIX_PREFIX};
 

@@ -17,6 +17,7 @@ use crate::limits::{
 use crate::spin::{Spin, SpinStats};
 use crate::transport::{Listener, ReadHalf, Stream};
 use bytes::{Buf, Bytes, BytesMut};
+use futures::future::Either;
 use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
 use nodekernel_proto::frame::STATUS_OK;
@@ -54,6 +55,43 @@ pub trait Handler: Send + Sync + 'static {
         Arc::new(VersionHandshake::new(Role::Unspecified))
     }
 
+    /// For requests whose payload is a fixed prefix followed by bulk data
+    /// that the handler can take in place: the prefix's length for `op`.
+    /// When such a request's data is [`DIRECT_MIN`] bytes or more and has
+    /// not all arrived yet, the server asks [`Handler::direct_sink`] where
+    /// the data should go, receives it there from the socket, and calls
+    /// [`Handler::handle_direct`]. The default: no such requests.
+    fn direct_prefix(&self, _op: u16) -> Option<usize> {
+        None
+    }
+
+    /// Where the `data_len` bytes after `prefix` of request `op` should be
+    /// received. `Ok(None)` (or an error, which the usual path will meet
+    /// again and answer) takes the usual path: the whole payload into the
+    /// connection's buffer, then [`Handler::handle_reply`]. The
+    /// connection reads nothing else while this waits (at most the frame
+    /// timeout).
+    fn direct_sink(
+        &self,
+        _op: u16,
+        _prefix: &[u8],
+        _data_len: usize,
+    ) -> impl Future<Output = Result<Option<Box<dyn DirectSink>>>> + Send {
+        async { Ok(None) }
+    }
+
+    /// Handles request `op` whose data went into `sink` (every byte of it
+    /// arrived), appending the reply payload to `out`.
+    fn handle_direct(
+        &self,
+        _op: u16,
+        _prefix: Bytes,
+        _sink: Box<dyn DirectSink>,
+        _out: &mut BytesMut,
+    ) -> impl Future<Output = Result<()>> + Send {
+        async { Err(Error::internal("this server takes no direct requests")) }
+    }
+
     /// Like [`Handler::handle`], with the whole [`Reply`] at hand: a
     /// handler overrides it to end its reply with a [`SharedBody`] (sent
     /// without a copy). The default calls [`Handler::handle`].
@@ -66,6 +104,25 @@ pub trait Handler: Send + Sync + 'static {
         self.handle(op, payload, &mut reply.out)
     }
 }
+
+/// Memory that the bulk data ending a request is received into straight
+/// from the socket, instead of through the connection's buffer and a copy
+/// (a storage server's DRAM block). See [`Handler::direct_prefix`].
+///
+/// # Safety
+///
+/// [`DirectSink::dest`] must name memory valid for writes of its length
+/// for as long as the sink lives. Other processes may read it meanwhile:
+/// the server writes to it only through the raw pointer (`recv(2)` and a
+/// copy of bytes it had buffered), never through a Rust reference.
+pub unsafe trait DirectSink: Send + 'static {
+    /// Where the data goes, and how many bytes.
+    fn dest(&self) -> (*mut u8, usize);
+}
+
+/// Requests whose data is shorter than this take the usual path: copying
+/// them out of the connection's buffer costs less than a second step.
+pub const DIRECT_MIN: usize = 64 << 10;
 
 /// The end of a reply's payload sent straight from memory the server shares
 /// with other processes (a storage server's DRAM region), without copying
@@ -642,6 +699,117 @@ impl Drop for RecvBuf<'_> {
     }
 }
 
+/// A permit of the server-wide request bound for the next request: the
+/// one held, or a free one. `None` when there is none, or when a queued
+/// wait for one is pending (it may hold a permit handed to it).
+fn take_permit(
+    held: &mut Option<OwnedSemaphorePermit>,
+    waiting: &Option<PermitWait>,
+    requests: &Arc<Semaphore>,
+) -> Option<OwnedSemaphorePermit> {
+    match held.take() {
+        Some(p) => Some(p),
+        None if waiting.is_some() => None,
+        None => requests.clone().try_acquire_owned().ok(),
+    }
+}
+
+/// The frame at the front of `buf`, if it should be received in place:
+/// its header and the length of its prefix, once the prefix is buffered
+/// (see [`Handler::direct_prefix`]). Not the frame `declined` by the
+/// handler before.
+fn direct_front<H: Handler>(
+    buf: &[u8],
+    handler: &H,
+    declined: Option<u64>,
+) -> Option<(FrameHeader, usize)> {
+    let h: [u8; HEADER_LEN] = buf.get(..HEADER_LEN)?.try_into().ok()?;
+    let header = FrameHeader::parse(&h).ok()?;
+    let prefix = handler.direct_prefix(header.kind)?;
+    let data = header.payload_len.checked_sub(prefix)?;
+    let wanted = data >= DIRECT_MIN
+        && declined != Some(header.id)
+        && buf.len() >= HEADER_LEN + prefix
+        && buf.len() < HEADER_LEN + header.payload_len;
+    wanted.then_some((header, prefix))
+}
+
+/// Receives the data of the frame at the front of `rbuf` (header and
+/// prefix buffered) into the handler's sink: the bytes already buffered
+/// by a copy, the rest straight from the socket. `Ok(None)`: the handler
+/// declined (nothing consumed). `Err`: the connection must close (the
+/// peer went away or stalled mid-frame; the sink is dropped).
+async fn receive_direct<H: Handler>(
+    rd: &ReadHalf,
+    rbuf: &mut RecvBuf<'_>,
+    handler: &H,
+    header: FrameHeader,
+    prefix_len: usize,
+    opts: &ServeOptions,
+) -> std::result::Result<Option<(Bytes, Box<dyn DirectSink>)>, String> {
+    let data_len = header.payload_len - prefix_len;
+    let prefix = &rbuf.buf[HEADER_LEN..HEADER_LEN + prefix_len];
+    let asked = handler.direct_sink(header.kind, prefix, data_len);
+    let sink = match tokio::time::timeout(opts.frame_timeout, asked).await {
+        Ok(Ok(Some(sink))) => sink,
+        _ => return Ok(None),
+    };
+    if sink.dest().1 != data_len {
+        return Ok(None);
+    }
+    rbuf.buf.advance(HEADER_LEN);
+    let prefix = rbuf.buf.split_to(prefix_len).freeze();
+    let have = rbuf.buf.len().min(data_len);
+    // SAFETY: the sink's memory is valid for `data_len` bytes (the
+    // `DirectSink` contract) and is not our buffer.
+    unsafe { std::ptr::copy_nonoverlapping(rbuf.buf.as_ptr(), sink.dest().0, have) };
+    rbuf.buf.advance(have);
+    rbuf.sync();
+    let mut got = have;
+    let mut progress = Instant::now();
+    let deadline = tokio::time::Instant::now() + opts.frame_timeout;
+    let fd = rd.fd();
+    while got < data_len {
+        let step = rd.try_io(|| {
+            // SAFETY: `dest + got .. dest + data_len` lies inside the
+            // sink's memory.
+            match unsafe { crate::recv_raw(fd, sink.dest().0.add(got), data_len - got) } {
+                Ok(Some(n)) => Ok(n),
+                Ok(None) => Err(std::io::ErrorKind::WouldBlock.into()),
+                Err(e) => Err(e),
+            }
+        });
+        match step {
+            Ok(0) => return Err("the peer closed mid-frame".into()),
+            Ok(n) => {
+                got += n;
+                progress = Instant::now();
+            }
+            // The rest of the frame is on its way: poll for it a while
+            // before parking (each wake-up costs tens of microseconds).
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock && progress.elapsed() < opts.spin =>
+            {
+                tokio::task::yield_now().await;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                match tokio::time::timeout_at(deadline, rd.readable()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return Err(e.to_string()),
+                    Err(_) => {
+                        return Err(format!(
+                            "a frame did not arrive completely within {:?}",
+                            opts.frame_timeout
+                        ))
+                    }
+                }
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok(Some((prefix, sink)))
+}
+
 /// Handles one request, holding a permit of the server's request bound;
 /// returns its whole reply frame (with its shared body, if any).
 async fn handle_one<H: Handler>(
@@ -657,6 +825,34 @@ async fn handle_one<H: Handler>(
     };
     let start = FrameHeader::begin(&mut reply.out, header.id, STATUS_OK);
     let result = handler.handle_reply(header.kind, payload, &mut reply).await;
+    finish_reply(&peer, header, start, result, reply)
+}
+
+/// Handles one request whose data went into `sink`, like [`handle_one`].
+async fn handle_direct_one<H: Handler>(
+    handler: Arc<H>,
+    header: FrameHeader,
+    prefix: Bytes,
+    sink: Box<dyn DirectSink>,
+    peer: Arc<str>,
+    _permit: OwnedSemaphorePermit,
+) -> Reply {
+    let mut reply = Reply::default();
+    let start = FrameHeader::begin(&mut reply.out, header.id, STATUS_OK);
+    let result = handler
+        .handle_direct(header.kind, prefix, sink, &mut reply.out)
+        .await;
+    finish_reply(&peer, header, start, result, reply)
+}
+
+/// Seals a reply begun at `start`, or replaces it with the error.
+fn finish_reply(
+    peer: &str,
+    header: FrameHeader,
+    start: usize,
+    result: Result<()>,
+    mut reply: Reply,
+) -> Reply {
     let more = reply
         .body
         .as_ref()
@@ -735,6 +931,8 @@ async fn serve_requests<H: Handler>(
     // How soon this connection's requests come after it went idle.
     let mut spin_stats = SpinStats::default();
     let mut idle_since: Option<Instant> = None;
+    // A frame whose data the handler would not take in place.
+    let mut declined: Option<u64> = None;
     // When the frame at the front must be complete (set while the server
     // waits for its bytes).
     let mut frame_deadline: Option<tokio::time::Instant> = None;
@@ -742,7 +940,38 @@ async fn serve_requests<H: Handler>(
         // Start every complete request, up to the bounds.
         let mut blocked = false;
         while pending.len() < opts.max_in_flight {
-            match front(&rbuf.buf) {
+            let at_front = front(&rbuf.buf);
+            let direct = match at_front {
+                Front::Partial(Some(_)) => direct_front(&rbuf.buf, &*handler, declined),
+                _ => None,
+            };
+            if let Some((header, prefix_len)) = direct {
+                let Some(p) = take_permit(&mut permit, &permit_wait, &state.requests) else {
+                    blocked = true;
+                    break;
+                };
+                let got = receive_direct(&rd, &mut rbuf, &*handler, header, prefix_len, &opts);
+                match got.await {
+                    Ok(Some((prefix, sink))) => {
+                        frame_deadline = None;
+                        let h = handler.clone();
+                        let done = handle_direct_one(h, header, prefix, sink, peer.clone(), p);
+                        pending.push(Either::Right(done));
+                        continue;
+                    }
+                    Ok(None) => {
+                        // The usual path for this frame.
+                        declined = Some(header.id);
+                        permit = Some(p);
+                        break;
+                    }
+                    Err(why) => {
+                        tracing::debug!("closing connection from {peer}: {why}");
+                        return;
+                    }
+                }
+            }
+            match at_front {
                 Front::Partial(_) => break,
                 Front::Bad(id, e) => {
                     // The stream is unsynchronised: answer, then close.
@@ -759,31 +988,14 @@ async fn serve_requests<H: Handler>(
                     return;
                 }
                 Front::Frame => {
-                    let p = match permit.take() {
-                        Some(p) => p,
-                        // Already queued for a permit: wait for that one
-                        // (a queued wait may hold a permit handed to it).
-                        None if permit_wait.is_some() => {
-                            blocked = true;
-                            break;
-                        }
-                        None => match state.requests.clone().try_acquire_owned() {
-                            Ok(p) => p,
-                            Err(_) => {
-                                blocked = true;
-                                break;
-                            }
-                        },
+                    let Some(p) = take_permit(&mut permit, &permit_wait, &state.requests) else {
+                        blocked = true;
+                        break;
                     };
                     let (header, payload) = take_frame(&mut rbuf.buf);
                     frame_deadline = None;
-                    pending.push(handle_one(
-                        handler.clone(),
-                        header,
-                        payload,
-                        peer.clone(),
-                        p,
-                    ));
+                    let done = handle_one(handler.clone(), header, payload, peer.clone(), p);
+                    pending.push(Either::Left(done));
                 }
             }
         }

@@ -85,7 +85,8 @@ mod region;
 pub use handover::{receive_region, send_region, MESSAGE_LEN, NAME_PREFIX, NO_SLOT};
 pub use layout::{Layout, LayoutError, HEADER_LEN};
 pub use region::{
-    check_generation, check_range, stale_read, stale_write, Region, SlotLease, SETTLING,
+    check_generation, check_range, stale_read, stale_write, InPlaceWrite, Region, SlotLease,
+    SETTLING,
 };
 
 #[cfg(any(test, feature = "testing"))]

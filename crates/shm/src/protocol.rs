@@ -376,6 +376,14 @@ impl<'a, M: Memory + ?Sized> Write<'a, M> {
         self.release();
     }
 
+    /// Once [`Write::poll`] gave `Ready(Ok(()))`: hands the lane (still
+    /// announcing the write) to the caller, whose copy outlives this
+    /// borrow; the caller frees it with [`release_lane`] when the copy is
+    /// done or abandoned. `None` if the write was not ready.
+    pub fn into_lane(mut self) -> Option<usize> {
+        self.lane.take()
+    }
+
     /// Abandons the write as a killed process would: its lane stays as it
     /// is (for tests and the model check of dead processes).
     pub fn die(self) {
@@ -399,12 +407,17 @@ impl<'a, M: Memory + ?Sized> Write<'a, M> {
 
     fn release(&mut self) {
         if let Some(l) = self.lane.take() {
-            // Release: a claimer that finds the lane free (acquire) sees
-            // our copy complete.
-            self.mem.lane(l).store(0, Release);
-            wake_waiters(self.mem);
+            release_lane(self.mem, l);
         }
     }
+}
+
+/// Frees `lane` after a write's copy (see [`Write::into_lane`]).
+pub fn release_lane<M: Memory + ?Sized>(mem: &M, lane: usize) {
+    // Release: a claimer that finds the lane free (acquire) sees the copy
+    // complete.
+    mem.lane(lane).store(0, Release);
+    wake_waiters(mem);
 }
 
 impl<M: Memory + ?Sized> Drop for Write<'_, M> {

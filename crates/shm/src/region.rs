@@ -553,19 +553,7 @@ impl Region {
     /// (readers of `gen` get `Stale`) until the next write of `gen` settles
     /// it or a newer generation claims the block.
     pub async fn write(&self, block: u32, gen: u64, offset: u32, data: &[u8]) -> Result<()> {
-        let l = &self.layout;
-        check_range(l.block_size, l.num_blocks, block, offset, data.len() as u64)?;
-        check_generation(gen)?;
-        let lanes = self.lanes.ok_or_else(|| {
-            Error::unavailable(format!(
-                "block {block}: this mapping has no writer slot (read only)"
-            ))
-        })?;
-        self.touch(block, data.len());
-        let mut op = protocol::Write::new(self, lanes, block, gen);
-        if let Err(current) = self.until_ready(lanes.slot, || op.poll()).await {
-            return Err(stale_write(block, gen, current));
-        }
+        let op = self.ready_write(block, gen, offset, data.len()).await?;
         // SAFETY: the destination range lies inside the block (checked
         // above); `data` is the caller's buffer, never the mapping. The
         // protocol gave us the block: no write of another generation copies
@@ -575,6 +563,58 @@ impl Region {
         }
         op.finish();
         Ok(())
+    }
+
+    /// Like [`Region::write`], for a copy that the caller makes itself,
+    /// later: waits until `len` bytes of `block` at `offset` may be written
+    /// under `gen` and returns them as an [`InPlaceWrite`], which announces
+    /// the write (a claim of a newer generation waits for it) until it is
+    /// dropped. A storage server receives a write's bytes from the socket
+    /// straight into the block this way. The bytes are the block's as they
+    /// arrive: a write abandoned half way leaves part of its bytes in place
+    /// (under its own generation, as a torn write would).
+    pub async fn write_in_place(
+        self: &Arc<Self>,
+        block: u32,
+        gen: u64,
+        offset: u32,
+        len: usize,
+    ) -> Result<InPlaceWrite> {
+        let op = self.ready_write(block, gen, offset, len).await?;
+        let lane = op
+            .into_lane()
+            .ok_or_else(|| Error::internal(format!("block {block}: a ready write has no lane")))?;
+        Ok(InPlaceWrite {
+            region: self.clone(),
+            lane,
+            dst: self.src(block, offset),
+            len,
+        })
+    }
+
+    /// Checks a write of `len` bytes of `block` at `offset` under `gen`
+    /// and waits until its bytes may be copied in (see [`Region::write`]).
+    async fn ready_write(
+        &self,
+        block: u32,
+        gen: u64,
+        offset: u32,
+        len: usize,
+    ) -> Result<protocol::Write<'_, Region>> {
+        let l = &self.layout;
+        check_range(l.block_size, l.num_blocks, block, offset, len as u64)?;
+        check_generation(gen)?;
+        let lanes = self.lanes.ok_or_else(|| {
+            Error::unavailable(format!(
+                "block {block}: this mapping has no writer slot (read only)"
+            ))
+        })?;
+        self.touch(block, len);
+        let mut op = protocol::Write::new(self, lanes, block, gen);
+        if let Err(current) = self.until_ready(lanes.slot, || op.poll()).await {
+            return Err(stale_write(block, gen, current));
+        }
+        Ok(op)
     }
 
     /// Claims `block` for generation `gen` without writing: a zero-length
@@ -654,6 +694,55 @@ impl Region {
 impl Drop for Region {
     fn drop(&mut self) {
         self.notifier.stop();
+    }
+}
+
+/// A write of a region's block whose bytes the holder copies in itself
+/// ([`Region::write_in_place`]): `len` bytes at [`InPlaceWrite::ptr`],
+/// writable only through that raw pointer (other processes may read them
+/// at any time, so no Rust reference to them is ever formed). Dropping it
+/// ends the write.
+pub struct InPlaceWrite {
+    region: Arc<Region>,
+    lane: usize,
+    dst: *mut u8,
+    len: usize,
+}
+
+// SAFETY: `dst` points into the mapping `region` keeps alive; the struct
+// only hands the address out, and the lane is an index.
+unsafe impl Send for InPlaceWrite {}
+
+impl InPlaceWrite {
+    /// Where the bytes go: valid for writes of [`InPlaceWrite::len`] bytes
+    /// while `self` lives.
+    pub fn ptr(&self) -> *mut u8 {
+        self.dst
+    }
+
+    /// How many bytes the write covers.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it covers no byte.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl std::fmt::Debug for InPlaceWrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InPlaceWrite")
+            .field("lane", &self.lane)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for InPlaceWrite {
+    fn drop(&mut self) {
+        protocol::release_lane(&*self.region, self.lane);
     }
 }
 

@@ -767,3 +767,40 @@ fn a_live_stalled_process_is_waited_for_and_a_killed_one_reclaimed() {
     assert_eq!(server.writers_in_flight(1), Some(0));
     assert_eq!(&read(&server, 1, 3, 0, 50).unwrap()[..], &[3u8; 50][..]);
 }
+
+/// A write received in place holds its block like a copy in progress: a
+/// claim of a newer generation waits until it is dropped, its bytes (all
+/// written through the raw pointer) are the block's under its own
+/// generation, and none of them is seen under the newer one.
+#[test]
+fn an_in_place_write_holds_claims_until_it_is_dropped() {
+    let a = Arc::new(region());
+    let w = block_on(a.write_in_place(2, 4, 10, 100)).unwrap();
+    assert_eq!(w.len(), 100);
+    assert_eq!(a.writers_in_flight(2), Some(1));
+    // SAFETY: the write covers 100 bytes at `ptr`.
+    unsafe { std::ptr::write_bytes(w.ptr(), 7, 100) };
+    assert_eq!(read(&a, 2, 4, 10, 100).unwrap(), vec![7u8; 100]);
+    let (claim, claim_done) = {
+        let a = a.clone();
+        spawn_async(async move { a.claim(2, 5).await })
+    };
+    wait_until("the claim", || a.is_settling(2) == Some(true));
+    assert!(!claim_done.load(Ordering::SeqCst), "the claim waits");
+    // Late bytes of the in-place write still land before the claim ends.
+    // SAFETY: as above.
+    unsafe { std::ptr::write_bytes(w.ptr(), 8, 50) };
+    drop(w);
+    claim.join().unwrap().unwrap();
+    assert_eq!(a.writers_in_flight(2), Some(0));
+    assert_eq!(code(read(&a, 2, 4, 10, 1)), ErrorCode::Stale);
+    // An older generation is refused before anything is handed out, and
+    // so is a range past the block.
+    assert_eq!(
+        code(block_on(a.write_in_place(2, 4, 0, 1))),
+        ErrorCode::Stale
+    );
+    let past = block_on(a.write_in_place(2, 5, BS - 1, 2));
+    assert_eq!(code(past), ErrorCode::OutOfRange);
+    assert_eq!(a.writers_in_flight(2), Some(0), "refusals hold no lane");
+}

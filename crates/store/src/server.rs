@@ -9,15 +9,15 @@ use crate::StoreError;
 use bytes::{Bytes, BytesMut};
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
 use nodekernel_proto::store::{
-    encode_shm_info, op as store_op, read_reply_data, Claim, StoreRequest, TagCheck,
-    READ_CHANGED_HANDS, READ_OK, READ_TRAILER_LEN, TAG_LEN,
+    decode_write_prefix, encode_shm_info, op as store_op, read_reply_data, Claim, StoreRequest,
+    TagCheck, READ_CHANGED_HANDS, READ_OK, READ_TRAILER_LEN, TAG_LEN, WRITE_PREFIX_LEN,
 };
 use nodekernel_proto::{Error, ErrorCode, Result};
-use nodekernel_rpc::{ConnectionPool, Handler, Reply, ServerHandle, SharedBody};
-use nodekernel_shm::Region;
+use nodekernel_rpc::{ConnectionPool, DirectSink, Handler, Reply, ServerHandle, SharedBody};
+use nodekernel_shm::{InPlaceWrite, Region};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -31,6 +31,8 @@ pub(crate) struct StoreHandler {
     shm_name: String,
     /// Connections to other storage servers, for block copies.
     peers: ConnectionPool,
+    /// Writes whose data went from the socket straight into the region.
+    in_place: Arc<AtomicU64>,
 }
 
 /// Bytes of a block in the DRAM region, sent as the end of a `Read` reply
@@ -80,7 +82,51 @@ fn tag_bytes(b: &[u8]) -> Result<[u8; TAG_LEN as usize]> {
 /// Bytes a block copy moves per request.
 const COPY_CHUNK: u32 = 1 << 20;
 
+/// A write's data received from the socket straight into the DRAM block
+/// (`nodekernel_rpc::DirectSink`); the write ends when it is dropped.
+struct RegionSink(InPlaceWrite);
+
+// SAFETY: the `InPlaceWrite` keeps the region mapped and the block's bytes
+// writable under its generation until it is dropped.
+unsafe impl DirectSink for RegionSink {
+    fn dest(&self) -> (*mut u8, usize) {
+        (self.0.ptr(), self.0.len())
+    }
+}
+
 impl Handler for StoreHandler {
+    /// Writes to a DRAM block take their data straight from the socket.
+    fn direct_prefix(&self, op: u16) -> Option<usize> {
+        (op == store_op::WRITE && self.store.shared_region().is_some()).then_some(WRITE_PREFIX_LEN)
+    }
+
+    async fn direct_sink(
+        &self,
+        op: u16,
+        prefix: &[u8],
+        data_len: usize,
+    ) -> Result<Option<Box<dyn DirectSink>>> {
+        let (Some(region), store_op::WRITE) = (self.store.shared_region(), op) else {
+            return Ok(None);
+        };
+        let (block, gen, offset) = decode_write_prefix(prefix)?;
+        let write = region.write_in_place(block, gen, offset, data_len).await?;
+        self.in_place.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(Box::new(RegionSink(write))))
+    }
+
+    /// Every byte of the write arrived: dropping the sink ends it.
+    async fn handle_direct(
+        &self,
+        _op: u16,
+        _prefix: Bytes,
+        sink: Box<dyn DirectSink>,
+        _out: &mut BytesMut,
+    ) -> Result<()> {
+        drop(sink);
+        Ok(())
+    }
+
     async fn handle_reply(&self, op: u16, payload: Bytes, reply: &mut Reply) -> Result<()> {
         if let (store_op::READ, Some(region)) = (op, self.store.shared_region()) {
             if let StoreRequest::Read {
@@ -433,6 +479,8 @@ pub struct StorageServer {
     /// The locked data directory and block file, and what to remove when
     /// the server stops (or its start fails).
     footprint: Footprint,
+    /// Shared with the handler: see [`StorageServer::writes_in_place`].
+    in_place: Arc<AtomicU64>,
 }
 
 impl StorageServer {
@@ -506,6 +554,7 @@ impl StorageServer {
             .await
             .map_err(listen_err)?;
         let local_addr = listener.local_addr().map_err(listen_err)?;
+        let in_place = Arc::new(AtomicU64::new(0));
         let server = nodekernel_rpc::serve_with(
             listener,
             Arc::new(StoreHandler {
@@ -515,6 +564,7 @@ impl StorageServer {
                     .map(|s| s.name().to_string())
                     .unwrap_or_default(),
                 peers: ConnectionPool::new(cfg.rpc_timeout),
+                in_place: in_place.clone(),
             }),
             nodekernel_rpc::ServeOptions {
                 spin: cfg.poll_spin,
@@ -572,6 +622,7 @@ impl StorageServer {
             identity,
             incarnation,
             footprint,
+            in_place,
         };
         // Register with all metadata servers concurrently. On failure `srv`
         // drops, which stops the data port again and removes what this
@@ -656,6 +707,12 @@ impl StorageServer {
     /// The blocks this server exports (for inspection, e.g. generations).
     pub fn store(&self) -> &Arc<BlockStore> {
         &self.store
+    }
+
+    /// Writes whose data went from the socket straight into the DRAM
+    /// region (large writes; see `nodekernel_rpc::DirectSink`).
+    pub fn writes_in_place(&self) -> u64 {
+        self.in_place.load(Ordering::Relaxed)
     }
 
     /// The server's stable identity: [`IDENTITY_LEN`](crate::datadir::IDENTITY_LEN)

@@ -1372,3 +1372,46 @@ async fn start_does_not_hold_the_async_thread() {
         );
     }
 }
+
+/// Large writes to a DRAM store go from the socket straight into the
+/// region, with every generation rule of the copied path: the bytes land,
+/// an older generation is refused and writes nothing, a newer one claims
+/// the block; small writes and other media take the copied path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_dram_writes_are_received_in_place_with_their_generation_rules() {
+    let bs = 4u32 << 20;
+    let srv = StorageServer::start(StoreConfig {
+        capacity: 4 * u64::from(bs),
+        block_size: bs,
+        ..cfg(MediumKind::Dram, 4)
+    })
+    .await
+    .unwrap();
+    let c = Connection::connect(&srv.local_addr().to_string(), HANG)
+        .await
+        .unwrap();
+    let big: Vec<u8> = (0..3u32 << 20).map(|i| (i % 253) as u8).collect();
+    write(&c, 1, 5, 4096, &big).await.unwrap();
+    assert_eq!(srv.writes_in_place(), 1);
+    assert!(read(&c, 1, 5, 4096, big.len() as u32).await.unwrap() == big);
+    write(&c, 1, 5, 0, b"small").await.unwrap();
+    assert_eq!(srv.writes_in_place(), 1, "a small write is copied");
+
+    // A newer generation claims the block in place; the old one is then
+    // refused, and its data is not written.
+    let newer: Vec<u8> = big.iter().map(|b| b ^ 0xFF).collect();
+    write(&c, 1, 6, 4096, &newer).await.unwrap();
+    assert_eq!(srv.writes_in_place(), 2);
+    let e = write(&c, 1, 5, 4096, &big).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::Stale, "{e}");
+    assert!(read(&c, 1, 6, 4096, newer.len() as u32).await.unwrap() == newer);
+    assert_eq!(
+        read(&c, 1, 5, 0, 1).await.unwrap_err().code,
+        ErrorCode::Stale
+    );
+    // Out of the block: refused, whichever path it took.
+    let e = write(&c, 1, 6, bs - 1000, &big).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::OutOfRange, "{e}");
+    // The connection is still in step after the refusals.
+    assert!(call(&c, StoreRequest::Ping).await.unwrap().is_empty());
+}
