@@ -10,12 +10,13 @@
 //!
 //! So each connection decides from its own recent waits ([`SpinStats`]):
 //! it spins while at least half of them, by a moving average, ended within
-//! a few budgets ([`WITHIN`]). A wait is measured whether or not it spun (a parked wait
-//! until the wake-up), so a connection that stopped spinning sees at once
-//! when waits get short again and needs no probing. Counted against the
-//! spin budget, a parked wait also includes the wake-up itself, which makes
-//! the rule lean slightly toward spinning, where spinning is cheapest to
-//! get wrong.
+//! a few budgets ([`WITHIN`]). A wait is measured whether or not it spun
+//! (a parked wait until the wake-up), so a connection that stopped
+//! spinning sees when waits get short again and needs no probing. A parked
+//! wait includes the wake-up itself (tens of microseconds), which is one
+//! reason the limit is more than one budget: a connection that parks
+//! because of a burst of long waits must still be able to see its waits
+//! as short afterwards.
 //!
 //! [`SpinStats`] is plain data (no clock; waits are passed in) and is
 //! tested on its own; [`Spin`] is the loop the transport runs.
