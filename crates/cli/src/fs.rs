@@ -677,6 +677,16 @@ impl From<&ServerStatus> for ServerOut {
     }
 }
 
+/// The readiness line of `nk status`: more servers than expected (stores
+/// started one by one) read as such, not as "2 of 1".
+fn readiness_line(ready: bool, alive: usize, expected: u32) -> String {
+    if ready {
+        format!("ready: {alive} storage servers alive ({expected} expected)")
+    } else {
+        format!("NOT READY: {alive} of {expected} expected storage servers alive")
+    }
+}
+
 /// Waits until the cluster is ready (the expected storage servers are
 /// alive), polling status, for at most `timeout`.
 pub async fn wait_ready(
@@ -777,10 +787,8 @@ pub async fn status(
         out.reclaiming
     );
     println!(
-        "{}: {} of {} expected storage servers alive",
-        if out.ready { "ready" } else { "NOT READY" },
-        out.alive_servers,
-        out.expected_servers
+        "{}",
+        readiness_line(out.ready, out.alive_servers, out.expected_servers)
     );
     println!(
         "{:<6} {:<10} {:>8} {:>12} {:>12} {:>12}",
@@ -816,4 +824,19 @@ pub async fn status(
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod readiness_tests {
+    #[test]
+    fn more_servers_than_expected_read_as_such() {
+        assert_eq!(
+            super::readiness_line(true, 2, 1),
+            "ready: 2 storage servers alive (1 expected)"
+        );
+        assert_eq!(
+            super::readiness_line(false, 0, 1),
+            "NOT READY: 0 of 1 expected storage servers alive"
+        );
+    }
 }

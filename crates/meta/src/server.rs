@@ -336,7 +336,9 @@ impl MetaServer {
             tokio::spawn(ticker(handler.clone(), cfg.clone())),
             tokio::spawn(reaper(handler.clone())),
         ];
-        tracing::info!("metadata server listening on {}", handle.local_addr());
+        // `nk meta` prints the address itself; an embedding program asks
+        // `local_addr`.
+        tracing::debug!("metadata server listening on {}", handle.local_addr());
         Ok(MetaServer {
             handle,
             local,
