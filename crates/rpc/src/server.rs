@@ -766,7 +766,10 @@ async fn receive_direct<H: Handler>(
     rbuf.buf.advance(have);
     rbuf.sync();
     let mut got = have;
-    let mut progress = Instant::now();
+    // The rest of the frame is on its way: poll for it a spin budget after
+    // each progress before parking (each wake-up costs tens of
+    // microseconds). Bytes in flight are always "soon", so no statistics.
+    let mut spin = Spin::begin(opts.spin, SpinStats::default());
     let deadline = tokio::time::Instant::now() + opts.frame_timeout;
     let fd = rd.fd();
     while got < data_len {
@@ -783,16 +786,16 @@ async fn receive_direct<H: Handler>(
             Ok(0) => return Err("the peer closed mid-frame".into()),
             Ok(n) => {
                 got += n;
-                progress = Instant::now();
+                spin = Spin::begin(opts.spin, SpinStats::default());
             }
-            // The rest of the frame is on its way: poll for it a while
-            // before parking (each wake-up costs tens of microseconds).
             Err(e)
-                if e.kind() == std::io::ErrorKind::WouldBlock && progress.elapsed() < opts.spin =>
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    && spin.as_ref().is_some_and(Spin::again) =>
             {
                 tokio::task::yield_now().await;
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                spin = None;
                 match tokio::time::timeout_at(deadline, rd.readable()).await {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => return Err(e.to_string()),

@@ -25,26 +25,32 @@ async fn a_caller_stops_spinning_for_late_replies_and_resumes_for_prompt_ones() 
         let server = start(kind, Arc::new(Echo::default()), ServeOptions::default()).await;
         let conn = connect(&server.addr, BUDGET).await;
         assert!(conn.spinning(), "{kind:?}: a new connection spins");
-        let mut late = 0;
-        while conn.spinning() {
-            // op 1 echoes after the first payload byte's milliseconds.
-            no_hang("late call", conn.call(1, &[&[LATE_MS]]))
-                .await
-                .unwrap();
-            late += 1;
-            assert!(
-                late < PATIENCE,
-                "{kind:?}: still spinning after {late} late replies"
-            );
-        }
+        // op 1 echoes after the first payload byte's milliseconds.
+        let late = calls_until(&conn, 1, &[LATE_MS], PATIENCE, || !conn.spinning()).await;
         assert!(late >= 2, "{kind:?}: one late reply must not stop spinning");
-        let mut prompt = 0;
-        while !conn.spinning() {
-            no_hang("prompt call", conn.call(2, &[b"x"])).await.unwrap();
-            prompt += 1;
-            assert!(prompt < PATIENCE, "{kind:?}: never spun again");
-        }
+        calls_until(&conn, 2, b"x", PATIENCE, || conn.spinning()).await;
     }
+}
+
+/// Calls `op` with `payload` until `done` holds (checked before each call);
+/// returns how many calls that took, failing after `limit`.
+async fn calls_until(
+    conn: &nodekernel_rpc::Connection,
+    op: u16,
+    payload: &[u8],
+    limit: usize,
+    done: impl Fn() -> bool,
+) -> usize {
+    let mut calls = 0;
+    while !done() {
+        no_hang("call", conn.call(op, &[payload])).await.unwrap();
+        calls += 1;
+        assert!(
+            calls < limit,
+            "still not there after {calls} calls of op {op}"
+        );
+    }
+    calls
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -74,10 +80,8 @@ async fn a_server_connection_stops_spinning_when_requests_come_seldom() {
     }
     assert!(last >= 1, "an idle connection spun at first");
     // Back-to-back requests: it spins again.
-    let mut calls = 0;
-    while server.idle_spins() == last {
-        no_hang("call", conn.call(2, &[b"x"])).await.unwrap();
-        calls += 1;
-        assert!(calls < PATIENCE * 10, "the server never spun again");
-    }
+    calls_until(&conn, 2, b"x", PATIENCE * 10, || {
+        server.idle_spins() != last
+    })
+    .await;
 }
