@@ -31,6 +31,9 @@ pub struct MetaArgs {
     /// Address to listen on [default: meta.listen, 127.0.0.1:9060]
     #[arg(long)]
     listen: Option<String>,
+    /// Keep the namespace in DIR across restarts (an operation log; turns on meta.persistence) [default: meta.data_dir when meta.persistence is set]
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -94,6 +97,11 @@ pub async fn up(mut cfg: Config, a: &UpArgs) -> anyhow::Result<()> {
         cfg.up.file = s;
     }
     cfg.validate()?;
+    if cfg.meta.persistence {
+        anyhow::bail!(
+            "meta.persistence = true is not supported by `nk up` yet: its storage servers do not keep their blocks across a restart, so a restarted cluster would find every node's data lost. Run `nk meta --data-dir DIR` on its own to keep the namespace"
+        );
+    }
     let stores = cfg.up_stores();
     let cluster = LocalCluster::start(cfg).await?;
     let addr = cluster.meta_addr();
@@ -134,9 +142,21 @@ pub async fn meta(mut cfg: Config, a: &MetaArgs) -> anyhow::Result<()> {
     if let Some(l) = &a.listen {
         cfg.meta.listen = l.clone();
     }
+    if let Some(d) = &a.data_dir {
+        cfg.meta.persistence = true;
+        cfg.meta.data_dir = Some(d.clone());
+    }
     cfg.validate()?;
+    cfg.check_meta_dir()?;
     let server = MetaServer::start(cfg.meta_config()).await?;
     println!("metadata server listening on {}", server.local_addr());
+    if let Some(p) = cfg.meta_persistence(None) {
+        println!(
+            "operation log in {} (fsync: {:?})",
+            p.dir.join("journal").display(),
+            p.fsync
+        );
+    }
     let sig = wait_for_signal().await?;
     println!("{sig}: stopping the metadata server");
     server.shutdown();

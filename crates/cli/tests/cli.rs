@@ -539,6 +539,66 @@ fn separately_started_meta_and_store_serve_clients_and_bench() {
     stop(meta);
 }
 
+/// `nk meta --data-dir` killed with SIGKILL and started again on the same
+/// address and directory: the storage server it left running carries on,
+/// and everything closed before the kill is back, byte for byte.
+#[test]
+fn a_metadata_server_killed_with_sigkill_comes_back_from_its_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("meta");
+    let data = data.to_str().unwrap();
+    let (mut meta, addr) = start_role(
+        &["meta", "--listen", "127.0.0.1:0", "--data-dir", data],
+        &[],
+        "metadata server listening on",
+    );
+    let (store, _) = start_role(
+        &[
+            "store", "--class", "0", "--medium", "dram", "--size", "64MiB",
+        ],
+        &[("NK_META", &addr)],
+        "storage server 0",
+    );
+    let nk = |args: &[&str]| {
+        let out = client(&addr).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "nk {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    let src = dir.path().join("src.bin");
+    let bytes: Vec<u8> = (0..(3 << 20) + 11).map(|i: u32| (i % 251) as u8).collect();
+    std::fs::write(&src, &bytes).unwrap();
+    nk(&["mkdir", "/d"]);
+    nk(&["put", src.to_str().unwrap(), "/d/file"]);
+    nk(&["mkdir", "--type", "table", "/t"]);
+    nk(&["kv", "put", "/t/a", "first"]);
+    nk(&["kv", "put", "/t/a", "second"]);
+    nk(&["kv", "put", "/t/b", "gone"]);
+    nk(&["kv", "rm", "/t/b"]);
+
+    meta.kill().unwrap();
+    meta.wait().unwrap();
+    let (meta, again) = start_role(
+        &["meta", "--listen", &addr, "--data-dir", data],
+        &[],
+        "metadata server listening on",
+    );
+    assert_eq!(again, addr);
+    let back = dir.path().join("back.bin");
+    nk(&["get", "/d/file", back.to_str().unwrap()]);
+    assert!(std::fs::read(&back).unwrap() == bytes, "the file's bytes");
+    assert_eq!(nk(&["kv", "get", "/t/a"]), b"second");
+    assert_eq!(
+        String::from_utf8(nk(&["kv", "ls", "/t"])).unwrap().trim(),
+        "a"
+    );
+    stop(store);
+    stop(meta);
+}
+
 /// Runs a command that must fail to start and returns its exit status and
 /// stderr. If its first line of output contains `up_marker` instead, it
 /// started: it is killed and the test fails (rather than waiting forever).

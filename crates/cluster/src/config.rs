@@ -7,7 +7,7 @@
 
 use crate::size::ByteSize;
 use nodekernel_client::ClientConfig;
-use nodekernel_meta::MetaConfig;
+use nodekernel_meta::{Fsync, MetaConfig, Persistence};
 use nodekernel_store::{DataDirConfig, MediumKind, StoreConfig};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -101,6 +101,28 @@ pub struct MetaSection {
     /// Live storage servers needed before `nk status --wait` reports the
     /// cluster ready (default 1; `nk up`: the number of stores it starts).
     pub expect_servers: Option<u32>,
+    /// Keep the namespace across restarts: an operation log in `data_dir`
+    /// (`docs/persistence.md`).
+    pub persistence: bool,
+    /// The metadata server's own directory (`nk meta --data-dir`; an
+    /// embedded cluster: `meta` in its data directory).
+    pub data_dir: Option<PathBuf>,
+    /// When log records reach stable storage: `always` (before the reply),
+    /// `interval` (every `fsync_interval_ms`), or `never` (the kernel's
+    /// write-back).
+    pub fsync: FsyncMode,
+    pub fsync_interval_ms: u64,
+    /// A checkpoint is written once the log has grown this much since the
+    /// last one; the log before it is then deleted.
+    pub checkpoint_after: ByteSize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FsyncMode {
+    Always,
+    Interval,
+    Never,
 }
 
 impl Default for MetaSection {
@@ -117,6 +139,11 @@ impl Default for MetaSection {
             partition: 0,
             partitions: 1,
             expect_servers: None,
+            persistence: false,
+            data_dir: None,
+            fsync: FsyncMode::Always,
+            fsync_interval_ms: 100,
+            checkpoint_after: ByteSize(64 << 20),
         }
     }
 }
@@ -315,13 +342,22 @@ impl Config {
                 ));
             }
         }
-        if self
-            .up
-            .data_dir
-            .as_ref()
-            .is_some_and(|p| p.as_os_str().is_empty())
-        {
-            return Err(bad("up.data_dir", "must not be empty"));
+        for (key, dir) in [
+            ("up.data_dir", &self.up.data_dir),
+            ("meta.data_dir", &self.meta.data_dir),
+        ] {
+            if dir.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+                return Err(bad(key, "must not be empty"));
+            }
+        }
+        if self.meta.checkpoint_after.0 < 4096 {
+            return Err(bad("meta.checkpoint_after", "must be at least 4KiB"));
+        }
+        if self.meta.fsync == FsyncMode::Interval && self.meta.fsync_interval_ms == 0 {
+            return Err(bad(
+                "meta.fsync_interval_ms",
+                "must be greater than 0 with meta.fsync = \"interval\"",
+            ));
         }
         for (key, size) in [("up.dram", self.up.dram), ("up.file", self.up.file)] {
             if size.0 != 0 && size.0 < bs {
@@ -350,7 +386,41 @@ impl Config {
                 partitions: self.meta.partitions,
                 expected_servers: self.meta.expect_servers.unwrap_or(1),
             },
+            persistence: self.meta_persistence(None),
         }
+    }
+
+    /// The metadata server's persistence settings, if enabled: its
+    /// directory is `meta.data_dir`, else `default_dir`; `None` when
+    /// neither is set (see [`Config::check_meta_dir`]).
+    pub fn meta_persistence(&self, default_dir: Option<&Path>) -> Option<Persistence> {
+        if !self.meta.persistence {
+            return None;
+        }
+        let dir = self.meta.data_dir.as_deref().or(default_dir)?;
+        Some(Persistence {
+            dir: dir.to_path_buf(),
+            fsync: match self.meta.fsync {
+                FsyncMode::Always => Fsync::Always,
+                FsyncMode::Interval => {
+                    Fsync::Interval(Duration::from_millis(self.meta.fsync_interval_ms))
+                }
+                FsyncMode::Never => Fsync::Never,
+            },
+            checkpoint_bytes: self.meta.checkpoint_after.0,
+        })
+    }
+
+    /// For a metadata server started on its own: persistence needs a
+    /// directory.
+    pub fn check_meta_dir(&self) -> Result<(), ConfigError> {
+        if self.meta.persistence && self.meta.data_dir.is_none() {
+            return Err(bad(
+                "meta.persistence",
+                "needs a directory for the operation log: set meta.data_dir or pass --data-dir",
+            ));
+        }
+        Ok(())
     }
 
     /// The configured classes, or the default price table.

@@ -75,6 +75,7 @@ impl LocalCluster {
         .map_err(ClusterError::DataDir)?;
         // On failure from here on, `dir` drops unstarted and undoes itself.
         let mut meta_cfg = config.meta_config();
+        meta_cfg.persistence = config.meta_persistence(Some(&dir.path().join("meta")));
         if config.meta.expect_servers.is_none() {
             meta_cfg.placement.expected_servers = config.up_stores().len() as u32;
         }

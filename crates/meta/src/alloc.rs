@@ -34,6 +34,7 @@
 //! state without changing it; the effects it returns reproduce exactly
 //! that sequence when applied.
 
+use nodekernel_proto::codec::{Dec, Enc};
 use nodekernel_proto::{Error, Result, ServerStatus, NO_CLASS};
 use std::collections::BTreeMap;
 
@@ -220,6 +221,68 @@ impl BlockAllocator {
     }
 
     // ----- registration ------------------------------------------------------
+
+    /// The allocator in a checkpoint (`crate::checkpoint`): counters,
+    /// servers with their free lists, and each class's round-robin
+    /// position. Liveness is soft state and not kept.
+    pub(crate) fn checkpoint(&self, e: &mut Enc) {
+        e.u32(self.next_server)
+            .u64(self.next_gen)
+            .u32(self.servers.len() as u32);
+        for (id, s) in &self.servers {
+            e.u32(*id);
+            s.spec.encode(e);
+            e.u32(s.free.fresh)
+                .u32(s.free.end)
+                .u32(s.free.freed.len() as u32);
+            for b in &s.free.freed {
+                e.u32(*b);
+            }
+        }
+        e.u32(self.classes.len() as u32);
+        for (class, c) in &self.classes {
+            e.u8(*class).u32(c.next as u32);
+        }
+    }
+
+    /// The allocator of a checkpoint written by
+    /// [`BlockAllocator::checkpoint`]; every server counts as seen at
+    /// `now_ms`.
+    pub(crate) fn from_checkpoint(block_size: u32, d: &mut Dec, now_ms: u64) -> Result<Self> {
+        let mut a = BlockAllocator::new(block_size, 1);
+        let next_server = d.u32()?;
+        a.next_gen = d.u64()?;
+        let n = d.count(4)?;
+        for _ in 0..n {
+            let id = d.u32()?;
+            let spec = ServerSpec::decode(d)?;
+            a.add_server(id, &spec, now_ms);
+            let (fresh, end) = (d.u32()?, d.u32()?);
+            let first = spec.first_block;
+            if end != first.saturating_add(spec.num_blocks) || fresh < first || fresh > end {
+                return Err(Error::protocol(format!(
+                    "server {id}: free list {fresh}..{end} does not fit its blocks"
+                )));
+            }
+            let nf = d.count(4)?;
+            let mut freed = Vec::with_capacity(nf);
+            for _ in 0..nf {
+                freed.push(d.u32()?);
+            }
+            if let Some(s) = a.servers.get_mut(&id) {
+                s.free = FreeList { freed, fresh, end };
+            }
+        }
+        a.next_server = next_server;
+        let nc = d.count(5)?;
+        for _ in 0..nc {
+            let (class, next) = (d.u8()?, d.u32()? as usize);
+            if let Some(c) = a.classes.get_mut(&class) {
+                c.next = next.min(c.servers.len().saturating_sub(1));
+            }
+        }
+        Ok(a)
+    }
 
     /// Checks a registration and decides what it does (see
     /// [`Registration`]). Bounded: a server costs memory in proportion to

@@ -15,6 +15,8 @@
 //! always gives the same state.
 
 pub mod alloc;
+pub mod checkpoint;
+pub mod codec;
 pub mod effect;
 pub mod namespace;
 pub mod server;
@@ -25,5 +27,6 @@ pub mod state;
 mod sim;
 
 pub use effect::Effect;
-pub use server::{MetaConfig, MetaError, MetaServer};
+pub use nodekernel_journal::Fsync;
+pub use server::{CheckpointStats, MetaConfig, MetaError, MetaServer, Persistence};
 pub use state::{Decision, MetaState, Outcome, Placement};

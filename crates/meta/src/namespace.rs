@@ -17,6 +17,8 @@
 
 use crate::alloc::BlockRef;
 use crate::slab::Piece;
+use bytes::BytesMut;
+use nodekernel_proto::codec::{Dec, Enc};
 use nodekernel_proto::path;
 use nodekernel_proto::{Error, NodeType, Result, NO_CLASS};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -686,6 +688,217 @@ impl Namespace {
         if let Some(n) = self.nodes.get_mut(&container) {
             n.slots.release(slot);
         }
+    }
+}
+
+// ----- checkpoints -----------------------------------------------------------
+
+/// Where an unlinked node waits (linked nodes: neither).
+const IN_NOTHING: u8 = 0;
+const IN_SHADOWS: u8 = 1;
+const IN_GRAVEYARD: u8 = 2;
+
+impl Namespace {
+    /// Every node as a checkpoint record (`crate::checkpoint`), in no
+    /// particular order, and the next node id.
+    pub(crate) fn checkpoint_nodes(&self, mut each: impl FnMut(NodeId, &[u8])) -> NodeId {
+        let mut buf = BytesMut::new();
+        for n in self.nodes.values() {
+            buf.clear();
+            let e = &mut Enc(&mut buf);
+            let waits = if self.shadows.contains(&(n.parent, n.id)) {
+                IN_SHADOWS
+            } else if self.graveyard.contains(&n.id) {
+                IN_GRAVEYARD
+            } else {
+                IN_NOTHING
+            };
+            e.u64(n.parent)
+                .str(&n.name)
+                .u8(n.ty as u8)
+                .u64(n.size)
+                .u32(n.blocks.len() as u32);
+            for b in &n.blocks {
+                e.u32(b.server).u32(b.block).u64(b.gen);
+            }
+            match &n.piece {
+                Some(p) => e
+                    .bool(true)
+                    .u32(p.server)
+                    .u32(p.block)
+                    .u32(p.index)
+                    .u32(p.size),
+                None => e.bool(false),
+            };
+            match &n.slots.0 {
+                Some(t) => {
+                    e.bool(true).u32(t.slots.len() as u32);
+                    for s in &t.slots {
+                        match s {
+                            Slot::Free => e.u8(0),
+                            Slot::Live(id) => e.u8(1).u64(*id),
+                            Slot::Clearing => e.u8(2),
+                        };
+                    }
+                }
+                None => {
+                    e.bool(false);
+                }
+            }
+            match n.slot {
+                Some(s) => e.bool(true).u32(s),
+                None => e.bool(false),
+            };
+            e.bool(n.linked)
+                .u8(waits)
+                .u8(n.storage_class)
+                .str(&n.location)
+                .bool(n.enumerable);
+            match n.lease {
+                Some(l) => e.bool(true).u64(l.id).u64(l.expires_ms),
+                None => e.bool(false),
+            };
+            each(n.id, &buf);
+        }
+        self.next_id
+    }
+
+    /// The namespace of a checkpoint: its node records (as
+    /// [`Namespace::checkpoint_nodes`] wrote them) and next node id. The
+    /// child maps, puts in progress and graveyard are rebuilt from the
+    /// nodes; a record that does not decode, or a checkpoint whose nodes do
+    /// not form a tree, is an error.
+    pub(crate) fn from_checkpoint(
+        next_id: NodeId,
+        records: impl Iterator<Item = Result<(NodeId, Vec<u8>)>>,
+    ) -> Result<Namespace> {
+        let mut ns = Namespace {
+            nodes: HashMap::new(),
+            next_id,
+            shadows: BTreeSet::new(),
+            graveyard: BTreeSet::new(),
+        };
+        for r in records {
+            let (id, rec) = r?;
+            let d = &mut Dec::new(&rec, "checkpointed node");
+            let parent = d.u64()?;
+            let name: Arc<str> = d.string()?.into();
+            let ty = NodeType::from_u8(d.u8()?)?;
+            let size = d.u64()?;
+            let nb = d.count(16)?;
+            let mut blocks = Vec::with_capacity(nb);
+            for _ in 0..nb {
+                blocks.push(BlockRef {
+                    server: d.u32()?,
+                    block: d.u32()?,
+                    gen: d.u64()?,
+                });
+            }
+            let piece = if d.bool()? {
+                Some(Piece {
+                    server: d.u32()?,
+                    block: d.u32()?,
+                    index: d.u32()?,
+                    size: d.u32()?,
+                })
+            } else {
+                None
+            };
+            let slots = if d.bool()? {
+                let n = d.count(1)?;
+                let mut t = Slots::default();
+                for i in 0..n as u32 {
+                    let s = match d.u8()? {
+                        0 => Slot::Free,
+                        1 => Slot::Live(d.u64()?),
+                        2 => Slot::Clearing,
+                        v => return Err(Error::protocol(format!("node {id}: bad slot state {v}"))),
+                    };
+                    if s == Slot::Free {
+                        t.free.insert(i);
+                    }
+                    t.slots.push(s);
+                }
+                SlotTable(Some(Box::new(t)))
+            } else {
+                SlotTable(None)
+            };
+            let slot = if d.bool()? { Some(d.u32()?) } else { None };
+            let linked = d.bool()?;
+            let waits = d.u8()?;
+            let storage_class = d.u8()?;
+            let location: Box<str> = d.string()?.into();
+            let enumerable = d.bool()?;
+            let lease = if d.bool()? {
+                Some(Lease {
+                    id: d.u64()?,
+                    expires_ms: d.u64()?,
+                })
+            } else {
+                None
+            };
+            let rest = d.remaining();
+            if rest != 0 {
+                return Err(Error::protocol(format!(
+                    "node {id}: {rest} bytes left over in its record"
+                )));
+            }
+            match waits {
+                IN_NOTHING => {}
+                IN_SHADOWS => {
+                    ns.shadows.insert((parent, id));
+                }
+                IN_GRAVEYARD => {
+                    ns.graveyard.insert(id);
+                }
+                v => return Err(Error::protocol(format!("node {id}: bad place {v}"))),
+            }
+            if id >= next_id {
+                return Err(Error::protocol(format!(
+                    "node {id} is not below the next node id {next_id}"
+                )));
+            }
+            let node = Node {
+                id,
+                parent,
+                name,
+                ty,
+                size,
+                blocks,
+                piece,
+                children: BTreeMap::new(),
+                slots,
+                slot,
+                linked,
+                storage_class,
+                location,
+                enumerable,
+                lease,
+            };
+            if ns.nodes.insert(id, Box::new(node)).is_some() {
+                return Err(Error::protocol(format!("node {id} appears twice")));
+            }
+        }
+        let linked: Vec<(NodeId, NodeId, Arc<str>)> = ns
+            .nodes
+            .values()
+            .filter(|n| n.linked && n.id != ROOT)
+            .map(|n| (n.parent, n.id, n.name.clone()))
+            .collect();
+        for (parent, id, name) in linked {
+            let p = ns.nodes.get_mut(&parent).ok_or_else(|| {
+                Error::protocol(format!("node {id} names parent {parent}, which is missing"))
+            })?;
+            if p.children.insert(name, id).is_some() {
+                return Err(Error::protocol(format!(
+                    "two children of node {parent} have the name of node {id}"
+                )));
+            }
+        }
+        if !ns.nodes.contains_key(&ROOT) {
+            return Err(Error::protocol("the root directory is missing"));
+        }
+        Ok(ns)
     }
 }
 

@@ -3,6 +3,17 @@
 //! encodes replies, and runs the ticker (liveness, retirement, sweeping
 //! abandoned puts, reaping removed subtrees, retrying claims).
 //!
+//! With persistence ([`MetaConfig::persistence`]), every decision's effects
+//! are appended to the operation log under the same lock that applies them
+//! (so the log has the state's order), and a reply waits until the log is
+//! durable up to the last record written when its request was decided —
+//! its own, or the ones whose changes it saw — as the fsync policy
+//! promises. A failed log write stops the server from taking requests
+//! (`Unavailable`): its memory is then ahead of its log. At start the log
+//! is replayed, and the restart decision (leases cleared, unclosed puts
+//! dropped, moves given up; [`MetaState::decide_restart`]) is logged like
+//! any other.
+//!
 //! Claims are sent before the reply (so that once a delete or a replacing
 //! put returns, old handles get `Stale`), batched per storage server, but a
 //! reply never waits longer than `claim_timeout` for them: a claim that a
@@ -13,16 +24,21 @@
 //! node's: a block is only reused under a newer generation.
 
 use crate::alloc::BlockClaim;
+use crate::checkpoint::{self, CheckpointError};
+use crate::effect::Effect;
 use crate::state::{Decision, MetaState, Placement};
 use bytes::{Bytes, BytesMut};
+use nodekernel_journal::{Fsync, Journal, JournalError};
 use nodekernel_proto::meta::MetaRequest;
 use nodekernel_proto::store::{Claim, StoreRequest, MAX_CLAIM_BATCH};
+use nodekernel_proto::Error;
 use nodekernel_proto::Result;
 use nodekernel_rpc::{
     bind_abstract_unix, serve_unix, serve_with, ConnectionPool, Handler, ServeOptions, ServerHandle,
 };
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::net::TcpListener;
@@ -61,6 +77,34 @@ pub struct MetaConfig {
     /// This server's partition among the metadata servers, and the live
     /// storage servers it waits for before it calls itself ready.
     pub placement: Placement,
+    /// Keep the namespace across restarts (`None`: volatile, the default).
+    pub persistence: Option<Persistence>,
+}
+
+/// Where and how a persistent metadata server keeps its operation log.
+#[derive(Debug, Clone)]
+pub struct Persistence {
+    /// The server's own directory; the log lives in `journal/` inside it.
+    pub dir: PathBuf,
+    /// When log records reach stable storage (see `docs/persistence.md`).
+    pub fsync: Fsync,
+    /// A checkpoint is written once the log has grown by this many bytes
+    /// since the last one (the log before it is then deleted).
+    pub checkpoint_bytes: u64,
+}
+
+/// What one checkpoint wrote.
+#[derive(Debug, Clone, Copy)]
+pub struct CheckpointStats {
+    pub nodes: u64,
+    /// Bytes of encoded state.
+    pub bytes: u64,
+    /// The last log record it holds.
+    pub covered: u64,
+    /// How long requests waited for it (the encoding under the lock).
+    pub locked: Duration,
+    /// How long it took in all.
+    pub took: Duration,
 }
 
 /// Prefix of a metadata server's abstract socket name.
@@ -79,6 +123,7 @@ impl Default for MetaConfig {
             poll_spin: nodekernel_rpc::default_spin(),
             unix_socket: true,
             placement: Placement::default(),
+            persistence: None,
         }
     }
 }
@@ -93,6 +138,10 @@ pub enum MetaError {
     Config { key: &'static str, reason: String },
     #[error(transparent)]
     Rpc(#[from] nodekernel_proto::Error),
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
 }
 
 struct MetaHandler {
@@ -109,6 +158,30 @@ struct MetaHandler {
     pending: Mutex<BTreeMap<String, Vec<BlockClaim>>>,
     /// Wakes the reaper.
     reap: Notify,
+    /// The operation log, when persistent.
+    journal: Option<Journal>,
+    persistence: Option<Persistence>,
+    /// A checkpoint is being written.
+    checkpointing: std::sync::atomic::AtomicBool,
+}
+
+/// What a client gets once the log cannot be written.
+fn log_failed(e: JournalError) -> Error {
+    Error::unavailable(format!(
+        "the metadata server cannot write its operation log and stopped taking requests: {e}"
+    ))
+}
+
+/// Appends the record of `effects` (if any) to `journal`, and returns the
+/// seq a reply must wait for: this record's, or the last one written,
+/// whose changes the decision may have seen.
+fn log_effects(journal: &Journal, effects: &[Effect]) -> Result<u64, JournalError> {
+    if effects.is_empty() {
+        return Ok(journal.last());
+    }
+    let mut rec = BytesMut::new();
+    crate::codec::encode_effects(effects, &mut rec);
+    journal.append(&rec)
 }
 
 impl MetaHandler {
@@ -120,10 +193,81 @@ impl MetaHandler {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Applies a decision taken under the same lock and returns its claims.
-    fn commit(st: &mut MetaState, d: Decision, now: u64) -> Vec<BlockClaim> {
-        st.commit(d, now);
+    /// Applies a decision taken under the same lock, logs it, and returns
+    /// its claims. Nobody waits for these decisions (the ticker's, the
+    /// reaper's, moves'), so nobody waits for the log either; a failed
+    /// write stops the server (see [`log_failed`]).
+    fn commit(&self, st: &mut MetaState, d: Decision, now: u64) -> Vec<BlockClaim> {
+        let o = st.commit(d, now);
+        if let Some(j) = &self.journal {
+            // Logged by the journal itself, which refuses all later writes.
+            let _ = log_effects(j, &o.effects);
+        }
         st.take_claims()
+    }
+
+    /// Waits until the log is durable up to `seq`.
+    async fn durable(&self, seq: u64) -> Result<()> {
+        match &self.journal {
+            Some(j) => j.durable(seq).await.map_err(log_failed),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes a checkpoint of the state as of now and deletes the log
+    /// segments it makes unnecessary; `None` without persistence, or while
+    /// another checkpoint is being written. The state is encoded under the
+    /// lock (requests wait for that part only), and written to disk after.
+    async fn checkpoint(&self) -> Result<Option<CheckpointStats>, MetaError> {
+        let (Some(j), Some(p)) = (&self.journal, &self.persistence) else {
+            return Ok(None);
+        };
+        use std::sync::atomic::Ordering;
+        if self.checkpointing.swap(true, Ordering::AcqRel) {
+            return Ok(None);
+        }
+        let started = Instant::now();
+        let result = async {
+            let (image, first) = {
+                let st = self.state();
+                // Every record up to `first - 1` is in the older segments,
+                // and in the image.
+                let first = j.rotate()?;
+                (st.checkpoint_image(), first)
+            };
+            let locked = started.elapsed();
+            let stats = CheckpointStats {
+                nodes: image.nodes() as u64,
+                bytes: image.bytes() as u64,
+                covered: first - 1,
+                locked,
+                took: Duration::ZERO,
+            };
+            let dir = p.dir.clone();
+            tokio::task::spawn_blocking(move || checkpoint::write(&dir, image, first - 1))
+                .await
+                .map_err(|e| CheckpointError {
+                    path: p.dir.clone(),
+                    reason: format!("the writer stopped: {e}"),
+                })??;
+            let removed = j.remove_before(first)?;
+            let stats = CheckpointStats {
+                took: started.elapsed(),
+                ..stats
+            };
+            tracing::info!(
+                "checkpoint of {} nodes ({} bytes) to log record {} in {:.1} ms ({:.1} ms under the lock); {removed} log segment(s) removed",
+                stats.nodes,
+                stats.bytes,
+                stats.covered,
+                stats.took.as_secs_f64() * 1e3,
+                stats.locked.as_secs_f64() * 1e3
+            );
+            Ok(Some(stats))
+        }
+        .await;
+        self.checkpointing.store(false, Ordering::Release);
+        result
     }
 
     /// Sends claims, batched per storage server, waiting at most
@@ -199,7 +343,7 @@ impl MetaHandler {
                 let Some(d) = st.decide_reap() else {
                     return false;
                 };
-                Self::commit(&mut st, d, self.now_ms())
+                self.commit(&mut st, d, self.now_ms())
             };
             self.send_claims(claims).await;
             if started.elapsed() >= budget {
@@ -233,14 +377,30 @@ async fn deliver(pool: &ConnectionPool, addr: &str, claims: &[BlockClaim]) -> Re
 impl Handler for MetaHandler {
     async fn handle(&self, op: u16, payload: Bytes, out: &mut BytesMut) -> Result<()> {
         let req = MetaRequest::decode(op, &payload)?;
+        if let Some(j) = &self.journal {
+            j.check().map_err(log_failed)?;
+        }
         let now = self.now_ms();
-        let (reply, claims, reap) = {
+        let (reply, claims, reap, seq) = {
             let mut st = self.state();
             match st.execute(&req, now) {
-                Ok(o) => (Ok(o.reply), st.take_claims(), !st.ns().graveyard_is_empty()),
-                Err(e) => (Err(e), Vec::new(), false),
+                Ok(o) => {
+                    let seq = match &self.journal {
+                        Some(j) => log_effects(j, &o.effects).map_err(log_failed)?,
+                        None => 0,
+                    };
+                    let reap = !st.ns().graveyard_is_empty();
+                    (Ok(o.reply), st.take_claims(), reap, seq)
+                }
+                Err(e) => {
+                    let seen = self.journal.as_ref().map_or(0, Journal::last);
+                    (Err(e), Vec::new(), false, seen)
+                }
             }
         };
+        // Nothing is answered, not even a refusal, before what it saw is
+        // durable.
+        self.durable(seq).await?;
         // Claims go out before the reply, so once a delete or a replacing
         // put returns, old handles get Stale.
         self.send_claims(claims).await;
@@ -299,6 +459,10 @@ impl MetaServer {
         let mut state = MetaState::new(bs, cfg.lease_timeout.as_millis() as u64, first_gen);
         state.set_classes(cfg.classes.clone());
         state.set_placement(cfg.placement);
+        let journal = match &cfg.persistence {
+            Some(p) => Some(recover(&mut state, p)?),
+            None => None,
+        };
         let handler = Arc::new(MetaHandler {
             state: Mutex::new(state),
             epoch: Instant::now(),
@@ -307,6 +471,9 @@ impl MetaServer {
             claim_timeout: cfg.claim_timeout,
             pending: Mutex::new(BTreeMap::new()),
             reap: Notify::new(),
+            journal,
+            persistence: cfg.persistence.clone(),
+            checkpointing: Default::default(),
         });
         let opts = ServeOptions {
             spin: cfg.poll_spin,
@@ -363,6 +530,12 @@ impl MetaServer {
         f(&mut self.handler.state())
     }
 
+    /// Writes a checkpoint now (see `docs/persistence.md`); `None` without
+    /// persistence or while another one is being written.
+    pub async fn checkpoint(&self) -> Result<Option<CheckpointStats>, MetaError> {
+        self.handler.checkpoint().await
+    }
+
     /// Moves block `index` of node `node` to another storage server (of
     /// storage class `class`, or any class with
     /// [`NO_CLASS`](nodekernel_proto::NO_CLASS)) while clients
@@ -383,7 +556,7 @@ impl MetaServer {
         let (src, dst, fence_claims) = {
             let mut st = h.state();
             let (d, src, dst) = st.decide_move_start(node, index, class)?;
-            (src, dst, MetaHandler::commit(&mut st, d, h.now_ms()))
+            (src, dst, h.commit(&mut st, d, h.now_ms()))
         };
         // The fence must land before the copy: once acknowledged, no write
         // with an older generation can reach the source block.
@@ -421,7 +594,7 @@ impl MetaServer {
         let claims = {
             let mut st = h.state();
             match st.decide_move_end(node, index, copied.is_ok()) {
-                Some(d) => MetaHandler::commit(&mut st, d, h.now_ms()),
+                Some(d) => h.commit(&mut st, d, h.now_ms()),
                 None => Vec::new(),
             }
         };
@@ -437,6 +610,13 @@ impl MetaServer {
         for t in &self.tasks {
             t.abort();
         }
+        // Requests still in flight get `Unavailable`; the log is synced and
+        // its directory free for the next start.
+        if let Some(j) = &self.handler.journal {
+            if let Err(e) = j.close() {
+                tracing::error!("closing the operation log: {e}");
+            }
+        }
     }
 }
 
@@ -444,6 +624,72 @@ impl Drop for MetaServer {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// Rebuilds `state` from the checkpoint and the operation log in `p.dir`,
+/// logs the restart decision, and returns the open log.
+fn recover(state: &mut MetaState, p: &Persistence) -> Result<Journal, MetaError> {
+    let started = Instant::now();
+    std::fs::create_dir_all(&p.dir).map_err(|e| MetaError::Config {
+        key: "data_dir",
+        reason: format!("cannot create {}: {e}", p.dir.display()),
+    })?;
+    let bs = state.alloc().block_size();
+    let (checkpointed, covered) = match checkpoint::read(&p.dir, state.lease_ms(), 0)? {
+        Some((mut restored, covered)) => {
+            if restored.alloc().block_size() != bs {
+                return Err(MetaError::Config {
+                    key: "block_size",
+                    reason: format!(
+                        "{bs} differs from the {}-byte blocks of the cluster in {}",
+                        restored.alloc().block_size(),
+                        p.dir.display()
+                    ),
+                });
+            }
+            restored.set_classes(state.classes().to_vec());
+            restored.set_placement(state.placement());
+            *state = restored;
+            (state.ns().len(), covered)
+        }
+        None => (0, 0),
+    };
+    let dir = p.dir.join("journal");
+    let (journal, rec) = Journal::open(&dir, p.fsync, covered, |_, record| {
+        state.replay(record).map_err(|e| e.to_string())
+    })?;
+    if let Some((_, s)) = state
+        .alloc()
+        .servers()
+        .find(|(_, s)| s.spec.block_size != bs)
+    {
+        return Err(MetaError::Config {
+            key: "block_size",
+            reason: format!(
+                "{bs} differs from the {}-byte blocks of the cluster in {} (storage server {} registered with them)",
+                s.spec.block_size,
+                p.dir.display(),
+                s.spec.addr
+            ),
+        });
+    }
+    state.restarted(0);
+    if let Some(d) = state.decide_restart() {
+        let o = state.commit(d, 0);
+        log_effects(&journal, &o.effects)?;
+        state.take_claims();
+    }
+    journal.sync()?;
+    if covered > 0 || rec.records > 0 {
+        tracing::info!(
+            "restored {} nodes from {} ({checkpointed} nodes, to log record {covered}) and {} later log records ({:.1} ms)",
+            state.ns().len(),
+            p.dir.display(),
+            rec.records,
+            started.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    Ok(journal)
 }
 
 /// Liveness, retirement, sweeping abandoned puts, retrying claims.
@@ -463,7 +709,7 @@ async fn ticker(h: Arc<MetaHandler>, cfg: MetaConfig) {
             let retired = match st.decide_retire(now, retire_after) {
                 Some(d) => {
                     let n = d.effects.len();
-                    claims.extend(MetaHandler::commit(&mut st, d, now));
+                    claims.extend(h.commit(&mut st, d, now));
                     n
                 }
                 None => 0,
@@ -475,7 +721,7 @@ async fn ticker(h: Arc<MetaHandler>, cfg: MetaConfig) {
                         .iter()
                         .filter(|e| matches!(e, crate::Effect::Dropped { .. }))
                         .count();
-                    claims.extend(MetaHandler::commit(&mut st, d, now));
+                    claims.extend(h.commit(&mut st, d, now));
                     n
                 }
                 None => 0,
@@ -497,6 +743,17 @@ async fn ticker(h: Arc<MetaHandler>, cfg: MetaConfig) {
         }
         h.send_claims(claims).await;
         h.retry_pending().await;
+        if let (Some(j), Some(p)) = (&h.journal, &h.persistence) {
+            if j.segment_bytes() >= p.checkpoint_bytes {
+                let h = h.clone();
+                // In the background: a big one must not hold up the ticker.
+                tokio::spawn(async move {
+                    if let Err(e) = h.checkpoint().await {
+                        tracing::warn!("checkpoint failed (the log keeps everything): {e}");
+                    }
+                });
+            }
+        }
     }
 }
 

@@ -22,7 +22,18 @@
 //!   the model does not lean on, except that a live value's tag is never
 //!   cleared;
 //! - periodically, replaying every effect so far onto a fresh state gives
-//!   the same state (effects alone carry every decision).
+//!   the same state (effects alone carry every decision). The effects go
+//!   through the operation log's encoding (`crate::codec`), one record per
+//!   decision, as the server shell writes them.
+//!
+//! Every replay check also round-trips the live state through a
+//! checkpoint image. Among the faults, the metadata server itself
+//! restarts: its state is rebuilt from the log alone, or from a checkpoint
+//! taken at an earlier step plus the log after it, the claims it had not
+//! delivered are lost,
+//! and the restart decision (leases cleared, unclosed puts dropped, moves
+//! given up) is applied and logged like any other; every check above
+//! holds across it.
 //!
 //! Replay a failing seed with `NK_SIM_SEED=<seed> cargo test -p
 //! nodekernel-meta sim::` (and `NK_SIM_STEPS` for longer runs).
@@ -181,6 +192,8 @@ pub(crate) struct Stats {
     pub small_puts: u64,
     pub small_reads: u64,
     pub old_handle_reads: u64,
+    pub restarts: u64,
+    pub checkpoint_restarts: u64,
 }
 
 pub(crate) struct Sim {
@@ -190,8 +203,11 @@ pub(crate) struct Sim {
     bug: Option<Bug>,
     stores: Vec<Store>,
     clients: Vec<Task>,
-    /// Every effect applied so far, in order (the replay log).
-    log: Vec<Effect>,
+    /// Every decision's effects so far, in order, encoded as the operation
+    /// log writes them.
+    log: Vec<bytes::Bytes>,
+    /// A checkpoint taken earlier: its image and the log records it holds.
+    checkpoint: Option<(crate::checkpoint::Image, usize)>,
     /// Claims decided but not yet delivered to their stores.
     claims: Vec<BlockClaim>,
     /// The highest generation each (server, block) was given.
@@ -204,6 +220,15 @@ pub(crate) struct Sim {
     handles: Vec<(NodeId, BlockLoc)>,
     trace: Vec<String>,
     pub stats: Stats,
+}
+
+/// The state a checkpoint image restores.
+fn restore(image: &crate::checkpoint::Image, bug: Option<Bug>) -> Result<MetaState, String> {
+    let nodes = image.node_records().map(|(id, r)| Ok((id, r.to_vec())));
+    let mut st = MetaState::from_checkpoint(LEASE_MS, &image.state, nodes, 0)
+        .map_err(|e| format!("a checkpoint does not restore: {e}"))?;
+    st.bug = bug;
+    Ok(st)
 }
 
 fn fresh_state(bug: Option<Bug>) -> MetaState {
@@ -240,6 +265,7 @@ impl Sim {
             stores,
             clients: (0..CLIENTS).map(|_| Task::Idle).collect(),
             log: Vec::new(),
+            checkpoint: None,
             claims: Vec::new(),
             last_gen: BTreeMap::new(),
             clearing: Vec::new(),
@@ -335,7 +361,11 @@ impl Sim {
             }
         }
         self.stats.effects += effects.len() as u64;
-        self.log.extend(effects);
+        if !effects.is_empty() {
+            let mut rec = bytes::BytesMut::new();
+            crate::codec::encode_effects(&effects, &mut rec);
+            self.log.push(rec.freeze());
+        }
         let claims = self.st.take_claims();
         self.claims.extend(claims);
         Ok(())
@@ -343,19 +373,65 @@ impl Sim {
 
     /// Applies every logged effect to a fresh state: it must equal the
     /// live one.
-    fn check_replay(&self) -> Result<(), String> {
-        let mut fresh = fresh_state(self.bug);
-        for e in &self.log {
-            fresh.apply_effect(e);
-        }
+    fn check_replay(&mut self) -> Result<(), String> {
+        let fresh = self.replayed()?;
         let (a, b) = (self.st.dump(), fresh.dump());
         if a != b {
             return Err(format!(
-                "replaying {} effects gives a different state:\nlive:\n{a}\nreplayed:\n{b}",
+                "replaying {} records gives a different state:\nlive:\n{a}\nreplayed:\n{b}",
                 self.log.len()
             ));
         }
+        let image = self.st.checkpoint_image();
+        let c = restore(&image, self.bug)?.dump();
+        if a != c {
+            return Err(format!(
+                "a checkpoint gives a different state:\nlive:\n{a}\nrestored:\n{c}"
+            ));
+        }
+        // Keep it sometimes, for a restart to start from.
+        if self.rng.chance(30) {
+            self.checkpoint = Some((image, self.log.len()));
+        }
         Ok(())
+    }
+
+    /// A fresh state with every logged record replayed.
+    fn replayed(&self) -> Result<MetaState, String> {
+        self.replay_from(fresh_state(self.bug), 0)
+    }
+
+    /// `st` with the logged records from `first` on replayed.
+    fn replay_from(&self, mut fresh: MetaState, first: usize) -> Result<MetaState, String> {
+        for (i, r) in self.log.iter().enumerate().skip(first) {
+            fresh
+                .replay(r)
+                .map_err(|e| format!("record {i} of the log does not replay: {e}"))?;
+        }
+        Ok(fresh)
+    }
+
+    /// The metadata server restarts from its log: the state is rebuilt
+    /// from the records alone, undelivered claims and moves in flight die
+    /// with the process, and the restart decision is committed.
+    fn restart(&mut self) -> Result<(), String> {
+        self.trace
+            .push(format!("t={} metadata server restarts", self.now));
+        self.stats.restarts += 1;
+        self.st = match &self.checkpoint {
+            Some((image, covered)) if self.rng.chance(50) => {
+                self.stats.checkpoint_restarts += 1;
+                self.replay_from(restore(image, self.bug)?, *covered)?
+            }
+            _ => self.replayed()?,
+        };
+        self.st.restarted(self.now);
+        self.claims.clear();
+        self.moving.clear();
+        match self.st.decide_restart() {
+            Some(d) => self.commit(d),
+            None => Ok(()),
+        }
     }
 
     // ----- one step ----------------------------------------------------------
@@ -372,7 +448,8 @@ impl Sim {
             75..=79 => self.release_slots(),
             80..=84 => self.move_step(),
             85..=92 => self.tick(),
-            93..=96 => self.store_fault(),
+            93..=95 => self.store_fault(),
+            96 => self.restart(),
             _ => {
                 // A long pause: leases expire, stores are declared dead.
                 self.now += self.rng.below(4 * LEASE_MS);
@@ -1010,6 +1087,8 @@ fn simulation_keeps_every_invariant() {
         total.small_puts += s.small_puts;
         total.small_reads += s.small_reads;
         total.old_handle_reads += s.old_handle_reads;
+        total.restarts += s.restarts;
+        total.checkpoint_restarts += s.checkpoint_restarts;
         total.refused += s.refused;
         total.applied += s.applied;
     }
@@ -1024,6 +1103,8 @@ fn simulation_keeps_every_invariant() {
         ("closed puts", total.puts_closed),
         ("moves", total.moves),
         ("store deaths", total.store_deaths),
+        ("metadata server restarts", total.restarts),
+        ("restarts from a checkpoint", total.checkpoint_restarts),
         ("refusals", total.refused),
     ] {
         assert!(n > 0, "no {what} in the simulation: {total:?}");

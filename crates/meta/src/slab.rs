@@ -21,7 +21,9 @@
 
 use crate::alloc::BlockRef;
 use crate::namespace::NodeId;
+use nodekernel_proto::codec::{Dec, Enc};
 pub use nodekernel_proto::store::TAG_LEN;
+use nodekernel_proto::{Error, Result};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Smallest piece size.
@@ -195,6 +197,75 @@ impl Slabs {
         self.slabs
             .get(&piece.slab())
             .is_some_and(|s| s.piece_size == piece.size && s.owner(piece.index) == Some(node))
+    }
+
+    /// Every slab in a checkpoint (`crate::checkpoint`).
+    pub(crate) fn checkpoint(&self, e: &mut Enc) {
+        e.u32(self.slabs.len() as u32);
+        for ((server, block), s) in &self.slabs {
+            e.u32(*server)
+                .u32(*block)
+                .u32(s.piece_size)
+                .u8(s.class)
+                .u64(s.gen)
+                .u32(s.fresh)
+                .u32(s.owners.len() as u32);
+            for o in &s.owners {
+                e.u64(*o);
+            }
+            for list in [&s.freed, &s.quarantined] {
+                e.u32(list.len() as u32);
+                for i in list {
+                    e.u32(*i);
+                }
+            }
+        }
+    }
+
+    /// The slabs of a checkpoint written by [`Slabs::checkpoint`].
+    pub(crate) fn from_checkpoint(d: &mut Dec) -> Result<Slabs> {
+        let mut out = Slabs::default();
+        let n = d.count(33)?;
+        for _ in 0..n {
+            let (server, block) = (d.u32()?, d.u32()?);
+            let (piece_size, class, gen, fresh) = (d.u32()?, d.u8()?, d.u64()?, d.u32()?);
+            let no = d.count(8)?;
+            let mut owners = Vec::with_capacity(no);
+            for _ in 0..no {
+                owners.push(d.u64()?);
+            }
+            let mut lists = [Vec::new(), Vec::new()];
+            for list in &mut lists {
+                let nl = d.count(4)?;
+                for _ in 0..nl {
+                    let i = d.u32()?;
+                    if i as usize >= owners.len() {
+                        return Err(Error::protocol(format!(
+                            "slab {block} of server {server}: piece {i} of {}",
+                            owners.len()
+                        )));
+                    }
+                    list.push(i);
+                }
+            }
+            let [freed, quarantined] = lists;
+            let used = owners.iter().filter(|o| **o != 0).count() as u32;
+            out.slabs.insert(
+                (server, block),
+                Slab {
+                    piece_size,
+                    class,
+                    gen,
+                    owners,
+                    freed,
+                    quarantined,
+                    fresh,
+                    used,
+                },
+            );
+            out.reindex(server, block);
+        }
+        Ok(out)
     }
 
     // ----- appliers ----------------------------------------------------------

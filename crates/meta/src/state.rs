@@ -175,6 +175,15 @@ impl MetaState {
         self.placement
     }
 
+    pub fn lease_ms(&self) -> u64 {
+        self.lease_ms
+    }
+
+    /// The configured storage classes.
+    pub fn classes(&self) -> &[ClassInfo] {
+        &self.classes
+    }
+
     /// Sets the abstract Unix socket name the server shell also listens on
     /// (answered by `LocalSocket`; empty for none).
     pub fn set_local_socket(&mut self, name: String) {
@@ -576,6 +585,136 @@ impl MetaState {
         }
         d.push(Effect::Dropped { ids: dead });
         Some(d.finish(Reply::Done))
+    }
+
+    // ----- persistence -------------------------------------------------------
+
+    /// Replays one record of the operation log: the effects of one
+    /// decision, as [`crate::codec::encode_effects`] wrote them. Claims are
+    /// not queued again: they went out before the crash or were lost with
+    /// it, and generations keep old holders out either way.
+    pub fn replay(&mut self, record: &[u8]) -> Result<()> {
+        for e in crate::codec::decode_effects(record)? {
+            self.apply_effect(&e);
+        }
+        self.claims.clear();
+        Ok(())
+    }
+
+    /// The whole durable state as a checkpoint image (`crate::checkpoint`):
+    /// one record per node, and the rest (counters, allocator, slabs,
+    /// moves) in one part. Leases are kept (a replayed log tail may renew
+    /// them), liveness and pending claims are not.
+    pub fn checkpoint_image(&self) -> crate::checkpoint::Image {
+        let mut image = crate::checkpoint::Image::default();
+        let next_id = self.ns.checkpoint_nodes(|id, rec| image.push_node(id, rec));
+        let mut buf = bytes::BytesMut::new();
+        let e = &mut nodekernel_proto::codec::Enc(&mut buf);
+        e.u8(crate::checkpoint::FORMAT)
+            .u32(self.alloc.block_size())
+            .u64(next_id)
+            .u64(self.next_lease);
+        self.alloc.checkpoint(e);
+        self.slabs.checkpoint(e);
+        e.u32(self.moves.len() as u32);
+        for ((node, index), m) in &self.moves {
+            e.u64(*node)
+                .u64(*index)
+                .u32(m.to.server)
+                .u32(m.to.block)
+                .u64(m.to.gen)
+                .u64(m.fence);
+        }
+        image.state = buf.to_vec();
+        image
+    }
+
+    /// The state of a checkpoint: `state` and the node records as
+    /// [`MetaState::checkpoint_image`] made them. Every storage server
+    /// counts as seen at `now`.
+    pub fn from_checkpoint(
+        lease_ms: u64,
+        state: &[u8],
+        nodes: impl Iterator<Item = Result<(NodeId, Vec<u8>)>>,
+        now: u64,
+    ) -> Result<MetaState> {
+        let mut dec = nodekernel_proto::codec::Dec::new(state, "checkpointed state");
+        let d = &mut dec;
+        let format = d.u8()?;
+        if format != crate::checkpoint::FORMAT {
+            return Err(Error::protocol(format!(
+                "checkpoint format {format}; this build reads format {}",
+                crate::checkpoint::FORMAT
+            )));
+        }
+        let block_size = d.u32()?;
+        let next_id = d.u64()?;
+        let next_lease = d.u64()?;
+        let alloc = BlockAllocator::from_checkpoint(block_size, d, now)?;
+        let slabs = Slabs::from_checkpoint(d)?;
+        let n = d.count(40)?;
+        let mut moves = BTreeMap::new();
+        for _ in 0..n {
+            let key = (d.u64()?, d.u64()?);
+            let to = BlockRef {
+                server: d.u32()?,
+                block: d.u32()?,
+                gen: d.u64()?,
+            };
+            moves.insert(
+                key,
+                Move {
+                    to,
+                    fence: d.u64()?,
+                },
+            );
+        }
+        dec.finish()?;
+        let mut st = MetaState::new(block_size, lease_ms, 1);
+        st.ns = Namespace::from_checkpoint(next_id, nodes)?;
+        st.alloc = alloc;
+        st.slabs = slabs;
+        st.next_lease = next_lease;
+        st.moves = moves;
+        Ok(st)
+    }
+
+    /// After a replay: every known storage server counts as seen `now`,
+    /// so it has the usual time to heartbeat (or re-register) before it is
+    /// declared dead.
+    pub fn restarted(&mut self, now: u64) {
+        let ids: Vec<u32> = self.alloc.servers().map(|(id, _)| id).collect();
+        for id in ids {
+            let _ = self.alloc.heartbeat(id, now);
+        }
+    }
+
+    /// What a restart changes, decided once the log is replayed (PRODUCT.md
+    /// §5): the writers of the old process are gone, so every lease is
+    /// cleared (a File open for writing keeps its last synced size), puts
+    /// that never closed are dropped with their blocks, and block moves in
+    /// flight are given up. `None` when there is nothing to change.
+    pub fn decide_restart(&self) -> Option<Decision> {
+        let mut d = Draft::new(self);
+        let unclosed: BTreeSet<NodeId> = self.ns.shadows().map(|n| n.id).collect();
+        for id in &unclosed {
+            d.free_node_blocks(*id);
+        }
+        if !unclosed.is_empty() {
+            d.push(Effect::Dropped {
+                ids: unclosed.iter().copied().collect(),
+            });
+        }
+        for n in self.ns.nodes() {
+            if n.lease.is_some() && !unclosed.contains(&n.id) {
+                d.push(Effect::LeaseCleared { node: n.id });
+            }
+        }
+        let moving: BTreeSet<NodeId> = self.moves.keys().map(|(n, _)| *n).collect();
+        for node in moving.difference(&unclosed) {
+            d.end_moves(*node, 0);
+        }
+        (!d.effects.is_empty()).then(|| d.finish(Reply::Done))
     }
 
     /// One bounded step of reaping removed subtrees (at most

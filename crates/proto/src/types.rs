@@ -316,7 +316,7 @@ pub struct ServerSpec {
 }
 
 impl ServerSpec {
-    pub(crate) fn encode(&self, e: &mut Enc) {
+    pub fn encode(&self, e: &mut Enc) {
         e.str(&self.addr)
             .u8(self.class)
             .str(&self.class_name)
@@ -329,7 +329,7 @@ impl ServerSpec {
             .u64(self.incarnation);
     }
 
-    pub(crate) fn decode(d: &mut Dec) -> Result<ServerSpec> {
+    pub fn decode(d: &mut Dec) -> Result<ServerSpec> {
         Ok(ServerSpec {
             addr: d.string()?,
             class: d.u8()?,

@@ -1374,3 +1374,116 @@ fn small_values_on_a_dead_server_are_reported_lost_and_others_carry_on() {
     assert!(s.take_claims().iter().all(|c| c.server == other));
     s.check_invariants().unwrap();
 }
+
+/// A state rebuilt from the records of every decision, as a restarted
+/// server rebuilds it from its operation log.
+fn restart(s: &mut MetaState, records: &[bytes::Bytes]) -> MetaState {
+    let mut r = MetaState::new(BS, 1000, 1);
+    for rec in records {
+        r.replay(rec).unwrap();
+    }
+    assert_eq!(r.dump(), s.dump(), "the log rebuilds the state exactly");
+    r.restarted(0);
+    if let Some(d) = r.decide_restart() {
+        r.commit(d, 0);
+    }
+    r.check_invariants().unwrap();
+    r
+}
+
+/// Executes `req`, keeping its effects as a log record.
+fn logged(s: &mut MetaState, log: &mut Vec<bytes::Bytes>, req: MetaRequest) -> Result<MetaReply> {
+    let o = s.execute(&req, 0)?;
+    let mut rec = bytes::BytesMut::new();
+    crate::codec::encode_effects(&o.effects, &mut rec);
+    log.push(rec.freeze());
+    Ok(o.reply)
+}
+
+#[test]
+fn a_restart_keeps_what_was_closed_and_forgets_writers() {
+    let mut s = MetaState::new(BS, 1000, 1);
+    let mut log = Vec::new();
+    let l = &mut log;
+    logged(&mut s, l, MetaRequest::Register(spec("h:0", 0, 16))).unwrap();
+    let create = |path: &str, ty: NodeType, size_hint: u64| MetaRequest::Create {
+        path: path.into(),
+        ty,
+        storage_class: NO_CLASS,
+        location: String::new(),
+        enumerable: true,
+        size_hint,
+    };
+    let node = |r: MetaReply| match r {
+        MetaReply::Node(n) => n,
+        r => panic!("unexpected {r:?}"),
+    };
+    let map = |n: &NodeInfo, count: u32| MetaRequest::Map {
+        node: n.id,
+        index: 0,
+        count,
+        alloc: true,
+        lease: n.lease,
+    };
+    let sync = |n: &NodeInfo, size: u64, close: bool| MetaRequest::Sync {
+        node: n.id,
+        lease: n.lease,
+        size,
+        close,
+    };
+    logged(&mut s, l, create("/d", Directory, 0)).unwrap();
+    logged(&mut s, l, create("/t", Table, 0)).unwrap();
+    // A closed File, a File still open (synced at 100, two blocks), a
+    // closed put (small) and one that never closed (a whole block).
+    let closed = node(logged(&mut s, l, create("/d/closed", File, 0)).unwrap());
+    logged(&mut s, l, map(&closed, 1)).unwrap();
+    logged(&mut s, l, sync(&closed, 10, true)).unwrap();
+    let open = node(logged(&mut s, l, create("/d/open", File, 0)).unwrap());
+    logged(&mut s, l, map(&open, 2)).unwrap();
+    logged(&mut s, l, sync(&open, 100, false)).unwrap();
+    let kv = node(logged(&mut s, l, create("/t/kv", KeyValue, 5)).unwrap());
+    logged(&mut s, l, sync(&kv, 5, true)).unwrap();
+    let unclosed = node(logged(&mut s, l, create("/t/kv2", KeyValue, 0)).unwrap());
+    logged(&mut s, l, map(&unclosed, 1)).unwrap();
+    let used_before = s.alloc().status(0)[0].used_blocks;
+
+    let mut r = restart(&mut s, &log);
+    let info = |r: &mut MetaState, p: &str| lookup(r, p).unwrap();
+    assert_eq!(info(&mut r, "/d/closed").size, 10);
+    assert_eq!(info(&mut r, "/d/open").size, 100, "the last synced size");
+    assert_eq!(info(&mut r, "/t/kv").size, 5);
+    assert_eq!(
+        lookup(&mut r, "/t/kv2").unwrap_err().code,
+        ErrorCode::NotFound
+    );
+    let mut names = r.ns().children("/d").unwrap();
+    names.sort();
+    assert_eq!(names, ["closed", "open"]);
+    assert_eq!(r.ns().children("/t").unwrap(), ["kv"]);
+    // The unclosed put's block went back; the open File keeps its blocks.
+    assert_eq!(r.alloc().status(0)[0].used_blocks, used_before - 1);
+    // The old writers are gone: their lease is refused, and a new writer
+    // gets the File at once (no Busy until the old lease would expire).
+    let e = r.apply(sync(&open, 200, true), 0).unwrap_err();
+    assert_eq!(e.code, ErrorCode::LeaseExpired, "{e}");
+    let e = r.apply(sync(&unclosed, 1, true), 0).unwrap_err();
+    assert!(
+        matches!(e.code, ErrorCode::Stale | ErrorCode::LeaseExpired),
+        "{e}"
+    );
+    let again = node(
+        r.apply(
+            MetaRequest::OpenWrite {
+                path: "/d/open".into(),
+            },
+            0,
+        )
+        .unwrap(),
+    );
+    assert!(again.lease > open.lease, "lease ids are never reused");
+    // Restarting again only clears the new writer's lease.
+    assert!(MetaState::decide_restart(&r).is_some_and(|d| d
+        .effects
+        .iter()
+        .all(|e| matches!(e, Effect::LeaseCleared { .. }))));
+}

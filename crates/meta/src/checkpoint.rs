@@ -1,0 +1,201 @@
+//! Checkpoints: the whole metadata state as of one record of the operation
+//! log, so that a restart replays only the records after it, and the
+//! segments before it can be deleted (`docs/persistence.md`).
+//!
+//! A checkpoint is a redb database in the server's directory, named
+//! `checkpoint-<last log record it holds, 20 digits>-<CRC-32 of the whole
+//! file, 8 hex digits>.redb`, with two tables: `nodes` (node id → the
+//! node's record, see `Namespace::checkpoint_nodes`) and `parts` (`state`:
+//! counters, allocator, slabs and moves, in format [`FORMAT`]). It is
+//! written whole to `checkpoint.tmp`, committed (redb syncs it), and only
+//! then renamed to its name, which makes it the newest; older ones are
+//! deleted after. A crash leaves either checkpoint intact.
+//!
+//! At start the newest checkpoint's bytes are checked against the CRC in
+//! its name *before* redb reads them: redb detects a torn commit, but it
+//! panics on a damaged page, and a file from disk must never crash the
+//! server. A checkpoint that fails the check, or does not decode, stops the
+//! start with an error naming the file: it is never silently skipped, since
+//! the log before it is gone.
+
+use crate::namespace::NodeId;
+use crate::state::MetaState;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use std::path::{Path, PathBuf};
+
+/// The format of the `state` part written; the only one read.
+pub const FORMAT: u8 = 1;
+const TMP_FILE: &str = "checkpoint.tmp";
+
+const NODES: TableDefinition<u64, &[u8]> = TableDefinition::new("nodes");
+const PARTS: TableDefinition<&str, &[u8]> = TableDefinition::new("parts");
+
+#[derive(Debug, thiserror::Error)]
+#[error("checkpoint {}: {reason}", path.display())]
+pub struct CheckpointError {
+    pub path: PathBuf,
+    pub reason: String,
+}
+
+fn err(path: &Path) -> impl Fn(String) -> CheckpointError + '_ {
+    move |reason| CheckpointError {
+        path: path.to_path_buf(),
+        reason,
+    }
+}
+
+/// The state encoded under the lock, written out after it is released.
+#[derive(Debug, Default)]
+pub struct Image {
+    /// Counters, allocator, slabs and moves.
+    pub state: Vec<u8>,
+    /// Every node record, back to back.
+    buf: Vec<u8>,
+    /// (node id, start, end) of each record in `buf`.
+    nodes: Vec<(NodeId, usize, usize)>,
+}
+
+impl Image {
+    pub(crate) fn push_node(&mut self, id: NodeId, rec: &[u8]) {
+        let start = self.buf.len();
+        self.buf.extend_from_slice(rec);
+        self.nodes.push((id, start, self.buf.len()));
+    }
+
+    /// Number of nodes.
+    pub fn nodes(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Bytes of encoded state.
+    pub fn bytes(&self) -> usize {
+        self.state.len() + self.buf.len()
+    }
+
+    /// Every node record, in the order they were encoded.
+    pub fn node_records(&self) -> impl Iterator<Item = (NodeId, &[u8])> + '_ {
+        self.nodes
+            .iter()
+            .map(|&(id, s, end)| (id, &self.buf[s..end]))
+    }
+}
+
+fn name(covered: u64, crc: u32) -> String {
+    format!("checkpoint-{covered:020}-{crc:08x}.redb")
+}
+
+/// The checkpoints in `dir`, newest last: (covered, crc, path).
+fn list(dir: &Path) -> std::io::Result<Vec<(u64, u32, PathBuf)>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let n = entry.file_name();
+        let Some(parts) = n
+            .to_str()
+            .and_then(|n| n.strip_prefix("checkpoint-"))
+            .and_then(|n| n.strip_suffix(".redb"))
+        else {
+            continue;
+        };
+        let Some((covered, crc)) = parts.split_once('-') else {
+            continue;
+        };
+        if let (Ok(covered), Ok(crc)) = (covered.parse(), u32::from_str_radix(crc, 16)) {
+            out.push((covered, crc, entry.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn file_crc(path: &Path) -> std::io::Result<u32> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut h = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            return Ok(h.finalize());
+        }
+        h.update(&buf[..n]);
+    }
+}
+
+/// The newest checkpoint's path, if any.
+pub fn newest(dir: &Path) -> Option<PathBuf> {
+    list(dir).ok()?.pop().map(|c| c.2)
+}
+
+/// Writes `image`, which holds every log record up to `covered`, as the
+/// checkpoint in `dir` (replacing the old one once it is complete).
+pub fn write(dir: &Path, mut image: Image, covered: u64) -> Result<(), CheckpointError> {
+    let tmp = dir.join(TMP_FILE);
+    let e = err(&tmp);
+    let _ = std::fs::remove_file(&tmp);
+    image.nodes.sort_unstable_by_key(|n| n.0);
+    let db = Database::create(&tmp).map_err(|x| e(x.to_string()))?;
+    let tx = db.begin_write().map_err(|x| e(x.to_string()))?;
+    {
+        let mut t = tx.open_table(NODES).map_err(|x| e(x.to_string()))?;
+        for (id, rec) in image.node_records() {
+            t.insert(id, rec).map_err(|x| e(x.to_string()))?;
+        }
+        let mut p = tx.open_table(PARTS).map_err(|x| e(x.to_string()))?;
+        p.insert("state", &image.state[..])
+            .map_err(|x| e(x.to_string()))?;
+    }
+    tx.commit().map_err(|x| e(x.to_string()))?;
+    drop(db);
+    let crc = file_crc(&tmp).map_err(|x| e(x.to_string()))?;
+    let path = dir.join(name(covered, crc));
+    std::fs::rename(&tmp, &path).map_err(|x| e(format!("renaming it: {x}")))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|x| e(format!("syncing {}: {x}", dir.display())))?;
+    let older = list(dir).map_err(|x| e(x.to_string()))?;
+    for (c, _, p) in older {
+        if c < covered {
+            std::fs::remove_file(&p).map_err(|x| e(format!("removing {}: {x}", p.display())))?;
+        }
+    }
+    Ok(())
+}
+
+/// The checkpoint in `dir`, if there is one: the state (every storage
+/// server counted as seen at `now`) and the last log record it holds.
+pub fn read(
+    dir: &Path,
+    lease_ms: u64,
+    now: u64,
+) -> Result<Option<(MetaState, u64)>, CheckpointError> {
+    let Some((covered, crc, path)) = list(dir).map_err(|x| err(dir)(x.to_string()))?.pop() else {
+        return Ok(None);
+    };
+    let e = err(&path);
+    let got = file_crc(&path).map_err(|x| e(x.to_string()))?;
+    if got != crc {
+        return Err(e(format!(
+            "its bytes do not match the checksum in its name ({got:08x}): the file is damaged; restore it from a backup or move it away"
+        )));
+    }
+    let db = Database::open(&path).map_err(|x| e(x.to_string()))?;
+    let rx = db.begin_read().map_err(|x| e(x.to_string()))?;
+    let parts = rx.open_table(PARTS).map_err(|x| e(x.to_string()))?;
+    let part = |k: &str| -> Result<Vec<u8>, CheckpointError> {
+        parts
+            .get(k)
+            .map_err(|x| e(x.to_string()))?
+            .map(|v| v.value().to_vec())
+            .ok_or_else(|| e(format!("its {k} part is missing")))
+    };
+    let state = part("state")?;
+    let nodes = rx.open_table(NODES).map_err(|x| e(x.to_string()))?;
+    let records = nodes.iter().map_err(|x| e(x.to_string()))?.map(|r| {
+        r.map(|(k, v)| (k.value(), v.value().to_vec()))
+            .map_err(|x| nodekernel_proto::Error::protocol(x.to_string()))
+    });
+    let st = MetaState::from_checkpoint(lease_ms, &state, records, now)
+        .map_err(|x| e(format!("it does not decode: {}", x.message)))?;
+    Ok(Some((st, covered)))
+}

@@ -1,0 +1,524 @@
+//! Effects as bytes: what the operation log keeps, one record per decision.
+//!
+//! A record is a format byte ([`EFFECTS_FORMAT`]), a count, and the effects
+//! in the order they were applied, each a tag byte and its fields
+//! (little-endian, strings length-prefixed; `nodekernel_proto::codec`).
+//! Tags are append-only: a new effect gets a new tag, and an old tag never
+//! changes its fields (a new format byte would). Decoding is bounded like
+//! every wire decoder: counts are checked against the bytes present before
+//! anything is allocated, and bad input is an error, never a panic.
+
+use crate::alloc::BlockRef;
+use crate::effect::Effect;
+use crate::namespace::{Lease, NewNode};
+use crate::slab::Piece;
+use bytes::BytesMut;
+use nodekernel_proto::codec::{Dec, Enc};
+use nodekernel_proto::{Error, NodeType, Result, ServerSpec};
+
+/// The record format written; the only one read.
+pub const EFFECTS_FORMAT: u8 = 1;
+
+/// Smallest encoding of one effect (a tag and a u32), for count checks.
+const MIN_EFFECT: usize = 5;
+
+mod tag {
+    pub const NODE_CREATED: u8 = 1;
+    pub const LINKED: u8 = 2;
+    pub const REPLACED: u8 = 3;
+    pub const UNLINKED: u8 = 4;
+    pub const DROPPED: u8 = 5;
+    pub const MOVED: u8 = 6;
+    pub const SLOT_RELEASED: u8 = 7;
+    pub const BLOCK_ADDED: u8 = 8;
+    pub const BLOCK_SWAPPED: u8 = 9;
+    pub const BLOCKS_TRUNCATED: u8 = 10;
+    pub const BLOCK_FREED: u8 = 11;
+    pub const BLOCK_STAMPED: u8 = 12;
+    pub const SIZE_SET: u8 = 13;
+    pub const LEASE_SET: u8 = 14;
+    pub const LEASE_CLEARED: u8 = 15;
+    pub const SERVER_ADDED: u8 = 16;
+    pub const SERVER_RETIRED: u8 = 17;
+    pub const MOVE_STARTED: u8 = 18;
+    pub const MOVE_ENDED: u8 = 19;
+    pub const SLAB_CREATED: u8 = 20;
+    pub const PIECE_TAKEN: u8 = 21;
+    pub const PIECE_FREED: u8 = 22;
+    pub const SLAB_STAMPED: u8 = 23;
+    pub const SLAB_RELEASED: u8 = 24;
+}
+
+fn block(e: &mut Enc, b: &BlockRef) {
+    e.u32(b.server).u32(b.block).u64(b.gen);
+}
+
+fn piece(e: &mut Enc, p: &Piece) {
+    e.u32(p.server).u32(p.block).u32(p.index).u32(p.size);
+}
+
+fn slot(e: &mut Enc, s: Option<u32>) {
+    match s {
+        Some(s) => e.bool(true).u32(s),
+        None => e.bool(false),
+    };
+}
+
+/// Appends the record of one decision's effects to `out`.
+pub fn encode_effects(effects: &[Effect], out: &mut BytesMut) {
+    let e = &mut Enc(out);
+    e.u8(EFFECTS_FORMAT).u32(effects.len() as u32);
+    for x in effects {
+        match x {
+            Effect::NodeCreated(n) => {
+                e.u8(tag::NODE_CREATED)
+                    .u64(n.id)
+                    .u64(n.parent)
+                    .str(&n.name)
+                    .u8(n.ty as u8)
+                    .u8(n.storage_class)
+                    .str(&n.location)
+                    .bool(n.enumerable);
+            }
+            Effect::Linked { id, slot: s } => {
+                e.u8(tag::LINKED).u64(*id);
+                slot(e, *s);
+            }
+            Effect::Replaced { old, new } => {
+                e.u8(tag::REPLACED).u64(*old).u64(*new);
+            }
+            Effect::Unlinked { id } => {
+                e.u8(tag::UNLINKED).u64(*id);
+            }
+            Effect::Dropped { ids } => {
+                e.u8(tag::DROPPED).u32(ids.len() as u32);
+                for id in ids {
+                    e.u64(*id);
+                }
+            }
+            Effect::Moved {
+                id,
+                parent,
+                name,
+                slot: s,
+            } => {
+                e.u8(tag::MOVED).u64(*id).u64(*parent).str(name);
+                slot(e, *s);
+            }
+            Effect::SlotReleased { container, slot } => {
+                e.u8(tag::SLOT_RELEASED).u64(*container).u32(*slot);
+            }
+            Effect::BlockAdded { node, block: b } => {
+                e.u8(tag::BLOCK_ADDED).u64(*node);
+                block(e, b);
+            }
+            Effect::BlockSwapped {
+                node,
+                index,
+                block: b,
+            } => {
+                e.u8(tag::BLOCK_SWAPPED).u64(*node).u64(*index);
+                block(e, b);
+            }
+            Effect::BlocksTruncated { node, len } => {
+                e.u8(tag::BLOCKS_TRUNCATED).u64(*node).u64(*len);
+            }
+            Effect::BlockFreed { block: b } => {
+                e.u8(tag::BLOCK_FREED);
+                block(e, b);
+            }
+            Effect::BlockStamped { node, index, gen } => {
+                e.u8(tag::BLOCK_STAMPED).u64(*node).u64(*index).u64(*gen);
+            }
+            Effect::SizeSet { node, size } => {
+                e.u8(tag::SIZE_SET).u64(*node).u64(*size);
+            }
+            Effect::LeaseSet { node, lease } => {
+                e.u8(tag::LEASE_SET)
+                    .u64(*node)
+                    .u64(lease.id)
+                    .u64(lease.expires_ms);
+            }
+            Effect::LeaseCleared { node } => {
+                e.u8(tag::LEASE_CLEARED).u64(*node);
+            }
+            Effect::ServerAdded { id, spec } => {
+                e.u8(tag::SERVER_ADDED).u32(*id);
+                spec.encode(e);
+            }
+            Effect::ServerRetired { id } => {
+                e.u8(tag::SERVER_RETIRED).u32(*id);
+            }
+            Effect::MoveStarted {
+                node,
+                index,
+                to,
+                fence,
+            } => {
+                e.u8(tag::MOVE_STARTED).u64(*node).u64(*index);
+                block(e, to);
+                e.u64(*fence);
+            }
+            Effect::MoveEnded { node, index, done } => {
+                e.u8(tag::MOVE_ENDED).u64(*node).u64(*index).bool(*done);
+            }
+            Effect::SlabCreated {
+                block: b,
+                piece_size,
+            } => {
+                e.u8(tag::SLAB_CREATED);
+                block(e, b);
+                e.u32(*piece_size);
+            }
+            Effect::PieceTaken { node, piece: p } => {
+                e.u8(tag::PIECE_TAKEN).u64(*node);
+                piece(e, p);
+            }
+            Effect::PieceFreed { piece: p } => {
+                e.u8(tag::PIECE_FREED);
+                piece(e, p);
+            }
+            Effect::SlabStamped { server, block, gen } => {
+                e.u8(tag::SLAB_STAMPED).u32(*server).u32(*block).u64(*gen);
+            }
+            Effect::SlabReleased { server, block } => {
+                e.u8(tag::SLAB_RELEASED).u32(*server).u32(*block);
+            }
+        }
+    }
+}
+
+fn dec_block(d: &mut Dec) -> Result<BlockRef> {
+    Ok(BlockRef {
+        server: d.u32()?,
+        block: d.u32()?,
+        gen: d.u64()?,
+    })
+}
+
+fn dec_piece(d: &mut Dec) -> Result<Piece> {
+    Ok(Piece {
+        server: d.u32()?,
+        block: d.u32()?,
+        index: d.u32()?,
+        size: d.u32()?,
+    })
+}
+
+fn dec_slot(d: &mut Dec) -> Result<Option<u32>> {
+    Ok(if d.bool()? { Some(d.u32()?) } else { None })
+}
+
+/// Reads one record written by [`encode_effects`], exactly.
+pub fn decode_effects(buf: &[u8]) -> Result<Vec<Effect>> {
+    let mut dec = Dec::new(buf, "logged effects");
+    let d = &mut dec;
+    let format = d.u8()?;
+    if format != EFFECTS_FORMAT {
+        return Err(Error::protocol(format!(
+            "logged effects in format {format}; this build reads format {EFFECTS_FORMAT}"
+        )));
+    }
+    let n = d.count(MIN_EFFECT)?;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = d.u8()?;
+        out.push(match t {
+            tag::NODE_CREATED => Effect::NodeCreated(NewNode {
+                id: d.u64()?,
+                parent: d.u64()?,
+                name: d.string()?,
+                ty: NodeType::from_u8(d.u8()?)?,
+                storage_class: d.u8()?,
+                location: d.string()?,
+                enumerable: d.bool()?,
+            }),
+            tag::LINKED => Effect::Linked {
+                id: d.u64()?,
+                slot: dec_slot(d)?,
+            },
+            tag::REPLACED => Effect::Replaced {
+                old: d.u64()?,
+                new: d.u64()?,
+            },
+            tag::UNLINKED => Effect::Unlinked { id: d.u64()? },
+            tag::DROPPED => {
+                let n = d.count(8)?;
+                let mut ids = Vec::with_capacity(n);
+                for _ in 0..n {
+                    ids.push(d.u64()?);
+                }
+                Effect::Dropped { ids }
+            }
+            tag::MOVED => Effect::Moved {
+                id: d.u64()?,
+                parent: d.u64()?,
+                name: d.string()?,
+                slot: dec_slot(d)?,
+            },
+            tag::SLOT_RELEASED => Effect::SlotReleased {
+                container: d.u64()?,
+                slot: d.u32()?,
+            },
+            tag::BLOCK_ADDED => Effect::BlockAdded {
+                node: d.u64()?,
+                block: dec_block(d)?,
+            },
+            tag::BLOCK_SWAPPED => Effect::BlockSwapped {
+                node: d.u64()?,
+                index: d.u64()?,
+                block: dec_block(d)?,
+            },
+            tag::BLOCKS_TRUNCATED => Effect::BlocksTruncated {
+                node: d.u64()?,
+                len: d.u64()?,
+            },
+            tag::BLOCK_FREED => Effect::BlockFreed {
+                block: dec_block(d)?,
+            },
+            tag::BLOCK_STAMPED => Effect::BlockStamped {
+                node: d.u64()?,
+                index: d.u64()?,
+                gen: d.u64()?,
+            },
+            tag::SIZE_SET => Effect::SizeSet {
+                node: d.u64()?,
+                size: d.u64()?,
+            },
+            tag::LEASE_SET => Effect::LeaseSet {
+                node: d.u64()?,
+                lease: Lease {
+                    id: d.u64()?,
+                    expires_ms: d.u64()?,
+                },
+            },
+            tag::LEASE_CLEARED => Effect::LeaseCleared { node: d.u64()? },
+            tag::SERVER_ADDED => Effect::ServerAdded {
+                id: d.u32()?,
+                spec: ServerSpec::decode(d)?,
+            },
+            tag::SERVER_RETIRED => Effect::ServerRetired { id: d.u32()? },
+            tag::MOVE_STARTED => Effect::MoveStarted {
+                node: d.u64()?,
+                index: d.u64()?,
+                to: dec_block(d)?,
+                fence: d.u64()?,
+            },
+            tag::MOVE_ENDED => Effect::MoveEnded {
+                node: d.u64()?,
+                index: d.u64()?,
+                done: d.bool()?,
+            },
+            tag::SLAB_CREATED => Effect::SlabCreated {
+                block: dec_block(d)?,
+                piece_size: d.u32()?,
+            },
+            tag::PIECE_TAKEN => Effect::PieceTaken {
+                node: d.u64()?,
+                piece: dec_piece(d)?,
+            },
+            tag::PIECE_FREED => Effect::PieceFreed {
+                piece: dec_piece(d)?,
+            },
+            tag::SLAB_STAMPED => Effect::SlabStamped {
+                server: d.u32()?,
+                block: d.u32()?,
+                gen: d.u64()?,
+            },
+            tag::SLAB_RELEASED => Effect::SlabReleased {
+                server: d.u32()?,
+                block: d.u32()?,
+            },
+            t => return Err(Error::protocol(format!("unknown logged effect {t}"))),
+        });
+    }
+    dec.finish()?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn spec() -> ServerSpec {
+        ServerSpec {
+            addr: "127.0.0.1:1".into(),
+            class: 1,
+            class_name: "file".into(),
+            medium: "file".into(),
+            location: "rack-a".into(),
+            block_size: 1 << 20,
+            first_block: 0,
+            num_blocks: 64,
+            identity: "s-1".into(),
+            incarnation: 7,
+        }
+    }
+
+    /// One of every effect, with distinct field values.
+    fn every_effect() -> Vec<Effect> {
+        let b = BlockRef {
+            server: 3,
+            block: 9,
+            gen: 1 << 40,
+        };
+        let p = Piece {
+            server: 2,
+            block: 5,
+            index: 77,
+            size: 112,
+        };
+        vec![
+            Effect::NodeCreated(NewNode {
+                id: 42,
+                parent: 1,
+                name: "naïve name".into(),
+                ty: NodeType::KeyValue,
+                storage_class: 1,
+                location: "here".into(),
+                enumerable: false,
+            }),
+            Effect::Linked { id: 42, slot: None },
+            Effect::Linked {
+                id: 43,
+                slot: Some(7),
+            },
+            Effect::Replaced { old: 4, new: 5 },
+            Effect::Unlinked { id: 6 },
+            Effect::Dropped {
+                ids: vec![1, 2, u64::MAX],
+            },
+            Effect::Moved {
+                id: 8,
+                parent: 9,
+                name: "x".into(),
+                slot: Some(0),
+            },
+            Effect::SlotReleased {
+                container: 10,
+                slot: 11,
+            },
+            Effect::BlockAdded { node: 12, block: b },
+            Effect::BlockSwapped {
+                node: 13,
+                index: 2,
+                block: b,
+            },
+            Effect::BlocksTruncated { node: 14, len: 3 },
+            Effect::BlockFreed { block: b },
+            Effect::BlockStamped {
+                node: 15,
+                index: 1,
+                gen: 99,
+            },
+            Effect::SizeSet {
+                node: 16,
+                size: 1 << 33,
+            },
+            Effect::LeaseSet {
+                node: 17,
+                lease: Lease {
+                    id: 5,
+                    expires_ms: 123,
+                },
+            },
+            Effect::LeaseCleared { node: 18 },
+            Effect::ServerAdded {
+                id: 2,
+                spec: spec(),
+            },
+            Effect::ServerRetired { id: 3 },
+            Effect::MoveStarted {
+                node: 19,
+                index: 4,
+                to: b,
+                fence: 1000,
+            },
+            Effect::MoveEnded {
+                node: 19,
+                index: 4,
+                done: true,
+            },
+            Effect::SlabCreated {
+                block: b,
+                piece_size: 112,
+            },
+            Effect::PieceTaken { node: 20, piece: p },
+            Effect::PieceFreed { piece: p },
+            Effect::SlabStamped {
+                server: 2,
+                block: 5,
+                gen: 1001,
+            },
+            Effect::SlabReleased {
+                server: 2,
+                block: 5,
+            },
+        ]
+    }
+
+    #[test]
+    fn every_effect_round_trips() {
+        let all = every_effect();
+        let mut buf = BytesMut::new();
+        encode_effects(&all, &mut buf);
+        assert_eq!(decode_effects(&buf).unwrap(), all);
+        let mut empty = BytesMut::new();
+        encode_effects(&[], &mut empty);
+        assert_eq!(decode_effects(&empty).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn truncated_extended_and_unknown_records_are_refused() {
+        let mut buf = BytesMut::new();
+        encode_effects(&every_effect(), &mut buf);
+        for cut in 0..buf.len() {
+            assert!(decode_effects(&buf[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut long = buf.to_vec();
+        long.push(0);
+        assert!(decode_effects(&long).is_err());
+        let mut other = buf.to_vec();
+        other[0] = EFFECTS_FORMAT + 1;
+        assert!(decode_effects(&other).is_err());
+        let mut unknown = BytesMut::new();
+        Enc(&mut unknown).u8(EFFECTS_FORMAT).u32(1).u8(200).u32(0);
+        let err = decode_effects(&unknown).unwrap_err();
+        assert!(err.message.contains("unknown logged effect 200"), "{err}");
+    }
+
+    #[test]
+    fn a_huge_count_is_refused_before_allocating() {
+        let mut buf = BytesMut::new();
+        Enc(&mut buf).u8(EFFECTS_FORMAT).u32(u32::MAX);
+        assert!(decode_effects(&buf).is_err());
+        let mut buf = BytesMut::new();
+        Enc(&mut buf)
+            .u8(EFFECTS_FORMAT)
+            .u32(1)
+            .u8(tag::DROPPED)
+            .u32(u32::MAX);
+        assert!(decode_effects(&buf).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn any_bytes_decode_without_panicking(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = decode_effects(&bytes);
+        }
+
+        #[test]
+        fn any_sublist_round_trips(mask in any::<u32>()) {
+            let picked: Vec<Effect> = every_effect()
+                .into_iter()
+                .enumerate()
+                .filter(|(i, _)| mask & (1 << (i % 32)) != 0)
+                .map(|(_, e)| e)
+                .collect();
+            let mut buf = BytesMut::new();
+            encode_effects(&picked, &mut buf);
+            prop_assert_eq!(decode_effects(&buf).unwrap(), picked);
+        }
+    }
+}

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# bench-persistence.sh: the cost of a persistent metadata server (issue #13).
+#
+# 1. create and putkey (1 KiB) rows at 1 and 16 clients against `nk meta` +
+#    one DRAM `nk store` (separate processes), with the metadata server
+#    volatile, then persistent with meta.fsync = never, interval and always;
+# 2. the restart time of a persistent metadata server holding NODES nodes
+#    (default 1,000,000 KeyValues of 4 bytes): replaying the log alone, and
+#    from a checkpoint plus the log after it.
+#
+# Prints a markdown table per part; OUT=FILE also keeps every JSON report.
+# Environment: NK (binary), NODES, ROWS_K (ops per client at 1 client).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NK=${NK:-$PWD/target/release/nk}
+NODES=${NODES:-1000000}
+K=${ROWS_K:-20000}
+OUT=${OUT:-/dev/null}
+[[ -x $NK ]] || cargo build --release -q -p nodekernel-cli
+D=$(mktemp -d)
+PIDS=()
+stop() {
+  [[ ${#PIDS[@]} -gt 0 ]] && kill "${PIDS[@]}" 2>/dev/null
+  wait 2>/dev/null || true
+  PIDS=()
+}
+trap 'stop; rm -rf $D' EXIT
+
+# start MODE [EXTRA_TOML]: meta (persistent unless MODE=off; on $LISTEN) and,
+# unless STORE_UP is set, one store.
+start() {
+  local mode=$1 extra=${2:-}
+  {
+    echo "[meta]"
+    if [[ $mode != off ]]; then
+      echo "persistence = true"
+      echo "fsync = \"$mode\""
+    fi
+    echo "$extra"
+  } >"$D/nk.toml"
+  local args=(--listen "${LISTEN:-127.0.0.1:0}")
+  [[ $mode != off ]] && args+=(--data-dir "$D/meta")
+  "$NK" --config "$D/nk.toml" meta "${args[@]}" >"$D/meta.log" 2>&1 &
+  PIDS+=($!)
+  META=
+  for _ in $(seq 600); do
+    META=$(sed -n 's/.*metadata server listening on \([^ ]*\).*/\1/p' "$D/meta.log" | head -1)
+    [[ -n $META ]] && break
+    sleep 0.05
+  done
+  [[ -n $META ]] || { cat "$D/meta.log"; exit 1; }
+  if [[ -z ${STORE_UP:-} ]]; then
+    "$NK" store --meta "$META" --class 0 --medium dram --size 1GiB --listen 127.0.0.1:0 >"$D/store.log" 2>&1 &
+    PIDS+=($!)
+  fi
+  NK_META=$META "$NK" status --wait >/dev/null
+}
+
+row() { # row MODE ARGS...: one nk bench run, as a table row
+  local mode=$1
+  shift
+  local j
+  j=$(NK_META=$META "$NK" bench "$@" --json)
+  echo "$j" >>"$OUT"
+  python3 - "$mode" "$*" "$j" <<'EOF'
+import json, sys
+mode, args, r = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+print(f"| {mode} | {args} | {r['ops_per_sec']:.0f} | {r['latency_us']['p50']:.1f} | {r['latency_us']['p99']:.1f} |")
+EOF
+}
+
+echo "## Requests with persistence off and on ($(date -u +%F), $(nproc) vCPUs)"
+echo
+echo "| metadata server | nk bench | ops/s | p50 µs | p99 µs |"
+echo "|---|---|---|---|---|"
+for mode in off never interval always; do
+  start $mode
+  row $mode create -k "$K" -w 1000 -c 1
+  row $mode create -k $((K / 8)) -w 200 -c 16
+  row $mode putkey -s 1KiB -k "$K" -w 1000 -c 1 --keys 1000
+  row $mode putkey -s 1KiB -k $((K / 8)) -w 200 -c 16 --keys 1000
+  stop
+  rm -rf "$D/meta"
+done
+
+echo
+echo "## Restart of a metadata server holding $NODES KeyValues"
+echo
+echo "| restart from | log records replayed | nodes | start to listening (s) | the server's own count |"
+echo "|---|---|---|---|---|"
+for how in log checkpoint; do
+  # Without checkpoints the log holds everything; with them, the last
+  # checkpoint and its tail.
+  after='checkpoint_after = "1TiB"'
+  [[ $how == checkpoint ]] && after='checkpoint_after = "64MiB"'
+  start always "$after"
+  NK_META=$META "$NK" bench putkey -s 4 -k $((NODES / 16)) -w 0 -c 16 --new-keys --non-enumerable --json >>"$OUT"
+  kill -9 "${PIDS[0]}"
+  wait "${PIDS[0]}" 2>/dev/null || true
+  PIDS=("${PIDS[@]:1}")
+  t0=$(date +%s.%N)
+  LISTEN=$META STORE_UP=1 start always "$after"
+  t1=$(date +%s.%N)
+  line=$(grep -m1 "restored" "$D/meta.log" || true)
+  nodes=$(echo "$line" | sed -n 's/.*restored \([0-9]*\) nodes.*/\1/p')
+  records=$(echo "$line" | sed -n 's/.* and \([0-9]*\) later log records.*/\1/p')
+  took=$(echo "$line" | sed -n 's/.*(\([0-9.]*\) ms).*/\1/p')
+  printf '| %s | %s | %s | %.2f | %s ms |\n' "$how" "$records" "$nodes" "$(echo "$t1 - $t0" | bc)" "$took"
+  stop
+  rm -rf "$D/meta"
+done
