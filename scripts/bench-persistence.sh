@@ -9,13 +9,16 @@
 #    from a checkpoint plus the log after it.
 #
 # Prints a markdown table per part; OUT=FILE also keeps every JSON report.
-# Environment: NK (binary), NODES, ROWS_K (ops per client at 1 client).
+# Environment: NK (binary), NODES, ROWS_K (ops per client at 1 client),
+# PARTS ("rows restart", the default, or either), MODES (default "off never
+# interval always").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NK=${NK:-$PWD/target/release/nk}
 NODES=${NODES:-1000000}
 K=${ROWS_K:-20000}
 OUT=${OUT:-/dev/null}
+PARTS=${PARTS:-rows restart}
 [[ -x $NK ]] || cargo build --release -q -p nodekernel-cli
 D=$(mktemp -d)
 PIDS=()
@@ -53,7 +56,7 @@ start() {
     "$NK" store --meta "$META" --class 0 --medium dram --size 1GiB --listen 127.0.0.1:0 >"$D/store.log" 2>&1 &
     PIDS+=($!)
   fi
-  NK_META=$META "$NK" status --wait >/dev/null
+  NK_META=$META "$NK" status --wait >/dev/null 2>&1
 }
 
 row() { # row MODE ARGS...: one nk bench run, as a table row
@@ -69,11 +72,12 @@ print(f"| {mode} | {args} | {r['ops_per_sec']:.0f} | {r['latency_us']['p50']:.1f
 EOF
 }
 
+if [[ $PARTS == *rows* ]]; then
 echo "## Requests with persistence off and on ($(date -u +%F), $(nproc) vCPUs)"
 echo
 echo "| metadata server | nk bench | ops/s | p50 µs | p99 µs |"
 echo "|---|---|---|---|---|"
-for mode in off never interval always; do
+for mode in ${MODES:-off never interval always}; do
   start $mode
   row $mode create -k "$K" -w 1000 -c 1
   row $mode create -k $((K / 8)) -w 200 -c 16
@@ -82,19 +86,22 @@ for mode in off never interval always; do
   stop
   rm -rf "$D/meta"
 done
-
 echo
+fi
+
+[[ $PARTS == *restart* ]] || exit 0
 echo "## Restart of a metadata server holding $NODES KeyValues"
 echo
-echo "| restart from | log records replayed | nodes | start to listening (s) | the server's own count |"
-echo "|---|---|---|---|---|"
+echo "| restart from | log records replayed | nodes | start to listening (s) | the server's own count | last checkpoint while loading |"
+echo "|---|---|---|---|---|---|"
 for how in log checkpoint; do
   # Without checkpoints the log holds everything; with them, the last
   # checkpoint and its tail.
   after='checkpoint_after = "1TiB"'
   [[ $how == checkpoint ]] && after='checkpoint_after = "64MiB"'
   start always "$after"
-  NK_META=$META "$NK" bench putkey -s 4 -k $((NODES / 16)) -w 0 -c 16 --new-keys --non-enumerable --json >>"$OUT"
+  NK_META=$META "$NK" bench putkey -s 4 -k $((NODES / 16)) -w 0 -c 16 --new-keys --non-enumerable --keep --json >>"$OUT" 2>/dev/null
+  ckpt=$(grep "checkpoint of" "$D/meta.log" | tail -1 | sed -n 's/.*checkpoint of \([0-9]*\) nodes.*(\([0-9]*\) records replayed.* in \([0-9.]*\) ms.*/\1 nodes (\2 records onto the previous one), \3 ms in the background/p' || true)
   kill -9 "${PIDS[0]}"
   wait "${PIDS[0]}" 2>/dev/null || true
   PIDS=("${PIDS[@]:1}")
@@ -105,7 +112,7 @@ for how in log checkpoint; do
   nodes=$(echo "$line" | sed -n 's/.*restored \([0-9]*\) nodes.*/\1/p')
   records=$(echo "$line" | sed -n 's/.* and \([0-9]*\) later log records.*/\1/p')
   took=$(echo "$line" | sed -n 's/.*(\([0-9.]*\) ms).*/\1/p')
-  printf '| %s | %s | %s | %.2f | %s ms |\n' "$how" "$records" "$nodes" "$(echo "$t1 - $t0" | bc)" "$took"
+  printf '| %s | %s | %s | %.2f | %s ms | %s |\n' "$how" "$records" "$nodes" "$(echo "$t1 - $t0" | bc)" "$took" "${ckpt:-none}"
   stop
   rm -rf "$D/meta"
 done

@@ -88,6 +88,10 @@ pub struct BenchArgs {
     /// Put keys into a non-enumerable table (no child records written)
     #[arg(long)]
     non_enumerable: bool,
+    /// Keep the nodes the run made (under /nk-bench-PID) instead of removing
+    /// them at the end, e.g. to time a restart holding them
+    #[arg(long)]
+    keep: bool,
     /// Start an in-process cluster instead of connecting
     #[arg(long)]
     embedded: bool,
@@ -348,7 +352,12 @@ pub async fn bench(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<Report> {
     });
     setup.mkdir(&plan.root, false).await?;
     let result = run_clients(&setup, cfg, a, plan.clone()).await;
-    let cleanup = setup.delete(&plan.root, true).await;
+    let cleanup = if a.keep {
+        eprintln!("kept the benchmark's nodes under {}", plan.root);
+        Ok(())
+    } else {
+        setup.delete(&plan.root, true).await
+    };
     let (hist, ops, secs, paths) = result?;
     cleanup?;
     let bytes_per_op = match a.mode {

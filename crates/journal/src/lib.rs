@@ -382,6 +382,60 @@ fn create_segment(dir: &Path, first_seq: u64) -> Result<(File, PathBuf), Journal
     Ok((file, path))
 }
 
+/// Reads the records after `after` up to `upto` (inclusive) from the
+/// segments in `dir` that hold nothing later, without opening the log: a
+/// checkpoint is built from them in the background while the open log goes
+/// on in a newer segment (see [`Journal::rotate`]). Any damage, or a
+/// missing record, is an error. Returns how many records were read.
+pub fn read_records(
+    dir: &Path,
+    after: u64,
+    upto: u64,
+    mut each: impl FnMut(u64, &[u8]) -> Result<(), String>,
+) -> Result<u64, JournalError> {
+    let segs = segments(dir)?;
+    let mut read = 0;
+    let mut next = after + 1;
+    for (i, (first, path)) in segs.iter().enumerate() {
+        let end = segs.get(i + 1).map(|(n, _)| *n);
+        if end.is_some_and(|e| e <= next) || *first > upto {
+            continue; // entirely before or after the range
+        }
+        let file = File::open(path).map_err(io_err(path))?;
+        // SAFETY: a segment before the one being written: nothing writes
+        // it any more.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err(path))?;
+        let mut keep = |seq: u64, payload: &[u8]| {
+            if seq == next && seq <= upto {
+                next += 1;
+                read += 1;
+                each(seq, payload)
+            } else {
+                Ok(())
+            }
+        };
+        let mut scanned = 0;
+        match scan(path, &map, *first, &mut keep, &mut scanned)? {
+            Scanned::Clean { .. } => {}
+            Scanned::DamagedTail { offset, .. } => {
+                return Err(JournalError::Corrupt {
+                    path: path.clone(),
+                    offset: offset as u64,
+                    reason: "damaged in a segment that is no longer written".into(),
+                })
+            }
+        }
+    }
+    if next <= upto {
+        return Err(JournalError::Corrupt {
+            path: dir.to_path_buf(),
+            offset: 0,
+            reason: format!("records {next} to {upto} are missing"),
+        });
+    }
+    Ok(read)
+}
+
 impl Journal {
     /// Opens the log in `dir` (created if missing), replaying every record
     /// after `after` through `each` in order, and cutting a damaged tail
@@ -638,8 +692,12 @@ impl Journal {
     }
 
     /// Deletes the segments that hold only records before `seq` (which a
-    /// checkpoint now holds). Returns how many went.
+    /// checkpoint now holds). Returns how many went; none once the log is
+    /// closed (a new opener may be reading them).
     pub fn remove_before(&self, seq: u64) -> Result<usize, JournalError> {
+        if lock(&self.inner.writer).closed {
+            return Ok(0);
+        }
         let dir = &self.inner.dir;
         let segs = segments(dir)?;
         let mut removed = 0;

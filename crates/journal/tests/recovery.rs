@@ -343,3 +343,38 @@ fn a_log_that_does_not_follow_its_checkpoint_is_refused() {
     let (j, _) = Journal::open(empty.path(), Fsync::Never, 41, |_, _| Ok(())).unwrap();
     assert_eq!(j.append(b"x").unwrap(), 42);
 }
+
+#[test]
+fn records_of_older_segments_are_read_while_the_log_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (j, _) = open(dir.path(), Fsync::Never).unwrap();
+    for i in 1..=10 {
+        j.append(&record(i)).unwrap();
+    }
+    j.rotate().unwrap();
+    for i in 11..=20 {
+        j.append(&record(i)).unwrap();
+    }
+    let upto = j.rotate().unwrap() - 1;
+    j.append(&record(21)).unwrap();
+    let mut got = Vec::new();
+    let n = nodekernel_journal::read_records(dir.path(), 4, upto, |seq, p| {
+        got.push((seq, p.to_vec()));
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(n, 16);
+    assert_eq!(
+        got.iter().map(|g| g.0).collect::<Vec<_>>(),
+        (5..=20).collect::<Vec<_>>()
+    );
+    for (seq, p) in &got {
+        assert_eq!(*p, record(*seq));
+    }
+    // Records the segments no longer hold are an error, not a silent gap.
+    j.remove_before(11).unwrap();
+    let err = nodekernel_journal::read_records(dir.path(), 4, upto, |_, _| Ok(()))
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("missing"), "{err}");
+}

@@ -20,7 +20,10 @@
 
 use crate::namespace::NodeId;
 use crate::state::MetaState;
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{
+    Database, ReadOnlyDatabase, ReadableDatabase, ReadableTable, ReadableTableMetadata,
+    TableDefinition,
+};
 use std::path::{Path, PathBuf};
 
 /// The format of the `state` part written; the only one read.
@@ -179,7 +182,9 @@ pub fn read(
             "its bytes do not match the checksum in its name ({got:08x}): the file is damaged; restore it from a backup or move it away"
         )));
     }
-    let db = Database::open(&path).map_err(|x| e(x.to_string()))?;
+    // Read-only: a plain open may write to the file (and so change the
+    // bytes its name's checksum covers).
+    let db = ReadOnlyDatabase::open(&path).map_err(|x| e(x.to_string()))?;
     let rx = db.begin_read().map_err(|x| e(x.to_string()))?;
     let parts = rx.open_table(PARTS).map_err(|x| e(x.to_string()))?;
     let part = |k: &str| -> Result<Vec<u8>, CheckpointError> {
@@ -191,11 +196,36 @@ pub fn read(
     };
     let state = part("state")?;
     let nodes = rx.open_table(NODES).map_err(|x| e(x.to_string()))?;
-    let records = nodes.iter().map_err(|x| e(x.to_string()))?.map(|r| {
-        r.map(|(k, v)| (k.value(), v.value().to_vec()))
-            .map_err(|x| nodekernel_proto::Error::protocol(x.to_string()))
-    });
+    let count = nodes.len().map_err(|x| e(x.to_string()))?;
+    let records = Counted {
+        left: usize::try_from(count).unwrap_or(usize::MAX),
+        inner: nodes.iter().map_err(|x| e(x.to_string()))?.map(|r| {
+            r.map(|(k, v)| (k.value(), v.value().to_vec()))
+                .map_err(|x| nodekernel_proto::Error::protocol(x.to_string()))
+        }),
+    };
     let st = MetaState::from_checkpoint(lease_ms, &state, records, now)
         .map_err(|x| e(format!("it does not decode: {}", x.message)))?;
     Ok(Some((st, covered)))
+}
+
+/// An iterator that knows how many items it yields (redb's does not say),
+/// so the node table is sized once.
+struct Counted<I> {
+    inner: I,
+    left: usize,
+}
+
+impl<I: Iterator> Iterator for Counted<I> {
+    type Item = I::Item;
+
+    fn next(&mut self) -> Option<I::Item> {
+        let x = self.inner.next()?;
+        self.left = self.left.saturating_sub(1);
+        Some(x)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, None)
+    }
 }

@@ -47,6 +47,7 @@ mod tag {
     pub const PIECE_FREED: u8 = 22;
     pub const SLAB_STAMPED: u8 = 23;
     pub const SLAB_RELEASED: u8 = 24;
+    pub const COUNTERS_RAISED: u8 = 25;
 }
 
 fn block(e: &mut Enc, b: &BlockRef) {
@@ -183,6 +184,9 @@ pub fn encode_effects(effects: &[Effect], out: &mut BytesMut) {
             }
             Effect::SlabReleased { server, block } => {
                 e.u8(tag::SLAB_RELEASED).u32(*server).u32(*block);
+            }
+            Effect::CountersRaised { floor } => {
+                e.u8(tag::COUNTERS_RAISED).u64(*floor);
             }
         }
     }
@@ -329,6 +333,7 @@ pub fn decode_effects(buf: &[u8]) -> Result<Vec<Effect>> {
                 server: d.u32()?,
                 block: d.u32()?,
             },
+            tag::COUNTERS_RAISED => Effect::CountersRaised { floor: d.u64()? },
             t => return Err(Error::protocol(format!("unknown logged effect {t}"))),
         });
     }
@@ -455,6 +460,7 @@ mod tests {
                 server: 2,
                 block: 5,
             },
+            Effect::CountersRaised { floor: 1 << 50 },
         ]
     }
 

@@ -105,4 +105,8 @@ pub enum Effect {
     /// The slab in `block` of `server`, now empty, stops being one; its
     /// block goes back by the `BlockFreed` effect that follows.
     SlabReleased { server: u32, block: u32 },
+    /// Node ids, lease ids and generations continue from at least `floor`
+    /// (a restart raises them to the wall clock, so none that a lost log
+    /// tail handed out is ever handed out again).
+    CountersRaised { floor: u64 },
 }

@@ -296,6 +296,11 @@ impl Namespace {
         self.next_id
     }
 
+    /// Node ids continue from at least `floor` (applier).
+    pub(crate) fn raise_next_id(&mut self, floor: NodeId) {
+        self.next_id = self.next_id.max(floor);
+    }
+
     pub fn get(&self, id: NodeId) -> Option<&Node> {
         self.nodes.get(&id).map(|n| &**n)
     }
@@ -773,7 +778,7 @@ impl Namespace {
         records: impl Iterator<Item = Result<(NodeId, Vec<u8>)>>,
     ) -> Result<Namespace> {
         let mut ns = Namespace {
-            nodes: HashMap::new(),
+            nodes: HashMap::with_capacity(records.size_hint().0),
             next_id,
             shadows: BTreeSet::new(),
             graveyard: BTreeSet::new(),
@@ -879,19 +884,25 @@ impl Namespace {
                 return Err(Error::protocol(format!("node {id} appears twice")));
             }
         }
-        let linked: Vec<(NodeId, NodeId, Arc<str>)> = ns
-            .nodes
-            .values()
-            .filter(|n| n.linked && n.id != ROOT)
-            .map(|n| (n.parent, n.id, n.name.clone()))
-            .collect();
-        for (parent, id, name) in linked {
+        // Each child map is built in one go from its children sorted by name
+        // (inserting them one by one, in hash order, spent most of a
+        // restart comparing names).
+        let mut by_parent: HashMap<NodeId, Vec<(Arc<str>, NodeId)>> = HashMap::new();
+        for n in ns.nodes.values().filter(|n| n.linked && n.id != ROOT) {
+            by_parent
+                .entry(n.parent)
+                .or_default()
+                .push((n.name.clone(), n.id));
+        }
+        for (parent, children) in by_parent {
+            let count = children.len();
             let p = ns.nodes.get_mut(&parent).ok_or_else(|| {
-                Error::protocol(format!("node {id} names parent {parent}, which is missing"))
+                Error::protocol(format!("nodes name parent {parent}, which is missing"))
             })?;
-            if p.children.insert(name, id).is_some() {
+            p.children = children.into_iter().collect();
+            if p.children.len() != count {
                 return Err(Error::protocol(format!(
-                    "two children of node {parent} have the name of node {id}"
+                    "two children of node {parent} have the same name"
                 )));
             }
         }

@@ -101,9 +101,9 @@ pub struct CheckpointStats {
     pub bytes: u64,
     /// The last log record it holds.
     pub covered: u64,
-    /// How long requests waited for it (the encoding under the lock).
-    pub locked: Duration,
-    /// How long it took in all.
+    /// Log records replayed onto the previous checkpoint to build it.
+    pub replayed: u64,
+    /// How long it took in all (in the background: requests never wait).
     pub took: Duration,
 }
 
@@ -172,6 +172,17 @@ fn log_failed(e: JournalError) -> Error {
     ))
 }
 
+/// Whether the reply to `req` waits for the log. The create of a put (a
+/// KeyValue, linked only by its close) does not: a crash that loses its
+/// record loses only a put that had not closed, which a restart drops
+/// anyway, and the restart raises node ids, lease ids and generations past
+/// anything the reply handed out. The put's close waits, and so makes the
+/// create's record durable too (the log is synced in order). A put then
+/// waits for one sync, not two.
+fn reply_waits(req: &MetaRequest) -> bool {
+    !matches!(req, MetaRequest::Create { ty, .. } if ty.replaces_on_create())
+}
+
 /// Appends the record of `effects` (if any) to `journal`, and returns the
 /// seq a reply must wait for: this record's, or the last one written,
 /// whose changes the decision may have seen.
@@ -216,8 +227,11 @@ impl MetaHandler {
 
     /// Writes a checkpoint of the state as of now and deletes the log
     /// segments it makes unnecessary; `None` without persistence, or while
-    /// another checkpoint is being written. The state is encoded under the
-    /// lock (requests wait for that part only), and written to disk after.
+    /// another checkpoint is being written. The live state is not touched:
+    /// the log starts a new segment, and in the background the previous
+    /// checkpoint is loaded, the records up to the new segment are replayed
+    /// onto it, and the result is written (requests never wait for it; it
+    /// costs a second copy of the state in memory meanwhile).
     async fn checkpoint(&self) -> Result<Option<CheckpointStats>, MetaError> {
         let (Some(j), Some(p)) = (&self.journal, &self.persistence) else {
             return Ok(None);
@@ -227,24 +241,35 @@ impl MetaHandler {
             return Ok(None);
         }
         let started = Instant::now();
+        let (bs, lease_ms) = {
+            let st = self.state();
+            (st.alloc().block_size(), st.lease_ms())
+        };
         let result = async {
-            let (image, first) = {
-                let st = self.state();
-                // Every record up to `first - 1` is in the older segments,
-                // and in the image.
-                let first = j.rotate()?;
-                (st.checkpoint_image(), first)
-            };
-            let locked = started.elapsed();
-            let stats = CheckpointStats {
-                nodes: image.nodes() as u64,
-                bytes: image.bytes() as u64,
-                covered: first - 1,
-                locked,
-                took: Duration::ZERO,
-            };
+            // Every record before `first` is in the older segments.
+            let first = j.rotate()?;
             let dir = p.dir.clone();
-            tokio::task::spawn_blocking(move || checkpoint::write(&dir, image, first - 1))
+            let build = move || -> Result<CheckpointStats, MetaError> {
+                let (mut st, after) = checkpoint::read(&dir, lease_ms, 0)?
+                    .unwrap_or_else(|| (MetaState::new(bs, lease_ms, 1), 0));
+                let covered = first - 1;
+                let journal = dir.join("journal");
+                let replayed = nodekernel_journal::read_records(&journal, after, covered, |_, r| {
+                    st.replay(r).map_err(|e| e.to_string())
+                })?;
+                let image = st.checkpoint_image();
+                drop(st);
+                let stats = CheckpointStats {
+                    nodes: image.nodes() as u64,
+                    bytes: image.bytes() as u64,
+                    covered,
+                    replayed,
+                    took: Duration::ZERO,
+                };
+                checkpoint::write(&dir, image, covered)?;
+                Ok(stats)
+            };
+            let stats = tokio::task::spawn_blocking(build)
                 .await
                 .map_err(|e| CheckpointError {
                     path: p.dir.clone(),
@@ -256,12 +281,12 @@ impl MetaHandler {
                 ..stats
             };
             tracing::info!(
-                "checkpoint of {} nodes ({} bytes) to log record {} in {:.1} ms ({:.1} ms under the lock); {removed} log segment(s) removed",
+                "checkpoint of {} nodes ({} bytes) to log record {} ({} records replayed onto the previous one) in {:.1} ms; {removed} log segment(s) removed",
                 stats.nodes,
                 stats.bytes,
                 stats.covered,
+                stats.replayed,
                 stats.took.as_secs_f64() * 1e3,
-                stats.locked.as_secs_f64() * 1e3
             );
             Ok(Some(stats))
         }
@@ -399,8 +424,10 @@ impl Handler for MetaHandler {
             }
         };
         // Nothing is answered, not even a refusal, before what it saw is
-        // durable.
-        self.durable(seq).await?;
+        // durable — except the create of a put.
+        if reply_waits(&req) {
+            self.durable(seq).await?;
+        }
         // Claims go out before the reply, so once a delete or a replacing
         // put returns, old handles get Stale.
         self.send_claims(claims).await;
@@ -674,7 +701,11 @@ fn recover(state: &mut MetaState, p: &Persistence) -> Result<Journal, MetaError>
         });
     }
     state.restarted(0);
-    if let Some(d) = state.decide_restart() {
+    let floor = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(1);
+    if let Some(d) = state.decide_restart(floor) {
         let o = state.commit(d, 0);
         log_effects(&journal, &o.effects)?;
         state.take_claims();

@@ -410,6 +410,11 @@ impl MetaState {
                 });
             }
             Effect::SlabReleased { server, block } => self.slabs.remove(*server, *block),
+            Effect::CountersRaised { floor } => {
+                self.ns.raise_next_id(*floor);
+                self.next_lease = self.next_lease.max(*floor);
+                self.alloc.bump_gen(floor.saturating_sub(1));
+            }
         }
     }
 
@@ -693,9 +698,16 @@ impl MetaState {
     /// §5): the writers of the old process are gone, so every lease is
     /// cleared (a File open for writing keeps its last synced size), puts
     /// that never closed are dropped with their blocks, and block moves in
-    /// flight are given up. `None` when there is nothing to change.
-    pub fn decide_restart(&self) -> Option<Decision> {
+    /// flight are given up. Node ids, lease ids and generations are raised
+    /// to `floor` (the server passes wall-clock microseconds): with
+    /// `fsync` `interval` or `never`, a machine crash may lose the log's
+    /// last records, and what they handed out to clients must never be
+    /// handed out again. `None` when there is nothing to change.
+    pub fn decide_restart(&self, floor: u64) -> Option<Decision> {
         let mut d = Draft::new(self);
+        if self.ns.next_id() < floor || self.next_lease < floor || self.alloc.next_gen() < floor {
+            d.push(Effect::CountersRaised { floor });
+        }
         let unclosed: BTreeSet<NodeId> = self.ns.shadows().map(|n| n.id).collect();
         for id in &unclosed {
             d.free_node_blocks(*id);

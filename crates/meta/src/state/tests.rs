@@ -1384,7 +1384,7 @@ fn restart(s: &mut MetaState, records: &[bytes::Bytes]) -> MetaState {
     }
     assert_eq!(r.dump(), s.dump(), "the log rebuilds the state exactly");
     r.restarted(0);
-    if let Some(d) = r.decide_restart() {
+    if let Some(d) = r.decide_restart(1 << 40) {
         r.commit(d, 0);
     }
     r.check_invariants().unwrap();
@@ -1480,9 +1480,20 @@ fn a_restart_keeps_what_was_closed_and_forgets_writers() {
         )
         .unwrap(),
     );
-    assert!(again.lease > open.lease, "lease ids are never reused");
+    assert!(again.lease >= 1 << 40, "lease ids continue from the floor");
+    let fresh = node(r.apply(create("/d/new", File, 0), 0).unwrap());
+    assert!(fresh.id >= 1 << 40, "node ids continue from the floor");
+    match r.apply(map(&fresh, 1), 0).unwrap() {
+        MetaReply::Blocks { blocks, .. } => {
+            assert!(
+                blocks[0].gen >= 1 << 40,
+                "generations continue from the floor"
+            )
+        }
+        r => panic!("unexpected {r:?}"),
+    }
     // Restarting again only clears the new writer's lease.
-    assert!(MetaState::decide_restart(&r).is_some_and(|d| d
+    assert!(MetaState::decide_restart(&r, 1 << 40).is_some_and(|d| d
         .effects
         .iter()
         .all(|e| matches!(e, Effect::LeaseCleared { .. }))));
