@@ -635,6 +635,17 @@ struct StatusOut {
     reclaiming: u64,
     classes: Vec<ClassOut>,
     servers: Vec<ServerOut>,
+    /// The operation log of each persistent metadata server.
+    logs: Vec<LogOut>,
+}
+
+#[derive(Serialize)]
+struct LogOut {
+    partition: u32,
+    fsync: String,
+    records: u64,
+    checkpoint: u64,
+    log_bytes: u64,
 }
 
 #[derive(Serialize)]
@@ -774,6 +785,17 @@ pub async fn status(
         reclaiming: st.reclaiming,
         classes,
         servers,
+        logs: st
+            .logs
+            .iter()
+            .map(|l| LogOut {
+                partition: l.partition,
+                fsync: l.fsync.clone(),
+                records: l.records,
+                checkpoint: l.checkpoint,
+                log_bytes: l.log_bytes,
+            })
+            .collect(),
     };
     if json {
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -790,6 +812,19 @@ pub async fn status(
         "{}",
         readiness_line(out.ready, out.alive_servers, out.expected_servers)
     );
+    if out.logs.is_empty() {
+        println!("metadata: volatile (lost when the metadata server stops)");
+    }
+    for l in &out.logs {
+        println!(
+            "metadata partition {}: persistent, fsync {}; {} log records, {} since the checkpoint at record {}",
+            l.partition,
+            l.fsync,
+            l.records,
+            human(l.log_bytes),
+            l.checkpoint
+        );
+    }
     println!(
         "{:<6} {:<10} {:>8} {:>12} {:>12} {:>12}",
         "class", "name", "servers", "capacity", "used", "free"

@@ -526,6 +526,11 @@ fn separately_started_meta_and_store_serve_clients_and_bench() {
         "the store registered: {st}"
     );
     assert_eq!(st["classes"][0]["capacity_bytes"], 64u64 << 20);
+    assert_eq!(
+        st["logs"],
+        serde_json::json!([]),
+        "a volatile namespace: {st}"
+    );
     let out = nk(&[
         "bench", "putkey", "-k", "50", "-w", "5", "-s", "2KiB", "--json",
     ]);
@@ -587,6 +592,14 @@ fn a_metadata_server_killed_with_sigkill_comes_back_from_its_log() {
         "metadata server listening on",
     );
     assert_eq!(again, addr);
+    let st: Value = serde_json::from_slice(&nk(&["status", "--json"])).unwrap();
+    assert_eq!(st["logs"][0]["fsync"], "always", "{st}");
+    assert!(st["logs"][0]["records"].as_u64().unwrap() > 0, "{st}");
+    let text = String::from_utf8(nk(&["status"])).unwrap();
+    assert!(
+        text.contains("metadata partition 0: persistent, fsync always"),
+        "{text}"
+    );
     let back = dir.path().join("back.bin");
     nk(&["get", "/d/file", back.to_str().unwrap()]);
     assert!(std::fs::read(&back).unwrap() == bytes, "the file's bytes");

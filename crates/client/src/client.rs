@@ -573,6 +573,7 @@ impl Client {
                 None => merged = Some(st),
                 Some(m) => {
                     m.nodes += st.nodes;
+                    m.logs.extend(st.logs);
                     for c in st.classes {
                         if !m.classes.iter().any(|x| x.class == c.class) {
                             m.classes.push(c);

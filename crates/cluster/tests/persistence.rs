@@ -227,6 +227,12 @@ async fn a_restart_from_a_checkpoint_and_the_log_after_it() {
     }
     let data = t.cluster.data_dir().to_path_buf();
     let stats = t.cluster.meta.checkpoint().await.unwrap().expect("written");
+    // Status shows the log, the checkpoint, and the policy.
+    let logs = c.status().await.unwrap().logs;
+    assert_eq!(logs.len(), 1, "{logs:?}");
+    assert_eq!(logs[0].fsync, "always");
+    assert_eq!(logs[0].checkpoint, stats.covered);
+    assert!(logs[0].records >= stats.covered, "{logs:?}");
     assert!(stats.nodes >= 202, "{stats:?}");
     assert!(checkpoint(&data).is_some());
     assert_eq!(

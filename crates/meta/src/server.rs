@@ -29,10 +29,10 @@ use crate::effect::Effect;
 use crate::state::{Decision, MetaState, Placement};
 use bytes::{Bytes, BytesMut};
 use nodekernel_journal::{Fsync, Journal, JournalError};
-use nodekernel_proto::meta::MetaRequest;
+use nodekernel_proto::meta::{MetaReply, MetaRequest};
 use nodekernel_proto::store::{Claim, StoreRequest, MAX_CLAIM_BATCH};
-use nodekernel_proto::Error;
 use nodekernel_proto::Result;
+use nodekernel_proto::{Error, LogStatus};
 use nodekernel_rpc::{
     bind_abstract_unix, serve_unix, serve_with, ConnectionPool, Handler, ServeOptions, ServerHandle,
 };
@@ -163,6 +163,8 @@ struct MetaHandler {
     persistence: Option<Persistence>,
     /// A checkpoint is being written.
     checkpointing: std::sync::atomic::AtomicBool,
+    /// The last log record the newest checkpoint holds.
+    checkpointed: std::sync::atomic::AtomicU64,
 }
 
 /// What a client gets once the log cannot be written.
@@ -215,6 +217,22 @@ impl MetaHandler {
             let _ = log_effects(j, &o.effects);
         }
         st.take_claims()
+    }
+
+    /// The log's part of a status reply, when persistent.
+    fn log_status(&self, partition: u32) -> Option<LogStatus> {
+        let (j, p) = (self.journal.as_ref()?, self.persistence.as_ref()?);
+        Some(LogStatus {
+            partition,
+            fsync: match p.fsync {
+                Fsync::Always => "always".into(),
+                Fsync::Interval(d) => format!("interval {}ms", d.as_millis()),
+                Fsync::Never => "never".into(),
+            },
+            records: j.last(),
+            checkpoint: self.checkpointed.load(std::sync::atomic::Ordering::Relaxed),
+            log_bytes: j.segment_bytes(),
+        })
     }
 
     /// Waits until the log is durable up to `seq`.
@@ -275,6 +293,8 @@ impl MetaHandler {
                     path: p.dir.clone(),
                     reason: format!("the writer stopped: {e}"),
                 })??;
+            self.checkpointed
+                .fetch_max(stats.covered, std::sync::atomic::Ordering::Relaxed);
             let removed = j.remove_before(first)?;
             let stats = CheckpointStats {
                 took: started.elapsed(),
@@ -431,6 +451,13 @@ impl Handler for MetaHandler {
         // Claims go out before the reply, so once a delete or a replacing
         // put returns, old handles get Stale.
         self.send_claims(claims).await;
+        let reply = match reply {
+            Ok(MetaReply::Status(mut s)) => {
+                s.logs.extend(self.log_status(s.partition));
+                Ok(MetaReply::Status(s))
+            }
+            r => r,
+        };
         if reap {
             // A big removal: reap a while now, the rest in the background.
             if self.reap_for(Duration::from_millis(200)).await {
@@ -486,9 +513,12 @@ impl MetaServer {
         let mut state = MetaState::new(bs, cfg.lease_timeout.as_millis() as u64, first_gen);
         state.set_classes(cfg.classes.clone());
         state.set_placement(cfg.placement);
-        let journal = match &cfg.persistence {
-            Some(p) => Some(recover(&mut state, p)?),
-            None => None,
+        let (journal, covered) = match &cfg.persistence {
+            Some(p) => {
+                let (j, covered) = recover(&mut state, p)?;
+                (Some(j), covered)
+            }
+            None => (None, 0),
         };
         let handler = Arc::new(MetaHandler {
             state: Mutex::new(state),
@@ -501,6 +531,7 @@ impl MetaServer {
             journal,
             persistence: cfg.persistence.clone(),
             checkpointing: Default::default(),
+            checkpointed: covered.into(),
         });
         let opts = ServeOptions {
             spin: cfg.poll_spin,
@@ -654,8 +685,9 @@ impl Drop for MetaServer {
 }
 
 /// Rebuilds `state` from the checkpoint and the operation log in `p.dir`,
-/// logs the restart decision, and returns the open log.
-fn recover(state: &mut MetaState, p: &Persistence) -> Result<Journal, MetaError> {
+/// logs the restart decision, and returns the open log and the last record
+/// the checkpoint holds.
+fn recover(state: &mut MetaState, p: &Persistence) -> Result<(Journal, u64), MetaError> {
     let started = Instant::now();
     std::fs::create_dir_all(&p.dir).map_err(|e| MetaError::Config {
         key: "data_dir",
@@ -720,7 +752,7 @@ fn recover(state: &mut MetaState, p: &Persistence) -> Result<Journal, MetaError>
             started.elapsed().as_secs_f64() * 1e3
         );
     }
-    Ok(journal)
+    Ok((journal, covered))
 }
 
 /// Liveness, retirement, sweeping abandoned puts, retrying claims.

@@ -876,6 +876,8 @@ impl MetaState {
                     expected_servers: self.placement.expected_servers,
                     classes: self.class_table(&servers),
                     servers,
+                    // The server shell adds its log.
+                    logs: Vec::new(),
                 })
             }
             Reply::LocalSocket => MetaReply::LocalSocket(self.local_socket.clone()),

@@ -605,6 +605,13 @@ mod tests {
                 last_seen_ms: 5,
                 identity: "abc".into(),
             }],
+            logs: vec![crate::types::LogStatus {
+                partition: 1,
+                fsync: "interval 100ms".into(),
+                records: 77,
+                checkpoint: 50,
+                log_bytes: 4096,
+            }],
         };
         let cases = [
             (op::LOOKUP, MetaReply::Node(node)),

@@ -444,6 +444,45 @@ pub struct ClusterStatus {
     /// Configured storage classes (names and prices).
     pub classes: Vec<ClassInfo>,
     pub servers: Vec<ServerStatus>,
+    /// The operation log of each persistent metadata server (none when the
+    /// namespace is volatile).
+    pub logs: Vec<LogStatus>,
+}
+
+/// A persistent metadata server's operation log (`docs/persistence.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogStatus {
+    pub partition: u32,
+    /// `always`, `interval <ms>ms` or `never`.
+    pub fsync: String,
+    /// The last record written.
+    pub records: u64,
+    /// The last record the newest checkpoint holds (0: none yet).
+    pub checkpoint: u64,
+    /// Bytes of log written since the newest checkpoint began.
+    pub log_bytes: u64,
+}
+
+impl LogStatus {
+    const MIN_LEN: usize = 4 + 4 + 24;
+
+    fn encode(&self, e: &mut Enc) {
+        e.u32(self.partition)
+            .str(&self.fsync)
+            .u64(self.records)
+            .u64(self.checkpoint)
+            .u64(self.log_bytes);
+    }
+
+    fn decode(d: &mut Dec) -> Result<LogStatus> {
+        Ok(LogStatus {
+            partition: d.u32()?,
+            fsync: d.string()?,
+            records: d.u64()?,
+            checkpoint: d.u64()?,
+            log_bytes: d.u64()?,
+        })
+    }
 }
 
 impl ClusterStatus {
@@ -468,6 +507,10 @@ impl ClusterStatus {
         for s in &self.servers {
             s.encode(e);
         }
+        e.u32(self.logs.len() as u32);
+        for l in &self.logs {
+            l.encode(e);
+        }
     }
     pub(crate) fn decode(d: &mut Dec) -> Result<ClusterStatus> {
         let block_size = d.u32()?;
@@ -487,6 +530,11 @@ impl ClusterStatus {
         for _ in 0..n {
             servers.push(ServerStatus::decode(d)?);
         }
+        let n = d.count(LogStatus::MIN_LEN)?;
+        let mut logs = Vec::with_capacity(n);
+        for _ in 0..n {
+            logs.push(LogStatus::decode(d)?);
+        }
         Ok(ClusterStatus {
             block_size,
             nodes,
@@ -497,6 +545,7 @@ impl ClusterStatus {
             expected_servers,
             classes,
             servers,
+            logs,
         })
     }
 }

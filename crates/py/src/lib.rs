@@ -453,6 +453,17 @@ impl<'py> IntoPyObject<'py> for Status {
             servers.append(e)?;
         }
         d.set_item("servers", servers)?;
+        let logs = PyList::empty(py);
+        for l in s.logs {
+            let e = PyDict::new(py);
+            e.set_item("partition", l.partition)?;
+            e.set_item("fsync", l.fsync)?;
+            e.set_item("records", l.records)?;
+            e.set_item("checkpoint", l.checkpoint)?;
+            e.set_item("log_bytes", l.log_bytes)?;
+            logs.append(e)?;
+        }
+        d.set_item("logs", logs)?;
         Ok(d)
     }
 }

@@ -24,7 +24,10 @@ def nk(nk_meta):
 def test_connect_discovers_nk_meta_and_config_file(nk_meta, tmp_path, monkeypatch):
     # NK_META (set by the session fixture) when no argument is given.
     with nodekernel.connect() as c:
-        assert c.status()["ready"]
+        st = c.status()
+        assert st["ready"]
+        # nk up keeps no operation log.
+        assert st["logs"] == []
     # The [client] section of a config file, when NK_META is unset.
     monkeypatch.delenv("NK_META")
     cfg = tmp_path / "nk.toml"
