@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{client, start_role, NK};
+use common::{client, start_meta_and_store, start_role, NK};
 
 struct Up {
     child: Child,
@@ -506,18 +506,7 @@ fn stop(mut child: Child) {
 
 #[test]
 fn separately_started_meta_and_store_serve_clients_and_bench() {
-    let (meta, addr) = start_role(
-        &["meta", "--listen", "127.0.0.1:0"],
-        &[],
-        "metadata server listening on",
-    );
-    let (store, _) = start_role(
-        &[
-            "store", "--class", "0", "--medium", "dram", "--size", "64MiB",
-        ],
-        &[("NK_META", &addr)],
-        "storage server 0",
-    );
+    let (meta, addr, store) = start_meta_and_store(&[], "64MiB");
     let nk = |args: &[&str]| client(&addr).args(args).output().unwrap();
     let st: Value = serde_json::from_slice(&nk(&["status", "--json"]).stdout).unwrap();
     assert_eq!(
@@ -552,18 +541,7 @@ fn a_metadata_server_killed_with_sigkill_comes_back_from_its_log() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("meta");
     let data = data.to_str().unwrap();
-    let (mut meta, addr) = start_role(
-        &["meta", "--listen", "127.0.0.1:0", "--data-dir", data],
-        &[],
-        "metadata server listening on",
-    );
-    let (store, _) = start_role(
-        &[
-            "store", "--class", "0", "--medium", "dram", "--size", "64MiB",
-        ],
-        &[("NK_META", &addr)],
-        "storage server 0",
-    );
+    let (mut meta, addr, store) = start_meta_and_store(&["--data-dir", data], "64MiB");
     let nk = |args: &[&str]| {
         let out = client(&addr).args(args).output().unwrap();
         assert!(

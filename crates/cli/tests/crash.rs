@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::start_role;
+use common::{start_meta_and_store, start_role};
 use nodekernel_client::{Client, ClientConfig, CreateOptions, ErrorCode, NodeType};
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Child;
@@ -193,16 +193,7 @@ fn acknowledged_changes_survive_sigkill_of_the_metadata_server() {
             data.into(),
         ]
     };
-    let args = meta_args("127.0.0.1:0");
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (mut meta, addr) = start_role(&args, &[], "metadata server listening on");
-    let (mut store, _) = start_role(
-        &[
-            "store", "--class", "0", "--medium", "dram", "--size", "256MiB",
-        ],
-        &[("NK_META", &addr)],
-        "storage server 0",
-    );
+    let (mut meta, addr, mut store) = start_meta_and_store(&["--data-dir", data], "256MiB");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

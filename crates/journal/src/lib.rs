@@ -47,7 +47,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -116,8 +116,6 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> JournalError + '_ {
 pub struct Recovery {
     /// Records replayed.
     pub records: u64,
-    /// Segments read.
-    pub segments: usize,
     /// A damaged tail that was cut: the segment, where, and how many bytes.
     pub cut: Option<Cut>,
 }
@@ -157,6 +155,8 @@ struct Inner {
     written: AtomicU64,
     synced: watch::Sender<Synced>,
     failure: Mutex<Option<String>>,
+    /// Set with `failure`: the check every append and reply makes.
+    failed: AtomicBool,
     /// Wakes the sync thread; `true` asks it to stop.
     wake: (Mutex<bool>, Condvar),
 }
@@ -454,7 +454,6 @@ impl Journal {
         let segs = segments(dir)?;
         let mut rec = Recovery {
             records: 0,
-            segments: segs.len(),
             cut: None,
         };
         let mut next = segs.first().map_or(after + 1, |(s, _)| *s);
@@ -526,7 +525,6 @@ impl Journal {
                             offset: 0,
                             bytes: len,
                         });
-                        rec.segments -= 1;
                         continue;
                     }
                     drop(map);
@@ -600,6 +598,7 @@ impl Journal {
                 failed: false,
             }),
             failure: Mutex::new(None),
+            failed: AtomicBool::new(false),
             wake: (Mutex::new(false), Condvar::new()),
         });
         let syncer = match policy {
@@ -631,9 +630,7 @@ impl Journal {
         if payload.len() > MAX_RECORD {
             return Err(JournalError::TooLarge(payload.len()));
         }
-        if let Some(f) = lock(&self.inner.failure).clone() {
-            return Err(JournalError::Failed(f));
-        }
+        self.check()?;
         let mut w = lock(&self.inner.writer);
         if w.closed {
             return Err(JournalError::Failed("the log was closed".into()));
@@ -742,10 +739,11 @@ impl Journal {
 
     /// `Err` once a write or sync failed.
     pub fn check(&self) -> Result<(), JournalError> {
-        match lock(&self.inner.failure).clone() {
-            Some(f) => Err(JournalError::Failed(f)),
-            None => Ok(()),
+        if !self.inner.failed.load(Ordering::Acquire) {
+            return Ok(());
         }
+        let why = lock(&self.inner.failure).clone().unwrap_or_default();
+        Err(JournalError::Failed(why))
     }
 
     /// Syncs everything written so far, now (blocking).
@@ -790,6 +788,7 @@ impl Inner {
     /// Refuses every later append and wakes the waiters.
     fn stop(&self, msg: String) {
         lock(&self.failure).get_or_insert(msg);
+        self.failed.store(true, Ordering::Release);
         self.synced.send_modify(|s| s.failed = true);
     }
 }

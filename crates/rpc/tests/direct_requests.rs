@@ -167,7 +167,9 @@ async fn large_data_goes_in_place_and_the_rest_the_usual_way() {
 async fn a_peer_that_dies_or_stalls_mid_frame_loses_only_its_connection() {
     let h = Arc::new(Sinks::default());
     let opts = ServeOptions {
-        frame_timeout: Duration::from_millis(300),
+        // Generous: a whole frame from a healthy peer must arrive within
+        // it even on a loaded machine; the stalled peer waits it out.
+        frame_timeout: Duration::from_secs(3),
         ..ServeOptions::default()
     };
     let server = start(Kind::Tcp, h.clone(), opts).await;

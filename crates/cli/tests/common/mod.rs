@@ -28,6 +28,21 @@ pub fn start_role(args: &[&str], envs: &[(&str, &str)], ready: &str) -> (Child, 
     (child, last)
 }
 
+/// `nk meta --listen 127.0.0.1:0 EXTRA...` and one DRAM `nk store` of
+/// `size` registered with it: (meta, its address, store).
+#[allow(dead_code)] // not every test binary starts a cluster this way
+pub fn start_meta_and_store(extra: &[&str], size: &str) -> (Child, String, Child) {
+    let mut args = vec!["meta", "--listen", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    let (meta, addr) = start_role(&args, &[], "metadata server listening on");
+    let (store, _) = start_role(
+        &["store", "--class", "0", "--medium", "dram", "--size", size],
+        &[("NK_META", &addr)],
+        "storage server 0",
+    );
+    (meta, addr, store)
+}
+
 /// An `nk` client command against the cluster at `meta`, whose requests
 /// wait for a reply as long as it takes: its timeout only catches a hang
 /// (the default 5 s is not that on a loaded machine).
