@@ -179,6 +179,11 @@ pub struct BlockAllocator {
 pub enum Registration {
     /// The same server instance registered again (a retry): its id.
     Known(u32),
+    /// The same server instance (identity and incarnation), which kept its
+    /// blocks across a restart of its process, registered from a new
+    /// address: its id, and the ids of servers it replaces (another server
+    /// that was at that address is gone; its blocks are lost).
+    Readdressed { id: u32, replaces: Vec<u32> },
     /// A new server instance: its id, and the ids of servers it replaces (an
     /// earlier instance with the same identity, or another server at the
     /// same address), whose blocks are lost.
@@ -326,22 +331,34 @@ impl BlockAllocator {
             )));
         }
         let mut replaces = Vec::new();
+        let mut known = None;
         for (id, s) in &self.servers {
             if s.spec.identity == spec.identity {
                 if s.spec.incarnation == spec.incarnation {
-                    if s.spec != *spec {
+                    let moved = ServerSpec {
+                        addr: spec.addr.clone(),
+                        ..s.spec.clone()
+                    };
+                    if moved != *spec {
                         return Err(Error::invalid_argument(format!(
                             "storage server {} (identity {}) registered again with different settings",
                             spec.addr, spec.identity
                         )));
                     }
-                    return Ok(Registration::Known(*id));
+                    if s.spec.addr == spec.addr {
+                        return Ok(Registration::Known(*id));
+                    }
+                    known = Some(*id);
+                    continue;
                 }
                 replaces.push(*id);
             } else if s.spec.addr == spec.addr {
                 // Only one process can serve an address: the old one is gone.
                 replaces.push(*id);
             }
+        }
+        if let Some(id) = known {
+            return Ok(Registration::Readdressed { id, replaces });
         }
         if self.servers.len() - replaces.len() >= MAX_SERVERS {
             return Err(Error::invalid_argument(format!(
@@ -370,6 +387,13 @@ impl BlockAllocator {
                 },
             },
         );
+    }
+
+    /// Records a known server's new address (applier).
+    pub(crate) fn readdress(&mut self, id: u32, addr: &str) {
+        if let Some(s) = self.servers.get_mut(&id) {
+            s.spec.addr = addr.to_string();
+        }
     }
 
     /// Removes a server for good (applier): its blocks are lost, and the
@@ -752,6 +776,13 @@ mod tests {
                 id
             }
             Registration::Known(id) => id,
+            Registration::Readdressed { id, replaces } => {
+                for r in replaces {
+                    a.retire(r);
+                }
+                a.readdress(id, &s.addr);
+                id
+            }
         }
     }
 
@@ -947,6 +978,40 @@ mod tests {
             a.decide_register(&other_at_same_addr).unwrap(),
             Registration::New { replaces, .. } if replaces == vec![id]
         ));
+    }
+
+    #[test]
+    fn a_server_that_kept_its_blocks_may_come_back_at_another_address() {
+        let mut a = BlockAllocator::new(4096, 1);
+        let s = spec(0, "h", 4);
+        let id = register(&mut a, s.clone());
+        let b = alloc(&mut a, 0, "").unwrap();
+        let squatter = register(&mut a, spec(0, "x", 4));
+        let mut moved = s.clone();
+        moved.addr = a.server_addr(squatter).unwrap().to_string();
+        assert_eq!(
+            a.decide_register(&moved).unwrap(),
+            Registration::Readdressed {
+                id,
+                replaces: vec![squatter]
+            },
+            "same instance: kept, and the server gone from that address is replaced"
+        );
+        assert_eq!(register(&mut a, moved.clone()), id);
+        assert_eq!(a.server_addr(id), Some(moved.addr.as_str()));
+        assert!(a.server(squatter).is_none());
+        assert!(
+            !a.server(id).unwrap().free.contains(b.block),
+            "its blocks stay in use"
+        );
+        assert_eq!(a.decide_register(&moved).unwrap(), Registration::Known(id));
+        let mut changed = moved.clone();
+        changed.addr = "elsewhere:1".into();
+        changed.num_blocks = 3;
+        assert!(
+            a.decide_register(&changed).is_err(),
+            "a new address does not excuse other settings"
+        );
     }
 
     #[test]

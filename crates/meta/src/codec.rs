@@ -48,6 +48,7 @@ mod tag {
     pub const SLAB_STAMPED: u8 = 23;
     pub const SLAB_RELEASED: u8 = 24;
     pub const COUNTERS_RAISED: u8 = 25;
+    pub const SERVER_READDRESSED: u8 = 26;
 }
 
 fn block(e: &mut Enc, b: &BlockRef) {
@@ -149,6 +150,9 @@ pub fn encode_effects(effects: &[Effect], out: &mut BytesMut) {
             }
             Effect::ServerRetired { id } => {
                 e.u8(tag::SERVER_RETIRED).u32(*id);
+            }
+            Effect::ServerReaddressed { id, addr } => {
+                e.u8(tag::SERVER_READDRESSED).u32(*id).str(addr);
             }
             Effect::MoveStarted {
                 node,
@@ -302,6 +306,10 @@ pub fn decode_effects(buf: &[u8]) -> Result<Vec<Effect>> {
                 spec: ServerSpec::decode(d)?,
             },
             tag::SERVER_RETIRED => Effect::ServerRetired { id: d.u32()? },
+            tag::SERVER_READDRESSED => Effect::ServerReaddressed {
+                id: d.u32()?,
+                addr: d.string()?,
+            },
             tag::MOVE_STARTED => Effect::MoveStarted {
                 node: d.u64()?,
                 index: d.u64()?,
@@ -434,6 +442,10 @@ mod tests {
                 spec: spec(),
             },
             Effect::ServerRetired { id: 3 },
+            Effect::ServerReaddressed {
+                id: 2,
+                addr: "127.0.0.1:7001".into(),
+            },
             Effect::MoveStarted {
                 node: 19,
                 index: 4,

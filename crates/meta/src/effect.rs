@@ -73,6 +73,9 @@ pub enum Effect {
     ServerAdded { id: u32, spec: ServerSpec },
     /// A storage server is gone for good; its blocks are lost.
     ServerRetired { id: u32 },
+    /// A known server (same identity and incarnation: it kept its blocks)
+    /// registered from a new address.
+    ServerReaddressed { id: u32, addr: String },
     /// A move of block `index` of `node` to `to` (taken from its server's
     /// free list) begins: the block is fenced with generation `fence`, so
     /// its data can be copied while nobody writes it, and maps of it answer

@@ -356,25 +356,26 @@ impl MetaHandler {
         }
     }
 
-    /// Retries the claims storage servers have not acknowledged; claims for
-    /// servers that were retired are dropped (their blocks are gone).
+    /// Retries the claims storage servers have not acknowledged, at each
+    /// server's current address (a server that kept its blocks may have
+    /// come back at another one); claims for servers that were retired are
+    /// dropped (their blocks are gone).
     async fn retry_pending(&self) {
         let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
         if pending.is_empty() {
             return;
         }
-        let known: Vec<String> = {
+        let claims: Vec<BlockClaim> = {
             let st = self.state();
-            st.alloc()
-                .servers()
-                .map(|(_, s)| s.spec.addr.clone())
+            pending
+                .into_values()
+                .flatten()
+                .filter_map(|mut c| {
+                    c.addr = st.alloc().server_addr(c.server)?.to_string();
+                    Some(c)
+                })
                 .collect()
         };
-        let claims: Vec<BlockClaim> = pending
-            .into_iter()
-            .filter(|(addr, _)| known.contains(addr))
-            .flat_map(|(_, c)| c)
-            .collect();
         self.send_claims(claims).await;
     }
 

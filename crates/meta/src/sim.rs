@@ -188,6 +188,8 @@ pub(crate) struct Stats {
     pub puts_closed: u64,
     pub moves: u64,
     pub store_deaths: u64,
+    /// Stores that restarted keeping their blocks, at a new address.
+    pub store_moves: u64,
     pub takeovers: u64,
     pub small_puts: u64,
     pub small_reads: u64,
@@ -549,11 +551,23 @@ impl Sim {
             return Ok(());
         }
         self.stores[i].up = true;
-        if self.rng.chance(50) {
+        let roll = self.rng.below(100);
+        if roll < 40 {
             // A restart: memory wiped, a new incarnation registers.
             self.stores[i].wipe();
             self.trace
                 .push(format!("t={} store {i} restarts", self.now));
+            self.register(i)
+        } else if roll < 60 {
+            // A persistent store's restart: its blocks and generations kept,
+            // the same incarnation registers from a new address.
+            self.stats.store_moves += 1;
+            let s = &mut self.stores[i];
+            s.addr = format!("store{i}-{}:7000", self.stats.store_moves);
+            self.trace.push(format!(
+                "t={} store {i} restarts keeping its blocks, at {}",
+                self.now, self.stores[i].addr
+            ));
             self.register(i)
         } else {
             // A network blip: it just rejoins.
@@ -1090,6 +1104,7 @@ fn simulation_keeps_every_invariant() {
         total.puts_closed += s.puts_closed;
         total.moves += s.moves;
         total.store_deaths += s.store_deaths;
+        total.store_moves += s.store_moves;
         total.takeovers += s.takeovers;
         total.small_puts += s.small_puts;
         total.small_reads += s.small_reads;
@@ -1110,6 +1125,7 @@ fn simulation_keeps_every_invariant() {
         ("closed puts", total.puts_closed),
         ("moves", total.moves),
         ("store deaths", total.store_deaths),
+        ("stores back at a new address", total.store_moves),
         ("metadata server restarts", total.restarts),
         ("restarts from a checkpoint", total.checkpoint_restarts),
         ("refusals", total.refused),

@@ -340,6 +340,7 @@ impl MetaState {
                 self.alloc.retire(*id);
                 self.slabs.retire_server(*id);
             }
+            Effect::ServerReaddressed { id, addr } => self.alloc.readdress(*id, addr),
             Effect::MoveStarted {
                 node,
                 index,
@@ -525,6 +526,17 @@ impl MetaState {
                     d.push(Effect::ServerAdded {
                         id,
                         spec: spec.clone(),
+                    });
+                    d.heartbeat = Some(id);
+                    Reply::Registered(id)
+                }
+                Registration::Readdressed { id, replaces } => {
+                    for r in replaces {
+                        d.push(Effect::ServerRetired { id: r });
+                    }
+                    d.push(Effect::ServerReaddressed {
+                        id,
+                        addr: spec.addr.clone(),
                     });
                     d.heartbeat = Some(id);
                     Reply::Registered(id)
