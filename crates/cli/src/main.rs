@@ -3,6 +3,7 @@
 mod bench;
 mod fs;
 mod servers;
+mod snapshot;
 
 use clap::{Parser, Subcommand};
 use nodekernel_cluster::{ByteSize, Config};
@@ -98,6 +99,26 @@ enum Cmd {
     /// Key/value commands on Tables
     #[command(subcommand)]
     Kv(KvCmd),
+    /// Write a point-in-time copy of a subtree (or /), data and metadata,
+    /// into a new or empty local directory
+    Snapshot {
+        path: String,
+        dir: PathBuf,
+        /// Print a JSON summary
+        #[arg(long)]
+        json: bool,
+    },
+    /// Load a snapshot directory into the cluster at PATH
+    Restore {
+        dir: PathBuf,
+        path: String,
+        /// Replace PATH if it exists (for /: everything in it)
+        #[arg(long)]
+        force: bool,
+        /// Print a JSON summary
+        #[arg(long)]
+        json: bool,
+    },
     /// Benchmark a cluster (create, putkey, getkey, lookup, enumerate)
     Bench(bench::BenchArgs),
     /// Show storage servers, classes, capacity and use
@@ -246,6 +267,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Kv(KvCmd::Get { key }) => fs::get(&client, &key, std::path::Path::new("-")).await,
         Cmd::Kv(KvCmd::Ls { table, json }) => fs::kv_ls(&client, &table, json).await,
         Cmd::Kv(KvCmd::Rm { key }) => fs::kv_rm(&client, &key).await,
+        Cmd::Snapshot { path, dir, json } => snapshot::snapshot(&client, &path, &dir, json).await,
+        Cmd::Restore {
+            dir,
+            path,
+            force,
+            json,
+        } => snapshot::restore(&client, &dir, &path, force, json).await,
         Cmd::Status {
             json,
             wait,

@@ -391,6 +391,25 @@ impl BlockIo {
         }
     }
 
+    /// Reads `len` bytes of block `index` (first tried at `loc`) at
+    /// `offset` for a snapshot (`crate::snapshot`): like [`BlockIo::read`],
+    /// but a small value's tag is not checked. A value freed while a
+    /// snapshot pins it has its tag cleared (so its own handles get `Stale`
+    /// at once) and keeps its bytes until the snapshot ends; the generation
+    /// alone guards the read (`at` finds the piece's slab again after a
+    /// stamp).
+    pub(crate) async fn read_untagged(
+        &self,
+        at: &impl Locate,
+        index: u64,
+        loc: BlockLoc,
+        offset: u32,
+        len: usize,
+    ) -> Result<Bytes> {
+        self.read(at, index, BlockLoc { tag: 0, ..loc }, offset, len)
+            .await
+    }
+
     /// Writes `data` into block `index` (first tried at `loc`) at `offset`.
     /// With `whole` (this transfer holds every byte the block will have
     /// written so far), a storage server that cannot be reached gets the

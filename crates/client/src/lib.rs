@@ -35,6 +35,7 @@ mod client;
 mod local;
 mod node;
 pub mod settings;
+pub mod snapshot;
 mod stream;
 
 pub use bag::{BagEntry, BagReader, DEFAULT_BAG_READS_IN_FLIGHT};

@@ -49,6 +49,8 @@ mod tag {
     pub const SLAB_RELEASED: u8 = 24;
     pub const COUNTERS_RAISED: u8 = 25;
     pub const SERVER_READDRESSED: u8 = 26;
+    pub const BLOCK_HELD: u8 = 27;
+    pub const PIECE_HELD: u8 = 28;
 }
 
 fn block(e: &mut Enc, b: &BlockRef) {
@@ -191,6 +193,14 @@ pub fn encode_effects(effects: &[Effect], out: &mut BytesMut) {
             }
             Effect::CountersRaised { floor } => {
                 e.u8(tag::COUNTERS_RAISED).u64(*floor);
+            }
+            Effect::BlockHeld { block: b } => {
+                e.u8(tag::BLOCK_HELD);
+                block(e, b);
+            }
+            Effect::PieceHeld { piece: p } => {
+                e.u8(tag::PIECE_HELD);
+                piece(e, p);
             }
         }
     }
@@ -342,6 +352,12 @@ pub fn decode_effects(buf: &[u8]) -> Result<Vec<Effect>> {
                 block: d.u32()?,
             },
             tag::COUNTERS_RAISED => Effect::CountersRaised { floor: d.u64()? },
+            tag::BLOCK_HELD => Effect::BlockHeld {
+                block: dec_block(d)?,
+            },
+            tag::PIECE_HELD => Effect::PieceHeld {
+                piece: dec_piece(d)?,
+            },
             t => return Err(Error::protocol(format!("unknown logged effect {t}"))),
         });
     }
@@ -473,6 +489,8 @@ mod tests {
                 block: 5,
             },
             Effect::CountersRaised { floor: 1 << 50 },
+            Effect::BlockHeld { block: b },
+            Effect::PieceHeld { piece: p },
         ]
     }
 

@@ -108,6 +108,17 @@ pub enum Effect {
     /// The slab in `block` of `server`, now empty, stops being one; its
     /// block goes back by the `BlockFreed` effect that follows.
     SlabReleased { server: u32, block: u32 },
+    /// A block a running snapshot still has to read is freed: it is fenced
+    /// with the fresh generation `block.gen` (claimed, so old handles get
+    /// `Stale` at once) but *held* instead of going back to the free list,
+    /// counted as used, until no snapshot pins it (`docs/snapshots.md`);
+    /// then a `BlockFreed` gives it back.
+    BlockHeld { block: BlockRef },
+    /// A piece a running snapshot still has to read is freed: its tag is
+    /// cleared (so its handles get `Stale` at once), but it stays out of
+    /// reuse, counted as used, until no snapshot pins it; then a
+    /// `PieceFreed` frees it.
+    PieceHeld { piece: Piece },
     /// Node ids, lease ids and generations continue from at least `floor`
     /// (a restart raises them to the wall clock, so none that a lost log
     /// tail handed out is ever handed out again).

@@ -21,6 +21,7 @@ pub mod effect;
 pub mod namespace;
 pub mod server;
 pub mod slab;
+pub mod snapshot;
 pub mod state;
 
 #[cfg(test)]

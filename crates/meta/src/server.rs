@@ -778,6 +778,13 @@ async fn ticker(h: Arc<MetaHandler>, cfg: MetaConfig) {
                 }
                 None => 0,
             };
+            if let Some(d) = st.decide_snapshot_expiry(now) {
+                tracing::warn!(
+                    "snapshot(s) not used for {} s ended; their held blocks are freed",
+                    crate::snapshot::SNAPSHOT_TTL_MS / 1000
+                );
+                claims.extend(h.commit(&mut st, d, now));
+            }
             let swept = match st.decide_sweep(now, lease_ms) {
                 Some(d) => {
                     let n = d

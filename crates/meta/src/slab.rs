@@ -29,6 +29,11 @@ use std::collections::{BTreeMap, BTreeSet};
 /// Smallest piece size.
 pub const MIN_PIECE: u32 = 64;
 
+/// The owner recorded for a piece that was freed while a snapshot still
+/// has to read it (`Effect::PieceHeld`): in use, but by no node. Node ids
+/// never get this high.
+pub const HELD: NodeId = u64::MAX;
+
 /// Largest piece for a block size: values above it get blocks of their own.
 pub fn max_piece(block_size: u32) -> u32 {
     block_size / 4
@@ -323,6 +328,20 @@ impl Slabs {
         s.used -= 1;
         s.quarantined.push(piece.index);
         self.reindex(piece.server, piece.block);
+    }
+
+    /// `piece` is freed while a snapshot pins it: it stays in use, owned by
+    /// [`HELD`], until [`Slabs::free`] frees it.
+    pub(crate) fn hold(&mut self, piece: &Piece) {
+        if let Some(o) = self
+            .slabs
+            .get_mut(&piece.slab())
+            .and_then(|s| s.owners.get_mut(piece.index as usize))
+        {
+            if *o != 0 {
+                *o = HELD;
+            }
+        }
     }
 
     /// The slab's block gets generation `gen`: every quarantined piece is

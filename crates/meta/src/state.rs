@@ -19,8 +19,12 @@
 use crate::alloc::{BlockAllocator, BlockClaim, BlockRef, Registration};
 use crate::effect::Effect;
 use crate::namespace::{stale, Lease, Namespace, NewNode, NodeId, Slot, SlotRef, ROOT};
-use crate::slab::{piece_size_for, stamp_batch, Piece, Slabs};
-use nodekernel_proto::meta::{MetaReply, MetaRequest, MAX_MAP_COUNT};
+use crate::slab::{piece_size_for, stamp_batch, Piece, Slabs, HELD};
+use crate::snapshot::{
+    Listed, Snapshot, SnapshotNote, Snapshots, MAX_SNAPSHOTS, MAX_SNAPSHOT_NODES, PAGE_BYTES,
+    SNAPSHOT_TTL_MS,
+};
+use nodekernel_proto::meta::{MetaReply, MetaRequest, SnapshotEntry, MAX_MAP_COUNT};
 use nodekernel_proto::path;
 use nodekernel_proto::record::RECORD_SIZE;
 use nodekernel_proto::{
@@ -81,6 +85,16 @@ enum Reply {
     Registered(u32),
     Status,
     LocalSocket,
+    SnapshotBegun {
+        id: u64,
+        entries: u64,
+    },
+    SnapshotPage {
+        id: u64,
+        entry: u64,
+        block: u64,
+    },
+    Located(BlockLoc),
 }
 
 /// The outcome of [`MetaState::decide`]: what to change, and what to reply
@@ -93,6 +107,8 @@ pub struct Decision {
     /// server, or a server a client could not reach.
     heartbeat: Option<u32>,
     suspect: Option<u32>,
+    /// A snapshot begun, used or ended (`crate::snapshot`).
+    snapshot: Option<SnapshotNote>,
 }
 
 /// A block move in progress.
@@ -124,6 +140,12 @@ pub struct MetaState {
     moves: BTreeMap<(NodeId, u64), Move>,
     /// Claims produced by applied effects, for the shell to send.
     claims: Vec<BlockClaim>,
+    /// Blocks freed while a snapshot pinned them, by (server, block): their
+    /// generation. Held out of the free lists (counted as used) until no
+    /// snapshot pins them.
+    held: BTreeMap<(u32, u32), u64>,
+    /// Running snapshots (soft state).
+    snapshots: Snapshots,
     classes: Vec<ClassInfo>,
     local_socket: String,
     /// A deliberately injected bug, to show the simulation catches it.
@@ -143,6 +165,8 @@ impl MetaState {
             placement: Placement::default(),
             moves: BTreeMap::new(),
             claims: Vec::new(),
+            held: BTreeMap::new(),
+            snapshots: Snapshots::default(),
             classes: Vec::new(),
             local_socket: String::new(),
             #[cfg(test)]
@@ -160,6 +184,17 @@ impl MetaState {
 
     pub fn slabs(&self) -> &Slabs {
         &self.slabs
+    }
+
+    /// Running snapshots.
+    pub fn snapshots(&self) -> &Snapshots {
+        &self.snapshots
+    }
+
+    /// Blocks freed while a snapshot pinned them: (server, block) and the
+    /// generation they were fenced with.
+    pub fn held_blocks(&self) -> impl Iterator<Item = ((u32, u32), u64)> + '_ {
+        self.held.iter().map(|(k, g)| (*k, *g))
     }
 
     /// Liveness (soft state) of the storage servers.
@@ -252,6 +287,9 @@ impl MetaState {
         if let Some(id) = d.suspect {
             self.alloc.suspect(id);
         }
+        if let Some(note) = d.snapshot {
+            self.snapshots.apply(note, now);
+        }
         Outcome {
             reply: self.reply(&d.reply, now),
             effects: d.effects,
@@ -305,8 +343,24 @@ impl MetaState {
                 }
             }
             Effect::BlockFreed { block } => {
+                self.held.remove(&(block.server, block.block));
                 self.alloc.give_back(block.server, block.block, block.gen);
                 self.claim(*block);
+            }
+            Effect::BlockHeld { block } => {
+                // Out of its node, fenced, but not free: a snapshot still
+                // reads it.
+                self.alloc.bump_gen(block.gen);
+                if self.alloc.server(block.server).is_some() {
+                    self.held.insert((block.server, block.block), block.gen);
+                }
+                self.claim(*block);
+            }
+            Effect::PieceHeld { piece } => {
+                // As for a freed piece, its tag is cleared at once; its
+                // bytes stay until the snapshot is done with them.
+                self.clear_tag(piece);
+                self.slabs.hold(piece);
             }
             Effect::BlockStamped { node, index, gen } => {
                 self.alloc.bump_gen(*gen);
@@ -339,6 +393,7 @@ impl MetaState {
             Effect::ServerRetired { id } => {
                 self.alloc.retire(*id);
                 self.slabs.retire_server(*id);
+                self.held.retain(|(server, _), _| server != id);
             }
             Effect::ServerReaddressed { id, addr } => self.alloc.readdress(*id, addr),
             Effect::MoveStarted {
@@ -387,18 +442,7 @@ impl MetaState {
                 }
             }
             Effect::PieceFreed { piece } => {
-                // The freed value's tag is cleared (at the slab's
-                // generation now), so its handles get `Stale` at once.
-                if let Some(gen) = self.slabs.get(piece.server, piece.block).map(|s| s.gen) {
-                    self.claim_with(
-                        BlockRef {
-                            server: piece.server,
-                            block: piece.block,
-                            gen,
-                        },
-                        Some(piece.offset()),
-                    );
-                }
+                self.clear_tag(piece);
                 self.slabs.free(piece);
             }
             Effect::SlabStamped { server, block, gen } => {
@@ -416,6 +460,21 @@ impl MetaState {
                 self.next_lease = self.next_lease.max(*floor);
                 self.alloc.bump_gen(floor.saturating_sub(1));
             }
+        }
+    }
+
+    /// Queues the claim that clears the tag of a piece whose value is gone
+    /// (at the slab's generation now), so its handles get `Stale` at once.
+    fn clear_tag(&mut self, piece: &Piece) {
+        if let Some(gen) = self.slabs.get(piece.server, piece.block).map(|s| s.gen) {
+            self.claim_with(
+                BlockRef {
+                    server: piece.server,
+                    block: piece.block,
+                    gen,
+                },
+                Some(piece.offset()),
+            );
         }
     }
 
@@ -560,8 +619,149 @@ impl MetaState {
                 index,
                 gen,
             } => d.replace_block(*node, *lease, *index, *gen, now)?,
+            MetaRequest::SnapshotBegin { path } => d.snapshot_begin(path, now)?,
+            MetaRequest::SnapshotList { id, entry, block } => {
+                // A cursor past the end gets an empty page (readers use
+                // one to keep the snapshot alive).
+                self.snapshot(*id)?;
+                d.snapshot = Some(SnapshotNote::Renew(*id));
+                Reply::SnapshotPage {
+                    id: *id,
+                    entry: *entry,
+                    block: *block,
+                }
+            }
+            MetaRequest::SnapshotLocate {
+                id,
+                node,
+                index,
+                server,
+                block,
+            } => {
+                let loc = self.snapshot_locate(*id, *node, *index, *server, *block)?;
+                d.snapshot = Some(SnapshotNote::Renew(*id));
+                Reply::Located(loc)
+            }
+            MetaRequest::SnapshotEnd { id } => {
+                self.snapshot(*id)?;
+                d.release_snapshots(&[*id]);
+                d.snapshot = Some(SnapshotNote::End(vec![*id]));
+                Reply::Done
+            }
         };
         Ok(d.finish(reply))
+    }
+
+    /// The running snapshot `id`, or the error that says it is gone.
+    fn snapshot(&self, id: u64) -> Result<&Snapshot> {
+        self.snapshots.get(id).ok_or_else(|| {
+            Error::not_found(format!(
+                "snapshot {id} is gone (ended, expired after {} s without a call, or the metadata server restarted): start the snapshot again",
+                SNAPSHOT_TTL_MS / 1000
+            ))
+        })
+    }
+
+    /// The frozen listing of the subtree at `root`: every linked node,
+    /// parents before children, children in name order.
+    fn snapshot_listing(&self, root: NodeId) -> Result<Vec<Listed>> {
+        let bs = self.alloc.block_size() as u64;
+        let mut out = Vec::new();
+        let mut stack: Vec<(NodeId, String)> = vec![(root, String::new())];
+        while let Some((id, path)) = stack.pop() {
+            let n = self.ns.get(id).ok_or_else(|| stale(id))?;
+            if out.len() >= MAX_SNAPSHOT_NODES {
+                return Err(Error::invalid_argument(format!(
+                    "the subtree has more than {MAX_SNAPSHOT_NODES} nodes, the most one snapshot lists: snapshot parts of it"
+                )));
+            }
+            let (size, blocks, piece) = if n.ty.is_container() {
+                for (name, c) in n.children.iter().rev() {
+                    let p = if path.is_empty() {
+                        name.to_string()
+                    } else {
+                        format!("{path}/{name}")
+                    };
+                    stack.push((*c, p));
+                }
+                (0, Vec::new(), None)
+            } else if let Some(p) = n.piece {
+                let gen = self.slabs.get(p.server, p.block).map_or(0, |s| s.gen);
+                let b = BlockRef {
+                    server: p.server,
+                    block: p.block,
+                    gen,
+                };
+                (n.size, vec![b], Some(p))
+            } else {
+                let count = n.size.div_ceil(bs).min(n.blocks.len() as u64) as usize;
+                (n.size, n.blocks[..count].to_vec(), None)
+            };
+            out.push(Listed {
+                path: path.into_boxed_str(),
+                ty: n.ty,
+                enumerable: n.enumerable,
+                storage_class: n.storage_class,
+                node: id,
+                size,
+                blocks,
+                piece,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Where block `block` of `server` (block `index` of `node` when
+    /// snapshot `id` began) is now: held, a slab, or still the node's.
+    fn snapshot_locate(
+        &self,
+        id: u64,
+        node: NodeId,
+        index: u64,
+        server: u32,
+        block: u32,
+    ) -> Result<BlockLoc> {
+        let s = self.snapshot(id)?;
+        let key = (server, block);
+        let gen = if s.slabs.contains(&key) {
+            self.slabs.get(server, block).map(|slab| slab.gen)
+        } else if s.blocks.contains(&key) {
+            self.held.get(&key).copied().or_else(|| {
+                self.ns
+                    .get(node)
+                    .and_then(|n| n.blocks.get(index as usize))
+                    .filter(|b| (b.server, b.block) == key)
+                    .map(|b| b.gen)
+            })
+        } else {
+            return Err(Error::invalid_argument(format!(
+                "block {block} of storage server {server} is not in snapshot {id}"
+            )));
+        };
+        let gen = gen.ok_or_else(|| {
+            Error::data_lost(format!(
+                "block {block} of storage server {server} (node {node}) is no longer kept for snapshot {id}: its storage server was retired"
+            ))
+        })?;
+        if !self.alloc.is_alive(server) {
+            return Err(Error::unavailable(format!(
+                "storage server {server}, which holds block {block} of node {node}, is dead"
+            )));
+        }
+        Ok(self.loc(&BlockRef { server, block, gen }))
+    }
+
+    /// Ends the snapshots not used for [`SNAPSHOT_TTL_MS`]: their held
+    /// blocks and pieces are freed. `None` when none expired.
+    pub fn decide_snapshot_expiry(&self, now: u64) -> Option<Decision> {
+        let ids = self.snapshots.expired(now);
+        if ids.is_empty() {
+            return None;
+        }
+        let mut d = Draft::new(self);
+        d.release_snapshots(&ids);
+        d.snapshot = Some(SnapshotNote::End(ids));
+        Some(d.finish(Reply::Done))
     }
 
     /// Refuses a path whose top-level name another partition owns (every
@@ -642,6 +842,10 @@ impl MetaState {
                 .u64(m.to.gen)
                 .u64(m.fence);
         }
+        e.u32(self.held.len() as u32);
+        for ((server, block), gen) in &self.held {
+            e.u32(*server).u32(*block).u64(*gen);
+        }
         image.state = buf.to_vec();
         image
     }
@@ -658,7 +862,8 @@ impl MetaState {
         let mut dec = nodekernel_proto::codec::Dec::new(state, "checkpointed state");
         let d = &mut dec;
         let format = d.u8()?;
-        if format != crate::checkpoint::FORMAT {
+        // Format 1 had no held blocks (no snapshots).
+        if format != crate::checkpoint::FORMAT && format != 1 {
             return Err(Error::protocol(format!(
                 "checkpoint format {format}; this build reads format {}",
                 crate::checkpoint::FORMAT
@@ -686,6 +891,13 @@ impl MetaState {
                 },
             );
         }
+        let mut held = BTreeMap::new();
+        if format >= 2 {
+            let n = d.count(16)?;
+            for _ in 0..n {
+                held.insert((d.u32()?, d.u32()?), d.u64()?);
+            }
+        }
         dec.finish()?;
         let mut st = MetaState::new(block_size, lease_ms, 1);
         st.ns = Namespace::from_checkpoint(next_id, nodes)?;
@@ -693,6 +905,7 @@ impl MetaState {
         st.slabs = slabs;
         st.next_lease = next_lease;
         st.moves = moves;
+        st.held = held;
         Ok(st)
     }
 
@@ -737,6 +950,26 @@ impl MetaState {
         let moving: BTreeSet<NodeId> = self.moves.keys().map(|(n, _)| *n).collect();
         for node in moving.difference(&unclosed) {
             d.end_moves(*node, 0);
+        }
+        // Snapshots do not survive a restart: what they held is freed.
+        for ((server, block), gen) in &self.held {
+            d.release_block(BlockRef {
+                server: *server,
+                block: *block,
+                gen: *gen,
+            });
+        }
+        for ((server, block), slab) in self.slabs.iter() {
+            for (index, owner) in slab.owned() {
+                if owner == HELD {
+                    d.release_piece(Piece {
+                        server,
+                        block,
+                        index,
+                        size: slab.piece_size,
+                    });
+                }
+            }
         }
         (!d.effects.is_empty()).then(|| d.finish(Reply::Done))
     }
@@ -893,6 +1126,76 @@ impl MetaState {
                 })
             }
             Reply::LocalSocket => MetaReply::LocalSocket(self.local_socket.clone()),
+            Reply::SnapshotBegun { id, entries } => MetaReply::SnapshotBegun {
+                id: *id,
+                entries: *entries,
+            },
+            Reply::SnapshotPage { id, entry, block } => self.snapshot_page(*id, *entry, *block),
+            Reply::Located(loc) => MetaReply::Located(loc.clone()),
+        }
+    }
+
+    /// A page of snapshot `id`'s listing from entry `entry` (its block
+    /// `block` on): about [`PAGE_BYTES`] of entries, a node with many
+    /// blocks split over pages.
+    fn snapshot_page(&self, id: u64, entry: u64, block: u64) -> MetaReply {
+        let mut entries = Vec::new();
+        let (mut e, mut b) = (
+            usize::try_from(entry).unwrap_or(usize::MAX),
+            usize::try_from(block).unwrap_or(usize::MAX),
+        );
+        let Some(s) = self.snapshots.get(id) else {
+            return MetaReply::SnapshotPage {
+                entries,
+                next_entry: entry,
+                next_block: block,
+            };
+        };
+        let mut bytes = 0;
+        while let Some(l) = s.entries.get(e) {
+            let mut en = SnapshotEntry {
+                index: e as u64,
+                path: l.path.to_string(),
+                ty: l.ty,
+                enumerable: l.enumerable,
+                storage_class: l.storage_class,
+                node: l.node,
+                size: l.size,
+                block_size: l.piece.map_or(self.alloc.block_size(), |p| p.capacity()),
+                first_block: b as u64,
+                blocks: Vec::new(),
+            };
+            bytes += en.encoded_len();
+            if bytes > PAGE_BYTES && !entries.is_empty() {
+                break;
+            }
+            while let Some(r) = l.blocks.get(b) {
+                if bytes >= PAGE_BYTES && !en.blocks.is_empty() {
+                    break;
+                }
+                let mut loc = self.loc(r);
+                if let Some(p) = &l.piece {
+                    loc.offset = p.value_offset();
+                    loc.tag = l.node;
+                }
+                bytes += 64 + loc.addr.len();
+                en.blocks.push(loc);
+                b += 1;
+            }
+            entries.push(en);
+            if b < l.blocks.len() {
+                break;
+            }
+            e += 1;
+            b = 0;
+            if bytes >= PAGE_BYTES {
+                break;
+            }
+        }
+        MetaReply::SnapshotPage {
+            entries,
+            next_entry: e as u64,
+            next_block: b as u64,
         }
     }
 
@@ -1040,13 +1343,14 @@ impl MetaState {
     #[cfg(test)]
     pub(crate) fn dump(&self) -> String {
         format!(
-            "{}{}{:?}\nnext_lease {} lease_ms {} moves {:?}\n",
+            "{}{}{:?}\nnext_lease {} lease_ms {} moves {:?}\nheld {:?}\n",
             self.ns.dump(),
             self.alloc.dump(),
             self.slabs,
             self.next_lease,
             self.lease_ms,
-            self.moves
+            self.moves,
+            self.held
         )
     }
 
@@ -1146,6 +1450,14 @@ impl MetaState {
         for m in self.moves.values() {
             own(m.to.server, m.to.block, m.to.gen, 0)?;
         }
+        for ((server, block), gen) in &self.held {
+            if self.alloc.server(*server).is_none() {
+                return Err(format!(
+                    "held block {block} of server {server}: no such server"
+                ));
+            }
+            own(*server, *block, *gen, 0)?;
+        }
         for ((server, block), slab) in self.slabs.iter() {
             if self.alloc.server(server).is_none() {
                 return Err(format!("slab {block} of server {server}: no such server"));
@@ -1162,6 +1474,8 @@ impl MetaState {
                     size: slab.piece_size,
                 };
                 match self.ns.get(owner) {
+                    // Freed while a snapshot pins it.
+                    None if owner == HELD => {}
                     None => {
                         return Err(format!(
                             "piece {index} of slab {block} on server {server} is leaked: its owner, node {owner}, is gone"
@@ -1227,6 +1541,7 @@ struct Draft<'a> {
     stamped: BTreeSet<(u32, u32)>,
     heartbeat: Option<u32>,
     suspect: Option<u32>,
+    snapshot: Option<SnapshotNote>,
 }
 
 impl<'a> Draft<'a> {
@@ -1242,6 +1557,7 @@ impl<'a> Draft<'a> {
             stamped: BTreeSet::new(),
             heartbeat: None,
             suspect: None,
+            snapshot: None,
         }
     }
 
@@ -1251,6 +1567,7 @@ impl<'a> Draft<'a> {
             reply,
             heartbeat: self.heartbeat,
             suspect: self.suspect,
+            snapshot: self.snapshot,
         }
     }
 
@@ -1288,7 +1605,27 @@ impl<'a> Draft<'a> {
         self.push(Effect::BlockAdded { node, block });
     }
 
+    /// Frees block `b` of a node: fenced with a fresh generation either
+    /// way; held instead of given back while a snapshot pins it.
     fn free(&mut self, b: BlockRef) {
+        if self.st.snapshots.pins_block(b.server, b.block, &[])
+            && self.st.alloc.server(b.server).is_some()
+        {
+            #[cfg(test)]
+            if self.st.bug == Some(crate::sim::Bug::PinnedBlockFreed) {
+                return self.release_block(b);
+            }
+            let gen = self.plan.gen();
+            self.push(Effect::BlockHeld {
+                block: BlockRef { gen, ..b },
+            });
+            return;
+        }
+        self.release_block(b);
+    }
+
+    /// Gives block `b` back to its server's free list, fenced.
+    fn release_block(&mut self, b: BlockRef) {
         let gen = self.plan.free(b);
         self.push(Effect::BlockFreed {
             block: BlockRef { gen, ..b },
@@ -1418,6 +1755,17 @@ impl<'a> Draft<'a> {
     /// `Stale` before the piece is reused; a slab left empty gives its
     /// block back instead.
     fn free_piece(&mut self, p: Piece) {
+        if self.st.slabs.get(p.server, p.block).is_some() && self.st.snapshots.pins_piece(&p, &[]) {
+            // Its tag is cleared; its bytes stay for the snapshot.
+            self.push(Effect::PieceHeld { piece: p });
+            return;
+        }
+        self.release_piece(p);
+    }
+
+    /// Frees piece `p` for reuse (behind a stamp), releasing its slab if
+    /// that was the last piece in use.
+    fn release_piece(&mut self, p: Piece) {
         let Some(slab) = self.st.slabs.get(p.server, p.block) else {
             return; // gone with its server
         };
@@ -1436,6 +1784,60 @@ impl<'a> Draft<'a> {
                 gen: slab.gen,
             });
         }
+    }
+
+    /// Frees what snapshots `ids` held and no other snapshot pins.
+    fn release_snapshots(&mut self, ids: &[u64]) {
+        let mut blocks = BTreeSet::new();
+        let mut pieces = BTreeSet::new();
+        for id in ids {
+            let Some(s) = self.st.snapshots.get(*id) else {
+                continue;
+            };
+            for key in &s.blocks {
+                if self.st.held.contains_key(key)
+                    && !self.st.snapshots.pins_block(key.0, key.1, ids)
+                {
+                    blocks.insert(*key);
+                }
+            }
+            for p in &s.pieces {
+                let held = self.st.slabs.get(p.server, p.block).is_some_and(|slab| {
+                    slab.piece_size == p.size && slab.owner(p.index) == Some(HELD)
+                });
+                if held && !self.st.snapshots.pins_piece(p, ids) {
+                    pieces.insert(*p);
+                }
+            }
+        }
+        for (server, block) in blocks {
+            let gen = self.st.held[&(server, block)];
+            self.release_block(BlockRef { server, block, gen });
+        }
+        for p in pieces {
+            self.release_piece(p);
+        }
+    }
+
+    /// Begins a snapshot of the subtree at `path`: its listing is frozen
+    /// now, and its blocks and pieces are pinned until it ends.
+    fn snapshot_begin(&mut self, path: &str, now: u64) -> Result<Reply> {
+        path::components(path)?;
+        self.st.check_partition(path)?;
+        if self.st.snapshots.len() >= MAX_SNAPSHOTS {
+            return Err(Error::busy(format!(
+                "{MAX_SNAPSHOTS} snapshots are running on this metadata server, the most it keeps at once: wait for one to end"
+            )));
+        }
+        let root = self.ns().resolve(path)?;
+        let entries = self.st.snapshot_listing(root)?;
+        let id = self.st.snapshots.next_id().max(self.st.alloc.next_gen());
+        let n = entries.len() as u64;
+        self.snapshot = Some(SnapshotNote::Begin(
+            id,
+            Box::new(Snapshot::new(entries, now + SNAPSHOT_TTL_MS)),
+        ));
+        Ok(Reply::SnapshotBegun { id, entries: n })
     }
 
     /// Fences every piece of a slab: a fresh generation, claimed.

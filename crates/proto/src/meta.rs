@@ -25,10 +25,103 @@ pub mod op {
     pub const LOCAL_SOCKET: u16 = 14;
     pub const ABORT: u16 = 15;
     pub const REPLACE_BLOCK: u16 = 16;
+    pub const SNAPSHOT_BEGIN: u16 = 17;
+    pub const SNAPSHOT_LIST: u16 = 18;
+    pub const SNAPSHOT_LOCATE: u16 = 19;
+    pub const SNAPSHOT_END: u16 = 20;
 }
 
 /// Most blocks one map request may ask for.
 pub const MAX_MAP_COUNT: u32 = 1024;
+
+/// One node of a snapshot's frozen listing (`docs/snapshots.md`), as a
+/// [`MetaReply::SnapshotPage`] carries it. A node with many blocks is
+/// split over several entries with the same `index` (and increasing
+/// `first_block`), each carrying some of its blocks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotEntry {
+    /// The entry's number in the listing (parents come before children).
+    pub index: u64,
+    /// Path relative to the snapshot's root, components joined by `/`;
+    /// empty for the root itself.
+    pub path: String,
+    pub ty: NodeType,
+    pub enumerable: bool,
+    pub storage_class: u8,
+    /// The node id at the snapshot's start.
+    pub node: u64,
+    /// Published size at the snapshot's start (data nodes; 0 for
+    /// containers).
+    pub size: u64,
+    /// Bytes per block of the node (a small value's piece capacity).
+    pub block_size: u32,
+    /// Index of `blocks[0]` among the node's blocks.
+    pub first_block: u64,
+    /// Block locations at the snapshot's start (a small value's piece:
+    /// one location with its offset and tag).
+    pub blocks: Vec<BlockLoc>,
+}
+
+impl SnapshotEntry {
+    /// Encoded length without the path and the blocks.
+    const MIN_LEN: usize = 8 + 4 + 1 + 1 + 1 + 8 + 8 + 4 + 8 + 4;
+
+    /// Bytes this entry takes encoded (for page budgets).
+    pub fn encoded_len(&self) -> usize {
+        Self::MIN_LEN
+            + self.path.len()
+            + self
+                .blocks
+                .iter()
+                .map(|b| BlockLoc::MIN_LEN + b.addr.len())
+                .sum::<usize>()
+    }
+
+    fn encode(&self, e: &mut Enc) {
+        e.u64(self.index)
+            .str(&self.path)
+            .u8(self.ty as u8)
+            .bool(self.enumerable)
+            .u8(self.storage_class)
+            .u64(self.node)
+            .u64(self.size)
+            .u32(self.block_size)
+            .u64(self.first_block)
+            .u32(self.blocks.len() as u32);
+        for b in &self.blocks {
+            b.encode(e);
+        }
+    }
+
+    fn decode(d: &mut Dec) -> Result<SnapshotEntry> {
+        let index = d.u64()?;
+        let path = d.string()?;
+        let ty = NodeType::from_u8(d.u8()?)?;
+        let enumerable = d.bool()?;
+        let storage_class = d.u8()?;
+        let node = d.u64()?;
+        let size = d.u64()?;
+        let block_size = d.u32()?;
+        let first_block = d.u64()?;
+        let n = d.count(BlockLoc::MIN_LEN)?;
+        let mut blocks = Vec::with_capacity(n);
+        for _ in 0..n {
+            blocks.push(BlockLoc::decode(d)?);
+        }
+        Ok(SnapshotEntry {
+            index,
+            path,
+            ty,
+            enumerable,
+            storage_class,
+            node,
+            size,
+            block_size,
+            first_block,
+            blocks,
+        })
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MetaRequest {
@@ -122,6 +215,33 @@ pub enum MetaRequest {
         index: u64,
         gen: u64,
     },
+    /// Starts a snapshot of the subtree at `path`: the server freezes its
+    /// listing and keeps the blocks of its data nodes from being reused
+    /// until the snapshot ends (`docs/snapshots.md`).
+    SnapshotBegin {
+        path: String,
+    },
+    /// The snapshot's listing from entry `entry` (and that entry's block
+    /// `block` on); renews the snapshot.
+    SnapshotList {
+        id: u64,
+        entry: u64,
+        block: u64,
+    },
+    /// The current location of block `block` of `server`, block `index` of
+    /// `node` when the snapshot began (its generation changed: fenced,
+    /// freed and held, moved); renews the snapshot.
+    SnapshotLocate {
+        id: u64,
+        node: u64,
+        index: u64,
+        server: u32,
+        block: u32,
+    },
+    /// Ends the snapshot: its blocks may be reused.
+    SnapshotEnd {
+        id: u64,
+    },
 }
 
 impl MetaRequest {
@@ -143,6 +263,10 @@ impl MetaRequest {
             MetaRequest::LocalSocket => op::LOCAL_SOCKET,
             MetaRequest::Abort { .. } => op::ABORT,
             MetaRequest::ReplaceBlock { .. } => op::REPLACE_BLOCK,
+            MetaRequest::SnapshotBegin { .. } => op::SNAPSHOT_BEGIN,
+            MetaRequest::SnapshotList { .. } => op::SNAPSHOT_LIST,
+            MetaRequest::SnapshotLocate { .. } => op::SNAPSHOT_LOCATE,
+            MetaRequest::SnapshotEnd { .. } => op::SNAPSHOT_END,
         }
     }
 
@@ -167,7 +291,8 @@ impl MetaRequest {
             }
             MetaRequest::Lookup { path }
             | MetaRequest::Enumerate { path }
-            | MetaRequest::OpenWrite { path } => {
+            | MetaRequest::OpenWrite { path }
+            | MetaRequest::SnapshotBegin { path } => {
                 e.str(path);
             }
             MetaRequest::Remove { path, recursive } => {
@@ -221,6 +346,21 @@ impl MetaRequest {
                 gen,
             } => {
                 e.u64(*node).u64(*lease).u64(*index).u64(*gen);
+            }
+            MetaRequest::SnapshotList { id, entry, block } => {
+                e.u64(*id).u64(*entry).u64(*block);
+            }
+            MetaRequest::SnapshotLocate {
+                id,
+                node,
+                index,
+                server,
+                block,
+            } => {
+                e.u64(*id).u64(*node).u64(*index).u32(*server).u32(*block);
+            }
+            MetaRequest::SnapshotEnd { id } => {
+                e.u64(*id);
             }
         }
     }
@@ -289,6 +429,20 @@ impl MetaRequest {
                 index: d.u64()?,
                 gen: d.u64()?,
             },
+            op::SNAPSHOT_BEGIN => MetaRequest::SnapshotBegin { path: d.string()? },
+            op::SNAPSHOT_LIST => MetaRequest::SnapshotList {
+                id: d.u64()?,
+                entry: d.u64()?,
+                block: d.u64()?,
+            },
+            op::SNAPSHOT_LOCATE => MetaRequest::SnapshotLocate {
+                id: d.u64()?,
+                node: d.u64()?,
+                index: d.u64()?,
+                server: d.u32()?,
+                block: d.u32()?,
+            },
+            op::SNAPSHOT_END => MetaRequest::SnapshotEnd { id: d.u64()? },
             other => return Err(Error::protocol(format!("unknown metadata op {other}"))),
         };
         if d.remaining() != 0 {
@@ -337,6 +491,17 @@ pub enum MetaReply {
     Status(ClusterStatus),
     /// LocalSocket: the abstract socket name, empty when there is none.
     LocalSocket(String),
+    /// SnapshotBegin: the snapshot's id and its number of entries.
+    SnapshotBegun { id: u64, entries: u64 },
+    /// SnapshotList: entries from the cursor on, and where the next page
+    /// starts (`next_entry` = the number of entries when done).
+    SnapshotPage {
+        entries: Vec<SnapshotEntry>,
+        next_entry: u64,
+        next_block: u64,
+    },
+    /// SnapshotLocate: the block's current location.
+    Located(BlockLoc),
 }
 
 impl MetaReply {
@@ -378,6 +543,22 @@ impl MetaReply {
             MetaReply::LocalSocket(name) => {
                 e.str(name);
             }
+            MetaReply::SnapshotBegun { id, entries } => {
+                e.u64(*id).u64(*entries);
+            }
+            MetaReply::SnapshotPage {
+                entries,
+                next_entry,
+                next_block,
+            } => {
+                e.u64(*next_entry)
+                    .u64(*next_block)
+                    .u32(entries.len() as u32);
+                for en in entries {
+                    en.encode(e);
+                }
+            }
+            MetaReply::Located(loc) => loc.encode(e),
         }
     }
 
@@ -386,7 +567,7 @@ impl MetaReply {
         let mut d = Dec::new(payload, "metadata reply");
         let reply = match opcode {
             op::CREATE | op::LOOKUP | op::OPEN_WRITE => MetaReply::Node(NodeInfo::decode(&mut d)?),
-            op::HEARTBEAT | op::RELEASE_SLOT | op::ABORT => MetaReply::Done,
+            op::HEARTBEAT | op::RELEASE_SLOT | op::ABORT | op::SNAPSHOT_END => MetaReply::Done,
             op::REMOVE | op::SYNC => MetaReply::Record(RecordLoc::decode_opt(&mut d)?),
             op::MOVE => MetaReply::Moved {
                 ty: NodeType::from_u8(d.u8()?)?,
@@ -434,6 +615,25 @@ impl MetaReply {
                 d.string()?,
                 "local socket",
             )?),
+            op::SNAPSHOT_BEGIN => MetaReply::SnapshotBegun {
+                id: d.u64()?,
+                entries: d.u64()?,
+            },
+            op::SNAPSHOT_LIST => {
+                let next_entry = d.u64()?;
+                let next_block = d.u64()?;
+                let n = d.count(SnapshotEntry::MIN_LEN)?;
+                let mut entries = Vec::with_capacity(n);
+                for _ in 0..n {
+                    entries.push(SnapshotEntry::decode(&mut d)?);
+                }
+                MetaReply::SnapshotPage {
+                    entries,
+                    next_entry,
+                    next_block,
+                }
+            }
+            op::SNAPSHOT_LOCATE => MetaReply::Located(BlockLoc::decode(&mut d)?),
             other => {
                 return Err(Error::protocol(format!(
                     "reply to unknown metadata op {other}"
@@ -514,6 +714,20 @@ mod tests {
                 index: 2,
                 gen: 123,
             },
+            MetaRequest::SnapshotBegin { path: "/s".into() },
+            MetaRequest::SnapshotList {
+                id: 4,
+                entry: 1000,
+                block: 3,
+            },
+            MetaRequest::SnapshotLocate {
+                id: 4,
+                node: 9,
+                index: 2,
+                server: 1,
+                block: 77,
+            },
+            MetaRequest::SnapshotEnd { id: 4 },
         ]
     }
 
@@ -653,6 +867,60 @@ mod tests {
             (op::STATUS, MetaReply::Status(status)),
             (op::LOCAL_SOCKET, MetaReply::LocalSocket("nk-meta-1".into())),
             (op::LOCAL_SOCKET, MetaReply::LocalSocket(String::new())),
+            (
+                op::SNAPSHOT_BEGIN,
+                MetaReply::SnapshotBegun {
+                    id: 7,
+                    entries: 1 << 20,
+                },
+            ),
+            (
+                op::SNAPSHOT_LIST,
+                MetaReply::SnapshotPage {
+                    entries: vec![
+                        SnapshotEntry {
+                            index: 0,
+                            path: String::new(),
+                            ty: NodeType::Table,
+                            enumerable: false,
+                            storage_class: crate::NO_CLASS,
+                            node: 3,
+                            size: 0,
+                            block_size: 1 << 20,
+                            first_block: 0,
+                            blocks: Vec::new(),
+                        },
+                        SnapshotEntry {
+                            index: 1,
+                            path: "k/ü".into(),
+                            ty: NodeType::KeyValue,
+                            enumerable: true,
+                            storage_class: 1,
+                            node: 9,
+                            size: 5,
+                            block_size: 104,
+                            first_block: 0,
+                            blocks: vec![small.clone()],
+                        },
+                        SnapshotEntry {
+                            index: 2,
+                            path: "f".into(),
+                            ty: NodeType::File,
+                            enumerable: true,
+                            storage_class: 0,
+                            node: 10,
+                            size: 5 << 20,
+                            block_size: 1 << 20,
+                            first_block: 2,
+                            blocks: vec![loc.clone(), loc.clone()],
+                        },
+                    ],
+                    next_entry: 2,
+                    next_block: 4,
+                },
+            ),
+            (op::SNAPSHOT_LOCATE, MetaReply::Located(loc.clone())),
+            (op::SNAPSHOT_END, MetaReply::Done),
         ];
         for (op, r) in cases {
             let mut b = BytesMut::new();
@@ -690,6 +958,14 @@ mod tests {
         let e = blocks(7).unwrap_err();
         assert!(e.message.contains("no room for its tag"), "{e}");
         assert_eq!(BlockLoc { tag: 0, ..loc(0) }.tag_check(), None);
+    }
+
+    #[test]
+    fn a_snapshot_page_claiming_more_entries_than_it_holds_is_refused_before_allocating() {
+        let mut b = BytesMut::new();
+        Enc(&mut b).u64(0).u64(0).u32(u32::MAX);
+        let e = MetaReply::decode(op::SNAPSHOT_LIST, &b).unwrap_err();
+        assert_eq!(e.code, crate::ErrorCode::Protocol, "{e}");
     }
 
     #[test]

@@ -10,7 +10,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(4096))]
 
     #[test]
-    fn decoders_never_panic(op in 0u16..20, bytes in prop_oneof![proptest::collection::vec(any::<u8>(), 0..512), proptest::collection::vec(any::<u8>(), WRITE_PREFIX_LEN)]) {
+    fn decoders_never_panic(op in 0u16..24, bytes in prop_oneof![proptest::collection::vec(any::<u8>(), 0..512), proptest::collection::vec(any::<u8>(), WRITE_PREFIX_LEN)]) {
         let _ = MetaRequest::decode(op, &bytes);
         let _ = MetaReply::decode(op, &bytes);
         let _ = StoreRequest::decode(op, &bytes);
@@ -33,7 +33,7 @@ proptest! {
     }
 
     #[test]
-    fn decoded_requests_re_encode_to_the_same_bytes(op in 1u16..12, bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+    fn decoded_requests_re_encode_to_the_same_bytes(op in 1u16..21, bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
         if let Ok(req) = MetaRequest::decode(op, &bytes) {
             let mut out = bytes::BytesMut::new();
             req.encode(&mut out);
