@@ -273,6 +273,33 @@ mod tests {
         assert!(e.to_string().contains("stopped"), "{e}");
     }
 
+    /// A persistent server's region is a regular file, which cannot be
+    /// sealed: it is handed over and mapped all the same, and both
+    /// mappings see each other's writes.
+    #[test]
+    fn a_file_backed_region_is_handed_over() {
+        let dir = std::env::temp_dir().join(format!("nk-shm-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("dram");
+        let r = Arc::new(Region::open_file(&path, 4096, 4, false).unwrap());
+        block_on(r.write(2, 9, 0, b"in a file")).unwrap();
+        let (a, b) = UnixStream::pair().unwrap();
+        let lease = r.lease_slot().unwrap();
+        send_region(a.as_fd(), &r, Some(lease.slot())).unwrap();
+        let mapped = receive_region(&b).unwrap();
+        let mut out = [0u8; 9];
+        mapped.read(2, 9, 0, &mut out).unwrap();
+        assert_eq!(&out, b"in a file");
+        block_on(mapped.write(3, 10, 0, b"from the client")).unwrap();
+        let mut out = [0u8; 15];
+        r.read(3, 10, 0, &mut out).unwrap();
+        assert_eq!(&out, b"from the client");
+        drop(mapped);
+        block_on(lease.reclaim());
+        drop(r);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn refuses_missing_or_foreign_descriptors_and_bad_grants() {
         let layout = crate::Layout::new(4096, 1).unwrap();
@@ -298,8 +325,9 @@ mod tests {
             io::ErrorKind::UnexpectedEof
         );
 
-        // A descriptor that is not a sealed memfd (a socket) is refused,
-        // and so is a plain file.
+        // A descriptor that is not a regular file (a socket) is refused; a
+        // regular file that is not a region (opened read only, without the
+        // header) is refused too.
         let (a, b) = UnixStream::pair().unwrap();
         let (other, _keep) = UnixStream::pair().unwrap();
         send_raw(&a, &good, other.as_raw_fd());
@@ -307,8 +335,23 @@ mod tests {
         assert!(e.to_string().contains("memfd"), "{e}");
         let f = std::fs::File::open("/proc/self/exe").unwrap();
         send_raw(&a, &good, f.as_raw_fd());
+        receive_region(&b).expect_err("not a region");
+        // A regular file shorter than its header says is refused.
+        let dir = std::env::temp_dir().join(format!("nk-shm-handover-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let short = dir.join("short");
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&short)
+            .unwrap();
+        f.set_len(layout.total_len - 1).unwrap();
+        send_raw(&a, &good, f.as_raw_fd());
         let e = receive_region(&b).unwrap_err();
-        assert!(e.to_string().contains("memfd"), "{e}");
+        assert!(e.to_string().contains("bytes"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
 
         // A real region with a header that claims more than it holds.
         let r = Region::create(4096, 1).unwrap();

@@ -11,6 +11,8 @@ use std::fs::File;
 use std::future::Future;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
 use std::pin::Pin;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -138,9 +140,15 @@ impl Region {
         unsafe {
             std::ptr::copy_nonoverlapping(header.as_ptr(), map.as_mut_ptr(), header.len());
         }
+        Ok(Region::server(file, layout, map))
+    }
+
+    /// The server's side of a freshly mapped region: its own lanes, every
+    /// client slot free.
+    fn server(file: File, layout: Layout, map: MmapRaw) -> Region {
         let client_slots = layout.slots - layout.server_slots;
         let map = Arc::new(map);
-        Ok(Region {
+        Region {
             notifier: Notifier::new(map.clone(), layout.wake_seq_offset()),
             map,
             layout,
@@ -153,15 +161,228 @@ impl Region {
             slot: None,
             slots: Some(Mutex::new(vec![SlotState::Free; client_slots as usize])),
             populated: None,
-        })
+        }
+    }
+
+    /// Whether the regular file at `path` holds a region this build would
+    /// create for `num_blocks` blocks of `block_size` bytes, so that
+    /// [`Region::open_file`] may keep it: `Err` says why not (missing, of
+    /// another size, a header of another version or layout). Reads only
+    /// the header; changes nothing.
+    pub fn check_file(
+        path: &Path,
+        block_size: u32,
+        num_blocks: u32,
+    ) -> std::result::Result<(), String> {
+        let layout = Layout::new(block_size, num_blocks).map_err(|e| e.to_string())?;
+        let file = match File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(format!("{} is missing", path.display()))
+            }
+            Err(e) => return Err(format!("cannot open {}: {e}", path.display())),
+        };
+        let meta = file
+            .metadata()
+            .map_err(|e| format!("cannot inspect {}: {e}", path.display()))?;
+        if !meta.is_file() {
+            return Err(format!("{} is not a regular file", path.display()));
+        }
+        if meta.len() != layout.total_len {
+            return Err(format!(
+                "{} has {} bytes, this server's region has {}",
+                path.display(),
+                meta.len(),
+                layout.total_len
+            ));
+        }
+        let mut header = [0u8; crate::HEADER_LEN];
+        file.read_exact_at(&mut header, 0)
+            .map_err(|e| format!("cannot read the header of {}: {e}", path.display()))?;
+        if header != layout.encode() {
+            let why = match Layout::decode(&header) {
+                Err(e) => e.to_string(),
+                Ok(other) => format!(
+                    "it holds {} blocks of {} bytes with {} slots of {} lanes",
+                    other.num_blocks, other.block_size, other.slots, other.lanes_per_slot
+                ),
+            };
+            return Err(format!(
+                "the header of {} does not match this server's region: {why}",
+                path.display()
+            ));
+        }
+        Ok(())
+    }
+
+    /// A server's region in the regular file at `path` (created mode 0600
+    /// if missing), mapped shared, so that its blocks and generations
+    /// outlive the process: a persistent DRAM tier (the file should live
+    /// on `/dev/shm` or another memory-backed or fast file system).
+    ///
+    /// With `keep`, the file must hold a region of exactly this layout
+    /// (see [`Region::check_file`]; otherwise `InvalidData`): its block
+    /// data and generation words are kept, while what only a live process
+    /// could mean is reset, since no process of the server that wrote it
+    /// can still be writing: the state word (serving again), every lane,
+    /// the waiting counts, and the [`SETTLING`] bit of any generation
+    /// word (a claim the old process left half done: as when a dead
+    /// claimer's slot is reclaimed, its generation simply owns the block
+    /// now). Without `keep`, a new file is initialised like
+    /// [`Region::create`]'s memfd (every generation 0) and renamed over
+    /// `path` (processes that still map the old file keep the old bytes).
+    ///
+    /// Either way the whole file is reserved (`posix_fallocate`) and the
+    /// mapping prefaulted, as for a memfd. A regular file cannot be sealed
+    /// against shrinking; clients accept it all the same (see
+    /// [`Region::open`] and `docs/shared-memory.md`).
+    pub fn open_file(
+        path: &Path,
+        block_size: u32,
+        num_blocks: u32,
+        keep: bool,
+    ) -> io::Result<Region> {
+        let layout = Layout::new(block_size, num_blocks)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        if keep {
+            if let Err(why) = Region::check_file(path, block_size, num_blocks) {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, why));
+            }
+        }
+        // A fresh region is a new file renamed over the old one, never the
+        // old one emptied in place: a process that still maps the old file
+        // (a client of the server before, that has not yet noticed it is
+        // gone) keeps its own bytes, cannot fault on a shrunk file, and
+        // shares nothing with the new region.
+        let tmp = {
+            let mut name = path.as_os_str().to_owned();
+            name.push(".tmp");
+            std::path::PathBuf::from(name)
+        };
+        let file = if keep {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(path)?
+        } else {
+            match std::fs::remove_file(&tmp) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(&tmp)?;
+            f.set_len(layout.total_len)?;
+            f
+        };
+        // SAFETY: plain fallocate on a descriptor we own, inside its size;
+        // it allocates what is missing and changes no byte.
+        let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, layout.total_len as i64) };
+        match rc {
+            0 => {}
+            libc::EOPNOTSUPP | libc::EINVAL => tracing::debug!(
+                "{}: posix_fallocate unsupported, the region may be sparse",
+                path.display()
+            ),
+            rc => {
+                let e = io::Error::from_raw_os_error(rc);
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!(
+                        "cannot reserve {} bytes for {}: {e}",
+                        layout.total_len,
+                        path.display()
+                    ),
+                ));
+            }
+        }
+        let map = MmapOptions::new()
+            .len(layout.total_len as usize)
+            .populate()
+            .map_raw(&file)?;
+        let region = if keep {
+            let region = Region::server(file, layout, map);
+            region.reset_transient();
+            region
+        } else {
+            let header = layout.encode();
+            // SAFETY: the mapping is at least HEADER_LEN bytes (validated
+            // layout) and nobody else can see the new file yet.
+            unsafe {
+                std::ptr::copy_nonoverlapping(header.as_ptr(), map.as_mut_ptr(), header.len());
+            }
+            std::fs::rename(&tmp, path)?;
+            Region::server(file, layout, map)
+        };
+        Ok(region)
+    }
+
+    /// Resets what only a live process could mean (see
+    /// [`Region::open_file`]).
+    fn reset_transient(&self) {
+        let l = &self.layout;
+        self.state().store(0, Ordering::Relaxed);
+        self.waiting().store(0, Ordering::Relaxed);
+        for i in 0..l.lane_count() {
+            self.lane(i).store(0, Ordering::Relaxed);
+        }
+        for s in 0..l.slots {
+            self.slot_waiting(s).store(0, Ordering::Relaxed);
+        }
+        for b in 0..l.num_blocks {
+            let w = self.generation_word(b);
+            let v = w.load(Ordering::Relaxed);
+            if v & SETTLING != 0 {
+                w.store(v & !SETTLING, Ordering::Relaxed);
+            }
+        }
+        fence(Ordering::SeqCst);
+    }
+
+    /// Writes every changed page of the region back to its file and waits
+    /// for the device (`msync(MS_SYNC)`, then `fsync`): a file-backed
+    /// region's blocks and generations then survive a machine crash. On a
+    /// memfd (or tmpfs) there is nothing to write back.
+    pub fn sync(&self) -> io::Result<()> {
+        // SAFETY: the whole mapping, which lives as long as `self`; msync
+        // changes no byte.
+        let rc = unsafe {
+            libc::msync(
+                self.map.as_mut_ptr().cast(),
+                self.layout.total_len as usize,
+                libc::MS_SYNC,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        self.file.sync_all()
+    }
+
+    /// Whether some lane of any slot holds a write (in progress, or left
+    /// by a process that died and was not reclaimed): a server that stops
+    /// waits for none before it syncs.
+    pub fn lanes_busy(&self) -> bool {
+        // Pairs with the fence a writer makes after taking its lane: a
+        // server write either sees the region closed (if `close` came
+        // before) or its lane is seen here.
+        fence(Ordering::SeqCst);
+        (0..self.layout.lane_count()).any(|i| self.lane(i).load(Ordering::Acquire) != 0)
     }
 
     /// Maps a region received from a server, after checking everything:
     /// the header parses and is consistent, the granted `slot` (if any) is
-    /// a client slot of this layout, the descriptor is a memfd sealed
-    /// against shrinking and at least as long as the header says, the
-    /// header inside the mapping matches the one received, and the server
-    /// has not stopped.
+    /// a client slot of this layout, the descriptor is a regular file (a
+    /// memfd, sealed against shrinking by a volatile server, or the file of
+    /// a persistent one) at least as long as the header says, the header
+    /// inside the mapping matches the one received, and the server has not
+    /// stopped.
     ///
     /// Writes use the lanes of `slot`; without one the mapping is read
     /// only ([`Region::write`] fails with `Unavailable`).
@@ -176,21 +397,23 @@ impl Region {
             )));
         }
         let file = File::from(fd);
+        // A sealed memfd (a volatile server), or a regular file (a
+        // persistent server's region: a file cannot be sealed, and only
+        // its owner, the same user the hand-over already requires, could
+        // shrink it; see docs/shared-memory.md).
+        let meta = file.metadata()?;
+        if !meta.is_file() {
+            return Err(invalid(
+                "the received descriptor is neither a memfd nor a regular file".into(),
+            ));
+        }
         // SAFETY: plain fcntl on a descriptor we own.
         let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
-        if seals < 0 {
+        let sealed = seals >= 0 && seals & libc::F_SEAL_SHRINK != 0;
+        if meta.len() < layout.total_len {
             return Err(invalid(format!(
-                "the received descriptor is not a sealable memfd: {}",
-                io::Error::last_os_error()
-            )));
-        }
-        if seals & libc::F_SEAL_SHRINK == 0 {
-            return Err(invalid("the received memfd can still shrink".into()));
-        }
-        let meta = file.metadata()?;
-        if !meta.is_file() || meta.len() < layout.total_len {
-            return Err(invalid(format!(
-                "the received memfd has {} bytes, the header describes {}",
+                "the received {} has {} bytes, the header describes {}",
+                if sealed { "memfd" } else { "file" },
                 meta.len(),
                 layout.total_len
             )));
@@ -546,7 +769,8 @@ impl Region {
     /// the future is pending until a lane changes, in any process (see
     /// [`protocol`]'s *Waiting*). Works on any executor. `Stale` if the
     /// block belongs to a newer generation; `Unavailable` on a read-only
-    /// mapping.
+    /// mapping, and on the server's own region once it is closed (a claim
+    /// it had begun may have taken effect).
     ///
     /// Cancel safety: dropping the future before it completes writes
     /// nothing and frees its lane. A claim it had made stays settling
@@ -613,6 +837,16 @@ impl Region {
         let mut op = protocol::Write::new(self, lanes, block, gen);
         if let Err(current) = self.until_ready(lanes.slot, || op.poll()).await {
             return Err(stale_write(block, gen, current));
+        }
+        // The server's own writes stop once it closed the region: checked
+        // while the lane announces this write (the protocol fenced after
+        // taking it), so a stopping server that closes, fences and then
+        // finds every lane free knows no write of its own copies any more
+        // (see `Region::lanes_busy`). Dropping `op` frees the lane.
+        if self.slots.is_some() && self.is_closed() {
+            return Err(Error::unavailable(format!(
+                "block {block}: the storage server is stopping"
+            )));
         }
         Ok(op)
     }

@@ -804,3 +804,82 @@ fn an_in_place_write_holds_claims_until_it_is_dropped() {
     assert_eq!(code(past), ErrorCode::OutOfRange);
     assert_eq!(a.writers_in_flight(2), Some(0), "refusals hold no lane");
 }
+
+/// A region in a regular file (a persistent server's DRAM tier) is kept
+/// across the death of every process that mapped it: block bytes and
+/// generations stay, while what only those processes could mean goes —
+/// the closed state, the lanes of a writer that died mid-copy and of a
+/// claimer that died mid-claim, the waiting counts, and the claim's
+/// `SETTLING` bit. A later claim then completes at once instead of
+/// waiting for a writer that no longer exists.
+#[test]
+fn a_file_backed_region_is_kept_and_its_transient_state_reset() {
+    let dir = std::env::temp_dir().join(format!("nk-shm-keep-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("dram");
+    assert!(Region::check_file(&path, BS, N)
+        .unwrap_err()
+        .contains("missing"));
+    {
+        let a = Arc::new(Region::open_file(&path, BS, N, false).unwrap());
+        write(&a, 1, 7, 0, b"kept bytes").unwrap();
+        write(&a, 0, 1, 0, b"old").unwrap();
+        let (m, lease) = mapping_with_lease(&a);
+        // A client writer stalls mid-copy, and the server's claim of a
+        // newer generation waits for it; then every process dies.
+        let stalled = stall_write(&m, 0, 1).unwrap();
+        let claim = start_claim(&a, 0, 2)
+            .unwrap()
+            .expect("waits for the stalled writer");
+        assert!(a.lanes_busy());
+        assert_eq!(a.is_settling(0), Some(true));
+        stalled.die();
+        claim.die();
+        a.close();
+        // A stopped server writes nothing more itself.
+        assert_eq!(code(write(&a, 2, 1, 0, b"late")), ErrorCode::Unavailable);
+        assert_eq!(a.writers_in_flight(2), Some(0), "and holds no lane for it");
+        std::mem::forget(lease);
+        drop(m);
+    }
+    Region::check_file(&path, BS, N).unwrap();
+    let e = Region::check_file(&path, BS, N + 1).unwrap_err();
+    assert!(e.contains("bytes"), "{e}");
+    let e = Region::open_file(&path, BS * 2, N / 2, true).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
+
+    let a = Arc::new(Region::open_file(&path, BS, N, true).unwrap());
+    assert!(!a.is_closed(), "serving again");
+    assert!(!a.lanes_busy(), "the dead processes' lanes are free");
+    assert_eq!(a.writers_in_flight(0), Some(0));
+    assert_eq!(a.is_settling(0), Some(false), "the dead claim is settled");
+    assert_eq!(a.generation(0), Some(2));
+    assert_eq!(a.generation(1), Some(7));
+    assert_eq!(read(&a, 1, 7, 0, 10).unwrap(), b"kept bytes");
+    assert_eq!(code(read(&a, 0, 1, 0, 3)), ErrorCode::Stale);
+    // A newer claim does not wait for the writer that died.
+    assert!(
+        start_claim(&a, 0, 3).unwrap().is_none(),
+        "the claim completes at once"
+    );
+    write(&a, 0, 3, 0, b"new").unwrap();
+    assert_eq!(read(&a, 0, 3, 0, 3).unwrap(), b"new");
+    // Every client slot can be granted again.
+    assert_eq!(
+        a.free_slots(),
+        Some((a.layout().slots - a.layout().server_slots) as usize)
+    );
+    drop(a);
+
+    // Without keep, the file is emptied: generation 0, zeros.
+    let a = Region::open_file(&path, BS, N, false).unwrap();
+    assert_eq!(a.generation(1), Some(0));
+    assert_eq!(read(&a, 1, 0, 0, 10).unwrap(), vec![0u8; 10]);
+    drop(a);
+    // A damaged header is not kept.
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"XX", 0).unwrap();
+    let e = Region::check_file(&path, BS, N).unwrap_err();
+    assert!(e.contains("header"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -29,7 +29,10 @@
 //!   memory run the very same protocol, so network and mapped accesses
 //!   interoperate. The copy is a synchronous memcpy in the connection task.
 //! * **Other media** (the file medium): the generation is an atomic in this
-//!   process, and each block has a reader-writer lock: reads and
+//!   process (in a file mapped shared, `gens`, on a persistent server, so
+//!   that every claim is in the page cache the instant it happens: the
+//!   same single store, no extra cost), and each block has a reader-writer
+//!   lock: reads and
 //!   same-generation writes hold it shared for the copy (they run
 //!   concurrently), and a claim holds it exclusively while it raises the
 //!   generation. The lock is an async (`tokio`) lock, because the "copy" is
@@ -46,6 +49,7 @@
 //! block bytes; it only checks generations and bounds.
 
 use crate::medium::{Keepalive, Medium};
+use crate::persist::GenFile;
 use bytes::BytesMut;
 use nodekernel_proto::{Error, Result};
 use nodekernel_shm::{check_generation, check_range, stale_read, stale_write, Region};
@@ -53,19 +57,46 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
 
-struct BlockState {
-    gen: AtomicU64,
+/// One block's generation and lock (other media than DRAM).
+struct BlockState<'a> {
+    gen: &'a AtomicU64,
     /// Held shared for copies (until their I/O completed), exclusively to
     /// change `gen`.
-    lock: Arc<RwLock<()>>,
+    lock: &'a Arc<RwLock<()>>,
+}
+
+/// Where the generation words of a medium without a shared region live.
+enum Gens {
+    /// In this process's memory (a volatile server).
+    Heap(Box<[AtomicU64]>),
+    /// In a file mapped shared (a persistent server): every store is in
+    /// the page cache at once.
+    File(GenFile),
+}
+
+/// Generations and per-block locks of a medium without a shared region.
+struct Locked {
+    gens: Gens,
+    locks: Box<[Arc<RwLock<()>>]>,
+}
+
+impl Locked {
+    #[inline]
+    fn words(&self) -> &[AtomicU64] {
+        match &self.gens {
+            Gens::Heap(w) => w,
+            Gens::File(f) => f.words(),
+        }
+    }
 }
 
 /// Where the generations live.
 enum Guards {
     /// In the medium's shared region (DRAM).
     Shared(Arc<Region>),
-    /// In this process, one lock per block (other media).
-    Locked(Box<[BlockState]>),
+    /// In this process (or a file it maps), one lock per block (other
+    /// media).
+    Locked(Locked),
 }
 
 /// The blocks of one storage server.
@@ -74,6 +105,9 @@ pub struct BlockStore {
     guards: Guards,
     block_size: u32,
     num_blocks: u32,
+    /// Set by a stopping server ([`BlockStore::close_and_quiesce`]): writes
+    /// to a medium without a shared region are refused from then on.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl BlockStore {
@@ -87,6 +121,24 @@ impl BlockStore {
     /// [`StoreConfig`](crate::StoreConfig) sizes the medium from the same
     /// numbers).
     pub fn new(medium: Box<dyn Medium>, block_size: u32, num_blocks: u32) -> BlockStore {
+        BlockStore::with_gens(medium, block_size, num_blocks, None)
+    }
+
+    /// [`BlockStore::new`], with the generations of a medium without a
+    /// shared region kept in `gens` (a persistent server's generation
+    /// file, whose words are the blocks' generations as they stand)
+    /// instead of process memory.
+    ///
+    /// # Panics
+    ///
+    /// As [`BlockStore::new`], and if `gens` does not hold one word per
+    /// block.
+    pub(crate) fn with_gens(
+        medium: Box<dyn Medium>,
+        block_size: u32,
+        num_blocks: u32,
+        gens: Option<GenFile>,
+    ) -> BlockStore {
         assert!(
             u64::from(block_size) * u64::from(num_blocks) <= medium.size(),
             "medium of {} bytes cannot hold {num_blocks} blocks of {block_size} bytes",
@@ -102,20 +154,26 @@ impl BlockStore {
                 );
                 Guards::Shared(r.clone())
             }
-            None => Guards::Locked(
-                (0..num_blocks)
-                    .map(|_| BlockState {
-                        gen: AtomicU64::new(0),
-                        lock: Arc::new(RwLock::new(())),
-                    })
-                    .collect(),
-            ),
+            None => {
+                let gens = match gens {
+                    Some(f) => {
+                        assert_eq!(f.words().len(), num_blocks as usize, "generation file size");
+                        Gens::File(f)
+                    }
+                    None => Gens::Heap((0..num_blocks).map(|_| AtomicU64::new(0)).collect()),
+                };
+                Guards::Locked(Locked {
+                    gens,
+                    locks: (0..num_blocks).map(|_| Arc::new(RwLock::new(()))).collect(),
+                })
+            }
         };
         BlockStore {
             medium,
             guards,
             block_size,
             num_blocks,
+            closed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -152,9 +210,10 @@ impl BlockStore {
     pub fn generation(&self, block: u32) -> Option<u64> {
         match &self.guards {
             Guards::Shared(r) => r.generation(block),
-            Guards::Locked(blocks) => blocks
+            Guards::Locked(l) => l
+                .words()
                 .get(block as usize)
-                .map(|b| b.gen.load(Ordering::Acquire)),
+                .map(|g| g.load(Ordering::Acquire)),
         }
     }
 
@@ -230,13 +289,16 @@ impl BlockStore {
             // under the old one has finished, then keep the lock shared for
             // our own copy.
             let excl = state.lock.clone().write_owned().await;
+            self.check_open(block)?;
             let current = state.gen.load(Ordering::Acquire);
             if gen > current {
                 state.gen.store(gen, Ordering::Release);
             }
             OwnedRwLockWriteGuard::downgrade(excl)
         } else {
-            state.lock.clone().read_owned().await
+            let shared = state.lock.clone().read_owned().await;
+            self.check_open(block)?;
+            shared
         };
         let current = state.gen.load(Ordering::Acquire);
         if gen != current {
@@ -252,21 +314,93 @@ impl BlockStore {
         result.map_err(|e| medium_error("write", block, offset, data.len() as u64, e))
     }
 
+    /// Refuses a write once the store is closed. Called under the block's
+    /// lock, before the write changes anything (generation or bytes): once
+    /// a stopping server has seen every block's lock free after closing,
+    /// nothing reaches the medium or the generations any more (see
+    /// [`BlockStore::close_and_quiesce`]).
+    #[inline]
+    fn check_open(&self, block: u32) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::unavailable(format!(
+                "block {block}: the storage server is stopping"
+            )));
+        }
+        Ok(())
+    }
+
     /// Validates the block index and byte range (without overflow).
     fn check<'a>(
         &self,
-        blocks: &'a [BlockState],
+        blocks: &'a Locked,
         block: u32,
         offset: u32,
         len: u64,
-    ) -> Result<&'a BlockState> {
+    ) -> Result<BlockState<'a>> {
         check_range(self.block_size, self.num_blocks, block, offset, len)?;
-        blocks.get(block as usize).ok_or_else(|| {
-            Error::internal(format!(
+        match (
+            blocks.words().get(block as usize),
+            blocks.locks.get(block as usize),
+        ) {
+            (Some(gen), Some(lock)) => Ok(BlockState { gen, lock }),
+            _ => Err(Error::internal(format!(
                 "block {block} has no state (store of {} blocks)",
-                blocks.len()
-            ))
-        })
+                blocks.locks.len()
+            ))),
+        }
+    }
+
+    /// Closes the store to writes and waits, up to `patience`, until no
+    /// write is in flight any more. On DRAM (whose region the server
+    /// marked closed already): until no lane of any slot holds a write. On
+    /// other media: writes are refused from now on (checked under the
+    /// block's lock), and it waits until every block's lock has been free
+    /// once (an I/O keeps its block's lock until the kernel completed it):
+    /// a write either held the lock before, and is waited for, or takes it
+    /// after and sees the store closed. Returns whether every write was
+    /// over in time; then nothing changes the medium any more (on DRAM,
+    /// unless a client that has not yet seen the region closed starts a
+    /// copy). Used by a stopping server, after it stopped serving, before
+    /// it syncs and releases its block file.
+    pub(crate) fn close_and_quiesce(&self, patience: std::time::Duration) -> bool {
+        self.closed.store(true, Ordering::SeqCst);
+        let deadline = std::time::Instant::now() + patience;
+        let mut next = 0;
+        loop {
+            let done = match &self.guards {
+                Guards::Shared(r) => !r.lanes_busy(),
+                Guards::Locked(l) => {
+                    // Blocks seen free once stay done: a later write sees
+                    // the store closed.
+                    while next < l.locks.len() && l.locks[next].try_write().is_ok() {
+                        next += 1;
+                    }
+                    next == l.locks.len()
+                }
+            };
+            if done {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    /// Writes the blocks and their generations back to their files and
+    /// waits for the device (a persistent server's clean stop).
+    pub(crate) fn sync(&self) -> std::io::Result<()> {
+        match &self.guards {
+            Guards::Shared(r) => r.sync(),
+            Guards::Locked(l) => {
+                self.medium.sync()?;
+                match &l.gens {
+                    Gens::File(f) => f.sync(),
+                    Gens::Heap(_) => Ok(()),
+                }
+            }
+        }
     }
 
     fn position(&self, block: u32, offset: u32) -> u64 {

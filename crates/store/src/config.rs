@@ -10,13 +10,17 @@ pub const MIN_BLOCK_SIZE: u32 = 4 << 10;
 /// The medium a storage server exports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MediumKind {
-    /// Anonymous shared memory (a `memfd`), mapped into the server.
+    /// Anonymous shared memory (a `memfd`), mapped into the server; on a
+    /// persistent server, the regular file `dram` in its data directory,
+    /// mapped shared (put the directory on `/dev/shm` or another fast file
+    /// system).
     Dram,
-    /// A file, preallocated to the exported size. Its previous contents are
-    /// discarded at start, and the file is removed when the server stops
-    /// (nothing persists yet). A relative path is taken under the server's
-    /// data directory (see [`StoreConfig::data_dir`]), or the current
-    /// directory without one.
+    /// A file, preallocated to the exported size. On a volatile server its
+    /// previous contents are discarded at start, and the file is removed
+    /// when the server stops; a persistent server keeps it (see
+    /// [`StoreConfig::persistent`]). A relative path is taken under the
+    /// server's data directory (see [`StoreConfig::data_dir`]), or the
+    /// current directory without one.
     File { path: PathBuf },
 }
 
@@ -139,6 +143,14 @@ pub struct StoreConfig {
     /// How long an idle connection busy-polls for the next request before
     /// parking (0 disables spinning).
     pub poll_spin: Duration,
+    /// Keep the blocks (and their generations) across a restart of the
+    /// server's process, in its data directory, which must then be
+    /// [`DataDirConfig::At`]: a file medium keeps its block file and a
+    /// `gens` file, a DRAM medium is a regular file (`dram`) mapped
+    /// shared instead of a memfd. See [`persist`](crate::persist) for the
+    /// files and the rule deciding at start whether the blocks are kept.
+    /// Default `false`: every start begins empty, as a volatile server.
+    pub persistent: bool,
 }
 
 impl Default for StoreConfig {
@@ -160,6 +172,7 @@ impl Default for StoreConfig {
             rpc_timeout: Duration::from_secs(5),
             shared_memory: true,
             poll_spin: nodekernel_rpc::default_spin(),
+            persistent: false,
         }
     }
 }
@@ -248,6 +261,13 @@ impl StoreConfig {
             if dir.as_os_str().is_empty() {
                 return Err(StoreError::config("data_dir", "must not be empty"));
             }
+        }
+        if self.persistent && !matches!(self.data_dir, DataDirConfig::At(_)) {
+            return Err(StoreError::config(
+                "persistent",
+                "needs a data directory that outlives the server (data_dir = a path); \
+                 the blocks are kept there",
+            ));
         }
         Ok(blocks)
     }
@@ -382,7 +402,28 @@ mod tests {
                 },
                 "data_dir",
             ),
+            (
+                StoreConfig {
+                    persistent: true,
+                    ..base.clone()
+                },
+                "persistent",
+            ),
+            (
+                StoreConfig {
+                    persistent: true,
+                    data_dir: DataDirConfig::Private,
+                    ..base.clone()
+                },
+                "persistent",
+            ),
         ];
+        let kept = StoreConfig {
+            persistent: true,
+            data_dir: DataDirConfig::At("/some/dir".into()),
+            ..base.clone()
+        };
+        assert!(kept.validate().is_ok(), "persistent with a data directory");
         for (cfg, field) in cases {
             let err = cfg.validate().unwrap_err();
             let text = err.to_string();

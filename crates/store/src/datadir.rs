@@ -13,6 +13,19 @@
 //!   every later one (a corrupt file refuses to start, naming it);
 //! * `blocks`: the block file of a file medium, unless its path is absolute.
 //!
+//! A *persistent* server
+//! ([`StoreConfig::persistent`](crate::StoreConfig::persistent)) also keeps
+//! there (see [`persist`](crate::persist) for formats and the rule that
+//! decides at start whether the blocks are kept):
+//!
+//! * `store-state`: 64 checksummed bytes: incarnation, boot id, medium,
+//!   block size, block count, and whether the last stop was clean;
+//! * `gens` (file medium): the block generations, one `u64` per block,
+//!   mapped shared;
+//! * `dram` (DRAM medium): the shared region (header, control words,
+//!   generations, data) as a regular file mapped shared, instead of a memfd;
+//! * `address`: the data port's last bound address.
+//!
 //! A server without a data directory gets a random identity per start.
 //!
 //! # Exclusive use
@@ -39,16 +52,26 @@
 //! # Clean-up
 //!
 //! A failed start removes what that start created (block file, identity,
-//! `LOCK`, directories that did not exist before) and nothing else: never
-//! a file that existed before, never a file locked by another process
-//! (everything is removed while this process still holds the lock). A
-//! stopped server removes its block file if that start created it or it lies
-//! in the data directory (nothing persists yet; a pre-existing block file
-//! elsewhere is kept), keeps its data directory, `LOCK` and `identity`, and
-//! removes a private directory ([`DirLock::private`]) entirely. A process
-//! that is killed cleans up nothing: its private directory stays under
-//! `<temp dir>/nodekernel-<uid>` until removed by hand, and a later server
-//! reuses (and truncates) a block file it left in a kept data directory.
+//! `LOCK`, the persistent files above, directories that did not exist
+//! before) and nothing else: never a file that existed before, never a
+//! file locked by another process (everything is removed while this process
+//! still holds the lock).
+//!
+//! A stopped *volatile* server removes its block file if that start created
+//! it or it lies in the data directory (a pre-existing block file elsewhere
+//! is kept), keeps its data directory, `LOCK` and `identity`, and removes a
+//! private directory ([`DirLock::private`]) entirely. A process that is
+//! killed cleans up nothing: its private directory stays under
+//! `<temp dir>/nodekernel-<uid>` until removed by hand, and a later
+//! volatile server reuses (and truncates) a block file it left in a kept
+//! data directory.
+//!
+//! A stopped *persistent* server removes nothing: it syncs its blocks and
+//! generations and marks its stop clean in `store-state`. The next start
+//! keeps the block file, `gens` and `dram` as they are when the rule allows
+//! it, and otherwise removes `store-state` first, then empties them (a
+//! persistent server needs a data directory of its own: `validate` refuses
+//! a private one).
 
 use crate::StoreError;
 use std::fs::{DirBuilder, File, OpenOptions};
@@ -531,7 +554,7 @@ impl DirLock {
 
     /// Notes a file created inside by the current start, for
     /// [`undo`](Self::undo).
-    fn note_created(&self, path: PathBuf) {
+    pub(crate) fn note_created(&self, path: PathBuf) {
         self.created_files
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -660,8 +683,31 @@ fn load_or_create_identity(lock: &DirLock) -> Result<String, StoreError> {
     }
     let identity =
         random_identity().map_err(|e| StoreError::io("generate an identity for", &path, e))?;
-    let tmp = lock.path().join(format!("{IDENTITY_FILE}.tmp"));
-    let write = || -> io::Result<()> {
+    write_renamed(
+        lock.path(),
+        IDENTITY_FILE,
+        format!("{identity}\n").as_bytes(),
+    )
+    .map_err(|e| StoreError::io("create", &path, e))?;
+    lock.note_created(path);
+    // Make the new name durable; losing it only costs a new identity.
+    let _ = sync_dir(lock.path());
+    Ok(identity)
+}
+
+/// Writes `name` in `dir` as `bytes`, so that it is never seen
+/// half-written (a temporary file, mode 0600, synced and renamed into
+/// place), then syncs the directory, so that the new version is the one a
+/// machine crash leaves. On error the temporary file is removed.
+pub(crate) fn write_durably(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+    write_renamed(dir, name, bytes)?;
+    sync_dir(dir)
+}
+
+/// [`write_durably`] without the directory sync.
+fn write_renamed(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let result = (|| {
         let mut f = OpenOptions::new()
             .write(true)
             .create(true)
@@ -669,20 +715,19 @@ fn load_or_create_identity(lock: &DirLock) -> Result<String, StoreError> {
             .mode(FILE_MODE)
             .open(&tmp)?;
         restrict(&f, &tmp, FILE_MODE);
-        f.write_all(format!("{identity}\n").as_bytes())?;
+        f.write_all(bytes)?;
         f.sync_all()?;
-        std::fs::rename(&tmp, &path)
-    };
-    if let Err(e) = write() {
+        std::fs::rename(&tmp, dir.join(name))
+    })();
+    if result.is_err() {
         remove_file(&tmp);
-        return Err(StoreError::io("create", &path, e));
     }
-    lock.note_created(path);
-    // Make the new name durable; losing it only costs a new identity.
-    if let Ok(d) = File::open(lock.path()) {
-        let _ = d.sync_all();
-    }
-    Ok(identity)
+    result
+}
+
+/// Makes the directory's entries (a rename, a removal) durable.
+pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
 }
 
 /// Everything a storage server holds on disk: its data directory and the
@@ -690,14 +735,17 @@ fn load_or_create_identity(lock: &DirLock) -> Result<String, StoreError> {
 pub(crate) struct Footprint {
     data_dir: Option<DataDir>,
     block_file: Option<BlockFile>,
+    /// A persistent server: a normal stop removes no file.
+    persistent: bool,
     state: Mutex<State>,
 }
 
 impl Footprint {
-    pub(crate) fn new(data_dir: Option<DataDir>) -> Footprint {
+    pub(crate) fn new(data_dir: Option<DataDir>, persistent: bool) -> Footprint {
         Footprint {
             data_dir,
             block_file: None,
+            persistent,
             state: Mutex::new(State::Starting),
         }
     }
@@ -714,6 +762,29 @@ impl Footprint {
         self.block_file.as_ref().map(|b| b.path.as_path())
     }
 
+    /// Releases the block file's lock now, rather than when the medium is
+    /// dropped (which may be later: tasks of the stopped server may still
+    /// hold it for a moment), so that a new server can take the file at
+    /// once. Only once no write can reach the file any more.
+    pub(crate) fn release_block_file(&self) {
+        if let Some(b) = &self.block_file {
+            // SAFETY: flock on a descriptor the block file owns; it touches
+            // no memory.
+            unsafe { libc::flock(b.lock.as_raw_fd(), libc::LOCK_UN) };
+        }
+    }
+
+    /// Notes `path` in the data directory as created by this start (for
+    /// [`finish`](Self::finish) with `undo`) if it does not exist yet:
+    /// call it just before creating the file.
+    pub(crate) fn note_new(&self, path: &Path) {
+        if let Some(d) = &self.data_dir {
+            if !path.exists() {
+                d.lock().note_created(path.to_path_buf());
+            }
+        }
+    }
+
     /// The start succeeded.
     pub(crate) fn started(&self) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -727,10 +798,11 @@ impl Footprint {
 
     /// Stops using what is on disk. With `undo` (or before
     /// [`started`](Self::started)): removes what the start created and
-    /// nothing else. Otherwise a normal stop: the block file goes if this
-    /// start created it or it lies in the data directory (nothing persists
-    /// yet), a private data directory goes, any other data directory stays
-    /// (with `LOCK` and `identity`), and its lock is released. Idempotent.
+    /// nothing else. Otherwise a normal stop: a persistent server removes
+    /// nothing; a volatile one removes its block file if this start
+    /// created it or it lies in the data directory, a private data
+    /// directory goes, any other data directory stays (with `LOCK` and
+    /// `identity`). The lock is released. Idempotent.
     pub(crate) fn finish(&self, undo: bool) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let undo = match *st {
@@ -747,7 +819,7 @@ impl Footprint {
                 .is_some_and(|d| b.path.starts_with(d.path()));
             if undo {
                 b.undo();
-            } else if b.created || in_data_dir {
+            } else if !self.persistent && (b.created || in_data_dir) {
                 remove_file(&b.path);
             }
         }

@@ -28,6 +28,7 @@
 //! # Co-located clients
 //!
 //! A DRAM server keeps its blocks and their generations in one shared memfd
+//! (a regular file in its data directory when it is persistent)
 //! ([`nodekernel_shm::Region`]) and, unless
 //! [`StoreConfig::shared_memory`] is off, hands it to clients on the same
 //! host over an abstract Unix socket whose name `SHM_INFO` returns. Those
@@ -35,6 +36,15 @@
 //! generation protocol on the same shared atomics as this server's network
 //! path, so every staleness rule above holds for them too (see
 //! [`nodekernel_shm`] and `docs/shared-memory.md`).
+//!
+//! # Persistence
+//!
+//! By default a server starts empty every time. A persistent one
+//! ([`StoreConfig::persistent`]) keeps its blocks and their generations in
+//! its data directory and, when the rule of [`persist`] allows it, comes
+//! back with them under the same identity *and incarnation*, so the
+//! metadata server keeps every block mapped; otherwise it starts empty
+//! under a new incarnation and says why ([`StorageServer::kept_blocks`]).
 //!
 //! # Layout
 //!
@@ -47,6 +57,8 @@
 //! * [`blocks`]: [`BlockStore`], blocks plus generations over a medium;
 //! * [`datadir`]: data directories (`LOCK`, `identity`, block file), the
 //!   exclusive locks on them and on block files, modes and clean-up;
+//! * [`persist`]: persistent servers: the state file, the keep-or-discard
+//!   rule ([`StorageServer::kept_blocks`]), the generation file;
 //! * [`StorageServer`]: the data port, registration and heartbeats, and the
 //!   shared-memory hand-over socket (`share.rs`).
 
@@ -56,6 +68,7 @@ pub mod datadir;
 mod error;
 pub mod file;
 pub mod medium;
+pub mod persist;
 mod server;
 mod share;
 
@@ -67,7 +80,8 @@ pub use datadir::DirLock;
 pub use error::StoreError;
 pub use file::IoMode;
 pub use medium::{AsyncMedium, DramMedium, FileMedium, Medium};
-pub use server::StorageServer;
+pub use persist::Discarded;
+pub use server::{StorageServer, CLEAN_STOP_PATIENCE};
 
 #[cfg(test)]
 mod tests;

@@ -20,7 +20,7 @@ use std::fs::File;
 use std::future::Future;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -64,6 +64,12 @@ pub trait Medium: Send + Sync {
     /// memory; `None` for media whose generations the block store keeps.
     fn shared_region(&self) -> Option<&Arc<Region>> {
         None
+    }
+    /// Writes everything written so far back to the device and waits for
+    /// it (`fsync`), for a persistent server's clean stop. Nothing to do
+    /// by default.
+    fn sync(&self) -> io::Result<()> {
+        Ok(())
     }
 }
 
@@ -142,6 +148,31 @@ impl DramMedium {
         })
     }
 
+    /// A region in the regular file at `path` (a persistent server's
+    /// DRAM tier, see [`Region::open_file`]): with `keep`, the blocks and
+    /// generations it holds are kept (the file must hold a region of this
+    /// layout); without, it is created or emptied.
+    pub fn open_file(
+        path: &Path,
+        block_size: u32,
+        num_blocks: u32,
+        keep: bool,
+    ) -> Result<DramMedium, StoreError> {
+        if num_blocks == 0 {
+            return Err(StoreError::config(
+                "capacity",
+                "DRAM medium must not be empty",
+            ));
+        }
+        let region = Region::open_file(path, block_size, num_blocks, keep)
+            .map_err(|e| StoreError::io(if keep { "reuse" } else { "create" }, path, e))?;
+        let size = region.layout().data_len();
+        Ok(DramMedium {
+            region: Arc::new(region),
+            size,
+        })
+    }
+
     /// The shared region (control words and data).
     pub fn region(&self) -> &Arc<Region> {
         &self.region
@@ -207,6 +238,10 @@ impl Medium for DramMedium {
 
     fn shared_region(&self) -> Option<&Arc<Region>> {
         Some(&self.region)
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        self.region.sync()
     }
 }
 

@@ -4,6 +4,7 @@ use crate::blocks::BlockStore;
 use crate::config::{partition, DataDirConfig, FileIoConfig, MediumKind, StoreConfig};
 use crate::datadir::{self, DataDir, Footprint};
 use crate::medium::{DramMedium, FileMedium, Medium};
+use crate::persist::{self, Discarded, GenFile, StoreState};
 use crate::share::Share;
 use crate::StoreError;
 use bytes::{Bytes, BytesMut};
@@ -16,7 +17,7 @@ use nodekernel_proto::{Error, ErrorCode, Result};
 use nodekernel_rpc::{ConnectionPool, DirectSink, Handler, Reply, ServerHandle, SharedBody};
 use nodekernel_shm::{InPlaceWrite, Region};
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -78,6 +79,10 @@ fn tag_bytes(b: &[u8]) -> Result<[u8; TAG_LEN as usize]> {
         .and_then(|t| t.try_into().ok())
         .ok_or_else(|| Error::internal(format!("a tag read returned {} bytes", b.len())))
 }
+
+/// How long a persistent server's stop waits for writes in flight before
+/// it gives up on a clean stop (see [`StorageServer::shutdown`]).
+pub const CLEAN_STOP_PATIENCE: Duration = Duration::from_secs(2);
 
 /// Bytes a block copy moves per request.
 const COPY_CHUNK: u32 = 1 << 20;
@@ -427,40 +432,192 @@ async fn heartbeat_loop(reg: Arc<Registrar>, i: usize, interval: Duration) {
     }
 }
 
+/// What [`prepare`] set up.
+struct Prepared {
+    medium: Box<dyn Medium>,
+    footprint: Footprint,
+    /// The generation file of a persistent file medium.
+    gens: Option<GenFile>,
+    persist: Option<Persist>,
+}
+
+/// A persistent server's state (see [`persist`](crate::persist)).
+struct Persist {
+    dir: PathBuf,
+    /// As written at start (`clean = false`).
+    state: StoreState,
+    /// Whether the blocks of the last run were kept, or why not.
+    kept: std::result::Result<(), Discarded>,
+}
+
 /// Sets up what a server holds on disk and in memory: locks and reads its
 /// data directory, then creates the medium (after locking a block file).
-/// Blocking work (file system calls, preallocating, prefaulting DRAM):
-/// run it off the async workers. On error, the dropped footprint removes
-/// what was created.
+/// A persistent server first decides whether to keep its blocks, and
+/// writes its state file (`clean = false`) before returning, so before
+/// anything can change a block. Blocking work (file system calls,
+/// preallocating, prefaulting DRAM): run it off the async workers. On
+/// error, the dropped footprint removes what was created.
 fn prepare(
-    data_dir: &DataDirConfig,
-    medium: &MediumKind,
-    block_size: u32,
+    cfg: &StoreConfig,
     num_blocks: u32,
     bytes: u64,
     file_io: &FileIoConfig,
-) -> std::result::Result<(Box<dyn Medium>, Footprint), StoreError> {
-    let dir = match data_dir {
+) -> std::result::Result<Prepared, StoreError> {
+    let block_size = cfg.block_size;
+    let dir = match &cfg.data_dir {
         DataDirConfig::None => None,
         DataDirConfig::At(p) => Some(DataDir::open(p)?),
         DataDirConfig::Private => Some(DataDir::private("store")?),
     };
-    let mut footprint = Footprint::new(dir);
-    let medium: Box<dyn Medium> = match medium {
-        MediumKind::Dram => Box::new(DramMedium::new(block_size, num_blocks)?),
-        MediumKind::File { path } => {
-            let path = match footprint.data_dir() {
-                Some(d) if path.is_relative() => d.path().join(path),
-                _ => path.clone(),
-            };
-            let m = FileMedium::create_with(&path, bytes, file_io)?;
+    let mut footprint = Footprint::new(dir, cfg.persistent);
+    let block_path = match &cfg.medium {
+        MediumKind::Dram => None,
+        MediumKind::File { path } => Some(match footprint.data_dir() {
+            Some(d) if path.is_relative() => d.path().join(path),
+            _ => path.clone(),
+        }),
+    };
+    if !cfg.persistent {
+        if let Some(d) = footprint.data_dir() {
+            // A persistent server may have used this directory before: its
+            // state file must not vouch for files this server is about to
+            // empty or reuse (were it persistent again later).
+            let state_path = d.path().join(persist::STATE_FILE);
+            persist::remove_state(d.path())
+                .map_err(|e| StoreError::io("remove", &state_path, e))?;
+        }
+        let medium: Box<dyn Medium> = match &block_path {
+            None => Box::new(DramMedium::new(block_size, num_blocks)?),
+            Some(path) => {
+                let m = FileMedium::create_with(path, bytes, file_io)?;
+                if let Some(b) = m.footprint() {
+                    footprint.set_block_file(b);
+                }
+                Box::new(m)
+            }
+        };
+        return Ok(Prepared {
+            medium,
+            footprint,
+            gens: None,
+            persist: None,
+        });
+    }
+    // Persistent (validated: the data directory is `At`).
+    let dir = match footprint.data_dir() {
+        Some(d) => d.path().to_path_buf(),
+        None => {
+            return Err(StoreError::config(
+                "persistent",
+                "needs a data directory (data_dir)",
+            ))
+        }
+    };
+    let settings = persist::Settings {
+        dram: block_path.is_none(),
+        block_size,
+        num_blocks,
+    };
+    let boot = persist::boot_id();
+    let dram_path = dir.join(persist::DRAM_FILE);
+    let gens_path = dir.join(persist::GENS_FILE);
+    let state_path = dir.join(persist::STATE_FILE);
+    let kept = persist::decide(&dir, settings, boot).and_then(|incarnation| {
+        let files = match &block_path {
+            None => Region::check_file(&dram_path, block_size, num_blocks),
+            Some(path) => persist::check_size(path, bytes.next_multiple_of(crate::file::ALIGN))
+                .and_then(|()| persist::check_size(&gens_path, u64::from(num_blocks) * 8)),
+        };
+        files.map(|()| incarnation).map_err(Discarded::MediumFiles)
+    });
+    let keep = kept.is_ok();
+    if !keep {
+        // Before any medium file is emptied: a crash from here on finds no
+        // state file, and discards again.
+        persist::remove_state(&dir).map_err(|e| StoreError::io("remove", &state_path, e))?;
+    }
+    let (medium, gens): (Box<dyn Medium>, Option<GenFile>) = match &block_path {
+        None => {
+            footprint.note_new(&dram_path);
+            (
+                Box::new(DramMedium::open_file(
+                    &dram_path, block_size, num_blocks, keep,
+                )?),
+                None,
+            )
+        }
+        Some(path) => {
+            let m = FileMedium::open_with(path, bytes, file_io, keep)?;
             if let Some(b) = m.footprint() {
                 footprint.set_block_file(b);
             }
-            Box::new(m)
+            footprint.note_new(&gens_path);
+            let gens = GenFile::open(&gens_path, num_blocks, keep)?;
+            (Box::new(m), Some(gens))
         }
     };
-    Ok((medium, footprint))
+    let incarnation = match &kept {
+        Ok(i) => *i,
+        Err(_) => datadir::random_incarnation()
+            .map_err(|e| StoreError::io("generate an incarnation from", "getrandom", e))?,
+    };
+    let state = StoreState {
+        dram: settings.dram,
+        clean: false,
+        block_size,
+        num_blocks,
+        incarnation,
+        boot_id: boot.unwrap_or([0; 16]),
+    };
+    footprint.note_new(&state_path);
+    state
+        .write(&dir)
+        .map_err(|e| StoreError::io("write", &state_path, e))?;
+    Ok(Prepared {
+        medium,
+        footprint,
+        gens,
+        persist: Some(Persist {
+            dir,
+            state,
+            kept: kept.map(|_| ()),
+        }),
+    })
+}
+
+/// Binds the data port: for a persistent server whose configured port is
+/// 0, first the address it had last time (remembered in its data
+/// directory), so that clients and metadata servers holding it can carry
+/// on; a fresh port if that is taken.
+async fn bind(
+    cfg: &StoreConfig,
+    persist: Option<&Persist>,
+) -> std::io::Result<tokio::net::TcpListener> {
+    let wanted: Option<SocketAddr> = cfg.listen.parse().ok();
+    let remembered = persist.and_then(|p| persist::read_address(&p.dir));
+    if let (Some(w), Some(old)) = (wanted, remembered) {
+        if w.port() == 0 && w.ip() == old.ip() && old.port() != 0 {
+            // The server before us may be closing its listener right now
+            // (a restart within one process): give it a moment.
+            let mut tries = 0;
+            loop {
+                match tokio::net::TcpListener::bind(old).await {
+                    Ok(l) => return Ok(l),
+                    Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && tries < 10 => {
+                        tries += 1;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    Err(e) => {
+                        tracing::info!(
+                            "storage server: its previous address {old} is not free ({e}); taking a new port"
+                        );
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    tokio::net::TcpListener::bind(&cfg.listen).await
 }
 
 /// Handle of a running storage server. Dropping it stops the server.
@@ -481,6 +638,8 @@ pub struct StorageServer {
     footprint: Footprint,
     /// Shared with the handler: see [`StorageServer::writes_in_place`].
     in_place: Arc<AtomicU64>,
+    /// A persistent server's state.
+    persist: Option<Persist>,
 }
 
 impl StorageServer {
@@ -511,16 +670,34 @@ impl StorageServer {
         let bytes = cfg.exported_bytes(num_blocks);
         // Locking, preallocation and prefaulting DRAM (about 1 s per GiB)
         // block: keep them off the async workers.
-        let (medium, footprint) = {
-            let (data_dir, kind, bs) = (cfg.data_dir.clone(), cfg.medium.clone(), cfg.block_size);
-            tokio::task::spawn_blocking(move || {
-                prepare(&data_dir, &kind, bs, num_blocks, bytes, &file_io)
-            })
-            .await
-            .map_err(|e| {
-                StoreError::Rpc(Error::internal(format!("medium set-up task failed: {e}")))
-            })??
+        let Prepared {
+            medium,
+            footprint,
+            gens,
+            persist,
+        } = {
+            let cfg = cfg.clone();
+            tokio::task::spawn_blocking(move || prepare(&cfg, num_blocks, bytes, &file_io))
+                .await
+                .map_err(|e| {
+                    StoreError::Rpc(Error::internal(format!("medium set-up task failed: {e}")))
+                })??
         };
+        if let Some(p) = &persist {
+            let dir = p.dir.display();
+            match &p.kept {
+                Ok(()) => tracing::info!(
+                    "storage server in {dir}: kept its {num_blocks} blocks from the last run (incarnation {:016x})",
+                    p.state.incarnation
+                ),
+                Err(why @ Discarded::NoState) => {
+                    tracing::info!("storage server in {dir}: starts empty: {why}")
+                }
+                Err(why) => tracing::warn!(
+                    "storage server in {dir}: starts empty, the blocks of its last run are discarded: {why}"
+                ),
+            }
+        }
         // From here on, an early return drops `footprint`, which removes
         // what this start created while it still holds the locks.
         let identity = match footprint.data_dir() {
@@ -528,9 +705,17 @@ impl StorageServer {
             None => datadir::random_identity()
                 .map_err(|e| StoreError::io("generate an identity from", "getrandom", e))?,
         };
-        let incarnation = datadir::random_incarnation()
-            .map_err(|e| StoreError::io("generate an incarnation from", "getrandom", e))?;
-        let store = Arc::new(BlockStore::new(medium, cfg.block_size, num_blocks));
+        let incarnation = match &persist {
+            Some(p) => p.state.incarnation,
+            None => datadir::random_incarnation()
+                .map_err(|e| StoreError::io("generate an incarnation from", "getrandom", e))?,
+        };
+        let store = Arc::new(BlockStore::with_gens(
+            medium,
+            cfg.block_size,
+            num_blocks,
+            gens,
+        ));
         // Sharing is an optimisation: without the socket, clients simply
         // use the data port.
         let share = match store.shared_region() {
@@ -550,10 +735,15 @@ impl StorageServer {
             addr: cfg.listen.clone(),
             error,
         };
-        let listener = tokio::net::TcpListener::bind(&cfg.listen)
-            .await
-            .map_err(listen_err)?;
+        let listener = bind(&cfg, persist.as_ref()).await.map_err(listen_err)?;
         let local_addr = listener.local_addr().map_err(listen_err)?;
+        if let Some(p) = &persist {
+            let path = p.dir.join(persist::ADDRESS_FILE);
+            footprint.note_new(&path);
+            if let Err(e) = persist::write_address(&p.dir, local_addr) {
+                tracing::warn!("cannot remember the address in {}: {e}", path.display());
+            }
+        }
         let in_place = Arc::new(AtomicU64::new(0));
         let server = nodekernel_rpc::serve_with(
             listener,
@@ -623,6 +813,7 @@ impl StorageServer {
             incarnation,
             footprint,
             in_place,
+            persist,
         };
         // Register with all metadata servers concurrently. On failure `srv`
         // drops, which stops the data port again and removes what this
@@ -722,10 +913,29 @@ impl StorageServer {
         &self.identity
     }
 
-    /// A random, nonzero number drawn at every start: tells a restarted
-    /// server (same identity) from the one before it.
+    /// A random, nonzero number drawn at every start that begins empty:
+    /// tells a restarted server (same identity) from the one before it. A
+    /// persistent server that kept its blocks keeps the incarnation they
+    /// were written under, so the metadata server knows it as the same
+    /// server and keeps every block mapped.
     pub fn incarnation(&self) -> u64 {
         self.incarnation
+    }
+
+    /// Whether this start kept the blocks of the last run: `None` for a
+    /// volatile server, `Some(Ok(()))` when a persistent one kept them
+    /// (same incarnation), `Some(Err(why))` when it started empty under a
+    /// new incarnation (first start, settings changed, machine restarted
+    /// after an unclean stop, a damaged or missing file...). See
+    /// [`persist`](crate::persist).
+    pub fn kept_blocks(&self) -> Option<std::result::Result<(), Discarded>> {
+        self.persist.as_ref().map(|p| p.kept.clone())
+    }
+
+    /// Whether the server keeps its blocks across restarts
+    /// ([`StoreConfig::persistent`]).
+    pub fn is_persistent(&self) -> bool {
+        self.persist.is_some()
     }
 
     /// The locked data directory, if the server has one.
@@ -763,24 +973,97 @@ impl StorageServer {
     /// using their mappings at their next access, and the hand-over socket
     /// closes.
     ///
-    /// On disk: the block file of a file medium is removed if this start
-    /// created it or it lies in the data directory (nothing persists yet),
+    /// On disk, a volatile server: the block file of a file medium is
+    /// removed if this start created it or it lies in the data directory,
     /// a private data directory is removed entirely, any other data
-    /// directory stays with its `LOCK` and `identity`. The data directory's
-    /// lock is released, so a new server may start on it at once; a block
-    /// file's lock goes with the medium, when the server is dropped.
-    /// Idempotent; also done on drop.
+    /// directory stays with its `LOCK` and `identity`.
+    ///
+    /// A persistent server removes nothing. It waits (up to
+    /// [`CLEAN_STOP_PATIENCE`]) until no write is in flight, syncs the
+    /// blocks and their generations to the device (`msync`, `fsync`),
+    /// then writes `clean = true` in its state file: its blocks are then
+    /// kept even if the machine restarts before the server does. If a
+    /// write is still in flight after that time, or the sync fails, the
+    /// stop is not clean (logged): the blocks are still kept after a
+    /// restart of the process on the same boot, not after a machine
+    /// restart.
+    ///
+    /// The data directory's lock is released, so a new server may start
+    /// on it at once. A file medium is closed to writes first, and once
+    /// none is in flight (up to [`CLEAN_STOP_PATIENCE`]) its block file's
+    /// lock is released too; otherwise it goes with the medium, when the
+    /// server and its last connection task are dropped. Idempotent; also
+    /// done on drop.
     pub fn shutdown(&self) {
         self.stop(false);
     }
 
     fn stop(&self, undo: bool) {
+        let mut release = false;
         if !self.stopped.swap(true, Ordering::AcqRel) {
             self.stop_serving();
+            // A persistent server syncs only once no write is in flight; a
+            // block file is released early only then, too. A volatile DRAM
+            // server waits for nothing, as ever.
+            let quiet = (self.persist.is_some() || self.footprint.block_file().is_some())
+                && self.wait_for_writes();
+            if let Some(p) = &self.persist {
+                if quiet {
+                    self.stop_clean(p);
+                }
+            }
+            release = quiet;
             tracing::info!("storage server on {} stopped", self.local_addr);
         }
         // After serving stopped, and idempotent itself.
         self.footprint.finish(undo);
+        if release {
+            self.footprint.release_block_file();
+        }
+    }
+
+    /// Closes the store to writes and waits (up to
+    /// [`CLEAN_STOP_PATIENCE`]) until none is in flight; whether that
+    /// happened.
+    fn wait_for_writes(&self) -> bool {
+        let started = std::time::Instant::now();
+        let quiet = self.store.close_and_quiesce(CLEAN_STOP_PATIENCE);
+        if !quiet {
+            tracing::warn!(
+                "storage server on {}: writes still in flight after {:?}; {}",
+                self.local_addr,
+                started.elapsed(),
+                if self.persist.is_some() {
+                    "the stop is not clean (blocks kept across a process restart, not a machine restart)"
+                } else {
+                    "its block file stays locked until they end"
+                }
+            );
+        }
+        quiet
+    }
+
+    /// A persistent server's clean stop (see [`shutdown`](Self::shutdown)),
+    /// once it stopped serving and no write is in flight.
+    fn stop_clean(&self, p: &Persist) {
+        if let Err(e) = self.store.sync() {
+            tracing::warn!(
+                "storage server on {}: cannot sync its blocks ({e}); the stop is not clean",
+                self.local_addr
+            );
+            return;
+        }
+        let state = StoreState {
+            clean: true,
+            ..p.state
+        };
+        if let Err(e) = state.write(&p.dir) {
+            tracing::warn!(
+                "storage server on {}: cannot mark its stop clean in {}: {e}",
+                self.local_addr,
+                p.dir.join(persist::STATE_FILE).display()
+            );
+        }
     }
 
     fn stop_serving(&self) {

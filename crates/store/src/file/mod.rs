@@ -238,6 +238,19 @@ impl FileMedium {
         size: u64,
         io: &FileIoConfig,
     ) -> Result<FileMedium, StoreError> {
+        FileMedium::open_with(path, size, io, false)
+    }
+
+    /// [`create_with`](Self::create_with), or with `keep` the same without
+    /// discarding anything: the existing file must already have the size
+    /// `create_with` would give it (`size` rounded up to [`ALIGN`]), and
+    /// its bytes are kept (a persistent server's restart).
+    pub fn open_with(
+        path: &Path,
+        size: u64,
+        io: &FileIoConfig,
+        keep: bool,
+    ) -> Result<FileMedium, StoreError> {
         io.validate()?;
         if size == 0 {
             return Err(StoreError::config(
@@ -252,7 +265,7 @@ impl FileMedium {
             )
         })?;
         let locked = crate::datadir::lock_block_file(path)?;
-        match FileMedium::set_up(&locked, size, file_len, io) {
+        match FileMedium::set_up(&locked, size, file_len, io, keep) {
             Ok(mut m) => {
                 m.footprint = Some(locked);
                 Ok(m)
@@ -271,9 +284,10 @@ impl FileMedium {
         size: u64,
         file_len: u64,
         io: &FileIoConfig,
+        keep: bool,
     ) -> Result<FileMedium, StoreError> {
         let path = locked.path.as_path();
-        prepare_file(&locked.lock, path, file_len)?;
+        prepare_file(&locked.lock, path, file_len, keep)?;
         let file = if io.direct {
             match open_direct(path) {
                 Ok(f) => Some(Arc::new(f)),
@@ -516,11 +530,29 @@ fn stripe(sector: u64) -> usize {
     (sector.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - STRIPES.trailing_zeros())) as usize
 }
 
-/// Empties the locked file and preallocates `len` bytes.
-fn prepare_file(file: &File, path: &Path, len: u64) -> Result<(), StoreError> {
-    file.set_len(0)
-        .and_then(|()| file.set_len(len))
-        .map_err(|e| StoreError::io("size", path, e))?;
+/// Empties the locked file and preallocates `len` bytes; with `keep`,
+/// checks that it has `len` bytes and keeps them (allocating any holes).
+fn prepare_file(file: &File, path: &Path, len: u64, keep: bool) -> Result<(), StoreError> {
+    if keep {
+        let have = file
+            .metadata()
+            .map_err(|e| StoreError::io("inspect", path, e))?
+            .len();
+        if have != len {
+            return Err(StoreError::io(
+                "reuse",
+                path,
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("it has {have} bytes, expected {len}"),
+                ),
+            ));
+        }
+    } else {
+        file.set_len(0)
+            .and_then(|()| file.set_len(len))
+            .map_err(|e| StoreError::io("size", path, e))?;
+    }
     let off_len = libc::off_t::try_from(len).map_err(|_| {
         StoreError::config(
             "capacity",
@@ -559,8 +591,9 @@ fn open_direct(path: &Path) -> io::Result<File> {
         .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
         .open(path)?;
     let mut probe = AlignedBuf::zeroed(ALIGN as usize);
-    // The file was just truncated: its first sector is zeros, and writing
-    // them back changes nothing.
+    // Writes back the first sector as it was read (zeros in a file just
+    // truncated; kept bytes otherwise): nothing else uses the locked file
+    // yet, so this changes nothing.
     pio(file.as_raw_fd(), OpKind::Read, 0, &mut probe)?;
     pio(file.as_raw_fd(), OpKind::Write, 0, &mut probe)?;
     Ok(file)
@@ -600,6 +633,15 @@ impl Medium for FileMedium {
 
     fn as_async(&self) -> Option<&dyn AsyncMedium> {
         Some(self)
+    }
+
+    /// `fsync` of the block file: the page cache (buffered and stream
+    /// I/O) and the device's write cache (`O_DIRECT` writes).
+    fn sync(&self) -> io::Result<()> {
+        match &self.footprint {
+            Some(b) => b.lock.sync_all(),
+            None => self.file.sync_all(),
+        }
     }
 }
 
