@@ -15,7 +15,7 @@ pub struct UpArgs {
     /// Address to bind (default 127.0.0.1)
     #[arg(long)]
     host: Option<String>,
-    /// Data directory: DIR/LOCK, and DIR/store-N (LOCK, identity, block file) per storage server [default: a fresh private directory, removed at shutdown]
+    /// Data directory: DIR/LOCK, DIR/meta (the operation log, with meta.persistence) and DIR/store-N (LOCK, identity, blocks) per storage server [default: a fresh private directory, removed at shutdown]
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
     /// DRAM tier size (0 disables it), e.g. 512MiB
@@ -62,6 +62,9 @@ pub struct StoreArgs {
     /// Location class (default: host name)
     #[arg(long)]
     location: Option<String>,
+    /// Keep the blocks across restarts of this server (needs --data-dir; docs/persistence.md)
+    #[arg(long)]
+    persistent: bool,
 }
 
 async fn wait_for_signal() -> anyhow::Result<&'static str> {
@@ -97,18 +100,14 @@ pub async fn up(mut cfg: Config, a: &UpArgs) -> anyhow::Result<()> {
         cfg.up.file = s;
     }
     cfg.validate()?;
-    if cfg.meta.persistence {
-        anyhow::bail!(
-            "meta.persistence = true is not supported by `nk up` yet: its storage servers do not keep their blocks across a restart, so a restarted cluster would find every node's data lost. Run `nk meta --data-dir DIR` on its own to keep the namespace"
-        );
-    }
+    cfg.check_up_dir()?;
     let stores = cfg.up_stores();
     let cluster = LocalCluster::start(cfg).await?;
     let addr = cluster.meta_addr();
     println!("NodeKernel is up: metadata server at {addr}");
     for (s, srv) in stores.iter().zip(&cluster.stores) {
         println!(
-            "  storage class {} ({}): {} {} at {}, identity {}",
+            "  storage class {} ({}): {} {} at {}, identity {}{}",
             s.class,
             s.class_name,
             human(s.size.0),
@@ -118,13 +117,17 @@ pub async fn up(mut cfg: Config, a: &UpArgs) -> anyhow::Result<()> {
             },
             srv.local_addr(),
             srv.identity(),
+            kept_text(srv),
         );
     }
+    let persistent = cluster.config.meta.persistence;
     println!(
         "  data directory {} ({})",
         cluster.data_dir().display(),
         if cluster.data_dir_is_private() {
             "private, removed at shutdown"
+        } else if persistent {
+            "persistent: the namespace and the blocks are kept across restarts"
         } else {
             "kept at shutdown, block files removed"
         }
@@ -132,10 +135,20 @@ pub async fn up(mut cfg: Config, a: &UpArgs) -> anyhow::Result<()> {
     println!("export NK_META={addr}   # then try: nk status");
     let sig = wait_for_signal().await?;
     println!("{sig}: stopping NodeKernel");
-    // Each store removes its block file (nothing persists yet); a private
-    // data directory goes entirely.
+    // A volatile store removes its block file, a persistent one syncs and
+    // keeps it; a private data directory goes entirely.
     cluster.shutdown();
     Ok(())
+}
+
+/// What a storage server found of its blocks at start, for its line in
+/// the start-up report: nothing for a volatile server.
+fn kept_text(srv: &StorageServer) -> String {
+    match srv.kept_blocks() {
+        None => String::new(),
+        Some(Ok(())) => ", persistent: blocks kept".into(),
+        Some(Err(why)) => format!(", persistent: started empty ({why})"),
+    }
 }
 
 pub async fn meta(mut cfg: Config, a: &MetaArgs) -> anyhow::Result<()> {
@@ -180,6 +193,7 @@ pub async fn store(mut cfg: Config, metas: Vec<String>, a: &StoreArgs) -> anyhow
             listen: a.listen.clone(),
             advertise: a.advertise.clone(),
             location: a.location.clone().unwrap_or_default(),
+            persistent: Some(a.persistent),
             ..StoreSection::default()
         }];
     }
@@ -206,7 +220,7 @@ pub async fn store(mut cfg: Config, metas: Vec<String>, a: &StoreArgs) -> anyhow
             }
         };
         println!(
-            "storage server {i}: class {} ({}), {}, identity {}{}, at {}",
+            "storage server {i}: class {} ({}), {}, identity {}{}{}, at {}",
             s.class,
             s.class_name,
             human(s.size.0),
@@ -215,6 +229,7 @@ pub async fn store(mut cfg: Config, metas: Vec<String>, a: &StoreArgs) -> anyhow
                 Some(d) => format!(", data directory {}", d.display()),
                 None => String::new(),
             },
+            kept_text(&srv),
             srv.local_addr()
         );
         servers.push(srv);

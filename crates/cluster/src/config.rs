@@ -180,6 +180,10 @@ pub struct StoreSection {
     pub shared_memory: bool,
     /// Busy-poll budget of idle connections.
     pub poll_spin_us: Option<u64>,
+    /// Keep the blocks across a restart of the server (needs a data
+    /// directory; `docs/persistence.md`). Default: `meta.persistence` under
+    /// `nk up`, `false` for `nk store`.
+    pub persistent: Option<bool>,
 }
 
 impl Default for StoreSection {
@@ -197,6 +201,7 @@ impl Default for StoreSection {
             heartbeat_ms: 1_000,
             shared_memory: true,
             poll_spin_us: None,
+            persistent: None,
         }
     }
 }
@@ -423,6 +428,34 @@ impl Config {
         Ok(())
     }
 
+    /// For `nk up`: a persistent cluster needs a data directory that is
+    /// kept (a private one is removed at shutdown).
+    pub fn check_up_dir(&self) -> Result<(), ConfigError> {
+        let persistent = self.meta.persistence
+            || self
+                .up_stores()
+                .iter()
+                .any(|s| self.store_persistent(s, true));
+        if persistent && self.up.data_dir.is_none() {
+            return Err(bad(
+                if self.meta.persistence {
+                    "meta.persistence"
+                } else {
+                    "store.persistent"
+                },
+                "a persistent `nk up` needs a data directory that outlives it: set up.data_dir or pass --data-dir",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether a store keeps its blocks across restarts: its `persistent`
+    /// key, else `meta.persistence` under `nk up` (so a persistent `nk up`
+    /// keeps everything), else no.
+    pub fn store_persistent(&self, s: &StoreSection, under_up: bool) -> bool {
+        s.persistent.unwrap_or(under_up && self.meta.persistence)
+    }
+
     /// The configured classes, or the default price table.
     pub fn classes(&self) -> Vec<nodekernel_proto::ClassInfo> {
         let list = if self.class.is_empty() {
@@ -540,6 +573,7 @@ impl Config {
             rpc_timeout: Duration::from_millis(self.client.timeout_ms),
             shared_memory: s.shared_memory,
             poll_spin: spin(s.poll_spin_us),
+            persistent: self.store_persistent(s, up_dir.is_some()),
         })
     }
 }
@@ -683,6 +717,42 @@ mod tests {
             let e = parse(text).unwrap_err().to_string();
             assert!(e.contains(key), "{text:?}: {e}");
         }
+    }
+
+    #[test]
+    fn a_persistent_up_keeps_every_store_and_needs_a_kept_directory() {
+        let c = parse("[meta]\npersistence = true\n").unwrap();
+        let up = Path::new("/d");
+        for (i, s) in c.up_stores().iter().enumerate() {
+            let sc = c.store_config_under(i, s, vec![], up).unwrap();
+            assert!(sc.persistent, "nk up store {i} follows meta.persistence");
+        }
+        let e = c.check_up_dir().unwrap_err().to_string();
+        assert!(
+            e.contains("meta.persistence") && e.contains("up.data_dir"),
+            "{e}"
+        );
+        let c = parse("[meta]\npersistence = true\n[up]\ndata_dir = \"/d\"\n").unwrap();
+        c.check_up_dir().unwrap();
+
+        // A store may opt out, or in on its own.
+        let c = parse("[meta]\npersistence = true\n[[store]]\npersistent = false\n").unwrap();
+        let sc = c.store_config_under(0, &c.store[0], vec![], up).unwrap();
+        assert!(!sc.persistent);
+        let c = parse("[[store]]\npersistent = true\ndata_dir = \"/s\"\n").unwrap();
+        let sc = c.store_config(0, &c.store[0], vec![]).unwrap();
+        assert!(sc.persistent, "nk store with persistent = true");
+        assert!(
+            c.check_up_dir().is_err(),
+            "a persistent store under nk up needs up.data_dir too"
+        );
+        // A volatile cluster: nothing persistent, no directory needed.
+        let c = parse("").unwrap();
+        c.check_up_dir().unwrap();
+        let sc = c
+            .store_config_under(0, &c.up_stores()[0], vec![], up)
+            .unwrap();
+        assert!(!sc.persistent);
     }
 
     #[test]

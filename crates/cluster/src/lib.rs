@@ -50,6 +50,8 @@ pub struct LocalCluster {
     pub config: Config,
     pub meta: MetaServer,
     pub stores: Vec<StorageServer>,
+    /// The section each of `stores` was started from.
+    sections: Vec<StoreSection>,
     /// The locked data directory (`up.data_dir` or a fresh private one).
     /// Declared last: it is released after the stores.
     dir: DirLock,
@@ -68,6 +70,7 @@ impl LocalCluster {
     /// the directory, if it did not exist) go.
     pub async fn start(config: Config) -> Result<LocalCluster, ClusterError> {
         config.validate()?;
+        config.check_up_dir()?;
         let dir = match &config.up.data_dir {
             Some(d) => DirLock::acquire(d),
             None => DirLock::private("up"),
@@ -84,6 +87,7 @@ impl LocalCluster {
             config,
             meta,
             stores: Vec::new(),
+            sections: Vec::new(),
             dir,
         };
         for s in cluster.config.up_stores() {
@@ -103,19 +107,50 @@ impl LocalCluster {
     /// [`stores`](Self::stores)), unless the section names one.
     pub async fn add_store(&mut self, s: &StoreSection) -> Result<&StorageServer, ClusterError> {
         let index = self.stores.len();
+        let store = self.start_store(index, s).await?;
+        self.stores.push(store);
+        self.sections.push(s.clone());
+        Ok(&self.stores[index])
+    }
+
+    /// Stops storage server `index` and starts it again from the same
+    /// settings and data directory: a persistent server comes back with
+    /// its blocks (and, when it listens on port 0, at its old address if
+    /// that is still free). On failure the server is left out of
+    /// [`stores`](Self::stores), which then lists the others.
+    ///
+    /// # Panics
+    /// If `index` is not that of a running store.
+    pub async fn restart_store(&mut self, index: usize) -> Result<&StorageServer, ClusterError> {
+        let s = self.sections.remove(index);
+        // Dropped, not just shut down: every lock it holds must be free for
+        // the new server.
+        drop(self.stores.remove(index));
+        let store = self.start_store(index, &s).await?;
+        self.stores.insert(index, store);
+        self.sections.insert(index, s);
+        Ok(&self.stores[index])
+    }
+
+    /// Starts storage server `index` from section `s`, registered with
+    /// the metadata server, in `store-<index>` of the data directory unless
+    /// the section names one.
+    async fn start_store(
+        &self,
+        index: usize,
+        s: &StoreSection,
+    ) -> Result<StorageServer, ClusterError> {
         let metas = vec![self.meta_addr().to_string()];
         let cfg = self
             .config
             .store_config_under(index, s, metas, self.dir.path())?;
-        let store = StorageServer::start(cfg)
+        StorageServer::start(cfg)
             .await
             .map_err(|error| ClusterError::Store {
                 index,
                 class_name: s.class_name.clone(),
                 error,
-            })?;
-        self.stores.push(store);
-        Ok(&self.stores[index])
+            })
     }
 
     /// The cluster's locked data directory.
@@ -143,10 +178,11 @@ impl LocalCluster {
         Client::connect(self.client_config()).await
     }
 
-    /// Stops every server (the metadata server last). Each storage server
-    /// removes its block file; a private data directory is removed
-    /// entirely, any other one stays (with `LOCK` and the stores'
-    /// identities). The locks are released when the cluster is dropped.
+    /// Stops every server (the metadata server last). A volatile storage
+    /// server removes its block file, a persistent one syncs and keeps its
+    /// blocks; a private data directory is removed entirely, any other one
+    /// stays (with `LOCK`, the stores' identities and what persistence
+    /// keeps). The locks are released when the cluster is dropped.
     /// Idempotent; also done on drop.
     pub fn shutdown(&self) {
         for s in &self.stores {
