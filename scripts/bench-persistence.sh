@@ -6,12 +6,17 @@
 #    volatile, then persistent with meta.fsync = never, interval and always;
 # 2. the restart time of a persistent metadata server holding NODES nodes
 #    (default 1,000,000 KeyValues of 4 bytes): replaying the log alone, and
-#    from a checkpoint plus the log after it.
+#    from a checkpoint plus the log after it;
+# 3. (part "stores") the data path of a persistent DRAM storage server, its
+#    region a file in a data directory on the disk or on tmpfs (/dev/shm),
+#    against a volatile one (a memfd), with a volatile metadata server:
+#    large File writes and reads through the shared mapping, 1 KiB puts
+#    and gets; and a persistent file-tier server against a volatile one.
 #
 # Prints a markdown table per part; OUT=FILE also keeps every JSON report.
 # Environment: NK (binary), NODES, ROWS_K (ops per client at 1 client),
-# PARTS ("rows restart", the default, or either), MODES (default "off never
-# interval always").
+# PARTS ("rows restart", the default, or any of "rows restart stores"),
+# MODES (default "off never interval always").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NK=${NK:-$PWD/target/release/nk}
@@ -53,7 +58,9 @@ start() {
   done
   [[ -n $META ]] || { cat "$D/meta.log"; exit 1; }
   if [[ -z ${STORE_UP:-} ]]; then
-    "$NK" store --meta "$META" --class 0 --medium dram --size 1GiB --listen 127.0.0.1:0 >"$D/store.log" 2>&1 &
+    # STORE_ARGS: another store (stores part); default one volatile DRAM GiB.
+    # shellcheck disable=SC2086
+    "$NK" store --meta "$META" ${STORE_ARGS:---class 0 --medium dram --size 1GiB} --listen 127.0.0.1:0 >"$D/store.log" 2>&1 &
     PIDS+=($!)
   fi
   NK_META=$META "$NK" status --wait >/dev/null 2>&1
@@ -85,6 +92,32 @@ for mode in ${MODES:-off never interval always}; do
   row $mode putkey -s 1KiB -k $((K / 8)) -w 200 -c 16 --keys 1000
   stop
   rm -rf "$D/meta"
+done
+echo
+fi
+
+if [[ $PARTS == *stores* ]]; then
+echo "## Persistent storage servers: the data path ($(date -u +%F), $(nproc) vCPUs)"
+echo
+echo "| storage server | nk bench | ops/s | p50 µs | p99 µs |"
+echo "|---|---|---|---|---|"
+SHM=$(mktemp -d -p /dev/shm nk-bench-XXXXXX)
+trap 'stop; rm -rf $D $SHM' EXIT
+for store in "dram volatile" "dram persistent, /dev/shm" "dram persistent, disk" "file volatile" "file persistent, disk"; do
+  case $store in
+    "dram volatile") args="--class 0 --medium dram --size 1GiB" ;;
+    "dram persistent, /dev/shm") args="--class 0 --medium dram --size 1GiB --persistent --data-dir $SHM/s" ;;
+    "dram persistent, disk") args="--class 0 --medium dram --size 1GiB --persistent --data-dir $D/s" ;;
+    "file volatile") args="--class 0 --medium file --size 2GiB --data-dir $D/s" ;;
+    "file persistent, disk") args="--class 0 --medium file --size 2GiB --persistent --data-dir $D/s" ;;
+  esac
+  STORE_ARGS=$args start off
+  row "$store" write -s 1MiB -k 512 -w 64 -c 1
+  row "$store" read -s 1MiB -k 512 -w 64 -c 1
+  row "$store" putkey -s 1KiB -k "$K" -w 1000 -c 1 --keys 1000
+  row "$store" getkey -s 1KiB -k "$K" -w 1000 -c 1 --keys 1000
+  stop
+  rm -rf "$D/s" "$SHM/s"
 done
 echo
 fi

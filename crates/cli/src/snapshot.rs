@@ -100,7 +100,7 @@ pub async fn snapshot(client: &Client, path: &str, dir: &Path, json: bool) -> an
         print_json(&s, secs)?;
     } else {
         println!(
-            "snapshot of {} in {}: {} nodes ({} containers, {} files, {} key-values), {} in {} pack file(s), {:.1} s",
+            "snapshot of {} in {}: {} nodes ({} containers, {} files, {} key-values), {} in {} pack file(s), {:.2} s",
             s.path,
             s.dir,
             s.nodes,
@@ -136,7 +136,7 @@ pub async fn restore(
         print_json(&s, secs)?;
     } else {
         println!(
-            "restored {} to {}: {} nodes ({} containers, {} files, {} key-values), {}, {:.1} s",
+            "restored {} to {}: {} nodes ({} containers, {} files, {} key-values), {}, {:.2} s",
             s.dir,
             s.path,
             s.nodes,
