@@ -431,22 +431,25 @@ impl Config {
     /// For `nk up`: a persistent cluster needs a data directory that is
     /// kept (a private one is removed at shutdown).
     pub fn check_up_dir(&self) -> Result<(), ConfigError> {
-        let persistent = self.meta.persistence
-            || self
+        if self.up.data_dir.is_some() {
+            return Ok(());
+        }
+        let key = if self.meta.persistence {
+            "meta.persistence".to_string()
+        } else {
+            match self
                 .up_stores()
                 .iter()
-                .any(|s| self.store_persistent(s, true));
-        if persistent && self.up.data_dir.is_none() {
-            return Err(bad(
-                if self.meta.persistence {
-                    "meta.persistence"
-                } else {
-                    "store.persistent"
-                },
-                "a persistent `nk up` needs a data directory that outlives it: set up.data_dir or pass --data-dir",
-            ));
-        }
-        Ok(())
+                .position(|s| self.store_persistent(s, true))
+            {
+                Some(i) => format!("store[{i}].persistent"),
+                None => return Ok(()),
+            }
+        };
+        Err(bad(
+            key,
+            "a persistent `nk up` needs a data directory that outlives it: set up.data_dir or pass --data-dir",
+        ))
     }
 
     /// Whether a store keeps its blocks across restarts: its `persistent`
@@ -742,9 +745,10 @@ mod tests {
         let c = parse("[[store]]\npersistent = true\ndata_dir = \"/s\"\n").unwrap();
         let sc = c.store_config(0, &c.store[0], vec![]).unwrap();
         assert!(sc.persistent, "nk store with persistent = true");
+        let e = c.check_up_dir().unwrap_err().to_string();
         assert!(
-            c.check_up_dir().is_err(),
-            "a persistent store under nk up needs up.data_dir too"
+            e.contains("store[0].persistent"),
+            "a persistent store under nk up needs up.data_dir too: {e}"
         );
         // A volatile cluster: nothing persistent, no directory needed.
         let c = parse("").unwrap();
