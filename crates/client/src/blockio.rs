@@ -9,6 +9,9 @@
 //!   retry ([`Locate::relocate`]), so blocks can move under readers and
 //!   writers (migration, drain); only a node that is gone or replaced (or
 //!   a writer whose lease was taken over) surfaces the error;
+//! - follows a block whose storage server is unreachable to the address
+//!   the metadata server knows now (a persistent server back on another
+//!   port); any other unreachable server's error stands;
 //! - moves a write that cannot reach its storage server to another block
 //!   ([`Locate::replace`]) when the bytes of that block are all still in
 //!   the caller's hands;
@@ -338,6 +341,11 @@ impl BlockIo {
                     follows.count(&loc, &next);
                     loc = next;
                 }
+                Err(e) if e.code == ErrorCode::Unavailable && follows.may_follow() => {
+                    let next = self.follow_moved_server(at, index, &loc, e).await?;
+                    follows.count(&loc, &next);
+                    loc = next;
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -365,6 +373,23 @@ impl BlockIo {
         Ok(next)
     }
 
+    /// A read of `loc` found its storage server unreachable (`err`): if
+    /// the metadata server now knows the block at another address (a
+    /// persistent server that came back on another port), read there;
+    /// otherwise the error stands as it was.
+    async fn follow_moved_server(
+        &self,
+        at: &impl Locate,
+        index: u64,
+        loc: &BlockLoc,
+        err: Error,
+    ) -> Result<BlockLoc> {
+        match at.relocate(index, err.clone()).await {
+            Ok(next) if next.addr != loc.addr => Ok(next),
+            _ => Err(err),
+        }
+    }
+
     /// Reads `len` bytes of block `index` (first tried at `loc`) at `offset`.
     pub(crate) async fn read(
         &self,
@@ -383,6 +408,11 @@ impl BlockIo {
                 }
                 Err(e) if e.code == ErrorCode::Stale && follows.may_follow() => {
                     let next = self.follow_for_read(at, index, &loc, e).await?;
+                    follows.count(&loc, &next);
+                    loc = next;
+                }
+                Err(e) if e.code == ErrorCode::Unavailable && follows.may_follow() => {
+                    let next = self.follow_moved_server(at, index, &loc, e).await?;
                     follows.count(&loc, &next);
                     loc = next;
                 }

@@ -178,3 +178,47 @@ async fn a_store_restarted_empty_loses_exactly_its_blocks() {
         "the old registration was replaced: {st:?}"
     );
 }
+
+/// A persistent store whose old port was taken comes back on another one:
+/// the metadata server records its new address, and a handle that still
+/// holds the old one follows it there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_back_on_another_port_is_followed_there() {
+    let mut t = persistent(false).await;
+    let (dram, file) = fill(&t.client).await;
+    let old = t.client.lookup("/file/big").await.unwrap();
+    let (old_addr, incarnation) = {
+        let s = &t.cluster.stores[1];
+        (s.advertised_addr().to_string(), s.incarnation())
+    };
+    t.cluster.stores[1].shutdown();
+    // Another program holds the port while the server starts again, then
+    // goes: the old address refuses connections.
+    let mut squatter = None;
+    for _ in 0..600 {
+        if let Ok(l) = std::net::TcpListener::bind(&old_addr) {
+            squatter = Some(l);
+            break;
+        }
+        // The stopped server's listener is still closing.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let squatter = squatter.expect("the old port comes free");
+    let s = t.cluster.restart_store(1).await.expect("restarts");
+    assert_ne!(s.advertised_addr(), old_addr, "its old port was taken");
+    assert_eq!(s.kept_blocks(), Some(Ok(())));
+    assert_eq!(s.incarnation(), incarnation);
+    drop(squatter);
+
+    let got = old.read(0, 300_000).await.unwrap();
+    assert!(
+        got == file["/file/big"],
+        "the old handle followed the server"
+    );
+    check(&t.client, &file, "at the new address").await;
+    check(&t.client, &dram, "on the other server").await;
+    let st = t.client.status().await.unwrap();
+    assert_eq!(st.servers.len(), 2, "the same server, readdressed: {st:?}");
+    let now = t.cluster.stores[1].advertised_addr();
+    assert!(st.servers.iter().any(|x| x.addr == now), "{st:?}");
+}
