@@ -99,8 +99,6 @@ pub async fn up(mut cfg: Config, a: &UpArgs) -> anyhow::Result<()> {
     if let Some(s) = a.file {
         cfg.up.file = s;
     }
-    cfg.validate()?;
-    cfg.check_up_dir()?;
     let stores = cfg.up_stores();
     let cluster = LocalCluster::start(cfg).await?;
     let addr = cluster.meta_addr();

@@ -100,16 +100,12 @@ pub async fn snapshot(client: &Client, path: &str, dir: &Path, json: bool) -> an
         print_json(&s, secs)?;
     } else {
         println!(
-            "snapshot of {} in {}: {} nodes ({} containers, {} files, {} key-values), {} in {} pack file(s), {:.2} s",
+            "snapshot of {} in {}: {}, {} in {} pack file(s), {secs:.2} s",
             s.path,
             s.dir,
-            s.nodes,
-            s.containers,
-            s.files,
-            s.keyvalues,
-            human(s.bytes),
+            s.counts,
+            human(s.counts.bytes),
             s.packs,
-            secs
         );
     }
     Ok(())
@@ -136,15 +132,11 @@ pub async fn restore(
         print_json(&s, secs)?;
     } else {
         println!(
-            "restored {} to {}: {} nodes ({} containers, {} files, {} key-values), {}, {:.2} s",
+            "restored {} to {}: {}, {}, {secs:.2} s",
             s.dir,
             s.path,
-            s.nodes,
-            s.containers,
-            s.files,
-            s.keyvalues,
-            human(s.bytes),
-            secs
+            s.counts,
+            human(s.counts.bytes),
         );
     }
     Ok(())

@@ -519,6 +519,17 @@ fn bench_reports_valid_json() {
     }
 }
 
+/// Runs a client command against `addr` that must succeed; its stdout.
+fn nk_ok(addr: &str, args: &[&str]) -> Vec<u8> {
+    let out = client(addr).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "nk {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 fn stop(mut child: Child) {
     let pid = child.id().to_string();
     assert!(Command::new("kill")
@@ -568,15 +579,7 @@ fn a_metadata_server_killed_with_sigkill_comes_back_from_its_log() {
     let data = dir.path().join("meta");
     let data = data.to_str().unwrap();
     let (mut meta, addr, store) = start_meta_and_store(&["--data-dir", data], "64MiB");
-    let nk = |args: &[&str]| {
-        let out = client(&addr).args(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "nk {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out.stdout
-    };
+    let nk = |args: &[&str]| nk_ok(&addr, args);
     let src = dir.path().join("src.bin");
     let bytes: Vec<u8> = (0..(3 << 20) + 11).map(|i: u32| (i % 251) as u8).collect();
     std::fs::write(&src, &bytes).unwrap();
@@ -643,15 +646,7 @@ fn separately_started_persistent_servers_come_back_after_sigkill() {
         "metadata server listening on",
     );
     let mut store = start_role(&store_args, &[("NK_META", &addr)], "storage server 0").0;
-    let nk = |args: &[&str]| {
-        let out = client(&addr).args(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "nk {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out.stdout
-    };
+    let nk = |args: &[&str]| nk_ok(&addr, args);
     let src = dir.path().join("src.bin");
     let bytes: Vec<u8> = (0..(2 << 20) + 5).map(|i: u32| (i % 253) as u8).collect();
     std::fs::write(&src, &bytes).unwrap();

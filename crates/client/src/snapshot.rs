@@ -113,11 +113,9 @@ pub trait Progress: Send + Sync {
 
 impl Progress for () {}
 
-/// What a snapshot wrote.
+/// The nodes a snapshot or restore handled, by kind, and their data bytes.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct SnapshotSummary {
-    pub path: String,
-    pub dir: String,
+pub struct NodeCounts {
     /// Every node, containers included.
     pub nodes: u64,
     pub containers: u64,
@@ -125,6 +123,44 @@ pub struct SnapshotSummary {
     pub keyvalues: u64,
     /// Data bytes.
     pub bytes: u64,
+}
+
+impl NodeCounts {
+    /// Counts one node of type `ty` holding `size` bytes.
+    fn add(&mut self, ty: NodeType, size: u64) {
+        self.nodes += 1;
+        match ty {
+            t if t.is_container() => self.containers += 1,
+            NodeType::KeyValue => {
+                self.keyvalues += 1;
+                self.bytes += size;
+            }
+            _ => {
+                self.files += 1;
+                self.bytes += size;
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for NodeCounts {
+    /// `N nodes (C containers, F files, K key-values)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} nodes ({} containers, {} files, {} key-values)",
+            self.nodes, self.containers, self.files, self.keyvalues
+        )
+    }
+}
+
+/// What a snapshot wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SnapshotSummary {
+    pub path: String,
+    pub dir: String,
+    #[serde(flatten)]
+    pub counts: NodeCounts,
     pub packs: u32,
 }
 
@@ -133,11 +169,8 @@ pub struct SnapshotSummary {
 pub struct RestoreSummary {
     pub path: String,
     pub dir: String,
-    pub nodes: u64,
-    pub containers: u64,
-    pub files: u64,
-    pub keyvalues: u64,
-    pub bytes: u64,
+    #[serde(flatten)]
+    pub counts: NodeCounts,
 }
 
 // ----- the manifest -----------------------------------------------------------
@@ -620,6 +653,7 @@ impl Snapshot {
         let mut chunks = Vec::with_capacity(self.nodes.len());
         for n in &self.nodes {
             let e = &n.entry;
+            summary.counts.add(e.ty, e.size);
             if e.ty.is_container() {
                 chunks.push(0);
                 continue;
@@ -639,9 +673,12 @@ impl Snapshot {
                 jobs.push((n, i, e.blocks[i as usize].clone(), len));
             }
             chunks.push(count);
-            summary.bytes += e.size;
         }
-        progress.phase(Phase::Reading, self.nodes.len() as u64, summary.bytes);
+        progress.phase(
+            Phase::Reading,
+            self.nodes.len() as u64,
+            summary.counts.bytes,
+        );
         let client = &self.client;
         let base = &self.path;
         let mut reads = stream::iter(jobs)
@@ -665,11 +702,6 @@ impl Snapshot {
         let mut entries = Vec::with_capacity(self.nodes.len());
         for (n, count) in self.nodes.iter().zip(chunks) {
             let e = &n.entry;
-            match e.ty {
-                t if t.is_container() => summary.containers += 1,
-                NodeType::KeyValue => summary.keyvalues += 1,
-                _ => summary.files += 1,
-            }
             let (pack, offset) = if e.ty.is_container() {
                 (0, 0)
             } else {
@@ -695,7 +727,6 @@ impl Snapshot {
                 offset: if e.size == 0 { PACK_HEADER_LEN } else { offset },
                 crc: crc.finalize(),
             });
-            summary.nodes += 1;
             progress.advance(1, 0);
         }
         let pack_lens = packs.finish()?;
@@ -884,11 +915,11 @@ impl Client {
         let packs = open_packs(dir, &m)?;
         verify(dir, &m, &packs, progress)?;
         self.clear_target(dst, opts.overwrite).await?;
-        let data_bytes: u64 = m.entries.iter().map(|e| e.size).sum();
-        progress.phase(Phase::Writing, m.entries.len() as u64, data_bytes);
+        for e in &m.entries {
+            summary.counts.add(e.ty, e.size);
+        }
+        progress.phase(Phase::Writing, summary.counts.nodes, summary.counts.bytes);
         for e in m.entries.iter().filter(|e| e.ty.is_container()) {
-            summary.containers += 1;
-            summary.nodes += 1;
             progress.advance(1, 0);
             if dst == "/" && e.path.is_empty() {
                 continue;
@@ -903,14 +934,6 @@ impl Client {
                 .map_err(|err| ctx(&format!("restoring {p}"), err))?;
         }
         let data: Vec<&ManifestEntry> = m.entries.iter().filter(|e| !e.ty.is_container()).collect();
-        for e in &data {
-            match e.ty {
-                NodeType::KeyValue => summary.keyvalues += 1,
-                _ => summary.files += 1,
-            }
-            summary.nodes += 1;
-            summary.bytes += e.size;
-        }
         let packs = &packs;
         stream::iter(data)
             .map(|e| async move {

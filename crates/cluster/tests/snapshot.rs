@@ -262,8 +262,8 @@ async fn under_a_concurrent_writer(shared_memory: bool) {
     let rounds = writer.await.unwrap();
     assert!(rounds > 0);
     let data: u64 = want.values().map(|(_, b)| b.len() as u64).sum();
-    assert_eq!(sum.nodes, want.len() as u64);
-    assert_eq!(sum.bytes, data);
+    assert_eq!(sum.counts.nodes, want.len() as u64);
+    assert_eq!(sum.counts.bytes, data);
     assert!(sum.packs > 1, "small packs: several of them");
     assert!(count.reading.load(Ordering::Relaxed));
     assert_eq!(count.nodes.load(Ordering::Relaxed), want.len() as u64);
@@ -279,7 +279,10 @@ async fn under_a_concurrent_writer(shared_memory: bool) {
         .restore(&out, "/restored", &RestoreOptions::default(), &())
         .await
         .unwrap();
-    assert_eq!((sum.nodes, sum.bytes), (want.len() as u64, data));
+    assert_eq!(
+        (sum.counts.nodes, sum.counts.bytes),
+        (want.len() as u64, data)
+    );
     check_tree(&dst.client, "/src", &want, "/restored").await;
     for gone in ["/restored/new", "/restored/d/later", "/restored/t/later"] {
         let e = dst.client.lookup(gone).await.unwrap_err();

@@ -659,7 +659,7 @@ async fn shm_name(c: &Connection) -> String {
 
 /// Connects to a server's abstract socket and maps its region, as a
 /// co-located client does.
-fn map_region(
+pub(crate) fn map_region(
     name: &str,
 ) -> std::io::Result<(nodekernel_shm::Region, std::os::unix::net::UnixStream)> {
     use std::os::linux::net::SocketAddrExt;

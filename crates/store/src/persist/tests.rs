@@ -3,6 +3,7 @@
 //! file-backed DRAM region, and the remembered address.
 
 use super::*;
+use crate::tests::map_region;
 use crate::{DataDirConfig, MediumKind, StorageServer, StoreConfig};
 use bytes::BytesMut;
 use nodekernel_proto::ErrorCode;
@@ -539,19 +540,6 @@ async fn damaged_medium_files_are_reinitialised() {
         Some(Err(Discarded::MediumFiles(_)))
     ));
     check_empty(&s).await;
-}
-
-/// Connects to a server's abstract socket and maps its region, as a
-/// co-located client does.
-fn map_region(
-    name: &str,
-) -> std::io::Result<(nodekernel_shm::Region, std::os::unix::net::UnixStream)> {
-    use std::os::linux::net::SocketAddrExt;
-    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
-    let sock = std::os::unix::net::UnixStream::connect_addr(&addr)?;
-    sock.set_read_timeout(Some(HANG))?;
-    let region = nodekernel_shm::receive_region(&sock)?;
-    Ok((region, sock))
 }
 
 async fn map(s: &StorageServer) -> (nodekernel_shm::Region, std::os::unix::net::UnixStream) {
