@@ -1,6 +1,7 @@
 //! `nk`: the NodeKernel command line.
 
 mod bench;
+mod drain;
 mod fs;
 mod servers;
 mod snapshot;
@@ -121,6 +122,24 @@ enum Cmd {
     },
     /// Benchmark a cluster (create, putkey, getkey, lookup, enumerate)
     Bench(bench::BenchArgs),
+    /// Move every block of a storage server to other servers (of its
+    /// class, else the next class with room) while clients keep reading and
+    /// writing, so it can be stopped; waits and shows progress until done.
+    /// Interrupting the command leaves the drain running: run it again to
+    /// follow it, or with --cancel to stop it.
+    Drain {
+        /// The server's identity or registered address (see `nk status`)
+        server: String,
+        /// Stop draining: the server takes new blocks again
+        #[arg(long)]
+        cancel: bool,
+        /// Start the drain (or show its progress) and return at once
+        #[arg(long)]
+        no_wait: bool,
+        /// Print a JSON summary
+        #[arg(long)]
+        json: bool,
+    },
     /// Show storage servers, classes, capacity and use
     Status {
         #[arg(long)]
@@ -282,6 +301,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let wait = wait.then(|| std::time::Duration::from_secs(timeout));
             fs::status(&client, json, wait).await
         }
+        Cmd::Drain {
+            server,
+            cancel,
+            no_wait,
+            json,
+        } => drain::drain(&client, &server, cancel, !no_wait, json).await,
         Cmd::Bench(_) => unreachable!("handled above"),
         Cmd::Up(_) | Cmd::Meta(_) | Cmd::Store(_) => unreachable!("handled above"),
     }

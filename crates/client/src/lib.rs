@@ -28,6 +28,7 @@
 //! of 1 MiB slices, four in flight), so storage stays busy during
 //! sequential access with small calls.
 
+mod admin;
 mod bag;
 pub mod blocking;
 mod blockio;
@@ -38,12 +39,14 @@ pub mod settings;
 pub mod snapshot;
 mod stream;
 
+pub use admin::drain_finished;
 pub use bag::{BagEntry, BagReader, DEFAULT_BAG_READS_IN_FLIGHT};
 pub use blockio::{Access, AccessHook, MAX_RELOCATIONS};
 pub use client::{
     default_location, Client, ClientConfig, CreateOptions, DataPathStats, GET_ATTEMPTS,
 };
 pub use node::{Node, Reader};
+pub use nodekernel_proto::types::{DrainState, DrainStatus, PartitionDown};
 pub use nodekernel_proto::{
     BlockLoc, ClassInfo, ClusterStatus, Error, ErrorCode, NodeInfo, NodeType, Result, ServerStatus,
 };

@@ -105,7 +105,29 @@ impl Node {
 
     // ----- metadata helpers -------------------------------------------------
 
+    /// Maps blocks `index..index + count` (allocating with a lease),
+    /// waiting while block `index` is being moved (`TryAgain`), at most
+    /// the client's timeout.
     async fn map(
+        &self,
+        index: u64,
+        count: u64,
+        lease: Option<u64>,
+    ) -> Result<(u64, Vec<BlockLoc>)> {
+        let deadline = Instant::now() + self.client.config().timeout;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match self.map_once(index, count, lease).await {
+                Err(e) if e.code == ErrorCode::TryAgain && Instant::now() < deadline => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MOVE_WAIT_MAX);
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn map_once(
         &self,
         index: u64,
         count: u64,
@@ -540,23 +562,11 @@ impl Locate for Node {
         // A writer re-maps under its lease: if another writer took over,
         // the answer is `LeaseExpired`, never a location to write on.
         let lease = self.writer.map(|w| w.lease);
-        let deadline = Instant::now() + self.client.config().timeout;
-        let mut pause = Duration::from_millis(1);
-        loop {
-            match self.map(index, 1, lease).await {
-                Ok((_, blocks)) => {
-                    // Where the block is now: moved or fenced, or still
-                    // `stale` (the block-I/O layer decides what that means).
-                    return blocks.into_iter().next().ok_or(err);
-                }
-                // Being moved right now: wait for the move to end.
-                Err(e) if e.code == ErrorCode::TryAgain && Instant::now() < deadline => {
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(MOVE_WAIT_MAX);
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        // Where the block is now (once a move of it has ended): moved or
+        // fenced, or still `stale` (the block-I/O layer decides what that
+        // means).
+        let (_, blocks) = self.map(index, 1, lease).await?;
+        blocks.into_iter().next().ok_or(err)
     }
 
     async fn replace(&self, index: u64, lost: &BlockLoc) -> Result<BlockLoc> {

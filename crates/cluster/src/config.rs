@@ -115,6 +115,10 @@ pub struct MetaSection {
     /// A checkpoint is written once the log has grown this much since the
     /// last one; the log before it is then deleted.
     pub checkpoint_after: ByteSize,
+    /// Bytes per second that block moves (`nk drain`) may copy between
+    /// storage servers, so foreground I/O keeps most of the bandwidth
+    /// (0: no limit).
+    pub move_rate: ByteSize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -143,6 +147,7 @@ impl Default for MetaSection {
             data_dir: None,
             fsync: FsyncMode::Always,
             fsync_interval_ms: 100,
+            move_rate: ByteSize(256 << 20),
             checkpoint_after: ByteSize(64 << 20),
         }
     }
@@ -392,6 +397,7 @@ impl Config {
                 expected_servers: self.meta.expect_servers.unwrap_or(1),
             },
             persistence: self.meta_persistence(None),
+            move_rate: self.meta.move_rate.0,
         }
     }
 

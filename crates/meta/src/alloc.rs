@@ -157,6 +157,8 @@ pub struct Server {
     pub spec: ServerSpec,
     pub free: FreeList,
     live: Liveness,
+    /// Being drained (soft state, like liveness): no new blocks.
+    draining: bool,
 }
 
 #[derive(Debug, Default)]
@@ -211,10 +213,6 @@ impl BlockAllocator {
     /// The generation the next allocation, free or fence gets.
     pub fn next_gen(&self) -> u64 {
         self.next_gen
-    }
-
-    pub fn server(&self, id: u32) -> Option<&Server> {
-        self.servers.get(&id)
     }
 
     pub fn servers(&self) -> impl Iterator<Item = (u32, &Server)> {
@@ -385,6 +383,7 @@ impl BlockAllocator {
                     suspect: false,
                     last_seen_ms: now_ms,
                 },
+                draining: false,
             },
         );
     }
@@ -470,7 +469,32 @@ impl BlockAllocator {
     fn usable(&self, server: u32) -> bool {
         self.servers
             .get(&server)
-            .is_some_and(|s| s.live.alive && !s.live.suspect)
+            .is_some_and(|s| s.live.alive && !s.live.suspect && !s.draining)
+    }
+
+    /// Starts or ends draining `id`: a draining server gets no new blocks.
+    pub fn set_draining(&mut self, id: u32, on: bool) {
+        if let Some(s) = self.servers.get_mut(&id) {
+            s.draining = on;
+        }
+    }
+
+    pub fn is_draining(&self, id: u32) -> bool {
+        self.servers.get(&id).is_some_and(|s| s.draining)
+    }
+
+    /// The server registered with identity `identity`, or at address
+    /// `addr`.
+    pub fn find_server(&self, name: &str) -> Option<u32> {
+        self.servers
+            .iter()
+            .find(|(_, s)| s.spec.identity == name)
+            .or_else(|| self.servers.iter().find(|(_, s)| s.spec.addr == name))
+            .map(|(id, _)| *id)
+    }
+
+    pub fn server(&self, id: u32) -> Option<&Server> {
+        self.servers.get(&id)
     }
 
     /// Live servers.
@@ -569,6 +593,7 @@ impl BlockAllocator {
                 alive: s.live.alive,
                 last_seen_ms: now_ms.saturating_sub(s.live.last_seen_ms),
                 identity: s.spec.identity.clone(),
+                draining: s.draining,
             })
             .collect()
     }

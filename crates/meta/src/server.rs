@@ -79,6 +79,8 @@ pub struct MetaConfig {
     pub placement: Placement,
     /// Keep the namespace across restarts (`None`: volatile, the default).
     pub persistence: Option<Persistence>,
+    /// Bytes per second block moves may copy (0: no limit).
+    pub move_rate: u64,
 }
 
 /// Where and how a persistent metadata server keeps its operation log.
@@ -124,6 +126,7 @@ impl Default for MetaConfig {
             unix_socket: true,
             placement: Placement::default(),
             persistence: None,
+            move_rate: 256 << 20,
         }
     }
 }
@@ -158,6 +161,8 @@ struct MetaHandler {
     pending: Mutex<BTreeMap<String, Vec<BlockClaim>>>,
     /// Wakes the reaper.
     reap: Notify,
+    /// Wakes the drainer (a drain was asked for).
+    drain: Notify,
     /// The operation log, when persistent.
     journal: Option<Journal>,
     persistence: Option<Persistence>,
@@ -379,6 +384,58 @@ impl MetaHandler {
         self.send_claims(claims).await;
     }
 
+    /// See [`MetaServer::move_block`].
+    pub async fn move_block(&self, node: u64, index: u64, class: u8) -> Result<()> {
+        let h = self;
+        let (src, dst, fence_claims) = {
+            let mut st = h.state();
+            let (d, src, dst) = st.decide_move_start(node, index, class)?;
+            (src, dst, h.commit(&mut st, d, h.now_ms()))
+        };
+        // The fence must land before the copy: once acknowledged, no write
+        // with an older generation can reach the source block.
+        let fenced = {
+            let mut by: BTreeMap<String, Vec<BlockClaim>> = BTreeMap::new();
+            for c in fence_claims {
+                by.entry(c.addr.clone()).or_default().push(c);
+            }
+            let mut ok = Ok(());
+            for (addr, claims) in by {
+                if let Err(e) = deliver(&h.stores, &addr, &claims).await {
+                    ok = Err(e);
+                }
+            }
+            ok
+        };
+        let copied = match fenced {
+            Ok(()) => {
+                let req = StoreRequest::Copy {
+                    block: dst.block,
+                    gen: dst.gen,
+                    src_addr: src.addr.clone(),
+                    src_block: src.block,
+                    src_gen: src.gen,
+                };
+                let mut buf = BytesMut::new();
+                req.encode(&mut buf);
+                h.copies.call(&dst.addr, req.op(), &[&buf]).await.map(drop)
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = &copied {
+            tracing::warn!("moving block {index} of node {node} failed: {e}");
+        }
+        let claims = {
+            let mut st = h.state();
+            match st.decide_move_end(node, index, copied.is_ok()) {
+                Some(d) => h.commit(&mut st, d, h.now_ms()),
+                None => Vec::new(),
+            }
+        };
+        h.send_claims(claims).await;
+        copied
+    }
+
     /// Reaps removed subtrees, a bounded step per lock hold, until none is
     /// left or `budget` has passed; returns whether some are left.
     async fn reap_for(&self, budget: Duration) -> bool {
@@ -459,6 +516,9 @@ impl Handler for MetaHandler {
             }
             r => r,
         };
+        if matches!(req, MetaRequest::Drain { cancel: false, .. }) {
+            self.drain.notify_one();
+        }
         if reap {
             // A big removal: reap a while now, the rest in the background.
             if self.reap_for(Duration::from_millis(200)).await {
@@ -529,6 +589,7 @@ impl MetaServer {
             claim_timeout: cfg.claim_timeout,
             pending: Mutex::new(BTreeMap::new()),
             reap: Notify::new(),
+            drain: Notify::new(),
             journal,
             persistence: cfg.persistence.clone(),
             checkpointing: Default::default(),
@@ -561,6 +622,7 @@ impl MetaServer {
         let tasks = vec![
             tokio::spawn(ticker(handler.clone(), cfg.clone())),
             tokio::spawn(reaper(handler.clone())),
+            tokio::spawn(drainer(handler.clone(), cfg.move_rate)),
         ];
         // `nk meta` prints the address itself; an embedding program asks
         // `local_addr`.
@@ -611,54 +673,7 @@ impl MetaServer {
     /// again by a new writer), the target is given up and the block stays.
     /// The building block of migration and drain.
     pub async fn move_block(&self, node: u64, index: u64, class: u8) -> Result<()> {
-        let h = &self.handler;
-        let (src, dst, fence_claims) = {
-            let mut st = h.state();
-            let (d, src, dst) = st.decide_move_start(node, index, class)?;
-            (src, dst, h.commit(&mut st, d, h.now_ms()))
-        };
-        // The fence must land before the copy: once acknowledged, no write
-        // with an older generation can reach the source block.
-        let fenced = {
-            let mut by: BTreeMap<String, Vec<BlockClaim>> = BTreeMap::new();
-            for c in fence_claims {
-                by.entry(c.addr.clone()).or_default().push(c);
-            }
-            let mut ok = Ok(());
-            for (addr, claims) in by {
-                if let Err(e) = deliver(&h.stores, &addr, &claims).await {
-                    ok = Err(e);
-                }
-            }
-            ok
-        };
-        let copied = match fenced {
-            Ok(()) => {
-                let req = StoreRequest::Copy {
-                    block: dst.block,
-                    gen: dst.gen,
-                    src_addr: src.addr.clone(),
-                    src_block: src.block,
-                    src_gen: src.gen,
-                };
-                let mut buf = BytesMut::new();
-                req.encode(&mut buf);
-                h.copies.call(&dst.addr, req.op(), &[&buf]).await.map(drop)
-            }
-            Err(e) => Err(e),
-        };
-        if let Err(e) = &copied {
-            tracing::warn!("moving block {index} of node {node} failed: {e}");
-        }
-        let claims = {
-            let mut st = h.state();
-            match st.decide_move_end(node, index, copied.is_ok()) {
-                Some(d) => h.commit(&mut st, d, h.now_ms()),
-                None => Vec::new(),
-            }
-        };
-        h.send_claims(claims).await;
-        copied
+        self.handler.move_block(node, index, class).await
     }
 
     pub fn shutdown(&self) {
@@ -829,6 +844,54 @@ async fn ticker(h: Arc<MetaHandler>, cfg: MetaConfig) {
 }
 
 /// Reaps removed subtrees in the background, woken after a big removal.
+/// Block moves in flight at once for drains.
+const DRAIN_MOVES: usize = 4;
+
+/// Moves the blocks of servers being drained to other servers, at most
+/// [`DRAIN_MOVES`] at a time and `rate` bytes per second (0: no limit).
+/// A failed move is counted and tried again after a pause.
+async fn drainer(h: Arc<MetaHandler>, rate: u64) {
+    let bs = h.state().alloc().block_size() as u64;
+    loop {
+        let batch = h.state().drain_candidates(DRAIN_MOVES);
+        if batch.is_empty() {
+            // Also woken by a timer: a move given up (or a restart of the
+            // target) puts blocks back into the candidates.
+            let _ = tokio::time::timeout(Duration::from_millis(500), h.drain.notified()).await;
+            continue;
+        }
+        let started = Instant::now();
+        let mut moves = tokio::task::JoinSet::new();
+        for (node, index, class, server) in batch {
+            let h = h.clone();
+            moves.spawn(async move {
+                let r = h.move_block(node, index, class).await;
+                (server, r)
+            });
+        }
+        let mut failed = false;
+        let mut moved = 0u64;
+        while let Some(done) = moves.join_next().await {
+            let Ok((server, r)) = done else { continue };
+            failed |= r.is_err();
+            if r.is_ok() {
+                moved += 1;
+            }
+            h.state()
+                .note_drain_move(server, r.map_err(|e| e.to_string()));
+        }
+        if rate > 0 {
+            let due = Duration::from_secs_f64((moved * bs) as f64 / rate as f64);
+            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                tokio::time::sleep(wait).await;
+            }
+        }
+        if failed {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
 async fn reaper(h: Arc<MetaHandler>) {
     loop {
         h.reap.notified().await;

@@ -1108,7 +1108,8 @@ impl Sim {
         Ok(())
     }
 
-    /// Starts a move of a random data block, or ends one in progress (the
+    /// Starts a move of a random block of a node (data or child records),
+    /// or ends one in progress (the
     /// copy happens in between, as the server shell's does).
     fn move_step(&mut self) -> Result<(), String> {
         if !self.moving.is_empty() && self.rng.chance(70) {
@@ -1124,7 +1125,7 @@ impl Sim {
             .st
             .ns()
             .nodes()
-            .filter(|n| !n.ty.is_container() && !n.blocks.is_empty())
+            .filter(|n| !n.blocks.is_empty())
             .map(|n| (n.id, n.blocks.len()))
             .collect();
         nodes.sort_unstable(); // the namespace iterates in hash order

@@ -27,6 +27,7 @@ use crate::snapshot::{
 use nodekernel_proto::meta::{MetaReply, MetaRequest, SnapshotEntry, MAX_MAP_COUNT};
 use nodekernel_proto::path;
 use nodekernel_proto::record::RECORD_SIZE;
+use nodekernel_proto::types::{DrainState, DrainStatus};
 use nodekernel_proto::{
     BlockLoc, ClassInfo, ClusterStatus, Error, NodeInfo, NodeType, RecordLoc, Result, NO_CLASS,
 };
@@ -95,6 +96,7 @@ enum Reply {
         block: u64,
     },
     Located(BlockLoc),
+    Drain(u32),
 }
 
 /// The outcome of [`MetaState::decide`]: what to change, and what to reply
@@ -109,6 +111,20 @@ pub struct Decision {
     suspect: Option<u32>,
     /// A snapshot begun, used or ended (`crate::snapshot`).
     snapshot: Option<SnapshotNote>,
+    /// A drain started (`true`) or cancelled (`false`).
+    drain: Option<(u32, bool)>,
+}
+
+/// A drain of one storage server (soft state, like liveness: a restarted
+/// metadata server forgets it, and `nk drain`, which asks again on every
+/// poll, starts it again).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Drain {
+    pub moved: u64,
+    pub failed: u64,
+    pub cancelled: bool,
+    /// The last failure, until a move succeeds.
+    pub message: String,
 }
 
 /// A block move in progress.
@@ -146,6 +162,8 @@ pub struct MetaState {
     held: BTreeMap<(u32, u32), u64>,
     /// Running snapshots (soft state).
     snapshots: Snapshots,
+    /// Drains by server (soft state).
+    drains: BTreeMap<u32, Drain>,
     classes: Vec<ClassInfo>,
     local_socket: String,
     /// A deliberately injected bug, to show the simulation catches it.
@@ -167,6 +185,7 @@ impl MetaState {
             claims: Vec::new(),
             held: BTreeMap::new(),
             snapshots: Snapshots::default(),
+            drains: BTreeMap::new(),
             classes: Vec::new(),
             local_socket: String::new(),
             #[cfg(test)]
@@ -290,6 +309,14 @@ impl MetaState {
         if let Some(note) = d.snapshot {
             self.snapshots.apply(note, now);
         }
+        if let Some((id, on)) = d.drain {
+            self.alloc.set_draining(id, on);
+            let dr = self.drains.entry(id).or_default();
+            if on && dr.cancelled {
+                *dr = Drain::default();
+            }
+            dr.cancelled = !on;
+        }
         Outcome {
             reply: self.reply(&d.reply, now),
             effects: d.effects,
@@ -392,6 +419,7 @@ impl MetaState {
             Effect::ServerAdded { id, spec } => self.alloc.add_server(*id, spec, 0),
             Effect::ServerRetired { id } => {
                 self.alloc.retire(*id);
+                self.drains.remove(id);
                 self.slabs.retire_server(*id);
                 self.held.retain(|(server, _), _| server != id);
             }
@@ -611,6 +639,21 @@ impl MetaState {
                 Reply::Done
             }
             MetaRequest::Status => Reply::Status,
+            MetaRequest::Drain { server, cancel } => {
+                let id = self.alloc.find_server(server).ok_or_else(|| {
+                    Error::unknown_server(format!(
+                        "no storage server with identity or address {server:?} is registered with metadata partition {} (`nk status` lists them)",
+                        self.placement.partition
+                    ))
+                })?;
+                if !cancel && !self.alloc.is_alive(id) {
+                    return Err(Error::data_lost(format!(
+                        "storage server {server} is dead: its blocks are lost and cannot be moved; it leaves the cluster after meta.retire_after_ms"
+                    )));
+                }
+                d.drain = Some((id, !cancel));
+                Reply::Drain(id)
+            }
             MetaRequest::LocalSocket => Reply::LocalSocket,
             MetaRequest::Abort { node, lease } => d.abort(*node, *lease)?,
             MetaRequest::ReplaceBlock {
@@ -1011,12 +1054,6 @@ impl MetaState {
         class: u8,
     ) -> Result<(Decision, BlockLoc, BlockLoc)> {
         let n = self.ns.get(node).ok_or_else(|| stale(node))?;
-        if n.ty.is_container() {
-            return Err(Error::type_mismatch(format!(
-                "node {node} is a {}; only data blocks are moved",
-                n.ty
-            )));
-        }
         let old = *n
             .blocks
             .get(index as usize)
@@ -1079,6 +1116,114 @@ impl MetaState {
         Some(d.finish(Reply::Done))
     }
 
+    // ----- drains ------------------------------------------------------------
+
+    /// Up to `limit` blocks (node, index, class to move to, server) held by
+    /// servers being drained and not being moved yet, in node order.
+    /// Blocks of a node that is gone or whose server is dead are skipped.
+    pub fn drain_candidates(&self, limit: usize) -> Vec<(NodeId, u64, u8, u32)> {
+        let busy = self.drains.iter().any(|(id, d)| {
+            !d.cancelled
+                && self.alloc.is_draining(*id)
+                && self
+                    .alloc
+                    .server(*id)
+                    .is_some_and(|s| s.free.len() < s.spec.num_blocks as u64)
+        });
+        if !busy {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for n in self.ns.nodes() {
+            for (i, b) in n.blocks.iter().enumerate() {
+                if self.alloc.is_draining(b.server)
+                    && self.alloc.is_alive(b.server)
+                    && !self.moves.contains_key(&(n.id, i as u64))
+                {
+                    let class = self.alloc.server_class(b.server).unwrap_or(NO_CLASS);
+                    out.push((n.id, i as u64, class, b.server));
+                    if out.len() >= limit {
+                        return out;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Records the outcome of one move of a drain from `server`.
+    pub fn note_drain_move(&mut self, server: u32, outcome: std::result::Result<(), String>) {
+        if let Some(d) = self.drains.get_mut(&server) {
+            match outcome {
+                Ok(()) => {
+                    d.moved += 1;
+                    d.message.clear();
+                }
+                Err(e) => {
+                    d.failed += 1;
+                    d.message = e;
+                }
+            }
+        }
+    }
+
+    /// Whether any drain still has blocks to move.
+    pub fn draining(&self) -> bool {
+        self.drains
+            .iter()
+            .any(|(id, d)| !d.cancelled && self.alloc.is_draining(*id))
+    }
+
+    /// The progress of the drain of `id` in this partition.
+    pub fn drain_status(&self, id: u32) -> DrainStatus {
+        let dr = self.drains.get(&id).cloned().unwrap_or_default();
+        let (addr, identity, used) = match self.alloc.server(id) {
+            Some(s) => (
+                s.spec.addr.clone(),
+                s.spec.identity.clone(),
+                s.spec.num_blocks as u64 - s.free.len(),
+            ),
+            None => Default::default(),
+        };
+        let held = self.held.keys().filter(|(s, _)| *s == id).count() as u64;
+        let slabs = self.slabs.iter().filter(|((s, _), _)| *s == id).count() as u64;
+        let unmovable = held + slabs;
+        let mut message = dr.message.clone();
+        if message.is_empty() && unmovable > 0 {
+            let mut why = Vec::new();
+            if held > 0 {
+                why.push(format!(
+                    "{held} block(s) held by running snapshots (freed when they end)"
+                ));
+            }
+            if slabs > 0 {
+                why.push(format!(
+                    "{slabs} block(s) of small values (slabs), which drain does not move yet: remove or rewrite those values"
+                ));
+            }
+            message = why.join("; ");
+        }
+        let state = if dr.cancelled {
+            DrainState::Cancelled
+        } else if used == 0 {
+            DrainState::Done
+        } else {
+            DrainState::Draining
+        };
+        DrainStatus {
+            partition: self.placement.partition,
+            server: id,
+            addr,
+            identity,
+            state,
+            used_blocks: used,
+            moved_blocks: dr.moved,
+            failed_moves: dr.failed,
+            unmovable,
+            message,
+        }
+    }
+
     // ----- replies -----------------------------------------------------------
 
     fn reply(&self, r: &Reply, now: u64) -> MetaReply {
@@ -1123,9 +1268,11 @@ impl MetaState {
                     servers,
                     // The server shell adds its log.
                     logs: Vec::new(),
+                    unreachable: Vec::new(),
                 })
             }
             Reply::LocalSocket => MetaReply::LocalSocket(self.local_socket.clone()),
+            Reply::Drain(id) => MetaReply::Drain(self.drain_status(*id)),
             Reply::SnapshotBegun { id, entries } => MetaReply::SnapshotBegun {
                 id: *id,
                 entries: *entries,
@@ -1242,10 +1389,18 @@ impl MetaState {
         MetaReply::Blocks { size, blocks }
     }
 
+    /// Where a client writes or clears the record of `slot`; `None` while
+    /// its block is being moved (a record written to the source after the
+    /// copy would be lost, and a lost clear could let a reused slot show
+    /// its old name): the record is then missing, enumeration asks the
+    /// metadata server for the name, and an uncleared slot stays out of use.
     fn record_loc(&self, (container, slot): SlotRef) -> Option<RecordLoc> {
         let bs = self.alloc.block_size() as u64;
         let at = slot as u64 * RECORD_SIZE as u64;
         let n = self.ns.get(container)?;
+        if self.moves.contains_key(&(container, at / bs)) {
+            return None;
+        }
         let b = n.blocks.get((at / bs) as usize)?;
         Some(RecordLoc {
             container,
@@ -1542,6 +1697,7 @@ struct Draft<'a> {
     heartbeat: Option<u32>,
     suspect: Option<u32>,
     snapshot: Option<SnapshotNote>,
+    drain: Option<(u32, bool)>,
 }
 
 impl<'a> Draft<'a> {
@@ -1558,6 +1714,7 @@ impl<'a> Draft<'a> {
             heartbeat: None,
             suspect: None,
             snapshot: None,
+            drain: None,
         }
     }
 
@@ -1568,6 +1725,7 @@ impl<'a> Draft<'a> {
             heartbeat: self.heartbeat,
             suspect: self.suspect,
             snapshot: self.snapshot,
+            drain: self.drain,
         }
     }
 

@@ -4,7 +4,9 @@
 
 use crate::codec::{Dec, Enc};
 use crate::error::{Error, Result};
-use crate::types::{BlockLoc, ClusterStatus, NodeInfo, NodeType, RecordLoc, ServerSpec};
+use crate::types::{
+    BlockLoc, ClusterStatus, DrainStatus, NodeInfo, NodeType, RecordLoc, ServerSpec,
+};
 use bytes::BytesMut;
 
 /// Operation codes of metadata requests (the `kind` of a request frame).
@@ -29,6 +31,7 @@ pub mod op {
     pub const SNAPSHOT_LIST: u16 = 18;
     pub const SNAPSHOT_LOCATE: u16 = 19;
     pub const SNAPSHOT_END: u16 = 20;
+    pub const DRAIN: u16 = 21;
 }
 
 /// Most blocks one map request may ask for.
@@ -242,6 +245,15 @@ pub enum MetaRequest {
     SnapshotEnd {
         id: u64,
     },
+    /// Starts draining storage server `server` (its identity or its
+    /// registered address): it gets no new blocks, and every block it holds
+    /// in this partition is moved to other servers. Asked again, reports the
+    /// progress; with `cancel`, stops the drain and gives the server back
+    /// to placement.
+    Drain {
+        server: String,
+        cancel: bool,
+    },
 }
 
 impl MetaRequest {
@@ -267,6 +279,7 @@ impl MetaRequest {
             MetaRequest::SnapshotList { .. } => op::SNAPSHOT_LIST,
             MetaRequest::SnapshotLocate { .. } => op::SNAPSHOT_LOCATE,
             MetaRequest::SnapshotEnd { .. } => op::SNAPSHOT_END,
+            MetaRequest::Drain { .. } => op::DRAIN,
         }
     }
 
@@ -362,6 +375,9 @@ impl MetaRequest {
             MetaRequest::SnapshotEnd { id } => {
                 e.u64(*id);
             }
+            MetaRequest::Drain { server, cancel } => {
+                e.str(server).bool(*cancel);
+            }
         }
     }
 
@@ -443,6 +459,10 @@ impl MetaRequest {
                 block: d.u32()?,
             },
             op::SNAPSHOT_END => MetaRequest::SnapshotEnd { id: d.u64()? },
+            op::DRAIN => MetaRequest::Drain {
+                server: d.string()?,
+                cancel: d.bool()?,
+            },
             other => return Err(Error::protocol(format!("unknown metadata op {other}"))),
         };
         if d.remaining() != 0 {
@@ -502,6 +522,8 @@ pub enum MetaReply {
     },
     /// SnapshotLocate: the block's current location.
     Located(BlockLoc),
+    /// Drain: the drain's progress in this partition.
+    Drain(DrainStatus),
 }
 
 impl MetaReply {
@@ -559,6 +581,7 @@ impl MetaReply {
                 }
             }
             MetaReply::Located(loc) => loc.encode(e),
+            MetaReply::Drain(s) => s.encode(e),
         }
     }
 
@@ -634,6 +657,7 @@ impl MetaReply {
                 }
             }
             op::SNAPSHOT_LOCATE => MetaReply::Located(BlockLoc::decode(&mut d)?),
+            op::DRAIN => MetaReply::Drain(DrainStatus::decode(&mut d)?),
             other => {
                 return Err(Error::protocol(format!(
                     "reply to unknown metadata op {other}"
@@ -715,6 +739,10 @@ mod tests {
                 gen: 123,
             },
             MetaRequest::SnapshotBegin { path: "/s".into() },
+            MetaRequest::Drain {
+                server: "10.0.0.2:7000".into(),
+                cancel: true,
+            },
             MetaRequest::SnapshotList {
                 id: 4,
                 entry: 1000,
@@ -818,7 +846,9 @@ mod tests {
                 alive: true,
                 last_seen_ms: 5,
                 identity: "abc".into(),
+                draining: true,
             }],
+            unreachable: Vec::new(),
             logs: vec![crate::types::LogStatus {
                 partition: 1,
                 fsync: "interval 100ms".into(),
@@ -865,6 +895,21 @@ mod tests {
                 ]),
             ),
             (op::STATUS, MetaReply::Status(status)),
+            (
+                op::DRAIN,
+                MetaReply::Drain(DrainStatus {
+                    partition: 1,
+                    server: 4,
+                    addr: "10.0.0.2:7000".into(),
+                    identity: "abc".into(),
+                    state: crate::types::DrainState::Draining,
+                    used_blocks: 12,
+                    moved_blocks: 30,
+                    failed_moves: 2,
+                    unmovable: 1,
+                    message: "1 block is held by a snapshot".into(),
+                }),
+            ),
             (op::LOCAL_SOCKET, MetaReply::LocalSocket("nk-meta-1".into())),
             (op::LOCAL_SOCKET, MetaReply::LocalSocket(String::new())),
             (

@@ -362,10 +362,12 @@ pub struct ServerStatus {
     pub last_seen_ms: u64,
     /// The server's stable identity (see [`ServerSpec::identity`]).
     pub identity: String,
+    /// Being drained: it gets no new blocks and its blocks are moving away.
+    pub draining: bool,
 }
 
 impl ServerStatus {
-    const MIN_LEN: usize = 4 + 4 + 1 + 4 + 4 + 4 + 4 + 8 + 8 + 1 + 8 + 4;
+    const MIN_LEN: usize = 4 + 4 + 1 + 4 + 4 + 4 + 4 + 8 + 8 + 1 + 8 + 4 + 1;
     fn encode(&self, e: &mut Enc) {
         e.u32(self.id)
             .str(&self.addr)
@@ -378,7 +380,8 @@ impl ServerStatus {
             .u64(self.used_blocks)
             .bool(self.alive)
             .u64(self.last_seen_ms)
-            .str(&self.identity);
+            .str(&self.identity)
+            .bool(self.draining);
     }
     fn decode(d: &mut Dec) -> Result<ServerStatus> {
         Ok(ServerStatus {
@@ -394,6 +397,7 @@ impl ServerStatus {
             alive: d.bool()?,
             last_seen_ms: d.u64()?,
             identity: d.string()?,
+            draining: d.bool()?,
         })
     }
 }
@@ -447,6 +451,101 @@ pub struct ClusterStatus {
     /// The operation log of each persistent metadata server (none when the
     /// namespace is volatile).
     pub logs: Vec<LogStatus>,
+    /// Metadata partitions the client could not reach when it merged the
+    /// partitions' views. Filled by the client, never on the wire (a
+    /// server always decodes it empty).
+    pub unreachable: Vec<PartitionDown>,
+}
+
+/// A metadata partition that did not answer a status request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionDown {
+    pub partition: u32,
+    pub addr: String,
+    /// Why (the client's error, with its code).
+    pub error: String,
+}
+
+/// Where a drain stands (`MetaRequest::Drain`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum DrainState {
+    /// Blocks are still being moved away.
+    Draining = 0,
+    /// The server holds no block of this partition: it can be stopped.
+    Done = 1,
+    /// The drain was cancelled: the server takes new blocks again.
+    Cancelled = 2,
+}
+
+impl DrainState {
+    pub fn from_u8(v: u8) -> Result<DrainState> {
+        Ok(match v {
+            0 => DrainState::Draining,
+            1 => DrainState::Done,
+            2 => DrainState::Cancelled,
+            _ => return Err(Error::protocol(format!("unknown drain state {v}"))),
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DrainState::Draining => "draining",
+            DrainState::Done => "done",
+            DrainState::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// A drain's progress in one metadata partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DrainStatus {
+    pub partition: u32,
+    /// The server's id in this partition.
+    pub server: u32,
+    pub addr: String,
+    pub identity: String,
+    pub state: DrainState,
+    /// Blocks of this partition the server still holds.
+    pub used_blocks: u64,
+    /// Blocks moved away since the drain started.
+    pub moved_blocks: u64,
+    /// Moves that failed (each is tried again).
+    pub failed_moves: u64,
+    /// Blocks that cannot move yet (e.g. held by a running snapshot).
+    pub unmovable: u64,
+    /// The last failure or what holds the drain up; empty when nothing.
+    pub message: String,
+}
+
+impl DrainStatus {
+    pub(crate) fn encode(&self, e: &mut Enc) {
+        e.u32(self.partition)
+            .u32(self.server)
+            .str(&self.addr)
+            .str(&self.identity)
+            .u8(self.state as u8)
+            .u64(self.used_blocks)
+            .u64(self.moved_blocks)
+            .u64(self.failed_moves)
+            .u64(self.unmovable)
+            .str(&self.message);
+    }
+
+    pub(crate) fn decode(d: &mut Dec) -> Result<DrainStatus> {
+        Ok(DrainStatus {
+            partition: d.u32()?,
+            server: d.u32()?,
+            addr: d.string()?,
+            identity: d.string()?,
+            state: DrainState::from_u8(d.u8()?)?,
+            used_blocks: d.u64()?,
+            moved_blocks: d.u64()?,
+            failed_moves: d.u64()?,
+            unmovable: d.u64()?,
+            message: d.string()?,
+        })
+    }
 }
 
 /// A persistent metadata server's operation log (`docs/persistence.md`).
@@ -546,6 +645,7 @@ impl ClusterStatus {
             classes,
             servers,
             logs,
+            unreachable: Vec::new(),
         })
     }
 }

@@ -981,6 +981,127 @@ fn a_block_moves_while_its_node_stays_put() {
     s.check_invariants().unwrap();
 }
 
+fn drain(s: &mut MetaState, server: &str, cancel: bool) -> Result<DrainStatus> {
+    match s.apply(
+        MetaRequest::Drain {
+            server: server.into(),
+            cancel,
+        },
+        0,
+    )? {
+        MetaReply::Drain(d) => Ok(d),
+        r => panic!("unexpected {r:?}"),
+    }
+}
+
+/// Runs every move the drains ask for (copies succeed).
+fn run_drains(s: &mut MetaState) -> u64 {
+    let mut moved = 0;
+    loop {
+        let batch = s.drain_candidates(3);
+        if batch.is_empty() {
+            return moved;
+        }
+        for (node, index, class, server) in batch {
+            let (d, src, dst) = s.decide_move_start(node, index, class).unwrap();
+            assert_eq!(src.server, server);
+            assert_ne!(dst.server, server, "never back onto the drained server");
+            s.commit(d, 0);
+            let d = s.decide_move_end(node, index, true).unwrap();
+            s.commit(d, 0);
+            s.note_drain_move(server, Ok(()));
+            s.check_invariants().unwrap();
+            moved += 1;
+        }
+    }
+}
+
+#[test]
+fn a_drained_server_gets_no_new_blocks_and_ends_empty() {
+    // Two DRAM servers and a file server.
+    let mut s = state();
+    s.apply(MetaRequest::Register(spec("h:2", 0, 6)), 0)
+        .unwrap();
+    // A directory whose child records and a file whose data are on DRAM.
+    create_with(&mut s, "/d", Directory, 0, true, 0).unwrap();
+    let f = create_with(&mut s, "/d/f", File, 0, true, 0).unwrap();
+    let (_, blocks) = map(&mut s, f.id, 0, 4, f.lease).unwrap();
+    close(&mut s, &f, 4 * BS as u64).unwrap();
+    let on_first = blocks.iter().filter(|b| b.addr == "h:0").count() as u64;
+    assert!(on_first > 0, "{blocks:?}");
+    let d = drain(&mut s, "id-h-0", false).unwrap();
+    assert_eq!((d.addr.as_str(), d.state), ("h:0", DrainState::Draining));
+    assert!(d.used_blocks >= on_first);
+    let st = match s.apply(MetaRequest::Status, 0).unwrap() {
+        MetaReply::Status(st) => st,
+        r => panic!("{r:?}"),
+    };
+    assert!(st.servers.iter().any(|x| x.addr == "h:0" && x.draining));
+    // New data never lands on it.
+    let g = create_with(&mut s, "/g", File, 0, true, 0).unwrap();
+    let (_, b) = map(&mut s, g.id, 0, 3, g.lease).unwrap();
+    assert!(b.iter().all(|b| b.addr != "h:0"), "{b:?}");
+    close(&mut s, &g, 3 * BS as u64).unwrap();
+    // Every block it holds is a candidate, data and child records alike.
+    let moved = run_drains(&mut s);
+    assert!(moved >= on_first, "moved {moved}");
+    let d = drain(&mut s, "h:0", false).unwrap();
+    assert_eq!(
+        (d.state, d.used_blocks, d.moved_blocks),
+        (DrainState::Done, 0, moved)
+    );
+    let (_, now) = map(&mut s, f.id, 0, 4, 0).unwrap();
+    assert!(now.iter().all(|b| b.addr != "h:0"), "{now:?}");
+    // Cancelled: placement may use it again.
+    let d = drain(&mut s, "h:0", true).unwrap();
+    assert_eq!(d.state, DrainState::Cancelled);
+    let mut used_again = false;
+    for i in 0..6 {
+        let n = create_with(&mut s, &format!("/n{i}"), File, 0, true, 0).unwrap();
+        let (_, b) = map(&mut s, n.id, 0, 1, n.lease).unwrap();
+        used_again |= b[0].addr == "h:0";
+    }
+    assert!(used_again, "a cancelled drain gives the server back");
+    // Unknown and dead servers.
+    assert_eq!(
+        drain(&mut s, "nobody", false).unwrap_err().code,
+        ErrorCode::UnknownServer
+    );
+    s.alloc_soft().expire(1_000_000, 1);
+    assert_eq!(
+        drain(&mut s, "h:2", false).unwrap_err().code,
+        ErrorCode::DataLost
+    );
+    s.check_invariants().unwrap();
+}
+
+/// While a container's record block moves, creates and removes in it get
+/// no record location: a record written to the source after the copy
+/// would be lost, and a lost clear could show a reused slot's old name.
+#[test]
+fn records_are_not_handed_out_while_their_block_moves() {
+    let mut s = state();
+    create(&mut s, "/d", Directory, 0).unwrap();
+    let a = create(&mut s, "/d/a", File, 0).unwrap();
+    assert!(a.record.is_some());
+    let d = lookup(&mut s, "/d").unwrap();
+    let (dec, _, _) = s.decide_move_start(d.id, 0, NO_CLASS).unwrap();
+    s.commit(dec, 0);
+    let b = create(&mut s, "/d/b", File, 0).unwrap();
+    assert!(b.record.is_none(), "no record while moving: {:?}", b.record);
+    assert!(remove(&mut s, "/d/a", false).unwrap().is_none());
+    let dec = s.decide_move_end(d.id, 0, true).unwrap();
+    s.commit(dec, 0);
+    let c = create(&mut s, "/d/c", File, 0).unwrap();
+    let rec = c.record.expect("records again after the move");
+    let (_, now) = map(&mut s, d.id, 0, 1, 0).unwrap();
+    assert_eq!(
+        (rec.block.server, rec.block.gen),
+        (now[0].server, now[0].gen)
+    );
+    s.check_invariants().unwrap();
+}
+
 // ----- small values --------------------------------------------------------
 
 /// A state with one DRAM server of `dram` and one file server of `file`

@@ -1,0 +1,140 @@
+//! `nk drain` end to end: two metadata partitions and two storage servers
+//! as separate processes; the drained server ends empty in both
+//! partitions and every byte stays readable.
+
+mod common;
+
+use common::{client, start_role};
+use std::process::Child;
+
+fn nk_ok(meta: &str, args: &[&str]) -> Vec<u8> {
+    let out = client(meta).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "nk {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2654435761).to_le_bytes()[(seed % 4) as usize] ^ seed)
+        .collect()
+}
+
+struct Killed(Vec<Child>);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+#[test]
+fn nk_drain_empties_a_server_in_every_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut procs = Killed(Vec::new());
+    let mut metas = Vec::new();
+    for p in 0..2 {
+        let cfg = dir.path().join(format!("meta{p}.toml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "[meta]\nlisten = \"127.0.0.1:0\"\nblock_size = \"64KiB\"\npartition = {p}\npartitions = 2\nexpect_servers = 2\n"
+            ),
+        )
+        .unwrap();
+        let (child, addr) = start_role(
+            &["--config", cfg.to_str().unwrap(), "meta"],
+            &[],
+            "metadata server listening on",
+        );
+        procs.0.push(child);
+        metas.push(addr);
+    }
+    let list = metas.join(",");
+    // Storage servers export blocks of the cluster's size.
+    let store_cfg = dir.path().join("store.toml");
+    std::fs::write(&store_cfg, "[meta]\nblock_size = \"64KiB\"\n").unwrap();
+    let mut stores = Vec::new();
+    for _ in 0..2 {
+        let (child, addr) = start_role(
+            &[
+                "--config",
+                store_cfg.to_str().unwrap(),
+                "store",
+                "--class",
+                "0",
+                "--medium",
+                "dram",
+                "--size",
+                "8MiB",
+            ],
+            &[("NK_META", &list)],
+            "storage server 0",
+        );
+        procs.0.push(child);
+        stores.push(addr);
+    }
+    nk_ok(&list, &["status", "--wait", "--timeout", "120"]);
+    // Files under several top-level names, so both partitions hold blocks
+    // on both servers.
+    let mut files = Vec::new();
+    for i in 0..8u8 {
+        let local = dir.path().join(format!("f{i}"));
+        let data = pattern(i, 200_000 + 5_000 * i as usize);
+        std::fs::write(&local, &data).unwrap();
+        let path = format!("/top{i}/f");
+        nk_ok(&list, &["mkdir", &format!("/top{i}")]);
+        nk_ok(&list, &["put", local.to_str().unwrap(), &path]);
+        files.push((path, data));
+    }
+    let a = &stores[0];
+    let out = nk_ok(&list, &["drain", a, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["state"], "done", "{v}");
+    assert_eq!(v["used_blocks"], 0, "{v}");
+    assert!(v["moved_blocks"].as_u64().unwrap() > 0, "{v}");
+    let parts = v["partitions"].as_array().unwrap();
+    assert_eq!(parts.len(), 2, "one entry per partition: {v}");
+    for (i, p) in parts.iter().enumerate() {
+        assert_eq!(p["partition"], i as u64);
+        assert_eq!(p["addr"], a.as_str());
+        assert_eq!(p["state"], "done");
+    }
+    for (path, data) in &files {
+        assert_eq!(&nk_ok(&list, &["cat", path]), data, "{path}");
+    }
+    let st: serde_json::Value =
+        serde_json::from_slice(&nk_ok(&list, &["status", "--json"])).unwrap();
+    let server = st["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["addr"] == a.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(server["used_blocks"], 0, "{st}");
+    assert_eq!(server["draining"], true, "{st}");
+    // Text output and cancel.
+    let text = String::from_utf8(nk_ok(&list, &["drain", a])).unwrap();
+    assert!(text.contains("can be stopped"), "{text}");
+    let out = nk_ok(&list, &["drain", a, "--cancel", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["state"], "cancelled", "{v}");
+    // An unknown server is an error naming it.
+    let out = client(&list)
+        .args(["drain", "10.9.9.9:1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("UnknownServer") && err.contains("10.9.9.9:1"),
+        "{err}"
+    );
+}

@@ -1,0 +1,282 @@
+//! Draining a storage server (`Client::drain`, `nk drain`): every block it
+//! holds moves to other servers while clients keep reading and writing,
+//! readers are never given wrong bytes, and the drained server ends empty.
+
+#[macro_use]
+mod common;
+
+use common::{config, pattern, start_with, PutFile, TestCluster, BS};
+use nodekernel_client::{
+    drain_finished, Client, CreateOptions, DrainState, DrainStatus, ErrorCode, NodeType,
+};
+use nodekernel_cluster::{ByteSize, StoreSection};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const HANG: Duration = Duration::from_secs(120);
+
+/// Two DRAM servers of `dram` bytes each, and a file tier of `file` bytes
+/// (none when 0).
+async fn two_dram(dram: u64, file: u64, shared_memory: bool) -> TestCluster {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dram, file, &dir);
+    // About 30 blocks a second: drains last long enough for the workload
+    // to run through them.
+    cfg.meta.move_rate = ByteSize(30 * BS);
+    cfg.client.shared_memory = shared_memory;
+    let mut stores = cfg.up_stores();
+    let second = StoreSection {
+        size: ByteSize(dram),
+        ..stores[0].clone()
+    };
+    stores.insert(1, second);
+    cfg.store = stores;
+    cfg.meta.expect_servers = Some(cfg.store.len() as u32);
+    start_with(cfg, dir).await
+}
+
+/// Used blocks of the server at `addr`, and whether it is draining.
+async fn used(c: &Client, addr: &str) -> (u64, bool) {
+    let st = c.status().await.unwrap();
+    let s = st.servers.iter().find(|s| s.addr == addr).unwrap();
+    (s.used_blocks, s.draining)
+}
+
+/// Asks for the drain's progress until it is finished.
+async fn drain_to_end(c: &Client, server: &str) -> Vec<DrainStatus> {
+    tokio::time::timeout(HANG, async {
+        loop {
+            let parts = c.drain(server, false).await.unwrap();
+            if drain_finished(&parts) {
+                return parts;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the drain ends")
+}
+
+/// Acceptance 4 of the cluster issue: `drain` under a concurrent
+/// read/write workload gives zero read errors, every byte is right
+/// afterwards, and the drained server ends with 0 used blocks. Only DRAM
+/// servers here, so the directories' child records, the Table's and every
+/// value are on them too, and move with the data.
+async fn drain_under_workload(shared_memory: bool) {
+    let t = two_dram(8 << 20, 0, shared_memory).await;
+    let c = t.client.clone();
+    let a = t.cluster.stores[0].advertised_addr().to_string();
+    c.mkdir("/d", false).await.unwrap();
+    c.create("/t", NodeType::Table, CreateOptions::default())
+        .await
+        .unwrap();
+    // Files of several blocks and values larger than a block, written
+    // before the drain.
+    let mut files = Vec::new();
+    for i in 0..12u64 {
+        let data = pattern(i, (3 * BS + 777 * i) as usize);
+        c.put_file(&format!("/d/f{i}"), &data).await;
+        files.push((format!("/d/f{i}"), data));
+    }
+    for i in 0..6u64 {
+        let data = pattern(100 + i, (BS + 1000 * i) as usize);
+        c.put(&format!("/t/k{i}"), &data).await.unwrap();
+        files.push((format!("/t/k{i}"), data));
+    }
+    let (before, _) = used(&c, &a).await;
+    assert!(before > 10, "the server to drain holds blocks: {before}");
+    // A handle opened before the drain, read after it: redirected.
+    let old = c.lookup("/d/f3").await.unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicU64::new(0));
+    let files = Arc::new(files);
+    let mut readers = Vec::new();
+    for r in 0..2u64 {
+        let (c, stop, reads, files) = (c.clone(), stop.clone(), reads.clone(), files.clone());
+        readers.push(tokio::spawn(async move {
+            let mut i = r as usize;
+            while !stop.load(Ordering::Acquire) {
+                let (p, data) = &files[i % files.len()];
+                let got = c
+                    .get(p)
+                    .await
+                    .unwrap_or_else(|e| panic!("reading {p}: {e}"));
+                assert!(got == *data, "{p}: wrong bytes while draining");
+                reads.fetch_add(1, Ordering::Relaxed);
+                i += 3;
+            }
+        }));
+    }
+    // A writer: new files (from the other server only: the drained one
+    // takes no new blocks) and replaced values.
+    let writer = {
+        let (c, stop) = (c.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut written = Vec::new();
+            let mut n = 0u64;
+            while !stop.load(Ordering::Acquire) || n < 4 {
+                let p = format!("/d/n{n}");
+                let data = pattern(1000 + n, (BS + 333 * n) as usize);
+                c.put_file(&p, &data).await;
+                written.push((p, data));
+                let key = format!("/t/w{}", n % 3);
+                let data = pattern(2000 + n, (BS + 10) as usize);
+                c.put(&key, &data).await.unwrap();
+                written.retain(|(q, _)| *q != key);
+                written.push((key, data));
+                // Keep the cluster from filling up on a slow machine.
+                if n >= 6 {
+                    let gone = format!("/d/n{}", n - 6);
+                    c.delete(&gone, false).await.unwrap();
+                    written.retain(|(q, _)| *q != gone);
+                }
+                n += 1;
+            }
+            written
+        })
+    };
+
+    let parts = c.drain(&a, false).await.unwrap();
+    assert_eq!(parts.len(), 1);
+    assert_eq!(parts[0].addr, a);
+    let parts = drain_to_end(&c, &a).await;
+    let reads_during = reads.load(Ordering::Relaxed);
+    stop.store(true, Ordering::Release);
+    for r in readers {
+        tokio::time::timeout(HANG, r).await.unwrap().unwrap();
+    }
+    let written = tokio::time::timeout(HANG, writer).await.unwrap().unwrap();
+
+    let p = &parts[0];
+    assert_eq!(p.state, DrainState::Done, "{p:?}");
+    assert_eq!(p.used_blocks, 0, "{p:?}");
+    assert!(p.moved_blocks >= before, "{p:?} (held {before} blocks)");
+    assert_eq!(p.unmovable, 0, "{p:?}");
+    assert!(reads_during > 0, "reads ran during the drain");
+    let (after, draining) = used(&c, &a).await;
+    assert_eq!((after, draining), (0, true), "the drained server is empty");
+    // Every byte, through fresh lookups and through the old handle.
+    for (p, data) in files.iter().chain(&written) {
+        assert_eq!(c.get(p).await.unwrap(), *data, "{p} after the drain");
+    }
+    assert_eq!(
+        old.read(0, old.size()).await.unwrap(),
+        files[3].1,
+        "an old handle follows its moved blocks"
+    );
+    // Listings (their records moved too, or come from the metadata server).
+    let mut names = c.enumerate("/d").await.unwrap();
+    names.sort();
+    let mut expect: Vec<String> = files
+        .iter()
+        .chain(&written)
+        .filter_map(|(p, _)| p.strip_prefix("/d/").map(str::to_string))
+        .collect();
+    expect.sort();
+    assert_eq!(names, expect);
+    // Still drained: new data goes elsewhere.
+    c.put_file("/d/late", &pattern(7, 3 * BS as usize)).await;
+    assert_eq!(used(&c, &a).await.0, 0, "no new blocks on a drained server");
+}
+
+on_both_paths!(#[tokio::test(flavor = "multi_thread", worker_threads = 4)] drain_moves_every_block_under_a_workload => drain_under_workload);
+
+/// With no other server of its class, a drained server's blocks go to the
+/// next class with room (here the file tier).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_falls_back_to_the_next_class() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(4 << 20, 16 << 20, &dir);
+    let t = start_with(cfg, dir).await;
+    let c = &t.client;
+    let dram = t.cluster.stores[0].advertised_addr().to_string();
+    let data = pattern(5, 5 * BS as usize);
+    c.put_file("/big", &data).await;
+    let stat = c.lookup("/big").await.unwrap();
+    let blocks = stat.block_locations().await.unwrap();
+    assert!(
+        blocks.iter().any(|b| b.addr == dram),
+        "written to DRAM first: {blocks:?}"
+    );
+    let parts = {
+        c.drain(&dram, false).await.unwrap();
+        drain_to_end(c, &dram).await
+    };
+    assert_eq!(parts[0].state, DrainState::Done);
+    let file = t.cluster.stores[1].advertised_addr().to_string();
+    let blocks = c
+        .lookup("/big")
+        .await
+        .unwrap()
+        .block_locations()
+        .await
+        .unwrap();
+    assert!(
+        blocks.iter().all(|b| b.addr == file && b.class == 1),
+        "moved to the file tier: {blocks:?}"
+    );
+    assert_eq!(c.get("/big").await.unwrap(), data);
+}
+
+/// A cancelled drain gives the server back to placement; naming a server
+/// nobody registered fails with `UnknownServer`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_gives_the_server_back_and_unknown_servers_are_refused() {
+    let t = two_dram(2 << 20, 0, true).await;
+    let c = &t.client;
+    let a = t.cluster.stores[0].advertised_addr().to_string();
+    let id = t.cluster.stores[0].identity().to_string();
+    // By identity.
+    c.drain(&id, false).await.unwrap();
+    drain_to_end(c, &id).await;
+    assert!(used(c, &a).await.1, "draining");
+    let parts = c.drain(&id, true).await.unwrap();
+    assert_eq!(parts[0].state, DrainState::Cancelled);
+    let (_, draining) = used(c, &a).await;
+    assert!(!draining, "cancelled");
+    // Blocks go round-robin again, so some land on it.
+    for i in 0..8 {
+        c.put_file(&format!("/f{i}"), &pattern(i, BS as usize))
+            .await;
+    }
+    assert!(used(c, &a).await.0 > 0, "the server takes blocks again");
+    let e = c.drain("127.0.0.1:1", false).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::UnknownServer, "{e}");
+}
+
+/// Small values share blocks (slabs), which drains do not move yet: the
+/// drain says so instead of claiming to be done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_values_are_reported_as_unmovable() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = start_with(config(2 << 20, 8 << 20, &dir), dir).await;
+    let c = &t.client;
+    let dram = t.cluster.stores[0].advertised_addr().to_string();
+    c.create("/t", NodeType::Table, CreateOptions::default())
+        .await
+        .unwrap();
+    for i in 0..40 {
+        c.put(&format!("/t/k{i}"), b"small").await.unwrap();
+    }
+    c.drain(&dram, false).await.unwrap();
+    let parts = tokio::time::timeout(HANG, async {
+        loop {
+            let parts = c.drain(&dram, false).await.unwrap();
+            if parts[0].used_blocks == parts[0].unmovable {
+                return parts;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .unwrap();
+    let p = &parts[0];
+    assert!(p.unmovable > 0, "the values' slab is on DRAM: {p:?}");
+    assert_eq!(p.state, DrainState::Draining, "not done: {p:?}");
+    assert!(p.message.contains("small values"), "{p:?}");
+    for i in 0..40 {
+        assert_eq!(c.get(&format!("/t/k{i}")).await.unwrap(), b"small");
+    }
+}
