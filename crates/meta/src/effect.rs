@@ -79,7 +79,9 @@ pub enum Effect {
     /// A move of block `index` of `node` to `to` (taken from its server's
     /// free list) begins: the block is fenced with generation `fence`, so
     /// its data can be copied while nobody writes it, and maps of it answer
-    /// `TryAgain` until the move ends.
+    /// `TryAgain` until the move ends. With `node` =
+    /// [`SLAB_MOVE`](crate::state::SLAB_MOVE), the slab that `index` names
+    /// moves (fenced by a stamp), and every small value in it follows.
     MoveStarted {
         node: NodeId,
         index: u64,

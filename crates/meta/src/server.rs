@@ -423,7 +423,10 @@ impl MetaHandler {
             Err(e) => Err(e),
         };
         if let Err(e) = &copied {
-            tracing::warn!("moving block {index} of node {node} failed: {e}");
+            tracing::warn!(
+                "moving {} failed: {e}",
+                crate::state::move_name(node, index)
+            );
         }
         let claims = {
             let mut st = h.state();
@@ -671,6 +674,10 @@ impl MetaServer {
     ///
     /// If the copy fails, or the block changed meanwhile (freed, fenced
     /// again by a new writer), the target is given up and the block stays.
+    /// With `node` = [`SLAB_MOVE`](crate::state::SLAB_MOVE) and `index` =
+    /// [`slab_move_index`](crate::state::slab_move_index), a whole slab
+    /// moves, and every small value in it follows.
+    ///
     /// The building block of migration and drain.
     pub async fn move_block(&self, node: u64, index: u64, class: u8) -> Result<()> {
         self.handler.move_block(node, index, class).await

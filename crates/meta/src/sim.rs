@@ -190,6 +190,8 @@ pub(crate) struct Stats {
     pub reads: u64,
     pub puts_closed: u64,
     pub moves: u64,
+    /// Of which moves of slabs (every small value in one block).
+    pub slab_moves: u64,
     pub store_deaths: u64,
     /// Stores that restarted keeping their blocks, at a new address.
     pub store_moves: u64,
@@ -233,8 +235,9 @@ pub(crate) struct Sim {
     last_gen: BTreeMap<(u32, u32), u64>,
     /// Record slots a client must release once it cleared them.
     clearing: Vec<(NodeId, u32)>,
-    /// Block moves started and not yet ended.
-    moving: Vec<(NodeId, u64, BlockLoc)>,
+    /// Block moves started and not yet ended: the source, and whether
+    /// the copy was made (and succeeded) yet.
+    moving: Vec<(NodeId, u64, BlockLoc, Option<bool>)>,
     /// Locations readers looked up earlier and may still use (old handles).
     handles: Vec<(NodeId, BlockLoc)>,
     /// Snapshots running.
@@ -1006,6 +1009,14 @@ impl Sim {
                         id, loc.block, loc.server, loc.gen
                     ));
                 }
+                // A published block without its node's bytes: a write
+                // was lost (e.g. to a block's old copy during a move).
+                None => {
+                    return Err(format!(
+                        "reading node {id}: block {} of server {} at generation {} (offset {}) holds none of its published bytes",
+                        loc.block, loc.server, loc.gen, loc.offset
+                    ));
+                }
                 // A live small value's tag cleared: its readers would get
                 // `Stale` for good.
                 _ if cleared => {
@@ -1108,37 +1119,61 @@ impl Sim {
         Ok(())
     }
 
-    /// Starts a move of a random block of a node (data or child records),
-    /// or ends one in progress (the
-    /// copy happens in between, as the server shell's does).
+    /// Starts a move of a random block of a node (data or child records)
+    /// or of a slab, copies the block of one in progress, or ends one that
+    /// was copied: three steps, as in the server shell, so other requests
+    /// run between the copy and the switch.
     fn move_step(&mut self) -> Result<(), String> {
         if !self.moving.is_empty() && self.rng.chance(70) {
             let i = self.rng.below(self.moving.len() as u64) as usize;
-            let (node, index, src) = self.moving.swap_remove(i);
-            let copied = self.copy_block(node, index, &src);
-            if let Some(d) = self.st.decide_move_end(node, index, copied) {
-                self.commit(d)?;
+            let (node, index, src, copied) = self.moving[i].clone();
+            match copied {
+                None => self.moving[i].3 = Some(self.copy_block(node, index, &src)),
+                Some(copied) => {
+                    self.moving.swap_remove(i);
+                    if let Some(d) = self.st.decide_move_end(node, index, copied) {
+                        self.commit(d)?;
+                    }
+                }
             }
             return Ok(());
         }
-        let mut nodes: Vec<(NodeId, usize)> = self
-            .st
-            .ns()
-            .nodes()
-            .filter(|n| !n.blocks.is_empty())
-            .map(|n| (n.id, n.blocks.len()))
-            .collect();
-        nodes.sort_unstable(); // the namespace iterates in hash order
-        if nodes.is_empty() {
-            return Ok(());
-        }
-        let (node, len) = nodes[self.rng.below(nodes.len() as u64) as usize];
-        let index = self.rng.below(len as u64);
+        let (node, index) = if self.rng.chance(30) {
+            // A slab: every small value in it follows.
+            let slabs: Vec<u64> = self
+                .st
+                .slabs()
+                .iter()
+                .map(|((server, block), _)| crate::state::slab_move_index(server, block))
+                .collect();
+            if slabs.is_empty() {
+                return Ok(());
+            }
+            let i = self.rng.below(slabs.len() as u64) as usize;
+            (crate::state::SLAB_MOVE, slabs[i])
+        } else {
+            let mut nodes: Vec<(NodeId, usize)> = self
+                .st
+                .ns()
+                .nodes()
+                .filter(|n| !n.blocks.is_empty())
+                .map(|n| (n.id, n.blocks.len()))
+                .collect();
+            nodes.sort_unstable(); // the namespace iterates in hash order
+            if nodes.is_empty() {
+                return Ok(());
+            }
+            let (node, len) = nodes[self.rng.below(nodes.len() as u64) as usize];
+            (node, self.rng.below(len as u64))
+        };
         match self.st.decide_move_start(node, index, NO_CLASS) {
             Ok((d, src, _dst)) => {
                 self.stats.moves += 1;
+                if node == crate::state::SLAB_MOVE {
+                    self.stats.slab_moves += 1;
+                }
                 self.commit(d)?;
-                self.moving.push((node, index, src));
+                self.moving.push((node, index, src, None));
             }
             Err(e) if e.code == ErrorCode::Internal => {
                 return Err(format!("move start failed internally: {}", e.message))
@@ -1170,6 +1205,18 @@ impl Sim {
             return false;
         }
         let bytes = s.bytes[src.block as usize].clone();
+        let cleared = s.cleared[src.block as usize].clone();
+        // The copy holds every piece's bytes; only the pieces' current
+        // owners can be handed the target's generation, so only their
+        // bytes count as written under it (the bytes of a freed piece stay
+        // its old owner's, under the old generation).
+        let owners = self.st.slabs().get(src.server, src.block).map(|slab| {
+            (
+                slab.piece_size,
+                slab.owned()
+                    .collect::<std::collections::BTreeMap<u32, NodeId>>(),
+            )
+        });
         let Some(t) = self.store_of(m.to.server) else {
             return false;
         };
@@ -1179,8 +1226,12 @@ impl Sim {
         t.gens[m.to.block as usize] = m.to.gen;
         t.bytes[m.to.block as usize] = bytes
             .into_iter()
-            .map(|(at, (n, _))| (at, (n, m.to.gen)))
+            .map(|(at, (n, g))| match &owners {
+                Some((size, owned)) if owned.get(&(at / size)) != Some(&n) => (at, (n, g)),
+                _ => (at, (n, m.to.gen)),
+            })
             .collect();
+        t.cleared[m.to.block as usize] = cleared;
         true
     }
 
@@ -1191,7 +1242,7 @@ impl Sim {
         for s in std::mem::take(&mut self.snaps) {
             let _ = self.exec(MetaRequest::SnapshotEnd { id: s.id })?;
         }
-        for (node, index, _) in std::mem::take(&mut self.moving) {
+        for (node, index, _, _) in std::mem::take(&mut self.moving) {
             if let Some(d) = self.st.decide_move_end(node, index, false) {
                 self.commit(d)?;
             }
@@ -1280,6 +1331,7 @@ fn simulation_keeps_every_invariant() {
         total.reads += s.reads;
         total.puts_closed += s.puts_closed;
         total.moves += s.moves;
+        total.slab_moves += s.slab_moves;
         total.store_deaths += s.store_deaths;
         total.store_moves += s.store_moves;
         total.takeovers += s.takeovers;
@@ -1304,6 +1356,7 @@ fn simulation_keeps_every_invariant() {
         ("reads through old handles", total.old_handle_reads),
         ("closed puts", total.puts_closed),
         ("moves", total.moves),
+        ("slab moves", total.slab_moves),
         ("store deaths", total.store_deaths),
         ("stores back at a new address", total.store_moves),
         ("metadata server restarts", total.restarts),

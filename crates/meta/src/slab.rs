@@ -354,6 +354,30 @@ impl Slabs {
         }
     }
 
+    /// The slab in `block` of `server` now lives in `to` (a copy of its
+    /// block, on a server of storage class `class`); returns (piece index,
+    /// owner) of its used pieces, whose nodes must follow. Quarantined
+    /// pieces stay quarantined: the copy carried their old owners' bytes,
+    /// under the new generation, so they wait for a stamp like any other.
+    pub(crate) fn relocate(
+        &mut self,
+        server: u32,
+        block: u32,
+        to: BlockRef,
+        class: u8,
+    ) -> Vec<(u32, NodeId)> {
+        let Some(mut s) = self.slabs.remove(&(server, block)) else {
+            return Vec::new();
+        };
+        self.unindex((s.piece_size, s.class), server, block);
+        s.gen = to.gen;
+        s.class = class;
+        let owned = s.owned().collect();
+        self.slabs.insert((to.server, to.block), s);
+        self.reindex(to.server, to.block);
+        owned
+    }
+
     /// An empty slab stops being one (its block goes back separately).
     pub(crate) fn remove(&mut self, server: u32, block: u32) {
         if let Some(s) = self.slabs.remove(&(server, block)) {

@@ -133,6 +133,13 @@ impl Snapshots {
             .any(|(id, s)| !except.contains(id) && s.blocks.contains(&(server, block)))
     }
 
+    /// Whether a snapshot pins a piece of the slab in `block` of `server`.
+    pub fn pins_slab(&self, server: u32, block: u32) -> bool {
+        self.map
+            .values()
+            .any(|s| s.slabs.contains(&(server, block)))
+    }
+
     /// Whether a snapshot other than those in `except` pins `piece`.
     pub fn pins_piece(&self, piece: &Piece, except: &[u64]) -> bool {
         self.map

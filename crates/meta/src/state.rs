@@ -127,6 +127,32 @@ pub struct Drain {
     pub message: String,
 }
 
+/// The node id under which slab moves are kept among the block moves (no
+/// node ever has it: ids count up from 1): a slab belongs to no node, so
+/// the move of the slab in `block` of `server` is keyed `(SLAB_MOVE,
+/// slab_move_index(server, block))`.
+pub const SLAB_MOVE: NodeId = NodeId::MAX;
+
+/// The move key index of the slab in `block` of `server`.
+pub fn slab_move_index(server: u32, block: u32) -> u64 {
+    (server as u64) << 32 | block as u64
+}
+
+/// What the move keyed `(node, index)` moves, for messages.
+pub fn move_name(node: NodeId, index: u64) -> String {
+    if node == SLAB_MOVE {
+        let (server, block) = slab_of(index);
+        format!("the slab (small values) in block {block} of storage server {server}")
+    } else {
+        format!("block {index} of node {node}")
+    }
+}
+
+/// The slab (server, block) a slab move key index names.
+fn slab_of(index: u64) -> (u32, u32) {
+    ((index >> 32) as u32, index as u32)
+}
+
 /// A block move in progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Move {
@@ -438,15 +464,38 @@ impl MetaState {
                         fence: *fence,
                     },
                 );
-                self.apply_effect(&Effect::BlockStamped {
-                    node: *node,
-                    index: *index,
-                    gen: *fence,
-                });
+                if *node == SLAB_MOVE {
+                    let (server, block) = slab_of(*index);
+                    self.apply_effect(&Effect::SlabStamped {
+                        server,
+                        block,
+                        gen: *fence,
+                    });
+                } else {
+                    self.apply_effect(&Effect::BlockStamped {
+                        node: *node,
+                        index: *index,
+                        gen: *fence,
+                    });
+                }
             }
             Effect::MoveEnded { node, index, done } => {
                 if let Some(m) = self.moves.remove(&(*node, *index)) {
-                    if *done {
+                    if *done && *node == SLAB_MOVE {
+                        let (server, block) = slab_of(*index);
+                        let class = self.alloc.server_class(m.to.server).unwrap_or(0);
+                        for (i, owner) in self.slabs.relocate(server, block, m.to, class) {
+                            if let Some(Some(p)) = self.ns.get_mut(owner).map(|n| n.piece.as_mut())
+                            {
+                                *p = Piece {
+                                    server: m.to.server,
+                                    block: m.to.block,
+                                    index: i,
+                                    size: p.size,
+                                };
+                            }
+                        }
+                    } else if *done {
                         if let Some(b) = self
                             .ns
                             .get_mut(*node)
@@ -1053,6 +1102,9 @@ impl MetaState {
         index: u64,
         class: u8,
     ) -> Result<(Decision, BlockLoc, BlockLoc)> {
+        if node == SLAB_MOVE {
+            return self.decide_slab_move_start(index, class);
+        }
         let n = self.ns.get(node).ok_or_else(|| stale(node))?;
         let old = *n
             .blocks
@@ -1084,18 +1136,79 @@ impl MetaState {
         Ok((d.finish(Reply::Done), src, dst))
     }
 
+    /// Starts moving the slab of move key `index` ([`slab_move_index`]):
+    /// like a block move, with every piece's node following it at the end.
+    /// A slab holding a piece a snapshot pins (or holds) stays put.
+    fn decide_slab_move_start(
+        &self,
+        index: u64,
+        class: u8,
+    ) -> Result<(Decision, BlockLoc, BlockLoc)> {
+        let (server, block) = slab_of(index);
+        let slab = self.slabs.get(server, block).ok_or_else(|| {
+            Error::out_of_range(format!("block {block} of server {server} is no slab"))
+        })?;
+        if self.moves.contains_key(&(SLAB_MOVE, index)) {
+            return Err(Error::busy(format!(
+                "the slab in block {block} of server {server} is already being moved"
+            )));
+        }
+        if self.snapshots.pins_slab(server, block) || slab.owned().any(|(_, o)| o == HELD) {
+            return Err(Error::busy(format!(
+                "the slab in block {block} of server {server} holds small values a running snapshot reads"
+            )));
+        }
+        if !self.alloc.is_alive(server) {
+            return Err(Error::data_lost(format!(
+                "the slab in block {block} of server {server} is on a dead storage server"
+            )));
+        }
+        let mut d = Draft::new(self);
+        d.plan.avoid(server);
+        let to = d.plan.allocate(class, "")?;
+        let fence = d.plan.gen();
+        d.push(Effect::MoveStarted {
+            node: SLAB_MOVE,
+            index,
+            to,
+            fence,
+        });
+        let src = self.loc(&BlockRef {
+            server,
+            block,
+            gen: fence,
+        });
+        let dst = self.loc(&to);
+        Ok((d.finish(Reply::Done), src, dst))
+    }
+
     /// Ends the move of block `index` of `node`: with `copied`, the block
     /// switches to the target and the old one is freed; otherwise (or if the
     /// block changed meanwhile: freed, fenced again) the target is given up.
+    /// A slab is given up too when a snapshot began to pin it meanwhile,
+    /// and any move whose target server died.
     pub fn decide_move_end(&self, node: NodeId, index: u64, copied: bool) -> Option<Decision> {
         let m = *self.moves.get(&(node, index))?;
         let mut d = Draft::new(self);
-        let still_fenced = self
-            .ns
-            .get(node)
-            .and_then(|n| n.blocks.get(index as usize).copied())
-            .filter(|b| b.gen == m.fence);
-        match (copied, still_fenced) {
+        let still_fenced = if node == SLAB_MOVE {
+            let (server, block) = slab_of(index);
+            self.slabs
+                .get(server, block)
+                .filter(|s| s.gen == m.fence && !self.snapshots.pins_slab(server, block))
+                .map(|_| BlockRef {
+                    server,
+                    block,
+                    gen: m.fence,
+                })
+        } else {
+            self.ns
+                .get(node)
+                .and_then(|n| n.blocks.get(index as usize).copied())
+                .filter(|b| b.gen == m.fence)
+        };
+        // A target that died since the copy holds nothing: the source stays.
+        let landed = copied && self.alloc.is_alive(m.to.server);
+        match (landed, still_fenced) {
             (true, Some(old)) => {
                 d.push(Effect::MoveEnded {
                     node,
@@ -1148,6 +1261,20 @@ impl MetaState {
                 }
             }
         }
+        for ((server, block), slab) in self.slabs.iter() {
+            let index = slab_move_index(server, block);
+            if self.alloc.is_draining(server)
+                && self.alloc.is_alive(server)
+                && !self.moves.contains_key(&(SLAB_MOVE, index))
+                && !self.snapshots.pins_slab(server, block)
+                && !slab.owned().any(|(_, o)| o == HELD)
+            {
+                out.push((SLAB_MOVE, index, slab.class, server));
+                if out.len() >= limit {
+                    return out;
+                }
+            }
+        }
         out
     }
 
@@ -1186,22 +1313,20 @@ impl MetaState {
             None => Default::default(),
         };
         let held = self.held.keys().filter(|(s, _)| *s == id).count() as u64;
-        let slabs = self.slabs.iter().filter(|((s, _), _)| *s == id).count() as u64;
-        let unmovable = held + slabs;
+        let pinned = self
+            .slabs
+            .iter()
+            .filter(|((s, b), slab)| {
+                *s == id
+                    && (self.snapshots.pins_slab(*s, *b) || slab.owned().any(|(_, o)| o == HELD))
+            })
+            .count() as u64;
+        let unmovable = held + pinned;
         let mut message = dr.message.clone();
         if message.is_empty() && unmovable > 0 {
-            let mut why = Vec::new();
-            if held > 0 {
-                why.push(format!(
-                    "{held} block(s) held by running snapshots (freed when they end)"
-                ));
-            }
-            if slabs > 0 {
-                why.push(format!(
-                    "{slabs} block(s) of small values (slabs), which drain does not move yet: remove or rewrite those values"
-                ));
-            }
-            message = why.join("; ");
+            message = format!(
+                "{unmovable} block(s) held or read by running snapshots: they move (or are freed) when the snapshots end"
+            );
         }
         let state = if dr.cancelled {
             DrainState::Cancelled
@@ -1878,6 +2003,10 @@ impl<'a> Draft<'a> {
                     if !self.plan.may_use(server)
                         || (local_only && !local)
                         || self.pieces_freed.contains_key(&(server, block))
+                        || self
+                            .st
+                            .moves
+                            .contains_key(&(SLAB_MOVE, slab_move_index(server, block)))
                     {
                         return None;
                     }
@@ -2287,6 +2416,13 @@ impl<'a> Draft<'a> {
         }
     }
 
+    /// Whether the slab of `p` is being moved.
+    fn slab_moving(&self, p: Piece) -> bool {
+        self.st
+            .moves
+            .contains_key(&(SLAB_MOVE, slab_move_index(p.server, p.block)))
+    }
+
     /// Refuses a map whose first block is on a dead server or being moved.
     fn check_first_block(&self, node: NodeId, index: u64) -> Result<()> {
         if let Some(p) = self.ns().get(node).and_then(|n| n.piece) {
@@ -2298,6 +2434,11 @@ impl<'a> Draft<'a> {
                     "node {node} is a small value on storage server {} ({}), which is dead",
                     p.server,
                     self.st.alloc.server_addr(p.server).unwrap_or("retired")
+                )));
+            }
+            if self.slab_moving(p) {
+                return Err(Error::try_again(format!(
+                    "the block of node {node}'s value is being moved; retry shortly"
                 )));
             }
             return Ok(());
@@ -2577,6 +2718,11 @@ impl Draft<'_> {
     ) -> Result<Reply> {
         let node = n.id;
         let slab_gen = self.st.slabs.get(p.server, p.block).map(|s| s.gen);
+        if self.slab_moving(p) {
+            return Err(Error::try_again(format!(
+                "the block of node {node}'s value is being moved; retry shortly"
+            )));
+        }
         if index != 0 {
             return Err(Error::out_of_range(format!(
                 "node {node} is a small value: it has only block 0"

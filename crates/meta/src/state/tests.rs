@@ -1141,6 +1141,97 @@ fn table(s: &mut MetaState, path: &str, enumerable: bool) {
     create_with(s, path, Table, NO_CLASS, enumerable, 0).unwrap();
 }
 
+/// A slab moves whole: its small values follow it, a writer of one of
+/// them waits (`TryAgain`) instead of writing to the old copy, new values
+/// go to other slabs meanwhile, and a slab a snapshot reads stays put.
+#[test]
+fn a_slab_moves_with_every_small_value_in_it() {
+    // Two DRAM servers, the second one registered later, and a file tier.
+    let mut s = state_of(4096, 4, 8);
+    table(&mut s, "/t", false);
+    let mut vals = Vec::new();
+    for i in 0..5 {
+        vals.push(put_small(&mut s, &format!("/t/k{i}"), 100).unwrap());
+    }
+    let open = create_with_hint(&mut s, "/t/open", 100).unwrap();
+    let p = s.ns().get(vals[0].id).unwrap().piece.unwrap();
+    assert!(vals
+        .iter()
+        .all(|v| s.ns().get(v.id).unwrap().piece.unwrap().block == p.block));
+    s.apply(MetaRequest::Register(spec("h:9", 0, 4)), 0)
+        .unwrap();
+    let index = slab_move_index(p.server, p.block);
+    let (d, src, dst) = s.decide_move_start(SLAB_MOVE, index, 0).unwrap();
+    s.commit(d, 0);
+    assert_eq!((src.server, src.block), (p.server, p.block));
+    assert_ne!(dst.server, p.server);
+    s.check_invariants().unwrap();
+    // The writer of a value in it waits; readers still read the source.
+    assert_eq!(
+        map(&mut s, open.id, 0, 1, open.lease).unwrap_err().code,
+        ErrorCode::TryAgain
+    );
+    let r = lookup(&mut s, "/t/k1").unwrap().first_block.unwrap();
+    assert_eq!((r.server, r.block, r.gen), (src.server, src.block, src.gen));
+    // A new value goes elsewhere; a freed one waits for a stamp.
+    let fresh = put_small(&mut s, "/t/new", 100).unwrap();
+    let fp = s.ns().get(fresh.id).unwrap().piece.unwrap();
+    assert_ne!((fp.server, fp.block), (p.server, p.block));
+    remove(&mut s, "/t/k4", false).unwrap();
+    let d = s.decide_move_end(SLAB_MOVE, index, true).unwrap();
+    s.commit(d, 0);
+    s.check_invariants().unwrap();
+    for v in &vals[..4] {
+        let now = s.ns().get(v.id).unwrap().piece.unwrap();
+        assert_eq!((now.server, now.block), (dst.server, dst.block));
+    }
+    let r = lookup(&mut s, "/t/k1").unwrap().first_block.unwrap();
+    assert_eq!((r.server, r.block, r.gen), (dst.server, dst.block, dst.gen));
+    let slab = s.slabs().get(dst.server, dst.block).unwrap();
+    assert_eq!(slab.quarantined(), 1, "k4's piece waits for a stamp");
+    assert!(s.slabs().get(src.server, src.block).is_none());
+    // The writer gets the new location.
+    let (_, b) = map(&mut s, open.id, 0, 1, open.lease).unwrap();
+    assert_eq!((b[0].server, b[0].block), (dst.server, dst.block));
+    // A slab a snapshot reads does not move.
+    match s
+        .apply(MetaRequest::SnapshotBegin { path: "/t".into() }, 0)
+        .unwrap()
+    {
+        MetaReply::SnapshotBegun { .. } => {}
+        r => panic!("{r:?}"),
+    }
+    let moved = slab_move_index(dst.server, dst.block);
+    assert_eq!(
+        s.decide_move_start(SLAB_MOVE, moved, NO_CLASS)
+            .unwrap_err()
+            .code,
+        ErrorCode::Busy
+    );
+}
+
+/// Draining a server moves its slabs too, until it holds nothing.
+#[test]
+fn a_drain_moves_slabs() {
+    let mut s = state_of(4096, 4, 8);
+    s.apply(MetaRequest::Register(spec("h:9", 0, 4)), 0)
+        .unwrap();
+    table(&mut s, "/t", false);
+    for i in 0..30 {
+        put_small(&mut s, &format!("/t/k{i}"), 100 + i).unwrap();
+    }
+    let d = drain(&mut s, "h:0", false).unwrap();
+    assert!(d.used_blocks > 0);
+    assert!(s.drain_candidates(100).iter().any(|c| c.0 == SLAB_MOVE));
+    run_drains(&mut s);
+    let d = drain(&mut s, "h:0", false).unwrap();
+    assert_eq!((d.state, d.used_blocks), (DrainState::Done, 0), "{d:?}");
+    for i in 0..30 {
+        let k = lookup(&mut s, &format!("/t/k{i}")).unwrap();
+        assert_ne!(k.first_block.unwrap().addr, "h:0");
+    }
+}
+
 #[test]
 fn a_hundred_thousand_small_values_fit_in_32_mib_of_dram() {
     const MIB: u32 = 1 << 20;
