@@ -449,7 +449,10 @@ impl Journal {
         after: u64,
         mut each: impl FnMut(u64, &[u8]) -> Result<(), String>,
     ) -> Result<(Journal, Recovery), JournalError> {
-        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        // Private (0700), like every directory NodeKernel creates.
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+            .create(dir)
+            .map_err(io_err(dir))?;
         let lock = lock_dir(dir)?;
         let segs = segments(dir)?;
         let mut rec = Recovery {

@@ -378,3 +378,16 @@ fn records_of_older_segments_are_read_while_the_log_goes_on() {
         .unwrap();
     assert!(err.to_string().contains("missing"), "{err}");
 }
+
+#[test]
+fn a_new_journal_directory_is_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("meta").join("journal");
+    let (j, _) = open(&dir, Fsync::Never).unwrap();
+    j.append(b"x").unwrap();
+    for d in [dir.parent().unwrap(), dir.as_path()] {
+        let mode = std::fs::metadata(d).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "{} is {mode:o}", d.display());
+    }
+}

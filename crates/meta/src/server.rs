@@ -712,10 +712,14 @@ impl Drop for MetaServer {
 /// the checkpoint holds.
 fn recover(state: &mut MetaState, p: &Persistence) -> Result<(Journal, u64), MetaError> {
     let started = Instant::now();
-    std::fs::create_dir_all(&p.dir).map_err(|e| MetaError::Config {
-        key: "data_dir",
-        reason: format!("cannot create {}: {e}", p.dir.display()),
-    })?;
+    // Private, like every directory NodeKernel creates (an existing one
+    // keeps its mode).
+    std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+        .create(&p.dir)
+        .map_err(|e| MetaError::Config {
+            key: "data_dir",
+            reason: format!("cannot create {}: {e}", p.dir.display()),
+        })?;
     let bs = state.alloc().block_size();
     let (checkpointed, covered) = match checkpoint::read(&p.dir, state.lease_ms(), 0)? {
         Some((mut restored, covered)) => {
