@@ -8,9 +8,6 @@ use std::time::{Duration, Instant};
 /// How often a waiting `nk drain` asks for progress (each ask also starts
 /// the drain again on a metadata server that restarted meanwhile).
 const POLL: Duration = Duration::from_millis(500);
-/// Polls without progress, with only blocks left that cannot move, after
-/// which `nk drain` gives up waiting.
-const STUCK_POLLS: u32 = 10;
 
 /// The whole drain over every partition.
 #[derive(serde::Serialize)]
@@ -95,13 +92,15 @@ pub async fn drain(
     cancel: bool,
     wait: bool,
     json: bool,
+    stuck_after: Duration,
 ) -> anyhow::Result<()> {
     let started = Instant::now();
     let block_size = client.status().await?.block_size as u64;
     let mut parts = client.drain(server, cancel).await?;
     let waiting = wait && !cancel;
     let tty = std::io::stderr().is_terminal();
-    let (mut last_used, mut still) = (u64::MAX, 0u32);
+    // The last progress: blocks left then, failed moves then, and when.
+    let (mut left, mut failed, mut since) = (u64::MAX, 0u64, Instant::now());
     let mut last_print = Instant::now();
     while waiting && !drain_finished(&parts) {
         let s = summary(server, &parts, started.elapsed());
@@ -109,19 +108,18 @@ pub async fn drain(
             eprint!("{}{}", line(&s, block_size), if tty { "\r" } else { "\n" });
             last_print = Instant::now();
         }
-        // Only blocks that cannot move are left, and nothing moves.
-        if s.used_blocks == last_used && s.used_blocks <= s.unmovable_blocks {
-            still += 1;
-            if still >= STUCK_POLLS {
-                anyhow::bail!(
-                    "drain of {server} is stuck: {}",
-                    line(&s, block_size).replace('\n', ";")
-                );
-            }
-        } else {
-            still = 0;
+        // Nothing moved for a while, and moves fail (e.g. no room left) or
+        // only blocks that cannot move are left.
+        if s.used_blocks < left {
+            (left, failed, since) = (s.used_blocks, s.failed_moves, Instant::now());
+        } else if since.elapsed() >= stuck_after
+            && (s.failed_moves > failed || s.used_blocks <= s.unmovable_blocks)
+        {
+            anyhow::bail!(
+                "the drain of {server} makes no progress (it goes on in the background; `nk drain {server} --cancel` stops it): {}",
+                line(&s, block_size).replace('\n', ";")
+            );
         }
-        last_used = s.used_blocks;
         tokio::time::sleep(POLL).await;
         parts = client.drain(server, false).await?;
     }

@@ -139,6 +139,11 @@ enum Cmd {
         /// Print a JSON summary
         #[arg(long)]
         json: bool,
+        /// Give up waiting (exit status 1) after this many seconds without
+        /// progress while moves fail (e.g. no room elsewhere) or only
+        /// blocks a running snapshot reads are left; the drain goes on
+        #[arg(long, value_name = "SECS", default_value_t = 30)]
+        stuck_after: u64,
     },
     /// Show storage servers, classes, capacity and use
     Status {
@@ -306,7 +311,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             cancel,
             no_wait,
             json,
-        } => drain::drain(&client, &server, cancel, !no_wait, json).await,
+            stuck_after,
+        } => {
+            let stuck = std::time::Duration::from_secs(stuck_after);
+            drain::drain(&client, &server, cancel, !no_wait, json, stuck).await
+        }
         Cmd::Bench(_) => unreachable!("handled above"),
         Cmd::Up(_) | Cmd::Meta(_) | Cmd::Store(_) => unreachable!("handled above"),
     }

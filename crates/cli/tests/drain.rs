@@ -138,3 +138,31 @@ fn nk_drain_empties_a_server_in_every_partition() {
         "{err}"
     );
 }
+
+/// A drain with nowhere to go (the only storage server) says so and gives
+/// up waiting, with exit status 1, instead of waiting forever.
+#[test]
+fn nk_drain_with_no_room_elsewhere_gives_up_with_the_reason() {
+    let (meta, addr, store) = common::start_meta_and_store(&[], "64MiB");
+    let _procs = Killed(vec![meta, store]);
+    nk_ok(&addr, &["status", "--wait", "--timeout", "120"]);
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("f");
+    std::fs::write(&local, pattern(1, 3 << 20)).unwrap();
+    nk_ok(&addr, &["put", local.to_str().unwrap(), "/f"]);
+    let st: serde_json::Value =
+        serde_json::from_slice(&nk_ok(&addr, &["status", "--json"])).unwrap();
+    let server = st["servers"][0]["addr"].as_str().unwrap().to_string();
+    let out = client(&addr)
+        .args(["drain", &server, "--stuck-after", "2"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("makes no progress") && err.contains("NoSpace"),
+        "{err}"
+    );
+    // The data is where it was, still readable.
+    assert_eq!(nk_ok(&addr, &["cat", "/f"]), pattern(1, 3 << 20));
+}

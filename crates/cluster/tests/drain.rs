@@ -129,7 +129,11 @@ async fn drain_under_workload(shared_memory: bool) {
                 written.push((p, data));
                 let key = format!("/t/w{}", n % 3);
                 // Large and small values in turn.
-                let len = if n.is_multiple_of(2) { BS + 10 } else { 100 + n };
+                let len = if n.is_multiple_of(2) {
+                    BS + 10
+                } else {
+                    100 + n
+                };
                 let data = pattern(2000 + n, len as usize);
                 c.put(&key, &data).await.unwrap();
                 written.retain(|(q, _)| *q != key);
@@ -288,4 +292,66 @@ async fn small_values_move_with_their_slabs() {
         pattern(7, 57),
         "an old handle follows its moved slab"
     );
+}
+
+/// A storage server can join at any time and takes new blocks at once;
+/// draining the old one then hands it everything (replacing a server
+/// without stopping the cluster).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joining_server_takes_blocks_at_once_and_can_replace_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(16 * BS, 0, &dir);
+    cfg.store = cfg.up_stores();
+    let section = cfg.store[0].clone();
+    let mut t = start_with(cfg, dir).await;
+    let c = t.client.clone();
+    let old = t.cluster.stores[0].advertised_addr().to_string();
+    // Fill the only server.
+    let full = pattern(1, 14 * BS as usize);
+    c.put_file("/full", &full).await;
+    let mut n = c
+        .create("/more", NodeType::File, CreateOptions::default())
+        .await
+        .unwrap();
+    let e = n.append(&pattern(2, 4 * BS as usize)).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::NoSpace, "{e}");
+    drop(n);
+    c.delete("/more", false).await.unwrap();
+    // A new server joins: the very next write may use it.
+    let bigger = StoreSection {
+        size: ByteSize(40 * BS),
+        ..section
+    };
+    let new = t
+        .cluster
+        .add_store(&bigger)
+        .await
+        .unwrap()
+        .advertised_addr()
+        .to_string();
+    let more = pattern(3, 8 * BS as usize);
+    c.put_file("/more", &more).await;
+    let blocks = c
+        .lookup("/more")
+        .await
+        .unwrap()
+        .block_locations()
+        .await
+        .unwrap();
+    assert!(
+        blocks.iter().any(|b| b.addr == new),
+        "new blocks on the new server: {blocks:?}"
+    );
+    // Replace the old server: drain it onto the new one.
+    c.drain(&old, false).await.unwrap();
+    let parts = drain_to_end(&c, &old).await;
+    assert_eq!(
+        (parts[0].state, parts[0].used_blocks),
+        (DrainState::Done, 0)
+    );
+    for (p, data) in [("/full", &full), ("/more", &more)] {
+        assert_eq!(c.get(p).await.unwrap(), *data, "{p}");
+        let blocks = c.lookup(p).await.unwrap().block_locations().await.unwrap();
+        assert!(blocks.iter().all(|b| b.addr == new), "{p}: {blocks:?}");
+    }
 }

@@ -749,16 +749,29 @@ impl AllocPlan<'_> {
     }
 
     fn no_space(&self) -> Error {
+        let draining = self
+            .a
+            .servers
+            .values()
+            .filter(|s| s.live.alive && s.draining)
+            .count();
+        let drained = if draining > 0 {
+            format!("; {draining} storage server(s) being drained take no new blocks (`nk drain SERVER --cancel` gives one back)")
+        } else {
+            String::new()
+        };
         if self.a.servers.is_empty() {
             Error::unavailable(
                 "no storage server has registered with this metadata server yet (the cluster may still be starting; `nk status --wait` waits for it)",
             )
-        } else if self.a.servers.keys().all(|id| !self.a.usable(*id)) {
+        } else if draining == 0 && self.a.servers.keys().all(|id| !self.a.usable(*id)) {
             Error::unavailable(
                 "no storage server is alive: every registered storage server is dead or unreachable",
             )
         } else {
-            Error::no_space("every storage class is full (or has no live storage server)")
+            Error::no_space(format!(
+                "every storage class is full (or has no live storage server){drained}"
+            ))
         }
     }
 
