@@ -190,6 +190,8 @@ pub(crate) struct Stats {
     pub reads: u64,
     pub puts_closed: u64,
     pub moves: u64,
+    /// Drains started or cancelled.
+    pub drains: u64,
     /// Of which moves of slabs (every small value in one block).
     pub slab_moves: u64,
     pub store_deaths: u64,
@@ -376,6 +378,20 @@ impl Sim {
                     .map(|b| (b.server, b.block, *gen)),
                 _ => None,
             };
+            // Nothing new lands on a server being drained.
+            let placed = match e {
+                Effect::BlockAdded { block, .. }
+                | Effect::BlockSwapped { block, .. }
+                | Effect::SlabCreated { block, .. } => Some(block.server),
+                Effect::MoveStarted { to, .. } => Some(to.server),
+                Effect::PieceTaken { piece, .. } => Some(piece.server),
+                _ => None,
+            };
+            if let Some(server) = placed.filter(|s| self.st.alloc().is_draining(*s)) {
+                return Err(format!(
+                    "{e:?} places data on server {server}, which is being drained"
+                ));
+            }
             if let Some((server, block, gen)) = fresh {
                 let last = self.last_gen.entry((server, block)).or_insert(0);
                 if gen <= *last {
@@ -1138,7 +1154,21 @@ impl Sim {
             }
             return Ok(());
         }
-        let (node, index) = if self.rng.chance(30) {
+        if self.rng.chance(10) {
+            // Start or cancel the drain of a store.
+            let i = self.rng.below(self.stores.len() as u64) as usize;
+            let server = self.stores[i].addr.clone();
+            let cancel = self.rng.chance(40);
+            if let Ok(MetaReply::Drain(_)) = self.exec(MetaRequest::Drain { server, cancel })? {
+                self.stats.drains += 1;
+            }
+            return Ok(());
+        }
+        let drained = self.st.drain_candidates(8);
+        let (node, index) = if !drained.is_empty() && self.rng.chance(50) {
+            let (node, index, _, _) = drained[self.rng.below(drained.len() as u64) as usize];
+            (node, index)
+        } else if self.rng.chance(30) {
             // A slab: every small value in it follows.
             let slabs: Vec<u64> = self
                 .st
@@ -1331,6 +1361,7 @@ fn simulation_keeps_every_invariant() {
         total.reads += s.reads;
         total.puts_closed += s.puts_closed;
         total.moves += s.moves;
+        total.drains += s.drains;
         total.slab_moves += s.slab_moves;
         total.store_deaths += s.store_deaths;
         total.store_moves += s.store_moves;
@@ -1356,6 +1387,7 @@ fn simulation_keeps_every_invariant() {
         ("reads through old handles", total.old_handle_reads),
         ("closed puts", total.puts_closed),
         ("moves", total.moves),
+        ("drains", total.drains),
         ("slab moves", total.slab_moves),
         ("store deaths", total.store_deaths),
         ("stores back at a new address", total.store_moves),
