@@ -637,6 +637,23 @@ struct StatusOut {
     servers: Vec<ServerOut>,
     /// The operation log of each persistent metadata server.
     logs: Vec<LogOut>,
+    /// Every configured metadata partition, in partition order, and
+    /// whether it answered.
+    partitions: Vec<PartitionOut>,
+    /// The partitions that did not answer (their nodes and their slices of
+    /// the servers' capacity are missing above); `nk status` then exits
+    /// with a nonzero status.
+    unreachable: Vec<PartitionOut>,
+}
+
+#[derive(Serialize, Clone)]
+struct PartitionOut {
+    partition: u32,
+    addr: String,
+    reachable: bool,
+    /// Why it did not answer (absent when it did).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -658,6 +675,8 @@ struct ServerOut {
     medium: String,
     location: String,
     alive: bool,
+    /// Being drained: it gets no new blocks, its blocks are moving away.
+    draining: bool,
     last_seen_ms: u64,
     capacity_bytes: u64,
     used_bytes: u64,
@@ -678,6 +697,7 @@ impl From<&ServerStatus> for ServerOut {
             medium: s.medium.clone(),
             location: s.location.clone(),
             alive: s.alive,
+            draining: s.draining,
             last_seen_ms: s.last_seen_ms,
             capacity_bytes: s.capacity_blocks * bs,
             used_bytes: s.used_blocks * bs,
@@ -708,11 +728,18 @@ pub async fn wait_ready(
     let mut said = false;
     loop {
         let st = client.status().await?;
-        if st.is_ready() {
+        if st.is_ready() && st.unreachable.is_empty() {
             return Ok(st);
         }
         let alive = st.servers.iter().filter(|s| s.alive).count();
         if Instant::now() >= deadline {
+            if !st.unreachable.is_empty() {
+                bail!(
+                    "the cluster is not ready after {:?}: {}",
+                    timeout,
+                    unreachable_summary(&st.unreachable, client.config().metas.len())
+                );
+            }
             bail!(
                 "the cluster is not ready after {:?}: {alive} of {} expected storage servers are alive",
                 timeout,
@@ -730,6 +757,21 @@ pub async fn wait_ready(
     }
 }
 
+/// `1 of 2 metadata partitions unreachable: partition 1 at ADDR (error)`.
+fn unreachable_summary(down: &[nodekernel_proto::types::PartitionDown], total: usize) -> String {
+    format!(
+        "{} of {total} metadata partitions unreachable: {}",
+        down.len(),
+        down.iter()
+            .map(|d| format!("partition {} at {} ({})", d.partition, d.addr, d.error))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// `nk status`: prints the merged view of the metadata partitions that
+/// answer, and a line for each that does not; fails (a nonzero exit
+/// status, after the output) when any partition is unreachable.
 pub async fn status(
     client: &Client,
     json: bool,
@@ -739,6 +781,25 @@ pub async fn status(
         Some(t) => wait_ready(client, t).await?,
         None => client.status().await?,
     };
+    let metas = &client.config().metas;
+    let partitions: Vec<PartitionOut> = metas
+        .iter()
+        .enumerate()
+        .map(|(i, addr)| {
+            let down = st.unreachable.iter().find(|d| d.partition as usize == i);
+            PartitionOut {
+                partition: i as u32,
+                addr: addr.clone(),
+                reachable: down.is_none(),
+                error: down.map(|d| d.error.clone()),
+            }
+        })
+        .collect();
+    let unreachable: Vec<PartitionOut> = partitions
+        .iter()
+        .filter(|p| !p.reachable)
+        .cloned()
+        .collect();
     let servers: Vec<ServerOut> = st.servers.iter().map(ServerOut::from).collect();
     let mut classes: Vec<ClassOut> = st
         .classes
@@ -778,7 +839,7 @@ pub async fn status(
     let out = StatusOut {
         block_size: st.block_size,
         nodes: st.nodes,
-        ready: st.is_ready(),
+        ready: st.is_ready() && unreachable.is_empty(),
         expected_servers: st.expected_servers,
         alive_servers: st.servers.iter().filter(|s| s.alive).count(),
         puts_in_progress: st.puts_in_progress,
@@ -796,27 +857,73 @@ pub async fn status(
                 log_bytes: l.log_bytes,
             })
             .collect(),
+        partitions,
+        unreachable,
     };
     if json {
         println!("{}", serde_json::to_string_pretty(&out)?);
-        return Ok(());
+    } else {
+        print!("{}", status_text(&out));
     }
-    println!(
+    if !st.unreachable.is_empty() {
+        bail!("{}", unreachable_summary(&st.unreachable, metas.len()));
+    }
+    Ok(())
+}
+
+/// The human form of `nk status`.
+fn status_text(out: &StatusOut) -> String {
+    use std::fmt::Write as _;
+    let mut t = String::new();
+    // Writing to a String cannot fail.
+    macro_rules! say {
+        ($($arg:tt)*) => {{ let _ = writeln!(t, $($arg)*); }};
+    }
+    say!(
         "block size {}, {} nodes, {} puts in progress, {} removed nodes being reclaimed",
         human(out.block_size as u64),
         out.nodes,
         out.puts_in_progress,
         out.reclaiming
     );
-    println!(
-        "{}",
-        readiness_line(out.ready, out.alive_servers, out.expected_servers)
-    );
+    if out.unreachable.is_empty() {
+        say!(
+            "{}",
+            readiness_line(out.ready, out.alive_servers, out.expected_servers)
+        );
+    } else {
+        say!(
+            "NOT READY: {} of {} metadata partitions unreachable ({} storage servers alive in the others, {} expected)",
+            out.unreachable.len(),
+            out.partitions.len(),
+            out.alive_servers,
+            out.expected_servers
+        );
+    }
+    // Every partition when there are several, and always one that did
+    // not answer.
+    if out.partitions.len() > 1 || !out.unreachable.is_empty() {
+        say!(
+            "metadata partitions: {} ({} unreachable)",
+            out.partitions.len(),
+            out.unreachable.len()
+        );
+        for p in &out.partitions {
+            match &p.error {
+                None => say!("  partition {} at {}: reachable", p.partition, p.addr),
+                Some(e) => say!(
+                    "  partition {} at {}: UNREACHABLE: {e}",
+                    p.partition,
+                    p.addr
+                ),
+            }
+        }
+    }
     if out.logs.is_empty() {
-        println!("metadata: volatile (lost when the metadata server stops)");
+        say!("metadata: volatile (lost when the metadata server stops)");
     }
     for l in &out.logs {
-        println!(
+        say!(
             "metadata partition {}: persistent, fsync {}; {} log records, {} since the checkpoint at record {}",
             l.partition,
             l.fsync,
@@ -825,12 +932,17 @@ pub async fn status(
             l.checkpoint
         );
     }
-    println!(
+    say!(
         "{:<6} {:<10} {:>8} {:>12} {:>12} {:>12}",
-        "class", "name", "servers", "capacity", "used", "free"
+        "class",
+        "name",
+        "servers",
+        "capacity",
+        "used",
+        "free"
     );
     for c in &out.classes {
-        println!(
+        say!(
             "{:<6} {:<10} {:>8} {:>12} {:>12} {:>12}",
             c.class,
             c.name,
@@ -840,13 +952,20 @@ pub async fn status(
             human(c.free_bytes)
         );
     }
-    println!();
-    println!(
+    say!();
+    say!(
         "{:<4} {:<22} {:<6} {:<6} {:<12} {:>12} {:>12} {:<6}",
-        "id", "address", "class", "medium", "location", "capacity", "used", "state"
+        "id",
+        "address",
+        "class",
+        "medium",
+        "location",
+        "capacity",
+        "used",
+        "state"
     );
     for s in &out.servers {
-        println!(
+        say!(
             "{:<4} {:<22} {:<6} {:<6} {:<12} {:>12} {:>12} {:<6}",
             s.id,
             s.addr,
@@ -855,10 +974,121 @@ pub async fn status(
             s.location,
             human(s.capacity_bytes),
             human(s.used_bytes),
-            if s.alive { "alive" } else { "DEAD" }
+            match (s.alive, s.draining) {
+                (true, false) => "alive",
+                (true, true) => "alive, draining",
+                (false, false) => "DEAD",
+                (false, true) => "DEAD, draining",
+            }
         );
     }
-    Ok(())
+    t
+}
+
+#[cfg(test)]
+mod status_tests {
+    use super::*;
+
+    fn server(id: u32, alive: bool, draining: bool) -> ServerOut {
+        ServerOut {
+            id,
+            addr: format!("10.0.0.{id}:7001"),
+            identity: format!("id{id}"),
+            class: 0,
+            class_name: "dram".into(),
+            medium: "dram".into(),
+            location: format!("host{id}"),
+            alive,
+            draining,
+            last_seen_ms: 1,
+            capacity_bytes: 4 << 20,
+            used_bytes: 1 << 20,
+            free_bytes: 3 << 20,
+            blocks: 4,
+            used_blocks: 1,
+        }
+    }
+
+    fn out(down: bool) -> StatusOut {
+        let partitions = vec![
+            PartitionOut {
+                partition: 0,
+                addr: "10.0.0.1:7000".into(),
+                reachable: true,
+                error: None,
+            },
+            PartitionOut {
+                partition: 1,
+                addr: "10.0.0.2:7000".into(),
+                reachable: !down,
+                error: down.then(|| "Unavailable: connection refused".to_string()),
+            },
+        ];
+        StatusOut {
+            block_size: 1 << 20,
+            nodes: 3,
+            ready: !down,
+            expected_servers: 1,
+            alive_servers: 2,
+            puts_in_progress: 0,
+            reclaiming: 0,
+            classes: Vec::new(),
+            servers: vec![
+                server(1, true, false),
+                server(2, true, true),
+                server(3, false, true),
+            ],
+            logs: Vec::new(),
+            unreachable: partitions
+                .iter()
+                .filter(|p| !p.reachable)
+                .cloned()
+                .collect(),
+            partitions,
+        }
+    }
+
+    #[test]
+    fn every_partition_is_shown_and_an_unreachable_one_is_named() {
+        let t = status_text(&out(true));
+        assert!(
+            t.contains("NOT READY: 1 of 2 metadata partitions unreachable"),
+            "{t}"
+        );
+        assert!(t.contains("partition 0 at 10.0.0.1:7000: reachable"), "{t}");
+        assert!(
+            t.contains(
+                "partition 1 at 10.0.0.2:7000: UNREACHABLE: Unavailable: connection refused"
+            ),
+            "{t}"
+        );
+        let t = status_text(&out(false));
+        assert!(t.contains("metadata partitions: 2 (0 unreachable)"), "{t}");
+        assert!(t.contains("partition 1 at 10.0.0.2:7000: reachable"), "{t}");
+        assert!(!t.contains("UNREACHABLE"), "{t}");
+        let j = serde_json::to_value(out(true)).unwrap();
+        assert_eq!(j["unreachable"][0]["partition"], 1);
+        assert_eq!(j["unreachable"][0]["addr"], "10.0.0.2:7000");
+        assert_eq!(j["partitions"][1]["reachable"], false);
+        assert!(j["partitions"][0].get("error").is_none());
+    }
+
+    #[test]
+    fn draining_servers_say_so() {
+        let t = status_text(&out(false));
+        let line = |id: &str| {
+            t.lines()
+                .find(|l| l.starts_with(id))
+                .unwrap_or_else(|| panic!("no line for server {id}: {t}"))
+                .to_string()
+        };
+        assert!(line("1 ").trim_end().ends_with("alive"), "{t}");
+        assert!(line("2 ").contains("alive, draining"), "{t}");
+        assert!(line("3 ").contains("DEAD, draining"), "{t}");
+        let j = serde_json::to_value(out(false)).unwrap();
+        assert_eq!(j["servers"][0]["draining"], false);
+        assert_eq!(j["servers"][1]["draining"], true);
+    }
 }
 
 #[cfg(test)]

@@ -145,7 +145,9 @@ enum Cmd {
         #[arg(long, value_name = "SECS", default_value_t = 30)]
         stuck_after: u64,
     },
-    /// Show storage servers, classes, capacity and use
+    /// Show storage servers, classes, capacity and use, per metadata
+    /// partition too; exits 1 (after printing) when a metadata partition
+    /// is unreachable
     Status {
         #[arg(long)]
         json: bool,
@@ -263,7 +265,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Bench(a) => return bench::run(cli.client_config()?, a).await,
         _ => {}
     }
-    let client = nodekernel_client::Client::connect(cli.client_config()?).await?;
+    let client = match &cli.cmd {
+        // Waiting for readiness includes waiting for the metadata servers
+        // to come up.
+        Cmd::Status {
+            wait: true,
+            timeout,
+            ..
+        } => {
+            connect_within(
+                cli.client_config()?,
+                std::time::Duration::from_secs(*timeout),
+            )
+            .await?
+        }
+        _ => nodekernel_client::Client::connect(cli.client_config()?).await?,
+    };
     match cli.cmd {
         Cmd::Ls { path, json } => fs::ls(&client, &path, json).await,
         Cmd::Mkdir {
@@ -318,6 +335,33 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::Bench(_) => unreachable!("handled above"),
         Cmd::Up(_) | Cmd::Meta(_) | Cmd::Store(_) => unreachable!("handled above"),
+    }
+}
+
+/// Connects, retrying while no metadata server answers, for at most
+/// `timeout`.
+async fn connect_within(
+    cfg: nodekernel_client::ClientConfig,
+    timeout: std::time::Duration,
+) -> anyhow::Result<nodekernel_client::Client> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match nodekernel_client::Client::connect(cfg.clone()).await {
+            Ok(c) => return Ok(c),
+            Err(e)
+                if matches!(
+                    e.code,
+                    nodekernel_client::ErrorCode::Unavailable
+                        | nodekernel_client::ErrorCode::Timeout
+                ) && std::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Err(e) => {
+                return Err(anyhow::Error::new(e)
+                    .context(format!("the cluster is not ready after {timeout:?}")))
+            }
+        }
     }
 }
 

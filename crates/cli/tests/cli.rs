@@ -541,6 +541,47 @@ fn stop(mut child: Child) {
     assert!(status.success(), "stops cleanly on SIGTERM: {status}");
 }
 
+/// `nk status --wait` started before the metadata server waits for it to
+/// come up (and for its storage server), instead of failing at connect.
+#[test]
+fn status_wait_waits_for_the_metadata_server_to_come_up() {
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let waiter = client(&addr)
+        .args(["status", "--wait", "--timeout", "120", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Let the waiter find nothing listening first.
+    std::thread::sleep(Duration::from_millis(500));
+    let (meta, _) = start_role(
+        &["meta", "--listen", &addr],
+        &[],
+        "metadata server listening on",
+    );
+    let (store, _) = start_role(
+        &[
+            "store", "--class", "0", "--medium", "dram", "--size", "8MiB",
+        ],
+        &[("NK_META", &addr)],
+        "storage server 0",
+    );
+    let out = waiter.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let st: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(st["ready"], true, "{st}");
+    stop(store);
+    stop(meta);
+}
+
 #[test]
 fn separately_started_meta_and_store_serve_clients_and_bench() {
     let (meta, addr, store) = start_meta_and_store(&[], "64MiB");

@@ -126,6 +126,16 @@ fn nk_drain_empties_a_server_in_every_partition() {
     let out = nk_ok(&list, &["drain", a, "--cancel", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(v["state"], "cancelled", "{v}");
+    // A client listing the metadata servers out of partition order is
+    // refused at connect, naming the mistake.
+    let reversed = format!("{},{}", metas[1], metas[0]);
+    let out = client(&reversed).args(["ls", "/"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("InvalidArgument") && err.contains("partition order"),
+        "{err}"
+    );
     // An unknown server is an error naming it.
     let out = client(&list)
         .args(["drain", "10.9.9.9:1"])

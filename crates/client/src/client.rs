@@ -126,7 +126,11 @@ pub struct Client {
 }
 
 impl Client {
-    /// Creates a client and checks that every metadata server answers.
+    /// Creates a client and checks that the metadata servers answer and
+    /// are listed in partition order. A partition that does not answer is
+    /// tried again by each request for its names (which get `Unavailable`
+    /// or `Timeout` meanwhile), so the others keep serving; connecting
+    /// fails only if none answers.
     pub async fn connect(cfg: ClientConfig) -> Result<Client> {
         if cfg.metas.is_empty() {
             return Err(Error::invalid_argument("no metadata server address given"));
@@ -153,11 +157,44 @@ impl Client {
                 io,
             }),
         };
-        for i in 0..client.inner.cfg.metas.len() {
-            client.meta_at(i, &MetaRequest::Status).await?;
-            if client.inner.cfg.unix_sockets {
-                client.try_local_route(i).await;
+        let n = client.inner.cfg.metas.len();
+        let answers =
+            futures::future::join_all((0..n).map(|i| client.meta_at(i, &MetaRequest::Status)))
+                .await;
+        let mut errors = Vec::new();
+        for (i, answer) in answers.into_iter().enumerate() {
+            match answer {
+                Ok(MetaReply::Status(st)) => {
+                    if st.partition != i as u32 || st.partitions != n as u32 {
+                        return Err(Error::invalid_argument(format!(
+                            "metadata server {} is partition {} of {}, but it is listed as partition {i} of {n}: list the metadata servers in partition order, the same everywhere",
+                            client.inner.cfg.metas[i], st.partition, st.partitions
+                        )));
+                    }
+                    if client.inner.cfg.unix_sockets {
+                        client.try_local_route(i).await;
+                    }
+                }
+                Ok(other) => return Err(unexpected(other)),
+                Err(e) => {
+                    tracing::warn!(
+                        "metadata partition {i} ({}) does not answer: {e}",
+                        client.inner.cfg.metas[i]
+                    );
+                    errors.push(e);
+                }
             }
+        }
+        if errors.len() == n {
+            let first = errors.swap_remove(0);
+            return Err(if n == 1 {
+                first
+            } else {
+                Error::new(
+                    first.code,
+                    format!("no metadata partition answers ({n} listed): {first}"),
+                )
+            });
         }
         Ok(client)
     }
@@ -560,19 +597,50 @@ impl Client {
             .await
     }
 
-    /// Cluster status. With several metadata partitions, a storage server's
-    /// capacity and use are summed over its registrations.
+    /// Cluster status: the merged view of every metadata partition that
+    /// answers. A storage server's capacity and use are summed over its
+    /// registrations (each partition holds a disjoint slice of its blocks);
+    /// it counts as alive only if every partition that answered says so, and
+    /// as draining if any does. Partitions are asked concurrently, so one
+    /// that does not answer costs at most the client timeout once; each
+    /// such partition is listed in [`ClusterStatus::unreachable`] (with
+    /// its address and the error) and its nodes and its slices of the
+    /// servers' capacity are missing from the totals. Fails only when no
+    /// partition answers (with the first partition's error code, naming
+    /// every partition's error).
     pub async fn status(&self) -> Result<ClusterStatus> {
+        use nodekernel_proto::types::PartitionDown;
+        let metas = &self.inner.cfg.metas;
+        let replies = futures::future::join_all((0..metas.len()).map(|idx| async move {
+            match self.meta_at(idx, &MetaRequest::Status).await? {
+                MetaReply::Status(s) => Ok(s),
+                other => Err(unexpected(other)),
+            }
+        }))
+        .await;
         let mut merged: Option<ClusterStatus> = None;
-        for idx in 0..self.inner.cfg.metas.len() {
-            let st = match self.meta_at(idx, &MetaRequest::Status).await? {
-                MetaReply::Status(s) => s,
-                other => return Err(unexpected(other)),
+        let mut down: Vec<(PartitionDown, ErrorCode)> = Vec::new();
+        for (idx, reply) in replies.into_iter().enumerate() {
+            let st = match reply {
+                Ok(st) => st,
+                Err(e) => {
+                    down.push((
+                        PartitionDown {
+                            partition: idx as u32,
+                            addr: metas[idx].clone(),
+                            error: e.to_string(),
+                        },
+                        e.code,
+                    ));
+                    continue;
+                }
             };
             match &mut merged {
                 None => merged = Some(st),
                 Some(m) => {
                     m.nodes += st.nodes;
+                    m.puts_in_progress += st.puts_in_progress;
+                    m.reclaiming += st.reclaiming;
                     m.logs.extend(st.logs);
                     for c in st.classes {
                         if !m.classes.iter().any(|x| x.class == c.class) {
@@ -585,6 +653,8 @@ impl Client {
                                 x.capacity_blocks += s.capacity_blocks;
                                 x.used_blocks += s.used_blocks;
                                 x.alive &= s.alive;
+                                x.draining |= s.draining;
+                                x.last_seen_ms = x.last_seen_ms.max(s.last_seen_ms);
                             }
                             None => m.servers.push(s),
                         }
@@ -592,7 +662,28 @@ impl Client {
                 }
             }
         }
-        merged.ok_or_else(|| Error::invalid_argument("no metadata server configured"))
+        match merged {
+            Some(mut m) => {
+                m.unreachable = down.into_iter().map(|(d, _)| d).collect();
+                Ok(m)
+            }
+            None => match down.first() {
+                None => Err(Error::invalid_argument("no metadata server configured")),
+                Some((_, code)) => Err(Error::new(
+                    *code,
+                    format!(
+                        "no metadata partition answers: {}",
+                        down.iter()
+                            .map(|(d, _)| format!(
+                                "partition {} at {}: {}",
+                                d.partition, d.addr, d.error
+                            ))
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    ),
+                )),
+            },
+        }
     }
 
     /// KeyValue put: create (replacing any old value), append, close. A

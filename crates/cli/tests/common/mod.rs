@@ -1,5 +1,7 @@
 //! Helpers shared by the `nk` end-to-end tests.
 
+pub mod netns;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
