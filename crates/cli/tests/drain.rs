@@ -34,13 +34,12 @@ impl Drop for Killed {
     }
 }
 
-#[test]
-fn nk_drain_empties_a_server_in_every_partition() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut procs = Killed(Vec::new());
+/// Two metadata partitions (`nk meta` processes, 64 KiB blocks, each
+/// expecting 2 storage servers): their addresses, in partition order.
+fn two_partitions(dir: &std::path::Path, procs: &mut Killed) -> Vec<String> {
     let mut metas = Vec::new();
     for p in 0..2 {
-        let cfg = dir.path().join(format!("meta{p}.toml"));
+        let cfg = dir.join(format!("meta{p}.toml"));
         std::fs::write(
             &cfg,
             format!(
@@ -56,6 +55,14 @@ fn nk_drain_empties_a_server_in_every_partition() {
         procs.0.push(child);
         metas.push(addr);
     }
+    metas
+}
+
+#[test]
+fn nk_drain_empties_a_server_in_every_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut procs = Killed(Vec::new());
+    let metas = two_partitions(dir.path(), &mut procs);
     let list = metas.join(",");
     // Storage servers export blocks of the cluster's size.
     let store_cfg = dir.path().join("store.toml");
@@ -175,4 +182,40 @@ fn nk_drain_with_no_room_elsewhere_gives_up_with_the_reason() {
     );
     // The data is where it was, still readable.
     assert_eq!(nk_ok(&addr, &["cat", "/f"]), pattern(1, 3 << 20));
+}
+
+/// A storage server only some partitions know (it registered with one
+/// partition only) is not counted as alive: the cluster is not ready.
+#[test]
+fn a_server_counts_only_once_every_partition_knows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut procs = Killed(Vec::new());
+    let metas = two_partitions(dir.path(), &mut procs);
+    let store_cfg = dir.path().join("store.toml");
+    std::fs::write(&store_cfg, "[meta]\nblock_size = \"64KiB\"\n").unwrap();
+    let start = |list: &str| {
+        start_role(
+            &[
+                "--config",
+                store_cfg.to_str().unwrap(),
+                "store",
+                "--class",
+                "0",
+                "--medium",
+                "dram",
+                "--size",
+                "4MiB",
+            ],
+            &[("NK_META", list)],
+            "storage server 0",
+        )
+    };
+    let both = metas.join(",");
+    procs.0.push(start(&both).0);
+    procs.0.push(start(&metas[0]).0);
+    let st: serde_json::Value =
+        serde_json::from_slice(&nk_ok(&both, &["status", "--json"])).unwrap();
+    assert_eq!(st["ready"], false, "{st}");
+    assert_eq!(st["alive_servers"], 1, "{st}");
+    assert_eq!(st["servers"].as_array().unwrap().len(), 2, "{st}");
 }

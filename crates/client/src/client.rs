@@ -600,7 +600,8 @@ impl Client {
     /// Cluster status: the merged view of every metadata partition that
     /// answers. A storage server's capacity and use are summed over its
     /// registrations (each partition holds a disjoint slice of its blocks);
-    /// it counts as alive only if every partition that answered says so, and
+    /// it counts as alive only if every partition that answered knows it
+    /// and says so (readiness waits for the largest `expect_servers`), and
     /// as draining if any does. Partitions are asked concurrently, so one
     /// that does not answer costs at most the client timeout once; each
     /// such partition is listed in [`ClusterStatus::unreachable`] (with
@@ -620,6 +621,8 @@ impl Client {
         .await;
         let mut merged: Option<ClusterStatus> = None;
         let mut down: Vec<(PartitionDown, ErrorCode)> = Vec::new();
+        // How many answering partitions know each server (by address).
+        let mut known: std::collections::HashMap<String, usize> = Default::default();
         for (idx, reply) in replies.into_iter().enumerate() {
             let st = match reply {
                 Ok(st) => st,
@@ -635,10 +638,14 @@ impl Client {
                     continue;
                 }
             };
+            for srv in &st.servers {
+                *known.entry(srv.addr.clone()).or_default() += 1;
+            }
             match &mut merged {
                 None => merged = Some(st),
                 Some(m) => {
                     m.nodes += st.nodes;
+                    m.expected_servers = m.expected_servers.max(st.expected_servers);
                     m.puts_in_progress += st.puts_in_progress;
                     m.reclaiming += st.reclaiming;
                     m.logs.extend(st.logs);
@@ -664,6 +671,13 @@ impl Client {
         }
         match merged {
             Some(mut m) => {
+                // A server some answering partition does not know yet (it
+                // registers with one partition after another) cannot take
+                // that partition's blocks: not alive for the cluster yet.
+                let answering = metas.len() - down.len();
+                for srv in &mut m.servers {
+                    srv.alive &= known.get(&srv.addr) == Some(&answering);
+                }
                 m.unreachable = down.into_iter().map(|(d, _)| d).collect();
                 Ok(m)
             }
