@@ -213,15 +213,24 @@ impl MetaHandler {
 
     /// Applies a decision taken under the same lock, logs it, and returns
     /// its claims. Nobody waits for these decisions (the ticker's, the
-    /// reaper's, moves'), so nobody waits for the log either; a failed
-    /// write stops the server (see [`log_failed`]).
+    /// reaper's), so nobody waits for the log either: a restart decides
+    /// them again; a failed write stops the server (see [`log_failed`]).
     fn commit(&self, st: &mut MetaState, d: Decision, now: u64) -> Vec<BlockClaim> {
+        self.commit_logged(st, d, now).0
+    }
+
+    /// [`MetaHandler::commit`], also returning the log record to wait for
+    /// before the claims go out, where a claim delivered but lost from the
+    /// log would leave a live block fenced beyond what a restart knows.
+    fn commit_logged(&self, st: &mut MetaState, d: Decision, now: u64) -> (Vec<BlockClaim>, u64) {
         let o = st.commit(d, now);
-        if let Some(j) = &self.journal {
-            // Logged by the journal itself, which refuses all later writes.
-            let _ = log_effects(j, &o.effects);
-        }
-        st.take_claims()
+        let seq = match &self.journal {
+            // A failed write is logged by the journal itself, which
+            // refuses all later writes (and `durable` then fails).
+            Some(j) => log_effects(j, &o.effects).unwrap_or_else(|_| j.last()),
+            None => 0,
+        };
+        (st.take_claims(), seq)
     }
 
     /// The log's part of a status reply, when persistent.
@@ -387,14 +396,19 @@ impl MetaHandler {
     /// See [`MetaServer::move_block`].
     pub async fn move_block(&self, node: u64, index: u64, class: u8) -> Result<()> {
         let h = self;
-        let (src, dst, fence_claims) = {
+        let (src, dst, fence_claims, seq) = {
             let mut st = h.state();
             let (d, src, dst) = st.decide_move_start(node, index, class)?;
-            (src, dst, h.commit(&mut st, d, h.now_ms()))
+            let (claims, seq) = h.commit_logged(&mut st, d, h.now_ms());
+            (src, dst, claims, seq)
         };
-        // The fence must land before the copy: once acknowledged, no write
-        // with an older generation can reach the source block.
-        let fenced = {
+        // The fence goes out once the move is in the log (a restart that
+        // forgot the move would serve the block at its old generation,
+        // which the source then refuses), and it must land before the
+        // copy: once acknowledged, no write with an older generation can
+        // reach the source block.
+        let fenced = async {
+            h.durable(seq).await?;
             let mut by: BTreeMap<String, Vec<BlockClaim>> = BTreeMap::new();
             for c in fence_claims {
                 by.entry(c.addr.clone()).or_default().push(c);
@@ -406,7 +420,8 @@ impl MetaHandler {
                 }
             }
             ok
-        };
+        }
+        .await;
         let copied = match fenced {
             Ok(()) => {
                 let req = StoreRequest::Copy {
@@ -428,13 +443,15 @@ impl MetaHandler {
                 crate::state::move_name(node, index)
             );
         }
-        let claims = {
+        let (claims, seq) = {
             let mut st = h.state();
             match st.decide_move_end(node, index, copied.is_ok()) {
-                Some(d) => h.commit(&mut st, d, h.now_ms()),
-                None => Vec::new(),
+                Some(d) => h.commit_logged(&mut st, d, h.now_ms()),
+                None => (Vec::new(), 0),
             }
         };
+        // Likewise: the freed block's claim only once the switch is logged.
+        h.durable(seq).await?;
         h.send_claims(claims).await;
         copied
     }
