@@ -442,12 +442,16 @@ impl BlockAllocator {
         dead
     }
 
-    /// Servers dead and silent for longer than `retire_after_ms`.
+    /// Servers dead and silent for longer than `retire_after_ms`, and dead
+    /// servers that were drained empty (nothing of theirs can be lost: a
+    /// drained server that is stopped leaves at once).
     pub fn retirable(&self, now_ms: u64, retire_after_ms: u64) -> Vec<u32> {
         self.servers
             .iter()
             .filter(|(_, s)| {
-                !s.live.alive && now_ms.saturating_sub(s.live.last_seen_ms) > retire_after_ms
+                !s.live.alive
+                    && (now_ms.saturating_sub(s.live.last_seen_ms) > retire_after_ms
+                        || (s.draining && s.free.len() == s.spec.num_blocks as u64))
             })
             .map(|(id, _)| *id)
             .collect()

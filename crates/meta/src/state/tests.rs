@@ -1075,6 +1075,38 @@ fn a_drained_server_gets_no_new_blocks_and_ends_empty() {
     s.check_invariants().unwrap();
 }
 
+/// A drained server that stops leaves as soon as it is declared dead; a
+/// server that still holds blocks waits for `retire_after_ms`.
+#[test]
+fn a_drained_server_that_stops_is_retired_at_once() {
+    let mut s = state();
+    s.apply(MetaRequest::Register(spec("h:2", 0, 6)), 0)
+        .unwrap();
+    let d = drain(&mut s, "h:2", false).unwrap();
+    assert_eq!(d.state, DrainState::Done, "it held nothing");
+    // Both silent: the drained one and the file server (which holds the
+    // root's records) are declared dead.
+    s.alloc_soft().expire(5_000, 1_000);
+    let d = s.decide_retire(5_000, 60_000).unwrap();
+    let retired: Vec<u32> = d
+        .effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::ServerRetired { id } => Some(*id),
+            _ => None,
+        })
+        .collect();
+    let drained = s.alloc().find_server("h:2").unwrap();
+    assert_eq!(retired, vec![drained]);
+    s.commit(d, 5_000);
+    let st = match s.apply(MetaRequest::Status, 5_000).unwrap() {
+        MetaReply::Status(st) => st,
+        r => panic!("{r:?}"),
+    };
+    assert!(st.servers.iter().all(|x| x.addr != "h:2"), "it left status");
+    assert_eq!(st.servers.len(), 2, "the others wait for retire_after_ms");
+}
+
 /// While a container's record block moves, creates and removes in it get
 /// no record location: a record written to the source after the copy
 /// would be lost, and a lost clear could show a reused slot's old name.
