@@ -92,6 +92,12 @@ pub struct BenchArgs {
     /// them at the end, e.g. to time a restart holding them
     #[arg(long)]
     keep: bool,
+    /// Spread the run's nodes over N top-level directories
+    /// (/nk-bench-PID-J), as many owned by each metadata partition (within
+    /// one): client C works under directory C mod N, so with several
+    /// metadata servers every one gets clients
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    roots: usize,
     /// Start an in-process cluster instead of connecting
     #[arg(long)]
     embedded: bool,
@@ -163,6 +169,11 @@ pub struct Report {
     /// How metadata requests went: `unix` (a co-located metadata server's
     /// Unix socket), `tcp`, or `none` (baselines).
     pub meta_transport: &'static str,
+    /// Top-level directories the run's nodes were spread over (`--roots`;
+    /// 0 for baselines).
+    pub roots: usize,
+    /// Metadata servers (partitions) the clients talked to (0 for baselines).
+    pub meta_partitions: usize,
     /// The first of `peers` (kept for readers of the one-peer schema).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peer: Option<redis::PeerReport>,
@@ -291,6 +302,12 @@ fn print_human(r: &Report, a: &BenchArgs) {
         "  latency us: p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
         l.p50, l.p90, l.p99, l.p999, l.max
     );
+    if r.roots > 1 {
+        println!(
+            "  nodes spread over {} top-level directories, {} metadata partition(s)",
+            r.roots, r.meta_partitions
+        );
+    }
     for p in &r.peers {
         println!(
             "  {} {}: {:.0} ops/s, p50 {:.1} us, p99 {:.1} us -> NodeKernel p50 is {:.2}x {}'s, throughput {:.2}x",
@@ -302,7 +319,9 @@ fn print_human(r: &Report, a: &BenchArgs) {
 /// What every client of a run shares.
 struct Plan {
     mode: Mode,
-    root: String,
+    /// The run's top-level directories (`--roots`; interleaved by
+    /// metadata partition).
+    roots: Vec<String>,
     size: usize,
     warmup: u64,
     count: u64,
@@ -313,8 +332,10 @@ struct Plan {
 }
 
 impl Plan {
+    /// Client `c`'s directory: under root `c mod roots`.
     fn dir(&self, c: u64) -> String {
-        format!("{}/c{c}", self.root)
+        let r = (c % self.roots.len() as u64) as usize;
+        format!("{}/c{c}", self.roots[r])
     }
     /// Operations each client performs (warm-up included).
     fn total(&self) -> u64 {
@@ -334,9 +355,14 @@ impl Plan {
 /// Runs one benchmark and returns its report.
 pub async fn bench(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<Report> {
     let setup = Client::connect(cfg.clone()).await?;
+    let partitions = cfg.metas.len().max(1);
     let plan = Arc::new(Plan {
         mode: a.mode,
-        root: format!("/nk-bench-{}", std::process::id()),
+        roots: bench_roots(
+            &format!("/nk-bench-{}", std::process::id()),
+            a.roots,
+            partitions,
+        )?,
         size: usize::try_from(a.size.0).context("size too large")?,
         warmup: a.warmup,
         count: a.count,
@@ -350,13 +376,22 @@ pub async fn bench(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<Report> {
             ..CreateOptions::default()
         },
     });
-    setup.mkdir(&plan.root, false).await?;
+    for root in &plan.roots {
+        setup.mkdir(root, false).await?;
+    }
     let result = run_clients(&setup, cfg, a, plan.clone()).await;
     let cleanup = if a.keep {
-        eprintln!("kept the benchmark's nodes under {}", plan.root);
+        eprintln!("kept the benchmark's nodes under {}", plan.roots.join(", "));
         Ok(())
     } else {
-        setup.delete(&plan.root, true).await
+        let mut first = Ok(());
+        for root in &plan.roots {
+            let r = setup.delete(root, true).await;
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
     };
     let (hist, ops, secs, paths) = result?;
     cleanup?;
@@ -380,6 +415,8 @@ pub async fn bench(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<Report> {
         latency_us: Latency::of(&hist),
         data_path: paths.data_path(),
         meta_transport: paths.meta_transport(),
+        roots: plan.roots.len(),
+        meta_partitions: partitions,
         peer: None,
         peers: Vec::new(),
     })
@@ -440,6 +477,49 @@ impl Phase {
             .as_ref()
             .map_or(0.0, |p| (p.end - p.start).as_secs_f64())
     }
+}
+
+/// `n` top-level directory names for a run, `base-J`, chosen so that each
+/// of `partitions` metadata partitions owns as many of them as any other
+/// (within one), and interleaved so that root `r` belongs to partition
+/// `r mod partitions` while every partition has roots left. One root is
+/// `base` itself (the layout of runs without `--roots`).
+fn bench_roots(base: &str, n: usize, partitions: usize) -> anyhow::Result<Vec<String>> {
+    if n == 0 {
+        bail!("--roots must be at least 1");
+    }
+    if n == 1 {
+        return Ok(vec![base.to_string()]);
+    }
+    let p = partitions.max(1);
+    let mut want: Vec<usize> = (0..p).map(|i| n / p + usize::from(i < n % p)).collect();
+    let mut by_partition: Vec<Vec<String>> = vec![Vec::new(); p];
+    let mut found = 0;
+    // FNV-1a spreads consecutive names evenly; the bound only guards the loop.
+    for j in 0..(n as u64 + 64) * 64 * p as u64 {
+        if found == n {
+            break;
+        }
+        let name = format!("{base}-{j}");
+        let part = nodekernel_proto::path::partition_of(&name, p);
+        if want[part] > 0 {
+            want[part] -= 1;
+            by_partition[part].push(name);
+            found += 1;
+        }
+    }
+    if found < n {
+        bail!("could not spread {n} top-level names over {p} metadata partitions");
+    }
+    let mut roots = Vec::with_capacity(n);
+    for k in 0..n.div_ceil(p) {
+        roots.extend(
+            by_partition
+                .iter()
+                .filter_map(|names| names.get(k).cloned()),
+        );
+    }
+    Ok(roots)
 }
 
 fn new_histogram() -> Histogram<u64> {
@@ -861,7 +941,39 @@ async fn baseline(a: &BenchArgs) -> anyhow::Result<Report> {
         latency_us: Latency::of(&hist),
         data_path: "none",
         meta_transport: "none",
+        roots: 0,
+        meta_partitions: 0,
         peer: None,
         peers: Vec::new(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bench_roots;
+    use nodekernel_proto::path::partition_of;
+
+    #[test]
+    fn roots_are_spread_evenly_over_the_partitions() {
+        assert_eq!(bench_roots("/b", 1, 4).unwrap(), ["/b"]);
+        for (n, p) in [(16, 1), (16, 2), (16, 4), (10, 4), (3, 4), (64, 4)] {
+            let roots = bench_roots("/nk-bench-7", n, p).unwrap();
+            assert_eq!(roots.len(), n);
+            let mut seen = roots.clone();
+            seen.sort();
+            seen.dedup();
+            assert_eq!(seen.len(), n, "distinct names");
+            let mut per = vec![0usize; p];
+            for (r, name) in roots.iter().enumerate() {
+                let part = partition_of(name, p);
+                per[part] += 1;
+                if r < n - n % p {
+                    assert_eq!(part, r % p, "{n} over {p}: interleaved");
+                }
+            }
+            let (lo, hi) = (per.iter().min().unwrap(), per.iter().max().unwrap());
+            assert!(hi - lo <= 1, "{n} over {p}: {per:?}");
+        }
+        assert!(bench_roots("/b", 0, 1).is_err());
+    }
 }
