@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{client, start_meta_and_store, start_role, NK};
+use common::{client, nk_ok, start_meta_and_store, start_role, NK};
 
 struct Up {
     child: Child,
@@ -520,16 +520,6 @@ fn bench_reports_valid_json() {
 }
 
 /// Runs a client command against `addr` that must succeed; its stdout.
-fn nk_ok(addr: &str, args: &[&str]) -> Vec<u8> {
-    let out = client(addr).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "nk {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
-}
-
 fn stop(mut child: Child) {
     let pid = child.id().to_string();
     assert!(Command::new("kill")

@@ -4,18 +4,8 @@
 
 mod common;
 
-use common::{client, start_role};
+use common::{client, nk_ok, start_role};
 use std::process::Child;
-
-fn nk_ok(meta: &str, args: &[&str]) -> Vec<u8> {
-    let out = client(meta).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "nk {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
-}
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
@@ -58,32 +48,38 @@ fn two_partitions(dir: &std::path::Path, procs: &mut Killed) -> Vec<String> {
     metas
 }
 
+/// A DRAM `nk store` of `size` with 64 KiB blocks (the size of
+/// [`two_partitions`]' cluster), registered with the metadata servers in
+/// `list`: the process and its address.
+fn start_store(dir: &std::path::Path, list: &str, size: &str) -> (Child, String) {
+    let cfg = dir.join("store.toml");
+    std::fs::write(&cfg, "[meta]\nblock_size = \"64KiB\"\n").unwrap();
+    start_role(
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "store",
+            "--class",
+            "0",
+            "--medium",
+            "dram",
+            "--size",
+            size,
+        ],
+        &[("NK_META", list)],
+        "storage server 0",
+    )
+}
+
 #[test]
 fn nk_drain_empties_a_server_in_every_partition() {
     let dir = tempfile::tempdir().unwrap();
     let mut procs = Killed(Vec::new());
     let metas = two_partitions(dir.path(), &mut procs);
     let list = metas.join(",");
-    // Storage servers export blocks of the cluster's size.
-    let store_cfg = dir.path().join("store.toml");
-    std::fs::write(&store_cfg, "[meta]\nblock_size = \"64KiB\"\n").unwrap();
     let mut stores = Vec::new();
     for _ in 0..2 {
-        let (child, addr) = start_role(
-            &[
-                "--config",
-                store_cfg.to_str().unwrap(),
-                "store",
-                "--class",
-                "0",
-                "--medium",
-                "dram",
-                "--size",
-                "8MiB",
-            ],
-            &[("NK_META", &list)],
-            "storage server 0",
-        );
+        let (child, addr) = start_store(dir.path(), &list, "8MiB");
         procs.0.push(child);
         stores.push(addr);
     }
@@ -191,28 +187,9 @@ fn a_server_counts_only_once_every_partition_knows_it() {
     let dir = tempfile::tempdir().unwrap();
     let mut procs = Killed(Vec::new());
     let metas = two_partitions(dir.path(), &mut procs);
-    let store_cfg = dir.path().join("store.toml");
-    std::fs::write(&store_cfg, "[meta]\nblock_size = \"64KiB\"\n").unwrap();
-    let start = |list: &str| {
-        start_role(
-            &[
-                "--config",
-                store_cfg.to_str().unwrap(),
-                "store",
-                "--class",
-                "0",
-                "--medium",
-                "dram",
-                "--size",
-                "4MiB",
-            ],
-            &[("NK_META", list)],
-            "storage server 0",
-        )
-    };
     let both = metas.join(",");
-    procs.0.push(start(&both).0);
-    procs.0.push(start(&metas[0]).0);
+    procs.0.push(start_store(dir.path(), &both, "4MiB").0);
+    procs.0.push(start_store(dir.path(), &metas[0], "4MiB").0);
     let st: serde_json::Value =
         serde_json::from_slice(&nk_ok(&both, &["status", "--json"])).unwrap();
     assert_eq!(st["ready"], false, "{st}");

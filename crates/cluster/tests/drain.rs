@@ -43,6 +43,16 @@ async fn used(c: &Client, addr: &str) -> (u64, bool) {
     (s.used_blocks, s.draining)
 }
 
+/// Where the blocks of `path` are.
+async fn blocks_of(c: &Client, path: &str) -> Vec<nodekernel_client::BlockLoc> {
+    c.lookup(path)
+        .await
+        .unwrap()
+        .block_locations()
+        .await
+        .unwrap()
+}
+
 /// Asks for the drain's progress until it is finished.
 async fn drain_to_end(c: &Client, server: &str) -> Vec<DrainStatus> {
     tokio::time::timeout(HANG, async {
@@ -206,8 +216,7 @@ async fn drain_falls_back_to_the_next_class() {
     let dram = t.cluster.stores[0].advertised_addr().to_string();
     let data = pattern(5, 5 * BS as usize);
     c.put_file("/big", &data).await;
-    let stat = c.lookup("/big").await.unwrap();
-    let blocks = stat.block_locations().await.unwrap();
+    let blocks = blocks_of(c, "/big").await;
     assert!(
         blocks.iter().any(|b| b.addr == dram),
         "written to DRAM first: {blocks:?}"
@@ -218,13 +227,7 @@ async fn drain_falls_back_to_the_next_class() {
     };
     assert_eq!(parts[0].state, DrainState::Done);
     let file = t.cluster.stores[1].advertised_addr().to_string();
-    let blocks = c
-        .lookup("/big")
-        .await
-        .unwrap()
-        .block_locations()
-        .await
-        .unwrap();
+    let blocks = blocks_of(c, "/big").await;
     assert!(
         blocks.iter().all(|b| b.addr == file && b.class == 1),
         "moved to the file tier: {blocks:?}"
@@ -331,13 +334,7 @@ async fn a_joining_server_takes_blocks_at_once_and_can_replace_another() {
         .to_string();
     let more = pattern(3, 8 * BS as usize);
     c.put_file("/more", &more).await;
-    let blocks = c
-        .lookup("/more")
-        .await
-        .unwrap()
-        .block_locations()
-        .await
-        .unwrap();
+    let blocks = blocks_of(&c, "/more").await;
     assert!(
         blocks.iter().any(|b| b.addr == new),
         "new blocks on the new server: {blocks:?}"
@@ -351,7 +348,7 @@ async fn a_joining_server_takes_blocks_at_once_and_can_replace_another() {
     );
     for (p, data) in [("/full", &full), ("/more", &more)] {
         assert_eq!(c.get(p).await.unwrap(), *data, "{p}");
-        let blocks = c.lookup(p).await.unwrap().block_locations().await.unwrap();
+        let blocks = blocks_of(&c, p).await;
         assert!(blocks.iter().all(|b| b.addr == new), "{p}: {blocks:?}");
     }
 }

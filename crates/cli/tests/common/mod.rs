@@ -62,3 +62,16 @@ pub fn client(meta: &str) -> Command {
     cmd.env("NK_META", meta).env("NK_CONFIG", config);
     cmd
 }
+
+/// Runs `nk ARGS` against the cluster at `meta` (see [`client`]), checks
+/// that it succeeded, and returns its stdout.
+#[allow(dead_code)] // not every test binary runs client commands this way
+pub fn nk_ok(meta: &str, args: &[&str]) -> Vec<u8> {
+    let out = client(meta).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "nk {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
