@@ -1136,6 +1136,16 @@ impl MetaState {
         Ok((d.finish(Reply::Done), src, dst))
     }
 
+    /// Whether a running snapshot reads the slab in `block` of `server`
+    /// (pins one of its pieces, or holds a freed one): it stays put.
+    fn slab_pinned(&self, server: u32, block: u32) -> bool {
+        self.snapshots.pins_slab(server, block)
+            || self
+                .slabs
+                .get(server, block)
+                .is_some_and(|slab| slab.owned().any(|(_, o)| o == HELD))
+    }
+
     /// Starts moving the slab of move key `index` ([`slab_move_index`]):
     /// like a block move, with every piece's node following it at the end.
     /// A slab holding a piece a snapshot pins (or holds) stays put.
@@ -1145,15 +1155,17 @@ impl MetaState {
         class: u8,
     ) -> Result<(Decision, BlockLoc, BlockLoc)> {
         let (server, block) = slab_of(index);
-        let slab = self.slabs.get(server, block).ok_or_else(|| {
-            Error::out_of_range(format!("block {block} of server {server} is no slab"))
-        })?;
+        if self.slabs.get(server, block).is_none() {
+            return Err(Error::out_of_range(format!(
+                "block {block} of server {server} is no slab"
+            )));
+        }
         if self.moves.contains_key(&(SLAB_MOVE, index)) {
             return Err(Error::busy(format!(
                 "the slab in block {block} of server {server} is already being moved"
             )));
         }
-        if self.snapshots.pins_slab(server, block) || slab.owned().any(|(_, o)| o == HELD) {
+        if self.slab_pinned(server, block) {
             return Err(Error::busy(format!(
                 "the slab in block {block} of server {server} holds small values a running snapshot reads"
             )));
@@ -1194,7 +1206,7 @@ impl MetaState {
             let (server, block) = slab_of(index);
             self.slabs
                 .get(server, block)
-                .filter(|s| s.gen == m.fence && !self.snapshots.pins_slab(server, block))
+                .filter(|s| s.gen == m.fence && !self.slab_pinned(server, block))
                 .map(|_| BlockRef {
                     server,
                     block,
@@ -1266,8 +1278,7 @@ impl MetaState {
             if self.alloc.is_draining(server)
                 && self.alloc.is_alive(server)
                 && !self.moves.contains_key(&(SLAB_MOVE, index))
-                && !self.snapshots.pins_slab(server, block)
-                && !slab.owned().any(|(_, o)| o == HELD)
+                && !self.slab_pinned(server, block)
             {
                 out.push((SLAB_MOVE, index, slab.class, server));
                 if out.len() >= limit {
@@ -1294,13 +1305,6 @@ impl MetaState {
         }
     }
 
-    /// Whether any drain still has blocks to move.
-    pub fn draining(&self) -> bool {
-        self.drains
-            .iter()
-            .any(|(id, d)| !d.cancelled && self.alloc.is_draining(*id))
-    }
-
     /// The progress of the drain of `id` in this partition.
     pub fn drain_status(&self, id: u32) -> DrainStatus {
         let dr = self.drains.get(&id).cloned().unwrap_or_default();
@@ -1316,10 +1320,7 @@ impl MetaState {
         let pinned = self
             .slabs
             .iter()
-            .filter(|((s, b), slab)| {
-                *s == id
-                    && (self.snapshots.pins_slab(*s, *b) || slab.owned().any(|(_, o)| o == HELD))
-            })
+            .filter(|((s, b), _)| *s == id && self.slab_pinned(*s, *b))
             .count() as u64;
         let unmovable = held + pinned;
         let mut message = dr.message.clone();
