@@ -427,7 +427,7 @@ impl<'py> IntoPyObject<'py> for Status {
     fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.0;
         let d = PyDict::new(py);
-        d.set_item("ready", s.is_ready())?;
+        d.set_item("ready", s.is_ready() && s.unreachable.is_empty())?;
         d.set_item("block_size", s.block_size)?;
         d.set_item("nodes", s.nodes)?;
         d.set_item("puts_in_progress", s.puts_in_progress)?;
@@ -450,9 +450,20 @@ impl<'py> IntoPyObject<'py> for Status {
             )?;
             e.set_item("used_bytes", v.used_blocks * u64::from(v.block_size))?;
             e.set_item("alive", v.alive)?;
+            e.set_item("draining", v.draining)?;
             servers.append(e)?;
         }
         d.set_item("servers", servers)?;
+        // Metadata partitions that did not answer (the totals lack them).
+        let unreachable = PyList::empty(py);
+        for p in s.unreachable {
+            let e = PyDict::new(py);
+            e.set_item("partition", p.partition)?;
+            e.set_item("addr", p.addr)?;
+            e.set_item("error", p.error)?;
+            unreachable.append(e)?;
+        }
+        d.set_item("unreachable", unreachable)?;
         let logs = PyList::empty(py);
         for l in s.logs {
             let e = PyDict::new(py);

@@ -28,6 +28,10 @@ def test_connect_discovers_nk_meta_and_config_file(nk_meta, tmp_path, monkeypatc
         assert st["ready"]
         # nk up keeps no operation log.
         assert st["logs"] == []
+        # One metadata partition, answering; no server is being drained.
+        assert st["unreachable"] == []
+        assert st["servers"]
+        assert all(s["draining"] is False for s in st["servers"])
     # The [client] section of a config file, when NK_META is unset.
     monkeypatch.delenv("NK_META")
     cfg = tmp_path / "nk.toml"
