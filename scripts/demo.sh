@@ -3,7 +3,7 @@
 # short demo workload through the `nk` CLI (directories, files, a table of
 # KeyValues, a bag), reads everything back, kills the cluster with SIGKILL and
 # starts it again to show nothing closed was lost, takes a snapshot and
-# restores it, uses the same cluster from Python (the nodekernel package and
+# restores it, drains the DRAM server onto the file tier, uses the same cluster from Python (the nodekernel package and
 # its fsspec filesystem, in .venv), prints what it did and how long each step
 # took, then stops the cluster.
 set -euo pipefail
@@ -115,6 +115,14 @@ step "nk restore into /restored" "$NK" restore "$WORK/snap" /restored
 cmp "$WORK/input.bin" "$WORK/restored.bin" && echo "  64 MiB file: identical in the restored copy"
 echo "\$ nk ls /restored/cache"; "$NK" ls /restored/cache
 step "rm -r /restored" "$NK" rm -r /restored
+
+echo
+echo "== drain: empty the DRAM server while the cluster runs (its blocks move to the file tier) =="
+DRAM=$("$NK" status --json | python3 -c 'import json, sys; print(next(s["addr"] for s in json.load(sys.stdin)["servers"] if s["medium"] == "dram"))')
+step "nk drain $DRAM" "$NK" drain "$DRAM"
+"$NK" get /demo/jobs/job1/input.bin "$WORK/drained.bin"
+cmp "$WORK/input.bin" "$WORK/drained.bin" && echo "  64 MiB file: identical after the drain, now on the file tier"
+step "nk drain $DRAM --cancel (it takes new blocks again)" "$NK" drain "$DRAM" --cancel
 
 echo
 echo "== the same cluster from Python (nodekernel + fsspec, .venv) =="
