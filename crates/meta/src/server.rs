@@ -874,6 +874,9 @@ async fn ticker(h: Arc<MetaHandler>, cfg: MetaConfig) {
 /// Reaps removed subtrees in the background, woken after a big removal.
 /// Block moves in flight at once for drains.
 const DRAIN_MOVES: usize = 4;
+/// Blocks one scan of the namespace collects for the drainer (a scan walks
+/// every node under the state lock, so it is not done per batch).
+const DRAIN_SCAN: usize = 256;
 
 /// Moves the blocks of servers being drained to other servers, at most
 /// [`DRAIN_MOVES`] at a time and `rate` bytes per second (0: no limit).
@@ -881,41 +884,55 @@ const DRAIN_MOVES: usize = 4;
 async fn drainer(h: Arc<MetaHandler>, rate: u64) {
     let bs = h.state().alloc().block_size() as u64;
     loop {
-        let batch = h.state().drain_candidates(DRAIN_MOVES);
-        if batch.is_empty() {
+        let found = h.state().drain_candidates(DRAIN_SCAN);
+        if found.is_empty() {
             // Also woken by a timer: a move given up (or a restart of the
             // target) puts blocks back into the candidates.
             let _ = tokio::time::timeout(Duration::from_millis(500), h.drain.notified()).await;
             continue;
         }
-        let started = Instant::now();
-        let mut moves = tokio::task::JoinSet::new();
-        for (node, index, class, server) in batch {
-            let h = h.clone();
-            moves.spawn(async move {
-                let r = h.move_block(node, index, class).await;
-                (server, r)
-            });
-        }
-        let mut failed = false;
-        let mut moved = 0u64;
-        while let Some(done) = moves.join_next().await {
-            let Ok((server, r)) = done else { continue };
-            failed |= r.is_err();
-            if r.is_ok() {
-                moved += 1;
+        for batch in found.chunks(DRAIN_MOVES) {
+            let started = Instant::now();
+            let mut moves = tokio::task::JoinSet::new();
+            // What changed since the scan (freed, moved, a drain
+            // cancelled) is left out.
+            let batch: Vec<_> = {
+                let st = h.state();
+                batch
+                    .iter()
+                    .copied()
+                    .filter(|(node, index, _, server)| st.drain_still_needs(*node, *index, *server))
+                    .collect()
+            };
+            for (node, index, class, server) in batch {
+                let h = h.clone();
+                moves.spawn(async move {
+                    let r = h.move_block(node, index, class).await;
+                    (server, r)
+                });
             }
-            h.state()
-                .note_drain_move(server, r.map_err(|e| e.to_string()));
-        }
-        if rate > 0 {
-            let due = Duration::from_secs_f64((moved * bs) as f64 / rate as f64);
-            if let Some(wait) = due.checked_sub(started.elapsed()) {
-                tokio::time::sleep(wait).await;
+            let mut failed = false;
+            let mut moved = 0u64;
+            while let Some(done) = moves.join_next().await {
+                let Ok((server, r)) = done else { continue };
+                failed |= r.is_err();
+                if r.is_ok() {
+                    moved += 1;
+                }
+                h.state()
+                    .note_drain_move(server, r.map_err(|e| e.to_string()));
             }
-        }
-        if failed {
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            if rate > 0 {
+                let due = Duration::from_secs_f64((moved * bs) as f64 / rate as f64);
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    tokio::time::sleep(wait).await;
+                }
+            }
+            if failed {
+                // Scan again after a pause: failures repeat in order.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                break;
+            }
         }
     }
 }

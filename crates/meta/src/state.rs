@@ -1289,6 +1289,25 @@ impl MetaState {
         out
     }
 
+    /// Whether the block a drain scan found (`drain_candidates`) still
+    /// needs moving: still on `server`, which is still being drained, and
+    /// not being moved.
+    pub fn drain_still_needs(&self, node: NodeId, index: u64, server: u32) -> bool {
+        let on_server = if node == SLAB_MOVE {
+            let (s, block) = slab_of(index);
+            s == server && self.slabs.get(s, block).is_some()
+        } else {
+            self.ns
+                .get(node)
+                .and_then(|n| n.blocks.get(index as usize))
+                .is_some_and(|b| b.server == server)
+        };
+        on_server
+            && self.alloc.is_draining(server)
+            && self.alloc.is_alive(server)
+            && !self.moves.contains_key(&(node, index))
+    }
+
     /// Records the outcome of one move of a drain from `server`.
     pub fn note_drain_move(&mut self, server: u32, outcome: std::result::Result<(), String>) {
         if let Some(d) = self.drains.get_mut(&server) {

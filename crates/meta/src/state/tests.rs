@@ -1042,8 +1042,21 @@ fn a_drained_server_gets_no_new_blocks_and_ends_empty() {
     let (_, b) = map(&mut s, g.id, 0, 3, g.lease).unwrap();
     assert!(b.iter().all(|b| b.addr != "h:0"), "{b:?}");
     close(&mut s, &g, 3 * BS as u64).unwrap();
+    // A block found by a scan and moved since no longer needs moving.
+    let found = s.drain_candidates(2);
+    let (node, index, class, server) = found[0];
+    assert!(s.drain_still_needs(node, index, server));
+    let (d, _, _) = s.decide_move_start(node, index, class).unwrap();
+    s.commit(d, 0);
+    assert!(!s.drain_still_needs(node, index, server), "being moved");
+    let d = s.decide_move_end(node, index, true).unwrap();
+    s.commit(d, 0);
+    s.note_drain_move(server, Ok(()));
+    assert!(!s.drain_still_needs(node, index, server), "moved");
+    let (n1, i1, _, s1) = found[1];
+    assert!(s.drain_still_needs(n1, i1, s1));
     // Every block it holds is a candidate, data and child records alike.
-    let moved = run_drains(&mut s);
+    let moved = 1 + run_drains(&mut s);
     assert!(moved >= on_first, "moved {moved}");
     let d = drain(&mut s, "h:0", false).unwrap();
     assert_eq!(
