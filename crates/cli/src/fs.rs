@@ -214,8 +214,7 @@ pub async fn put(
     client: &Client,
     local: &Path,
     path: &str,
-    class: Option<u8>,
-    local_placement: bool,
+    opts: CreateOptions,
 ) -> anyhow::Result<()> {
     let path = norm(path);
     let start = Instant::now();
@@ -226,11 +225,6 @@ pub async fn put(
             .with_context(|| format!("cannot open {}", local.display()))?;
         let len = f.metadata().map(|m| m.len()).ok();
         (Box::new(f), len)
-    };
-    let opts = CreateOptions {
-        storage_class: class,
-        local: local_placement,
-        ..CreateOptions::default()
     };
     let node = client.create(&path, NodeType::File, opts).await?;
     let pb = progress(total, "put");

@@ -3,6 +3,7 @@
 mod bench;
 mod drain;
 mod fs;
+mod policy;
 mod servers;
 mod snapshot;
 
@@ -70,6 +71,10 @@ enum Cmd {
         /// Prefer storage servers on this host
         #[arg(long)]
         local_placement: bool,
+        /// Tier migration never moves its blocks (e.g. broadcast data
+        /// that must stay in DRAM)
+        #[arg(long)]
+        pinned: bool,
     },
     /// Copy a File or KeyValue to a local file (or - for stdout)
     Get { path: String, local: PathBuf },
@@ -145,6 +150,10 @@ enum Cmd {
         #[arg(long, value_name = "SECS", default_value_t = 30)]
         stuck_after: u64,
     },
+    /// Read or change the tiering and placement policy at runtime (every
+    /// metadata partition; `docs/tiering.md`)
+    #[command(subcommand)]
+    Policy(policy::PolicyCmd),
     /// Show storage servers, classes, capacity and use, per metadata
     /// partition too; exits 1 (after printing) when a metadata partition
     /// is unreachable
@@ -295,7 +304,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             path,
             class,
             local_placement,
-        } => fs::put(&client, &local, &path, class, local_placement).await,
+            pinned,
+        } => {
+            let opts = nodekernel_client::CreateOptions {
+                storage_class: class,
+                local: local_placement,
+                pinned,
+                ..Default::default()
+            };
+            fs::put(&client, &local, &path, opts).await
+        }
         Cmd::Get { path, local } => fs::get(&client, &path, &local).await,
         Cmd::Cat {
             path,
@@ -333,6 +351,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let stuck = std::time::Duration::from_secs(stuck_after);
             drain::drain(&client, &server, cancel, !no_wait, json, stuck).await
         }
+        Cmd::Policy(cmd) => policy::run(&client, cmd).await,
         Cmd::Bench(_) => unreachable!("handled above"),
         Cmd::Up(_) | Cmd::Meta(_) | Cmd::Store(_) => unreachable!("handled above"),
     }

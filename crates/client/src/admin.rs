@@ -1,5 +1,5 @@
 //! Cluster administration through the metadata partitions: draining a
-//! storage server.
+//! storage server, reading and changing the tiering policy.
 
 use crate::client::{unexpected, Client};
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
@@ -25,6 +25,25 @@ impl Client {
         for idx in 0..self.config().metas.len() {
             match self.meta_at(idx, &req).await? {
                 MetaReply::Drain(s) => out.push(s),
+                other => return Err(unexpected(other)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Changes the tiering and placement policy (`set`: (key, value) pairs,
+    /// applied in order, all or none; empty: only read it) in every
+    /// metadata partition, and returns each partition's settings after
+    /// the change, in partition order. Keys and values:
+    /// `docs/tiering.md`. A refused change (unknown key, bad value) is an
+    /// `InvalidArgument` naming the key; partitions are asked in order, so
+    /// a refusal comes from the first one, before any changed.
+    pub async fn policy(&self, set: &[(String, String)]) -> Result<Vec<Vec<(String, String)>>> {
+        let req = MetaRequest::Policy { set: set.to_vec() };
+        let mut out = Vec::new();
+        for idx in 0..self.config().metas.len() {
+            match self.meta_at(idx, &req).await? {
+                MetaReply::Policy(s) => out.push(s),
                 other => return Err(unexpected(other)),
             }
         }

@@ -94,6 +94,9 @@ pub struct CreateOptions {
     /// piece of a block shared with other small values, and cannot grow
     /// past that piece. [`Client::put`] sets it.
     pub size_hint: u64,
+    /// Tier migration never moves the node's blocks (e.g. broadcast data
+    /// that must stay in DRAM; `docs/tiering.md`).
+    pub pinned: bool,
 }
 
 impl Default for CreateOptions {
@@ -103,6 +106,7 @@ impl Default for CreateOptions {
             local: false,
             enumerable: true,
             size_hint: 0,
+            pinned: false,
         }
     }
 }
@@ -298,6 +302,7 @@ impl Client {
             },
             enumerable: opts.enumerable,
             size_hint: opts.size_hint,
+            pinned: opts.pinned,
         };
         let info = self.node_reply(idx, &req).await?;
         if let Some(rec) = &info.record {

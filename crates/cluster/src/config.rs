@@ -58,6 +58,12 @@ pub struct ClassSection {
     pub name: String,
     #[serde(default)]
     pub price_per_gib: f64,
+    /// This class's migration watermarks in percent (default: the
+    /// `meta` ones).
+    #[serde(default)]
+    pub high_watermark: Option<u8>,
+    #[serde(default)]
+    pub low_watermark: Option<u8>,
 }
 
 /// The seed paper's price table: DRAM $5/GB, NAND flash $0.63/GB.
@@ -67,11 +73,15 @@ pub fn default_classes() -> Vec<ClassSection> {
             id: 0,
             name: "dram".into(),
             price_per_gib: 5.0,
+            high_watermark: None,
+            low_watermark: None,
         },
         ClassSection {
             id: 1,
             name: "file".into(),
             price_per_gib: 0.63,
+            high_watermark: None,
+            low_watermark: None,
         },
     ]
 }
@@ -115,10 +125,25 @@ pub struct MetaSection {
     /// A checkpoint is written once the log has grown this much since the
     /// last one; the log before it is then deleted.
     pub checkpoint_after: ByteSize,
-    /// Bytes per second that block moves (`nk drain`) may copy between
-    /// storage servers, so foreground I/O keeps most of the bandwidth
-    /// (0: no limit).
+    /// Bytes per second that block moves (`nk drain`, tier migration)
+    /// may copy between storage servers together, so foreground I/O keeps
+    /// most of the bandwidth (0: no limit).
     pub move_rate: ByteSize,
+    /// Tier migration (`docs/tiering.md`): a class above `high_watermark`
+    /// percent full sheds its coldest blocks to the next class until it is
+    /// at `low_watermark`.
+    pub migration: bool,
+    pub high_watermark: u8,
+    pub low_watermark: u8,
+    /// Move blocks read often on a slower class up when there is room.
+    pub promotion: bool,
+    /// Accesses (halving every `heat_half_life_ms`) that make a block hot
+    /// enough to promote.
+    pub promote_after: u32,
+    pub heat_half_life_ms: u64,
+    /// Within a class: `local-first` (the client's location first) or
+    /// `round-robin`.
+    pub placement: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -149,6 +174,13 @@ impl Default for MetaSection {
             fsync_interval_ms: 100,
             move_rate: ByteSize(256 << 20),
             checkpoint_after: ByteSize(64 << 20),
+            migration: true,
+            high_watermark: 90,
+            low_watermark: 75,
+            promotion: false,
+            promote_after: 8,
+            heat_half_life_ms: 60_000,
+            placement: "local-first".into(),
         }
     }
 }
@@ -253,6 +285,7 @@ impl Config {
 
     /// Checks values that the types alone do not.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.tiering()?;
         for (i, c) in self.class.iter().enumerate() {
             if c.id == nodekernel_proto::NO_CLASS {
                 return Err(bad(
@@ -397,8 +430,50 @@ impl Config {
                 expected_servers: self.meta.expect_servers.unwrap_or(1),
             },
             persistence: self.meta_persistence(None),
-            move_rate: self.meta.move_rate.0,
+            tiering: self
+                .tiering()
+                .expect("validate checks the tiering settings"),
         }
+    }
+
+    /// The tiering settings of `[meta]` and `[[class]]`, checked by the
+    /// same rules as `nk policy set` (the error names the key).
+    pub fn tiering(&self) -> Result<nodekernel_meta::tier::TierSettings, ConfigError> {
+        let m = &self.meta;
+        let onoff = |b: bool| if b { "on" } else { "off" }.to_string();
+        let mut sets = vec![
+            ("migration".to_string(), onoff(m.migration)),
+            ("high_watermark".into(), m.high_watermark.to_string()),
+            ("low_watermark".into(), m.low_watermark.to_string()),
+            ("promotion".into(), onoff(m.promotion)),
+            ("promote_after".into(), m.promote_after.to_string()),
+            ("half_life_ms".into(), m.heat_half_life_ms.to_string()),
+            ("move_rate".into(), m.move_rate.0.to_string()),
+            ("placement".into(), m.placement.clone()),
+        ];
+        for c in &self.class {
+            for (which, v) in [("high", c.high_watermark), ("low", c.low_watermark)] {
+                if let Some(v) = v {
+                    sets.push((format!("class.{}.{which}_watermark", c.id), v.to_string()));
+                }
+            }
+        }
+        let mut t = nodekernel_meta::tier::TierSettings::default();
+        t.apply(&sets).map_err(|reason| {
+            // The policy names its key; the config names the TOML one.
+            let key = reason.split(':').next().unwrap_or_default();
+            let toml_key = match key.strip_prefix("class.") {
+                Some(rest) => {
+                    let (id, field) = rest.split_once('.').unwrap_or((rest, ""));
+                    let i = self.class.iter().position(|c| c.id.to_string() == id);
+                    format!("class[{}].{field}", i.unwrap_or(0))
+                }
+                None if key == "half_life_ms" => "meta.heat_half_life_ms".into(),
+                None => format!("meta.{key}"),
+            };
+            bad(toml_key, reason)
+        })?;
+        Ok(t)
     }
 
     /// The metadata server's persistence settings, if enabled: its

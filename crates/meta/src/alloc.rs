@@ -174,6 +174,9 @@ pub struct BlockAllocator {
     classes: BTreeMap<u8, Class>,
     next_server: u32,
     next_gen: u64,
+    /// Placement ignores the client's location (`placement =
+    /// round-robin`); a runtime setting, not durable state.
+    round_robin: bool,
 }
 
 /// What a registration does, decided by [`BlockAllocator::decide_register`].
@@ -203,6 +206,7 @@ impl BlockAllocator {
             classes: BTreeMap::new(),
             next_server: 1,
             next_gen: first_gen.max(1),
+            round_robin: false,
         }
     }
 
@@ -469,11 +473,38 @@ impl BlockAllocator {
         self.servers.get(&server).is_some_and(|s| s.live.alive)
     }
 
+    /// Each storage class, in priority order, as tier migration sees it:
+    /// the capacity and use of its servers that take new blocks.
+    pub fn class_use(&self) -> Vec<crate::tier::ClassUse> {
+        self.classes
+            .iter()
+            .map(|(class, c)| {
+                let (mut capacity, mut used) = (0, 0);
+                for s in c.servers.iter().filter(|id| self.usable(**id)) {
+                    let s = &self.servers[s];
+                    capacity += s.spec.num_blocks as u64;
+                    used += s.spec.num_blocks as u64 - s.free.len();
+                }
+                crate::tier::ClassUse {
+                    class: *class,
+                    capacity,
+                    used,
+                }
+            })
+            .collect()
+    }
+
     /// Whether new blocks may go to `server`.
-    fn usable(&self, server: u32) -> bool {
+    pub(crate) fn usable(&self, server: u32) -> bool {
         self.servers
             .get(&server)
             .is_some_and(|s| s.live.alive && !s.live.suspect && !s.draining)
+    }
+
+    /// Placement within a class: round-robin over every server (`true`),
+    /// or servers at the client's location first.
+    pub fn set_round_robin(&mut self, on: bool) {
+        self.round_robin = on;
     }
 
     /// Starts or ends draining `id`: a draining server gets no new blocks.
@@ -712,7 +743,7 @@ impl AllocPlan<'_> {
         let c = self.a.classes.get(&class)?;
         let n = c.servers.len();
         let next = self.rr.get(&class).copied().unwrap_or(c.next);
-        let passes: &[bool] = if location.is_empty() {
+        let passes: &[bool] = if location.is_empty() || self.a.round_robin {
             &[false]
         } else {
             &[true, false]

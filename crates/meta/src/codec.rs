@@ -82,7 +82,7 @@ pub fn encode_effects(effects: &[Effect], out: &mut BytesMut) {
                     .u8(n.ty as u8)
                     .u8(n.storage_class)
                     .str(&n.location)
-                    .bool(n.enumerable);
+                    .u8(crate::namespace::node_flags(n.enumerable, n.pinned));
             }
             Effect::Linked { id, slot: s } => {
                 e.u8(tag::LINKED).u64(*id);
@@ -242,15 +242,22 @@ pub fn decode_effects(buf: &[u8]) -> Result<Vec<Effect>> {
     for _ in 0..n {
         let t = d.u8()?;
         out.push(match t {
-            tag::NODE_CREATED => Effect::NodeCreated(NewNode {
-                id: d.u64()?,
-                parent: d.u64()?,
-                name: d.string()?,
-                ty: NodeType::from_u8(d.u8()?)?,
-                storage_class: d.u8()?,
-                location: d.string()?,
-                enumerable: d.bool()?,
-            }),
+            tag::NODE_CREATED => {
+                let (id, parent, name) = (d.u64()?, d.u64()?, d.string()?);
+                let ty = NodeType::from_u8(d.u8()?)?;
+                let (storage_class, location) = (d.u8()?, d.string()?);
+                let (enumerable, pinned) = crate::namespace::dec_node_flags(d)?;
+                Effect::NodeCreated(NewNode {
+                    id,
+                    parent,
+                    name,
+                    ty,
+                    storage_class,
+                    location,
+                    enumerable,
+                    pinned,
+                })
+            }
             tag::LINKED => Effect::Linked {
                 id: d.u64()?,
                 slot: dec_slot(d)?,
@@ -407,6 +414,7 @@ mod tests {
                 storage_class: 1,
                 location: "here".into(),
                 enumerable: false,
+                pinned: true,
             }),
             Effect::Linked { id: 42, slot: None },
             Effect::Linked {

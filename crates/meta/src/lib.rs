@@ -23,6 +23,7 @@ pub mod server;
 pub mod slab;
 pub mod snapshot;
 pub mod state;
+pub mod tier;
 
 #[cfg(test)]
 mod sim;

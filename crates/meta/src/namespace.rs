@@ -188,6 +188,8 @@ pub struct Node {
     pub storage_class: u8,
     pub location: Box<str>,
     pub enumerable: bool,
+    /// Tier migration leaves its blocks where they are.
+    pub pinned: bool,
     pub lease: Option<Lease>,
 }
 
@@ -203,6 +205,7 @@ pub struct NewNode {
     pub storage_class: u8,
     pub location: String,
     pub enumerable: bool,
+    pub pinned: bool,
 }
 
 #[derive(Debug)]
@@ -244,6 +247,20 @@ impl Default for CreateSpec {
     }
 }
 
+/// A node's flags as the log and checkpoints keep them: bit 0
+/// enumerable, bit 1 pinned (older records hold only bit 0).
+pub(crate) fn node_flags(enumerable: bool, pinned: bool) -> u8 {
+    u8::from(enumerable) | u8::from(pinned) << 1
+}
+
+/// Decodes [`node_flags`] as (enumerable, pinned).
+pub(crate) fn dec_node_flags(d: &mut Dec) -> Result<(bool, bool)> {
+    match d.u8()? {
+        f @ 0..=3 => Ok((f & 1 != 0, f & 2 != 0)),
+        f => Err(Error::protocol(format!("bad node flags {f:#x}"))),
+    }
+}
+
 /// A record slot in a container: (container id, slot).
 pub type SlotRef = (NodeId, u32);
 
@@ -264,6 +281,7 @@ impl Namespace {
             storage_class: NO_CLASS,
             location: Box::default(),
             enumerable: true,
+            pinned: false,
             lease: None,
         };
         Namespace {
@@ -574,6 +592,7 @@ impl Namespace {
                 storage_class: n.storage_class,
                 location: n.location.as_str().into(),
                 enumerable: n.ty != NodeType::Table || n.enumerable,
+                pinned: n.pinned,
                 lease: None,
             }),
         );
@@ -758,7 +777,7 @@ impl Namespace {
                 .u8(waits)
                 .u8(n.storage_class)
                 .str(&n.location)
-                .bool(n.enumerable);
+                .u8(node_flags(n.enumerable, n.pinned));
             match n.lease {
                 Some(l) => e.bool(true).u64(l.id).u64(l.expires_ms),
                 None => e.bool(false),
@@ -833,7 +852,7 @@ impl Namespace {
             let waits = d.u8()?;
             let storage_class = d.u8()?;
             let location: Box<str> = d.string()?.into();
-            let enumerable = d.bool()?;
+            let (enumerable, pinned) = dec_node_flags(d)?;
             let lease = if d.bool()? {
                 Some(Lease {
                     id: d.u64()?,
@@ -878,6 +897,7 @@ impl Namespace {
                 storage_class,
                 location,
                 enumerable,
+                pinned,
                 lease,
             };
             if ns.nodes.insert(id, Box::new(node)).is_some() {

@@ -79,8 +79,9 @@ pub struct MetaConfig {
     pub placement: Placement,
     /// Keep the namespace across restarts (`None`: volatile, the default).
     pub persistence: Option<Persistence>,
-    /// Bytes per second block moves may copy (0: no limit).
-    pub move_rate: u64,
+    /// Tier migration and placement settings, changed at runtime by
+    /// `MetaRequest::Policy`; `move_rate` there also paces drains.
+    pub tiering: crate::tier::TierSettings,
 }
 
 /// Where and how a persistent metadata server keeps its operation log.
@@ -126,7 +127,7 @@ impl Default for MetaConfig {
             unix_socket: true,
             placement: Placement::default(),
             persistence: None,
-            move_rate: 256 << 20,
+            tiering: crate::tier::TierSettings::default(),
         }
     }
 }
@@ -163,6 +164,9 @@ struct MetaHandler {
     reap: Notify,
     /// Wakes the drainer (a drain was asked for).
     drain: Notify,
+    /// When the block mover may start its next copy: drains and
+    /// migration share `move_rate`.
+    next_move: std::sync::Mutex<Instant>,
     /// The operation log, when persistent.
     journal: Option<Journal>,
     persistence: Option<Persistence>,
@@ -393,12 +397,38 @@ impl MetaHandler {
         self.send_claims(claims).await;
     }
 
+    /// Waits for the block mover's turn to copy one block: all moves
+    /// (drains and migration) together copy at most `move_rate` bytes per
+    /// second.
+    async fn pace(&self) {
+        let (rate, bs) = {
+            let st = self.state();
+            (st.tier_settings().move_rate, st.alloc().block_size() as u64)
+        };
+        if rate == 0 {
+            return;
+        }
+        let start = {
+            let mut next = self.next_move.lock().unwrap_or_else(|e| e.into_inner());
+            let now = Instant::now();
+            let start = (*next).max(now);
+            *next = start + Duration::from_secs_f64(bs as f64 / rate as f64);
+            start
+        };
+        tokio::time::sleep_until(start.into()).await;
+    }
+
     /// See [`MetaServer::move_block`].
     pub async fn move_block(&self, node: u64, index: u64, class: u8) -> Result<()> {
+        self.move_block_to(node, index, class, false).await
+    }
+
+    /// [`MetaHandler::move_block`]; with `exact`, into `class` only.
+    async fn move_block_to(&self, node: u64, index: u64, class: u8, exact: bool) -> Result<()> {
         let h = self;
         let (src, dst, fence_claims, seq) = {
             let mut st = h.state();
-            let (d, src, dst) = st.decide_move_start(node, index, class)?;
+            let (d, src, dst) = st.decide_move_start_to(node, index, class, exact)?;
             let (claims, seq) = h.commit_logged(&mut st, d, h.now_ms());
             (src, dst, claims, seq)
         };
@@ -539,6 +569,12 @@ impl Handler for MetaHandler {
         if matches!(req, MetaRequest::Drain { cancel: false, .. }) {
             self.drain.notify_one();
         }
+        if let (MetaRequest::Policy { set }, Ok(_)) = (&req, &reply) {
+            if !set.is_empty() {
+                let changes: Vec<String> = set.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                tracing::info!("policy changed: {}", changes.join(" "));
+            }
+        }
         if reap {
             // A big removal: reap a while now, the rest in the background.
             if self.reap_for(Duration::from_millis(200)).await {
@@ -594,6 +630,7 @@ impl MetaServer {
         let mut state = MetaState::new(bs, cfg.lease_timeout.as_millis() as u64, first_gen);
         state.set_classes(cfg.classes.clone());
         state.set_placement(cfg.placement);
+        state.set_tier_settings(cfg.tiering.clone());
         let (journal, covered) = match &cfg.persistence {
             Some(p) => {
                 let (j, covered) = recover(&mut state, p)?;
@@ -610,6 +647,7 @@ impl MetaServer {
             pending: Mutex::new(BTreeMap::new()),
             reap: Notify::new(),
             drain: Notify::new(),
+            next_move: std::sync::Mutex::new(Instant::now()),
             journal,
             persistence: cfg.persistence.clone(),
             checkpointing: Default::default(),
@@ -642,7 +680,8 @@ impl MetaServer {
         let tasks = vec![
             tokio::spawn(ticker(handler.clone(), cfg.clone())),
             tokio::spawn(reaper(handler.clone())),
-            tokio::spawn(drainer(handler.clone(), cfg.move_rate)),
+            tokio::spawn(drainer(handler.clone())),
+            tokio::spawn(migrator(handler.clone())),
         ];
         // `nk meta` prints the address itself; an embedding program asks
         // `local_addr`.
@@ -752,6 +791,7 @@ fn recover(state: &mut MetaState, p: &Persistence) -> Result<(Journal, u64), Met
             }
             restored.set_classes(state.classes().to_vec());
             restored.set_placement(state.placement());
+            restored.set_tier_settings(state.tier_settings().clone());
             *state = restored;
             (state.ns().len(), covered)
         }
@@ -879,10 +919,9 @@ const DRAIN_MOVES: usize = 4;
 const DRAIN_SCAN: usize = 256;
 
 /// Moves the blocks of servers being drained to other servers, at most
-/// [`DRAIN_MOVES`] at a time and `rate` bytes per second (0: no limit).
+/// [`DRAIN_MOVES`] at a time, paced by `move_rate` ([`MetaHandler::pace`]).
 /// A failed move is counted and tried again after a pause.
-async fn drainer(h: Arc<MetaHandler>, rate: u64) {
-    let bs = h.state().alloc().block_size() as u64;
+async fn drainer(h: Arc<MetaHandler>) {
     loop {
         let found = h.state().drain_candidates(DRAIN_SCAN);
         if found.is_empty() {
@@ -892,7 +931,6 @@ async fn drainer(h: Arc<MetaHandler>, rate: u64) {
             continue;
         }
         for batch in found.chunks(DRAIN_MOVES) {
-            let started = Instant::now();
             let mut moves = tokio::task::JoinSet::new();
             // What changed since the scan (freed, moved, a drain
             // cancelled) is left out.
@@ -907,32 +945,82 @@ async fn drainer(h: Arc<MetaHandler>, rate: u64) {
             for (node, index, class, server) in batch {
                 let h = h.clone();
                 moves.spawn(async move {
+                    h.pace().await;
                     let r = h.move_block(node, index, class).await;
                     (server, r)
                 });
             }
             let mut failed = false;
-            let mut moved = 0u64;
             while let Some(done) = moves.join_next().await {
                 let Ok((server, r)) = done else { continue };
                 failed |= r.is_err();
-                if r.is_ok() {
-                    moved += 1;
-                }
                 h.state()
                     .note_drain_move(server, r.map_err(|e| e.to_string()));
-            }
-            if rate > 0 {
-                let due = Duration::from_secs_f64((moved * bs) as f64 / rate as f64);
-                if let Some(wait) = due.checked_sub(started.elapsed()) {
-                    tokio::time::sleep(wait).await;
-                }
             }
             if failed {
                 // Scan again after a pause: failures repeat in order.
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 break;
             }
+        }
+    }
+}
+
+/// How often the migrator looks for work when there was none.
+const MIGRATE_IDLE: Duration = Duration::from_millis(500);
+/// Block moves one migration scan plans at most.
+const MIGRATE_SCAN: usize = 256;
+
+/// Tier migration: asks the policy for moves
+/// ([`MetaState::migration_candidates`]) and carries them out with the
+/// block mover, [`DRAIN_MOVES`] at a time, paced by `move_rate` like
+/// drains. Each move goes into exactly its target class or not at all.
+async fn migrator(h: Arc<MetaHandler>) {
+    loop {
+        let found = {
+            let mut st = h.state();
+            st.migration_candidates(h.now_ms(), MIGRATE_SCAN)
+        };
+        if found.is_empty() {
+            tokio::time::sleep(MIGRATE_IDLE).await;
+            continue;
+        }
+        let mut failed = false;
+        for batch in found.chunks(DRAIN_MOVES) {
+            let mut moves = tokio::task::JoinSet::new();
+            let batch: Vec<_> = {
+                let st = h.state();
+                batch
+                    .iter()
+                    .copied()
+                    .filter(|m| st.migration_still_wanted(m))
+                    .collect()
+            };
+            for m in batch {
+                let h = h.clone();
+                moves.spawn(async move {
+                    h.pace().await;
+                    (m, h.move_block_to(m.node, m.index, m.to, true).await)
+                });
+            }
+            while let Some(done) = moves.join_next().await {
+                let Ok((m, r)) = done else { continue };
+                match r {
+                    Ok(()) => h.state().note_migration(&m, h.now_ms()),
+                    Err(e) => {
+                        failed = true;
+                        tracing::debug!(
+                            "migrating {} from class {} to {}: {e}",
+                            crate::state::move_name(m.node, m.index),
+                            m.from,
+                            m.to
+                        );
+                    }
+                }
+            }
+        }
+        if failed {
+            tokio::time::sleep(MIGRATE_IDLE).await;
         }
     }
 }

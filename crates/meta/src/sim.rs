@@ -834,6 +834,7 @@ impl Sim {
                 location: String::new(),
                 enumerable: true,
                 size_hint,
+                pinned: false,
             })?
         };
         if let Ok(MetaReply::Node(info)) = reply {
@@ -1104,6 +1105,7 @@ impl Sim {
                 location: String::new(),
                 enumerable: self.rng.chance(70),
                 size_hint: 0,
+                pinned: self.rng.chance(10),
             },
             2 | 3 => MetaRequest::Remove {
                 path,

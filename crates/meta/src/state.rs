@@ -24,6 +24,7 @@ use crate::snapshot::{
     Listed, Snapshot, SnapshotNote, Snapshots, MAX_SNAPSHOTS, MAX_SNAPSHOT_NODES, PAGE_BYTES,
     SNAPSHOT_TTL_MS,
 };
+use crate::tier::{PlacementPolicy, TierSettings};
 use nodekernel_proto::meta::{MetaReply, MetaRequest, SnapshotEntry, MAX_MAP_COUNT};
 use nodekernel_proto::path;
 use nodekernel_proto::record::RECORD_SIZE;
@@ -32,6 +33,9 @@ use nodekernel_proto::{
     BlockLoc, ClassInfo, ClusterStatus, Error, NodeInfo, NodeType, RecordLoc, Result, NO_CLASS,
 };
 use std::collections::{BTreeMap, BTreeSet};
+
+mod migrate;
+pub use migrate::{Migration, Tiering};
 
 /// Most nodes one reaping step drops (a removed subtree larger than this is
 /// reaped in the background, a step per lock hold).
@@ -58,6 +62,14 @@ impl Default for Placement {
             expected_servers: 1,
         }
     }
+}
+
+/// A create's options besides path, type and size.
+struct NodeFlags<'a> {
+    class: u8,
+    location: &'a str,
+    enumerable: bool,
+    pinned: bool,
 }
 
 /// What a decided request replies, built from the state once its effects
@@ -97,6 +109,7 @@ enum Reply {
     },
     Located(BlockLoc),
     Drain(u32),
+    Policy,
 }
 
 /// The outcome of [`MetaState::decide`]: what to change, and what to reply
@@ -113,6 +126,8 @@ pub struct Decision {
     snapshot: Option<SnapshotNote>,
     /// A drain started (`true`) or cancelled (`false`).
     drain: Option<(u32, bool)>,
+    /// New tiering and placement settings (`MetaRequest::Policy`).
+    policy: Option<Box<TierSettings>>,
 }
 
 /// A drain of one storage server (soft state, like liveness: a restarted
@@ -190,6 +205,8 @@ pub struct MetaState {
     snapshots: Snapshots,
     /// Drains by server (soft state).
     drains: BTreeMap<u32, Drain>,
+    /// Tier migration (soft state): settings, policy, heat, counters.
+    tier: Tiering,
     classes: Vec<ClassInfo>,
     local_socket: String,
     /// A deliberately injected bug, to show the simulation catches it.
@@ -212,6 +229,7 @@ impl MetaState {
             held: BTreeMap::new(),
             snapshots: Snapshots::default(),
             drains: BTreeMap::new(),
+            tier: Tiering::default(),
             classes: Vec::new(),
             local_socket: String::new(),
             #[cfg(test)]
@@ -334,6 +352,15 @@ impl MetaState {
         }
         if let Some(note) = d.snapshot {
             self.snapshots.apply(note, now);
+        }
+        if let Some(p) = d.policy {
+            self.alloc
+                .set_round_robin(p.placement == PlacementPolicy::RoundRobin);
+            self.tier.settings = *p;
+        }
+        match &d.reply {
+            Reply::Node { id, .. } | Reply::Blocks { node: id, .. } => self.touch(*id, now),
+            _ => {}
         }
         if let Some((id, on)) = d.drain {
             self.alloc.set_draining(id, on);
@@ -587,12 +614,16 @@ impl MetaState {
                 location,
                 enumerable,
                 size_hint,
+                pinned,
             } => d.create(
                 path,
                 *ty,
-                *storage_class,
-                location,
-                *enumerable,
+                NodeFlags {
+                    class: *storage_class,
+                    location,
+                    enumerable: *enumerable,
+                    pinned: *pinned,
+                },
                 *size_hint,
                 now,
             )?,
@@ -702,6 +733,14 @@ impl MetaState {
                 }
                 d.drain = Some((id, !cancel));
                 Reply::Drain(id)
+            }
+            MetaRequest::Policy { set } => {
+                if !set.is_empty() {
+                    let mut next = self.tier.settings.clone();
+                    next.apply(set).map_err(Error::invalid_argument)?;
+                    d.policy = Some(Box::new(next));
+                }
+                Reply::Policy
             }
             MetaRequest::LocalSocket => Reply::LocalSocket,
             MetaRequest::Abort { node, lease } => d.abort(*node, *lease)?,
@@ -1102,8 +1141,20 @@ impl MetaState {
         index: u64,
         class: u8,
     ) -> Result<(Decision, BlockLoc, BlockLoc)> {
+        self.decide_move_start_to(node, index, class, false)
+    }
+
+    /// [`MetaState::decide_move_start`]; with `exact`, the target must be
+    /// in `class` itself (tier migration), else `NoSpace`.
+    pub fn decide_move_start_to(
+        &self,
+        node: NodeId,
+        index: u64,
+        class: u8,
+        exact: bool,
+    ) -> Result<(Decision, BlockLoc, BlockLoc)> {
         if node == SLAB_MOVE {
-            return self.decide_slab_move_start(index, class);
+            return self.decide_slab_move_start(index, class, exact);
         }
         let n = self.ns.get(node).ok_or_else(|| stale(node))?;
         let old = *n
@@ -1124,6 +1175,7 @@ impl MetaState {
         let mut d = Draft::new(self);
         d.plan.avoid(old.server);
         let to = d.plan.allocate(class, &n.location)?;
+        self.check_target(to, class, exact)?;
         let fence = d.plan.gen();
         d.push(Effect::MoveStarted {
             node,
@@ -1134,6 +1186,16 @@ impl MetaState {
         let src = self.loc(&BlockRef { gen: fence, ..old });
         let dst = self.loc(&to);
         Ok((d.finish(Reply::Done), src, dst))
+    }
+
+    /// With `exact`, refuses a move target outside `class`.
+    fn check_target(&self, to: BlockRef, class: u8, exact: bool) -> Result<()> {
+        if exact && self.alloc.server_class(to.server) != Some(class) {
+            return Err(Error::no_space(format!(
+                "storage class {class} has no free block to move to"
+            )));
+        }
+        Ok(())
     }
 
     /// Whether a running snapshot reads the slab in `block` of `server`
@@ -1153,6 +1215,7 @@ impl MetaState {
         &self,
         index: u64,
         class: u8,
+        exact: bool,
     ) -> Result<(Decision, BlockLoc, BlockLoc)> {
         let (server, block) = slab_of(index);
         if self.slabs.get(server, block).is_none() {
@@ -1178,6 +1241,7 @@ impl MetaState {
         let mut d = Draft::new(self);
         d.plan.avoid(server);
         let to = d.plan.allocate(class, "")?;
+        self.check_target(to, class, exact)?;
         let fence = d.plan.gen();
         d.push(Effect::MoveStarted {
             node: SLAB_MOVE,
@@ -1414,10 +1478,12 @@ impl MetaState {
                     // The server shell adds its log.
                     logs: Vec::new(),
                     unreachable: Vec::new(),
+                    moves: self.tier.moves.values().copied().collect(),
                 })
             }
             Reply::LocalSocket => MetaReply::LocalSocket(self.local_socket.clone()),
             Reply::Drain(id) => MetaReply::Drain(self.drain_status(*id)),
+            Reply::Policy => MetaReply::Policy(self.tier.settings.show()),
             Reply::SnapshotBegun { id, entries } => MetaReply::SnapshotBegun {
                 id: *id,
                 entries: *entries,
@@ -1843,6 +1909,7 @@ struct Draft<'a> {
     suspect: Option<u32>,
     snapshot: Option<SnapshotNote>,
     drain: Option<(u32, bool)>,
+    policy: Option<Box<TierSettings>>,
 }
 
 impl<'a> Draft<'a> {
@@ -1860,6 +1927,7 @@ impl<'a> Draft<'a> {
             suspect: None,
             snapshot: None,
             drain: None,
+            policy: None,
         }
     }
 
@@ -1871,6 +1939,7 @@ impl<'a> Draft<'a> {
             suspect: self.suspect,
             snapshot: self.snapshot,
             drain: self.drain,
+            policy: self.policy,
         }
     }
 
@@ -2262,17 +2331,20 @@ impl<'a> Draft<'a> {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn create(
         &mut self,
         path: &str,
         ty: NodeType,
-        class: u8,
-        location: &str,
-        enumerable: bool,
+        f: NodeFlags,
         size_hint: u64,
         now: u64,
     ) -> Result<Reply> {
+        let NodeFlags {
+            class,
+            location,
+            enumerable,
+            pinned,
+        } = f;
         self.st.check_partition(path)?;
         let (parent, name) = self.ns().parent_for(path, ty)?;
         if !ty.replaces_on_create() {
@@ -2299,6 +2371,7 @@ impl<'a> Draft<'a> {
             storage_class,
             location: location.to_string(),
             enumerable,
+            pinned,
         }));
         if !ty.replaces_on_create() {
             self.push(Effect::Linked { id, slot });

@@ -191,6 +191,7 @@ impl Sim {
             location: String::new(),
             enumerable: true,
             size_hint: 0,
+            pinned: false,
         };
         match op {
             Op::Create(p, NodeType::KeyValue) | Op::Put(p) => {

@@ -32,7 +32,11 @@ pub mod op {
     pub const SNAPSHOT_LOCATE: u16 = 19;
     pub const SNAPSHOT_END: u16 = 20;
     pub const DRAIN: u16 = 21;
+    pub const POLICY: u16 = 22;
 }
+
+/// Most policy settings one request may change.
+pub const MAX_POLICY_SETS: usize = 64;
 
 /// Most blocks one map request may ask for.
 pub const MAX_MAP_COUNT: u32 = 1024;
@@ -141,6 +145,9 @@ pub enum MetaRequest {
         /// shared block instead of a block of its own, and the node can
         /// then never grow past the piece (`docs/small-values.md`).
         size_hint: u64,
+        /// Tier migration never moves the node's blocks (e.g. broadcast
+        /// data that must stay in DRAM).
+        pinned: bool,
     },
     Lookup {
         path: String,
@@ -254,6 +261,11 @@ pub enum MetaRequest {
         server: String,
         cancel: bool,
     },
+    /// Reads the tiering and placement policy, after changing the given
+    /// settings (key, value) in order: all or none (`nk policy`).
+    Policy {
+        set: Vec<(String, String)>,
+    },
 }
 
 impl MetaRequest {
@@ -280,6 +292,7 @@ impl MetaRequest {
             MetaRequest::SnapshotLocate { .. } => op::SNAPSHOT_LOCATE,
             MetaRequest::SnapshotEnd { .. } => op::SNAPSHOT_END,
             MetaRequest::Drain { .. } => op::DRAIN,
+            MetaRequest::Policy { .. } => op::POLICY,
         }
     }
 
@@ -294,13 +307,15 @@ impl MetaRequest {
                 location,
                 enumerable,
                 size_hint,
+                pinned,
             } => {
                 e.str(path)
                     .u8(*ty as u8)
                     .u8(*storage_class)
                     .str(location)
                     .bool(*enumerable)
-                    .u64(*size_hint);
+                    .u64(*size_hint)
+                    .bool(*pinned);
             }
             MetaRequest::Lookup { path }
             | MetaRequest::Enumerate { path }
@@ -378,6 +393,12 @@ impl MetaRequest {
             MetaRequest::Drain { server, cancel } => {
                 e.str(server).bool(*cancel);
             }
+            MetaRequest::Policy { set } => {
+                e.u32(set.len() as u32);
+                for (k, v) in set {
+                    e.str(k).str(v);
+                }
+            }
         }
     }
 
@@ -393,6 +414,7 @@ impl MetaRequest {
                 location: d.string()?,
                 enumerable: d.bool()?,
                 size_hint: d.u64()?,
+                pinned: d.bool()?,
             },
             op::LOOKUP => MetaRequest::Lookup { path: d.string()? },
             op::ENUMERATE => MetaRequest::Enumerate { path: d.string()? },
@@ -463,6 +485,20 @@ impl MetaRequest {
                 server: d.string()?,
                 cancel: d.bool()?,
             },
+            op::POLICY => {
+                let n = d.count(8)?;
+                if n > MAX_POLICY_SETS {
+                    return Err(Error::protocol(format!(
+                        "{n} policy settings in one request (at most {MAX_POLICY_SETS})"
+                    )));
+                }
+                let mut set = Vec::with_capacity(n);
+                for _ in 0..n {
+                    set.push((d.string()?, d.string()?));
+                }
+                MetaRequest::Policy { set }
+            }
+
             other => return Err(Error::protocol(format!("unknown metadata op {other}"))),
         };
         if d.remaining() != 0 {
@@ -524,6 +560,8 @@ pub enum MetaReply {
     Located(BlockLoc),
     /// Drain: the drain's progress in this partition.
     Drain(DrainStatus),
+    /// Policy: every setting as (key, value), after the change.
+    Policy(Vec<(String, String)>),
 }
 
 impl MetaReply {
@@ -582,6 +620,12 @@ impl MetaReply {
             }
             MetaReply::Located(loc) => loc.encode(e),
             MetaReply::Drain(s) => s.encode(e),
+            MetaReply::Policy(set) => {
+                e.u32(set.len() as u32);
+                for (k, v) in set {
+                    e.str(k).str(v);
+                }
+            }
         }
     }
 
@@ -658,6 +702,14 @@ impl MetaReply {
             }
             op::SNAPSHOT_LOCATE => MetaReply::Located(BlockLoc::decode(&mut d)?),
             op::DRAIN => MetaReply::Drain(DrainStatus::decode(&mut d)?),
+            op::POLICY => {
+                let n = d.count(8)?;
+                let mut set = Vec::with_capacity(n);
+                for _ in 0..n {
+                    set.push((d.string()?, d.string()?));
+                }
+                MetaReply::Policy(set)
+            }
             other => {
                 return Err(Error::protocol(format!(
                     "reply to unknown metadata op {other}"
@@ -683,6 +735,7 @@ mod tests {
                 location: "host-a".into(),
                 enumerable: false,
                 size_hint: 100,
+                pinned: true,
             },
             MetaRequest::Lookup { path: "/x".into() },
             MetaRequest::Remove {
@@ -742,6 +795,10 @@ mod tests {
             MetaRequest::Drain {
                 server: "10.0.0.2:7000".into(),
                 cancel: true,
+            },
+            MetaRequest::Policy { set: vec![] },
+            MetaRequest::Policy {
+                set: vec![("high_watermark".into(), "80".into())],
             },
             MetaRequest::SnapshotList {
                 id: 4,
@@ -849,6 +906,11 @@ mod tests {
                 draining: true,
             }],
             unreachable: Vec::new(),
+            moves: vec![crate::types::ClassMoves {
+                class: 0,
+                demoted: 9,
+                promoted: 2,
+            }],
             logs: vec![crate::types::LogStatus {
                 partition: 1,
                 fsync: "interval 100ms".into(),
@@ -909,6 +971,10 @@ mod tests {
                     unmovable: 1,
                     message: "1 block is held by a snapshot".into(),
                 }),
+            ),
+            (
+                op::POLICY,
+                MetaReply::Policy(vec![("migration".into(), "on".into())]),
             ),
             (op::LOCAL_SOCKET, MetaReply::LocalSocket("nk-meta-1".into())),
             (op::LOCAL_SOCKET, MetaReply::LocalSocket(String::new())),

@@ -455,6 +455,19 @@ pub struct ClusterStatus {
     /// partitions' views. Filled by the client, never on the wire (a
     /// server always decodes it empty).
     pub unreachable: Vec<PartitionDown>,
+    /// Blocks tier migration moved, per class they left.
+    pub moves: Vec<ClassMoves>,
+}
+
+/// Blocks tier migration moved out of one storage class since the
+/// metadata server started (`docs/tiering.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ClassMoves {
+    pub class: u8,
+    /// Moved down to a slower class (demoted: cold, or making room).
+    pub demoted: u64,
+    /// Moved up to a faster class (promoted: hot).
+    pub promoted: u64,
 }
 
 /// A metadata partition that did not answer a status request.
@@ -610,6 +623,10 @@ impl ClusterStatus {
         for l in &self.logs {
             l.encode(e);
         }
+        e.u32(self.moves.len() as u32);
+        for m in &self.moves {
+            e.u8(m.class).u64(m.demoted).u64(m.promoted);
+        }
     }
     pub(crate) fn decode(d: &mut Dec) -> Result<ClusterStatus> {
         let block_size = d.u32()?;
@@ -634,6 +651,15 @@ impl ClusterStatus {
         for _ in 0..n {
             logs.push(LogStatus::decode(d)?);
         }
+        let n = d.count(1 + 8 + 8)?;
+        let mut moves = Vec::with_capacity(n);
+        for _ in 0..n {
+            moves.push(ClassMoves {
+                class: d.u8()?,
+                demoted: d.u64()?,
+                promoted: d.u64()?,
+            });
+        }
         Ok(ClusterStatus {
             block_size,
             nodes,
@@ -646,6 +672,7 @@ impl ClusterStatus {
             servers,
             logs,
             unreachable: Vec::new(),
+            moves,
         })
     }
 }

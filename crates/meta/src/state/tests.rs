@@ -56,6 +56,7 @@ fn create_with(
             location: String::new(),
             enumerable,
             size_hint: 0,
+            pinned: false,
         },
         now,
     )? {
@@ -149,6 +150,7 @@ fn decisions_change_nothing_and_effects_replay_to_the_same_state() {
         location: String::new(),
         enumerable: true,
         size_hint: 0,
+        pinned: false,
     };
     let d = s.decide(&req, 5).unwrap();
     assert!(!d.effects.is_empty());
@@ -174,6 +176,7 @@ fn decisions_change_nothing_and_effects_replay_to_the_same_state() {
         location: String::new(),
         enumerable: true,
         size_hint: 0,
+        pinned: false,
     };
     assert_eq!(s.apply(bad, 0).unwrap_err().code, ErrorCode::TypeMismatch);
     assert_eq!(s.dump(), before);
@@ -1508,6 +1511,7 @@ fn create_with_hint(s: &mut MetaState, path: &str, size: u64) -> Result<NodeInfo
         location: String::new(),
         enumerable: true,
         size_hint: size,
+        pinned: false,
     };
     match s.apply(req, 0)? {
         MetaReply::Node(n) => Ok(n),
@@ -1670,6 +1674,7 @@ fn a_restart_keeps_what_was_closed_and_forgets_writers() {
         location: String::new(),
         enumerable: true,
         size_hint,
+        pinned: false,
     };
     let node = |r: MetaReply| match r {
         MetaReply::Node(n) => n,
@@ -2050,6 +2055,7 @@ fn what_a_snapshot_held_survives_a_replay_and_a_checkpoint_and_a_restart_frees_i
             location: String::new(),
             enumerable: true,
             size_hint: 0,
+            pinned: false,
         },
     )
     .unwrap();
