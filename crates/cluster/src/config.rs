@@ -30,6 +30,15 @@ pub enum ConfigError {
     Value { key: String, reason: String },
 }
 
+/// Where admin endpoints listen unless configured: loopback only, a free
+/// port.
+pub const DEFAULT_ADMIN: &str = "127.0.0.1:0";
+
+/// An admin address setting: `None` when empty (turned off).
+pub fn admin_addr(setting: &str) -> Option<String> {
+    (!setting.is_empty()).then(|| setting.to_string())
+}
+
 fn bad(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
     ConfigError::Value {
         key: key.into(),
@@ -119,6 +128,9 @@ pub struct MetaSection {
     /// storage servers, so foreground I/O keeps most of the bandwidth
     /// (0: no limit).
     pub move_rate: ByteSize,
+    /// Address of the admin HTTP endpoint (`/metrics`, `/status`,
+    /// `/healthz`, `/readyz`, the dashboard at `/`); `""` turns it off.
+    pub admin: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -149,6 +161,7 @@ impl Default for MetaSection {
             fsync_interval_ms: 100,
             move_rate: ByteSize(256 << 20),
             checkpoint_after: ByteSize(64 << 20),
+            admin: DEFAULT_ADMIN.into(),
         }
     }
 }
@@ -189,6 +202,8 @@ pub struct StoreSection {
     /// directory; `docs/persistence.md`). Default: `meta.persistence` under
     /// `nk up`, `false` for `nk store`.
     pub persistent: Option<bool>,
+    /// Address of the server's admin HTTP endpoint; `""` turns it off.
+    pub admin: String,
 }
 
 impl Default for StoreSection {
@@ -207,6 +222,7 @@ impl Default for StoreSection {
             shared_memory: true,
             poll_spin_us: None,
             persistent: None,
+            admin: DEFAULT_ADMIN.into(),
         }
     }
 }
@@ -398,6 +414,7 @@ impl Config {
             },
             persistence: self.meta_persistence(None),
             move_rate: self.meta.move_rate.0,
+            admin: admin_addr(&self.meta.admin),
         }
     }
 
@@ -583,6 +600,7 @@ impl Config {
             shared_memory: s.shared_memory,
             poll_spin: spin(s.poll_spin_us),
             persistent: self.store_persistent(s, up_dir.is_some()),
+            admin: admin_addr(&s.admin),
         })
     }
 }

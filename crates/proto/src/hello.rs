@@ -38,7 +38,7 @@ pub const HELLO_ID: u64 = 0;
 pub const HELLO_MAGIC: [u8; 6] = *b"NKWIRE";
 /// The wire version this build speaks. Bumped on any incompatible change to
 /// a message's layout or meaning.
-pub const WIRE_VERSION: u16 = 7;
+pub const WIRE_VERSION: u16 = 8;
 /// Largest extension field a HELLO may carry.
 pub const MAX_HELLO_EXT_LEN: usize = 4096;
 /// Largest HELLO payload (magic, version, role, extension).
