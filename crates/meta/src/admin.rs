@@ -102,81 +102,97 @@ impl Source for MetaAdmin {
         let per_class = |f: fn(&nodekernel_admin::status::ClassOut) -> u64| {
             v.classes.iter().map(move |c| (class_labels(c), f(c)))
         };
-        reg.register(
-            "server_capacity_bytes",
-            "Bytes a storage server exports to this partition",
-            gauges(per_server(|s| s.capacity_bytes)),
-        );
-        reg.register(
-            "server_used_bytes",
-            "Bytes of a storage server in use (allocated blocks)",
-            gauges(per_server(|s| s.used_bytes)),
-        );
-        reg.register(
-            "server_alive",
-            "1 while a storage server heartbeats",
-            gauges(per_server(|s| s.alive as u64)),
-        );
-        reg.register(
-            "server_draining",
-            "1 while a storage server is being drained",
-            gauges(per_server(|s| s.draining as u64)),
-        );
-        reg.register(
-            "server_read_bytes",
-            "Bytes a storage server sent to readers (as of its last heartbeat)",
-            counters(per_server(|s| s.bytes_read)),
-        );
-        reg.register(
-            "server_written_bytes",
-            "Bytes written to a storage server (as of its last heartbeat)",
-            counters(per_server(|s| s.bytes_written)),
-        );
-        reg.register(
-            "server_read_ops",
-            "Read requests a storage server served (as of its last heartbeat)",
-            counters(per_server(|s| s.read_ops)),
-        );
-        reg.register(
-            "server_write_ops",
-            "Write requests a storage server served (as of its last heartbeat)",
-            counters(per_server(|s| s.write_ops)),
-        );
-        reg.register(
-            "class_capacity_bytes",
-            "Bytes a storage class exports to this partition",
-            gauges(per_class(|c| c.capacity_bytes)),
-        );
-        reg.register(
-            "class_used_bytes",
-            "Bytes of a storage class in use",
-            gauges(per_class(|c| c.used_bytes)),
-        );
-        reg.register(
-            "class_servers",
-            "Storage servers of a class",
-            gauges(per_class(|c| c.servers as u64)),
-        );
-        reg.register(
-            "class_read_bytes",
-            "Bytes the servers of a storage class sent to readers",
-            counters(per_class(|c| c.bytes_read)),
-        );
-        reg.register(
-            "class_written_bytes",
-            "Bytes written to the servers of a storage class",
-            counters(per_class(|c| c.bytes_written)),
-        );
-        reg.register(
-            "class_read_ops",
-            "Read requests the servers of a storage class served",
-            counters(per_class(|c| c.read_ops)),
-        );
-        reg.register(
-            "class_write_ops",
-            "Write requests the servers of a storage class served",
-            counters(per_class(|c| c.write_ops)),
-        );
+        type S = nodekernel_admin::status::ServerOut;
+        type C = nodekernel_admin::status::ClassOut;
+        let server_gauges: [(&str, &str, fn(&S) -> u64); 4] = [
+            (
+                "server_capacity_bytes",
+                "Bytes a storage server exports to this partition",
+                |s| s.capacity_bytes,
+            ),
+            (
+                "server_used_bytes",
+                "Bytes of a storage server in use (allocated blocks)",
+                |s| s.used_bytes,
+            ),
+            ("server_alive", "1 while a storage server heartbeats", |s| {
+                s.alive as u64
+            }),
+            (
+                "server_draining",
+                "1 while a storage server is being drained",
+                |s| s.draining as u64,
+            ),
+        ];
+        let server_counters: [(&str, &str, fn(&S) -> u64); 4] = [
+            (
+                "server_read_bytes",
+                "Bytes a storage server sent to readers (as of its last heartbeat)",
+                |s| s.bytes_read,
+            ),
+            (
+                "server_written_bytes",
+                "Bytes written to a storage server (as of its last heartbeat)",
+                |s| s.bytes_written,
+            ),
+            (
+                "server_read_ops",
+                "Read requests a storage server served (as of its last heartbeat)",
+                |s| s.read_ops,
+            ),
+            (
+                "server_write_ops",
+                "Write requests a storage server served (as of its last heartbeat)",
+                |s| s.write_ops,
+            ),
+        ];
+        let class_gauges: [(&str, &str, fn(&C) -> u64); 3] = [
+            (
+                "class_capacity_bytes",
+                "Bytes a storage class exports to this partition",
+                |c| c.capacity_bytes,
+            ),
+            ("class_used_bytes", "Bytes of a storage class in use", |c| {
+                c.used_bytes
+            }),
+            ("class_servers", "Storage servers of a class", |c| {
+                c.servers as u64
+            }),
+        ];
+        let class_counters: [(&str, &str, fn(&C) -> u64); 4] = [
+            (
+                "class_read_bytes",
+                "Bytes the servers of a storage class sent to readers",
+                |c| c.bytes_read,
+            ),
+            (
+                "class_written_bytes",
+                "Bytes written to the servers of a storage class",
+                |c| c.bytes_written,
+            ),
+            (
+                "class_read_ops",
+                "Read requests the servers of a storage class served",
+                |c| c.read_ops,
+            ),
+            (
+                "class_write_ops",
+                "Write requests the servers of a storage class served",
+                |c| c.write_ops,
+            ),
+        ];
+        for (name, help, f) in server_gauges {
+            reg.register(name, help, gauges(per_server(f)));
+        }
+        for (name, help, f) in server_counters {
+            reg.register(name, help, counters(per_server(f)));
+        }
+        for (name, help, f) in class_gauges {
+            reg.register(name, help, gauges(per_class(f)));
+        }
+        for (name, help, f) in class_counters {
+            reg.register(name, help, counters(per_class(f)));
+        }
         encode(&root)
     }
 
