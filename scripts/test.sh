@@ -23,6 +23,10 @@ if ! command -v ip >/dev/null 2>&1 && [[ $(id -u) == 0 ]] && command -v apt-get 
     echo "== apt-get install iproute2 (network namespaces for the multi-host tests) =="
     apt-get install -y iproute2 || { apt-get update && apt-get install -y iproute2; }
 fi
+if ! [[ -x /usr/bin/chromium ]] && [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    echo "== apt-get install chromium (the dashboard test drives it headless) =="
+    apt-get install -y chromium || { apt-get update && apt-get install -y chromium; }
+fi
 echo "== cargo test =="
 # The multi-host tests build hosts from network namespaces (root and
 # iproute2 needed): here they must run, not skip.
@@ -36,4 +40,6 @@ echo "== Python package: build into .venv, ruff, pytest =="
 .venv/bin/ruff check crates/py scripts
 .venv/bin/ruff format --check crates/py scripts
 # The tests start clusters with target/debug/nk (built by cargo test above).
+# test_dashboard.py loads the admin dashboard in /usr/bin/chromium through
+# playwright (never `playwright install`: Debian's Chromium is used).
 .venv/bin/python -m pytest crates/py/tests -q

@@ -4,7 +4,7 @@ use anyhow::{bail, Context};
 use futures::stream::{self, StreamExt};
 use indicatif::{ProgressBar, ProgressStyle};
 use nodekernel_client::{
-    BufferedReader, BufferedWriter, Client, CreateOptions, NodeType, ServerStatus, StreamOptions,
+    BufferedReader, BufferedWriter, Client, CreateOptions, NodeType, StreamOptions,
 };
 use nodekernel_cluster::human;
 use serde::Serialize;
@@ -599,108 +599,9 @@ pub async fn kv_put(client: &Client, key: &str, value: Option<String>) -> anyhow
     Ok(())
 }
 
-#[derive(Serialize)]
-struct ClassOut {
-    class: u8,
-    name: String,
-    servers: usize,
-    capacity_bytes: u64,
-    used_bytes: u64,
-    free_bytes: u64,
-    blocks: u64,
-    used_blocks: u64,
-    /// Configured price of one GiB of this class.
-    price_per_gib: f64,
-    /// Price of the class's whole capacity.
-    capacity_cost: f64,
-}
-
-#[derive(Serialize)]
-struct StatusOut {
-    block_size: u32,
-    nodes: u64,
-    /// Whether the expected storage servers are alive.
-    ready: bool,
-    expected_servers: u32,
-    alive_servers: usize,
-    /// Puts not yet closed, and removed nodes whose blocks are still being
-    /// freed.
-    puts_in_progress: u64,
-    reclaiming: u64,
-    classes: Vec<ClassOut>,
-    servers: Vec<ServerOut>,
-    /// The operation log of each persistent metadata server.
-    logs: Vec<LogOut>,
-    /// Every configured metadata partition, in partition order, and
-    /// whether it answered.
-    partitions: Vec<PartitionOut>,
-    /// The partitions that did not answer (their nodes and their slices of
-    /// the servers' capacity are missing above); `nk status` then exits
-    /// with a nonzero status.
-    unreachable: Vec<PartitionOut>,
-}
-
-#[derive(Serialize, Clone)]
-struct PartitionOut {
-    partition: u32,
-    addr: String,
-    reachable: bool,
-    /// Why it did not answer (absent when it did).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<String>,
-}
-
-#[derive(Serialize)]
-struct LogOut {
-    partition: u32,
-    fsync: String,
-    records: u64,
-    checkpoint: u64,
-    log_bytes: u64,
-}
-
-#[derive(Serialize)]
-struct ServerOut {
-    id: u32,
-    addr: String,
-    identity: String,
-    class: u8,
-    class_name: String,
-    medium: String,
-    location: String,
-    alive: bool,
-    /// Being drained: it gets no new blocks, its blocks are moving away.
-    draining: bool,
-    last_seen_ms: u64,
-    capacity_bytes: u64,
-    used_bytes: u64,
-    free_bytes: u64,
-    blocks: u64,
-    used_blocks: u64,
-}
-
-impl From<&ServerStatus> for ServerOut {
-    fn from(s: &ServerStatus) -> Self {
-        let bs = s.block_size as u64;
-        ServerOut {
-            id: s.id,
-            addr: s.addr.clone(),
-            identity: s.identity.clone(),
-            class: s.class,
-            class_name: s.class_name.clone(),
-            medium: s.medium.clone(),
-            location: s.location.clone(),
-            alive: s.alive,
-            draining: s.draining,
-            last_seen_ms: s.last_seen_ms,
-            capacity_bytes: s.capacity_blocks * bs,
-            used_bytes: s.used_blocks * bs,
-            free_bytes: (s.capacity_blocks - s.used_blocks.min(s.capacity_blocks)) * bs,
-            blocks: s.capacity_blocks,
-            used_blocks: s.used_blocks,
-        }
-    }
-}
+use nodekernel_admin::status::StatusOut;
+#[cfg(test)]
+use nodekernel_admin::status::{PartitionOut, ServerOut};
 
 /// The readiness line of `nk status`: more servers than expected (stores
 /// started one by one) read as such, not as "2 of 1".
@@ -776,84 +677,7 @@ pub async fn status(
         None => client.status().await?,
     };
     let metas = &client.config().metas;
-    let partitions: Vec<PartitionOut> = metas
-        .iter()
-        .enumerate()
-        .map(|(i, addr)| {
-            let down = st.unreachable.iter().find(|d| d.partition as usize == i);
-            PartitionOut {
-                partition: i as u32,
-                addr: addr.clone(),
-                reachable: down.is_none(),
-                error: down.map(|d| d.error.clone()),
-            }
-        })
-        .collect();
-    let unreachable: Vec<PartitionOut> = partitions
-        .iter()
-        .filter(|p| !p.reachable)
-        .cloned()
-        .collect();
-    let servers: Vec<ServerOut> = st.servers.iter().map(ServerOut::from).collect();
-    let mut classes: Vec<ClassOut> = st
-        .classes
-        .iter()
-        .map(|c| ClassOut {
-            class: c.class,
-            name: c.name.clone(),
-            servers: 0,
-            capacity_bytes: 0,
-            used_bytes: 0,
-            free_bytes: 0,
-            blocks: 0,
-            used_blocks: 0,
-            price_per_gib: c.price_per_gib,
-            capacity_cost: 0.0,
-        })
-        .collect();
-    for s in &servers {
-        let Some(c) = classes.iter_mut().find(|c| c.class == s.class) else {
-            continue;
-        };
-        c.servers += 1;
-        c.capacity_bytes += s.capacity_bytes;
-        c.used_bytes += s.used_bytes;
-        c.blocks += s.blocks;
-        c.used_blocks += s.used_blocks;
-        if s.alive {
-            c.free_bytes += s.free_bytes;
-        }
-    }
-    // Classes configured but without servers are not shown.
-    classes.retain(|c| c.servers > 0);
-    for c in &mut classes {
-        c.capacity_cost = c.capacity_bytes as f64 / (1u64 << 30) as f64 * c.price_per_gib;
-    }
-    classes.sort_by_key(|c| c.class);
-    let out = StatusOut {
-        block_size: st.block_size,
-        nodes: st.nodes,
-        ready: st.is_ready() && unreachable.is_empty(),
-        expected_servers: st.expected_servers,
-        alive_servers: st.servers.iter().filter(|s| s.alive).count(),
-        puts_in_progress: st.puts_in_progress,
-        reclaiming: st.reclaiming,
-        classes,
-        servers,
-        logs: st
-            .logs
-            .iter()
-            .map(|l| LogOut {
-                partition: l.partition,
-                fsync: l.fsync.clone(),
-                records: l.records,
-                checkpoint: l.checkpoint,
-                log_bytes: l.log_bytes,
-            })
-            .collect(),
-        partitions,
-        unreachable,
-    };
+    let out = status_view(&st, metas);
     if json {
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
@@ -863,6 +687,18 @@ pub async fn status(
         bail!("{}", unreachable_summary(&st.unreachable, metas.len()));
     }
     Ok(())
+}
+
+/// The JSON view of a status the client merged from the partitions
+/// `metas` (what `nk status --json` prints; `nk top` shows it too).
+pub fn status_view(st: &nodekernel_client::ClusterStatus, metas: &[String]) -> StatusOut {
+    StatusOut::new(
+        st,
+        metas
+            .iter()
+            .enumerate()
+            .map(|(i, addr)| (i as u32, addr.clone())),
+    )
 }
 
 /// The human form of `nk status`.
@@ -1000,6 +836,7 @@ mod status_tests {
             free_bytes: 3 << 20,
             blocks: 4,
             used_blocks: 1,
+            ..ServerOut::default()
         }
     }
 

@@ -6,6 +6,7 @@ mod fs;
 mod policy;
 mod servers;
 mod snapshot;
+mod top;
 
 use clap::{Parser, Subcommand};
 use nodekernel_cluster::{ByteSize, Config};
@@ -167,6 +168,19 @@ enum Cmd {
         /// Seconds --wait waits at most
         #[arg(long, default_value_t = 60, requires = "wait")]
         timeout: u64,
+    },
+    /// Live view of the cluster: capacity and use per class and server,
+    /// read/write throughput and operations per second (Ctrl-C quits)
+    Top {
+        /// Seconds between refreshes (rates are measured over it)
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+        /// Print one frame (rates over one interval) and exit
+        #[arg(long)]
+        once: bool,
+        /// Print frames as JSON (one line each; pretty with --once)
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -341,6 +355,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let wait = wait.then(|| std::time::Duration::from_secs(timeout));
             fs::status(&client, json, wait).await
         }
+        Cmd::Top {
+            interval,
+            once,
+            json,
+        } => top::top(&client, interval, once, json).await,
         Cmd::Drain {
             server,
             cancel,

@@ -24,6 +24,9 @@ pub struct UpArgs {
     /// File tier size (0 disables it), e.g. 8GiB
     #[arg(long, value_parser = crate::parse_size)]
     file: Option<ByteSize>,
+    /// The metadata server's admin HTTP endpoint (metrics, status, dashboard); "" turns it off [default: meta.admin, 127.0.0.1:0]
+    #[arg(long, value_name = "ADDR")]
+    admin: Option<String>,
 }
 
 #[derive(Args)]
@@ -34,6 +37,9 @@ pub struct MetaArgs {
     /// Keep the namespace in DIR across restarts (an operation log; turns on meta.persistence) [default: meta.data_dir when meta.persistence is set]
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
+    /// Admin HTTP endpoint (metrics, status, dashboard); "" turns it off [default: meta.admin, 127.0.0.1:0]
+    #[arg(long, value_name = "ADDR")]
+    admin: Option<String>,
 }
 
 #[derive(Args)]
@@ -65,6 +71,9 @@ pub struct StoreArgs {
     /// Keep the blocks across restarts of this server (needs --data-dir; docs/persistence.md)
     #[arg(long)]
     persistent: bool,
+    /// Admin HTTP endpoint (metrics, status, dashboard) of every server started; "" turns it off [default: the section's admin, 127.0.0.1:0]
+    #[arg(long, value_name = "ADDR")]
+    admin: Option<String>,
 }
 
 async fn wait_for_signal() -> anyhow::Result<&'static str> {
@@ -99,13 +108,19 @@ pub async fn up(mut cfg: Config, a: &UpArgs) -> anyhow::Result<()> {
     if let Some(s) = a.file {
         cfg.up.file = s;
     }
+    if let Some(admin) = &a.admin {
+        cfg.meta.admin = admin.clone();
+    }
     let stores = cfg.up_stores();
     let cluster = LocalCluster::start(cfg).await?;
     let addr = cluster.meta_addr();
     println!("NodeKernel is up: metadata server at {addr}");
+    if let Some(url) = cluster.admin_url() {
+        println!("  admin endpoint and dashboard at {url}");
+    }
     for (s, srv) in stores.iter().zip(&cluster.stores) {
         println!(
-            "  storage class {} ({}): {} {} at {}, identity {}{}",
+            "  storage class {} ({}): {} {} at {}, identity {}{}{}",
             s.class,
             s.class_name,
             human(s.size.0),
@@ -116,6 +131,7 @@ pub async fn up(mut cfg: Config, a: &UpArgs) -> anyhow::Result<()> {
             srv.local_addr(),
             srv.identity(),
             kept_text(srv),
+            admin_text(srv.admin_addr()),
         );
     }
     let persistent = cluster.config.meta.persistence;
@@ -139,6 +155,12 @@ pub async fn up(mut cfg: Config, a: &UpArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `, admin http://ADDR/` for a server's start-up line, if it has one.
+fn admin_text(addr: Option<std::net::SocketAddr>) -> String {
+    addr.map(|a| format!(", admin http://{a}/"))
+        .unwrap_or_default()
+}
+
 /// What a storage server found of its blocks at start, for its line in
 /// the start-up report: nothing for a volatile server.
 fn kept_text(srv: &StorageServer) -> String {
@@ -157,10 +179,16 @@ pub async fn meta(mut cfg: Config, a: &MetaArgs) -> anyhow::Result<()> {
         cfg.meta.persistence = true;
         cfg.meta.data_dir = Some(d.clone());
     }
+    if let Some(admin) = &a.admin {
+        cfg.meta.admin = admin.clone();
+    }
     cfg.validate()?;
     cfg.check_meta_dir()?;
     let server = MetaServer::start(cfg.meta_config()).await?;
     println!("metadata server listening on {}", server.local_addr());
+    if let Some(a) = server.admin_addr() {
+        println!("admin endpoint and dashboard at http://{a}/");
+    }
     if let Some(p) = cfg.meta_persistence(None) {
         println!(
             "operation log in {} (fsync: {:?})",
@@ -198,6 +226,11 @@ pub async fn store(mut cfg: Config, metas: Vec<String>, a: &StoreArgs) -> anyhow
     if cfg.store.is_empty() {
         anyhow::bail!("no storage server defined: pass --class (and --medium, --size) or list [[store]] in the config");
     }
+    if let Some(admin) = &a.admin {
+        for s in &mut cfg.store {
+            s.admin = admin.clone();
+        }
+    }
     cfg.validate()?;
     let mut servers: Vec<StorageServer> = Vec::new();
     for (i, s) in cfg.store.iter().enumerate() {
@@ -218,7 +251,7 @@ pub async fn store(mut cfg: Config, metas: Vec<String>, a: &StoreArgs) -> anyhow
             }
         };
         println!(
-            "storage server {i}: class {} ({}), {}, identity {}{}{}, at {}",
+            "storage server {i}: class {} ({}), {}, identity {}{}{}, at {}{}",
             s.class,
             s.class_name,
             human(s.size.0),
@@ -228,7 +261,8 @@ pub async fn store(mut cfg: Config, metas: Vec<String>, a: &StoreArgs) -> anyhow
                 None => String::new(),
             },
             kept_text(&srv),
-            srv.local_addr()
+            srv.local_addr(),
+            admin_text(srv.admin_addr()),
         );
         servers.push(srv);
     }

@@ -864,3 +864,57 @@ fn file_stores_without_a_path_get_their_own_private_directories() {
     assert!(!db.exists());
     stop(meta);
 }
+
+/// `nk top --once --json`: one frame with every class and server, their
+/// capacity and use, the servers' counters (from their heartbeats) and
+/// rates measured over the interval.
+#[test]
+fn top_once_prints_one_json_frame() {
+    let up = Up::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("f");
+    std::fs::write(&src, vec![5u8; 3 << 20]).unwrap();
+    // The file tier: over the network, so its server counts the bytes.
+    up.ok(&["put", "--class", "1", src.to_str().unwrap(), "/f"]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let frame = loop {
+        let f = up.json(&["top", "--once", "--json", "--interval", "0.2"]);
+        let written: u64 = f["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["bytes_written"].as_u64().unwrap())
+            .sum();
+        if written >= 3 << 20 {
+            break f;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the heartbeats never carried the write: {f}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(frame["interval_s"].as_f64().unwrap() > 0.0, "{frame}");
+    assert_eq!(frame["ready"], true);
+    let classes = frame["classes"].as_array().unwrap();
+    assert_eq!(classes.len(), 2, "{frame}");
+    assert_eq!(classes[0]["capacity_bytes"], 64u64 << 20);
+    assert_eq!(classes[1]["capacity_bytes"], 256u64 << 20);
+    assert!(classes[1]["used_bytes"].as_u64().unwrap() >= 3 << 20);
+    for key in [
+        "read_bytes_per_s",
+        "write_bytes_per_s",
+        "read_ops_per_s",
+        "write_ops_per_s",
+    ] {
+        assert!(frame[key].as_f64().is_some(), "{key} missing: {frame}");
+        assert!(classes[0][key].as_f64().is_some(), "{key} missing: {frame}");
+    }
+    let servers = frame["servers"].as_array().unwrap();
+    assert_eq!(servers.len(), 2);
+    assert!(servers.iter().all(|s| s["alive"] == true));
+    // The text form draws the same frame.
+    let text = up.ok(&["top", "--once", "--interval", "0.1"]);
+    assert!(text.contains("CLASS") && text.contains("file"), "{text}");
+    up.stop();
+}

@@ -654,6 +654,15 @@ impl Client {
                     m.puts_in_progress += st.puts_in_progress;
                     m.reclaiming += st.reclaiming;
                     m.logs.extend(st.logs);
+                    for mv in st.moves {
+                        match m.moves.iter_mut().find(|x| x.class == mv.class) {
+                            Some(x) => {
+                                x.demoted += mv.demoted;
+                                x.promoted += mv.promoted;
+                            }
+                            None => m.moves.push(mv),
+                        }
+                    }
                     for c in st.classes {
                         if !m.classes.iter().any(|x| x.class == c.class) {
                             m.classes.push(c);

@@ -30,6 +30,15 @@ pub enum ConfigError {
     Value { key: String, reason: String },
 }
 
+/// Where admin endpoints listen unless configured: loopback only, a free
+/// port.
+pub const DEFAULT_ADMIN: &str = "127.0.0.1:0";
+
+/// An admin address setting: `None` when empty (turned off).
+pub fn admin_addr(setting: &str) -> Option<String> {
+    (!setting.is_empty()).then(|| setting.to_string())
+}
+
 fn bad(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
     ConfigError::Value {
         key: key.into(),
@@ -144,6 +153,9 @@ pub struct MetaSection {
     /// Within a class: `local-first` (the client's location first) or
     /// `round-robin`.
     pub placement: String,
+    /// Address of the admin HTTP endpoint (`/metrics`, `/status`,
+    /// `/healthz`, `/readyz`, the dashboard at `/`); `""` turns it off.
+    pub admin: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -181,6 +193,7 @@ impl Default for MetaSection {
             promote_after: 8,
             heat_half_life_ms: 60_000,
             placement: "local-first".into(),
+            admin: DEFAULT_ADMIN.into(),
         }
     }
 }
@@ -221,6 +234,8 @@ pub struct StoreSection {
     /// directory; `docs/persistence.md`). Default: `meta.persistence` under
     /// `nk up`, `false` for `nk store`.
     pub persistent: Option<bool>,
+    /// Address of the server's admin HTTP endpoint; `""` turns it off.
+    pub admin: String,
 }
 
 impl Default for StoreSection {
@@ -239,6 +254,7 @@ impl Default for StoreSection {
             shared_memory: true,
             poll_spin_us: None,
             persistent: None,
+            admin: DEFAULT_ADMIN.into(),
         }
     }
 }
@@ -433,6 +449,7 @@ impl Config {
             tiering: self
                 .tiering()
                 .expect("validate checks the tiering settings"),
+            admin: admin_addr(&self.meta.admin),
         }
     }
 
@@ -658,6 +675,7 @@ impl Config {
             shared_memory: s.shared_memory,
             poll_spin: spin(s.poll_spin_us),
             persistent: self.store_persistent(s, up_dir.is_some()),
+            admin: admin_addr(&s.admin),
         })
     }
 }

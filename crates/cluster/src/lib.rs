@@ -8,7 +8,7 @@
 pub mod config;
 pub mod size;
 
-pub use config::{Config, ConfigError, Medium, StoreSection, DEFAULT_META};
+pub use config::{Config, ConfigError, Medium, StoreSection, DEFAULT_ADMIN, DEFAULT_META};
 pub use size::{human, ByteSize};
 
 use nodekernel_client::{Client, ClientConfig};
@@ -165,6 +165,12 @@ impl LocalCluster {
 
     pub fn meta_addr(&self) -> SocketAddr {
         self.meta.local_addr()
+    }
+
+    /// The metadata server's admin endpoint and dashboard
+    /// (`http://ADDR/`), unless `meta.admin` turned it off.
+    pub fn admin_url(&self) -> Option<String> {
+        self.meta.admin_addr().map(|a| format!("http://{a}/"))
     }
 
     /// Client settings pointing at this cluster.

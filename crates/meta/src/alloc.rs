@@ -35,7 +35,7 @@
 //! that sequence when applied.
 
 use nodekernel_proto::codec::{Dec, Enc};
-use nodekernel_proto::{Error, Result, ServerStatus, NO_CLASS};
+use nodekernel_proto::{Error, Result, ServerStatus, Traffic, NO_CLASS};
 use std::collections::BTreeMap;
 
 /// Most storage servers one metadata server accepts (registrations beyond
@@ -159,6 +159,8 @@ pub struct Server {
     live: Liveness,
     /// Being drained (soft state, like liveness): no new blocks.
     draining: bool,
+    /// Its counters as of its last heartbeat (soft state, for status).
+    traffic: Traffic,
 }
 
 #[derive(Debug, Default)]
@@ -388,6 +390,7 @@ impl BlockAllocator {
                     last_seen_ms: now_ms,
                 },
                 draining: false,
+                traffic: Traffic::default(),
             },
         );
     }
@@ -431,6 +434,13 @@ impl BlockAllocator {
             last_seen_ms: now_ms,
         };
         Ok(())
+    }
+
+    /// Records the counters a server reported with its heartbeat.
+    pub fn set_traffic(&mut self, id: u32, traffic: Traffic) {
+        if let Some(s) = self.servers.get_mut(&id) {
+            s.traffic = traffic;
+        }
     }
 
     /// Marks servers silent for longer than `dead_after_ms` as dead; returns
@@ -629,6 +639,7 @@ impl BlockAllocator {
                 last_seen_ms: now_ms.saturating_sub(s.live.last_seen_ms),
                 identity: s.spec.identity.clone(),
                 draining: s.draining,
+                traffic: s.traffic,
             })
             .collect()
     }

@@ -6,7 +6,8 @@
 //! - [`effect`]: the changes a decision makes, the only way state changes;
 //! - [`state`]: all of it plus write leases, decided request by request;
 //! - [`server`]: the thin async shell (decode, lock, decide and apply,
-//!   send block claims, encode), the ticker and the reaper.
+//!   send block claims, encode), the ticker and the reaper;
+//! - `admin`: what the admin HTTP endpoint serves (metrics, status).
 //!
 //! Invariants: the metadata server never touches block bytes; the state
 //! modules do no I/O and read no clock; every request either applies fully
@@ -14,6 +15,7 @@
 //! anything, then applied); applying the same effects to the same state
 //! always gives the same state.
 
+mod admin;
 pub mod alloc;
 pub mod checkpoint;
 pub mod codec;

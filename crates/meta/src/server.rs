@@ -82,6 +82,9 @@ pub struct MetaConfig {
     /// Tier migration and placement settings, changed at runtime by
     /// `MetaRequest::Policy`; `move_rate` there also paces drains.
     pub tiering: crate::tier::TierSettings,
+    /// Address of the admin HTTP endpoint (`/metrics`, `/status`,
+    /// `/healthz`, `/readyz`, the dashboard); `None`: none.
+    pub admin: Option<String>,
 }
 
 /// Where and how a persistent metadata server keeps its operation log.
@@ -128,6 +131,7 @@ impl Default for MetaConfig {
             placement: Placement::default(),
             persistence: None,
             tiering: crate::tier::TierSettings::default(),
+            admin: None,
         }
     }
 }
@@ -146,9 +150,11 @@ pub enum MetaError {
     Journal(#[from] JournalError),
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Admin(#[from] nodekernel_admin::AdminError),
 }
 
-struct MetaHandler {
+pub(crate) struct MetaHandler {
     state: Mutex<MetaState>,
     epoch: Instant,
     /// Connections to storage servers for claims: every call (connect
@@ -174,6 +180,8 @@ struct MetaHandler {
     checkpointing: std::sync::atomic::AtomicBool,
     /// The last log record the newest checkpoint holds.
     checkpointed: std::sync::atomic::AtomicU64,
+    /// Requests handled, by type (the admin endpoint's metrics).
+    pub(crate) requests: nodekernel_admin::metrics::RequestMetrics,
 }
 
 /// What a client gets once the log cannot be written.
@@ -211,7 +219,7 @@ impl MetaHandler {
         self.epoch.elapsed().as_millis() as u64
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, MetaState> {
+    pub(crate) fn state(&self) -> std::sync::MutexGuard<'_, MetaState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -235,6 +243,36 @@ impl MetaHandler {
             None => 0,
         };
         (st.take_claims(), seq)
+    }
+
+    /// This partition's status, as a `Status` request gets it.
+    pub(crate) fn status(&self) -> Result<nodekernel_proto::ClusterStatus> {
+        let reply = self.state().execute(&MetaRequest::Status, self.now_ms())?;
+        match self.with_log(reply.reply) {
+            MetaReply::Status(s) => Ok(s),
+            other => Err(Error::internal(format!("status answered {other:?}"))),
+        }
+    }
+
+    /// A status reply completed with the log's part; other replies as they
+    /// are.
+    fn with_log(&self, reply: MetaReply) -> MetaReply {
+        match reply {
+            MetaReply::Status(mut s) => {
+                s.logs.extend(self.log_status(s.partition));
+                MetaReply::Status(s)
+            }
+            r => r,
+        }
+    }
+
+    /// Whether the operation log still takes records (always, when
+    /// volatile).
+    pub(crate) fn log_ok(&self) -> Result<()> {
+        match &self.journal {
+            Some(j) => j.check().map_err(log_failed),
+            None => Ok(()),
+        }
     }
 
     /// The log's part of a status reply, when persistent.
@@ -529,15 +567,27 @@ async fn deliver(pool: &ConnectionPool, addr: &str, claims: &[BlockClaim]) -> Re
 
 impl Handler for MetaHandler {
     async fn handle(&self, op: u16, payload: Bytes, out: &mut BytesMut) -> Result<()> {
+        let started = Instant::now();
+        let result = self.serve(op, payload, out).await;
+        let name = nodekernel_proto::meta::op::name(op);
+        self.requests.observe(name, started.elapsed());
+        result
+    }
+}
+
+impl MetaHandler {
+    /// Handles one request (see [`Handler::handle`]).
+    async fn serve(&self, op: u16, payload: Bytes, out: &mut BytesMut) -> Result<()> {
         let req = MetaRequest::decode(op, &payload)?;
-        if let Some(j) = &self.journal {
-            j.check().map_err(log_failed)?;
-        }
+        self.log_ok()?;
         let now = self.now_ms();
         let (reply, claims, reap, seq) = {
             let mut st = self.state();
             match st.execute(&req, now) {
                 Ok(o) => {
+                    if let MetaRequest::Heartbeat { server, traffic } = &req {
+                        st.alloc_soft().set_traffic(*server, *traffic);
+                    }
                     let seq = match &self.journal {
                         Some(j) => log_effects(j, &o.effects).map_err(log_failed)?,
                         None => 0,
@@ -559,13 +609,7 @@ impl Handler for MetaHandler {
         // Claims go out before the reply, so once a delete or a replacing
         // put returns, old handles get Stale.
         self.send_claims(claims).await;
-        let reply = match reply {
-            Ok(MetaReply::Status(mut s)) => {
-                s.logs.extend(self.log_status(s.partition));
-                Ok(MetaReply::Status(s))
-            }
-            r => r,
-        };
+        let reply = reply.map(|r| self.with_log(r));
         if matches!(req, MetaRequest::Drain { cancel: false, .. }) {
             self.drain.notify_one();
         }
@@ -593,6 +637,8 @@ pub struct MetaServer {
     local: Option<ServerHandle>,
     tasks: Vec<JoinHandle<()>>,
     handler: Arc<MetaHandler>,
+    /// The admin HTTP endpoint, when configured.
+    admin: Option<nodekernel_admin::AdminServer>,
 }
 
 impl MetaServer {
@@ -652,6 +698,7 @@ impl MetaServer {
             persistence: cfg.persistence.clone(),
             checkpointing: Default::default(),
             checkpointed: covered.into(),
+            requests: Default::default(),
         });
         let opts = ServeOptions {
             spin: cfg.poll_spin,
@@ -686,16 +733,33 @@ impl MetaServer {
         // `nk meta` prints the address itself; an embedding program asks
         // `local_addr`.
         tracing::debug!("metadata server listening on {}", handle.local_addr());
-        Ok(MetaServer {
+        let mut server = MetaServer {
             handle,
             local,
             tasks,
             handler,
-        })
+            admin: None,
+        };
+        // Dropping `server` on failure stops what started above.
+        if let Some(addr) = cfg.admin.as_deref() {
+            let source = crate::admin::MetaAdmin::new(
+                server.handler.clone(),
+                server.local_addr().to_string(),
+            );
+            server.admin =
+                Some(nodekernel_admin::AdminServer::start(addr, Arc::new(source)).await?);
+        }
+        Ok(server)
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.handle.local_addr()
+    }
+
+    /// The admin HTTP endpoint's address, when it has one
+    /// ([`MetaConfig::admin`]).
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().map(|a| a.local_addr())
     }
 
     /// The abstract Unix socket name local clients may use, if listening.
@@ -741,6 +805,9 @@ impl MetaServer {
 
     pub fn shutdown(&self) {
         self.handle.shutdown();
+        if let Some(a) = &self.admin {
+            a.shutdown();
+        }
         if let Some(l) = &self.local {
             l.shutdown();
         }

@@ -536,7 +536,10 @@ impl Sim {
             let s = &self.stores[i];
             if s.up && self.rng.chance(70) {
                 if let Some(server) = s.id {
-                    if let Err(code) = self.exec(MetaRequest::Heartbeat { server })? {
+                    if let Err(code) = self.exec(MetaRequest::Heartbeat {
+                        server,
+                        traffic: Default::default(),
+                    })? {
                         // Retired while it was away: it registers anew.
                         if code != ErrorCode::UnknownServer {
                             return Err(format!("heartbeat refused with {code:?}"));

@@ -709,7 +709,7 @@ impl MetaState {
                     Reply::Registered(id)
                 }
             },
-            MetaRequest::Heartbeat { server } => {
+            MetaRequest::Heartbeat { server, .. } => {
                 if self.alloc.server(*server).is_none() {
                     return Err(Error::unknown_server(format!(
                         "storage server {server} is not registered"

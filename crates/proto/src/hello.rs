@@ -186,7 +186,7 @@ mod tests {
     fn layout_is_frozen() {
         let mut b = BytesMut::new();
         Hello::new(Role::MetaServer).encode(&mut b).unwrap();
-        assert_eq!(&b[..], b"NKWIRE\x07\x00\x03\x00\x00\x00\x00");
+        assert_eq!(&b[..], b"NKWIRE\x08\x00\x03\x00\x00\x00\x00");
     }
 
     #[test]

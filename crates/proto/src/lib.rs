@@ -20,7 +20,7 @@ pub use error::{Error, ErrorCode, Result};
 pub use frame::{FrameHeader, HEADER_LEN, MAX_FRAME_LEN, MAX_PAYLOAD_LEN};
 pub use types::{
     BlockLoc, ClassInfo, ClassMoves, ClusterStatus, LogStatus, NodeInfo, NodeType, RecordLoc,
-    ServerSpec, ServerStatus, NO_CLASS,
+    ServerSpec, ServerStatus, Traffic, NO_CLASS,
 };
 
 /// Largest block size a storage server may export (and so the largest single

@@ -5,7 +5,7 @@
 use crate::codec::{Dec, Enc};
 use crate::error::{Error, Result};
 use crate::types::{
-    BlockLoc, ClusterStatus, DrainStatus, NodeInfo, NodeType, RecordLoc, ServerSpec,
+    BlockLoc, ClusterStatus, DrainStatus, NodeInfo, NodeType, RecordLoc, ServerSpec, Traffic,
 };
 use bytes::BytesMut;
 
@@ -33,6 +33,36 @@ pub mod op {
     pub const SNAPSHOT_END: u16 = 20;
     pub const DRAIN: u16 = 21;
     pub const POLICY: u16 = 22;
+
+    /// The request's name in metrics and logs (`"other"` for a number
+    /// this build does not know).
+    pub fn name(op: u16) -> &'static str {
+        match op {
+            CREATE => "create",
+            LOOKUP => "lookup",
+            REMOVE => "remove",
+            MOVE => "move",
+            ENUMERATE => "enumerate",
+            MAP => "map",
+            OPEN_WRITE => "open_write",
+            SYNC => "sync",
+            REGISTER => "register",
+            HEARTBEAT => "heartbeat",
+            STATUS => "status",
+            RELEASE_SLOT => "release_slot",
+            RECORD_NAMES => "record_names",
+            LOCAL_SOCKET => "local_socket",
+            ABORT => "abort",
+            REPLACE_BLOCK => "replace_block",
+            SNAPSHOT_BEGIN => "snapshot_begin",
+            SNAPSHOT_LIST => "snapshot_list",
+            SNAPSHOT_LOCATE => "snapshot_locate",
+            SNAPSHOT_END => "snapshot_end",
+            DRAIN => "drain",
+            POLICY => "policy",
+            _ => "other",
+        }
+    }
 }
 
 /// Most policy settings one request may change.
@@ -187,8 +217,11 @@ pub enum MetaRequest {
     },
     /// A storage server announces its blocks.
     Register(ServerSpec),
+    /// A registered storage server is alive; it reports its cumulative
+    /// counters.
     Heartbeat {
         server: u32,
+        traffic: Traffic,
     },
     Status,
     /// The caller cleared the record in `slot` of `container` (after a
@@ -351,8 +384,9 @@ impl MetaRequest {
                 e.u64(*node).u64(*lease).u64(*size).bool(*close);
             }
             MetaRequest::Register(spec) => spec.encode(e),
-            MetaRequest::Heartbeat { server } => {
+            MetaRequest::Heartbeat { server, traffic } => {
                 e.u32(*server);
+                traffic.encode(e);
             }
             MetaRequest::Status | MetaRequest::LocalSocket => {}
             MetaRequest::ReleaseSlot { container, slot } => {
@@ -441,7 +475,10 @@ impl MetaRequest {
                 close: d.bool()?,
             },
             op::REGISTER => MetaRequest::Register(ServerSpec::decode(d)?),
-            op::HEARTBEAT => MetaRequest::Heartbeat { server: d.u32()? },
+            op::HEARTBEAT => MetaRequest::Heartbeat {
+                server: d.u32()?,
+                traffic: Traffic::decode(d)?,
+            },
             op::STATUS => MetaRequest::Status,
             op::LOCAL_SOCKET => MetaRequest::LocalSocket,
             op::RELEASE_SLOT => MetaRequest::ReleaseSlot {
@@ -773,7 +810,15 @@ mod tests {
                 identity: "0123abcd".into(),
                 incarnation: 7,
             }),
-            MetaRequest::Heartbeat { server: 5 },
+            MetaRequest::Heartbeat {
+                server: 5,
+                traffic: Traffic {
+                    bytes_read: 1,
+                    bytes_written: 2,
+                    read_ops: 3,
+                    write_ops: u64::MAX,
+                },
+            },
             MetaRequest::Status,
             MetaRequest::ReleaseSlot {
                 container: 3,
@@ -904,6 +949,12 @@ mod tests {
                 last_seen_ms: 5,
                 identity: "abc".into(),
                 draining: true,
+                traffic: Traffic {
+                    bytes_read: 10,
+                    bytes_written: 20,
+                    read_ops: 1,
+                    write_ops: 2,
+                },
             }],
             unreachable: Vec::new(),
             moves: vec![crate::types::ClassMoves {

@@ -16,6 +16,20 @@ pub mod op {
     pub const SHM_INFO: u16 = 4;
     pub const CLAIM: u16 = 5;
     pub const COPY: u16 = 6;
+
+    /// The request's name in metrics and logs (`"other"` for a number
+    /// this build does not know).
+    pub fn name(op: u16) -> &'static str {
+        match op {
+            READ => "read",
+            WRITE => "write",
+            PING => "ping",
+            SHM_INFO => "shm_info",
+            CLAIM => "claim",
+            COPY => "copy",
+            _ => "other",
+        }
+    }
 }
 
 /// Bytes after the data of a `Read` reply: one status byte, sent after

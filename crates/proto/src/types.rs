@@ -345,6 +345,35 @@ impl ServerSpec {
     }
 }
 
+/// A storage server's cumulative data-path counters since it started
+/// (network requests only), sent with each heartbeat. Soft state on the
+/// metadata server, like liveness: the latest report wins.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Traffic {
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub read_ops: u64,
+    pub write_ops: u64,
+}
+
+impl Traffic {
+    pub const LEN: usize = 4 * 8;
+    pub fn encode(&self, e: &mut Enc) {
+        e.u64(self.bytes_read)
+            .u64(self.bytes_written)
+            .u64(self.read_ops)
+            .u64(self.write_ops);
+    }
+    pub fn decode(d: &mut Dec) -> Result<Traffic> {
+        Ok(Traffic {
+            bytes_read: d.u64()?,
+            bytes_written: d.u64()?,
+            read_ops: d.u64()?,
+            write_ops: d.u64()?,
+        })
+    }
+}
+
 /// One storage server as seen by the metadata server.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerStatus {
@@ -364,10 +393,12 @@ pub struct ServerStatus {
     pub identity: String,
     /// Being drained: it gets no new blocks and its blocks are moving away.
     pub draining: bool,
+    /// Its counters as of its last heartbeat (zero before the first).
+    pub traffic: Traffic,
 }
 
 impl ServerStatus {
-    const MIN_LEN: usize = 4 + 4 + 1 + 4 + 4 + 4 + 4 + 8 + 8 + 1 + 8 + 4 + 1;
+    const MIN_LEN: usize = 4 + 4 + 1 + 4 + 4 + 4 + 4 + 8 + 8 + 1 + 8 + 4 + 1 + Traffic::LEN;
     fn encode(&self, e: &mut Enc) {
         e.u32(self.id)
             .str(&self.addr)
@@ -382,6 +413,7 @@ impl ServerStatus {
             .u64(self.last_seen_ms)
             .str(&self.identity)
             .bool(self.draining);
+        self.traffic.encode(e);
     }
     fn decode(d: &mut Dec) -> Result<ServerStatus> {
         Ok(ServerStatus {
@@ -398,6 +430,7 @@ impl ServerStatus {
             last_seen_ms: d.u64()?,
             identity: d.string()?,
             draining: d.bool()?,
+            traffic: Traffic::decode(d)?,
         })
     }
 }

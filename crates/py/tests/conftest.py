@@ -34,7 +34,7 @@ def nk_binary() -> str:
 class Cluster:
     """A `nk up` process with its own data directory."""
 
-    def __init__(self, dram: str = "1GiB", extra: tuple[str, ...] = ()):
+    def __init__(self, dram: str = "1GiB", extra: tuple[str, ...] = (), file: str = "0"):
         self.dir = tempfile.mkdtemp(prefix="nk-py-")
         self.bin = nk_binary()
         self.log = open(os.path.join(self.dir, "up.log"), "w+")
@@ -47,7 +47,7 @@ class Cluster:
                 "--dram",
                 dram,
                 "--file",
-                "0",
+                file,
                 "--data-dir",
                 os.path.join(self.dir, "data"),
                 *extra,
@@ -57,6 +57,7 @@ class Cluster:
             text=True,
         )
         self.meta = self._wait_for_address()
+        self.admin = self._admin_url()
         subprocess.run(
             [
                 self.bin,
@@ -83,6 +84,19 @@ class Cluster:
                 raise RuntimeError(f"nk up exited: {self.log.read()}")
             time.sleep(0.05)
         raise RuntimeError("nk up did not print its address")
+
+    def _admin_url(self) -> str | None:
+        """The dashboard's URL, if `nk up` printed one (before its last
+        start-up line, `export NK_META=...`)."""
+        deadline = time.monotonic() + HANG_S
+        while time.monotonic() < deadline:
+            self.log.seek(0)
+            out = self.log.read()
+            if "export NK_META=" in out:
+                m = re.search(r"admin endpoint and dashboard at (\S+)", out)
+                return m.group(1) if m else None
+            time.sleep(0.05)
+        raise RuntimeError("nk up did not finish its start-up report")
 
     def stop(self) -> None:
         if self.proc.poll() is None:

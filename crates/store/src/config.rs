@@ -151,6 +151,9 @@ pub struct StoreConfig {
     /// files and the rule deciding at start whether the blocks are kept.
     /// Default `false`: every start begins empty, as a volatile server.
     pub persistent: bool,
+    /// Address of the admin HTTP endpoint (`/metrics`, `/status`,
+    /// `/healthz`, `/readyz`, a dashboard); `None` (the default): none.
+    pub admin: Option<String>,
 }
 
 impl Default for StoreConfig {
@@ -173,6 +176,7 @@ impl Default for StoreConfig {
             shared_memory: true,
             poll_spin: nodekernel_rpc::default_spin(),
             persistent: false,
+            admin: None,
         }
     }
 }

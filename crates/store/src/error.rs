@@ -55,6 +55,9 @@ pub enum StoreError {
     /// The data port could not be bound.
     #[error("cannot listen on {addr}: {error}")]
     Listen { addr: String, error: std::io::Error },
+    /// The admin HTTP endpoint could not be bound.
+    #[error(transparent)]
+    Admin(nodekernel_admin::AdminError),
     /// A metadata server refused the registration or could not be reached.
     #[error("registration with metadata server {meta} failed: {error}")]
     Register {
@@ -101,7 +104,7 @@ impl From<StoreError> for nodekernel_proto::Error {
                 Error::internal(message)
             }
             StoreError::Locked { .. } => Error::new(ErrorCode::Busy, message),
-            StoreError::Listen { .. } => Error::unavailable(message),
+            StoreError::Listen { .. } | StoreError::Admin(_) => Error::unavailable(message),
             // Keep the metadata server's code (e.g. InvalidArgument for a
             // block-size mismatch, Unavailable when unreachable).
             StoreError::Register { error, .. } => Error::new(error.code, message),

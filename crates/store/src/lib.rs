@@ -62,6 +62,7 @@
 //! * [`StorageServer`]: the data port, registration and heartbeats, and the
 //!   shared-memory hand-over socket (`share.rs`).
 
+mod admin;
 pub mod blocks;
 mod config;
 pub mod datadir;

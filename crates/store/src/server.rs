@@ -1,5 +1,6 @@
 //! The running storage server: data port, registration and heartbeats.
 
+use crate::admin::{StoreAdmin, StoreMetrics};
 use crate::blocks::BlockStore;
 use crate::config::{partition, DataDirConfig, FileIoConfig, MediumKind, StoreConfig};
 use crate::datadir::{self, DataDir, Footprint};
@@ -8,6 +9,7 @@ use crate::persist::{self, Discarded, GenFile, StoreState};
 use crate::share::Share;
 use crate::StoreError;
 use bytes::{Bytes, BytesMut};
+use nodekernel_admin::status::StoreStatusOut;
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
 use nodekernel_proto::store::{
     decode_write_prefix, encode_shm_info, op as store_op, read_reply_data, Claim, StoreRequest,
@@ -34,6 +36,7 @@ pub(crate) struct StoreHandler {
     peers: ConnectionPool,
     /// Writes whose data went from the socket straight into the region.
     in_place: Arc<AtomicU64>,
+    metrics: Arc<StoreMetrics>,
 }
 
 /// Bytes of a block in the DRAM region, sent as the end of a `Read` reply
@@ -88,14 +91,26 @@ pub const CLEAN_STOP_PATIENCE: Duration = Duration::from_secs(2);
 const COPY_CHUNK: u32 = 1 << 20;
 
 /// A write's data received from the socket straight into the DRAM block
-/// (`nodekernel_rpc::DirectSink`); the write ends when it is dropped.
-struct RegionSink(InPlaceWrite);
+/// (`nodekernel_rpc::DirectSink`); the write ends when it is dropped, and
+/// is counted then (with its bytes, also if its peer left mid-frame).
+struct RegionSink {
+    write: InPlaceWrite,
+    started: std::time::Instant,
+    metrics: Arc<StoreMetrics>,
+}
+
+impl Drop for RegionSink {
+    fn drop(&mut self) {
+        self.metrics.written(self.write.len());
+        self.metrics.done(store_op::WRITE, self.started);
+    }
+}
 
 // SAFETY: the `InPlaceWrite` keeps the region mapped and the block's bytes
 // writable under its generation until it is dropped.
 unsafe impl DirectSink for RegionSink {
     fn dest(&self) -> (*mut u8, usize) {
-        (self.0.ptr(), self.0.len())
+        (self.write.ptr(), self.write.len())
     }
 }
 
@@ -114,10 +129,15 @@ impl Handler for StoreHandler {
         let (Some(region), store_op::WRITE) = (self.store.shared_region(), op) else {
             return Ok(None);
         };
+        let started = std::time::Instant::now();
         let (block, gen, offset) = decode_write_prefix(prefix)?;
         let write = region.write_in_place(block, gen, offset, data_len).await?;
         self.in_place.fetch_add(1, Ordering::Relaxed);
-        Ok(Some(Box::new(RegionSink(write))))
+        Ok(Some(Box::new(RegionSink {
+            write,
+            started,
+            metrics: self.metrics.clone(),
+        })))
     }
 
     /// Every byte of the write arrived: dropping the sink ends it.
@@ -133,24 +153,10 @@ impl Handler for StoreHandler {
     }
 
     async fn handle_reply(&self, op: u16, payload: Bytes, reply: &mut Reply) -> Result<()> {
-        if let (store_op::READ, Some(region)) = (op, self.store.shared_region()) {
-            if let StoreRequest::Read {
-                block,
-                gen,
-                offset,
-                len,
-                tag,
-            } = StoreRequest::decode(op, &payload)?
-            {
-                if let Some(t) = tag {
-                    let mut found = [0; TAG_LEN as usize];
-                    region.read(block, gen, t.at, &mut found)?;
-                    t.check(found, block)?;
-                }
-                return Self::read_from_region(region, block, gen, offset, len, reply);
-            }
-        }
-        self.handle(op, payload, reply.out()).await
+        let started = std::time::Instant::now();
+        let result = self.reply_to(op, payload, reply).await;
+        self.metrics.done(op, started);
+        result
     }
 
     async fn handle(&self, op: u16, payload: Bytes, out: &mut BytesMut) -> Result<()> {
@@ -184,6 +190,7 @@ impl Handler for StoreHandler {
                     None => self.store.read(block, gen, offset, len, out).await?,
                 }
                 out.extend_from_slice(&[READ_OK]);
+                self.metrics.read(len);
                 Ok(())
             }
             StoreRequest::Write {
@@ -191,7 +198,12 @@ impl Handler for StoreHandler {
                 gen,
                 offset,
                 data,
-            } => self.store.write(block, gen, offset, data).await,
+            } => {
+                let n = data.len();
+                self.store.write(block, gen, offset, data).await?;
+                self.metrics.written(n);
+                Ok(())
+            }
             StoreRequest::Ping => Ok(()),
             StoreRequest::ShmInfo => {
                 encode_shm_info(out, &self.shm_name);
@@ -210,6 +222,32 @@ impl Handler for StoreHandler {
 }
 
 impl StoreHandler {
+    /// Answers one request (see [`Handler::handle_reply`]): DRAM reads
+    /// from the region without a copy, the rest through
+    /// [`Handler::handle`].
+    async fn reply_to(&self, op: u16, payload: Bytes, reply: &mut Reply) -> Result<()> {
+        if let (store_op::READ, Some(region)) = (op, self.store.shared_region()) {
+            if let StoreRequest::Read {
+                block,
+                gen,
+                offset,
+                len,
+                tag,
+            } = StoreRequest::decode(op, &payload)?
+            {
+                if let Some(t) = tag {
+                    let mut found = [0; TAG_LEN as usize];
+                    region.read(block, gen, t.at, &mut found)?;
+                    t.check(found, block)?;
+                }
+                Self::read_from_region(region, block, gen, offset, len, reply)?;
+                self.metrics.read(len);
+                return Ok(());
+            }
+        }
+        self.handle(op, payload, reply.out()).await
+    }
+
     /// A read from the DRAM region, sent from it without a copy: the
     /// generation is checked before, and again after the bytes went out
     /// (the trailer says whether it held).
@@ -309,13 +347,15 @@ impl StoreHandler {
 }
 
 /// Registration state shared by `start` and the heartbeat tasks.
-struct Registrar {
+pub(crate) struct Registrar {
     pool: ConnectionPool,
     metas: Vec<String>,
     /// One `Register` request per metadata server (its partition of blocks).
     requests: Vec<MetaRequest>,
     /// Server id assigned by each metadata server, `None` while unregistered.
     ids: Mutex<Vec<Option<u32>>>,
+    /// What heartbeats report.
+    metrics: Arc<StoreMetrics>,
 }
 
 impl Registrar {
@@ -325,6 +365,11 @@ impl Registrar {
 
     fn id(&self, i: usize) -> Option<u32> {
         self.ids.lock().unwrap_or_else(|p| p.into_inner())[i]
+    }
+
+    /// The id with each metadata server.
+    pub(crate) fn ids(&self) -> Vec<Option<u32>> {
+        self.ids.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     async fn call(&self, i: usize, req: &MetaRequest) -> Result<MetaReply> {
@@ -393,7 +438,16 @@ impl Registrar {
         let meta = &self.metas[i];
         let reregister = match self.id(i) {
             None => true,
-            Some(id) => match self.call(i, &MetaRequest::Heartbeat { server: id }).await {
+            Some(id) => match self
+                .call(
+                    i,
+                    &MetaRequest::Heartbeat {
+                        server: id,
+                        traffic: self.metrics.traffic(),
+                    },
+                )
+                .await
+            {
                 Ok(_) => false,
                 Err(e) if e.code == ErrorCode::UnknownServer => {
                     tracing::warn!(
@@ -640,6 +694,8 @@ pub struct StorageServer {
     in_place: Arc<AtomicU64>,
     /// A persistent server's state.
     persist: Option<Persist>,
+    /// The admin HTTP endpoint, when configured.
+    admin: Option<nodekernel_admin::AdminServer>,
 }
 
 impl StorageServer {
@@ -745,6 +801,7 @@ impl StorageServer {
             }
         }
         let in_place = Arc::new(AtomicU64::new(0));
+        let metrics = Arc::new(StoreMetrics::default());
         let server = nodekernel_rpc::serve_with(
             listener,
             Arc::new(StoreHandler {
@@ -755,6 +812,7 @@ impl StorageServer {
                     .unwrap_or_default(),
                 peers: ConnectionPool::new(cfg.rpc_timeout),
                 in_place: in_place.clone(),
+                metrics: metrics.clone(),
             }),
             nodekernel_rpc::ServeOptions {
                 spin: cfg.poll_spin,
@@ -797,6 +855,7 @@ impl StorageServer {
             metas: cfg.metas.clone(),
             requests,
             ids: Mutex::new(vec![None; k]),
+            metrics: metrics.clone(),
         });
 
         let mut srv = StorageServer {
@@ -814,6 +873,7 @@ impl StorageServer {
             footprint,
             in_place,
             persist,
+            admin: None,
         };
         // Register with all metadata servers concurrently. On failure `srv`
         // drops, which stops the data port again and removes what this
@@ -838,6 +898,31 @@ impl StorageServer {
         }
         if let Some(e) = first_err {
             return Err(e);
+        }
+        if let Some(addr) = cfg.admin.as_deref() {
+            let source = StoreAdmin {
+                metrics,
+                in_place: srv.in_place.clone(),
+                registrar: registrar.clone(),
+                info: StoreStatusOut {
+                    role: "store",
+                    addr: srv.advertise.clone(),
+                    identity: srv.identity.clone(),
+                    class: cfg.class,
+                    class_name: cfg.class_name.clone(),
+                    medium: srv.store.medium_kind().to_string(),
+                    io_mode: srv.store.io_mode().to_string(),
+                    block_size: cfg.block_size,
+                    blocks: num_blocks as u64,
+                    capacity_bytes: cfg.exported_bytes(num_blocks),
+                    metas: cfg.metas.clone(),
+                    ..Default::default()
+                },
+            };
+            let admin = nodekernel_admin::AdminServer::start(addr, Arc::new(source))
+                .await
+                .map_err(StoreError::Admin)?;
+            srv.admin = Some(admin);
         }
         srv.heartbeats = (0..k)
             .map(|i| tokio::spawn(heartbeat_loop(registrar.clone(), i, cfg.heartbeat_interval)))
@@ -865,6 +950,12 @@ impl StorageServer {
     /// The bound address of the data port.
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The admin HTTP endpoint's address, when it has one
+    /// ([`StoreConfig::admin`]).
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().map(|a| a.local_addr())
     }
 
     /// The address registered with the metadata servers.
@@ -1074,6 +1165,9 @@ impl StorageServer {
             s.stop();
         }
         self.server.shutdown();
+        if let Some(a) = &self.admin {
+            a.shutdown();
+        }
         for h in &self.heartbeats {
             h.abort();
         }

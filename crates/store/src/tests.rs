@@ -434,7 +434,7 @@ impl Handler for FakeMeta {
                 self.known.lock().unwrap().insert(id);
                 MetaReply::Registered { server: id }
             }
-            MetaRequest::Heartbeat { server } => {
+            MetaRequest::Heartbeat { server, .. } => {
                 if self.forget_first_heartbeat && !self.forgot.swap(true, Ordering::SeqCst) {
                     self.known.lock().unwrap().remove(server);
                 }

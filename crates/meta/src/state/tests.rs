@@ -717,8 +717,15 @@ fn before_any_storage_server_registers_the_error_says_so() {
 
 /// At `now`, every storage server but `alive` has been silent too long.
 fn only_alive(s: &mut MetaState, alive: u32, now: u64) {
-    s.apply(MetaRequest::Heartbeat { server: alive }, now)
-        .unwrap();
+    let traffic = Default::default();
+    s.apply(
+        MetaRequest::Heartbeat {
+            server: alive,
+            traffic,
+        },
+        now,
+    )
+    .unwrap();
     s.alloc_soft().expire(now, 1000);
 }
 

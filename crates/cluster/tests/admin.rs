@@ -1,0 +1,246 @@
+//! The admin HTTP endpoints of a running cluster: `/metrics` parses as
+//! Prometheus text and its counters move with traffic, `/status` is the
+//! status JSON, `/healthz` and `/readyz` answer, `/` is the dashboard, and
+//! anything but GET/HEAD is refused.
+
+mod common;
+
+use common::{config, start_with, BS};
+use nodekernel_client::{CreateOptions, NodeType};
+use prometheus_parse::{Scrape, Value};
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Every wait here only catches a hang.
+const HANG: Duration = Duration::from_secs(120);
+
+/// One HTTP/1.1 request (`Connection: close`): status code and body.
+fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the admin endpoint");
+    s.set_read_timeout(Some(HANG)).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read the answer");
+    let text = String::from_utf8(raw).expect("UTF-8 answer");
+    let (head, body) = text.split_once("\r\n\r\n").expect("a head and a body");
+    let code = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status line");
+    (code, body.to_string())
+}
+
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let path = path.to_string();
+    tokio::task::spawn_blocking(move || http(addr, "GET", &path))
+        .await
+        .unwrap()
+}
+
+async fn scrape(addr: SocketAddr) -> Scrape {
+    let (code, body) = get(addr, "/metrics").await;
+    assert_eq!(code, 200, "{body}");
+    Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).expect("Prometheus text")
+}
+
+fn value(v: &Value) -> f64 {
+    match v {
+        Value::Counter(x) | Value::Gauge(x) | Value::Untyped(x) => *x,
+        Value::Histogram(_) | Value::Summary(_) => f64::NAN,
+    }
+}
+
+/// The sum of the samples of `metric` whose labels include `labels`.
+fn sum(s: &Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
+    s.samples
+        .iter()
+        .filter(|x| x.metric == metric)
+        .filter(|x| labels.iter().all(|(k, v)| x.labels.get(k) == Some(*v)))
+        .map(|x| value(&x.value))
+        .sum()
+}
+
+fn has(s: &Scrape, metric: &str) -> bool {
+    s.samples.iter().any(|x| x.metric == metric)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_endpoints_serve_metrics_status_health_and_the_dashboard() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(8 << 20, 8 << 20, &dir);
+    // Every block over the network, so the stores see the traffic.
+    cfg.client.shared_memory = false;
+    let t = start_with(cfg, dir).await;
+    let meta = t
+        .cluster
+        .meta
+        .admin_addr()
+        .expect("meta.admin is on by default");
+    let store = t.cluster.stores[0]
+        .admin_addr()
+        .expect("store admin is on by default");
+    assert!(meta.ip().is_loopback() && store.ip().is_loopback());
+    assert_eq!(t.cluster.admin_url().unwrap(), format!("http://{meta}/"));
+
+    for addr in [meta, store] {
+        assert_eq!(get(addr, "/healthz").await, (200, "ok\n".into()));
+        let (code, page) = get(addr, "/").await;
+        assert_eq!(code, 200);
+        assert!(
+            page.contains("<canvas") && page.contains("NodeKernel"),
+            "{page}"
+        );
+        assert_eq!(get(addr, "/nope").await.0, 404);
+        let post = tokio::task::spawn_blocking(move || http(addr, "POST", "/metrics"))
+            .await
+            .unwrap();
+        assert_eq!(post.0, 405);
+    }
+    // Both stores registered: ready.
+    let deadline = tokio::time::Instant::now() + HANG;
+    while get(meta, "/readyz").await.0 != 200 {
+        assert!(tokio::time::Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    t.client
+        .create("/t", NodeType::Table, CreateOptions::default())
+        .await
+        .unwrap();
+    let payload = vec![7u8; 3 * BS as usize];
+    t.client.put("/t/a", &payload).await.unwrap();
+    assert_eq!(t.client.get("/t/a").await.unwrap(), payload);
+
+    let m1 = scrape(meta).await;
+    for family in [
+        "nodekernel_meta_requests_total",
+        "nodekernel_meta_nodes",
+        "nodekernel_meta_write_leases",
+        "nodekernel_meta_server_capacity_bytes",
+        "nodekernel_meta_server_used_bytes",
+        "nodekernel_meta_server_alive",
+        "nodekernel_meta_server_read_bytes_total",
+        "nodekernel_meta_server_written_bytes_total",
+        "nodekernel_meta_class_capacity_bytes",
+        "nodekernel_meta_class_used_bytes",
+    ] {
+        assert!(has(&m1, family), "{family} missing");
+    }
+    assert!(
+        m1.samples.iter().any(|x| x
+            .metric
+            .starts_with("nodekernel_meta_request_duration_seconds")),
+        "latency histogram missing"
+    );
+    let creates = sum(&m1, "nodekernel_meta_requests_total", &[("op", "create")]);
+    assert!(creates >= 1.0, "the put's create was counted");
+    assert_eq!(
+        sum(&m1, "nodekernel_meta_server_alive", &[]),
+        2.0,
+        "both servers alive"
+    );
+    assert_eq!(
+        sum(
+            &m1,
+            "nodekernel_meta_class_capacity_bytes",
+            &[("class", "dram")]
+        ),
+        (8 << 20) as f64
+    );
+    assert!(sum(&m1, "nodekernel_meta_server_used_bytes", &[]) >= (3 * BS) as f64);
+
+    let s1 = scrape(store).await;
+    for family in [
+        "nodekernel_store_requests_total",
+        "nodekernel_store_read_bytes_total",
+        "nodekernel_store_written_bytes_total",
+        "nodekernel_store_capacity_bytes",
+    ] {
+        assert!(has(&s1, family), "{family} missing");
+    }
+    let written1 = sum(&s1, "nodekernel_store_written_bytes_total", &[]);
+    let reads1 = sum(&s1, "nodekernel_store_requests_total", &[("op", "read")]);
+    assert!(written1 >= payload.len() as f64, "{written1}");
+
+    // More traffic: the counters grow, on the store at once and on the
+    // metadata server with the next heartbeats.
+    let meta_written1 = sum(&m1, "nodekernel_meta_server_written_bytes_total", &[]);
+    t.client.put("/t/b", &payload).await.unwrap();
+    assert_eq!(t.client.get("/t/b").await.unwrap(), payload);
+    let s2 = scrape(store).await;
+    assert!(sum(&s2, "nodekernel_store_written_bytes_total", &[]) > written1);
+    assert!(sum(&s2, "nodekernel_store_requests_total", &[("op", "read")]) > reads1);
+    let m2 = scrape(meta).await;
+    assert!(sum(&m2, "nodekernel_meta_requests_total", &[("op", "create")]) > creates);
+    let deadline = tokio::time::Instant::now() + HANG;
+    loop {
+        let m = scrape(meta).await;
+        if sum(&m, "nodekernel_meta_server_written_bytes_total", &[]) > meta_written1
+            && sum(&m, "nodekernel_meta_class_read_bytes_total", &[]) > 0.0
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "heartbeats never carried the stores' counters"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // /status: the same JSON as `nk status --json`, for this partition.
+    let (code, body) = get(meta, "/status").await;
+    assert_eq!(code, 200);
+    let st: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(st["ready"], true);
+    assert_eq!(st["servers"].as_array().unwrap().len(), 2);
+    assert_eq!(st["classes"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        st["partitions"][0]["addr"],
+        t.cluster.meta_addr().to_string()
+    );
+    let written: u64 = st["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["bytes_written"].as_u64().unwrap())
+        .sum();
+    assert!(written > 0, "{st}");
+    for key in [
+        "block_size",
+        "nodes",
+        "alive_servers",
+        "logs",
+        "unreachable",
+    ] {
+        assert!(st.get(key).is_some(), "{key} missing: {st}");
+    }
+
+    let (code, body) = get(store, "/status").await;
+    assert_eq!(code, 200);
+    let ss: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(ss["role"], "store");
+    assert_eq!(ss["addr"], t.cluster.stores[0].advertised_addr());
+    assert_eq!(ss["capacity_bytes"], 8u64 << 20);
+    assert!(ss["bytes_written"].as_u64().unwrap() > 0, "{ss}");
+    assert_eq!(get(store, "/readyz").await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_admin_address_turns_the_endpoint_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(1 << 20, 0, &dir);
+    cfg.meta.admin = String::new();
+    let mut store = cfg.up_stores().remove(0);
+    store.admin = String::new();
+    cfg.store = vec![store];
+    let t = start_with(cfg, dir).await;
+    assert!(t.cluster.meta.admin_addr().is_none());
+    assert!(t.cluster.admin_url().is_none());
+    assert!(t.cluster.stores[0].admin_addr().is_none());
+}

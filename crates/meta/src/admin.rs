@@ -1,0 +1,235 @@
+//! What the metadata server's admin endpoint serves: its metrics
+//! (`nodekernel_meta_*`), its partition's status as `nk status --json`
+//! prints it, and its health.
+
+use crate::server::MetaHandler;
+use nodekernel_admin::metrics::{counters, encode, gauge, gauges, Labels};
+use nodekernel_admin::prometheus_client::registry::Registry;
+use nodekernel_admin::status::StatusOut;
+use nodekernel_admin::Source;
+use nodekernel_proto::ClusterStatus;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Counting the write leases held walks every node under the state lock,
+/// so a count is reused for this long.
+const LEASE_COUNT_TTL: Duration = Duration::from_secs(5);
+
+pub(crate) struct MetaAdmin {
+    handler: Arc<MetaHandler>,
+    /// The server's RPC address, named in `/status`'s partition list.
+    addr: String,
+    /// The last count of write leases held, and when it was taken.
+    leases: Mutex<Option<(Instant, u64)>>,
+}
+
+impl MetaAdmin {
+    pub(crate) fn new(handler: Arc<MetaHandler>, addr: String) -> MetaAdmin {
+        MetaAdmin {
+            handler,
+            addr,
+            leases: Mutex::new(None),
+        }
+    }
+
+    /// Write leases held (File and KeyValue writers), at most
+    /// [`LEASE_COUNT_TTL`] old.
+    fn leases(&self) -> u64 {
+        let mut cached = self.leases.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, n)) = *cached {
+            if at.elapsed() < LEASE_COUNT_TTL {
+                return n;
+            }
+        }
+        let n = {
+            let st = self.handler.state();
+            st.ns().nodes().filter(|n| n.lease.is_some()).count() as u64
+        };
+        *cached = Some((Instant::now(), n));
+        n
+    }
+
+    fn view(&self, st: &ClusterStatus) -> StatusOut {
+        StatusOut::new(st, [(st.partition, self.addr.clone())])
+    }
+}
+
+/// `server`, `addr` and `class` labels of a storage server.
+fn server_labels(s: &nodekernel_admin::status::ServerOut) -> Labels {
+    vec![
+        ("server", s.id.to_string()),
+        ("addr", s.addr.clone()),
+        ("class", s.class_name.clone()),
+    ]
+}
+
+fn class_labels(c: &nodekernel_admin::status::ClassOut) -> Labels {
+    vec![("class", c.name.clone()), ("id", c.class.to_string())]
+}
+
+impl Source for MetaAdmin {
+    fn metrics(&self) -> String {
+        let mut root = Registry::default();
+        let reg = root.sub_registry_with_prefix("nodekernel_meta");
+        self.handler.requests.register(reg, "metadata");
+        let st = match self.handler.status() {
+            Ok(st) => st,
+            // Only the request counters then.
+            Err(_) => return encode(&root),
+        };
+        let v = self.view(&st);
+        let leases = self.leases();
+        reg.register("nodes", "Nodes in this partition", gauge(v.nodes));
+        reg.register("write_leases", "Write leases held", gauge(leases));
+        reg.register(
+            "puts_in_progress",
+            "KeyValue puts not closed yet",
+            gauge(v.puts_in_progress),
+        );
+        reg.register(
+            "reclaiming",
+            "Removed nodes whose blocks are still being freed",
+            gauge(v.reclaiming),
+        );
+        reg.register(
+            "ready",
+            "1 when the expected storage servers are alive",
+            gauge(v.ready as u64),
+        );
+        let per_server = |f: fn(&nodekernel_admin::status::ServerOut) -> u64| {
+            v.servers.iter().map(move |s| (server_labels(s), f(s)))
+        };
+        let per_class = |f: fn(&nodekernel_admin::status::ClassOut) -> u64| {
+            v.classes.iter().map(move |c| (class_labels(c), f(c)))
+        };
+        type S = nodekernel_admin::status::ServerOut;
+        type C = nodekernel_admin::status::ClassOut;
+        /// (metric name, help, the value of one server or class).
+        type Table<T, const N: usize> = [(&'static str, &'static str, fn(&T) -> u64); N];
+        let server_gauges: Table<S, 4> = [
+            (
+                "server_capacity_bytes",
+                "Bytes a storage server exports to this partition",
+                |s| s.capacity_bytes,
+            ),
+            (
+                "server_used_bytes",
+                "Bytes of a storage server in use (allocated blocks)",
+                |s| s.used_bytes,
+            ),
+            ("server_alive", "1 while a storage server heartbeats", |s| {
+                s.alive as u64
+            }),
+            (
+                "server_draining",
+                "1 while a storage server is being drained",
+                |s| s.draining as u64,
+            ),
+        ];
+        let server_counters: Table<S, 4> = [
+            (
+                "server_read_bytes",
+                "Bytes a storage server sent to readers (as of its last heartbeat)",
+                |s| s.bytes_read,
+            ),
+            (
+                "server_written_bytes",
+                "Bytes written to a storage server (as of its last heartbeat)",
+                |s| s.bytes_written,
+            ),
+            (
+                "server_read_ops",
+                "Read requests a storage server served (as of its last heartbeat)",
+                |s| s.read_ops,
+            ),
+            (
+                "server_write_ops",
+                "Write requests a storage server served (as of its last heartbeat)",
+                |s| s.write_ops,
+            ),
+        ];
+        let class_gauges: Table<C, 3> = [
+            (
+                "class_capacity_bytes",
+                "Bytes a storage class exports to this partition",
+                |c| c.capacity_bytes,
+            ),
+            ("class_used_bytes", "Bytes of a storage class in use", |c| {
+                c.used_bytes
+            }),
+            ("class_servers", "Storage servers of a class", |c| {
+                c.servers as u64
+            }),
+        ];
+        let class_counters: Table<C, 6> = [
+            (
+                "class_blocks_demoted",
+                "Blocks tier migration moved from a storage class down to a slower one",
+                |c| c.blocks_demoted,
+            ),
+            (
+                "class_blocks_promoted",
+                "Blocks tier migration moved from a storage class up to a faster one",
+                |c| c.blocks_promoted,
+            ),
+            (
+                "class_read_bytes",
+                "Bytes the servers of a storage class sent to readers",
+                |c| c.bytes_read,
+            ),
+            (
+                "class_written_bytes",
+                "Bytes written to the servers of a storage class",
+                |c| c.bytes_written,
+            ),
+            (
+                "class_read_ops",
+                "Read requests the servers of a storage class served",
+                |c| c.read_ops,
+            ),
+            (
+                "class_write_ops",
+                "Write requests the servers of a storage class served",
+                |c| c.write_ops,
+            ),
+        ];
+        for (name, help, f) in server_gauges {
+            reg.register(name, help, gauges(per_server(f)));
+        }
+        for (name, help, f) in server_counters {
+            reg.register(name, help, counters(per_server(f)));
+        }
+        for (name, help, f) in class_gauges {
+            reg.register(name, help, gauges(per_class(f)));
+        }
+        for (name, help, f) in class_counters {
+            reg.register(name, help, counters(per_class(f)));
+        }
+        encode(&root)
+    }
+
+    fn status(&self) -> String {
+        match self.handler.status() {
+            Ok(st) => self.view(&st).to_json(),
+            Err(e) => nodekernel_admin::status::error_json(&e.to_string()),
+        }
+    }
+
+    fn health(&self) -> Result<(), String> {
+        self.handler.log_ok().map_err(|e| e.to_string())
+    }
+
+    fn ready(&self) -> Result<(), String> {
+        self.health()?;
+        let st = self.handler.status().map_err(|e| e.to_string())?;
+        let alive = st.servers.iter().filter(|s| s.alive).count();
+        if st.is_ready() {
+            Ok(())
+        } else {
+            Err(format!(
+                "not ready: {alive} of {} expected storage servers alive",
+                st.expected_servers
+            ))
+        }
+    }
+}

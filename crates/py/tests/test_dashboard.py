@@ -1,0 +1,122 @@
+"""The admin dashboard (`/` of the metadata server's admin endpoint) in
+headless Chromium: it must render the cluster's servers and classes, draw
+its charts from live traffic, and log no console or page error.
+
+Needs Debian's Chromium (`/usr/bin/chromium`, or `NK_CHROMIUM`) and the
+`playwright` package; skipped without them (scripts/test.sh installs both).
+With `NK_DASHBOARD_SCREENSHOT=PATH` it also writes a screenshot there
+(docs/img/dashboard.png is made that way).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+
+import pytest
+
+from conftest import HANG_S, Cluster
+
+CHROMIUM = os.environ.get("NK_CHROMIUM", "/usr/bin/chromium")
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def _traffic(cluster: Cluster, stop: threading.Event, errors: list[str]) -> None:
+    """Writes and reads files over the network (no shared memory, so the
+    storage servers see every byte) until `stop` is set."""
+    cfg = os.path.join(cluster.dir, "net-client.toml")
+    with open(cfg, "w") as f:
+        f.write(f"[client]\nshared_memory = false\ntimeout_ms = {HANG_S * 1000}\n")
+    env = {**os.environ, "NK_META": cluster.meta, "NK_CONFIG": cfg}
+    src = os.path.join(cluster.dir, "payload")
+    with open(src, "wb") as f:
+        f.write(os.urandom(6 << 20))
+    i = 0
+    while not stop.is_set():
+        path = f"/traffic{i % 4}"
+        for args in (
+            ["rm", path],
+            ["put", "--class", str(i % 2), src, path],
+            ["get", path, os.devnull],
+        ):
+            r = subprocess.run([cluster.bin, *args], env=env, capture_output=True, text=True)
+            if r.returncode != 0 and args[0] != "rm":
+                errors.append(f"nk {' '.join(args)}: {r.stderr}")
+                return
+        i += 1
+
+
+def test_dashboard_renders_live_data_without_errors():
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+    cluster = Cluster(dram="64MiB", file="128MiB")
+    stop = threading.Event()
+    errors: list[str] = []
+    traffic = threading.Thread(target=_traffic, args=(cluster, stop, errors), daemon=True)
+    try:
+        assert cluster.admin, "nk up printed no admin URL"
+        traffic.start()
+        problems: list[str] = []
+        profile = tempfile.mkdtemp(prefix="nk-chromium-")
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+            try:
+                page = browser.new_page(viewport={"width": 1280, "height": 900})
+                page.on(
+                    "console",
+                    lambda m: (
+                        problems.append(f"console {m.type}: {m.text}")
+                        if m.type in ("error", "warning")
+                        else None
+                    ),
+                )
+                page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+                page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
+                page.goto(cluster.admin, timeout=HANG_S * 1000)
+                # Both storage servers and both classes appear.
+                page.wait_for_function(
+                    "document.querySelectorAll('#servers tbody tr.server').length === 2",
+                    timeout=HANG_S * 1000,
+                )
+                page.wait_for_function(
+                    "document.querySelectorAll('#classes tbody tr').length === 2",
+                    timeout=HANG_S * 1000,
+                )
+                # The traffic shows up as throughput (from the heartbeats).
+                page.wait_for_function(
+                    "document.getElementById('c-write').textContent.match(/[1-9]/) !== null"
+                    " && !document.getElementById('c-write').textContent.startsWith('0 B')",
+                    timeout=HANG_S * 1000,
+                )
+                assert page.text_content("#ready") == "ready"
+                rows = page.locator("#servers tbody tr.server")
+                addrs = {rows.nth(i).get_attribute("data-addr") for i in range(2)}
+                assert all(a and ":" in a for a in addrs), addrs
+                # Let the charts gather some history (more for a screenshot).
+                shot = os.environ.get("NK_DASHBOARD_SCREENSHOT")
+                time.sleep(45 if shot else 5)
+                if shot:
+                    page.screenshot(path=shot, full_page=True)
+                assert page.text_content("#error") == ""
+            finally:
+                browser.close()
+                shutil.rmtree(profile, ignore_errors=True)
+        assert not errors, errors
+        assert not problems, problems
+    finally:
+        stop.set()
+        traffic.join(timeout=HANG_S)
+        cluster.stop()
