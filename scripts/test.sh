@@ -42,4 +42,4 @@ echo "== Python package: build into .venv, ruff, pytest =="
 # The tests start clusters with target/debug/nk (built by cargo test above).
 # test_dashboard.py loads the admin dashboard in /usr/bin/chromium through
 # playwright (never `playwright install`: Debian's Chromium is used).
-.venv/bin/python -m pytest crates/py/tests -q
+NK_REQUIRE_BROWSER=1 .venv/bin/python -m pytest crates/py/tests -q

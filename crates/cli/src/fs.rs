@@ -302,7 +302,10 @@ pub async fn get(client: &Client, path: &str, local: &Path) -> anyhow::Result<()
     let path = norm(path);
     let start = Instant::now();
     let to_stdout = local == Path::new("-");
-    let (mut spool, tmp) = if to_stdout {
+    // A device, FIFO or socket is written through, never replaced by a
+    // renamed file (`nk get KEY /dev/null` as root must leave /dev/null).
+    let special = std::fs::metadata(local).is_ok_and(|m| !m.is_file() && !m.is_dir());
+    let (mut spool, tmp) = if to_stdout || special {
         (Spool::anonymous()?, None)
     } else {
         let (f, tmp) = Spool::beside(local)?;
@@ -337,9 +340,18 @@ pub async fn get(client: &Client, path: &str, local: &Path) -> anyhow::Result<()
     } else {
         use std::io::Seek;
         spool.file.rewind()?;
-        let mut stdout = std::io::stdout().lock();
-        std::io::copy(&mut spool.file, &mut stdout)?;
-        stdout.flush()?;
+        let mut out: Box<dyn Write> = if special {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(local)
+                .with_context(|| format!("cannot write {}", local.display()))?;
+            Box::new(f)
+        } else {
+            Box::new(std::io::stdout().lock())
+        };
+        std::io::copy(&mut spool.file, &mut out)
+            .and_then(|_| out.flush())
+            .with_context(|| format!("cannot write {}", local.display()))?;
     }
     Ok(())
 }

@@ -128,6 +128,77 @@ fn used(status: &Value, class: u64) -> u64 {
         .unwrap_or_else(|| panic!("class {class} missing in {status}"))
 }
 
+/// `nk get` into a FIFO (or a device such as /dev/null) writes through
+/// it, and leaves it what it was: a renamed temporary file must never
+/// replace it.
+#[test]
+fn get_into_a_fifo_writes_through_it() {
+    use std::os::unix::fs::FileTypeExt;
+    let up = Up::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("in.bin");
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(&src, &data).unwrap();
+    up.ok(&["put", src.to_str().unwrap(), "/f"]);
+    let fifo = dir.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(fifo).unwrap())
+    };
+    up.ok(&["get", "/f", fifo.to_str().unwrap()]);
+    // Checked first: had the FIFO been replaced, the reader would wait on
+    // it for ever.
+    let kind = std::fs::symlink_metadata(&fifo).unwrap().file_type();
+    assert!(kind.is_fifo(), "the FIFO is still a FIFO: {kind:?}");
+    assert!(
+        reader.join().unwrap() == data,
+        "the bytes went through the FIFO"
+    );
+}
+
+/// `nk policy show|set`: every partition's settings, JSON for scripts, a
+/// change that sticks, and a bad key refused with its name.
+#[test]
+fn policy_show_and_set() {
+    let up = Up::start(&[]);
+    let shown = up.json(&["policy", "show", "--json"]);
+    assert_eq!(shown["settings"]["migration"], "on", "{shown}");
+    assert_eq!(shown["settings"]["high_watermark"], "90", "{shown}");
+    assert_eq!(shown["consistent"], true);
+    let set = up.json(&[
+        "policy",
+        "set",
+        "low_watermark",
+        "20",
+        "high_watermark",
+        "30",
+        "--json",
+    ]);
+    assert_eq!(set["settings"]["high_watermark"], "30", "{set}");
+    assert_eq!(set["settings"]["low_watermark"], "20", "{set}");
+    let text = up.ok(&["policy", "show"]);
+    assert!(
+        text.lines()
+            .any(|l| l.split_whitespace().eq(["high_watermark", "30"])),
+        "{text}"
+    );
+    let bad = up.nk(&["policy", "set", "colour", "red"]);
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("colour") && err.contains("InvalidArgument"),
+        "{err}"
+    );
+    assert_eq!(
+        up.json(&["policy", "show", "--json"])["settings"]["high_watermark"],
+        "30",
+        "a refused change changes nothing"
+    );
+}
+
 #[test]
 fn put_get_100_mib_and_json_output() {
     let up = Up::start(&[]);
@@ -154,6 +225,8 @@ fn put_get_100_mib_and_json_output() {
     assert_eq!(classes[1]["capacity_bytes"], 256u64 << 20);
     assert_eq!(used(&before, 0) + used(&before, 1), 0);
 
+    // This test checks where the blocks land: nothing may move them.
+    up.ok(&["policy", "set", "migration", "off"]);
     up.ok(&["mkdir", "-p", "/data/sub"]);
     up.ok(&["put", src.to_str().unwrap(), "/data/big.bin"]);
     up.ok(&["get", "/data/big.bin", dst.to_str().unwrap()]);

@@ -49,7 +49,7 @@ def _traffic(cluster: Cluster, stop: threading.Event, errors: list[str]) -> None
         for args in (
             ["rm", path],
             ["put", "--class", str(i % 2), src, path],
-            ["get", path, os.devnull],
+            ["get", path, os.path.join(cluster.dir, "back")],
         ):
             r = subprocess.run([cluster.bin, *args], env=env, capture_output=True, text=True)
             if r.returncode != 0 and args[0] != "rm":
@@ -58,10 +58,20 @@ def _traffic(cluster: Cluster, stop: threading.Event, errors: list[str]) -> None
         i += 1
 
 
+def _missing(why: str) -> None:
+    """Skips, or fails where the browser is required (scripts/test.sh)."""
+    if os.environ.get("NK_REQUIRE_BROWSER", "0") not in ("", "0"):
+        pytest.fail(f"NK_REQUIRE_BROWSER is set but {why}")
+    pytest.skip(why)
+
+
 def test_dashboard_renders_live_data_without_errors():
-    sync_api = pytest.importorskip("playwright.sync_api")
+    try:
+        from playwright import sync_api
+    except ImportError:
+        _missing("the playwright package is not installed")
     if not os.path.exists(CHROMIUM):
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+        _missing(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
     cluster = Cluster(dram="64MiB", file="128MiB")
     stop = threading.Event()
     errors: list[str] = []
