@@ -4,6 +4,7 @@ mod bench;
 mod drain;
 mod fs;
 mod policy;
+mod resize;
 mod servers;
 mod snapshot;
 mod top;
@@ -237,7 +238,11 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = Cli::parse();
-    let server = matches!(cli.cmd, Cmd::Up(_) | Cmd::Meta(_) | Cmd::Store(_));
+    let server = match &cli.cmd {
+        Cmd::Up(_) | Cmd::Meta(_) => true,
+        Cmd::Store(a) => a.action.is_none(),
+        _ => false,
+    };
     init_logging(if server { "info" } else { "warn" });
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -281,7 +286,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match &cli.cmd {
         Cmd::Up(a) => return servers::up(cli.load_config()?, a).await,
         Cmd::Meta(a) => return servers::meta(cli.load_config()?, a).await,
-        Cmd::Store(a) => {
+        Cmd::Store(a) if a.action.is_none() => {
             let metas = cli.client_config()?.metas;
             return servers::store(cli.load_config()?, metas, a).await;
         }
@@ -371,6 +376,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             drain::drain(&client, &server, cancel, !no_wait, json, stuck).await
         }
         Cmd::Policy(cmd) => policy::run(&client, cmd).await,
+        Cmd::Store(servers::StoreArgs {
+            action: Some(action),
+            ..
+        }) => resize::run(&client, action).await,
         Cmd::Bench(_) => unreachable!("handled above"),
         Cmd::Up(_) | Cmd::Meta(_) | Cmd::Store(_) => unreachable!("handled above"),
     }

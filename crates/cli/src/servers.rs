@@ -43,7 +43,10 @@ pub struct MetaArgs {
 }
 
 #[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct StoreArgs {
+    #[command(subcommand)]
+    pub action: Option<crate::resize::StoreAction>,
     /// Storage class (0 = fastest); with this flag the store is defined by flags instead of [[store]]
     #[arg(long)]
     class: Option<u8>,
@@ -251,7 +254,7 @@ pub async fn store(mut cfg: Config, metas: Vec<String>, a: &StoreArgs) -> anyhow
             }
         };
         println!(
-            "storage server {i}: class {} ({}), {}, identity {}{}{}, at {}{}",
+            "storage server {i}: class {} ({}), {}, identity {}{}{}{}, at {}",
             s.class,
             s.class_name,
             human(s.size.0),
@@ -261,8 +264,9 @@ pub async fn store(mut cfg: Config, metas: Vec<String>, a: &StoreArgs) -> anyhow
                 None => String::new(),
             },
             kept_text(&srv),
-            srv.local_addr(),
+            // Before the address: scripts take the line's last word.
             admin_text(srv.admin_addr()),
+            srv.local_addr(),
         );
         servers.push(srv);
     }

@@ -51,6 +51,26 @@ impl Client {
     }
 }
 
+impl Client {
+    /// Asks the storage server at `addr` (its data address, as `nk status`
+    /// shows it) to export `bytes` of its memory from now on (dynamic
+    /// capacity; `u64::MAX`: all of it). Returns the bytes it will export
+    /// (whole blocks of each metadata partition's share). Blocks past the
+    /// new size that are in use move to other servers first; the server's
+    /// `capacity_blocks` in [`Client::status`] reaches the new size once
+    /// they have.
+    pub async fn resize_store(&self, addr: &str, bytes: u64) -> Result<u64> {
+        let req = nodekernel_proto::store::StoreRequest::Resize { bytes };
+        let mut buf = bytes::BytesMut::new();
+        req.encode(&mut buf);
+        let reply = self.inner.pool.call(addr, req.op(), &[&buf]).await?;
+        let mut d = nodekernel_proto::codec::Dec::new(&reply, "resize reply");
+        let exported = d.u64()?;
+        d.finish()?;
+        Ok(exported)
+    }
+}
+
 /// Whether every partition's part of a drain is finished: the server holds
 /// no block (or the drain was cancelled).
 pub fn drain_finished(parts: &[DrainStatus]) -> bool {

@@ -236,6 +236,12 @@ pub struct StoreSection {
     pub persistent: Option<bool>,
     /// Address of the server's admin HTTP endpoint; `""` turns it off.
     pub admin: String,
+    /// DRAM only: follow the host's available memory, exporting between
+    /// `min_size` and `size` and leaving `reserve` free to the host
+    /// (dynamic capacity, `docs/tiering.md`).
+    pub dynamic: bool,
+    pub min_size: ByteSize,
+    pub reserve: ByteSize,
 }
 
 impl Default for StoreSection {
@@ -255,6 +261,9 @@ impl Default for StoreSection {
             poll_spin_us: None,
             persistent: None,
             admin: DEFAULT_ADMIN.into(),
+            dynamic: false,
+            min_size: ByteSize(0),
+            reserve: ByteSize(1 << 30),
         }
     }
 }
@@ -384,6 +393,18 @@ impl Config {
                         "{} is smaller than one block ({})",
                         s.size, self.meta.block_size
                     ),
+                ));
+            }
+            if s.dynamic && s.medium != Medium::Dram {
+                return Err(bad(
+                    key("dynamic"),
+                    "only a DRAM store follows the host's memory",
+                ));
+            }
+            if s.dynamic && s.min_size.0 > s.size.0 {
+                return Err(bad(
+                    key("min_size"),
+                    format!("{} is larger than size ({})", s.min_size, s.size),
                 ));
             }
             for (k, p) in [("data_dir", &s.data_dir), ("path", &s.path)] {
@@ -676,6 +697,14 @@ impl Config {
             poll_spin: spin(s.poll_spin_us),
             persistent: self.store_persistent(s, up_dir.is_some()),
             admin: admin_addr(&s.admin),
+            dynamic: s
+                .dynamic
+                .then(|| nodekernel_store::capacity::DynamicCapacity {
+                    min: s.min_size.0,
+                    source: std::sync::Arc::new(nodekernel_store::capacity::HostMemory {
+                        reserve: s.reserve.0,
+                    }),
+                }),
         })
     }
 }

@@ -303,3 +303,179 @@ async fn a_bad_policy_change_is_refused_whole() {
     assert!(e.to_string().contains("low_watermark"), "{e}");
     assert_eq!(c.policy(&[]).await.unwrap(), before);
 }
+
+// ----- dynamic capacity -------------------------------------------------------
+
+/// (exported, used) blocks of the server at `addr`.
+async fn server_blocks(c: &Client, addr: &str) -> (u64, u64) {
+    let st = c.status().await.unwrap();
+    let s = st.servers.iter().find(|s| s.addr == addr).unwrap();
+    (s.capacity_blocks, s.used_blocks)
+}
+
+/// Acceptance 2, the shrink: a DRAM server full of data is resized to a
+/// quarter while readers check every byte and a writer keeps writing;
+/// its blocks move to the file class, nothing is lost or wrong, and it
+/// grows back.
+async fn a_store_shrinks_under_load(shared_memory: bool) {
+    let t = tiered(32, 100, 100, shared_memory).await;
+    let c = t.client.clone();
+    let dram = t.cluster.stores[0].advertised_addr().to_string();
+    c.mkdir("/d", false).await.unwrap();
+    let mut files = Vec::new();
+    for i in 0..10u64 {
+        let p = format!("/d/f{i}");
+        let data = pattern(i, (2 * BS + 50 * i) as usize);
+        c.put_file(&p, &data).await;
+        files.push((p, data));
+    }
+    let (cap, used) = server_blocks(&c, &dram).await;
+    assert_eq!(cap, 32);
+    assert!(used > 20, "DRAM holds most of it: {used}");
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicU64::new(0));
+    let files = Arc::new(files);
+    let mut readers = Vec::new();
+    for r in 0..2usize {
+        let (c, stop, reads, files) = (c.clone(), stop.clone(), reads.clone(), files.clone());
+        readers.push(tokio::spawn(async move {
+            let mut i = r;
+            while !stop.load(Ordering::Acquire) {
+                let (p, data) = &files[i % files.len()];
+                let got = c
+                    .get(p)
+                    .await
+                    .unwrap_or_else(|e| panic!("reading {p}: {e}"));
+                assert!(got == *data, "{p}: wrong bytes during the shrink");
+                reads.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+            }
+        }));
+    }
+    let writer = {
+        let (c, stop) = (c.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut written: Vec<(String, Vec<u8>)> = Vec::new();
+            let mut n = 0u64;
+            while !stop.load(Ordering::Acquire) || n < 4 {
+                let p = format!("/d/w{n}");
+                let data = pattern(700 + n, (BS + 99 * n) as usize);
+                c.put_file(&p, &data).await;
+                written.push((p, data));
+                if written.len() > 4 {
+                    let (gone, _) = written.remove(0);
+                    c.delete(&gone, false).await.unwrap();
+                }
+                n += 1;
+            }
+            written
+        })
+    };
+    let target = c.resize_store(&dram, 8 * BS).await.unwrap();
+    assert_eq!(target, 8 * BS);
+    wait_for("the DRAM server down to 8 blocks", || async {
+        server_blocks(&c, &dram).await.0 == 8
+    })
+    .await;
+    let reads_during = reads.load(Ordering::Relaxed);
+    stop.store(true, Ordering::Release);
+    for r in readers {
+        tokio::time::timeout(HANG, r).await.unwrap().unwrap();
+    }
+    let written = tokio::time::timeout(HANG, writer).await.unwrap().unwrap();
+    assert!(reads_during > 0, "reads ran during the shrink");
+    let (cap, used) = server_blocks(&c, &dram).await;
+    assert_eq!(cap, 8);
+    assert!(used <= 8, "{used} blocks in use on an 8-block server");
+    for (p, data) in files.iter().chain(&written) {
+        assert_eq!(&c.get(p).await.unwrap(), data, "{p} after the shrink");
+    }
+    // Back to its whole size (more than that is all of it).
+    assert_eq!(c.resize_store(&dram, u64::MAX).await.unwrap(), 32 * BS);
+    wait_for("the DRAM server back to 32 blocks", || async {
+        server_blocks(&c, &dram).await.0 == 32
+    })
+    .await;
+    let fresh = pattern(9999, BS as usize);
+    c.put_file("/d/fresh", &fresh).await;
+    assert_eq!(
+        classes_of(&c, "/d/fresh").await,
+        vec![DRAM],
+        "it takes new blocks again"
+    );
+}
+
+on_both_paths!(#[tokio::test(flavor = "multi_thread", worker_threads = 2)] store_shrinks => a_store_shrinks_under_load);
+
+/// A memory source the test controls: the bytes the server may export.
+#[derive(Debug)]
+struct FakeMemory(AtomicU64);
+
+impl nodekernel_store::capacity::MemorySource for FakeMemory {
+    fn budget(&self, _exported: u64) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Dynamic capacity: a DRAM server following an (injected) memory source
+/// shrinks when memory gets short, never below its minimum, and grows
+/// again when memory comes back; data on it moves away first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_follows_the_memory_it_may_use() {
+    // A file class only, then the dynamic DRAM server.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(0, 256 * BS, &dir);
+    cfg.meta.migration = false;
+    let t = start_with(cfg, dir).await;
+    let c = t.client.clone();
+    let memory = Arc::new(FakeMemory(AtomicU64::new(64 * BS)));
+    let section = nodekernel_cluster::StoreSection {
+        size: ByteSize(32 * BS),
+        heartbeat_ms: 100,
+        admin: String::new(),
+        ..Default::default()
+    };
+    let meta = t.cluster.meta_addr().to_string();
+    let mut scfg = t
+        .cluster
+        .config
+        .store_config(9, &section, vec![meta])
+        .unwrap();
+    scfg.dynamic = Some(nodekernel_store::capacity::DynamicCapacity {
+        min: 4 * BS,
+        source: memory.clone(),
+    });
+    let store = nodekernel_store::StorageServer::start(scfg).await.unwrap();
+    let addr = store.advertised_addr().to_string();
+    wait_for(
+        "the dynamic server registered, at its whole size",
+        || async {
+            c.status()
+                .await
+                .unwrap()
+                .servers
+                .iter()
+                .any(|s| s.addr == addr && s.capacity_blocks == 32)
+        },
+    )
+    .await;
+    let data = pattern(5, (6 * BS) as usize);
+    c.put_file("/on-dram", &data).await;
+    assert_eq!(classes_of(&c, "/on-dram").await, vec![DRAM; 6]);
+    // Memory gets short: 2 blocks' worth, below the 4-block minimum.
+    memory.0.store(2 * BS, Ordering::Relaxed);
+    wait_for("the server down to its minimum", || async {
+        server_blocks(&c, &addr).await.0 == 4
+    })
+    .await;
+    assert_eq!(c.get("/on-dram").await.unwrap(), data);
+    assert!(server_blocks(&c, &addr).await.1 <= 4);
+    // Memory comes back: 20 blocks' worth.
+    memory.0.store(20 * BS, Ordering::Relaxed);
+    wait_for("the server grown to 20 blocks", || async {
+        server_blocks(&c, &addr).await.0 == 20
+    })
+    .await;
+    assert_eq!(c.get("/on-dram").await.unwrap(), data);
+    store.shutdown();
+}

@@ -159,6 +159,12 @@ pub struct Server {
     live: Liveness,
     /// Being drained (soft state, like liveness): no new blocks.
     draining: bool,
+    /// Blocks withdrawn from the capacity it exports (dynamic capacity:
+    /// owned by the balloon, see `MetaState`); derived from durable state.
+    ballooned: u32,
+    /// Shrinking: its exported capacity is above the size it asked for,
+    /// so it gets no new blocks while its blocks move away (soft state).
+    shrinking: bool,
     /// Its counters as of its last heartbeat (soft state, for status).
     traffic: Traffic,
 }
@@ -195,6 +201,22 @@ pub enum Registration {
     /// earlier instance with the same identity, or another server at the
     /// same address), whose blocks are lost.
     New { id: u32, replaces: Vec<u32> },
+}
+
+impl Server {
+    /// Blocks it exports now: its blocks less the ballooned ones.
+    pub fn exported_blocks(&self) -> u64 {
+        u64::from(self.spec.num_blocks - self.ballooned.min(self.spec.num_blocks))
+    }
+
+    /// Blocks in use (owned by nodes, slabs, moves, snapshots).
+    pub fn used_blocks(&self) -> u64 {
+        self.exported_blocks().saturating_sub(self.free.len())
+    }
+
+    pub fn ballooned_blocks(&self) -> u32 {
+        self.ballooned
+    }
 }
 
 impl BlockAllocator {
@@ -390,6 +412,8 @@ impl BlockAllocator {
                     last_seen_ms: now_ms,
                 },
                 draining: false,
+                ballooned: 0,
+                shrinking: false,
                 traffic: Traffic::default(),
             },
         );
@@ -465,7 +489,7 @@ impl BlockAllocator {
             .filter(|(_, s)| {
                 !s.live.alive
                     && (now_ms.saturating_sub(s.live.last_seen_ms) > retire_after_ms
-                        || (s.draining && s.free.len() == s.spec.num_blocks as u64))
+                        || (s.draining && s.used_blocks() == 0))
             })
             .map(|(id, _)| *id)
             .collect()
@@ -492,8 +516,8 @@ impl BlockAllocator {
                 let (mut capacity, mut used) = (0, 0);
                 for s in c.servers.iter().filter(|id| self.usable(**id)) {
                     let s = &self.servers[s];
-                    capacity += s.spec.num_blocks as u64;
-                    used += s.spec.num_blocks as u64 - s.free.len();
+                    capacity += s.exported_blocks();
+                    used += s.used_blocks();
                 }
                 crate::tier::ClassUse {
                     class: *class,
@@ -508,7 +532,7 @@ impl BlockAllocator {
     pub(crate) fn usable(&self, server: u32) -> bool {
         self.servers
             .get(&server)
-            .is_some_and(|s| s.live.alive && !s.live.suspect && !s.draining)
+            .is_some_and(|s| s.live.alive && !s.live.suspect && !s.draining && !s.shrinking)
     }
 
     /// Placement within a class: round-robin over every server (`true`),
@@ -605,6 +629,40 @@ impl BlockAllocator {
         }
     }
 
+    /// Takes `block` of `server` out of its free list into the balloon
+    /// (applier; see [`BlockAllocator::take`]).
+    pub(crate) fn balloon(&mut self, server: u32, block: u32, gen: u64) {
+        self.take(server, block, gen);
+        if let Some(s) = self.servers.get_mut(&server) {
+            s.ballooned += 1;
+        }
+    }
+
+    /// One ballooned block of `server` is back in its free list.
+    pub(crate) fn unballoon(&mut self, server: u32) {
+        if let Some(s) = self.servers.get_mut(&server) {
+            s.ballooned = s.ballooned.saturating_sub(1);
+        }
+    }
+
+    /// The ballooned blocks of `server`, restored from a checkpoint.
+    pub(crate) fn set_ballooned(&mut self, server: u32, n: u32) {
+        if let Some(s) = self.servers.get_mut(&server) {
+            s.ballooned = n;
+        }
+    }
+
+    pub fn is_shrinking(&self, id: u32) -> bool {
+        self.servers.get(&id).is_some_and(|s| s.shrinking)
+    }
+
+    /// Whether `server` is shrinking: it gets no new blocks.
+    pub(crate) fn set_shrinking(&mut self, server: u32, on: bool) {
+        if let Some(s) = self.servers.get_mut(&server) {
+            s.shrinking = on;
+        }
+    }
+
     /// Returns `block` to `server`'s free list (reused first); `gen` is the
     /// generation it is claimed with. Blocks of retired servers are gone.
     pub(crate) fn give_back(&mut self, server: u32, block: u32, gen: u64) {
@@ -633,8 +691,8 @@ impl BlockAllocator {
                 medium: s.spec.medium.clone(),
                 location: s.spec.location.clone(),
                 block_size: s.spec.block_size,
-                capacity_blocks: s.spec.num_blocks as u64,
-                used_blocks: s.spec.num_blocks as u64 - s.free.len(),
+                capacity_blocks: s.exported_blocks(),
+                used_blocks: s.used_blocks(),
                 alive: s.live.alive,
                 last_seen_ms: now_ms.saturating_sub(s.live.last_seen_ms),
                 identity: s.spec.identity.clone(),
@@ -689,6 +747,12 @@ pub struct AllocPlan<'a> {
 }
 
 impl AllocPlan<'_> {
+    /// A free block of `server`, whatever its state (for the balloon).
+    pub fn take_on(&mut self, server: u32) -> Option<BlockRef> {
+        (self.a.servers.contains_key(&server) && self.free_left(server) > 0)
+            .then(|| self.take_from(server))
+    }
+
     /// Never allocate on `server` in this plan (it just failed a client).
     pub fn avoid(&mut self, server: u32) {
         self.avoid = Some(server);

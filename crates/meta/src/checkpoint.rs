@@ -6,8 +6,9 @@
 //! `checkpoint-<last log record it holds, 20 digits>-<CRC-32 of the whole
 //! file, 8 hex digits>.redb`, with two tables: `nodes` (node id → the
 //! node's record, see `Namespace::checkpoint_nodes`) and `parts` (`state`:
-//! counters, allocator, slabs, moves and blocks held for snapshots, in format
-//! [`FORMAT`]; format 1, without held blocks, is read too). It is
+//! counters, allocator, slabs, moves, blocks held for snapshots and
+//! ballooned blocks, in format [`FORMAT`]; formats 1, without held blocks,
+//! and 2, without ballooned ones, are read too). It is
 //! written whole to `checkpoint.tmp`, committed (redb syncs it), and only
 //! then renamed to its name, which makes it the newest; older ones are
 //! deleted after. A crash leaves either checkpoint intact.
@@ -28,7 +29,7 @@ use redb::{
 use std::path::{Path, PathBuf};
 
 /// The format of the `state` part written; the only one read.
-pub const FORMAT: u8 = 2;
+pub const FORMAT: u8 = 3;
 const TMP_FILE: &str = "checkpoint.tmp";
 
 const NODES: TableDefinition<u64, &[u8]> = TableDefinition::new("nodes");

@@ -51,6 +51,7 @@ mod tag {
     pub const SERVER_READDRESSED: u8 = 26;
     pub const BLOCK_HELD: u8 = 27;
     pub const PIECE_HELD: u8 = 28;
+    pub const BALLOONED: u8 = 29;
 }
 
 fn block(e: &mut Enc, b: &BlockRef) {
@@ -201,6 +202,10 @@ pub fn encode_effects(effects: &[Effect], out: &mut BytesMut) {
             Effect::PieceHeld { piece: p } => {
                 e.u8(tag::PIECE_HELD);
                 piece(e, p);
+            }
+            Effect::Ballooned { block: b } => {
+                e.u8(tag::BALLOONED);
+                block(e, b);
             }
         }
     }
@@ -365,6 +370,9 @@ pub fn decode_effects(buf: &[u8]) -> Result<Vec<Effect>> {
             tag::PIECE_HELD => Effect::PieceHeld {
                 piece: dec_piece(d)?,
             },
+            tag::BALLOONED => Effect::Ballooned {
+                block: dec_block(d)?,
+            },
             t => return Err(Error::protocol(format!("unknown logged effect {t}"))),
         });
     }
@@ -499,6 +507,7 @@ mod tests {
             Effect::CountersRaised { floor: 1 << 50 },
             Effect::BlockHeld { block: b },
             Effect::PieceHeld { piece: p },
+            Effect::Ballooned { block: b },
         ]
     }
 

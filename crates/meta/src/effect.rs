@@ -121,6 +121,11 @@ pub enum Effect {
     /// reuse, counted as used, until no snapshot pins it; then a
     /// `PieceFreed` frees it.
     PieceHeld { piece: Piece },
+    /// `block` (taken from its server's free list, fenced with the fresh
+    /// generation `block.gen`) leaves the capacity its server exports
+    /// (dynamic capacity): owned by the balloon until a `BlockFreed` gives
+    /// it back.
+    Ballooned { block: BlockRef },
     /// Node ids, lease ids and generations continue from at least `floor`
     /// (a restart raises them to the wall clock, so none that a lost log
     /// tail handed out is ever handed out again).

@@ -456,6 +456,27 @@ impl MetaHandler {
         tokio::time::sleep_until(start.into()).await;
     }
 
+    /// Servers shrinking (dynamic capacity) take the blocks that moves
+    /// freed into their balloon.
+    async fn balloon_freed(&self) {
+        let (claims, seq) = {
+            let mut st = self.state();
+            let mut claims = Vec::new();
+            let mut seq = 0;
+            for (id, target) in st.shrinking() {
+                if let Ok(d) = st.decide_resize(id, target) {
+                    let (c, s) = self.commit_logged(&mut st, d, self.now_ms());
+                    claims.extend(c);
+                    seq = s;
+                }
+            }
+            (claims, seq)
+        };
+        if self.durable(seq).await.is_ok() {
+            self.send_claims(claims).await;
+        }
+    }
+
     /// See [`MetaServer::move_block`].
     pub async fn move_block(&self, node: u64, index: u64, class: u8) -> Result<()> {
         self.move_block_to(node, index, class, false).await
@@ -610,7 +631,10 @@ impl MetaHandler {
         // put returns, old handles get Stale.
         self.send_claims(claims).await;
         let reply = reply.map(|r| self.with_log(r));
-        if matches!(req, MetaRequest::Drain { cancel: false, .. }) {
+        if matches!(
+            req,
+            MetaRequest::Drain { cancel: false, .. } | MetaRequest::Resize { .. }
+        ) {
             self.drain.notify_one();
         }
         if let (MetaRequest::Policy { set }, Ok(_)) = (&req, &reply) {
@@ -990,6 +1014,7 @@ const DRAIN_SCAN: usize = 256;
 /// A failed move is counted and tried again after a pause.
 async fn drainer(h: Arc<MetaHandler>) {
     loop {
+        h.balloon_freed().await;
         let found = h.state().drain_candidates(DRAIN_SCAN);
         if found.is_empty() {
             // Also woken by a timer: a move given up (or a restart of the

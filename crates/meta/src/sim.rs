@@ -194,6 +194,10 @@ pub(crate) struct Stats {
     pub drains: u64,
     /// Of which moves of slabs (every small value in one block).
     pub slab_moves: u64,
+    /// Of which moves tier migration planned (into exactly their class).
+    pub migrations: u64,
+    /// Resizes of stores (dynamic capacity).
+    pub resizes: u64,
     pub store_deaths: u64,
     /// Stores that restarted keeping their blocks, at a new address.
     pub store_moves: u64,
@@ -260,6 +264,18 @@ fn restore(image: &crate::checkpoint::Image, bug: Option<Bug>) -> Result<MetaSta
 fn fresh_state(bug: Option<Bug>) -> MetaState {
     let mut st = MetaState::new(BS, LEASE_MS, 1);
     st.bug = bug;
+    // Small stores: low watermarks and eager promotion make migration
+    // plan moves often.
+    let mut tier = crate::tier::TierSettings::default();
+    tier.apply(&[
+        ("high_watermark", "40"),
+        ("low_watermark", "20"),
+        ("promotion", "on"),
+        ("promote_after", "2"),
+        ("half_life_ms", "200"),
+    ])
+    .expect("valid settings");
+    st.set_tier_settings(tier);
     st
 }
 
@@ -593,6 +609,13 @@ impl Sim {
             self.commit(d)?;
             let running: BTreeSet<u64> = self.st.snapshots().ids().collect();
             self.snaps.retain(|s| running.contains(&s.id));
+        }
+        // What the drainer does after moves: shrinking stores balloon the
+        // blocks the moves freed.
+        for (id, target) in self.st.shrinking() {
+            if let Ok(d) = self.st.decide_resize(id, target) {
+                self.commit(d)?;
+            }
         }
         Ok(())
     }
@@ -1159,6 +1182,20 @@ impl Sim {
             }
             return Ok(());
         }
+        if self.rng.chance(8) {
+            // Resize a store (dynamic capacity): anywhere from nothing to
+            // all of its blocks.
+            let i = self.rng.below(self.stores.len() as u64) as usize;
+            let (server, max) = (self.stores[i].addr.clone(), self.stores[i].num_blocks);
+            let blocks = self.rng.below(u64::from(max) + 1) as u32;
+            if let Ok(MetaReply::Resized(r)) = self.exec(MetaRequest::Resize { server, blocks })? {
+                self.stats.resizes += 1;
+                if r.exported_blocks < r.target_blocks {
+                    return Err(format!("a store exports less than it asked for: {r:?}"));
+                }
+            }
+            return Ok(());
+        }
         if self.rng.chance(10) {
             // Start or cancel the drain of a store.
             let i = self.rng.below(self.stores.len() as u64) as usize;
@@ -1166,6 +1203,32 @@ impl Sim {
             let cancel = self.rng.chance(40);
             if let Ok(MetaReply::Drain(_)) = self.exec(MetaRequest::Drain { server, cancel })? {
                 self.stats.drains += 1;
+            }
+            return Ok(());
+        }
+        let migrating = self.st.migration_candidates(self.now, 8);
+        if let Some(m) = migrating
+            .iter()
+            .find(|m| self.st.ns().get(m.node).is_some_and(|n| n.pinned))
+        {
+            return Err(format!("migration planned to move pinned node {}", m.node));
+        }
+        if !migrating.is_empty() && self.rng.chance(50) {
+            let m = migrating[self.rng.below(migrating.len() as u64) as usize];
+            match self.st.decide_move_start_to(m.node, m.index, m.to, true) {
+                Ok((d, src, dst)) => {
+                    if dst.class != m.to {
+                        return Err(format!("{m:?} went to class {}", dst.class));
+                    }
+                    self.stats.moves += 1;
+                    self.stats.migrations += 1;
+                    self.commit(d)?;
+                    self.moving.push((m.node, m.index, src, None));
+                }
+                Err(e) if e.code == ErrorCode::Internal => {
+                    return Err(format!("migration start failed internally: {}", e.message))
+                }
+                Err(_) => self.stats.refused += 1,
             }
             return Ok(());
         }
@@ -1326,7 +1389,7 @@ impl Sim {
             .st
             .alloc()
             .servers()
-            .map(|(_, s)| s.spec.num_blocks as u64)
+            .map(|(_, s)| s.exported_blocks())
             .sum();
         let free: u64 = self.st.alloc().servers().map(|(_, s)| s.free.len()).sum();
         if free + root_blocks < capacity {
@@ -1368,6 +1431,8 @@ fn simulation_keeps_every_invariant() {
         total.moves += s.moves;
         total.drains += s.drains;
         total.slab_moves += s.slab_moves;
+        total.migrations += s.migrations;
+        total.resizes += s.resizes;
         total.store_deaths += s.store_deaths;
         total.store_moves += s.store_moves;
         total.takeovers += s.takeovers;
@@ -1394,6 +1459,8 @@ fn simulation_keeps_every_invariant() {
         ("moves", total.moves),
         ("drains", total.drains),
         ("slab moves", total.slab_moves),
+        ("migrations", total.migrations),
+        ("resizes", total.resizes),
         ("store deaths", total.store_deaths),
         ("stores back at a new address", total.store_moves),
         ("metadata server restarts", total.restarts),

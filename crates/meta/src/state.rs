@@ -35,6 +35,7 @@ use nodekernel_proto::{
 use std::collections::{BTreeMap, BTreeSet};
 
 mod migrate;
+mod resize;
 pub use migrate::{Migration, Tiering};
 
 /// Most nodes one reaping step drops (a removed subtree larger than this is
@@ -110,6 +111,7 @@ enum Reply {
     Located(BlockLoc),
     Drain(u32),
     Policy,
+    Resized(u32),
 }
 
 /// The outcome of [`MetaState::decide`]: what to change, and what to reply
@@ -128,6 +130,8 @@ pub struct Decision {
     drain: Option<(u32, bool)>,
     /// New tiering and placement settings (`MetaRequest::Policy`).
     policy: Option<Box<TierSettings>>,
+    /// A server's resize target, in blocks (`MetaRequest::Resize`).
+    resize: Option<(u32, u32)>,
 }
 
 /// A drain of one storage server (soft state, like liveness: a restarted
@@ -201,6 +205,12 @@ pub struct MetaState {
     /// generation. Held out of the free lists (counted as used) until no
     /// snapshot pins them.
     held: BTreeMap<(u32, u32), u64>,
+    /// Blocks withdrawn from their server's exported capacity (dynamic
+    /// capacity), by (server, block): their generation.
+    ballooned: BTreeMap<(u32, u32), u64>,
+    /// The exported size each resizing server asked for, in blocks of
+    /// this partition (soft state: the server asks again).
+    resize: BTreeMap<u32, u32>,
     /// Running snapshots (soft state).
     snapshots: Snapshots,
     /// Drains by server (soft state).
@@ -227,6 +237,8 @@ impl MetaState {
             moves: BTreeMap::new(),
             claims: Vec::new(),
             held: BTreeMap::new(),
+            ballooned: BTreeMap::new(),
+            resize: BTreeMap::new(),
             snapshots: Snapshots::default(),
             drains: BTreeMap::new(),
             tier: Tiering::default(),
@@ -362,6 +374,10 @@ impl MetaState {
             Reply::Node { id, .. } | Reply::Blocks { node: id, .. } => self.touch(*id, now),
             _ => {}
         }
+        if let Some((id, target)) = d.resize {
+            self.resize.insert(id, target);
+            self.note_shrinking(id);
+        }
         if let Some((id, on)) = d.drain {
             self.alloc.set_draining(id, on);
             let dr = self.drains.entry(id).or_default();
@@ -424,7 +440,22 @@ impl MetaState {
             }
             Effect::BlockFreed { block } => {
                 self.held.remove(&(block.server, block.block));
+                if self
+                    .ballooned
+                    .remove(&(block.server, block.block))
+                    .is_some()
+                {
+                    self.alloc.unballoon(block.server);
+                }
                 self.alloc.give_back(block.server, block.block, block.gen);
+                self.claim(*block);
+            }
+            Effect::Ballooned { block } => {
+                self.alloc.balloon(block.server, block.block, block.gen);
+                if self.alloc.server(block.server).is_some() {
+                    self.ballooned
+                        .insert((block.server, block.block), block.gen);
+                }
                 self.claim(*block);
             }
             Effect::BlockHeld { block } => {
@@ -475,6 +506,8 @@ impl MetaState {
                 self.drains.remove(id);
                 self.slabs.retire_server(*id);
                 self.held.retain(|(server, _), _| server != id);
+                self.ballooned.retain(|(server, _), _| server != id);
+                self.resize.remove(id);
             }
             Effect::ServerReaddressed { id, addr } => self.alloc.readdress(*id, addr),
             Effect::MoveStarted {
@@ -720,12 +753,7 @@ impl MetaState {
             }
             MetaRequest::Status => Reply::Status,
             MetaRequest::Drain { server, cancel } => {
-                let id = self.alloc.find_server(server).ok_or_else(|| {
-                    Error::unknown_server(format!(
-                        "no storage server with identity or address {server:?} is registered with metadata partition {} (`nk status` lists them)",
-                        self.placement.partition
-                    ))
-                })?;
+                let id = self.find_server(server)?;
                 if !cancel && !self.alloc.is_alive(id) {
                     return Err(Error::data_lost(format!(
                         "storage server {server} is dead: its blocks are lost and cannot be moved; it leaves the cluster after meta.retire_after_ms"
@@ -741,6 +769,11 @@ impl MetaState {
                     d.policy = Some(Box::new(next));
                 }
                 Reply::Policy
+            }
+            MetaRequest::Resize { server, blocks } => {
+                let id = self.find_server(server)?;
+                d.resize(id, *blocks)?;
+                Reply::Resized(id)
             }
             MetaRequest::LocalSocket => Reply::LocalSocket,
             MetaRequest::Abort { node, lease } => d.abort(*node, *lease)?,
@@ -973,9 +1006,11 @@ impl MetaState {
                 .u64(m.to.gen)
                 .u64(m.fence);
         }
-        e.u32(self.held.len() as u32);
-        for ((server, block), gen) in &self.held {
-            e.u32(*server).u32(*block).u64(*gen);
+        for blocks in [&self.held, &self.ballooned] {
+            e.u32(blocks.len() as u32);
+            for ((server, block), gen) in blocks {
+                e.u32(*server).u32(*block).u64(*gen);
+            }
         }
         image.state = buf.to_vec();
         image
@@ -993,8 +1028,9 @@ impl MetaState {
         let mut dec = nodekernel_proto::codec::Dec::new(state, "checkpointed state");
         let d = &mut dec;
         let format = d.u8()?;
-        // Format 1 had no held blocks (no snapshots).
-        if format != crate::checkpoint::FORMAT && format != 1 {
+        // Format 1 had no held blocks (no snapshots), format 2 no
+        // ballooned ones (no dynamic capacity).
+        if !(1..=crate::checkpoint::FORMAT).contains(&format) {
             return Err(Error::protocol(format!(
                 "checkpoint format {format}; this build reads format {}",
                 crate::checkpoint::FORMAT
@@ -1022,13 +1058,18 @@ impl MetaState {
                 },
             );
         }
-        let mut held = BTreeMap::new();
-        if format >= 2 {
-            let n = d.count(16)?;
-            for _ in 0..n {
-                held.insert((d.u32()?, d.u32()?), d.u64()?);
+        let mut blocks = |since: u8| -> Result<BTreeMap<(u32, u32), u64>> {
+            let mut out = BTreeMap::new();
+            if format >= since {
+                let n = d.count(16)?;
+                for _ in 0..n {
+                    out.insert((d.u32()?, d.u32()?), d.u64()?);
+                }
             }
-        }
+            Ok(out)
+        };
+        let held = blocks(2)?;
+        let ballooned = blocks(3)?;
         dec.finish()?;
         let mut st = MetaState::new(block_size, lease_ms, 1);
         st.ns = Namespace::from_checkpoint(next_id, nodes)?;
@@ -1037,6 +1078,14 @@ impl MetaState {
         st.next_lease = next_lease;
         st.moves = moves;
         st.held = held;
+        let mut per_server: BTreeMap<u32, u32> = BTreeMap::new();
+        for (server, _) in ballooned.keys() {
+            *per_server.entry(*server).or_default() += 1;
+        }
+        for (server, n) in per_server {
+            st.alloc.set_ballooned(server, n);
+        }
+        st.ballooned = ballooned;
         Ok(st)
     }
 
@@ -1307,17 +1356,27 @@ impl MetaState {
 
     // ----- drains ------------------------------------------------------------
 
+    /// The storage server registered with identity or address `name`.
+    fn find_server(&self, name: &str) -> Result<u32> {
+        self.alloc.find_server(name).ok_or_else(|| {
+            Error::unknown_server(format!(
+                "no storage server with identity or address {name:?} is registered with metadata partition {} (`nk status` lists them)",
+                self.placement.partition
+            ))
+        })
+    }
+
     /// Up to `limit` blocks (node, index, class to move to, server) held by
     /// servers being drained and not being moved yet, in node order.
     /// Blocks of a node that is gone or whose server is dead are skipped.
+    /// Shrinking servers (dynamic capacity) count as drained: their blocks
+    /// move until they export no more than they asked for.
     pub fn drain_candidates(&self, limit: usize) -> Vec<(NodeId, u64, u8, u32)> {
-        let busy = self.drains.iter().any(|(id, d)| {
-            !d.cancelled
-                && self.alloc.is_draining(*id)
-                && self
-                    .alloc
-                    .server(*id)
-                    .is_some_and(|s| s.free.len() < s.spec.num_blocks as u64)
+        let busy = self.alloc.servers().any(|(id, s)| {
+            (self.alloc.is_shrinking(id)
+                || (self.alloc.is_draining(id)
+                    && !self.drains.get(&id).is_some_and(|d| d.cancelled)))
+                && s.used_blocks() > 0
         });
         if !busy {
             return Vec::new();
@@ -1325,10 +1384,7 @@ impl MetaState {
         let mut out = Vec::new();
         for n in self.ns.nodes() {
             for (i, b) in n.blocks.iter().enumerate() {
-                if self.alloc.is_draining(b.server)
-                    && self.alloc.is_alive(b.server)
-                    && !self.moves.contains_key(&(n.id, i as u64))
-                {
+                if self.emptying(b.server) && !self.moves.contains_key(&(n.id, i as u64)) {
                     let class = self.alloc.server_class(b.server).unwrap_or(NO_CLASS);
                     out.push((n.id, i as u64, class, b.server));
                     if out.len() >= limit {
@@ -1339,8 +1395,7 @@ impl MetaState {
         }
         for ((server, block), slab) in self.slabs.iter() {
             let index = slab_move_index(server, block);
-            if self.alloc.is_draining(server)
-                && self.alloc.is_alive(server)
+            if self.emptying(server)
                 && !self.moves.contains_key(&(SLAB_MOVE, index))
                 && !self.slab_pinned(server, block)
             {
@@ -1351,6 +1406,13 @@ impl MetaState {
             }
         }
         out
+    }
+
+    /// Whether blocks move off `server`: alive, and draining or
+    /// shrinking.
+    fn emptying(&self, server: u32) -> bool {
+        (self.alloc.is_draining(server) || self.alloc.is_shrinking(server))
+            && self.alloc.is_alive(server)
     }
 
     /// Whether the block a drain scan found (`drain_candidates`) still
@@ -1366,10 +1428,7 @@ impl MetaState {
                 .and_then(|n| n.blocks.get(index as usize))
                 .is_some_and(|b| b.server == server)
         };
-        on_server
-            && self.alloc.is_draining(server)
-            && self.alloc.is_alive(server)
-            && !self.moves.contains_key(&(node, index))
+        on_server && self.emptying(server) && !self.moves.contains_key(&(node, index))
     }
 
     /// Records the outcome of one move of a drain from `server`.
@@ -1395,7 +1454,7 @@ impl MetaState {
             Some(s) => (
                 s.spec.addr.clone(),
                 s.spec.identity.clone(),
-                s.spec.num_blocks as u64 - s.free.len(),
+                s.used_blocks(),
             ),
             None => Default::default(),
         };
@@ -1484,6 +1543,7 @@ impl MetaState {
             Reply::LocalSocket => MetaReply::LocalSocket(self.local_socket.clone()),
             Reply::Drain(id) => MetaReply::Drain(self.drain_status(*id)),
             Reply::Policy => MetaReply::Policy(self.tier.settings.show()),
+            Reply::Resized(id) => MetaReply::Resized(self.resize_status(*id)),
             Reply::SnapshotBegun { id, entries } => MetaReply::SnapshotBegun {
                 id: *id,
                 entries: *entries,
@@ -1709,14 +1769,15 @@ impl MetaState {
     #[cfg(test)]
     pub(crate) fn dump(&self) -> String {
         format!(
-            "{}{}{:?}\nnext_lease {} lease_ms {} moves {:?}\nheld {:?}\n",
+            "{}{}{:?}\nnext_lease {} lease_ms {} moves {:?}\nheld {:?}\nballooned {:?}\n",
             self.ns.dump(),
             self.alloc.dump(),
             self.slabs,
             self.next_lease,
             self.lease_ms,
             self.moves,
-            self.held
+            self.held,
+            self.ballooned
         )
     }
 
@@ -1824,6 +1885,27 @@ impl MetaState {
             }
             own(*server, *block, *gen, 0)?;
         }
+        for ((server, block), gen) in &self.ballooned {
+            if self.alloc.server(*server).is_none() {
+                return Err(format!(
+                    "ballooned block {block} of server {server}: no such server"
+                ));
+            }
+            own(*server, *block, *gen, 0)?;
+        }
+        let mut per_server: BTreeMap<u32, u32> = BTreeMap::new();
+        for (server, _) in self.ballooned.keys() {
+            *per_server.entry(*server).or_default() += 1;
+        }
+        for (id, s) in self.alloc.servers() {
+            let n = per_server.get(&id).copied().unwrap_or(0);
+            if s.ballooned_blocks() != n {
+                return Err(format!(
+                    "server {id} counts {} ballooned blocks, the balloon holds {n}",
+                    s.ballooned_blocks()
+                ));
+            }
+        }
         for ((server, block), slab) in self.slabs.iter() {
             if self.alloc.server(server).is_none() {
                 return Err(format!("slab {block} of server {server}: no such server"));
@@ -1910,6 +1992,7 @@ struct Draft<'a> {
     snapshot: Option<SnapshotNote>,
     drain: Option<(u32, bool)>,
     policy: Option<Box<TierSettings>>,
+    resize: Option<(u32, u32)>,
 }
 
 impl<'a> Draft<'a> {
@@ -1928,6 +2011,7 @@ impl<'a> Draft<'a> {
             snapshot: None,
             drain: None,
             policy: None,
+            resize: None,
         }
     }
 
@@ -1940,6 +2024,7 @@ impl<'a> Draft<'a> {
             snapshot: self.snapshot,
             drain: self.drain,
             policy: self.policy,
+            resize: self.resize,
         }
     }
 

@@ -5,7 +5,8 @@
 use crate::codec::{Dec, Enc};
 use crate::error::{Error, Result};
 use crate::types::{
-    BlockLoc, ClusterStatus, DrainStatus, NodeInfo, NodeType, RecordLoc, ServerSpec, Traffic,
+    BlockLoc, ClusterStatus, DrainStatus, NodeInfo, NodeType, RecordLoc, ResizeStatus, ServerSpec,
+    Traffic,
 };
 use bytes::BytesMut;
 
@@ -33,6 +34,7 @@ pub mod op {
     pub const SNAPSHOT_END: u16 = 20;
     pub const DRAIN: u16 = 21;
     pub const POLICY: u16 = 22;
+    pub const RESIZE: u16 = 23;
 
     /// The request's name in metrics and logs (`"other"` for a number
     /// this build does not know).
@@ -60,6 +62,7 @@ pub mod op {
             SNAPSHOT_END => "snapshot_end",
             DRAIN => "drain",
             POLICY => "policy",
+            RESIZE => "resize",
             _ => "other",
         }
     }
@@ -299,6 +302,14 @@ pub enum MetaRequest {
     Policy {
         set: Vec<(String, String)>,
     },
+    /// Storage server `server` (its identity or registered address) now
+    /// exports only `blocks` of its blocks in this partition (dynamic
+    /// capacity, `docs/tiering.md`): free blocks leave at once, blocks in
+    /// use move to other servers first. Asked again, reports the progress.
+    Resize {
+        server: String,
+        blocks: u32,
+    },
 }
 
 impl MetaRequest {
@@ -326,6 +337,7 @@ impl MetaRequest {
             MetaRequest::SnapshotEnd { .. } => op::SNAPSHOT_END,
             MetaRequest::Drain { .. } => op::DRAIN,
             MetaRequest::Policy { .. } => op::POLICY,
+            MetaRequest::Resize { .. } => op::RESIZE,
         }
     }
 
@@ -433,6 +445,9 @@ impl MetaRequest {
                     e.str(k).str(v);
                 }
             }
+            MetaRequest::Resize { server, blocks } => {
+                e.str(server).u32(*blocks);
+            }
         }
     }
 
@@ -535,6 +550,10 @@ impl MetaRequest {
                 }
                 MetaRequest::Policy { set }
             }
+            op::RESIZE => MetaRequest::Resize {
+                server: d.string()?,
+                blocks: d.u32()?,
+            },
 
             other => return Err(Error::protocol(format!("unknown metadata op {other}"))),
         };
@@ -599,6 +618,8 @@ pub enum MetaReply {
     Drain(DrainStatus),
     /// Policy: every setting as (key, value), after the change.
     Policy(Vec<(String, String)>),
+    /// Resize: where the resize stands in this partition.
+    Resized(ResizeStatus),
 }
 
 impl MetaReply {
@@ -663,6 +684,7 @@ impl MetaReply {
                     e.str(k).str(v);
                 }
             }
+            MetaReply::Resized(s) => s.encode(e),
         }
     }
 
@@ -747,6 +769,7 @@ impl MetaReply {
                 }
                 MetaReply::Policy(set)
             }
+            op::RESIZE => MetaReply::Resized(ResizeStatus::decode(&mut d)?),
             other => {
                 return Err(Error::protocol(format!(
                     "reply to unknown metadata op {other}"
@@ -842,6 +865,10 @@ mod tests {
                 cancel: true,
             },
             MetaRequest::Policy { set: vec![] },
+            MetaRequest::Resize {
+                server: "id-1".into(),
+                blocks: 300,
+            },
             MetaRequest::Policy {
                 set: vec![("high_watermark".into(), "80".into())],
             },
@@ -1026,6 +1053,17 @@ mod tests {
             (
                 op::POLICY,
                 MetaReply::Policy(vec![("migration".into(), "on".into())]),
+            ),
+            (
+                op::RESIZE,
+                MetaReply::Resized(ResizeStatus {
+                    partition: 1,
+                    server: 2,
+                    max_blocks: 100,
+                    exported_blocks: 80,
+                    target_blocks: 50,
+                    used_blocks: 40,
+                }),
             ),
             (op::LOCAL_SOCKET, MetaReply::LocalSocket("nk-meta-1".into())),
             (op::LOCAL_SOCKET, MetaReply::LocalSocket(String::new())),

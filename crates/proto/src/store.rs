@@ -16,6 +16,7 @@ pub mod op {
     pub const SHM_INFO: u16 = 4;
     pub const CLAIM: u16 = 5;
     pub const COPY: u16 = 6;
+    pub const RESIZE: u16 = 7;
 
     /// The request's name in metrics and logs (`"other"` for a number
     /// this build does not know).
@@ -27,6 +28,7 @@ pub mod op {
             SHM_INFO => "shm_info",
             CLAIM => "claim",
             COPY => "copy",
+            RESIZE => "resize",
             _ => "other",
         }
     }
@@ -153,6 +155,14 @@ pub enum StoreRequest<'a> {
         src_block: u32,
         src_gen: u64,
     },
+    /// Export `bytes` of the server's memory from now on (dynamic
+    /// capacity; at most its size; `u64::MAX`: all of it). The reply is
+    /// the size it will export (whole blocks of each metadata partition's
+    /// share), as a `u64`; the metadata servers move blocks away before
+    /// they count as gone.
+    Resize {
+        bytes: u64,
+    },
 }
 
 impl<'a> StoreRequest<'a> {
@@ -164,6 +174,7 @@ impl<'a> StoreRequest<'a> {
             StoreRequest::ShmInfo => op::SHM_INFO,
             StoreRequest::Claim { .. } => op::CLAIM,
             StoreRequest::Copy { .. } => op::COPY,
+            StoreRequest::Resize { .. } => op::RESIZE,
         }
     }
 
@@ -194,6 +205,9 @@ impl<'a> StoreRequest<'a> {
                 buf.extend_from_slice(data);
             }
             StoreRequest::Ping | StoreRequest::ShmInfo => {}
+            StoreRequest::Resize { bytes } => {
+                Enc(buf).u64(*bytes);
+            }
             StoreRequest::Claim { claims } => {
                 let e = &mut Enc(buf);
                 e.u32(claims.len() as u32);
@@ -289,6 +303,11 @@ impl<'a> StoreRequest<'a> {
                     src_block: d.u32()?,
                     src_gen: d.u64()?,
                 };
+                d.finish()?;
+                r
+            }
+            op::RESIZE => {
+                let r = StoreRequest::Resize { bytes: d.u64()? };
                 d.finish()?;
                 r
             }
@@ -410,6 +429,7 @@ mod tests {
                 data: &[],
             },
             StoreRequest::Ping,
+            StoreRequest::Resize { bytes: 64 << 20 },
             StoreRequest::ShmInfo,
             StoreRequest::Claim { claims: vec![] },
             StoreRequest::Claim {

@@ -492,6 +492,46 @@ pub struct ClusterStatus {
     pub moves: Vec<ClassMoves>,
 }
 
+/// Where a storage server's resize stands in one metadata partition
+/// (`MetaRequest::Resize`): of its `max_blocks` there, it exports
+/// `exported_blocks` and asked for `target_blocks`; until the two are
+/// equal, blocks in use past the target are moving away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ResizeStatus {
+    pub partition: u32,
+    pub server: u32,
+    pub max_blocks: u64,
+    pub exported_blocks: u64,
+    pub target_blocks: u64,
+    pub used_blocks: u64,
+}
+
+impl ResizeStatus {
+    pub(crate) fn encode(&self, e: &mut Enc) {
+        e.u32(self.partition)
+            .u32(self.server)
+            .u64(self.max_blocks)
+            .u64(self.exported_blocks)
+            .u64(self.target_blocks)
+            .u64(self.used_blocks);
+    }
+    pub(crate) fn decode(d: &mut Dec) -> Result<ResizeStatus> {
+        Ok(ResizeStatus {
+            partition: d.u32()?,
+            server: d.u32()?,
+            max_blocks: d.u64()?,
+            exported_blocks: d.u64()?,
+            target_blocks: d.u64()?,
+            used_blocks: d.u64()?,
+        })
+    }
+
+    /// Whether the server exports exactly what it asked for.
+    pub fn is_done(&self) -> bool {
+        self.exported_blocks == self.target_blocks
+    }
+}
+
 /// Blocks tier migration moved out of one storage class since the
 /// metadata server started (`docs/tiering.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

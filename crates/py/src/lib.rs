@@ -475,6 +475,16 @@ impl<'py> IntoPyObject<'py> for Status {
             logs.append(e)?;
         }
         d.set_item("logs", logs)?;
+        // Blocks tier migration moved out of each class (docs/tiering.md).
+        let moves = PyList::empty(py);
+        for m in s.moves {
+            let e = PyDict::new(py);
+            e.set_item("class", m.class)?;
+            e.set_item("demoted", m.demoted)?;
+            e.set_item("promoted", m.promoted)?;
+            moves.append(e)?;
+        }
+        d.set_item("moves", moves)?;
         Ok(d)
     }
 }

@@ -32,6 +32,9 @@ def test_connect_discovers_nk_meta_and_config_file(nk_meta, tmp_path, monkeypatc
         assert st["unreachable"] == []
         assert st["servers"]
         assert all(s["draining"] is False for s in st["servers"])
+        # Blocks tier migration moved, per class (none moved: a list).
+        assert isinstance(st["moves"], list)
+        assert all({"class", "demoted", "promoted"} <= m.keys() for m in st["moves"])
     # The [client] section of a config file, when NK_META is unset.
     monkeypatch.delenv("NK_META")
     cfg = tmp_path / "nk.toml"

@@ -154,6 +154,10 @@ pub struct StoreConfig {
     /// Address of the admin HTTP endpoint (`/metrics`, `/status`,
     /// `/healthz`, `/readyz`, a dashboard); `None` (the default): none.
     pub admin: Option<String>,
+    /// Follow a memory source between a minimum and `capacity` (dynamic
+    /// capacity, [`crate::capacity`]); `None` (the default): export
+    /// `capacity` unless resized.
+    pub dynamic: Option<crate::capacity::DynamicCapacity>,
 }
 
 impl Default for StoreConfig {
@@ -177,6 +181,7 @@ impl Default for StoreConfig {
             poll_spin: nodekernel_rpc::default_spin(),
             persistent: false,
             admin: None,
+            dynamic: None,
         }
     }
 }

@@ -64,6 +64,7 @@
 
 mod admin;
 pub mod blocks;
+pub mod capacity;
 mod config;
 pub mod datadir;
 mod error;

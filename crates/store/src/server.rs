@@ -2,13 +2,14 @@
 
 use crate::admin::{StoreAdmin, StoreMetrics};
 use crate::blocks::BlockStore;
+use crate::capacity::Capacity;
 use crate::config::{partition, DataDirConfig, FileIoConfig, MediumKind, StoreConfig};
 use crate::datadir::{self, DataDir, Footprint};
 use crate::medium::{DramMedium, FileMedium, Medium};
 use crate::persist::{self, Discarded, GenFile, StoreState};
 use crate::share::Share;
 use crate::StoreError;
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use nodekernel_admin::status::StoreStatusOut;
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
 use nodekernel_proto::store::{
@@ -37,6 +38,8 @@ pub(crate) struct StoreHandler {
     /// Writes whose data went from the socket straight into the region.
     in_place: Arc<AtomicU64>,
     metrics: Arc<StoreMetrics>,
+    /// The exported size `Resize` sets.
+    capacity: Arc<Capacity>,
 }
 
 /// Bytes of a block in the DRAM region, sent as the end of a `Read` reply
@@ -217,6 +220,14 @@ impl Handler for StoreHandler {
                 src_block,
                 src_gen,
             } => self.copy(block, gen, &src_addr, src_block, src_gen).await,
+            StoreRequest::Resize { bytes } => {
+                let exported = self.capacity.set(bytes);
+                tracing::info!(
+                    "asked to export {bytes} bytes: exporting {exported} (blocks in use move away first)"
+                );
+                out.put_u64_le(exported);
+                Ok(())
+            }
         }
     }
 }
@@ -356,6 +367,8 @@ pub(crate) struct Registrar {
     ids: Mutex<Vec<Option<u32>>>,
     /// What heartbeats report.
     metrics: Arc<StoreMetrics>,
+    /// The exported size each partition is told at every heartbeat.
+    capacity: Arc<Capacity>,
 }
 
 impl Registrar {
@@ -432,6 +445,38 @@ impl Registrar {
         }
     }
 
+    /// Tells metadata server `i` the size its slice should export, when a
+    /// target is set (dynamic capacity: asked at every heartbeat, so a
+    /// restarted metadata server hears it again).
+    async fn resize(&self, i: usize) {
+        if i == 0 {
+            self.capacity.follow();
+        }
+        let Some((blocks, news)) = self.capacity.for_partition(i) else {
+            return;
+        };
+        let MetaRequest::Register(spec) = &self.requests[i] else {
+            return;
+        };
+        let req = MetaRequest::Resize {
+            server: spec.identity.clone(),
+            blocks,
+        };
+        match self.call(i, &req).await {
+            Ok(MetaReply::Resized(r)) if news => tracing::info!(
+                "metadata server {}: exporting {} of {} blocks, asked for {blocks}",
+                self.metas[i],
+                r.exported_blocks,
+                r.max_blocks
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(
+                "resizing with metadata server {} failed, will retry: {e}",
+                self.metas[i]
+            ),
+        }
+    }
+
     /// One heartbeat period for metadata server `i`: heartbeat if registered,
     /// register again if not (or if the metadata server forgot us).
     async fn beat(&self, i: usize) {
@@ -464,6 +509,9 @@ impl Registrar {
                 }
             },
         };
+        if !reregister {
+            self.resize(i).await;
+        }
         if reregister {
             match self.register_once(i).await {
                 Ok(id) => {
@@ -802,6 +850,12 @@ impl StorageServer {
         }
         let in_place = Arc::new(AtomicU64::new(0));
         let metrics = Arc::new(StoreMetrics::default());
+        let k = cfg.metas.len();
+        let capacity = Arc::new(Capacity::new(
+            cfg.block_size,
+            (0..k).map(|i| partition(num_blocks, k, i).1).collect(),
+            cfg.dynamic.clone(),
+        ));
         let server = nodekernel_rpc::serve_with(
             listener,
             Arc::new(StoreHandler {
@@ -813,6 +867,7 @@ impl StorageServer {
                 peers: ConnectionPool::new(cfg.rpc_timeout),
                 in_place: in_place.clone(),
                 metrics: metrics.clone(),
+                capacity: capacity.clone(),
             }),
             nodekernel_rpc::ServeOptions {
                 spin: cfg.poll_spin,
@@ -832,7 +887,6 @@ impl StorageServer {
                 local_addr.to_string()
             }
         };
-        let k = cfg.metas.len();
         let requests = (0..k)
             .map(|i| {
                 let (first_block, count) = partition(num_blocks, k, i);
@@ -856,6 +910,7 @@ impl StorageServer {
             requests,
             ids: Mutex::new(vec![None; k]),
             metrics: metrics.clone(),
+            capacity,
         });
 
         let mut srv = StorageServer {

@@ -62,6 +62,16 @@ enum UnitOf {
     Slab(u32, u32),
 }
 
+impl UnitOf {
+    /// A total order: nodes by id, then slabs by place.
+    fn order(&self) -> (u8, u64, u64) {
+        match *self {
+            UnitOf::Node(id) => (0, id, 0),
+            UnitOf::Slab(server, block) => (1, server.into(), block.into()),
+        }
+    }
+}
+
 impl MetaState {
     pub fn tier_settings(&self) -> &TierSettings {
         &self.tier.settings
@@ -135,19 +145,11 @@ impl MetaState {
                 .then(|| self.alloc.server_class(server))
                 .flatten()
         };
-        let mut units = Vec::new();
-        let mut of = Vec::new();
-        let mut unit = |u: UnitOf, class: u8, blocks: u64, h: Heat| {
-            units.push(Unit {
-                key: of.len() as u64,
-                class,
-                blocks,
-                score: h.at(now, hl),
-                last_ms: h.last_ms,
-                settling: h.settling(now, hl),
-            });
-            of.push(u);
-        };
+        // (what, class, blocks, heat), in a stable order (the namespace
+        // iterates in hash order), so ties break the same way every time.
+        let mut found: Vec<(UnitOf, u8, u64, Heat)> = Vec::new();
+        let mut unit =
+            |u: UnitOf, class: u8, blocks: u64, h: Heat| found.push((u, class, blocks, h));
         for n in self.ns.nodes() {
             if n.pinned || n.blocks.is_empty() {
                 continue;
@@ -183,13 +185,26 @@ impl MetaState {
                 .unwrap_or_default();
             unit(UnitOf::Slab(server, block), slab.class, 1, h);
         }
+        found.sort_by_key(|(u, class, ..)| (u.order(), *class));
+        let units: Vec<Unit> = found
+            .iter()
+            .enumerate()
+            .map(|(i, (_, class, blocks, h))| Unit {
+                key: i as u64,
+                class: *class,
+                blocks: *blocks,
+                score: h.at(now, hl),
+                last_ms: h.last_ms,
+                settling: h.settling(now, hl),
+            })
+            .collect();
         let plan = self
             .tier
             .policy
             .plan(s, &classes, &units, &mut self.tier.shedding);
         let mut out = Vec::new();
         for p in plan {
-            match of[p.key as usize] {
+            match found[p.key as usize].0 {
                 UnitOf::Node(id) => {
                     let Some(n) = self.ns.get(id) else { continue };
                     for (i, b) in n.blocks.iter().enumerate() {
