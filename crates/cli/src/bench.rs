@@ -6,6 +6,7 @@
 
 mod memcached;
 mod redis;
+mod zipf;
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
@@ -42,6 +43,10 @@ pub enum Mode {
     /// Write and read back SIZE with DRAM holding 100/50/10/0% of it
     /// (embedded clusters; the rest on the file tier)
     Tiering,
+    /// Read (lookup + read) or, with --write-share, replace (fresh put)
+    /// files of SIZE picked by a Zipf distribution (--zipf) among --files
+    /// (or --data / SIZE); reports the share of read bytes DRAM served
+    Zipf,
     /// Baseline: memory-copy bandwidth of this machine (COUNT copies of SIZE
     /// into fresh memory, like a COUNT x SIZE File write)
     Memcpy,
@@ -98,6 +103,18 @@ pub struct BenchArgs {
     /// metadata servers every one gets clients
     #[arg(long, default_value_t = 1, value_name = "N")]
     roots: usize,
+    /// zipf: files of the run (default: --data / --size, else 1000)
+    #[arg(long)]
+    files: Option<u64>,
+    /// zipf: total size of the files (--files of --size each)
+    #[arg(long, value_parser = crate::parse_size)]
+    data: Option<ByteSize>,
+    /// zipf: exponent of the Zipf distribution files are picked by
+    #[arg(long, default_value_t = 0.99)]
+    zipf: f64,
+    /// zipf: share of operations that replace the file instead of reading it
+    #[arg(long, default_value_t = 0.1)]
+    write_share: f64,
     /// Start an in-process cluster instead of connecting
     #[arg(long)]
     embedded: bool,
@@ -180,6 +197,9 @@ pub struct Report {
     /// Every `--vs` peer, in the order given.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub peers: Vec<redis::PeerReport>,
+    /// The zipf mode's reads by storage class and migration's moves.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zipf: Option<zipf::ZipfReport>,
 }
 
 /// The paths the benchmark's clients took (see [`Report`]).
@@ -187,11 +207,22 @@ pub struct Report {
 struct Paths {
     stats: DataPathStats,
     unix_meta: bool,
+    /// Bytes the measured operations read, by storage class.
+    measured_read_bytes_by_class: [u64; 4],
 }
 
 impl Paths {
-    fn add(&mut self, c: &Client) {
+    /// Adds client `c`, whose stats were `at_start` when its measured
+    /// operations began.
+    fn add(&mut self, c: &Client, at_start: &DataPathStats) {
         let s = c.data_path_stats();
+        for (sum, (end, start)) in self.measured_read_bytes_by_class.iter_mut().zip(
+            s.read_bytes_by_class
+                .iter()
+                .zip(&at_start.read_bytes_by_class),
+        ) {
+            *sum += end.saturating_sub(*start);
+        }
         self.stats.mapped_reads += s.mapped_reads;
         self.stats.mapped_writes += s.mapped_writes;
         self.stats.network_reads += s.network_reads;
@@ -302,6 +333,27 @@ fn print_human(r: &Report, a: &BenchArgs) {
         "  latency us: p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
         l.p50, l.p90, l.p99, l.p999, l.max
     );
+    if let Some(z) = &r.zipf {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let c = &z.read_bytes_by_class;
+        println!(
+            "  {} files ({}), zipf {}, {:.0}% writes: {:.1}% of read bytes from DRAM \
+             (MiB read by class 0/1/2/3+: {:.0}/{:.0}/{:.0}/{:.0})",
+            z.files,
+            human(z.data_bytes),
+            z.exponent,
+            z.write_share * 100.0,
+            z.dram_read_share * 100.0,
+            mib(c[0]),
+            mib(c[1]),
+            mib(c[2]),
+            mib(c[3])
+        );
+        println!(
+            "  blocks demoted/promoted: {}/{} during the run, {}/{} while creating the files",
+            z.blocks_demoted, z.blocks_promoted, z.setup_blocks_demoted, z.setup_blocks_promoted
+        );
+    }
     if r.roots > 1 {
         println!(
             "  nodes spread over {} top-level directories, {} metadata partition(s)",
@@ -329,6 +381,8 @@ struct Plan {
     keys: u64,
     new_keys: bool,
     opts: CreateOptions,
+    /// The zipf mode's files.
+    zipf: Option<zipf::Workload>,
 }
 
 impl Plan {
@@ -356,13 +410,24 @@ impl Plan {
 pub async fn bench(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<Report> {
     let setup = Client::connect(cfg.clone()).await?;
     let partitions = cfg.metas.len().max(1);
+    let roots = bench_roots(
+        &format!("/nk-bench-{}", std::process::id()),
+        a.roots,
+        partitions,
+    )?;
+    let zipf = match a.mode {
+        Mode::Zipf => Some(zipf::Workload::new(
+            format!("{}/zipf", roots[0]),
+            zipf::file_count(a.files, a.data, a.size.0),
+            a.zipf,
+            a.write_share,
+            1,
+        )?),
+        _ => None,
+    };
     let plan = Arc::new(Plan {
         mode: a.mode,
-        roots: bench_roots(
-            &format!("/nk-bench-{}", std::process::id()),
-            a.roots,
-            partitions,
-        )?,
+        roots,
         size: usize::try_from(a.size.0).context("size too large")?,
         warmup: a.warmup,
         count: a.count,
@@ -375,6 +440,7 @@ pub async fn bench(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<Report> {
             enumerable: !a.non_enumerable,
             ..CreateOptions::default()
         },
+        zipf,
     });
     for root in &plan.roots {
         setup.mkdir(root, false).await?;
@@ -393,8 +459,9 @@ pub async fn bench(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<Report> {
         }
         first
     };
-    let (hist, ops, secs, paths) = result?;
+    let run = result?;
     cleanup?;
+    let (ops, secs) = (run.hist.len(), run.seconds);
     let bytes_per_op = match a.mode {
         Mode::Create | Mode::Lookup | Mode::Enumerate => 0,
         Mode::Multistream => a.size.0 * a.count,
@@ -412,14 +479,24 @@ pub async fn bench(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<Report> {
         mb_per_sec: bytes / secs / 1e6,
         gb_per_sec: bytes / secs / 1e9,
         non_enumerable: a.non_enumerable,
-        latency_us: Latency::of(&hist),
-        data_path: paths.data_path(),
-        meta_transport: paths.meta_transport(),
+        latency_us: Latency::of(&run.hist),
+        data_path: run.paths.data_path(),
+        meta_transport: run.paths.meta_transport(),
         roots: plan.roots.len(),
         meta_partitions: partitions,
         peer: None,
         peers: Vec::new(),
+        zipf: run.zipf,
     })
+}
+
+/// What the clients of a run measured.
+struct Run {
+    hist: Histogram<u64>,
+    /// The measured phase (see [`Phase`]).
+    seconds: f64,
+    paths: Paths,
+    zipf: Option<zipf::ZipfReport>,
 }
 
 async fn run_clients(
@@ -427,8 +504,14 @@ async fn run_clients(
     cfg: ClientConfig,
     a: &BenchArgs,
     plan: Arc<Plan>,
-) -> anyhow::Result<(Histogram<u64>, u64, f64, Paths)> {
+) -> anyhow::Result<Run> {
     let value = vec![0x5Au8; plan.size];
+    let mut zipf_moves = None;
+    if let Some(w) = &plan.zipf {
+        let before = zipf::Moves::now(setup).await?;
+        w.create(setup, &plan.opts, &value).await?;
+        zipf_moves = Some([before, zipf::Moves::now(setup).await?]);
+    }
     for c in 0..a.clients {
         prepare(setup, &plan, &plan.dir(c), &value).await?;
     }
@@ -441,19 +524,40 @@ async fn run_clients(
         let value = value.clone();
         tasks.push(tokio::spawn(async move {
             let r = one_client(client.clone(), plan, c, value, barrier).await;
-            r.map(|(h, measured)| (h, measured, client))
+            r.map(|(h, measured, at_start)| (h, measured, at_start, client))
         }));
     }
     let mut hist = new_histogram();
     let mut phase = Phase::default();
     let mut paths = Paths::default();
     for t in tasks {
-        let (h, measured, client) = t.await??;
+        let (h, measured, at_start, client) = t.await??;
         hist.add(&h).context("merging histograms")?;
         phase.add(measured);
-        paths.add(&client);
+        paths.add(&client, &at_start);
     }
-    Ok((hist.clone(), hist.len(), phase.seconds(), paths))
+    let zipf = match (&plan.zipf, zipf_moves) {
+        (Some(w), Some([before, created])) => Some(zipf::ZipfReport::new(
+            w,
+            plan.size as u64,
+            paths.measured_read_bytes_by_class,
+            [before, created, zipf::Moves::now(setup).await?],
+        )),
+        _ => None,
+    };
+    Ok(Run {
+        hist,
+        seconds: phase.seconds(),
+        paths,
+        zipf,
+    })
+}
+
+/// Waits for every client at the start of the measured phase; its start
+/// and `client`'s data-path stats then.
+async fn measure_from(barrier: &tokio::sync::Barrier, client: &Client) -> (Instant, DataPathStats) {
+    barrier.wait().await;
+    (Instant::now(), client.data_path_stats())
 }
 
 /// The measured phase of a run: from the first client's start to the
@@ -593,12 +697,13 @@ async fn one_client(
     c: u64,
     value: Vec<u8>,
     barrier: Arc<tokio::sync::Barrier>,
-) -> nodekernel_client::Result<(Histogram<u64>, std::ops::Range<Instant>)> {
+) -> nodekernel_client::Result<(Histogram<u64>, std::ops::Range<Instant>, DataPathStats)> {
     let dir = plan.dir(c);
     let mut hist = new_histogram();
     let (total, from) = (plan.total(), plan.measured_from());
     let size = plan.size as u64;
     let mut started = Instant::now();
+    let mut at_start = client.data_path_stats();
     let record = |i: u64, t: Instant, hist: &mut Histogram<u64>| {
         if i >= from {
             let _ = hist.record(t.elapsed().as_nanos().max(1) as u64);
@@ -635,8 +740,7 @@ async fn one_client(
                 .buffer_unordered(plan.qd)
                 .try_collect::<Vec<_>>()
                 .await?;
-            barrier.wait().await;
-            started = Instant::now();
+            (started, at_start) = measure_from(&barrier, &client).await;
             let lats: Vec<Duration> = stream::iter(measured.iter().copied().map(read))
                 .buffer_unordered(plan.qd)
                 .try_collect()
@@ -651,8 +755,7 @@ async fn one_client(
                 .await?;
             for i in 0..total {
                 if i == from {
-                    barrier.wait().await;
-                    started = Instant::now();
+                    (started, at_start) = measure_from(&barrier, &client).await;
                 }
                 let t = Instant::now();
                 f.append(&value).await?;
@@ -661,10 +764,10 @@ async fn one_client(
             f.close().await?;
         }
         _ => {
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(c);
             for i in 0..total {
                 if i == from {
-                    barrier.wait().await;
-                    started = Instant::now();
+                    (started, at_start) = measure_from(&barrier, &client).await;
                 }
                 let t = Instant::now();
                 match plan.mode {
@@ -710,6 +813,11 @@ async fn one_client(
                             ));
                         }
                     }
+                    Mode::Zipf => {
+                        if let Some(w) = &plan.zipf {
+                            w.op(&client, &mut rng, &value).await?;
+                        }
+                    }
                     Mode::Read
                     | Mode::Randread
                     | Mode::Write
@@ -723,7 +831,7 @@ async fn one_client(
             }
         }
     }
-    Ok((hist, started..Instant::now()))
+    Ok((hist, started..Instant::now(), at_start))
 }
 
 #[derive(Serialize)]
@@ -945,6 +1053,7 @@ async fn baseline(a: &BenchArgs) -> anyhow::Result<Report> {
         meta_partitions: 0,
         peer: None,
         peers: Vec::new(),
+        zipf: None,
     })
 }
 

@@ -991,3 +991,59 @@ fn top_once_prints_one_json_frame() {
     assert!(text.contains("CLASS") && text.contains("file"), "{text}");
     up.stop();
 }
+
+#[test]
+fn bench_zipf_reports_the_share_of_reads_from_dram() {
+    // 64 MiB DRAM and a 256 MiB file class, 1 MiB blocks.
+    let up = Up::start(&[]);
+    let zipf = |files: &str, size: &str| {
+        let r = up.json(&[
+            "bench", "zipf", "--files", files, "-s", size, "-k", "60", "-w", "10", "-c", "2",
+            "--json",
+        ]);
+        check_report("zipf", &r, 120);
+        let z = r["zipf"].clone();
+        assert_eq!(z["files"].as_u64(), files.parse().ok(), "{r}");
+        assert_eq!(z["write_share"], 0.1, "{r}");
+        assert_eq!(z["exponent"], 0.99, "{r}");
+        let by_class: Vec<u64> = z["read_bytes_by_class"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap())
+            .collect();
+        assert_eq!(by_class.len(), 4, "{r}");
+        // Whole-file reads: a multiple of the size, at most every op.
+        let read: u64 = by_class.iter().sum();
+        let size = r["size"].as_u64().unwrap();
+        assert!(
+            read > 0 && read.is_multiple_of(size) && read <= 120 * size,
+            "{r}"
+        );
+        let share = z["dram_read_share"].as_f64().unwrap();
+        assert!(
+            (share - by_class[0] as f64 / read as f64).abs() < 1e-9,
+            "{r}"
+        );
+        for key in [
+            "blocks_demoted",
+            "blocks_promoted",
+            "setup_blocks_demoted",
+            "setup_blocks_promoted",
+        ] {
+            assert!(z[key].is_u64(), "{key}: {r}");
+        }
+        (share, by_class)
+    };
+    // Everything fits in DRAM: every read comes from there.
+    let (share, _) = zipf("20", "64KiB");
+    assert_eq!(share, 1.0);
+    // 96 MiB of 1 MiB files over 64 MiB of DRAM: some reads from the file
+    // class.
+    let (share, by_class) = zipf("96", "1MiB");
+    assert!(
+        share > 0.0 && share < 1.0 && by_class[1] > 0,
+        "{by_class:?}"
+    );
+    up.stop();
+}

@@ -23,7 +23,7 @@
 //! Invariant: no other module touches a mapped region or sends a data
 //! request (the `blockio_is_the_only_data_path` test greps for it).
 
-use crate::client::DataPathStats;
+use crate::client::{DataPathStats, READ_CLASS_SLOTS};
 use crate::local::{Local, Mapped};
 use bytes::{Bytes, BytesMut};
 use nodekernel_proto::store::{
@@ -129,6 +129,7 @@ pub(crate) struct BlockIo {
     mapped_writes: AtomicU64,
     network_reads: AtomicU64,
     network_writes: AtomicU64,
+    read_bytes_by_class: [AtomicU64; READ_CLASS_SLOTS],
 }
 
 impl BlockIo {
@@ -148,6 +149,7 @@ impl BlockIo {
             mapped_writes: AtomicU64::new(0),
             network_reads: AtomicU64::new(0),
             network_writes: AtomicU64::new(0),
+            read_bytes_by_class: Default::default(),
         }
     }
 
@@ -159,6 +161,10 @@ impl BlockIo {
             network_writes: self.network_writes.load(Ordering::Relaxed),
             network_read_bytes_direct: self.pool.reply_copies().direct(),
             network_read_bytes_copied: self.pool.reply_copies().staged(),
+            read_bytes_by_class: self
+                .read_bytes_by_class
+                .each_ref()
+                .map(|c| c.load(Ordering::Relaxed)),
         }
     }
 
@@ -201,6 +207,10 @@ impl BlockIo {
             (true, false) => &self.network_writes,
         };
         c.fetch_add(1, Ordering::Relaxed);
+        if !write {
+            self.read_bytes_by_class[DataPathStats::read_class_slot(loc.class)]
+                .fetch_add(len as u64, Ordering::Relaxed);
+        }
         if let Some(h) = &self.hook {
             h.on_access(&Access {
                 loc,

@@ -68,6 +68,22 @@ pub struct DataPathStats {
     /// Bytes of network reads received into a connection buffer first and
     /// copied from there (read ahead together with another reply).
     pub network_read_bytes_copied: u64,
+    /// Bytes read, by the storage class of the block that served them
+    /// (`BlockLoc::class`, either path), since the client was created:
+    /// classes 0 (DRAM), 1 and 2 each in their own slot, every class from
+    /// 3 up together in the last one.
+    pub read_bytes_by_class: [u64; READ_CLASS_SLOTS],
+}
+
+/// Slots of [`DataPathStats::read_bytes_by_class`].
+pub(crate) const READ_CLASS_SLOTS: usize = 4;
+
+impl DataPathStats {
+    /// The slot of [`DataPathStats::read_bytes_by_class`] that counts reads
+    /// from storage class `class`.
+    pub fn read_class_slot(class: u8) -> usize {
+        (class as usize).min(READ_CLASS_SLOTS - 1)
+    }
 }
 
 /// The host name, used as the default location class.

@@ -232,10 +232,12 @@ async fn policy_change_sheds_under_load(shared_memory: bool) {
     }
     let written = tokio::time::timeout(HANG, writer).await.unwrap().unwrap();
     assert!(reads_during > 0, "reads ran during the migration");
-    // With the writer gone, DRAM reaches the new target.
-    wait_for("DRAM at its new low watermark", || async {
+    // With the writer gone, DRAM settles under its new high watermark
+    // (between the two it sheds only if it passed the high one since it
+    // last reached the low one).
+    wait_for("DRAM under its new high watermark", || async {
         let (used, cap) = class_use(&c, DRAM).await;
-        used * 100 <= cap * 25
+        used * 100 <= cap * 40
     })
     .await;
     for (p, data) in files.iter().chain(&written) {

@@ -70,6 +70,8 @@ pub struct BlockClaim {
     /// A freed small value's tag to clear, at `gen` (see
     /// `nodekernel_proto::store::Claim`).
     pub clear_tag_at: Option<u32>,
+    /// The block joined the balloon: the server may give its memory back.
+    pub release: bool,
 }
 
 pub use nodekernel_proto::ServerSpec;

@@ -576,6 +576,7 @@ async fn deliver(pool: &ConnectionPool, addr: &str, claims: &[BlockClaim]) -> Re
                     block: c.block,
                     gen: c.gen,
                     clear_tag_at: c.clear_tag_at,
+                    release: c.release,
                 })
                 .collect(),
         };

@@ -456,7 +456,12 @@ impl MetaState {
                     self.ballooned
                         .insert((block.server, block.block), block.gen);
                 }
+                let queued = self.claims.len();
                 self.claim(*block);
+                // Its server may give the block's memory back.
+                if let Some(c) = self.claims.get_mut(queued) {
+                    c.release = true;
+                }
             }
             Effect::BlockHeld { block } => {
                 // Out of its node, fenced, but not free: a snapshot still
@@ -629,6 +634,7 @@ impl MetaState {
                 block: b.block,
                 gen: b.gen,
                 clear_tag_at,
+                release: false,
             });
         }
     }

@@ -12,10 +12,13 @@
 //! watermark sheds its coldest blocks into the next class until it is at
 //! its low watermark; with promotion on, a unit read at least
 //! `promote_after` times (decayed) on a slower class moves up while the
-//! class above stays at or below its low watermark, and only if it is
-//! hotter than every unit there: a promotion never makes room by
-//! demoting, and never brings back what is next to go down; and a unit
-//! moved within the last half-life is not promoted (no ping-pong).
+//! class above stays at or below its *promotion limit* (halfway between
+//! its low and high watermarks: shedding stops at the low one, so a
+//! class that ever shed has room to promote into), and only if it is
+//! hotter than the coldest unit there (else it would be the next to go
+//! down), never into a class still shedding: a promotion never makes the class shed
+//! again, never brings back what is next to go down, and a unit moved
+//! within the last half-life is not promoted (no ping-pong).
 
 use std::collections::BTreeSet;
 
@@ -326,6 +329,15 @@ pub trait TierPolicy: std::fmt::Debug + Send + Sync {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Watermarks;
 
+impl TierSettings {
+    /// The percent of `class` promotions fill it up to: halfway between
+    /// its low and high watermarks.
+    pub fn promotion_limit(&self, class: u8) -> u8 {
+        let (high, low) = self.watermarks(class);
+        ((u16::from(high) + u16::from(low)) / 2) as u8
+    }
+}
+
 fn pct_of(capacity: u64, pct: u8) -> u64 {
     capacity * pct as u64 / 100
 }
@@ -392,8 +404,9 @@ impl TierPolicy for Watermarks {
             return out;
         }
         // Promotion: hottest first, one class up, while the class above
-        // stays at or below its low watermark, and only a unit hotter than
-        // every unit left there (else it would be next to go down).
+        // stays at or below its promotion limit, and only a unit hotter
+        // than the coldest unit left there (else it would be next to go
+        // down).
         let coldest: Vec<Option<&Unit>> = classes
             .iter()
             .map(|c| {
@@ -417,9 +430,12 @@ impl TierPolicy for Watermarks {
                 continue;
             }
             let i = j - 1;
-            let (_, low) = s.watermarks(classes[i].class);
+            // Not into a class still shedding: it would shed the unit again.
+            let shedding_above = shedding.contains(&classes[i].class);
+            let limit = s.promotion_limit(classes[i].class);
             let hotter = coldest[i].is_none_or(|c| Unit::colder(c, u).is_lt());
-            if hotter && used[i] + u.blocks <= pct_of(classes[i].capacity, low) {
+            if hotter && !shedding_above && used[i] + u.blocks <= pct_of(classes[i].capacity, limit)
+            {
                 used[i] += u.blocks;
                 used[j] -= u.blocks.min(used[j]);
                 out.push(Planned {

@@ -110,6 +110,9 @@ pub struct Claim {
     pub block: u32,
     pub gen: u64,
     pub clear_tag_at: Option<u32>,
+    /// The block left the server's exported capacity (dynamic capacity):
+    /// once claimed, its memory or disk space may be given back.
+    pub release: bool,
 }
 
 /// `clear_tag_at` on the wire when there is none.
@@ -214,7 +217,8 @@ impl<'a> StoreRequest<'a> {
                 for c in claims {
                     e.u32(c.block)
                         .u64(c.gen)
-                        .u32(c.clear_tag_at.unwrap_or(NO_TAG));
+                        .u32(c.clear_tag_at.unwrap_or(NO_TAG))
+                        .bool(c.release);
                 }
             }
             StoreRequest::Copy {
@@ -276,7 +280,7 @@ impl<'a> StoreRequest<'a> {
                 StoreRequest::ShmInfo
             }
             op::CLAIM => {
-                let n = d.count(4 + 8 + 4)?;
+                let n = d.count(4 + 8 + 4 + 1)?;
                 if n > MAX_CLAIM_BATCH {
                     return Err(Error::protocol(format!(
                         "claim batch of {n} blocks exceeds the limit of {MAX_CLAIM_BATCH}"
@@ -290,6 +294,7 @@ impl<'a> StoreRequest<'a> {
                         block,
                         gen,
                         clear_tag_at: (at != NO_TAG).then_some(at),
+                        release: d.bool()?,
                     });
                 }
                 d.finish()?;
@@ -438,11 +443,13 @@ mod tests {
                         block: 1,
                         gen: 2,
                         clear_tag_at: None,
+                        release: true,
                     },
                     Claim {
                         block: u32::MAX,
                         gen: u64::MAX,
                         clear_tag_at: Some(7),
+                        release: false,
                     },
                 ],
             },
@@ -472,6 +479,7 @@ mod tests {
                     block: 0,
                     gen: 1,
                     clear_tag_at: None,
+                    release: false,
                 };
                 MAX_CLAIM_BATCH + 1
             ],

@@ -388,6 +388,14 @@ impl BlockStore {
         }
     }
 
+    /// Gives the memory (or disk space) of `block` back: it left the
+    /// exported capacity (dynamic capacity), after a claim fenced it, so
+    /// nobody reads or writes it until it is handed out again.
+    pub(crate) fn release(&self, block: u32) -> std::io::Result<()> {
+        let bs = u64::from(self.block_size);
+        self.medium.release(u64::from(block) * bs, bs)
+    }
+
     /// Writes the blocks and their generations back to their files and
     /// waits for the device (a persistent server's clean stop).
     pub(crate) fn sync(&self) -> std::io::Result<()> {

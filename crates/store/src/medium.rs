@@ -71,6 +71,30 @@ pub trait Medium: Send + Sync {
     fn sync(&self) -> io::Result<()> {
         Ok(())
     }
+    /// Gives the memory or disk space of `len` bytes at `off` back (the
+    /// block left the exported capacity; its bytes are not needed): they
+    /// read as zeros afterwards. Nothing to do by default.
+    fn release(&self, _off: u64, _len: u64) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Punches a hole of `len` bytes at `at` into `file` (its size stays).
+pub(crate) fn punch_hole(file: &File, at: u64, len: u64) -> io::Result<()> {
+    // SAFETY: plain syscall on a descriptor we own; no memory is passed.
+    let r = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            at as libc::off_t,
+            len as libc::off_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// A boxed I/O future borrowing the medium and the caller's buffers.
@@ -190,6 +214,14 @@ impl DramMedium {
 }
 
 impl Medium for DramMedium {
+    fn release(&self, off: u64, len: u64) -> io::Result<()> {
+        check_range(off, len as usize, self.size)?;
+        // Punched into the memfd (or file) itself: the pages leave every
+        // mapping, the server's and co-located clients'.
+        let data = self.region.layout().data_offset;
+        punch_hole(self.region.file(), data + off, len)
+    }
+
     fn read_into(&self, off: u64, len: usize, out: &mut BytesMut) -> io::Result<()> {
         let start = check_range(off, len, self.size)?;
         out.reserve(len);
@@ -288,6 +320,32 @@ mod tests {
             "control words and data in one memfd"
         );
         exercise(&m);
+    }
+
+    /// A released block's memory goes back to the kernel (the memfd holds
+    /// fewer pages) and reads as zeros; its neighbours keep their bytes.
+    #[test]
+    fn a_released_dram_block_gives_its_memory_back() {
+        use std::os::unix::fs::MetadataExt;
+        let bs = 1 << 20;
+        let m = DramMedium::new(bs, 4).unwrap();
+        let held = |m: &DramMedium| m.file().metadata().unwrap().blocks() * 512;
+        let data = vec![7u8; bs as usize];
+        for b in 0..3 {
+            m.write(b * u64::from(bs), &data).unwrap();
+        }
+        let before = held(&m);
+        assert!(before >= 3 * u64::from(bs), "{before}");
+        m.release(u64::from(bs), u64::from(bs)).unwrap();
+        let after = held(&m);
+        assert!(before - after >= u64::from(bs), "{before} -> {after}");
+        let mut out = BytesMut::new();
+        m.read_into(u64::from(bs), bs as usize, &mut out).unwrap();
+        assert!(out.iter().all(|b| *b == 0), "released bytes read as zeros");
+        out.clear();
+        m.read_into(0, bs as usize, &mut out).unwrap();
+        assert!(out.iter().all(|b| *b == 7), "the block before is untouched");
+        assert!(m.release(4 * u64::from(bs), 1).is_err(), "past the end");
     }
 
     #[test]

@@ -310,6 +310,11 @@ impl StoreHandler {
                 None => self.store.write(block, gen, 0, &[]).await,
             };
             match done {
+                Ok(()) if c.release => {
+                    if let Err(e) = self.store.release(block) {
+                        tracing::warn!("cannot give the memory of block {block} back: {e}");
+                    }
+                }
                 Ok(()) => {}
                 Err(e) if e.code == ErrorCode::Stale => {}
                 Err(e) => {

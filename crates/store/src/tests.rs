@@ -86,6 +86,7 @@ fn claim(block: u32, gen: u64) -> Claim {
         block,
         gen,
         clear_tag_at: None,
+        release: false,
     }
 }
 
@@ -913,6 +914,7 @@ async fn tags(medium: MediumKind) {
             block: 1,
             gen,
             clear_tag_at: Some(0),
+            release: false,
         }];
         call(&c, StoreRequest::Claim { claims })
     };

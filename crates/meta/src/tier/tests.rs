@@ -192,17 +192,17 @@ fn check(
             if !s.promotion
                 || u.settling
                 || u.score < s.promote_after as f32
-                || order(p.to) + 1 != i
+                || Some(order(p.to)) != (0..i).rev().find(|&j| caps[j].1 > 0)
             {
                 return Err(format!("bad promotion {p:?}\n{}", ctx()));
             }
-            let colder_left_above = units
+            let coldest_above = units
                 .iter()
                 .filter(|x| x.class == p.to && !keys.contains(&x.key))
-                .any(|x| Unit::colder(u, x).is_lt());
-            if colder_left_above {
+                .min_by(|a, b| Unit::colder(a, b));
+            if coldest_above.is_some_and(|c| !Unit::colder(c, u).is_lt()) {
                 return Err(format!(
-                    "promoted {p:?} is not the hottest above\n{}",
+                    "promoted {p:?} would be the next to go down\n{}",
                     ctx()
                 ));
             }
@@ -212,9 +212,10 @@ fn check(
             .filter(|p| p.to == c.class && order(p.from) > i)
             .map(|p| units.iter().find(|u| u.key == p.key).unwrap().blocks)
             .sum();
-        if arrived > 0 && classes_after[i].used > low_b {
+        let limit_b = pct_of(c.capacity, s.promotion_limit(c.class));
+        if arrived > 0 && (classes_after[i].used > limit_b || limit_b > high_b) {
             return Err(format!(
-                "promotion into class {} passed its low watermark\n{}",
+                "promotion into class {} passed its limit\n{}",
                 c.class,
                 ctx()
             ));

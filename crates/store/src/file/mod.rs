@@ -607,6 +607,19 @@ fn probe_stream_reads(file: &File) -> io::Result<()> {
 }
 
 impl Medium for FileMedium {
+    fn release(&self, off: u64, len: u64) -> io::Result<()> {
+        if off.checked_add(len).is_none_or(|end| end > self.size) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "release of {len} bytes at {off} past the end ({})",
+                    self.size
+                ),
+            ));
+        }
+        crate::medium::punch_hole(&self.file, off, len)
+    }
+
     /// Blocks the calling thread until the read is done; the storage
     /// server uses the asynchronous interface instead.
     fn read_into(&self, off: u64, len: usize, out: &mut BytesMut) -> io::Result<()> {
