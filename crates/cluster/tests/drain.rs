@@ -5,12 +5,12 @@
 #[macro_use]
 mod common;
 
-use common::{config, pattern, start_with, PutFile, TestCluster, BS};
+use common::{blocks_of, config, pattern, start_with, Checkers, PutFile, TestCluster, BS};
 use nodekernel_client::{
     drain_finished, Client, CreateOptions, DrainState, DrainStatus, ErrorCode, NodeType,
 };
 use nodekernel_cluster::{ByteSize, StoreSection};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,16 +41,6 @@ async fn used(c: &Client, addr: &str) -> (u64, bool) {
     let st = c.status().await.unwrap();
     let s = st.servers.iter().find(|s| s.addr == addr).unwrap();
     (s.used_blocks, s.draining)
-}
-
-/// Where the blocks of `path` are.
-async fn blocks_of(c: &Client, path: &str) -> Vec<nodekernel_client::BlockLoc> {
-    c.lookup(path)
-        .await
-        .unwrap()
-        .block_locations()
-        .await
-        .unwrap()
 }
 
 /// Asks for the drain's progress until it is finished.
@@ -105,26 +95,9 @@ async fn drain_under_workload(shared_memory: bool) {
     // A handle opened before the drain, read after it: redirected.
     let old = c.lookup("/d/f3").await.unwrap();
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let reads = Arc::new(AtomicU64::new(0));
     let files = Arc::new(files);
-    let mut readers = Vec::new();
-    for r in 0..2u64 {
-        let (c, stop, reads, files) = (c.clone(), stop.clone(), reads.clone(), files.clone());
-        readers.push(tokio::spawn(async move {
-            let mut i = r as usize;
-            while !stop.load(Ordering::Acquire) {
-                let (p, data) = &files[i % files.len()];
-                let got = c
-                    .get(p)
-                    .await
-                    .unwrap_or_else(|e| panic!("reading {p}: {e}"));
-                assert!(got == *data, "{p}: wrong bytes while draining");
-                reads.fetch_add(1, Ordering::Relaxed);
-                i += 3;
-            }
-        }));
-    }
+    let readers = Checkers::start(&c, files.clone(), 2, 3, "the drain");
+    let stop = readers.stop.clone();
     // A writer: new files (from the other server only: the drained one
     // takes no new blocks) and replaced values.
     let writer = {
@@ -164,11 +137,8 @@ async fn drain_under_workload(shared_memory: bool) {
     assert_eq!(parts.len(), 1);
     assert_eq!(parts[0].addr, a);
     let parts = drain_to_end(&c, &a).await;
-    let reads_during = reads.load(Ordering::Relaxed);
-    stop.store(true, Ordering::Release);
-    for r in readers {
-        tokio::time::timeout(HANG, r).await.unwrap().unwrap();
-    }
+    let reads_during = readers.reads();
+    readers.finish().await;
     let written = tokio::time::timeout(HANG, writer).await.unwrap().unwrap();
 
     let p = &parts[0];

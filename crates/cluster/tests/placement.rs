@@ -41,12 +41,7 @@ async fn write(c: &Client, path: &str, blocks: u64, opts: CreateOptions) -> Vec<
         .await
         .unwrap();
     n.close().await.unwrap();
-    c.lookup(path)
-        .await
-        .unwrap()
-        .block_locations()
-        .await
-        .unwrap()
+    common::blocks_of(c, path).await
 }
 
 fn per_server(blocks: &[BlockLoc]) -> HashMap<(u8, u32), usize> {

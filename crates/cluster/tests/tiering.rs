@@ -7,7 +7,7 @@
 #[macro_use]
 mod common;
 
-use common::{config, pattern, start_with, PutFile, TestCluster, BS};
+use common::{blocks_of, config, pattern, start_with, Checkers, PutFile, TestCluster, BS};
 use nodekernel_client::{Client, CreateOptions, NodeType};
 use nodekernel_cluster::ByteSize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -45,15 +45,7 @@ async fn class_use(c: &Client, class: u8) -> (u64, u64) {
 
 /// The classes of the blocks of `path`.
 async fn classes_of(c: &Client, path: &str) -> Vec<u8> {
-    c.lookup(path)
-        .await
-        .unwrap()
-        .block_locations()
-        .await
-        .unwrap()
-        .iter()
-        .map(|b| b.class)
-        .collect()
+    blocks_of(c, path).await.iter().map(|b| b.class).collect()
 }
 
 /// Waits until `f` holds, asking every 50 ms; panics (naming `what`)
@@ -77,6 +69,33 @@ async fn demoted_and_promoted(c: &Client) -> (u64, u64) {
     st.moves
         .iter()
         .fold((0, 0), |(d, p), m| (d + m.demoted, p + m.promoted))
+}
+
+/// A writer that keeps writing new Files of a block or so (the newest
+/// four kept, older ones deleted) until `stop`, at least four; returns
+/// what is left, to check.
+fn rolling_writer(
+    c: &Client,
+    stop: Arc<AtomicBool>,
+    seed: u64,
+) -> tokio::task::JoinHandle<Vec<(String, Vec<u8>)>> {
+    let c = c.clone();
+    tokio::spawn(async move {
+        let mut written: Vec<(String, Vec<u8>)> = Vec::new();
+        let mut n = 0u64;
+        while !stop.load(Ordering::Acquire) || n < 4 {
+            let p = format!("/d/w{n}");
+            let data = pattern(seed + n, (BS + 77 * n) as usize);
+            c.put_file(&p, &data).await;
+            written.push((p, data));
+            if written.len() > 4 {
+                let (gone, _) = written.remove(0);
+                c.delete(&gone, false).await.unwrap();
+            }
+            n += 1;
+        }
+        written
+    })
 }
 
 /// Acceptance 1: write until DRAM passes its high watermark and keep
@@ -172,46 +191,9 @@ async fn policy_change_sheds_under_load(shared_memory: bool) {
     assert_eq!(demoted_and_promoted(&c).await, (0, 0));
     assert_eq!(class_use(&c, DRAM).await.0, used);
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let reads = Arc::new(AtomicU64::new(0));
     let files = Arc::new(files);
-    let mut readers = Vec::new();
-    for r in 0..2usize {
-        let (c, stop, reads, files) = (c.clone(), stop.clone(), reads.clone(), files.clone());
-        readers.push(tokio::spawn(async move {
-            let mut i = r;
-            while !stop.load(Ordering::Acquire) {
-                let (p, data) = &files[i % files.len()];
-                let got = c
-                    .get(p)
-                    .await
-                    .unwrap_or_else(|e| panic!("reading {p}: {e}"));
-                assert!(got == *data, "{p}: wrong bytes during migration");
-                reads.fetch_add(1, Ordering::Relaxed);
-                i += 1;
-            }
-        }));
-    }
-    let writer = {
-        let (c, stop) = (c.clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut written: Vec<(String, Vec<u8>)> = Vec::new();
-            let mut n = 0u64;
-            while !stop.load(Ordering::Acquire) || n < 4 {
-                let p = format!("/d/w{n}");
-                let data = pattern(500 + n, (BS + 77 * n) as usize);
-                c.put_file(&p, &data).await;
-                written.push((p, data));
-                // Bounded: the oldest goes.
-                if written.len() > 4 {
-                    let (gone, _) = written.remove(0);
-                    c.delete(&gone, false).await.unwrap();
-                }
-                n += 1;
-            }
-            written
-        })
-    };
+    let readers = Checkers::start(&c, files.clone(), 2, 1, "migration");
+    let writer = rolling_writer(&c, readers.stop.clone(), 500);
     let set = [
         ("high_watermark".to_string(), "40".to_string()),
         ("low_watermark".to_string(), "25".to_string()),
@@ -225,11 +207,8 @@ async fn policy_change_sheds_under_load(shared_memory: bool) {
         demoted_and_promoted(&c).await.0 >= 6
     })
     .await;
-    let reads_during = reads.load(Ordering::Relaxed);
-    stop.store(true, Ordering::Release);
-    for r in readers {
-        tokio::time::timeout(HANG, r).await.unwrap().unwrap();
-    }
+    let reads_during = readers.reads();
+    readers.finish().await;
     let written = tokio::time::timeout(HANG, writer).await.unwrap().unwrap();
     assert!(reads_during > 0, "reads ran during the migration");
     // With the writer gone, DRAM settles under its new high watermark
@@ -334,56 +313,17 @@ async fn a_store_shrinks_under_load(shared_memory: bool) {
     let (cap, used) = server_blocks(&c, &dram).await;
     assert_eq!(cap, 32);
     assert!(used > 20, "DRAM holds most of it: {used}");
-    let stop = Arc::new(AtomicBool::new(false));
-    let reads = Arc::new(AtomicU64::new(0));
     let files = Arc::new(files);
-    let mut readers = Vec::new();
-    for r in 0..2usize {
-        let (c, stop, reads, files) = (c.clone(), stop.clone(), reads.clone(), files.clone());
-        readers.push(tokio::spawn(async move {
-            let mut i = r;
-            while !stop.load(Ordering::Acquire) {
-                let (p, data) = &files[i % files.len()];
-                let got = c
-                    .get(p)
-                    .await
-                    .unwrap_or_else(|e| panic!("reading {p}: {e}"));
-                assert!(got == *data, "{p}: wrong bytes during the shrink");
-                reads.fetch_add(1, Ordering::Relaxed);
-                i += 1;
-            }
-        }));
-    }
-    let writer = {
-        let (c, stop) = (c.clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut written: Vec<(String, Vec<u8>)> = Vec::new();
-            let mut n = 0u64;
-            while !stop.load(Ordering::Acquire) || n < 4 {
-                let p = format!("/d/w{n}");
-                let data = pattern(700 + n, (BS + 99 * n) as usize);
-                c.put_file(&p, &data).await;
-                written.push((p, data));
-                if written.len() > 4 {
-                    let (gone, _) = written.remove(0);
-                    c.delete(&gone, false).await.unwrap();
-                }
-                n += 1;
-            }
-            written
-        })
-    };
+    let readers = Checkers::start(&c, files.clone(), 2, 1, "the shrink");
+    let writer = rolling_writer(&c, readers.stop.clone(), 700);
     let target = c.resize_store(&dram, 8 * BS).await.unwrap();
     assert_eq!(target, 8 * BS);
     wait_for("the DRAM server down to 8 blocks", || async {
         server_blocks(&c, &dram).await.0 == 8
     })
     .await;
-    let reads_during = reads.load(Ordering::Relaxed);
-    stop.store(true, Ordering::Release);
-    for r in readers {
-        tokio::time::timeout(HANG, r).await.unwrap().unwrap();
-    }
+    let reads_during = readers.reads();
+    readers.finish().await;
     let written = tokio::time::timeout(HANG, writer).await.unwrap().unwrap();
     assert!(reads_during > 0, "reads ran during the shrink");
     let (cap, used) = server_blocks(&c, &dram).await;

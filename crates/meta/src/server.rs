@@ -1024,28 +1024,16 @@ async fn drainer(h: Arc<MetaHandler>) {
             continue;
         }
         for batch in found.chunks(DRAIN_MOVES) {
-            let mut moves = tokio::task::JoinSet::new();
             // What changed since the scan (freed, moved, a drain
             // cancelled) is left out.
-            let batch: Vec<_> = {
-                let st = h.state();
-                batch
-                    .iter()
-                    .copied()
-                    .filter(|(node, index, _, server)| st.drain_still_needs(*node, *index, *server))
-                    .collect()
-            };
-            for (node, index, class, server) in batch {
-                let h = h.clone();
-                moves.spawn(async move {
-                    h.pace().await;
-                    let r = h.move_block(node, index, class).await;
-                    (server, r)
-                });
-            }
+            let batch = h.still(batch, |st, (node, index, _, server)| {
+                st.drain_still_needs(*node, *index, *server)
+            });
+            let done = h
+                .run_moves(batch, |(node, index, class, _)| (node, index, class, false))
+                .await;
             let mut failed = false;
-            while let Some(done) = moves.join_next().await {
-                let Ok((server, r)) = done else { continue };
+            for ((_, _, _, server), r) in done {
                 failed |= r.is_err();
                 h.state()
                     .note_drain_move(server, r.map_err(|e| e.to_string()));
@@ -1080,24 +1068,9 @@ async fn migrator(h: Arc<MetaHandler>) {
         }
         let mut failed = false;
         for batch in found.chunks(DRAIN_MOVES) {
-            let mut moves = tokio::task::JoinSet::new();
-            let batch: Vec<_> = {
-                let st = h.state();
-                batch
-                    .iter()
-                    .copied()
-                    .filter(|m| st.migration_still_wanted(m))
-                    .collect()
-            };
-            for m in batch {
-                let h = h.clone();
-                moves.spawn(async move {
-                    h.pace().await;
-                    (m, h.move_block_to(m.node, m.index, m.to, true).await)
-                });
-            }
-            while let Some(done) = moves.join_next().await {
-                let Ok((m, r)) = done else { continue };
+            let batch = h.still(batch, |st, m| st.migration_still_wanted(m));
+            let done = h.run_moves(batch, |m| (m.node, m.index, m.to, true)).await;
+            for (m, r) in done {
                 match r {
                     Ok(()) => h.state().note_migration(&m, h.now_ms()),
                     Err(e) => {
@@ -1115,6 +1088,40 @@ async fn migrator(h: Arc<MetaHandler>) {
         if failed {
             tokio::time::sleep(MIGRATE_IDLE).await;
         }
+    }
+}
+
+impl MetaHandler {
+    /// The moves of `batch` that still apply (`keep`, under the lock).
+    fn still<T: Copy>(&self, batch: &[T], keep: impl Fn(&MetaState, &T) -> bool) -> Vec<T> {
+        let st = self.state();
+        batch.iter().copied().filter(|m| keep(&st, m)).collect()
+    }
+
+    /// Runs the block moves of `batch` at once, each paced by `move_rate`;
+    /// `what` gives each one's (node, index, class, exact). Returns every
+    /// move with its outcome.
+    async fn run_moves<T: Copy + Send + 'static>(
+        self: &Arc<Self>,
+        batch: Vec<T>,
+        what: impl Fn(T) -> (u64, u64, u8, bool),
+    ) -> Vec<(T, Result<()>)> {
+        let mut moves = tokio::task::JoinSet::new();
+        for m in batch {
+            let (node, index, class, exact) = what(m);
+            let h = self.clone();
+            moves.spawn(async move {
+                h.pace().await;
+                (m, h.move_block_to(node, index, class, exact).await)
+            });
+        }
+        let mut done = Vec::new();
+        while let Some(r) = moves.join_next().await {
+            if let Ok(r) = r {
+                done.push(r);
+            }
+        }
+        done
     }
 }
 

@@ -158,6 +158,13 @@ impl TierSettings {
             })
     }
 
+    /// The percent of `class` promotions fill it up to: halfway between
+    /// its low and high watermarks.
+    pub fn promotion_limit(&self, class: u8) -> u8 {
+        let (high, low) = self.watermarks(class);
+        ((u16::from(high) + u16::from(low)) / 2) as u8
+    }
+
     /// Every setting as (key, value), in [`POLICY_KEYS`] order.
     pub fn show(&self) -> Vec<(String, String)> {
         let onoff = |b: bool| if b { "on" } else { "off" }.to_string();
@@ -328,15 +335,6 @@ pub trait TierPolicy: std::fmt::Debug + Send + Sync {
 /// The default policy (see the module docs).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Watermarks;
-
-impl TierSettings {
-    /// The percent of `class` promotions fill it up to: halfway between
-    /// its low and high watermarks.
-    pub fn promotion_limit(&self, class: u8) -> u8 {
-        let (high, low) = self.watermarks(class);
-        ((u16::from(high) + u16::from(low)) / 2) as u8
-    }
-}
 
 fn pct_of(capacity: u64, pct: u8) -> u64 {
     capacity * pct as u64 / 100

@@ -154,3 +154,74 @@ impl PutFile for Client {
         n.close().await.unwrap();
     }
 }
+
+/// Readers that get `files` round and round and check every byte, until
+/// stopped: the verifier of the tests that move blocks under load.
+pub struct Checkers {
+    pub stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    reads: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Checkers {
+    /// `n` readers, reader `r` starting at file `r` and going `step` on;
+    /// `during` names what runs meanwhile, for the failure messages.
+    pub fn start(
+        c: &Client,
+        files: std::sync::Arc<Vec<(String, Vec<u8>)>>,
+        n: usize,
+        step: usize,
+        during: &'static str,
+    ) -> Checkers {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let reads = std::sync::Arc::new(AtomicU64::new(0));
+        let tasks = (0..n)
+            .map(|r| {
+                let (c, stop, reads, files) =
+                    (c.clone(), stop.clone(), reads.clone(), files.clone());
+                tokio::spawn(async move {
+                    let mut i = r;
+                    while !stop.load(Ordering::Acquire) {
+                        let (p, data) = &files[i % files.len()];
+                        let got = c
+                            .get(p)
+                            .await
+                            .unwrap_or_else(|e| panic!("reading {p} during {during}: {e}"));
+                        assert!(got == *data, "{p}: wrong bytes during {during}");
+                        reads.fetch_add(1, Ordering::Relaxed);
+                        i += step;
+                    }
+                })
+            })
+            .collect();
+        Checkers { stop, reads, tasks }
+    }
+
+    /// Reads checked so far.
+    pub fn reads(&self) -> u64 {
+        self.reads.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Stops the readers (and whatever else watches `stop`) and waits for
+    /// them; a reader's failure fails the test here.
+    pub async fn finish(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        for t in self.tasks {
+            tokio::time::timeout(std::time::Duration::from_secs(120), t)
+                .await
+                .expect("a reader hangs")
+                .unwrap();
+        }
+    }
+}
+
+/// Where the blocks of `path` are.
+pub async fn blocks_of(c: &Client, path: &str) -> Vec<nodekernel_client::BlockLoc> {
+    c.lookup(path)
+        .await
+        .unwrap()
+        .block_locations()
+        .await
+        .unwrap()
+}

@@ -2091,14 +2091,7 @@ fn what_a_snapshot_held_survives_a_replay_and_a_checkpoint_and_a_restart_frees_i
     .unwrap();
     assert_eq!(s.held_blocks().count(), 1);
     // A checkpoint holds them.
-    let image = s.checkpoint_image();
-    let back = MetaState::from_checkpoint(
-        1000,
-        &image.state,
-        image.node_records().map(|(id, r)| Ok((id, r.to_vec()))),
-        0,
-    )
-    .unwrap();
+    let back = through_checkpoint(&s);
     assert_eq!(back.dump(), s.dump());
     // A restart (the snapshot is gone with the old process) frees both.
     let mut r = back;
@@ -2377,14 +2370,7 @@ fn a_server_shrinks_by_ballooning_free_blocks_and_moving_used_ones() {
     );
     s.check_invariants().unwrap();
     // The balloon is durable: a checkpoint keeps it.
-    let image = s.checkpoint_image();
-    let back = MetaState::from_checkpoint(
-        1000,
-        &image.state,
-        image.node_records().map(|(id, r)| Ok((id, r.to_vec()))),
-        0,
-    )
-    .unwrap();
+    let back = through_checkpoint(&s);
     assert_eq!(back.dump(), s.dump());
     back.check_invariants().unwrap();
     assert_eq!(back.resize_status(1).exported_blocks, 2);
@@ -2400,4 +2386,16 @@ fn a_server_shrinks_by_ballooning_free_blocks_and_moving_used_ones() {
     let (_, b) = map(&mut s, h.id, 0, 1, h.lease).unwrap();
     assert_eq!(b[0].class, 0, "a grown server takes new blocks again");
     assert_eq!(s.ns().get(f.id).unwrap().blocks.len(), 3);
+}
+
+/// `s` written to a checkpoint image and read back.
+fn through_checkpoint(s: &MetaState) -> MetaState {
+    let image = s.checkpoint_image();
+    MetaState::from_checkpoint(
+        1000,
+        &image.state,
+        image.node_records().map(|(id, r)| Ok((id, r.to_vec()))),
+        0,
+    )
+    .unwrap()
 }
