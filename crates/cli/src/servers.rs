@@ -254,7 +254,7 @@ pub async fn store(mut cfg: Config, metas: Vec<String>, a: &StoreArgs) -> anyhow
             }
         };
         println!(
-            "storage server {i}: class {} ({}), {}, identity {}{}{}{}, at {}",
+            "storage server {i}: class {} ({}), {}, identity {}{}{}, at {}",
             s.class,
             s.class_name,
             human(s.size.0),
@@ -264,10 +264,13 @@ pub async fn store(mut cfg: Config, metas: Vec<String>, a: &StoreArgs) -> anyhow
                 None => String::new(),
             },
             kept_text(&srv),
-            // Before the address: scripts take the line's last word.
-            admin_text(srv.admin_addr()),
             srv.local_addr(),
         );
+        // A line of its own: scripts take the address from the end of the
+        // line above.
+        if let Some(a) = srv.admin_addr() {
+            println!("storage server {i}: admin endpoint and dashboard at http://{a}/");
+        }
         servers.push(srv);
     }
     let sig = wait_for_signal().await?;

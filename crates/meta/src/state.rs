@@ -404,6 +404,7 @@ impl MetaState {
             Effect::Dropped { ids } => {
                 for id in ids {
                     self.ns.drop_node(*id);
+                    self.forget_heat(*id);
                 }
             }
             Effect::Moved {

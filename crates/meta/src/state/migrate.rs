@@ -104,7 +104,11 @@ impl MetaState {
     /// map).
     pub(super) fn touch(&mut self, id: NodeId, now: u64) {
         let Some(n) = self.ns.get(id) else { return };
-        if n.ty.is_container() {
+        // Only what can move: containers (their records are cold to the
+        // policy) and nodes without data yet (a put just created) keep no
+        // heat, so a million small values cost a heat entry per slab, not
+        // per value.
+        if n.ty.is_container() || (n.blocks.is_empty() && n.piece.is_none()) {
             return;
         }
         let hl = self.tier.settings.half_life_ms;
@@ -113,6 +117,11 @@ impl MetaState {
             None => self.tier.heat.entry(id).or_default(),
         };
         h.touch(now, hl);
+    }
+
+    /// Forgets the heat of a node that is gone.
+    pub(super) fn forget_heat(&mut self, id: NodeId) {
+        self.tier.heat.remove(&id);
     }
 
     /// Up to `limit` block moves the policy wants now, demotions first.
