@@ -2691,6 +2691,13 @@ impl<'a> Draft<'a> {
         }
         if n.ty.is_container() {
             self.relocate_lost_records(node)?;
+            // A reader of the records waits for a moving block, as for
+            // data (the reply would stop before it).
+            if self.st.moves.contains_key(&(node, index)) {
+                return Err(Error::try_again(format!(
+                    "block {index} of container {node} is being moved; retry shortly"
+                )));
+            }
         } else {
             self.check_first_block(node, index)?;
         }

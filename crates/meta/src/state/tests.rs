@@ -1145,6 +1145,11 @@ fn records_are_not_handed_out_while_their_block_moves() {
     let b = create(&mut s, "/d/b", File, 0).unwrap();
     assert!(b.record.is_none(), "no record while moving: {:?}", b.record);
     assert!(remove(&mut s, "/d/a", false).unwrap().is_none());
+    assert_eq!(
+        map(&mut s, d.id, 0, 1, 0).unwrap_err().code,
+        ErrorCode::TryAgain,
+        "a reader of the records waits for the move, never reads an empty map"
+    );
     let dec = s.decide_move_end(d.id, 0, true).unwrap();
     s.commit(dec, 0);
     let c = create(&mut s, "/d/c", File, 0).unwrap();
