@@ -1,11 +1,12 @@
 //! The admin HTTP endpoint of NodeKernel's servers: `/metrics`
-//! (Prometheus text format), `/status` (JSON), `/healthz` and a live
-//! dashboard page (`/`).
+//! (Prometheus text format), `/status` (JSON), `/healthz`, `/readyz`,
+//! `/policy` (the tiering policy: `GET`, and `POST` with the settings in
+//! the query string) and a live dashboard page (`/`).
 //!
 //! This crate only serves: what the routes say comes from the embedding
 //! server (the metadata or a storage server) through a [`Source`], so it
 //! depends on neither. It speaks HTTP/1.1 (hyper), answers `GET` and
-//! `HEAD` only, never reads a request body, and bounds what a peer can make
+//! `HEAD` (and `POST /policy`), never reads a request body, and bounds what a peer can make
 //! it hold: [`MAX_CONNECTIONS`] connections, [`MAX_HEADER_BYTES`] of
 //! request head each, [`HEADER_TIMEOUT`] to send it, and
 //! [`MAX_CONNECTION_AGE`] per connection.
@@ -64,6 +65,40 @@ pub trait Source: Send + Sync + 'static {
     fn ready(&self) -> Result<(), String> {
         self.health()
     }
+    /// `/policy`: the tiering policy as JSON after changing the settings
+    /// in `set` (empty for a `GET`); `None`: this server has none (404);
+    /// `Some(Err(reason))`: the change was refused (400).
+    fn policy(&self, _set: &[(String, String)]) -> Option<Result<String, String>> {
+        None
+    }
+}
+
+/// `(key, value)` pairs as one JSON object of strings, in order.
+pub fn pairs_json(pairs: &[(String, String)]) -> String {
+    let obj: serde_json::Map<String, serde_json::Value> = pairs
+        .iter()
+        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+        .collect();
+    serde_json::Value::Object(obj).to_string()
+}
+
+/// Most `key=value` pairs one `POST /policy` may carry.
+pub const MAX_POLICY_PAIRS: usize = 64;
+
+/// The `key=value` pairs of a query string, in order (no percent
+/// decoding: the keys and values are plain words).
+fn query_pairs(query: &str) -> Result<Vec<(String, String)>, String> {
+    let pairs: Vec<&str> = query.split('&').filter(|p| !p.is_empty()).collect();
+    if pairs.len() > MAX_POLICY_PAIRS {
+        return Err(format!("at most {MAX_POLICY_PAIRS} settings at once"));
+    }
+    pairs
+        .into_iter()
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+            _ => Err(format!("{p:?} is not key=value")),
+        })
+        .collect()
 }
 
 /// Why the admin endpoint could not start.
@@ -186,9 +221,27 @@ fn check(r: Result<(), String>) -> Response<Full<Bytes>> {
     }
 }
 
-/// Answers one request. The body is never read (GET and HEAD only).
+/// Answers one request. The body is never read (GET and HEAD; a `POST
+/// /policy` carries its settings in the query string).
 fn route(source: &dyn Source, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     const TEXT: &str = "text/plain; charset=utf-8";
+    if req.uri().path() == "/policy"
+        && (req.method() == Method::GET || req.method() == Method::POST)
+    {
+        let set = if req.method() == Method::POST {
+            match query_pairs(req.uri().query().unwrap_or_default()) {
+                Ok(set) => set,
+                Err(e) => return reply(StatusCode::BAD_REQUEST, TEXT, format!("{e}\n")),
+            }
+        } else {
+            Vec::new()
+        };
+        return match source.policy(&set) {
+            Some(Ok(json)) => reply(StatusCode::OK, "application/json", json),
+            Some(Err(e)) => reply(StatusCode::BAD_REQUEST, TEXT, format!("{e}\n")),
+            None => reply(StatusCode::NOT_FOUND, TEXT, "no tiering policy here\n"),
+        };
+    }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         let mut r = reply(StatusCode::METHOD_NOT_ALLOWED, TEXT, "only GET and HEAD\n");
         r.headers_mut()
@@ -205,7 +258,7 @@ fn route(source: &dyn Source, req: &Request<Incoming>) -> Response<Full<Bytes>> 
         _ => reply(
             StatusCode::NOT_FOUND,
             TEXT,
-            "not found: try /, /metrics, /status, /healthz or /readyz\n",
+            "not found: try /, /metrics, /status, /healthz, /readyz or /policy\n",
         ),
     }
 }

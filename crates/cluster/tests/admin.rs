@@ -244,3 +244,34 @@ async fn an_empty_admin_address_turns_the_endpoint_off() {
     assert!(t.cluster.admin_url().is_none());
     assert!(t.cluster.stores[0].admin_addr().is_none());
 }
+
+/// `/policy` on the metadata server: `GET` reads the tiering policy as
+/// JSON, `POST /policy?key=value&...` changes it (all or none; a refusal
+/// is a 400 naming the key), and a storage server has none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_policy_is_read_and_changed_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = start_with(config(8 << 20, 8 << 20, &dir), dir).await;
+    let meta = t.cluster.meta.admin_addr().unwrap();
+    let store = t.cluster.stores[0].admin_addr().unwrap();
+    let json = |body: &str| -> serde_json::Value { serde_json::from_str(body).unwrap() };
+    let (code, body) = get(meta, "/policy").await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(json(&body)["high_watermark"], "90");
+    let post = |path: &'static str| tokio::task::spawn_blocking(move || http(meta, "POST", path));
+    let (code, body) = post("/policy?low_watermark=40&high_watermark=60")
+        .await
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(json(&body)["high_watermark"], "60");
+    // The change is the cluster's: the client sees it.
+    let seen = t.client.policy(&[]).await.unwrap();
+    assert!(seen[0].contains(&("low_watermark".into(), "40".into())));
+    let (code, body) = post("/policy?colour=red").await.unwrap();
+    assert_eq!(code, 400);
+    assert!(body.contains("colour"), "{body}");
+    let (code, _) = post("/policy?nonsense").await.unwrap();
+    assert_eq!(code, 400);
+    assert_eq!(json(&get(meta, "/policy").await.1)["high_watermark"], "60");
+    assert_eq!(get(store, "/policy").await.0, 404);
+}

@@ -219,6 +219,15 @@ impl Source for MetaAdmin {
         self.handler.log_ok().map_err(|e| e.to_string())
     }
 
+    fn policy(&self, set: &[(String, String)]) -> Option<Result<String, String>> {
+        Some(
+            self.handler
+                .policy(set)
+                .map(|v| nodekernel_admin::pairs_json(&v))
+                .map_err(|e| e.to_string()),
+        )
+    }
+
     fn ready(&self) -> Result<(), String> {
         self.health()?;
         let st = self.handler.status().map_err(|e| e.to_string())?;

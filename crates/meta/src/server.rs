@@ -245,6 +245,19 @@ impl MetaHandler {
         (st.take_claims(), seq)
     }
 
+    /// Changes the tiering policy (`set`, all or none; empty: only read)
+    /// and returns every setting, as a `Policy` request does (the admin
+    /// endpoint's `/policy`).
+    pub(crate) fn policy(&self, set: &[(String, String)]) -> Result<Vec<(String, String)>> {
+        let req = MetaRequest::Policy { set: set.to_vec() };
+        let reply = self.state().execute(&req, self.now_ms())?;
+        log_policy_change(set);
+        match reply.reply {
+            MetaReply::Policy(v) => Ok(v),
+            other => Err(Error::internal(format!("policy answered {other:?}"))),
+        }
+    }
+
     /// This partition's status, as a `Status` request gets it.
     pub(crate) fn status(&self) -> Result<nodekernel_proto::ClusterStatus> {
         let reply = self.state().execute(&MetaRequest::Status, self.now_ms())?;
@@ -566,6 +579,14 @@ impl MetaHandler {
     }
 }
 
+/// Logs a policy change that was applied.
+fn log_policy_change(set: &[(String, String)]) {
+    if !set.is_empty() {
+        let changes: Vec<String> = set.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        tracing::info!("policy changed: {}", changes.join(" "));
+    }
+}
+
 /// Sends one server's claims in batches of at most [`MAX_CLAIM_BATCH`].
 async fn deliver(pool: &ConnectionPool, addr: &str, claims: &[BlockClaim]) -> Result<()> {
     for chunk in claims.chunks(MAX_CLAIM_BATCH) {
@@ -639,10 +660,7 @@ impl MetaHandler {
             self.drain.notify_one();
         }
         if let (MetaRequest::Policy { set }, Ok(_)) = (&req, &reply) {
-            if !set.is_empty() {
-                let changes: Vec<String> = set.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                tracing::info!("policy changed: {}", changes.join(" "));
-            }
+            log_policy_change(set);
         }
         if reap {
             // A big removal: reap a while now, the rest in the background.
