@@ -16,9 +16,9 @@
 //! its low and high watermarks: shedding stops at the low one, so a
 //! class that ever shed has room to promote into), and only if it is
 //! hotter than the coldest unit there (else it would be the next to go
-//! down), never into a class still shedding: a promotion never makes the class shed
-//! again, never brings back what is next to go down, and a unit moved
-//! within the last half-life is not promoted (no ping-pong).
+//! down), and never into a class still shedding: a promotion never makes
+//! the class shed again, never brings back what is next to go down, and a
+//! unit moved within the last half-life is not promoted (no ping-pong).
 
 use std::collections::BTreeSet;
 
