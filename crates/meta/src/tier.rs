@@ -322,7 +322,6 @@ pub struct Planned {
 /// passed their high watermark and have not reached their low one yet
 /// (kept by the caller between plans, updated by the policy).
 pub trait TierPolicy: std::fmt::Debug + Send + Sync {
-    fn name(&self) -> &'static str;
     fn plan(
         &self,
         s: &TierSettings,
@@ -341,10 +340,6 @@ fn pct_of(capacity: u64, pct: u8) -> u64 {
 }
 
 impl TierPolicy for Watermarks {
-    fn name(&self) -> &'static str {
-        "watermarks"
-    }
-
     fn plan(
         &self,
         s: &TierSettings,

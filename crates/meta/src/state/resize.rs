@@ -98,9 +98,4 @@ impl MetaState {
             .map(|(id, t)| (*id, *t))
             .collect()
     }
-
-    /// Ballooned blocks, by (server, block): their generation.
-    pub fn ballooned_blocks(&self) -> impl Iterator<Item = ((u32, u32), u64)> + '_ {
-        self.ballooned.iter().map(|(k, g)| (*k, *g))
-    }
 }
