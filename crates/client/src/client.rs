@@ -87,6 +87,14 @@ impl DataPathStats {
 }
 
 /// The host name, used as the default location class.
+/// Now, in nanoseconds since the Unix epoch (what nodes keep as their
+/// modification time).
+pub fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
 pub fn default_location() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
@@ -113,6 +121,11 @@ pub struct CreateOptions {
     /// Tier migration never moves the node's blocks (e.g. broadcast data
     /// that must stay in DRAM; `docs/tiering.md`).
     pub pinned: bool,
+    /// Permission bits; `None` gives 0o755 to containers and 0o644 to
+    /// data nodes.
+    pub mode: Option<u32>,
+    /// Modification time (nanoseconds since the Unix epoch); `None` is now.
+    pub mtime: Option<u64>,
 }
 
 impl Default for CreateOptions {
@@ -123,6 +136,8 @@ impl Default for CreateOptions {
             enumerable: true,
             size_hint: 0,
             pinned: false,
+            mode: None,
+            mtime: None,
         }
     }
 }
@@ -319,6 +334,10 @@ impl Client {
             enumerable: opts.enumerable,
             size_hint: opts.size_hint,
             pinned: opts.pinned,
+            mode: opts
+                .mode
+                .unwrap_or(if ty.is_container() { 0o755 } else { 0o644 }),
+            mtime: opts.mtime.unwrap_or_else(now_ns),
         };
         let info = self.node_reply(idx, &req).await?;
         if let Some(rec) = &info.record {
@@ -436,6 +455,19 @@ impl Client {
         Ok(Node::new(self.clone(), p.to_string(), idx, info))
     }
 
+    /// Changes the permission bits (`mode`, at most 0o7777) and/or the
+    /// modification time (`mtime`, nanoseconds since the Unix epoch) of the
+    /// node at `p`; returns the node as it is now.
+    pub async fn set_attrs(&self, p: &str, mode: Option<u32>, mtime: Option<u64>) -> Result<NodeInfo> {
+        path::components(p)?;
+        let req = MetaRequest::SetAttrs {
+            path: p.to_string(),
+            mode,
+            mtime,
+        };
+        self.node_reply(self.partition(p), &req).await
+    }
+
     /// Deletes a node; a non-empty container needs `recursive`.
     pub async fn delete(&self, p: &str, recursive: bool) -> Result<()> {
         path::components(p)?;
@@ -452,9 +484,17 @@ impl Client {
         Ok(())
     }
 
-    /// Atomically moves `src` to `dst`. Fails with `CrossPartition` when the
-    /// two paths belong to different metadata servers (nothing is changed).
+    /// Atomically moves `src` to `dst`, which must not exist. Fails with
+    /// `CrossPartition` when the two paths belong to different metadata
+    /// servers (nothing is changed).
     pub async fn rename(&self, src: &str, dst: &str) -> Result<()> {
+        self.rename_with(src, dst, false).await
+    }
+
+    /// [`Client::rename`]; with `replace`, an existing `dst` of the same
+    /// type (a File or KeyValue, or an empty container) is removed in the
+    /// same atomic step, as POSIX `rename` does.
+    pub async fn rename_with(&self, src: &str, dst: &str, replace: bool) -> Result<()> {
         path::components(src)?;
         path::components(dst)?;
         let (a, b) = (self.partition(src), self.partition(dst));
@@ -467,13 +507,19 @@ impl Client {
         let req = MetaRequest::Move {
             src: src.to_string(),
             dst: dst.to_string(),
+            replace,
         };
         match self.meta_at(a, &req).await? {
-            MetaReply::Moved { ty, clear, write } => {
+            MetaReply::Moved {
+                ty,
+                clear,
+                write,
+                replaced,
+            } => {
                 if let Some(rec) = write {
                     self.write_record(&rec, ty, leaf(dst)).await;
                 }
-                if let Some(rec) = clear {
+                for rec in [clear, replaced].into_iter().flatten() {
                     self.clear_record(a, &rec).await;
                 }
                 Ok(())
@@ -609,6 +655,8 @@ impl Client {
             storage_class: NO_CLASS,
             location: String::new(),
             enumerable: true,
+            mode: 0,
+            mtime: 0,
             lease: 0,
             first_block: None,
             record: None,

@@ -43,6 +43,9 @@ struct WriteState {
     lease: u64,
     /// Bytes written so far (published on sync/close).
     written: u64,
+    /// Written since the last publish (which then stamps the node's
+    /// modification time).
+    dirty: bool,
 }
 
 /// One contiguous piece of a transfer inside a single block.
@@ -61,6 +64,8 @@ impl Node {
         let writer = (info.lease != 0).then_some(WriteState {
             lease: info.lease,
             written: info.size,
+            // A new node's creator stamped its time already.
+            dirty: false,
         });
         let mut locs = Vec::new();
         if let Some(b) = &info.first_block {
@@ -380,6 +385,7 @@ impl Node {
     pub(crate) fn set_written(&mut self, written: u64) {
         if let Some(w) = &mut self.writer {
             w.written = written;
+            w.dirty = true;
         }
     }
 
@@ -469,6 +475,7 @@ impl Node {
             .await?;
         if let Some(w) = &mut self.writer {
             w.written += data.len() as u64;
+            w.dirty = true;
         }
         Ok(())
     }
@@ -485,7 +492,49 @@ impl Node {
                 w.written
             )));
         }
-        self.write_range(w.lease, offset, data, u64::MAX).await
+        self.write_range(w.lease, offset, data, u64::MAX).await?;
+        if let Some(w) = &mut self.writer {
+            w.dirty = true;
+        }
+        Ok(())
+    }
+
+    /// Sets the size to `size`: a shrink is published at once (the blocks
+    /// past the new end are freed, and readers holding them get `Stale`);
+    /// a growth appends zeros and publishes them. Needs the write lease.
+    pub async fn truncate(&mut self, size: u64) -> Result<()> {
+        let w = self.write_state()?;
+        if size >= w.written {
+            let zeros = vec![0u8; (size - w.written).min(self.block_size()) as usize];
+            while let Some(left) = size.checked_sub(self.write_state()?.written).filter(|l| *l > 0) {
+                self.append(&zeros[..left.min(zeros.len() as u64) as usize])
+                    .await?;
+            }
+            return self.publish(false).await;
+        }
+        if w.written > self.size.load(Ordering::Acquire) {
+            // The metadata server cuts only what was published.
+            self.publish(false).await?;
+        }
+        let req = MetaRequest::Truncate {
+            node: self.info.id,
+            lease: w.lease,
+            size,
+            mtime: crate::client::now_ns(),
+        };
+        match self.client.meta_at(self.part, &req).await {
+            Ok(MetaReply::Done) => {}
+            Ok(other) => return Err(unexpected(other)),
+            Err(e) => return Err(self.ctx(e)),
+        }
+        self.size.store(size, Ordering::Release);
+        if let Some(w) = &mut self.writer {
+            w.written = size;
+            w.dirty = false;
+        }
+        let keep = size.div_ceil(self.block_size()) as usize;
+        self.locs.lock().expect("locs lock").truncate(keep);
+        Ok(())
     }
 
     async fn publish(&mut self, close: bool) -> Result<()> {
@@ -495,12 +544,16 @@ impl Node {
             lease: w.lease,
             size: w.written,
             close,
+            mtime: if w.dirty { crate::client::now_ns() } else { 0 },
         };
         let reply = self
             .client
             .meta_at(self.part, &req)
             .await
             .map_err(|e| self.ctx(e))?;
+        if let Some(w) = &mut self.writer {
+            w.dirty = false;
+        }
         self.size.fetch_max(w.written, Ordering::AcqRel);
         match reply {
             // A closed put of a new key: write its record into the table.

@@ -5,7 +5,8 @@
 //! A checkpoint is a redb database in the server's directory, named
 //! `checkpoint-<last log record it holds, 20 digits>-<CRC-32 of the whole
 //! file, 8 hex digits>.redb`, with two tables: `nodes` (node id → the
-//! node's record, see `Namespace::checkpoint_nodes`) and `parts` (`state`:
+//! node's record, see `Namespace::checkpoint_nodes`; records written before
+//! nodes kept a mode and a modification time end without them) and `parts` (`state`:
 //! counters, allocator, slabs, moves, blocks held for snapshots and
 //! ballooned blocks, in format [`FORMAT`]; formats 1, without held blocks,
 //! and 2, without ballooned ones, are read too). It is

@@ -52,6 +52,7 @@ mod tag {
     pub const BLOCK_HELD: u8 = 27;
     pub const PIECE_HELD: u8 = 28;
     pub const BALLOONED: u8 = 29;
+    pub const ATTRS_SET: u8 = 30;
 }
 
 fn block(e: &mut Enc, b: &BlockRef) {
@@ -206,6 +207,9 @@ pub fn encode_effects(effects: &[Effect], out: &mut BytesMut) {
             Effect::Ballooned { block: b } => {
                 e.u8(tag::BALLOONED);
                 block(e, b);
+            }
+            Effect::AttrsSet { node, mode, mtime } => {
+                e.u8(tag::ATTRS_SET).u64(*node).u16(*mode).u64(*mtime);
             }
         }
     }
@@ -373,6 +377,18 @@ pub fn decode_effects(buf: &[u8]) -> Result<Vec<Effect>> {
             tag::BALLOONED => Effect::Ballooned {
                 block: dec_block(d)?,
             },
+            tag::ATTRS_SET => {
+                let node = d.u64()?;
+                let mode = d.u16()?;
+                if u32::from(mode) > nodekernel_proto::meta::MAX_MODE {
+                    return Err(Error::protocol(format!("bad mode {mode:#o}")));
+                }
+                Effect::AttrsSet {
+                    node,
+                    mode,
+                    mtime: d.u64()?,
+                }
+            }
             t => return Err(Error::protocol(format!("unknown logged effect {t}"))),
         });
     }
@@ -508,6 +524,11 @@ mod tests {
             Effect::BlockHeld { block: b },
             Effect::PieceHeld { piece: p },
             Effect::Ballooned { block: b },
+            Effect::AttrsSet {
+                node: 12,
+                mode: 0o1777,
+                mtime: 1_700_000_000_000_000_000,
+            },
         ]
     }
 

@@ -130,4 +130,7 @@ pub enum Effect {
     /// (a restart raises them to the wall clock, so none that a lost log
     /// tail handed out is ever handed out again).
     CountersRaised { floor: u64 },
+    /// `node`'s permission bits (at most `MAX_MODE`) and modification time
+    /// (nanoseconds since the Unix epoch, as the client's clock said).
+    AttrsSet { node: NodeId, mode: u16, mtime: u64 },
 }

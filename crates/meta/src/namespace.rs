@@ -190,7 +190,22 @@ pub struct Node {
     pub enumerable: bool,
     /// Tier migration leaves its blocks where they are.
     pub pinned: bool,
+    /// Permission bits (at most `MAX_MODE`).
+    pub mode: u16,
     pub lease: Option<Lease>,
+    /// Modification time, nanoseconds since the Unix epoch (a client's
+    /// clock; 0 for a node from before nodes kept one).
+    pub mtime: u64,
+}
+
+/// The permission bits of a node created without any: what `mkdir` and
+/// `creat` give under the usual umask 022.
+pub fn default_mode(ty: NodeType) -> u16 {
+    if ty.is_container() {
+        0o755
+    } else {
+        0o644
+    }
 }
 
 /// What a new node is made of (the fields of
@@ -282,7 +297,9 @@ impl Namespace {
             location: Box::default(),
             enumerable: true,
             pinned: false,
+            mode: default_mode(NodeType::Directory),
             lease: None,
+            mtime: 0,
         };
         Namespace {
             nodes: HashMap::from([(ROOT, Box::new(root))]),
@@ -431,7 +448,12 @@ impl Namespace {
     /// Checks a move and returns (node, new parent, new name). `dst` must
     /// not exist, its parent must accept the node's type, and a container
     /// cannot move into itself.
-    pub fn check_rename(&self, src: &str, dst: &str) -> Result<(NodeId, NodeId, String)> {
+    pub fn check_rename(
+        &self,
+        src: &str,
+        dst: &str,
+        replace: bool,
+    ) -> Result<(NodeId, NodeId, String, Option<NodeId>)> {
         let id = self.resolve(src)?;
         if id == ROOT {
             return Err(Error::invalid_argument(
@@ -440,13 +462,33 @@ impl Namespace {
         }
         let ty = self.nodes[&id].ty;
         let (new_parent, new_name) = self.parent_for(dst, ty)?;
-        if self.nodes[&new_parent]
+        let replaced = self.nodes[&new_parent]
             .children
-            .contains_key(new_name.as_str())
-        {
-            return Err(Error::already_exists(format!(
-                "cannot move {src} to {dst}: {dst} already exists"
-            )));
+            .get(new_name.as_str())
+            .copied();
+        if let Some(old) = replaced {
+            if !replace {
+                return Err(Error::already_exists(format!(
+                    "cannot move {src} to {dst}: {dst} already exists"
+                )));
+            }
+            if old == id {
+                // Renaming a node to its own name changes nothing.
+                return Ok((id, new_parent, new_name, replaced));
+            }
+            let o = &self.nodes[&old];
+            if o.ty != ty {
+                return Err(Error::type_mismatch(format!(
+                    "cannot move {src} (a {ty}) over {dst} (a {})",
+                    o.ty
+                )));
+            }
+            if !o.children.is_empty() {
+                return Err(Error::not_empty(format!(
+                    "cannot move {src} over {dst}: {dst} has {} children",
+                    o.children.len()
+                )));
+            }
         }
         let mut cur = new_parent;
         loop {
@@ -460,7 +502,7 @@ impl Namespace {
             }
             cur = self.nodes[&cur].parent;
         }
-        Ok((id, new_parent, new_name))
+        Ok((id, new_parent, new_name, replaced))
     }
 
     /// Nodes of the subtrees rooted at `roots` (which must exist), children
@@ -593,11 +635,21 @@ impl Namespace {
                 location: n.location.as_str().into(),
                 enumerable: n.ty != NodeType::Table || n.enumerable,
                 pinned: n.pinned,
+                mode: default_mode(n.ty),
                 lease: None,
+                mtime: 0,
             }),
         );
         if n.ty.replaces_on_create() {
             self.shadows.insert((n.parent, n.id));
+        }
+    }
+
+    /// `id`'s permission bits and modification time.
+    pub(crate) fn set_attrs(&mut self, id: NodeId, mode: u16, mtime: u64) {
+        if let Some(n) = self.nodes.get_mut(&id) {
+            n.mode = mode;
+            n.mtime = mtime;
         }
     }
 
@@ -782,6 +834,7 @@ impl Namespace {
                 Some(l) => e.bool(true).u64(l.id).u64(l.expires_ms),
                 None => e.bool(false),
             };
+            e.u16(n.mode).u64(n.mtime);
             each(n.id, &buf);
         }
         self.next_id
@@ -861,6 +914,16 @@ impl Namespace {
             } else {
                 None
             };
+            // Records of checkpoint format 3 end here (nodes kept no
+            // attributes then).
+            let (mode, mtime) = if d.remaining() == 0 {
+                (default_mode(ty), 0)
+            } else {
+                (d.u16()?, d.u64()?)
+            };
+            if u32::from(mode) > nodekernel_proto::meta::MAX_MODE {
+                return Err(Error::protocol(format!("node {id}: bad mode {mode:#o}")));
+            }
             let rest = d.remaining();
             if rest != 0 {
                 return Err(Error::protocol(format!(
@@ -898,7 +961,9 @@ impl Namespace {
                 location,
                 enumerable,
                 pinned,
+                mode,
                 lease,
+                mtime,
             };
             if ns.nodes.insert(id, Box::new(node)).is_some() {
                 return Err(Error::protocol(format!("node {id} appears twice")));

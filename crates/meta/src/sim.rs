@@ -189,6 +189,8 @@ pub(crate) struct Stats {
     pub writes: u64,
     pub reads: u64,
     pub puts_closed: u64,
+    pub truncates: u64,
+    pub replacing_moves: u64,
     pub moves: u64,
     /// Drains started or cancelled.
     pub drains: u64,
@@ -861,6 +863,8 @@ impl Sim {
                 enumerable: true,
                 size_hint,
                 pinned: false,
+                mode: 0o644,
+                mtime: 0,
             })?
         };
         if let Ok(MetaReply::Node(info)) = reply {
@@ -960,11 +964,34 @@ impl Sim {
         size: u64,
     ) -> Result<(), String> {
         let close = self.rng.chance(85);
+        if !close && self.rng.chance(30) {
+            // The writer cuts its node short (to at most what it has
+            // published), then writes on from there.
+            let published = self.st.ns().get(node).map_or(0, |n| n.size);
+            let to = self.rng.below(published + 1);
+            return match self.exec(MetaRequest::Truncate {
+                node,
+                lease,
+                size: to,
+                mtime: 7,
+            })? {
+                Ok(MetaReply::Done) => {
+                    self.stats.truncates += 1;
+                    if let Task::Writing { next, bs, .. } = &mut self.clients[c] {
+                        *next = to.div_ceil(*bs);
+                    }
+                    Ok(())
+                }
+                Ok(r) => Err(format!("truncate answered {r:?}")),
+                Err(_) => self.give_up(c, node, lease),
+            };
+        }
         match self.exec(MetaRequest::Sync {
             node,
             lease,
             size,
             close,
+            mtime: 0,
         })? {
             Ok(MetaReply::Record(r)) => {
                 if close {
@@ -1119,7 +1146,7 @@ impl Sim {
 
     fn namespace_op(&mut self) -> Result<(), String> {
         let path = self.path();
-        let req = match self.rng.below(6) {
+        let req = match self.rng.below(7) {
             0 | 1 => MetaRequest::Create {
                 ty: if path.starts_with("/t") && self.rng.chance(80) || self.rng.chance(30) {
                     NodeType::Table
@@ -1132,6 +1159,8 @@ impl Sim {
                 enumerable: self.rng.chance(70),
                 size_hint: 0,
                 pinned: self.rng.chance(10),
+                mode: 0o644,
+                mtime: 0,
             },
             2 | 3 => MetaRequest::Remove {
                 path,
@@ -1139,14 +1168,30 @@ impl Sim {
             },
             4 => {
                 let dst = self.path();
-                MetaRequest::Move { src: path, dst }
+                MetaRequest::Move {
+                    src: path,
+                    dst,
+                    replace: self.rng.chance(40),
+                }
             }
+            5 => MetaRequest::SetAttrs {
+                path,
+                mode: self.rng.chance(50).then_some(0o600),
+                mtime: self.rng.chance(50).then_some(self.rng.below(1 << 40)),
+            },
             _ => MetaRequest::Enumerate { path },
         };
         match self.exec(req)? {
             Ok(MetaReply::Record(Some(r))) => self.clearing.push((r.container, r.slot)),
-            Ok(MetaReply::Moved { clear: Some(r), .. }) => {
-                self.clearing.push((r.container, r.slot))
+            Ok(MetaReply::Moved {
+                clear, replaced, ..
+            }) => {
+                if replaced.is_some() {
+                    self.stats.replacing_moves += 1;
+                }
+                for r in [clear, replaced].into_iter().flatten() {
+                    self.clearing.push((r.container, r.slot));
+                }
             }
             _ => {}
         }
@@ -1428,6 +1473,8 @@ fn simulation_keeps_every_invariant() {
         total.writes += s.writes;
         total.reads += s.reads;
         total.puts_closed += s.puts_closed;
+        total.truncates += s.truncates;
+        total.replacing_moves += s.replacing_moves;
         total.moves += s.moves;
         total.drains += s.drains;
         total.slab_moves += s.slab_moves;
@@ -1456,6 +1503,8 @@ fn simulation_keeps_every_invariant() {
         ("checked reads of small values", total.small_reads),
         ("reads through old handles", total.old_handle_reads),
         ("closed puts", total.puts_closed),
+        ("truncates", total.truncates),
+        ("moves replacing a node", total.replacing_moves),
         ("moves", total.moves),
         ("drains", total.drains),
         ("slab moves", total.slab_moves),

@@ -71,6 +71,19 @@ struct NodeFlags<'a> {
     location: &'a str,
     enumerable: bool,
     pinned: bool,
+    mode: u32,
+    mtime: u64,
+}
+
+/// `mode` as a node keeps it, if it holds only permission bits.
+fn check_mode(mode: u32) -> Result<u16> {
+    if mode > nodekernel_proto::meta::MAX_MODE {
+        return Err(Error::invalid_argument(format!(
+            "mode {mode:#o} has bits beyond the permission bits ({:#o})",
+            nodekernel_proto::meta::MAX_MODE
+        )));
+    }
+    Ok(mode as u16)
 }
 
 /// What a decided request replies, built from the state once its effects
@@ -88,6 +101,7 @@ enum Reply {
         ty: NodeType,
         clear: Option<SlotRef>,
         write: Option<SlotRef>,
+        replaced: Option<SlotRef>,
     },
     Listing(NodeId),
     Blocks {
@@ -451,6 +465,7 @@ impl MetaState {
                 self.alloc.give_back(block.server, block.block, block.gen);
                 self.claim(*block);
             }
+            Effect::AttrsSet { node, mode, mtime } => self.ns.set_attrs(*node, *mode, *mtime),
             Effect::Ballooned { block } => {
                 self.alloc.balloon(block.server, block.block, block.gen);
                 if self.alloc.server(block.server).is_some() {
@@ -655,6 +670,8 @@ impl MetaState {
                 enumerable,
                 size_hint,
                 pinned,
+                mode,
+                mtime,
             } => d.create(
                 path,
                 *ty,
@@ -663,6 +680,8 @@ impl MetaState {
                     location,
                     enumerable: *enumerable,
                     pinned: *pinned,
+                    mode: *mode,
+                    mtime: *mtime,
                 },
                 *size_hint,
                 now,
@@ -676,7 +695,7 @@ impl MetaState {
                 }
             }
             MetaRequest::Remove { path, recursive } => d.remove(path, *recursive)?,
-            MetaRequest::Move { src, dst } => d.rename(src, dst)?,
+            MetaRequest::Move { src, dst, replace } => d.rename(src, dst, *replace)?,
             MetaRequest::Enumerate { path } => {
                 self.check_partition(path)?;
                 Reply::Listing(self.ns.container(path)?)
@@ -720,7 +739,15 @@ impl MetaState {
                 lease,
                 size,
                 close,
-            } => d.sync(*node, *lease, *size, *close, now)?,
+                mtime,
+            } => d.sync(*node, *lease, *size, *close, *mtime, now)?,
+            MetaRequest::Truncate {
+                node,
+                lease,
+                size,
+                mtime,
+            } => d.truncate_to(*node, *lease, *size, *mtime, now)?,
+            MetaRequest::SetAttrs { path, mode, mtime } => d.set_attrs(path, *mode, *mtime)?,
             MetaRequest::Register(spec) => match self.alloc.decide_register(spec)? {
                 Registration::Known(id) => {
                     d.heartbeat = Some(id);
@@ -1510,10 +1537,16 @@ impl MetaState {
             }
             Reply::Done => MetaReply::Done,
             Reply::Record(r) => MetaReply::Record(r.and_then(|s| self.record_loc(s))),
-            Reply::Moved { ty, clear, write } => MetaReply::Moved {
+            Reply::Moved {
+                ty,
+                clear,
+                write,
+                replaced,
+            } => MetaReply::Moved {
                 ty: *ty,
                 clear: clear.and_then(|s| self.record_loc(s)),
                 write: write.and_then(|s| self.record_loc(s)),
+                replaced: replaced.and_then(|s| self.record_loc(s)),
             },
             Reply::Listing(id) => {
                 let n = self.ns.get(*id);
@@ -1734,6 +1767,8 @@ impl MetaState {
                 storage_class: NO_CLASS,
                 location: String::new(),
                 enumerable: false,
+                mode: 0,
+                mtime: 0,
                 lease,
                 first_block: None,
                 record: None,
@@ -1765,6 +1800,8 @@ impl MetaState {
             storage_class: n.storage_class,
             location: n.location.to_string(),
             enumerable: n.enumerable,
+            mode: u32::from(n.mode),
+            mtime: n.mtime,
             lease,
             first_block,
             record: None,
@@ -2436,7 +2473,10 @@ impl<'a> Draft<'a> {
             location,
             enumerable,
             pinned,
+            mode,
+            mtime,
         } = f;
+        let mode = check_mode(mode)?;
         self.st.check_partition(path)?;
         let (parent, name) = self.ns().parent_for(path, ty)?;
         if !ty.replaces_on_create() {
@@ -2465,6 +2505,11 @@ impl<'a> Draft<'a> {
             enumerable,
             pinned,
         }));
+        self.push(Effect::AttrsSet {
+            node: id,
+            mode,
+            mtime,
+        });
         if !ty.replaces_on_create() {
             self.push(Effect::Linked { id, slot });
         }
@@ -2548,7 +2593,7 @@ impl<'a> Draft<'a> {
         }
     }
 
-    fn rename(&mut self, src: &str, dst: &str) -> Result<Reply> {
+    fn rename(&mut self, src: &str, dst: &str, replace: bool) -> Result<Reply> {
         self.st.check_partition(src)?;
         let p = self.st.placement;
         if p.partitions > 1
@@ -2559,9 +2604,28 @@ impl<'a> Draft<'a> {
                 "cannot move {src} to {dst}: they are owned by different metadata partitions"
             )));
         }
-        let (id, parent, name) = self.ns().check_rename(src, dst)?;
+        let (id, parent, name, replaced) = self.ns().check_rename(src, dst, replace)?;
         let n = self.ns().get(id).ok_or_else(|| stale(id))?;
+        if replaced == Some(id) {
+            return Ok(Reply::Moved {
+                ty: n.ty,
+                clear: None,
+                write: None,
+                replaced: None,
+            });
+        }
         let clear = n.slot.map(|s| (n.parent, s));
+        // The node replaced goes as a remove would take it: unlinked (its
+        // record to be cleared), its blocks freed, dropped (a big one by
+        // the reaper).
+        let replaced = match replaced.and_then(|old| self.ns().get(old)) {
+            Some(old) => {
+                self.push(Effect::Unlinked { id: old.id });
+                self.reap(&[old.id], REAP_NODES, REAP_BLOCKS);
+                old.slot.map(|s| (old.parent, s))
+            }
+            None => None,
+        };
         let slot = if self.ns().next_slot_in(parent).is_some() {
             Some(self.ensure_record_space(parent)?)
         } else {
@@ -2577,6 +2641,61 @@ impl<'a> Draft<'a> {
             ty: n.ty,
             clear,
             write: slot.map(|s| (parent, s)),
+            replaced,
+        })
+    }
+
+    /// The writer shrinks `node` to `size` bytes: published at once, the
+    /// blocks past it freed (fenced, so a reader holding their old
+    /// locations gets `Stale`).
+    fn truncate_to(
+        &mut self,
+        node: NodeId,
+        lease: u64,
+        size: u64,
+        mtime: u64,
+        now: u64,
+    ) -> Result<Reply> {
+        let n = self.writable(node, lease)?;
+        if size > n.size {
+            return Err(Error::invalid_argument(format!(
+                "cannot truncate node {node} to {size} bytes: it has {} published; a node grows by writing",
+                n.size
+            )));
+        }
+        self.push(Effect::SizeSet { node, size });
+        if n.piece.is_none() {
+            self.truncate(n, size.div_ceil(self.bs()));
+        }
+        if mtime != 0 {
+            self.push(Effect::AttrsSet {
+                node,
+                mode: n.mode,
+                mtime,
+            });
+        }
+        self.renew(node, lease, now);
+        Ok(Reply::Done)
+    }
+
+    /// Changes the permission bits and/or modification time of `path`.
+    fn set_attrs(&mut self, path: &str, mode: Option<u32>, mtime: Option<u64>) -> Result<Reply> {
+        self.st.check_partition(path)?;
+        let id = self.ns().resolve(path)?;
+        let n = self.ns().get(id).ok_or_else(|| stale(id))?;
+        let mode = match mode {
+            Some(m) => check_mode(m)?,
+            None => n.mode,
+        };
+        self.push(Effect::AttrsSet {
+            node: id,
+            mode,
+            mtime: mtime.unwrap_or(n.mtime),
+        });
+        Ok(Reply::Node {
+            id,
+            lease: 0,
+            record: None,
         })
     }
 
@@ -2752,6 +2871,7 @@ impl<'a> Draft<'a> {
         lease: u64,
         size: u64,
         close: bool,
+        mtime: u64,
         now: u64,
     ) -> Result<Reply> {
         let n = self.writable(node, lease)?;
@@ -2779,6 +2899,13 @@ impl<'a> Draft<'a> {
             None
         };
         self.push(Effect::SizeSet { node, size });
+        if mtime != 0 {
+            self.push(Effect::AttrsSet {
+                node,
+                mode: n.mode,
+                mtime,
+            });
+        }
         if close {
             // A closed node keeps only the blocks its bytes need: blocks
             // handed out but never filled (an empty put, a write cut short)

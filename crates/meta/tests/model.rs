@@ -192,6 +192,8 @@ impl Sim {
             enumerable: true,
             size_hint: 0,
             pinned: false,
+            mode: 0o644,
+            mtime: 0,
         };
         match op {
             Op::Create(p, NodeType::KeyValue) | Op::Put(p) => {
@@ -207,6 +209,7 @@ impl Sim {
                     lease: n.lease,
                     size: 0,
                     close: true,
+                    mtime: 0,
                 };
                 match self.st.apply(close, 0).map_err(|e| e.code)? {
                     MetaReply::Record(r) => self.write(r, &leaf(p)),
@@ -237,6 +240,7 @@ impl Sim {
                 let req = MetaRequest::Move {
                     src: src.clone(),
                     dst: dst.clone(),
+                    replace: false,
                 };
                 match self.st.apply(req, 0).map_err(|e| e.code)? {
                     MetaReply::Moved { clear, write, .. } => {

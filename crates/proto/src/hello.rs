@@ -38,7 +38,7 @@ pub const HELLO_ID: u64 = 0;
 pub const HELLO_MAGIC: [u8; 6] = *b"NKWIRE";
 /// The wire version this build speaks. Bumped on any incompatible change to
 /// a message's layout or meaning.
-pub const WIRE_VERSION: u16 = 8;
+pub const WIRE_VERSION: u16 = 9;
 /// Largest extension field a HELLO may carry.
 pub const MAX_HELLO_EXT_LEN: usize = 4096;
 /// Largest HELLO payload (magic, version, role, extension).
@@ -186,7 +186,7 @@ mod tests {
     fn layout_is_frozen() {
         let mut b = BytesMut::new();
         Hello::new(Role::MetaServer).encode(&mut b).unwrap();
-        assert_eq!(&b[..], b"NKWIRE\x08\x00\x03\x00\x00\x00\x00");
+        assert_eq!(&b[..], b"NKWIRE\x09\x00\x03\x00\x00\x00\x00");
     }
 
     #[test]

@@ -35,6 +35,8 @@ pub mod op {
     pub const DRAIN: u16 = 21;
     pub const POLICY: u16 = 22;
     pub const RESIZE: u16 = 23;
+    pub const TRUNCATE: u16 = 24;
+    pub const SET_ATTRS: u16 = 25;
 
     /// The request's name in metrics and logs (`"other"` for a number
     /// this build does not know).
@@ -63,6 +65,8 @@ pub mod op {
             DRAIN => "drain",
             POLICY => "policy",
             RESIZE => "resize",
+            TRUNCATE => "truncate",
+            SET_ATTRS => "set_attrs",
             _ => "other",
         }
     }
@@ -181,6 +185,11 @@ pub enum MetaRequest {
         /// Tier migration never moves the node's blocks (e.g. broadcast
         /// data that must stay in DRAM).
         pinned: bool,
+        /// Permission bits (at most [`MAX_MODE`]).
+        mode: u32,
+        /// Modification time, nanoseconds since the Unix epoch (the
+        /// client's clock: the metadata server reads none).
+        mtime: u64,
     },
     Lookup {
         path: String,
@@ -189,9 +198,13 @@ pub enum MetaRequest {
         path: String,
         recursive: bool,
     },
+    /// With `replace`, an existing `dst` of the same type (a data node, or
+    /// an empty container) is removed in the same step: the rename of
+    /// POSIX. Without, an existing `dst` is `AlreadyExists`.
     Move {
         src: String,
         dst: String,
+        replace: bool,
     },
     Enumerate {
         path: String,
@@ -211,12 +224,14 @@ pub enum MetaRequest {
         path: String,
     },
     /// Publish `size` (making bytes up to it visible to readers) and renew
-    /// the lease; with `close`, also release it.
+    /// the lease; with `close`, also release it. A non-zero `mtime` becomes
+    /// the node's modification time.
     Sync {
         node: u64,
         lease: u64,
         size: u64,
         close: bool,
+        mtime: u64,
     },
     /// A storage server announces its blocks.
     Register(ServerSpec),
@@ -310,7 +325,28 @@ pub enum MetaRequest {
         server: String,
         blocks: u32,
     },
+    /// The writer shrinks its node to `size` bytes (at most its published
+    /// size): the size is published at once and the blocks past it are
+    /// freed. A non-zero `mtime` becomes the modification time. (Growing is
+    /// writing: the client appends zeros.)
+    Truncate {
+        node: u64,
+        lease: u64,
+        size: u64,
+        mtime: u64,
+    },
+    /// Changes the permission bits and/or the modification time of the
+    /// node at `path`; the reply is the node as it is now.
+    SetAttrs {
+        path: String,
+        mode: Option<u32>,
+        mtime: Option<u64>,
+    },
 }
+
+/// The permission bits a node keeps (`rwx` for user, group and others,
+/// plus set-user-id, set-group-id and sticky).
+pub const MAX_MODE: u32 = 0o7777;
 
 impl MetaRequest {
     pub fn op(&self) -> u16 {
@@ -338,6 +374,8 @@ impl MetaRequest {
             MetaRequest::Drain { .. } => op::DRAIN,
             MetaRequest::Policy { .. } => op::POLICY,
             MetaRequest::Resize { .. } => op::RESIZE,
+            MetaRequest::Truncate { .. } => op::TRUNCATE,
+            MetaRequest::SetAttrs { .. } => op::SET_ATTRS,
         }
     }
 
@@ -353,6 +391,8 @@ impl MetaRequest {
                 enumerable,
                 size_hint,
                 pinned,
+                mode,
+                mtime,
             } => {
                 e.str(path)
                     .u8(*ty as u8)
@@ -360,7 +400,9 @@ impl MetaRequest {
                     .str(location)
                     .bool(*enumerable)
                     .u64(*size_hint)
-                    .bool(*pinned);
+                    .bool(*pinned)
+                    .u32(*mode)
+                    .u64(*mtime);
             }
             MetaRequest::Lookup { path }
             | MetaRequest::Enumerate { path }
@@ -371,8 +413,8 @@ impl MetaRequest {
             MetaRequest::Remove { path, recursive } => {
                 e.str(path).bool(*recursive);
             }
-            MetaRequest::Move { src, dst } => {
-                e.str(src).str(dst);
+            MetaRequest::Move { src, dst, replace } => {
+                e.str(src).str(dst).bool(*replace);
             }
             MetaRequest::Map {
                 node,
@@ -392,8 +434,9 @@ impl MetaRequest {
                 lease,
                 size,
                 close,
+                mtime,
             } => {
-                e.u64(*node).u64(*lease).u64(*size).bool(*close);
+                e.u64(*node).u64(*lease).u64(*size).bool(*close).u64(*mtime);
             }
             MetaRequest::Register(spec) => spec.encode(e),
             MetaRequest::Heartbeat { server, traffic } => {
@@ -448,6 +491,25 @@ impl MetaRequest {
             MetaRequest::Resize { server, blocks } => {
                 e.str(server).u32(*blocks);
             }
+            MetaRequest::Truncate {
+                node,
+                lease,
+                size,
+                mtime,
+            } => {
+                e.u64(*node).u64(*lease).u64(*size).u64(*mtime);
+            }
+            MetaRequest::SetAttrs { path, mode, mtime } => {
+                e.str(path);
+                match mode {
+                    Some(m) => e.bool(true).u32(*m),
+                    None => e.bool(false),
+                };
+                match mtime {
+                    Some(t) => e.bool(true).u64(*t),
+                    None => e.bool(false),
+                };
+            }
         }
     }
 
@@ -464,6 +526,8 @@ impl MetaRequest {
                 enumerable: d.bool()?,
                 size_hint: d.u64()?,
                 pinned: d.bool()?,
+                mode: d.u32()?,
+                mtime: d.u64()?,
             },
             op::LOOKUP => MetaRequest::Lookup { path: d.string()? },
             op::ENUMERATE => MetaRequest::Enumerate { path: d.string()? },
@@ -475,6 +539,7 @@ impl MetaRequest {
             op::MOVE => MetaRequest::Move {
                 src: d.string()?,
                 dst: d.string()?,
+                replace: d.bool()?,
             },
             op::MAP => MetaRequest::Map {
                 node: d.u64()?,
@@ -488,6 +553,7 @@ impl MetaRequest {
                 lease: d.u64()?,
                 size: d.u64()?,
                 close: d.bool()?,
+                mtime: d.u64()?,
             },
             op::REGISTER => MetaRequest::Register(ServerSpec::decode(d)?),
             op::HEARTBEAT => MetaRequest::Heartbeat {
@@ -554,6 +620,17 @@ impl MetaRequest {
                 server: d.string()?,
                 blocks: d.u32()?,
             },
+            op::TRUNCATE => MetaRequest::Truncate {
+                node: d.u64()?,
+                lease: d.u64()?,
+                size: d.u64()?,
+                mtime: d.u64()?,
+            },
+            op::SET_ATTRS => MetaRequest::SetAttrs {
+                path: d.string()?,
+                mode: if d.bool()? { Some(d.u32()?) } else { None },
+                mtime: if d.bool()? { Some(d.u64()?) } else { None },
+            },
 
             other => return Err(Error::protocol(format!("unknown metadata op {other}"))),
         };
@@ -570,18 +647,20 @@ impl MetaRequest {
 /// Successful replies; which variant answers which op is fixed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MetaReply {
-    /// Create, Lookup, OpenWrite.
+    /// Create, Lookup, OpenWrite, SetAttrs.
     Node(NodeInfo),
-    /// Heartbeat, ReleaseSlot, Abort.
+    /// Heartbeat, ReleaseSlot, Abort, Truncate.
     Done,
     /// Remove: the record to clear; Sync: the record to write (a closed
     /// KeyValue that took a new slot).
     Record(Option<RecordLoc>),
-    /// Move: the source record to clear, the destination record to write.
+    /// Move: the source record to clear, the destination record to write,
+    /// and the record of the node it replaced, to clear.
     Moved {
         ty: NodeType,
         clear: Option<RecordLoc>,
         write: Option<RecordLoc>,
+        replaced: Option<RecordLoc>,
     },
     /// Enumerate: the container id, its number of record slots (its data is
     /// `slots * RECORD_SIZE` bytes) and the live-slot bitmap (bit `i` of
@@ -629,10 +708,16 @@ impl MetaReply {
             MetaReply::Node(n) => n.encode(e),
             MetaReply::Done => {}
             MetaReply::Record(r) => RecordLoc::encode_opt(r, e),
-            MetaReply::Moved { ty, clear, write } => {
+            MetaReply::Moved {
+                ty,
+                clear,
+                write,
+                replaced,
+            } => {
                 e.u8(*ty as u8);
                 RecordLoc::encode_opt(clear, e);
                 RecordLoc::encode_opt(write, e);
+                RecordLoc::encode_opt(replaced, e);
             }
             MetaReply::Listing {
                 container,
@@ -692,13 +777,18 @@ impl MetaReply {
     pub fn decode(opcode: u16, payload: &[u8]) -> Result<MetaReply> {
         let mut d = Dec::new(payload, "metadata reply");
         let reply = match opcode {
-            op::CREATE | op::LOOKUP | op::OPEN_WRITE => MetaReply::Node(NodeInfo::decode(&mut d)?),
-            op::HEARTBEAT | op::RELEASE_SLOT | op::ABORT | op::SNAPSHOT_END => MetaReply::Done,
+            op::CREATE | op::LOOKUP | op::OPEN_WRITE | op::SET_ATTRS => {
+                MetaReply::Node(NodeInfo::decode(&mut d)?)
+            }
+            op::HEARTBEAT | op::RELEASE_SLOT | op::ABORT | op::SNAPSHOT_END | op::TRUNCATE => {
+                MetaReply::Done
+            }
             op::REMOVE | op::SYNC => MetaReply::Record(RecordLoc::decode_opt(&mut d)?),
             op::MOVE => MetaReply::Moved {
                 ty: NodeType::from_u8(d.u8()?)?,
                 clear: RecordLoc::decode_opt(&mut d)?,
                 write: RecordLoc::decode_opt(&mut d)?,
+                replaced: RecordLoc::decode_opt(&mut d)?,
             },
             op::ENUMERATE => {
                 let container = d.u64()?;
@@ -796,6 +886,8 @@ mod tests {
                 enumerable: false,
                 size_hint: 100,
                 pinned: true,
+                mode: 0o4755,
+                mtime: 1_700_000_000_123_456_789,
             },
             MetaRequest::Lookup { path: "/x".into() },
             MetaRequest::Remove {
@@ -805,6 +897,7 @@ mod tests {
             MetaRequest::Move {
                 src: "/x".into(),
                 dst: "/y".into(),
+                replace: true,
             },
             MetaRequest::Enumerate { path: "/".into() },
             MetaRequest::Map {
@@ -820,6 +913,23 @@ mod tests {
                 lease: 77,
                 size: 1 << 33,
                 close: true,
+                mtime: 5,
+            },
+            MetaRequest::Truncate {
+                node: 9,
+                lease: 77,
+                size: 12345,
+                mtime: 0,
+            },
+            MetaRequest::SetAttrs {
+                path: "/f".into(),
+                mode: Some(0o600),
+                mtime: None,
+            },
+            MetaRequest::SetAttrs {
+                path: "/f".into(),
+                mode: None,
+                mtime: Some(u64::MAX),
             },
             MetaRequest::Register(ServerSpec {
                 addr: "127.0.0.1:1".into(),
@@ -934,6 +1044,8 @@ mod tests {
             storage_class: crate::NO_CLASS,
             location: String::new(),
             enumerable: true,
+            mode: 0o640,
+            mtime: 1_700_000_000_000_000_001,
             lease: 4,
             first_block: Some(loc.clone()),
             record: Some(RecordLoc {
@@ -1008,6 +1120,7 @@ mod tests {
                     ty: NodeType::Bag,
                     clear: Some(rec.clone()),
                     write: None,
+                    replaced: Some(rec.clone()),
                 },
             ),
             (

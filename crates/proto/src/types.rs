@@ -240,6 +240,11 @@ pub struct NodeInfo {
     /// Preferred location class (host), empty for none.
     pub location: String,
     pub enumerable: bool,
+    /// Permission bits (at most [`MAX_MODE`](crate::meta::MAX_MODE)).
+    pub mode: u32,
+    /// Modification time, nanoseconds since the Unix epoch (as the last
+    /// writer's or `SetAttrs` caller's clock said).
+    pub mtime: u64,
     /// Write lease held by the caller (0 = none). Only set in replies to
     /// create and open-for-write.
     pub lease: u64,
@@ -260,6 +265,8 @@ impl NodeInfo {
             .u8(self.storage_class)
             .str(&self.location)
             .bool(self.enumerable)
+            .u32(self.mode)
+            .u64(self.mtime)
             .u64(self.lease);
         match &self.first_block {
             Some(b) => {
@@ -281,6 +288,8 @@ impl NodeInfo {
             storage_class: d.u8()?,
             location: d.string()?,
             enumerable: d.bool()?,
+            mode: d.u32()?,
+            mtime: d.u64()?,
             lease: d.u64()?,
             first_block: if d.bool()? {
                 Some(BlockLoc::decode(d)?)

@@ -57,6 +57,8 @@ fn create_with(
             enumerable,
             size_hint: 0,
             pinned: false,
+            mode: 0o644,
+            mtime: 0,
         },
         now,
     )? {
@@ -113,6 +115,7 @@ fn sync(s: &mut MetaState, n: &NodeInfo, size: u64, close: bool) -> Result<Optio
         lease: n.lease,
         size,
         close,
+        mtime: 0,
     };
     match s.apply(req, 0)? {
         MetaReply::Record(r) => Ok(r),
@@ -151,6 +154,8 @@ fn decisions_change_nothing_and_effects_replay_to_the_same_state() {
         enumerable: true,
         size_hint: 0,
         pinned: false,
+        mode: 0o644,
+        mtime: 0,
     };
     let d = s.decide(&req, 5).unwrap();
     assert!(!d.effects.is_empty());
@@ -177,6 +182,8 @@ fn decisions_change_nothing_and_effects_replay_to_the_same_state() {
         enumerable: true,
         size_hint: 0,
         pinned: false,
+        mode: 0o644,
+        mtime: 0,
     };
     assert_eq!(s.apply(bad, 0).unwrap_err().code, ErrorCode::TypeMismatch);
     assert_eq!(s.dump(), before);
@@ -236,6 +243,7 @@ fn write_lease_map_sync_cycle() {
         lease: f.lease,
         size: 7 * BS as u64,
         close: false,
+        mtime: 0,
     };
     assert_eq!(s.apply(too_big, 0).unwrap_err().code, ErrorCode::OutOfRange);
     close(&mut s, &f, 5000).unwrap();
@@ -540,11 +548,17 @@ fn slots_are_cleared_before_reuse_and_moves_rewrite_records() {
         "released slot reused, lowest first"
     );
     let e = create(&mut s, "/e", Directory, 0).unwrap();
-    let MetaReply::Moved { ty, clear, write } = s
+    let MetaReply::Moved {
+        ty,
+        clear,
+        write,
+        replaced: None,
+    } = s
         .apply(
             MetaRequest::Move {
                 src: "/d/f0".into(),
                 dst: "/e/g".into(),
+                replace: false,
             },
             0,
         )
@@ -605,6 +619,7 @@ fn lookup_remove_move() {
         MetaRequest::Move {
             src: "/a/b".into(),
             dst: "/c".into(),
+            replace: false,
         },
         0,
     )
@@ -623,6 +638,7 @@ fn lookup_remove_move() {
                 MetaRequest::Move {
                     src: "/c".into(),
                     dst: dst.into(),
+                    replace: false,
                 },
                 0,
             )
@@ -935,6 +951,7 @@ fn a_metadata_server_serves_only_its_own_partition() {
             MetaRequest::Move {
                 src: mine[0].clone(),
                 dst: theirs[0].clone(),
+                replace: false,
             },
             0,
         )
@@ -1524,6 +1541,8 @@ fn create_with_hint(s: &mut MetaState, path: &str, size: u64) -> Result<NodeInfo
         enumerable: true,
         size_hint: size,
         pinned: false,
+        mode: 0o644,
+        mtime: 0,
     };
     match s.apply(req, 0)? {
         MetaReply::Node(n) => Ok(n),
@@ -1687,6 +1706,8 @@ fn a_restart_keeps_what_was_closed_and_forgets_writers() {
         enumerable: true,
         size_hint,
         pinned: false,
+        mode: 0o644,
+        mtime: 0,
     };
     let node = |r: MetaReply| match r {
         MetaReply::Node(n) => n,
@@ -1704,6 +1725,7 @@ fn a_restart_keeps_what_was_closed_and_forgets_writers() {
         lease: n.lease,
         size,
         close,
+        mtime: 0,
     };
     logged(&mut s, l, create("/d", Directory, 0)).unwrap();
     logged(&mut s, l, create("/t", Table, 0)).unwrap();
@@ -2068,6 +2090,8 @@ fn what_a_snapshot_held_survives_a_replay_and_a_checkpoint_and_a_restart_frees_i
             enumerable: true,
             size_hint: 0,
             pinned: false,
+            mode: 0o644,
+            mtime: 0,
         },
     )
     .unwrap();
@@ -2218,6 +2242,8 @@ fn migration_moves_the_coldest_unpinned_blocks_and_promotes_hot_ones() {
                 enumerable: true,
                 size_hint: 0,
                 pinned: true,
+                mode: 0o644,
+                mtime: 0,
             },
             1,
         )
@@ -2403,4 +2429,358 @@ fn through_checkpoint(s: &MetaState) -> MetaState {
         0,
     )
     .unwrap()
+}
+
+// ----- what a POSIX mount needs: modes, times, truncate, replacing moves -----
+
+fn set_attrs(
+    s: &mut MetaState,
+    path: &str,
+    mode: Option<u32>,
+    mtime: Option<u64>,
+) -> Result<NodeInfo> {
+    match s.apply(
+        MetaRequest::SetAttrs {
+            path: path.into(),
+            mode,
+            mtime,
+        },
+        0,
+    )? {
+        MetaReply::Node(n) => Ok(n),
+        r => panic!("unexpected {r:?}"),
+    }
+}
+
+fn truncate(s: &mut MetaState, n: &NodeInfo, size: u64, mtime: u64) -> Result<()> {
+    match s.apply(
+        MetaRequest::Truncate {
+            node: n.id,
+            lease: n.lease,
+            size,
+            mtime,
+        },
+        0,
+    )? {
+        MetaReply::Done => Ok(()),
+        r => panic!("unexpected {r:?}"),
+    }
+}
+
+fn rename(s: &mut MetaState, src: &str, dst: &str, replace: bool) -> Result<MetaReply> {
+    s.apply(
+        MetaRequest::Move {
+            src: src.into(),
+            dst: dst.into(),
+            replace,
+        },
+        0,
+    )
+}
+
+#[test]
+fn modes_and_times_are_kept_through_the_log_and_a_checkpoint() {
+    let mut s = MetaState::new(BS, 1000, 1);
+    let mut log = Vec::new();
+    let l = &mut log;
+    logged(&mut s, l, MetaRequest::Register(spec("h:0", 0, 16))).unwrap();
+    let mk = |path: &str, ty, mode, mtime| MetaRequest::Create {
+        path: path.into(),
+        ty,
+        storage_class: NO_CLASS,
+        location: String::new(),
+        enumerable: true,
+        size_hint: 0,
+        pinned: false,
+        mode,
+        mtime,
+    };
+    let MetaReply::Node(d) = logged(&mut s, l, mk("/d", Directory, 0o700, 11)).unwrap() else {
+        panic!()
+    };
+    assert_eq!(
+        (d.mode, d.mtime),
+        (0o700, 11),
+        "a create keeps what it was given"
+    );
+    let MetaReply::Node(f) = logged(&mut s, l, mk("/d/f", File, 0o4640, 12)).unwrap() else {
+        panic!()
+    };
+    assert_eq!((f.mode, f.mtime), (0o4640, 12));
+    // A sync with a time stamps it; one without keeps the old one.
+    logged(
+        &mut s,
+        l,
+        MetaRequest::Map {
+            node: f.id,
+            index: 0,
+            count: 1,
+            alloc: true,
+            lease: f.lease,
+        },
+    )
+    .unwrap();
+    for (mtime, expect) in [(99, 99), (0, 99)] {
+        logged(
+            &mut s,
+            l,
+            MetaRequest::Sync {
+                node: f.id,
+                lease: f.lease,
+                size: 10,
+                close: false,
+                mtime,
+            },
+        )
+        .unwrap();
+        assert_eq!(lookup(&mut s, "/d/f").unwrap().mtime, expect);
+    }
+    // SetAttrs changes what it is given and nothing else.
+    let r = logged(
+        &mut s,
+        l,
+        MetaRequest::SetAttrs {
+            path: "/d/f".into(),
+            mode: Some(0o600),
+            mtime: None,
+        },
+    )
+    .unwrap();
+    let MetaReply::Node(n) = r else { panic!() };
+    assert_eq!((n.mode, n.mtime, n.size), (0o600, 99, 10));
+    let MetaReply::Node(n) = logged(
+        &mut s,
+        l,
+        MetaRequest::SetAttrs {
+            path: "/d".into(),
+            mode: None,
+            mtime: Some(5),
+        },
+    )
+    .unwrap() else {
+        panic!()
+    };
+    assert_eq!((n.mode, n.mtime), (0o700, 5));
+    // Bits beyond the permission bits are refused, on create and after.
+    for req in [
+        mk("/d/g", File, 0o10644, 1),
+        MetaRequest::SetAttrs {
+            path: "/d/f".into(),
+            mode: Some(0o170000),
+            mtime: None,
+        },
+    ] {
+        let before = s.dump();
+        assert_eq!(
+            s.apply(req, 0).unwrap_err().code,
+            ErrorCode::InvalidArgument
+        );
+        assert_eq!(s.dump(), before, "a refused request changes nothing");
+    }
+    assert_eq!(
+        set_attrs(&mut s, "/d/none", Some(0o644), None)
+            .unwrap_err()
+            .code,
+        ErrorCode::NotFound
+    );
+    // The log and a checkpoint both keep them.
+    let back = restart(&mut s, &log);
+    assert_eq!(
+        back.ns().get(f.id).map(|n| (n.mode, n.mtime)),
+        Some((0o600, 99))
+    );
+    let cp = through_checkpoint(&s);
+    assert_eq!(cp.dump(), s.dump(), "a checkpoint keeps modes and times");
+}
+
+#[test]
+fn a_checkpointed_node_from_before_modes_gets_the_default_ones() {
+    let mut s = state();
+    create(&mut s, "/d", Directory, 0).unwrap();
+    file(&mut s, "/d/f", 1);
+    let image = s.checkpoint_image();
+    // Records as format 3 wrote them: without the trailing mode and time.
+    let old: Vec<(u64, Vec<u8>)> = image
+        .node_records()
+        .map(|(id, r)| (id, r[..r.len() - 10].to_vec()))
+        .collect();
+    let back = MetaState::from_checkpoint(1000, &image.state, old.into_iter().map(Ok), 0).unwrap();
+    let d = back.ns().resolve("/d").unwrap();
+    let f = back.ns().resolve("/d/f").unwrap();
+    assert_eq!(
+        back.ns().get(d).map(|n| (n.mode, n.mtime)),
+        Some((0o755, 0))
+    );
+    assert_eq!(
+        back.ns().get(f).map(|n| (n.mode, n.mtime)),
+        Some((0o644, 0))
+    );
+    back.check_invariants().unwrap();
+}
+
+#[test]
+fn truncate_shrinks_frees_and_fences_the_blocks_past_the_new_end() {
+    let mut s = state();
+    let f = create(&mut s, "/f", File, 0).unwrap();
+    let (_, locs) = map(&mut s, f.id, 0, 3, f.lease).unwrap();
+    sync(&mut s, &f, 3 * BS as u64, false).unwrap();
+    s.take_claims();
+    let free = s.alloc().free_blocks();
+    // To the middle of block 1: block 2 goes back, fenced.
+    truncate(&mut s, &f, BS as u64 + 100, 77).unwrap();
+    let n = lookup(&mut s, "/f").unwrap();
+    assert_eq!((n.size, n.mtime), (BS as u64 + 100, 77));
+    assert_eq!(s.alloc().free_blocks(), free + 1);
+    assert!(is_free(&s, &locs[2]));
+    let claims = s.take_claims();
+    assert_eq!(claims.len(), 1, "the freed block is claimed: {claims:?}");
+    assert_eq!(
+        (claims[0].server, claims[0].block),
+        (locs[2].server, locs[2].block)
+    );
+    assert!(claims[0].gen > locs[2].gen, "with a newer generation");
+    // The writer goes on from the new end.
+    let (_, again) = map(&mut s, f.id, 1, 2, f.lease).unwrap();
+    assert_eq!(again[0].block, locs[1].block, "block 1 stayed");
+    sync(&mut s, &f, 3 * BS as u64, false).unwrap();
+    // To zero: every block goes.
+    truncate(&mut s, &f, 0, 0).unwrap();
+    assert_eq!(lookup(&mut s, "/f").unwrap().size, 0);
+    assert_eq!(s.alloc().free_blocks(), free + 3);
+    s.check_invariants().unwrap();
+    // Growing is refused (a node grows by writing), as is a truncate by
+    // someone without the lease.
+    let before = s.dump();
+    assert_eq!(
+        truncate(&mut s, &f, 1, 0).unwrap_err().code,
+        ErrorCode::InvalidArgument
+    );
+    assert_eq!(s.dump(), before, "a refused truncate changes nothing");
+    let thief = NodeInfo {
+        lease: f.lease + 1000,
+        ..f.clone()
+    };
+    assert_eq!(
+        truncate(&mut s, &thief, 0, 0).unwrap_err().code,
+        ErrorCode::LeaseExpired
+    );
+    close(&mut s, &f, 0).unwrap();
+    assert_eq!(
+        truncate(&mut s, &f, 0, 0).unwrap_err().code,
+        ErrorCode::LeaseExpired,
+        "a closed writer cannot truncate"
+    );
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn a_small_value_truncates_inside_its_piece() {
+    let mut s = state_of(1 << 16, 64, 0);
+    table(&mut s, "/t", true);
+    let k = create_with_hint(&mut s, "/t/k", 100).unwrap();
+    map(&mut s, k.id, 0, 1, k.lease).unwrap();
+    sync(&mut s, &k, 100, false).unwrap();
+    truncate(&mut s, &k, 40, 0).unwrap();
+    close(&mut s, &k, 40).unwrap();
+    assert_eq!(lookup(&mut s, "/t/k").unwrap().size, 40);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn a_replacing_move_removes_the_target_in_the_same_step() {
+    let mut s = state();
+    create(&mut s, "/d", Directory, 0).unwrap();
+    let a = file(&mut s, "/d/a", 1);
+    let b = file(&mut s, "/d/b", 2);
+    let b_locs = {
+        let (_, l) = map(&mut s, b.id, 0, 2, 0).unwrap();
+        l
+    };
+    s.take_claims();
+    let free = s.alloc().free_blocks();
+    // Without `replace`, an existing target is refused.
+    let before = s.dump();
+    assert_eq!(
+        rename(&mut s, "/d/a", "/d/b", false).unwrap_err().code,
+        ErrorCode::AlreadyExists
+    );
+    assert_eq!(s.dump(), before);
+    // With it, /d/a takes /d/b's place and b's blocks are freed and fenced.
+    let MetaReply::Moved {
+        ty,
+        clear,
+        write,
+        replaced,
+    } = rename(&mut s, "/d/a", "/d/b", true).unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(ty, File);
+    assert!(clear.is_some() && write.is_some());
+    let replaced = replaced.expect("the replaced node's record is to be cleared");
+    assert_ne!(Some(replaced.slot), write.map(|w| w.slot));
+    assert_eq!(lookup(&mut s, "/d/b").unwrap().id, a.id);
+    assert_eq!(
+        lookup(&mut s, "/d/a").unwrap_err().code,
+        ErrorCode::NotFound
+    );
+    assert!(s.ns().get(b.id).is_none(), "the old node is gone");
+    assert_eq!(s.alloc().free_blocks(), free + 2);
+    for l in &b_locs {
+        assert!(is_free(&s, l));
+    }
+    assert_eq!(s.take_claims().len(), 2, "both freed blocks are fenced");
+    assert_eq!(
+        s.apply(
+            MetaRequest::Map {
+                node: b.id,
+                index: 0,
+                count: 1,
+                alloc: false,
+                lease: 0
+            },
+            0
+        )
+        .unwrap_err()
+        .code,
+        ErrorCode::Stale,
+        "a handle to the replaced node is stale"
+    );
+    assert_eq!(children(&s, "/d"), vec!["b"]);
+    s.check_invariants().unwrap();
+    // A rename onto itself changes nothing.
+    let before = s.dump();
+    rename(&mut s, "/d/b", "/d/b", true).unwrap();
+    assert_eq!(s.dump(), before);
+}
+
+#[test]
+fn a_replacing_move_of_containers_needs_an_empty_target_of_the_same_type() {
+    let mut s = state();
+    for p in ["/x", "/y", "/z", "/x/f"] {
+        let ty = if p == "/x/f" { File } else { Directory };
+        create(&mut s, p, ty, 0).unwrap();
+    }
+    create(&mut s, "/z/g", Directory, 0).unwrap();
+    create(&mut s, "/bag", Bag, 0).unwrap();
+    let file_over_dir = rename(&mut s, "/x/f", "/y", true).unwrap_err();
+    assert_eq!(file_over_dir.code, ErrorCode::TypeMismatch);
+    let dir_over_bag = rename(&mut s, "/y", "/bag", true).unwrap_err();
+    assert_eq!(dir_over_bag.code, ErrorCode::TypeMismatch);
+    assert_eq!(
+        rename(&mut s, "/x", "/z", true).unwrap_err().code,
+        ErrorCode::NotEmpty
+    );
+    // Over an empty directory: it goes, /x (with its file) takes its name.
+    let x = lookup(&mut s, "/x").unwrap();
+    rename(&mut s, "/x", "/y", true).unwrap();
+    assert_eq!(lookup(&mut s, "/y").unwrap().id, x.id);
+    assert!(lookup(&mut s, "/y/f").is_ok());
+    // A directory cannot replace one of its own ancestors' children that
+    // contains it.
+    assert_eq!(
+        rename(&mut s, "/z/g", "/z", true).unwrap_err().code,
+        ErrorCode::NotEmpty
+    );
+    s.check_invariants().unwrap();
 }
