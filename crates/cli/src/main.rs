@@ -3,6 +3,7 @@
 mod bench;
 mod drain;
 mod fs;
+mod mount;
 mod policy;
 mod resize;
 mod servers;
@@ -152,6 +153,11 @@ enum Cmd {
         #[arg(long, value_name = "SECS", default_value_t = 30)]
         stuck_after: u64,
     },
+    /// Mount a NodeKernel directory as a file system (FUSE), so unmodified
+    /// programs keep their files in the cluster (`docs/fuse.md`)
+    Mount(mount::MountArgs),
+    /// Unmount what `nk mount` mounted
+    Umount(mount::UmountArgs),
     /// Read or change the tiering and placement policy at runtime (every
     /// metadata partition; `docs/tiering.md`)
     #[command(subcommand)]
@@ -243,7 +249,16 @@ fn main() -> ExitCode {
         Cmd::Store(a) => a.action.is_none(),
         _ => false,
     };
-    init_logging(if server { "info" } else { "warn" });
+    let mount = matches!(&cli.cmd, Cmd::Mount(_));
+    // (fuser warns when its own unmount at the end finds the file system
+    // already unmounted, as `nk umount` leaves it.)
+    init_logging(if server {
+        "info"
+    } else if mount {
+        "warn,fuser::mnt=error"
+    } else {
+        "warn"
+    });
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -291,6 +306,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             return servers::store(cli.load_config()?, metas, a).await;
         }
         Cmd::Bench(a) => return bench::run(cli.client_config()?, a).await,
+        Cmd::Mount(a) => return mount::mount(cli.client_config()?, a).await,
+        Cmd::Umount(a) => return mount::umount(&a.mountpoint, a.lazy),
         _ => {}
     }
     let client = match &cli.cmd {
@@ -380,7 +397,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             action: Some(action),
             ..
         }) => resize::run(&client, action).await,
-        Cmd::Bench(_) => unreachable!("handled above"),
+        Cmd::Bench(_) | Cmd::Mount(_) | Cmd::Umount(_) => unreachable!("handled above"),
         Cmd::Up(_) | Cmd::Meta(_) | Cmd::Store(_) => unreachable!("handled above"),
     }
 }

@@ -458,7 +458,12 @@ impl Client {
     /// Changes the permission bits (`mode`, at most 0o7777) and/or the
     /// modification time (`mtime`, nanoseconds since the Unix epoch) of the
     /// node at `p`; returns the node as it is now.
-    pub async fn set_attrs(&self, p: &str, mode: Option<u32>, mtime: Option<u64>) -> Result<NodeInfo> {
+    pub async fn set_attrs(
+        &self,
+        p: &str,
+        mode: Option<u32>,
+        mtime: Option<u64>,
+    ) -> Result<NodeInfo> {
         path::components(p)?;
         let req = MetaRequest::SetAttrs {
             path: p.to_string(),

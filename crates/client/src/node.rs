@@ -506,7 +506,10 @@ impl Node {
         let w = self.write_state()?;
         if size >= w.written {
             let zeros = vec![0u8; (size - w.written).min(self.block_size()) as usize];
-            while let Some(left) = size.checked_sub(self.write_state()?.written).filter(|l| *l > 0) {
+            while let Some(left) = size
+                .checked_sub(self.write_state()?.written)
+                .filter(|l| *l > 0)
+            {
                 self.append(&zeros[..left.min(zeros.len() as u64) as usize])
                     .await?;
             }

@@ -1,0 +1,1431 @@
+//! The FUSE file system: kernel requests as client calls.
+
+use crate::errno::errno_of;
+use crate::inodes::{child_path, Inodes, ROOT_INO};
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, MountOption, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
+};
+use nodekernel_client::{Client, CreateOptions, Error, ErrorCode, Node, NodeInfo, NodeType};
+use nodekernel_proto::path::partition_of;
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Names the mount gives files unlinked while open (hidden from listings
+/// and lookups; removed at the file's last close).
+pub const HIDDEN_PREFIX: &str = ".nk-unlinked-";
+
+/// Longest name a component may have (as NodeKernel paths allow).
+const NAME_MAX: usize = 255;
+
+/// Largest read or write the kernel sends at once.
+const MAX_IO: u32 = 1 << 20;
+
+/// `st_blksize`: the I/O size programs should use.
+const BLKSIZE: u32 = 1 << 17;
+
+#[derive(Debug, Clone)]
+pub struct MountOptions {
+    /// The NodeKernel directory (or Table, or Bag) shown at the mount point.
+    pub root: String,
+    /// Let users other than the one who mounted use the mount.
+    pub allow_other: bool,
+    /// FUSE worker threads.
+    pub threads: usize,
+    /// How long the kernel may cache attributes and names.
+    pub attr_ttl: Duration,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            root: "/".into(),
+            allow_other: false,
+            threads: 4,
+            attr_ttl: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A live mount.
+pub struct Mounted {
+    session: fuser::BackgroundSession,
+    mountpoint: std::path::PathBuf,
+}
+
+impl Mounted {
+    /// Unmounts (refused with `EBUSY` while files are open) and waits for
+    /// the file system to finish: every file still open for writing is
+    /// closed, publishing what was written.
+    pub fn unmount(self) -> std::io::Result<()> {
+        unmount(&self.mountpoint, false)?;
+        self.session.join()
+    }
+
+    /// Waits until the mount ends (unmounted from outside or by
+    /// [`unmount`]).
+    pub fn join(self) -> std::io::Result<()> {
+        self.session.join()
+    }
+}
+
+/// Unmounts the file system at `mountpoint`: as root directly, otherwise
+/// through `fusermount3 -u`. With `lazy`, detaches it even while files are
+/// open there (it ends when the last is closed); without, that is `EBUSY`.
+pub fn unmount(mountpoint: &Path, lazy: bool) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    let flags = if lazy { libc::MNT_DETACH } else { 0 };
+    // SAFETY: a valid C string.
+    if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::EPERM) {
+        return Err(e);
+    }
+    // Not root: the set-user-id helper of fuse3 may.
+    let mut cmd = std::process::Command::new("fusermount3");
+    cmd.arg("-u");
+    if lazy {
+        cmd.arg("-z");
+    }
+    let out = cmd.arg(mountpoint).output()?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let text = String::from_utf8_lossy(&out.stderr);
+    Err(if text.contains("busy") {
+        std::io::Error::from_raw_os_error(libc::EBUSY)
+    } else {
+        std::io::Error::other(format!("fusermount3 -u: {}", text.trim()))
+    })
+}
+
+pub(crate) fn mount(
+    client: Client,
+    rt: tokio::runtime::Handle,
+    mountpoint: &Path,
+    opts: MountOptions,
+) -> std::io::Result<Mounted> {
+    let partitions = client.config().metas.len();
+    // SAFETY: getuid/getgid cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let fs = NkFs {
+        inner: Arc::new(Inner {
+            client,
+            rt,
+            uid,
+            gid,
+            ttl: opts.attr_ttl,
+            partitions,
+            mount_id: std::process::id() as u64 ^ crate_now_ns().rotate_left(17),
+            names: Mutex::new(Inodes::new(&opts.root)),
+            files: Mutex::new(HashMap::new()),
+            dirs: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+        }),
+    };
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        MountOption::FSName("nodekernel".into()),
+        MountOption::Subtype("nk".into()),
+        MountOption::DefaultPermissions,
+        MountOption::NoDev,
+        MountOption::NoSuid,
+    ];
+    if opts.allow_other {
+        config.acl = SessionACL::All;
+    }
+    config.n_threads = Some(opts.threads.max(1));
+    let session = fuser::Session::new(fs, mountpoint, &config)?.spawn()?;
+    Ok(Mounted {
+        session,
+        mountpoint: mountpoint.to_path_buf(),
+    })
+}
+
+fn crate_now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+struct NkFs {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    rt: tokio::runtime::Handle,
+    uid: u32,
+    gid: u32,
+    ttl: Duration,
+    partitions: usize,
+    mount_id: u64,
+    names: Mutex<Inodes>,
+    /// Files open through the mount, by inode: one state per file however
+    /// many descriptors have it open.
+    files: Mutex<HashMap<u64, Open>>,
+    /// Listings of open directories, by handle.
+    dirs: Mutex<HashMap<u64, Arc<Listing>>>,
+    next_fh: AtomicU64,
+}
+
+/// An open directory's entries: (inode, kind, name), `.` and `..` first.
+type Listing = Vec<(u64, FileType, String)>;
+
+struct Open {
+    opens: usize,
+    file: Arc<OpenFile>,
+}
+
+struct OpenFile {
+    state: tokio::sync::RwLock<FileState>,
+}
+
+struct FileState {
+    /// The node as last looked up, created or changed through the mount.
+    info: NodeInfo,
+    /// Its path now (the mount may rename it while it is open).
+    path: String,
+    reader: Option<Node>,
+    /// The mount's write handle (the node's write lease), shared by every
+    /// descriptor open for writing.
+    writer: Option<Node>,
+    /// When this mount last wrote it (not published yet).
+    written_at: Option<u64>,
+    /// Unlinked while open: `path` (a hidden name) is removed at the last
+    /// close.
+    hidden: bool,
+    /// The last close is done.
+    closed: bool,
+}
+
+impl FileState {
+    fn size(&self) -> u64 {
+        match (&self.writer, &self.reader) {
+            (Some(w), _) => w.size(),
+            (None, Some(r)) => r.size(),
+            (None, None) => self.info.size,
+        }
+    }
+}
+
+type Res<T> = std::result::Result<T, i32>;
+
+fn err(e: Error) -> i32 {
+    errno_of(&e)
+}
+
+fn reply_err(code: i32) -> Errno {
+    Errno::from_i32(code)
+}
+
+fn name_str(name: &OsStr) -> Res<&str> {
+    let s = name.to_str().ok_or(libc::EINVAL)?;
+    if s.len() > NAME_MAX {
+        return Err(libc::ENAMETOOLONG);
+    }
+    Ok(s)
+}
+
+fn is_hidden(name: &str) -> bool {
+    name.starts_with(HIDDEN_PREFIX)
+}
+
+fn parent_of(path: &str) -> &str {
+    match path.rfind('/') {
+        Some(0) | None => "/",
+        Some(i) => &path[..i],
+    }
+}
+
+fn kind(ty: NodeType) -> FileType {
+    if ty.is_container() {
+        FileType::Directory
+    } else {
+        FileType::RegularFile
+    }
+}
+
+fn time_ns(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+impl Inner {
+    fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.rt.block_on(f)
+    }
+
+    fn path(&self, ino: INodeNo) -> Res<String> {
+        self.names
+            .lock()
+            .expect("names lock")
+            .path(ino.0)
+            .map(str::to_string)
+            .ok_or(libc::ENOENT)
+    }
+
+    fn child(&self, parent: INodeNo, name: &OsStr) -> Res<String> {
+        let name = name_str(name)?;
+        Ok(child_path(&self.path(parent)?, name))
+    }
+
+    fn open_file(&self, ino: u64) -> Option<Arc<OpenFile>> {
+        self.files
+            .lock()
+            .expect("files lock")
+            .get(&ino)
+            .map(|o| o.file.clone())
+    }
+
+    fn attr(&self, ino: u64, info: &NodeInfo, size: u64, mtime: u64, unlinked: bool) -> FileAttr {
+        let t = UNIX_EPOCH + Duration::from_nanos(mtime);
+        let dir = info.ty.is_container();
+        FileAttr {
+            ino: INodeNo(ino),
+            size: if dir { 0 } else { size },
+            blocks: if dir { 0 } else { size.div_ceil(512) },
+            atime: t,
+            mtime: t,
+            ctime: t,
+            crtime: t,
+            kind: kind(info.ty),
+            perm: (info.mode & 0o7777) as u16,
+            nlink: match (dir, unlinked) {
+                (true, _) => 2,
+                (false, true) => 0,
+                (false, false) => 1,
+            },
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: BLKSIZE,
+            flags: 0,
+        }
+    }
+
+    /// The attributes of `ino` at `path`: from its open state if it is
+    /// open here (which knows what was written and not yet published),
+    /// else from the metadata server.
+    async fn stat(&self, ino: u64, path: &str) -> Res<FileAttr> {
+        if let Some(f) = self.open_file(ino) {
+            let st = f.state.read().await;
+            // (A state whose last close is done knows less than the
+            // metadata server.)
+            if !st.closed {
+                let mtime = st.written_at.unwrap_or(st.info.mtime);
+                return Ok(self.attr(ino, &st.info, st.size(), mtime, st.hidden));
+            }
+        }
+        let n = self.client.lookup(path).await.map_err(err)?;
+        let info = n.info();
+        Ok(self.attr(ino, info, info.size, info.mtime, false))
+    }
+
+    /// Looks `path` up and hands the kernel a number for it.
+    async fn entry(&self, path: &str) -> Res<FileAttr> {
+        // A file created here and still being written (a KeyValue put is
+        // invisible until its close) is known only to this mount.
+        let known = self.names.lock().expect("names lock").ino(path);
+        if let Some(ino) = known.filter(|i| self.open_file(*i).is_some()) {
+            let a = self.stat(ino, path).await?;
+            self.names.lock().expect("names lock").intern(path, true);
+            return Ok(a);
+        }
+        let n = self.client.lookup(path).await.map_err(err)?;
+        let ino = self.names.lock().expect("names lock").intern(path, true);
+        let info = n.info();
+        Ok(self.attr(ino, info, info.size, info.mtime, false))
+    }
+
+    /// Counts one more open of `ino`, setting up its state from `make` if
+    /// it is not open yet.
+    async fn open_state<F>(&self, ino: u64, make: F) -> Res<Arc<OpenFile>>
+    where
+        F: std::future::Future<Output = Res<FileState>>,
+    {
+        if let Some(f) = self.bump(ino) {
+            return Ok(f);
+        }
+        let st = make.await?;
+        let mut files = self.files.lock().expect("files lock");
+        let o = files.entry(ino).or_insert_with(|| Open {
+            opens: 0,
+            file: Arc::new(OpenFile {
+                state: tokio::sync::RwLock::new(st),
+            }),
+        });
+        o.opens += 1;
+        Ok(o.file.clone())
+    }
+
+    fn bump(&self, ino: u64) -> Option<Arc<OpenFile>> {
+        let mut files = self.files.lock().expect("files lock");
+        let o = files.get_mut(&ino)?;
+        o.opens += 1;
+        Some(o.file.clone())
+    }
+
+    /// Opens of `ino` now (0 while its last close is under way).
+    fn opens(&self, ino: u64, file: &Arc<OpenFile>) -> Option<usize> {
+        self.files
+            .lock()
+            .expect("files lock")
+            .get(&ino)
+            .filter(|o| Arc::ptr_eq(&o.file, file))
+            .map(|o| o.opens)
+    }
+
+    /// One open of `ino` ends; at the last, its writer closes (publishing
+    /// what was written; a KeyValue's new value replaces the old one) and
+    /// a file unlinked while open is removed. The state stays registered
+    /// until that is done, so an open meanwhile waits for it (and then
+    /// starts afresh) instead of finding the write lease still held.
+    async fn release(&self, ino: u64) -> Res<()> {
+        let file = {
+            let mut files = self.files.lock().expect("files lock");
+            let Some(o) = files.get_mut(&ino) else {
+                return Ok(());
+            };
+            o.opens = o.opens.saturating_sub(1);
+            if o.opens > 0 {
+                return Ok(());
+            }
+            o.file.clone()
+        };
+        let mut st = file.state.write().await;
+        if st.closed || self.opens(ino, &file) != Some(0) {
+            // Opened again meanwhile: the new open goes on with it.
+            return Ok(());
+        }
+        st.closed = true;
+        let mut result = Ok(());
+        if let Some(w) = st.writer.take() {
+            if let Err(e) = w.close().await {
+                tracing::warn!("closing {}: {e}", st.path);
+                result = Err(err(e));
+            }
+        }
+        if st.hidden {
+            if let Err(e) = self.client.delete(&st.path, false).await {
+                tracing::warn!("removing {} (unlinked while open): {e}", st.path);
+            }
+            self.names.lock().expect("names lock").detach(&st.path);
+        }
+        let mut files = self.files.lock().expect("files lock");
+        if files
+            .get(&ino)
+            .is_some_and(|o| o.opens == 0 && Arc::ptr_eq(&o.file, &file))
+        {
+            files.remove(&ino);
+        }
+        result
+    }
+
+    /// A write handle for the file at `path`: its write lease for a File;
+    /// for a KeyValue, a new value that replaces it at close, starting as
+    /// a copy of the old one unless `truncate`.
+    async fn writer(&self, st: &FileState, truncate: bool) -> Res<Node> {
+        match st.info.ty {
+            NodeType::KeyValue => {
+                let old = if truncate {
+                    Vec::new()
+                } else {
+                    match &st.reader {
+                        Some(r) => r.read(0, r.size()).await.map_err(err)?,
+                        None => self.client.get(&st.path).await.map_err(err)?,
+                    }
+                };
+                let opts = CreateOptions {
+                    mode: Some(st.info.mode),
+                    ..CreateOptions::default()
+                };
+                let mut w = self
+                    .client
+                    .create(&st.path, NodeType::KeyValue, opts)
+                    .await
+                    .map_err(err)?;
+                w.append(&old).await.map_err(err)?;
+                Ok(w)
+            }
+            NodeType::File => {
+                let mut w = self.client.open_write(&st.path).await.map_err(err)?;
+                if truncate {
+                    w.truncate(0).await.map_err(err)?;
+                }
+                Ok(w)
+            }
+            _ => Err(libc::EISDIR),
+        }
+    }
+
+    /// A hidden name for `path` in its directory and metadata partition.
+    fn hidden_path(&self, path: &str, ino: u64) -> Res<String> {
+        let parent = parent_of(path);
+        let part = partition_of(path, self.partitions);
+        (0..10_000u32)
+            .map(|i| {
+                child_path(
+                    parent,
+                    &format!("{HIDDEN_PREFIX}{:016x}-{ino}-{i}", self.mount_id),
+                )
+            })
+            .find(|p| partition_of(p, self.partitions) == part)
+            .ok_or(libc::EIO)
+    }
+
+    /// Unlinks the file `ino` at `path` if it is open here: it moves out
+    /// of sight and stays readable and writable through its open
+    /// descriptors until the last closes, which removes it. Returns false
+    /// when it is not open (any more): the caller removes it.
+    async fn hide_if_open(&self, ino: u64, path: &str) -> Res<bool> {
+        let Some(file) = self.open_file(ino) else {
+            return Ok(false);
+        };
+        let mut st = file.state.write().await;
+        let deadline = std::time::Instant::now() + self.client.config().timeout;
+        loop {
+            if st.closed {
+                return Ok(false);
+            }
+            let registered = self.opens(ino, &file).is_some_and(|n| n > 0);
+            if registered {
+                break;
+            }
+            // Its last close is under way (the kernel closes a file
+            // after its last descriptor went, without waiting): let it
+            // finish first (a KeyValue's close would otherwise put the
+            // value back after the removal).
+            if std::time::Instant::now() > deadline {
+                return Err(libc::EBUSY);
+            }
+            drop(st);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            st = file.state.write().await;
+        }
+        let hidden = self.hidden_path(path, ino)?;
+        self.client.rename(path, &hidden).await.map_err(err)?;
+        self.names.lock().expect("names lock").rename(path, &hidden);
+        st.path = hidden;
+        st.hidden = true;
+        Ok(true)
+    }
+
+    async fn do_open(&self, ino: u64, flags: OpenFlags) -> Res<()> {
+        let path = self.path(INodeNo(ino))?;
+        let file = self
+            .open_state(ino, async {
+                let reader = self.client.lookup(&path).await.map_err(err)?;
+                if reader.info().ty.is_container() {
+                    return Err(libc::EISDIR);
+                }
+                Ok(FileState {
+                    info: reader.info().clone(),
+                    path: path.clone(),
+                    reader: Some(reader),
+                    writer: None,
+                    written_at: None,
+                    hidden: false,
+                    closed: false,
+                })
+            })
+            .await?;
+        let write = flags.acc_mode() != OpenAccMode::O_RDONLY;
+        let truncate = flags.0 & libc::O_TRUNC != 0;
+        let mut st = file.state.write().await;
+        let r = async {
+            if st.closed {
+                // Its last close finished while this open waited: start
+                // afresh.
+                let reader = self.client.lookup(&path).await.map_err(err)?;
+                *st = FileState {
+                    info: reader.info().clone(),
+                    path: path.clone(),
+                    reader: Some(reader),
+                    writer: None,
+                    written_at: None,
+                    hidden: false,
+                    closed: false,
+                };
+            }
+            if !write && !truncate {
+                return Ok(());
+            }
+            if st.writer.is_none() {
+                let w = self.writer(&st, truncate).await?;
+                st.writer = Some(w);
+            } else if truncate {
+                st.writer
+                    .as_mut()
+                    .expect("checked")
+                    .truncate(0)
+                    .await
+                    .map_err(err)?;
+            }
+            if truncate {
+                st.written_at = Some(crate_now_ns());
+            }
+            Ok(())
+        }
+        .await;
+        drop(st);
+        if r.is_err() {
+            let _ = self.release(ino).await;
+        }
+        r
+    }
+
+    async fn do_create(&self, parent: INodeNo, name: &OsStr, mode: u32) -> Res<(u64, FileAttr)> {
+        let path = self.child(parent, name)?;
+        if is_hidden(name_str(name)?) {
+            return Err(libc::EINVAL);
+        }
+        let parent_ty = self
+            .client
+            .lookup(parent_of(&path))
+            .await
+            .map_err(err)?
+            .info()
+            .ty;
+        let ty = match parent_ty {
+            NodeType::Table => NodeType::KeyValue,
+            NodeType::Directory | NodeType::Bag => NodeType::File,
+            _ => return Err(libc::ENOTDIR),
+        };
+        if ty == NodeType::KeyValue && self.client.lookup(&path).await.is_ok() {
+            // A KeyValue create replaces; a POSIX create of an existing
+            // name must not.
+            return Err(libc::EEXIST);
+        }
+        let opts = CreateOptions {
+            mode: Some(mode & 0o7777),
+            ..CreateOptions::default()
+        };
+        let w = self.client.create(&path, ty, opts).await.map_err(err)?;
+        let info = w.info().clone();
+        let ino = self.names.lock().expect("names lock").intern(&path, true);
+        let attr = self.attr(ino, &info, 0, info.mtime, false);
+        let fresh = FileState {
+            info,
+            path: path.clone(),
+            reader: None,
+            writer: Some(w),
+            written_at: None,
+            hidden: false,
+            closed: false,
+        };
+        match self.bump(ino) {
+            // A state of an earlier file at this path, its last close
+            // under way: the new file takes its place.
+            Some(file) => *file.state.write().await = fresh,
+            None => {
+                self.open_state(ino, async { Ok(fresh) }).await?;
+            }
+        }
+        Ok((ino, attr))
+    }
+
+    async fn do_read(&self, ino: u64, offset: u64, size: u32) -> Res<Vec<u8>> {
+        let file = self.open_file(ino).ok_or(libc::EBADF)?;
+        let st = file.state.read().await;
+        let node = st
+            .writer
+            .as_ref()
+            .or(st.reader.as_ref())
+            .ok_or(libc::EBADF)?;
+        let mut end = offset.saturating_add(size as u64);
+        if st.writer.is_none() && end > node.size() {
+            // Another client may have grown it since it was opened.
+            node.refresh().await.map_err(err)?;
+        }
+        end = end.min(node.size());
+        if end <= offset {
+            return Ok(Vec::new());
+        }
+        let mut buf = vec![0u8; (end - offset) as usize];
+        node.read_at(offset, &mut buf).await.map_err(err)?;
+        Ok(buf)
+    }
+
+    async fn do_write(&self, ino: u64, offset: u64, data: &[u8]) -> Res<u32> {
+        let file = self.open_file(ino).ok_or(libc::EBADF)?;
+        let mut st = file.state.write().await;
+        let w = st.writer.as_mut().ok_or(libc::EBADF)?;
+        write_at(w, offset, data).await.map_err(err)?;
+        st.written_at = Some(crate_now_ns());
+        Ok(data.len() as u32)
+    }
+
+    async fn do_setattr(
+        &self,
+        ino: u64,
+        mode: Option<u32>,
+        size: Option<u64>,
+        mtime: Option<TimeOrNow>,
+    ) -> Res<FileAttr> {
+        let path = self.path(INodeNo(ino))?;
+        let open = self.open_file(ino);
+        if let Some(size) = size {
+            match &open {
+                Some(f) => {
+                    let mut st = f.state.write().await;
+                    if st.writer.is_none() {
+                        let w = self.writer(&st, false).await?;
+                        st.writer = Some(w);
+                    }
+                    let w = st.writer.as_mut().expect("set above");
+                    w.truncate(size).await.map_err(err)?;
+                    st.written_at = Some(crate_now_ns());
+                }
+                None => {
+                    let n = self.client.lookup(&path).await.map_err(err)?;
+                    let st = FileState {
+                        info: n.info().clone(),
+                        path: path.clone(),
+                        reader: Some(n),
+                        writer: None,
+                        written_at: None,
+                        hidden: false,
+                        closed: false,
+                    };
+                    let mut w = self.writer(&st, false).await?;
+                    w.truncate(size).await.map_err(err)?;
+                    w.close().await.map_err(err)?;
+                }
+            }
+        }
+        let mtime = mtime.map(|t| match t {
+            TimeOrNow::Now => crate_now_ns(),
+            TimeOrNow::SpecificTime(t) => time_ns(t),
+        });
+        if mode.is_some() || mtime.is_some() {
+            let hidden = match &open {
+                Some(f) => f.state.read().await.hidden,
+                None => false,
+            };
+            let at = match &open {
+                Some(f) => f.state.read().await.path.clone(),
+                None => path.clone(),
+            };
+            // A put not closed yet has no path to change; it is given its
+            // mode when it is created, and its time when it closes.
+            let info = match self
+                .client
+                .set_attrs(&at, mode.map(|m| m & 0o7777), mtime)
+                .await
+            {
+                Ok(i) => Some(i),
+                Err(e) if e.code == ErrorCode::NotFound && open.is_some() && !hidden => None,
+                Err(e) => return Err(err(e)),
+            };
+            if let Some(f) = &open {
+                let mut st = f.state.write().await;
+                if let Some(i) = info {
+                    st.info.mode = i.mode;
+                    st.info.mtime = i.mtime;
+                } else if let Some(m) = mode {
+                    st.info.mode = m & 0o7777;
+                }
+                if mtime.is_some() {
+                    st.written_at = mtime;
+                }
+            }
+        }
+        self.stat(ino, &path).await
+    }
+
+    async fn do_unlink(&self, parent: INodeNo, name: &OsStr, dir: bool) -> Res<()> {
+        let name = name_str(name)?;
+        if is_hidden(name) {
+            return Err(libc::ENOENT);
+        }
+        let path = child_path(&self.path(parent)?, name);
+        let n = self.client.lookup(&path).await.map_err(err)?;
+        match (n.info().ty.is_container(), dir) {
+            (true, false) => return Err(libc::EISDIR),
+            (false, true) => return Err(libc::ENOTDIR),
+            _ => {}
+        }
+        let ino = self.names.lock().expect("names lock").ino(&path);
+        if let Some(ino) = ino {
+            if self.hide_if_open(ino, &path).await? {
+                return Ok(());
+            }
+        }
+        self.client.delete(&path, false).await.map_err(|e| {
+            if e.code == ErrorCode::NotEmpty {
+                libc::ENOTEMPTY
+            } else {
+                err(e)
+            }
+        })?;
+        self.names.lock().expect("names lock").detach(&path);
+        Ok(())
+    }
+
+    async fn do_rename(
+        &self,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+    ) -> Res<()> {
+        if flags.contains(RenameFlags::RENAME_EXCHANGE)
+            || flags.contains(RenameFlags::RENAME_WHITEOUT)
+        {
+            return Err(libc::EINVAL);
+        }
+        let (from_name, to_name) = (name_str(name)?, name_str(newname)?);
+        if is_hidden(from_name) || is_hidden(to_name) {
+            return Err(libc::ENOENT);
+        }
+        let from = child_path(&self.path(parent)?, from_name);
+        let to = child_path(&self.path(newparent)?, to_name);
+        if partition_of(&from, self.partitions) != partition_of(&to, self.partitions) {
+            return Err(libc::EXDEV);
+        }
+        let replace = !flags.contains(RenameFlags::RENAME_NOREPLACE);
+        // A target open here stays usable by its descriptors: it is moved
+        // out of sight first, as an unlink would.
+        let target = self.names.lock().expect("names lock").ino(&to);
+        if let Some(ino) = target.filter(|i| self.open_file(*i).is_some()) {
+            if from != to && replace {
+                let src = self.client.lookup(&from).await.map_err(err)?;
+                let dst = self.client.lookup(&to).await.map_err(err)?;
+                if src.info().ty != dst.info().ty {
+                    return Err(if dst.info().ty.is_container() {
+                        libc::EISDIR
+                    } else {
+                        libc::ENOTDIR
+                    });
+                }
+                self.hide_if_open(ino, &to).await?;
+            }
+        }
+        match self.client.rename_with(&from, &to, replace).await {
+            Ok(()) => {}
+            Err(e) => {
+                return Err(match e.code {
+                    ErrorCode::TypeMismatch => {
+                        match self.client.lookup(&to).await.map(|n| n.info().ty) {
+                            Ok(t) if t.is_container() => libc::EISDIR,
+                            Ok(_) => libc::ENOTDIR,
+                            // A File cannot go into a Table, nor a directory into a Bag.
+                            Err(_) => libc::EPERM,
+                        }
+                    }
+                    ErrorCode::InvalidArgument => libc::EINVAL,
+                    _ => err(e),
+                });
+            }
+        }
+        self.names.lock().expect("names lock").rename(&from, &to);
+        // An open file keeps its path current.
+        let moved = self.names.lock().expect("names lock").ino(&to);
+        if let Some(f) = moved.and_then(|i| self.open_file(i)) {
+            f.state.write().await.path = to.clone();
+        }
+        Ok(())
+    }
+
+    async fn do_mkdir(&self, parent: INodeNo, name: &OsStr, mode: u32) -> Res<FileAttr> {
+        let n = name_str(name)?;
+        if is_hidden(n) {
+            return Err(libc::EINVAL);
+        }
+        let path = self.child(parent, name)?;
+        let opts = CreateOptions {
+            mode: Some(mode & 0o7777),
+            ..CreateOptions::default()
+        };
+        match self.client.create(&path, NodeType::Directory, opts).await {
+            Ok(_) => {}
+            // Tables hold only KeyValues and Bags only Files.
+            Err(e) if e.code == ErrorCode::TypeMismatch => return Err(libc::EPERM),
+            Err(e) => return Err(err(e)),
+        }
+        self.entry(&path).await
+    }
+
+    async fn do_opendir(&self, ino: u64) -> Res<u64> {
+        let path = self.path(INodeNo(ino))?;
+        let list = self.client.enumerate_typed(&path).await.map_err(err)?;
+        let mut entries = Vec::with_capacity(list.len() + 2);
+        let parent = self
+            .names
+            .lock()
+            .expect("names lock")
+            .ino(parent_of(&path))
+            .unwrap_or(ROOT_INO);
+        entries.push((ino, FileType::Directory, ".".to_string()));
+        entries.push((parent, FileType::Directory, "..".to_string()));
+        {
+            let mut names = self.names.lock().expect("names lock");
+            for (name, ty) in list {
+                if is_hidden(&name) {
+                    continue;
+                }
+                let i = names.intern(&child_path(&path, &name), false);
+                entries.push((i, kind(ty), name));
+            }
+        }
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.dirs
+            .lock()
+            .expect("dirs lock")
+            .insert(fh, Arc::new(entries));
+        Ok(fh)
+    }
+
+    async fn do_statfs(&self) -> Res<(u64, u64)> {
+        let s = self.client.status().await.map_err(err)?;
+        let (mut cap, mut used) = (0u64, 0u64);
+        for srv in s.servers.iter().filter(|s| s.alive) {
+            cap += srv.capacity_blocks * srv.block_size as u64;
+            used += srv.used_blocks * srv.block_size as u64;
+        }
+        Ok((cap, used.min(cap)))
+    }
+
+    /// Closes every file still open for writing (at unmount).
+    fn close_all(&self) {
+        let files: Vec<(u64, Arc<OpenFile>)> = self
+            .files
+            .lock()
+            .expect("files lock")
+            .drain()
+            .map(|(i, o)| (i, o.file))
+            .collect();
+        for (_, f) in files {
+            self.block_on(async {
+                let mut st = f.state.write().await;
+                if let Some(w) = st.writer.take() {
+                    if let Err(e) = w.close().await {
+                        tracing::warn!("closing {} at unmount: {e}", st.path);
+                    }
+                }
+                if st.hidden {
+                    let _ = self.client.delete(&st.path, false).await;
+                }
+            });
+        }
+    }
+}
+
+/// Writes `data` at `offset` of a writer, wherever that is: bytes past the
+/// end are appended (zeros first up to `offset`: files have no holes).
+async fn write_at(w: &mut Node, offset: u64, data: &[u8]) -> nodekernel_client::Result<()> {
+    let size = w.size();
+    if offset > size {
+        let zeros = vec![0u8; (offset - size).min(1 << 20) as usize];
+        while w.size() < offset {
+            let n = (offset - w.size()).min(zeros.len() as u64) as usize;
+            w.append(&zeros[..n]).await?;
+        }
+    }
+    let size = w.size();
+    let inside = if offset < size {
+        ((size - offset) as usize).min(data.len())
+    } else {
+        0
+    };
+    if inside > 0 {
+        w.write_at(offset, &data[..inside]).await?;
+    }
+    if inside < data.len() {
+        w.append(&data[inside..]).await?;
+    }
+    Ok(())
+}
+
+impl Filesystem for NkFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // O_TRUNC arrives with the open (so a KeyValue is replaced in one
+        // step, not emptied first).
+        let _ =
+            config.add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC | InitFlags::FUSE_BIG_WRITES);
+        let _ = config.add_capabilities(InitFlags::FUSE_MAX_PAGES);
+        let _ = config.add_capabilities(InitFlags::FUSE_AUTO_INVAL_DATA);
+        let _ = config.set_max_write(MAX_IO);
+        let _ = config.set_max_readahead(MAX_IO);
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        self.inner.close_all();
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let fs = &self.inner;
+        let r = match name_str(name) {
+            Ok(n) if is_hidden(n) => Err(libc::ENOENT),
+            // A name that is not UTF-8 cannot exist.
+            Err(libc::EINVAL) => Err(libc::ENOENT),
+            Err(e) => Err(e),
+            Ok(_) => fs
+                .child(parent, name)
+                .and_then(|p| fs.block_on(fs.entry(&p))),
+        };
+        match r {
+            Ok(a) => reply.entry(&fs.ttl, &a, Generation(0)),
+            Err(e) => reply.error(reply_err(e)),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.inner
+            .names
+            .lock()
+            .expect("names lock")
+            .forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let fs = &self.inner;
+        let r = fs.path(ino).and_then(|p| fs.block_on(fs.stat(ino.0, &p)));
+        match r {
+            Ok(a) => reply.attr(&fs.ttl, &a),
+            Err(e) => reply.error(reply_err(e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let fs = &self.inner;
+        // Every file belongs to the user who mounted; owners do not change.
+        if uid.is_some_and(|u| u != fs.uid) || gid.is_some_and(|g| g != fs.gid) {
+            return reply.error(Errno::EPERM);
+        }
+        match fs.block_on(fs.do_setattr(ino.0, mode, size, mtime)) {
+            Ok(a) => reply.attr(&fs.ttl, &a),
+            Err(e) => reply.error(reply_err(e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let fs = &self.inner;
+        // Only regular files; device nodes, FIFOs and sockets have no
+        // NodeKernel type.
+        if mode & libc::S_IFMT != libc::S_IFREG {
+            return reply.error(Errno::EPERM);
+        }
+        let r = fs.block_on(async {
+            let (ino, attr) = fs.do_create(parent, name, mode & !umask).await?;
+            fs.release(ino).await?;
+            Ok(attr)
+        });
+        match r {
+            Ok(a) => reply.entry(&fs.ttl, &a, Generation(0)),
+            Err(e) => reply.error(reply_err(e)),
+        }
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let fs = &self.inner;
+        match fs.block_on(fs.do_mkdir(parent, name, mode & !umask)) {
+            Ok(a) => reply.entry(&fs.ttl, &a, Generation(0)),
+            Err(e) => reply.error(reply_err(e)),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let fs = &self.inner;
+        match fs.block_on(fs.do_unlink(parent, name, false)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(reply_err(e)),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let fs = &self.inner;
+        match fs.block_on(fs.do_unlink(parent, name, true)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(reply_err(e)),
+        }
+    }
+
+    fn symlink(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _link_name: &OsStr,
+        _target: &Path,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EPERM);
+    }
+
+    fn readlink(&self, _req: &Request, _ino: INodeNo, reply: ReplyData) {
+        // Nothing here is a symbolic link.
+        reply.error(Errno::EINVAL);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let fs = &self.inner;
+        match fs.block_on(fs.do_rename(parent, name, newparent, newname, flags)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(reply_err(e)),
+        }
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        // A node has exactly one path.
+        reply.error(Errno::EPERM);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let fs = &self.inner;
+        match fs.block_on(fs.do_open(ino.0, flags)) {
+            Ok(()) => reply.opened(FileHandle(ino.0), FopenFlags::empty()),
+            Err(e) => reply.error(reply_err(e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let fs = &self.inner;
+        match fs.block_on(fs.do_read(ino.0, offset, size)) {
+            Ok(b) => reply.data(&b),
+            Err(e) => reply.error(reply_err(e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let fs = &self.inner;
+        match fs.block_on(fs.do_write(ino.0, offset, data)) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(reply_err(e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        self.fsync(_req, ino, _fh, false, reply);
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let fs = &self.inner;
+        match fs.block_on(fs.release(ino.0)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(reply_err(e)),
+        }
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let fs = &self.inner;
+        // Publishes what was written: other clients see it from now on (a
+        // KeyValue only at its last close).
+        let r = fs.block_on(async {
+            let Some(f) = fs.open_file(ino.0) else {
+                return Ok(());
+            };
+            let mut st = f.state.write().await;
+            if let Some(w) = st.writer.as_mut() {
+                w.sync().await.map_err(err)?;
+            }
+            Ok(())
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(reply_err(e)),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let fs = &self.inner;
+        match fs.block_on(fs.do_opendir(ino.0)) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(reply_err(e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let Some(list) = self
+            .inner
+            .dirs
+            .lock()
+            .expect("dirs lock")
+            .get(&fh.0)
+            .cloned()
+        else {
+            return reply.error(Errno::EBADF);
+        };
+        for (i, (ino, kind, name)) in list.iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(*ino), i as u64 + 1, *kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.inner.dirs.lock().expect("dirs lock").remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Namespace changes are durable (as the cluster's persistence
+        // setting makes them) once their call returned.
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let fs = &self.inner;
+        match fs.block_on(fs.do_statfs()) {
+            Ok((cap, used)) => {
+                let unit = 4096u64;
+                let (blocks, free) = (cap / unit, (cap - used) / unit);
+                reply.statfs(
+                    blocks,
+                    free,
+                    free,
+                    u64::MAX >> 1,
+                    u64::MAX >> 1,
+                    unit as u32,
+                    NAME_MAX as u32,
+                    unit as u32,
+                )
+            }
+            Err(e) => reply.error(reply_err(e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::ENOTSUP);
+    }
+
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: ReplyXattr,
+    ) {
+        reply.error(Errno::ENOTSUP);
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
+        reply.error(Errno::ENOTSUP);
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::ENOTSUP);
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let fs = &self.inner;
+        match fs.block_on(fs.do_create(parent, name, mode & !umask)) {
+            Ok((ino, a)) => reply.created(
+                &fs.ttl,
+                &a,
+                Generation(0),
+                FileHandle(ino),
+                FopenFlags::empty(),
+            ),
+            Err(e) => reply.error(reply_err(e)),
+        }
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        // Not a terminal, nor anything else ioctls speak to.
+        reply.error(Errno::ENOTTY);
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: i64,
+        _whence: i32,
+        reply: fuser::ReplyLseek,
+    ) {
+        // SEEK_DATA / SEEK_HOLE: files have no holes; the kernel answers
+        // them itself (all data) after this.
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        _fh_in: FileHandle,
+        _offset_in: u64,
+        _ino_out: INodeNo,
+        _fh_out: FileHandle,
+        _offset_out: u64,
+        _len: u64,
+        _flags: fuser::CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        // The kernel falls back to reads and writes.
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _length: u64,
+        _mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        // Files have no holes and no reserved space (posix_fallocate falls
+        // back to writing zeros).
+        reply.error(Errno::EOPNOTSUPP);
+    }
+}
