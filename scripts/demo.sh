@@ -14,6 +14,9 @@ if ! command -v cargo >/dev/null 2>&1; then
     exit 1
 fi
 
+source scripts/lib/system-deps.sh
+ensure_tools "nk mount, the FUSE file system" fusermount3=fuse3
+
 echo "== building (release) =="
 cargo build --release --bin nk
 ./scripts/python-env.sh --release
@@ -22,6 +25,7 @@ NK="$PWD/target/release/nk"
 WORK=$(mktemp -d)
 LOG="$WORK/up.log"
 cleanup() {
+    if [[ -d "$WORK/mnt" ]]; then "$NK" umount --lazy "$WORK/mnt" 2>/dev/null || true; fi
     if [[ -n "${UP_PID:-}" ]] && kill -0 "$UP_PID" 2>/dev/null; then
         kill -TERM "$UP_PID" 2>/dev/null || true
         wait "$UP_PID" 2>/dev/null || true
@@ -140,6 +144,20 @@ with fs.open("/demo/jobs/job1/report.txt", "wb") as f:
 print("  fsspec ls /demo/jobs/job1:", sorted(fs.ls("/demo/jobs/job1", detail=False)))
 print("  fsspec cat report.txt:", fs.cat("/demo/jobs/job1/report.txt"))
 PY
+
+if [[ -e /dev/fuse ]] && command -v fusermount3 >/dev/null 2>&1; then
+    echo
+    echo "== unmodified programs on the cluster: nk mount (FUSE) =="
+    mkdir "$WORK/mnt"
+    step "mkdir /demo/tmp" "$NK" mkdir /demo/tmp
+    step "nk mount $WORK/mnt --root /demo/tmp" "$NK" mount "$WORK/mnt" --root /demo/tmp
+    seq 1 300000 | awk '{ print ($1 * 7919) % 300007 }' >"$WORK/numbers.txt"
+    step "sort -n -T (spills into the mount) 300k lines" \
+        sh -c "sort -n -S 256K -T '$WORK/mnt' '$WORK/numbers.txt' >'$WORK/mnt/sorted.txt'"
+    step "tar the source tree onto the mount" tar -cf "$WORK/mnt/src.tar" crates
+    "$NK" ls /demo/tmp | sed 's/^/  /'
+    step "nk umount" "$NK" umount "$WORK/mnt"
+fi
 echo
 step "mv /demo/jobs/job1 /demo/done" "$NK" mv /demo/jobs/job1 /demo/done
 step "rm -r /demo" "$NK" rm -r /demo

@@ -19,18 +19,19 @@ echo "== cargo clippy =="
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo doc (broken links fail) =="
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
-if ! command -v ip >/dev/null 2>&1 && [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
-    echo "== apt-get install iproute2 (network namespaces for the multi-host tests) =="
-    apt-get install -y iproute2 || { apt-get update && apt-get install -y iproute2; }
-fi
+source scripts/lib/system-deps.sh
+ensure_tools "network namespaces for the multi-host tests" ip=iproute2
 if ! [[ -x /usr/bin/chromium ]] && [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
     echo "== apt-get install chromium (the dashboard test drives it headless) =="
     apt-get install -y chromium || { apt-get update && apt-get install -y chromium; }
 fi
+# nk mount (FUSE) and the unmodified programs its tests run on the mount.
+ensure_tools "nk mount and its tests" fusermount3=fuse3 git=git sqlite3=sqlite3 cc=gcc
 echo "== cargo test =="
-# The multi-host tests build hosts from network namespaces (root and
-# iproute2 needed): here they must run, not skip.
-NK_REQUIRE_NETNS=1 cargo test --workspace --locked
+# The multi-host tests build hosts from network namespaces and the mount
+# tests use FUSE (root, iproute2 and fuse3 needed): here they must run,
+# not skip.
+NK_REQUIRE_NETNS=1 NK_REQUIRE_FUSE=1 cargo test --workspace --locked
 echo "== loom model check of the shared-memory protocol (about a minute) =="
 # Its own target directory: --cfg loom rebuilds every dependency.
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \

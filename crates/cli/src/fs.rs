@@ -491,8 +491,35 @@ struct StatOut<'a> {
     storage_class: Option<u8>,
     location: &'a str,
     enumerable: bool,
+    /// Permission bits, in octal.
+    mode: String,
+    /// Modification time, nanoseconds since the Unix epoch.
+    mtime_ns: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     block_list: Option<Vec<BlockOut>>,
+}
+
+/// `ns` (since the Unix epoch) as a UTC date and time.
+fn utc(ns: u64) -> String {
+    let secs = ns / 1_000_000_000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{:03} UTC",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60,
+        ns / 1_000_000 % 1000
+    )
 }
 
 #[derive(Serialize)]
@@ -551,6 +578,8 @@ pub async fn stat(client: &Client, path: &str, json: bool, blocks: bool) -> anyh
         storage_class: (i.storage_class != nodekernel_proto::NO_CLASS).then_some(i.storage_class),
         location: &i.location,
         enumerable: i.enumerable,
+        mode: format!("{:04o}", i.mode),
+        mtime_ns: i.mtime,
         block_list,
     };
     if json {
@@ -578,6 +607,8 @@ pub async fn stat(client: &Client, path: &str, json: bool, blocks: bool) -> anyh
         if !out.location.is_empty() {
             println!("location:      {}", out.location);
         }
+        println!("mode:          {}", out.mode);
+        println!("modified:      {}", utc(out.mtime_ns));
         println!("id:            {}", out.id);
         if let Some(list) = &out.block_list {
             println!(
@@ -945,6 +976,23 @@ mod readiness_tests {
         assert_eq!(
             super::readiness_line(false, 0, 1),
             "NOT READY: 0 of 1 expected storage servers alive"
+        );
+    }
+}
+
+#[cfg(test)]
+mod time_tests {
+    #[test]
+    fn utc_dates_match_known_instants() {
+        assert_eq!(super::utc(0), "1970-01-01 00:00:00.000 UTC");
+        // 2000-02-29 (a leap day of a century leap year) 12:34:56.789.
+        assert_eq!(
+            super::utc(951_827_696_789_000_000),
+            "2000-02-29 12:34:56.789 UTC"
+        );
+        assert_eq!(
+            super::utc(1_700_000_000_123_456_789),
+            "2023-11-14 22:13:20.123 UTC"
         );
     }
 }

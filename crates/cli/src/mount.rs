@@ -30,7 +30,8 @@ pub struct MountArgs {
     /// /etc/fuse.conf)
     #[arg(long)]
     pub allow_other: bool,
-    /// FUSE worker threads
+    /// Threads reading FUSE requests (reads and writes run on them, other
+    /// requests on the async runtime)
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
     /// How long (milliseconds) the kernel may cache names and attributes;

@@ -162,6 +162,21 @@ struct NkFs {
     inner: Arc<Inner>,
 }
 
+impl NkFs {
+    /// Runs a request on the runtime's worker threads, which reply to the
+    /// kernel themselves: there the client's sockets and timers are at
+    /// home (from a FUSE thread, a call's socket wait and timer wake a
+    /// worker), and the FUSE thread goes back to reading requests at once.
+    /// (Reads and writes stay on the FUSE thread: see `read`.)
+    fn spawn<F, Fut>(&self, f: F)
+    where
+        F: FnOnce(Arc<Inner>) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.inner.rt.spawn(f(self.inner.clone()));
+    }
+}
+
 struct Inner {
     client: Client,
     rt: tokio::runtime::Handle,
@@ -280,6 +295,26 @@ impl Inner {
         Ok(child_path(&self.path(parent)?, name))
     }
 
+    fn note_kind(&self, ino: u64, ty: NodeType) {
+        self.names.lock().expect("names lock").set_kind(ino, ty);
+    }
+
+    /// The type of the node at `path` (inode `ino`, if the kernel has one),
+    /// without a lookup when the mount knows it already.
+    async fn kind_of(&self, ino: Option<u64>, path: &str) -> Res<NodeType> {
+        let known = ino.and_then(|i| self.names.lock().expect("names lock").kind(i));
+        match known {
+            Some(t) => Ok(t),
+            None => {
+                let ty = self.client.lookup(path).await.map_err(err)?.info().ty;
+                if let Some(i) = ino {
+                    self.note_kind(i, ty);
+                }
+                Ok(ty)
+            }
+        }
+    }
+
     fn open_file(&self, ino: u64) -> Option<Arc<OpenFile>> {
         self.files
             .lock()
@@ -345,6 +380,7 @@ impl Inner {
         let n = self.client.lookup(path).await.map_err(err)?;
         let ino = self.names.lock().expect("names lock").intern(path, true);
         let info = n.info();
+        self.note_kind(ino, info.ty);
         Ok(self.attr(ino, info, info.size, info.mtime, false))
     }
 
@@ -590,13 +626,7 @@ impl Inner {
         if is_hidden(name_str(name)?) {
             return Err(libc::EINVAL);
         }
-        let parent_ty = self
-            .client
-            .lookup(parent_of(&path))
-            .await
-            .map_err(err)?
-            .info()
-            .ty;
+        let parent_ty = self.kind_of(Some(parent.0), parent_of(&path)).await?;
         let ty = match parent_ty {
             NodeType::Table => NodeType::KeyValue,
             NodeType::Directory | NodeType::Bag => NodeType::File,
@@ -614,6 +644,7 @@ impl Inner {
         let w = self.client.create(&path, ty, opts).await.map_err(err)?;
         let info = w.info().clone();
         let ino = self.names.lock().expect("names lock").intern(&path, true);
+        self.note_kind(ino, ty);
         let attr = self.attr(ino, &info, 0, info.mtime, false);
         let fresh = FileState {
             info,
@@ -750,13 +781,12 @@ impl Inner {
             return Err(libc::ENOENT);
         }
         let path = child_path(&self.path(parent)?, name);
-        let n = self.client.lookup(&path).await.map_err(err)?;
-        match (n.info().ty.is_container(), dir) {
+        let ino = self.names.lock().expect("names lock").ino(&path);
+        match (self.kind_of(ino, &path).await?.is_container(), dir) {
             (true, false) => return Err(libc::EISDIR),
             (false, true) => return Err(libc::ENOTDIR),
             _ => {}
         }
-        let ino = self.names.lock().expect("names lock").ino(&path);
         if let Some(ino) = ino {
             if self.hide_if_open(ino, &path).await? {
                 return Ok(());
@@ -877,6 +907,7 @@ impl Inner {
                     continue;
                 }
                 let i = names.intern(&child_path(&path, &name), false);
+                names.set_kind(i, ty);
                 entries.push((i, kind(ty), name));
             }
         }
@@ -967,20 +998,23 @@ impl Filesystem for NkFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let fs = &self.inner;
-        let r = match name_str(name) {
+        let path = match name_str(name) {
             Ok(n) if is_hidden(n) => Err(libc::ENOENT),
             // A name that is not UTF-8 cannot exist.
             Err(libc::EINVAL) => Err(libc::ENOENT),
             Err(e) => Err(e),
-            Ok(_) => fs
-                .child(parent, name)
-                .and_then(|p| fs.block_on(fs.entry(&p))),
+            Ok(_) => self.inner.child(parent, name),
         };
-        match r {
-            Ok(a) => reply.entry(&fs.ttl, &a, Generation(0)),
-            Err(e) => reply.error(reply_err(e)),
-        }
+        self.spawn(|fs| async move {
+            let r = match path {
+                Ok(p) => fs.entry(&p).await,
+                Err(e) => Err(e),
+            };
+            match r {
+                Ok(a) => reply.entry(&fs.ttl, &a, Generation(0)),
+                Err(e) => reply.error(reply_err(e)),
+            }
+        });
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -992,12 +1026,16 @@ impl Filesystem for NkFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let fs = &self.inner;
-        let r = fs.path(ino).and_then(|p| fs.block_on(fs.stat(ino.0, &p)));
-        match r {
-            Ok(a) => reply.attr(&fs.ttl, &a),
-            Err(e) => reply.error(reply_err(e)),
-        }
+        self.spawn(|fs| async move {
+            let r = match fs.path(ino) {
+                Ok(p) => fs.stat(ino.0, &p).await,
+                Err(e) => Err(e),
+            };
+            match r {
+                Ok(a) => reply.attr(&fs.ttl, &a),
+                Err(e) => reply.error(reply_err(e)),
+            }
+        });
     }
 
     fn setattr(
@@ -1018,15 +1056,16 @@ impl Filesystem for NkFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let fs = &self.inner;
         // Every file belongs to the user who mounted; owners do not change.
-        if uid.is_some_and(|u| u != fs.uid) || gid.is_some_and(|g| g != fs.gid) {
+        if uid.is_some_and(|u| u != self.inner.uid) || gid.is_some_and(|g| g != self.inner.gid) {
             return reply.error(Errno::EPERM);
         }
-        match fs.block_on(fs.do_setattr(ino.0, mode, size, mtime)) {
-            Ok(a) => reply.attr(&fs.ttl, &a),
-            Err(e) => reply.error(reply_err(e)),
-        }
+        self.spawn(|fs| async move {
+            match fs.do_setattr(ino.0, mode, size, mtime).await {
+                Ok(a) => reply.attr(&fs.ttl, &a),
+                Err(e) => reply.error(reply_err(e)),
+            }
+        });
     }
 
     fn mknod(
@@ -1039,21 +1078,23 @@ impl Filesystem for NkFs {
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        let fs = &self.inner;
         // Only regular files; device nodes, FIFOs and sockets have no
         // NodeKernel type.
         if mode & libc::S_IFMT != libc::S_IFREG {
             return reply.error(Errno::EPERM);
         }
-        let r = fs.block_on(async {
-            let (ino, attr) = fs.do_create(parent, name, mode & !umask).await?;
-            fs.release(ino).await?;
-            Ok(attr)
+        let name = name.to_os_string();
+        self.spawn(|fs| async move {
+            let r = async {
+                let (ino, attr) = fs.do_create(parent, &name, mode & !umask).await?;
+                fs.release(ino).await?;
+                Ok(attr)
+            };
+            match r.await {
+                Ok(a) => reply.entry(&fs.ttl, &a, Generation(0)),
+                Err(e) => reply.error(reply_err(e)),
+            }
         });
-        match r {
-            Ok(a) => reply.entry(&fs.ttl, &a, Generation(0)),
-            Err(e) => reply.error(reply_err(e)),
-        }
     }
 
     fn mkdir(
@@ -1065,27 +1106,33 @@ impl Filesystem for NkFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let fs = &self.inner;
-        match fs.block_on(fs.do_mkdir(parent, name, mode & !umask)) {
-            Ok(a) => reply.entry(&fs.ttl, &a, Generation(0)),
-            Err(e) => reply.error(reply_err(e)),
-        }
+        let name = name.to_os_string();
+        self.spawn(|fs| async move {
+            match fs.do_mkdir(parent, &name, mode & !umask).await {
+                Ok(a) => reply.entry(&fs.ttl, &a, Generation(0)),
+                Err(e) => reply.error(reply_err(e)),
+            }
+        });
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let fs = &self.inner;
-        match fs.block_on(fs.do_unlink(parent, name, false)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(reply_err(e)),
-        }
+        let name = name.to_os_string();
+        self.spawn(|fs| async move {
+            match fs.do_unlink(parent, &name, false).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(reply_err(e)),
+            }
+        });
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let fs = &self.inner;
-        match fs.block_on(fs.do_unlink(parent, name, true)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(reply_err(e)),
-        }
+        let name = name.to_os_string();
+        self.spawn(|fs| async move {
+            match fs.do_unlink(parent, &name, true).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(reply_err(e)),
+            }
+        });
     }
 
     fn symlink(
@@ -1114,11 +1161,16 @@ impl Filesystem for NkFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let fs = &self.inner;
-        match fs.block_on(fs.do_rename(parent, name, newparent, newname, flags)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(reply_err(e)),
-        }
+        let (name, newname) = (name.to_os_string(), newname.to_os_string());
+        self.spawn(|fs| async move {
+            match fs
+                .do_rename(parent, &name, newparent, &newname, flags)
+                .await
+            {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(reply_err(e)),
+            }
+        });
     }
 
     fn link(
@@ -1134,11 +1186,12 @@ impl Filesystem for NkFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let fs = &self.inner;
-        match fs.block_on(fs.do_open(ino.0, flags)) {
-            Ok(()) => reply.opened(FileHandle(ino.0), FopenFlags::empty()),
-            Err(e) => reply.error(reply_err(e)),
-        }
+        self.spawn(|fs| async move {
+            match fs.do_open(ino.0, flags).await {
+                Ok(()) => reply.opened(FileHandle(ino.0), FopenFlags::empty()),
+                Err(e) => reply.error(reply_err(e)),
+            }
+        });
     }
 
     fn read(
@@ -1152,6 +1205,9 @@ impl Filesystem for NkFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        // Reads and writes run on this thread: on the shared-memory path
+        // they are memory copies that finish without waiting, and a
+        // hand-over to a worker would cost more than they do.
         let fs = &self.inner;
         match fs.block_on(fs.do_read(ino.0, offset, size)) {
             Ok(b) => reply.data(&b),
@@ -1199,11 +1255,12 @@ impl Filesystem for NkFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let fs = &self.inner;
-        match fs.block_on(fs.release(ino.0)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(reply_err(e)),
-        }
+        self.spawn(|fs| async move {
+            match fs.release(ino.0).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(reply_err(e)),
+            }
+        });
     }
 
     fn fsync(
@@ -1214,31 +1271,33 @@ impl Filesystem for NkFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let fs = &self.inner;
         // Publishes what was written: other clients see it from now on (a
         // KeyValue only at its last close).
-        let r = fs.block_on(async {
-            let Some(f) = fs.open_file(ino.0) else {
-                return Ok(());
+        self.spawn(|fs| async move {
+            let r = async {
+                let Some(f) = fs.open_file(ino.0) else {
+                    return Ok(());
+                };
+                let mut st = f.state.write().await;
+                if let Some(w) = st.writer.as_mut() {
+                    w.sync().await.map_err(err)?;
+                }
+                Ok(())
             };
-            let mut st = f.state.write().await;
-            if let Some(w) = st.writer.as_mut() {
-                w.sync().await.map_err(err)?;
+            match r.await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(reply_err(e)),
             }
-            Ok(())
         });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(reply_err(e)),
-        }
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let fs = &self.inner;
-        match fs.block_on(fs.do_opendir(ino.0)) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
-            Err(e) => reply.error(reply_err(e)),
-        }
+        self.spawn(|fs| async move {
+            match fs.do_opendir(ino.0).await {
+                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Err(e) => reply.error(reply_err(e)),
+            }
+        });
     }
 
     fn readdir(
@@ -1293,24 +1352,26 @@ impl Filesystem for NkFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let fs = &self.inner;
-        match fs.block_on(fs.do_statfs()) {
-            Ok((cap, used)) => {
-                let unit = 4096u64;
-                let (blocks, free) = (cap / unit, (cap - used) / unit);
-                reply.statfs(
-                    blocks,
-                    free,
-                    free,
-                    u64::MAX >> 1,
-                    u64::MAX >> 1,
-                    unit as u32,
-                    NAME_MAX as u32,
-                    unit as u32,
-                )
+        self.spawn(|fs| async move {
+            match fs.do_statfs().await {
+                Ok((cap, used)) => {
+                    let unit = 4096u64;
+                    let (blocks, free) = (cap / unit, (cap - used) / unit);
+                    let files = u64::MAX >> 1;
+                    reply.statfs(
+                        blocks,
+                        free,
+                        free,
+                        files,
+                        files,
+                        unit as u32,
+                        NAME_MAX as u32,
+                        unit as u32,
+                    )
+                }
+                Err(e) => reply.error(reply_err(e)),
             }
-            Err(e) => reply.error(reply_err(e)),
-        }
+        });
     }
 
     fn setxattr(
@@ -1355,17 +1416,19 @@ impl Filesystem for NkFs {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        let fs = &self.inner;
-        match fs.block_on(fs.do_create(parent, name, mode & !umask)) {
-            Ok((ino, a)) => reply.created(
-                &fs.ttl,
-                &a,
-                Generation(0),
-                FileHandle(ino),
-                FopenFlags::empty(),
-            ),
-            Err(e) => reply.error(reply_err(e)),
-        }
+        let name = name.to_os_string();
+        self.spawn(|fs| async move {
+            match fs.do_create(parent, &name, mode & !umask).await {
+                Ok((ino, a)) => reply.created(
+                    &fs.ttl,
+                    &a,
+                    Generation(0),
+                    FileHandle(ino),
+                    FopenFlags::empty(),
+                ),
+                Err(e) => reply.error(reply_err(e)),
+            }
+        });
     }
 
     fn ioctl(

@@ -8,6 +8,7 @@
 //! with it), and forgets a number once the kernel has forgotten every
 //! lookup of it.
 
+use nodekernel_client::NodeType;
 use std::collections::HashMap;
 
 /// The kernel's number for the mount's root.
@@ -20,6 +21,9 @@ struct Entry {
     path: Option<String>,
     /// Lookups the kernel has not forgotten yet.
     lookups: u64,
+    /// The node's type, once known (it stays with the number: a rename
+    /// moves the node, a replaced path gets a new number).
+    kind: Option<NodeType>,
 }
 
 #[derive(Debug)]
@@ -51,6 +55,7 @@ impl Inodes {
             Entry {
                 path: Some(root.to_string()),
                 lookups: 1,
+                kind: None,
             },
         );
         t.by_path.insert(root.to_string(), ROOT_INO);
@@ -59,6 +64,16 @@ impl Inodes {
 
     pub fn path(&self, ino: u64) -> Option<&str> {
         self.by_ino.get(&ino).and_then(|e| e.path.as_deref())
+    }
+
+    pub fn kind(&self, ino: u64) -> Option<NodeType> {
+        self.by_ino.get(&ino).and_then(|e| e.kind)
+    }
+
+    pub fn set_kind(&mut self, ino: u64, kind: NodeType) {
+        if let Some(e) = self.by_ino.get_mut(&ino) {
+            e.kind = Some(kind);
+        }
     }
 
     pub fn ino(&self, path: &str) -> Option<u64> {
@@ -79,6 +94,7 @@ impl Inodes {
                     Entry {
                         path: Some(path.to_string()),
                         lookups: 0,
+                        kind: None,
                     },
                 );
                 ino
@@ -201,6 +217,12 @@ mod tests {
         t.forget(f, 1);
         assert_eq!(t.path(f), None);
         assert_eq!(t.ino("/m/g"), None);
+        t.set_kind(d, NodeType::Directory);
+        assert_eq!(
+            t.kind(d),
+            Some(NodeType::Directory),
+            "kept across the rename"
+        );
         t.forget(ROOT_INO, 100);
         assert_eq!(t.path(ROOT_INO), Some("/m"), "the root stays");
     }
