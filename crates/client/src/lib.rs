@@ -43,7 +43,7 @@ pub use admin::drain_finished;
 pub use bag::{BagEntry, BagReader, DEFAULT_BAG_READS_IN_FLIGHT};
 pub use blockio::{Access, AccessHook, MAX_RELOCATIONS};
 pub use client::{
-    default_location, Client, ClientConfig, CreateOptions, DataPathStats, GET_ATTEMPTS,
+    default_location, now_ns, Client, ClientConfig, CreateOptions, DataPathStats, GET_ATTEMPTS,
 };
 pub use node::{Node, Reader};
 pub use nodekernel_proto::types::{DrainState, DrainStatus, PartitionDown};

@@ -8,7 +8,9 @@ use fuser::{
     ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
     ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
 };
-use nodekernel_client::{Client, CreateOptions, Error, ErrorCode, Node, NodeInfo, NodeType};
+use nodekernel_client::{
+    now_ns, Client, CreateOptions, Error, ErrorCode, Node, NodeInfo, NodeType,
+};
 use nodekernel_proto::path::partition_of;
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -126,7 +128,7 @@ pub(crate) fn mount(
             gid,
             ttl: opts.attr_ttl,
             partitions,
-            mount_id: std::process::id() as u64 ^ crate_now_ns().rotate_left(17),
+            mount_id: std::process::id() as u64 ^ now_ns().rotate_left(17),
             names: Mutex::new(Inodes::new(&opts.root)),
             files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
@@ -150,12 +152,6 @@ pub(crate) fn mount(
         session,
         mountpoint: mountpoint.to_path_buf(),
     })
-}
-
-fn crate_now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 struct NkFs {
@@ -609,7 +605,7 @@ impl Inner {
                     .map_err(err)?;
             }
             if truncate {
-                st.written_at = Some(crate_now_ns());
+                st.written_at = Some(now_ns());
             }
             Ok(())
         }
@@ -693,7 +689,7 @@ impl Inner {
         let mut st = file.state.write().await;
         let w = st.writer.as_mut().ok_or(libc::EBADF)?;
         write_at(w, offset, data).await.map_err(err)?;
-        st.written_at = Some(crate_now_ns());
+        st.written_at = Some(now_ns());
         Ok(data.len() as u32)
     }
 
@@ -716,7 +712,7 @@ impl Inner {
                     }
                     let w = st.writer.as_mut().expect("set above");
                     w.truncate(size).await.map_err(err)?;
-                    st.written_at = Some(crate_now_ns());
+                    st.written_at = Some(now_ns());
                 }
                 None => {
                     let n = self.client.lookup(&path).await.map_err(err)?;
@@ -736,7 +732,7 @@ impl Inner {
             }
         }
         let mtime = mtime.map(|t| match t {
-            TimeOrNow::Now => crate_now_ns(),
+            TimeOrNow::Now => now_ns(),
             TimeOrNow::SpecificTime(t) => time_ns(t),
         });
         if mode.is_some() || mtime.is_some() {
