@@ -5,8 +5,10 @@ moves, deletes, ranges, transactions, pickling)."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import pickle
+import time
 
 import fsspec
 import pytest
@@ -294,7 +296,23 @@ def test_touch_and_ukey(fs, nk_dir):
     fs.touch(path)
     assert fs.cat_file(path) == b""
     with pytest.raises(NotImplementedError):
-        fs.modified(path)
+        fs.created(path)
+
+
+def test_modification_times_and_modes(fs, nk_dir):
+    path = f"{nk_dir}/m"
+    before = time.time()
+    fs.pipe_file(path, b"first")
+    info = fs.info(path)
+    assert info["mode"] == 0o644
+    assert before - 1 <= info["mtime"] <= time.time() + 1
+    t = fs.modified(path)
+    assert t.tzinfo == datetime.timezone.utc
+    assert abs(t.timestamp() - info["mtime"]) < 1e-3
+    time.sleep(0.01)
+    fs.pipe_file(path, b"second")  # a new File: a later time
+    assert fs.info(path)["mtime"] > info["mtime"]
+    assert fs.info(nk_dir)["mode"] == 0o755
 
 
 def test_transaction_commits_on_exit_and_discards_on_error(fs, nk_dir):

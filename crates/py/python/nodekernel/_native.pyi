@@ -41,7 +41,9 @@ class Client:
     def lookup(self, path: str) -> File:
         """Opens an existing data node for reading (a handle: if the node is
         replaced or deleted, its next read raises Stale)."""
-    def stat(self, path: str) -> dict: ...
+    def stat(self, path: str) -> dict:
+        """name, type, size, id, block_size, enumerable, mode (permission
+        bits) and mtime (seconds since the Unix epoch)."""
     def ls(self, path: str, detail: bool = False) -> Union[list[str], list[dict]]:
         """Child names of a container (sorted), or with detail=True the
         stat dict of each child (name = full path)."""

@@ -23,6 +23,7 @@ timestamps, so `created` and `modified` raise NotImplementedError.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import os
 import posixpath
@@ -159,6 +160,8 @@ class NodeKernelFileSystem(AbstractFileSystem):
             "id": st.get("id"),
             "block_size": st.get("block_size"),
             "enumerable": st.get("enumerable", True),
+            "mode": st.get("mode"),
+            "mtime": st.get("mtime"),
         }
         if is_dir:
             out["children"] = st["size"]
@@ -213,10 +216,11 @@ class NodeKernelFileSystem(AbstractFileSystem):
         return hashlib.sha256(key.encode()).hexdigest()
 
     def created(self, path):
-        raise NotImplementedError("NodeKernel keeps no timestamps")
+        raise NotImplementedError("NodeKernel keeps no creation time (see modified)")
 
     def modified(self, path):
-        raise NotImplementedError("NodeKernel keeps no timestamps")
+        """The last modification time (UTC), as the writer's clock said."""
+        return datetime.datetime.fromtimestamp(self.info(path)["mtime"], tz=datetime.timezone.utc)
 
     # -- directories --------------------------------------------------------
 
