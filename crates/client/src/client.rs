@@ -334,9 +334,7 @@ impl Client {
             enumerable: opts.enumerable,
             size_hint: opts.size_hint,
             pinned: opts.pinned,
-            mode: opts
-                .mode
-                .unwrap_or(if ty.is_container() { 0o755 } else { 0o644 }),
+            mode: opts.mode.unwrap_or(ty.default_mode()),
             mtime: opts.mtime.unwrap_or_else(now_ns),
         };
         let info = self.node_reply(idx, &req).await?;

@@ -221,6 +221,19 @@ struct FileState {
 }
 
 impl FileState {
+    /// A file just looked up at `path`, not written here yet.
+    fn looked_up(reader: Node, path: String) -> FileState {
+        FileState {
+            info: reader.info().clone(),
+            path,
+            reader: Some(reader),
+            writer: None,
+            written_at: None,
+            hidden: false,
+            closed: false,
+        }
+    }
+
     fn size(&self) -> u64 {
         match (&self.writer, &self.reader) {
             (Some(w), _) => w.size(),
@@ -561,15 +574,7 @@ impl Inner {
                 if reader.info().ty.is_container() {
                     return Err(libc::EISDIR);
                 }
-                Ok(FileState {
-                    info: reader.info().clone(),
-                    path: path.clone(),
-                    reader: Some(reader),
-                    writer: None,
-                    written_at: None,
-                    hidden: false,
-                    closed: false,
-                })
+                Ok(FileState::looked_up(reader, path.clone()))
             })
             .await?;
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY;
@@ -580,15 +585,7 @@ impl Inner {
                 // Its last close finished while this open waited: start
                 // afresh.
                 let reader = self.client.lookup(&path).await.map_err(err)?;
-                *st = FileState {
-                    info: reader.info().clone(),
-                    path: path.clone(),
-                    reader: Some(reader),
-                    writer: None,
-                    written_at: None,
-                    hidden: false,
-                    closed: false,
-                };
+                *st = FileState::looked_up(reader, path.clone());
             }
             if !write && !truncate {
                 return Ok(());
@@ -716,15 +713,7 @@ impl Inner {
                 }
                 None => {
                     let n = self.client.lookup(&path).await.map_err(err)?;
-                    let st = FileState {
-                        info: n.info().clone(),
-                        path: path.clone(),
-                        reader: Some(n),
-                        writer: None,
-                        written_at: None,
-                        hidden: false,
-                        closed: false,
-                    };
+                    let st = FileState::looked_up(n, path.clone());
                     let mut w = self.writer(&st, false).await?;
                     w.truncate(size).await.map_err(err)?;
                     w.close().await.map_err(err)?;
@@ -736,13 +725,12 @@ impl Inner {
             TimeOrNow::SpecificTime(t) => time_ns(t),
         });
         if mode.is_some() || mtime.is_some() {
-            let hidden = match &open {
-                Some(f) => f.state.read().await.hidden,
-                None => false,
-            };
-            let at = match &open {
-                Some(f) => f.state.read().await.path.clone(),
-                None => path.clone(),
+            let (hidden, at) = match &open {
+                Some(f) => {
+                    let st = f.state.read().await;
+                    (st.hidden, st.path.clone())
+                }
+                None => (false, path.clone()),
             };
             // A put not closed yet has no path to change; it is given its
             // mode when it is created, and its time when it closes.
@@ -788,13 +776,7 @@ impl Inner {
                 return Ok(());
             }
         }
-        self.client.delete(&path, false).await.map_err(|e| {
-            if e.code == ErrorCode::NotEmpty {
-                libc::ENOTEMPTY
-            } else {
-                err(e)
-            }
-        })?;
+        self.client.delete(&path, false).await.map_err(err)?;
         self.names.lock().expect("names lock").detach(&path);
         Ok(())
     }

@@ -198,14 +198,9 @@ pub struct Node {
     pub mtime: u64,
 }
 
-/// The permission bits of a node created without any: what `mkdir` and
-/// `creat` give under the usual umask 022.
-pub fn default_mode(ty: NodeType) -> u16 {
-    if ty.is_container() {
-        0o755
-    } else {
-        0o644
-    }
+/// [`NodeType::default_mode`], as a node keeps it.
+fn default_mode(ty: NodeType) -> u16 {
+    ty.default_mode() as u16
 }
 
 /// What a new node is made of (the fields of

@@ -2667,15 +2667,21 @@ impl<'a> Draft<'a> {
         if n.piece.is_none() {
             self.truncate(n, size.div_ceil(self.bs()));
         }
+        self.stamp(n, mtime);
+        self.renew(node, lease, now);
+        Ok(Reply::Done)
+    }
+
+    /// A writer's change of `n` stamps its modification time (0: the
+    /// writer sent none, the old time stays).
+    fn stamp(&mut self, n: &crate::namespace::Node, mtime: u64) {
         if mtime != 0 {
             self.push(Effect::AttrsSet {
-                node,
+                node: n.id,
                 mode: n.mode,
                 mtime,
             });
         }
-        self.renew(node, lease, now);
-        Ok(Reply::Done)
     }
 
     /// Changes the permission bits and/or modification time of `path`.
@@ -2899,13 +2905,7 @@ impl<'a> Draft<'a> {
             None
         };
         self.push(Effect::SizeSet { node, size });
-        if mtime != 0 {
-            self.push(Effect::AttrsSet {
-                node,
-                mode: n.mode,
-                mtime,
-            });
-        }
+        self.stamp(n, mtime);
         if close {
             // A closed node keeps only the blocks its bytes need: blocks
             // handed out but never filled (an empty put, a write cut short)

@@ -64,6 +64,16 @@ impl NodeType {
         matches!(self, NodeType::Directory | NodeType::Table | NodeType::Bag)
     }
 
+    /// The permission bits of a node created without any: what `mkdir` and
+    /// `creat` give under the usual umask 022.
+    pub fn default_mode(self) -> u32 {
+        if self.is_container() {
+            0o755
+        } else {
+            0o644
+        }
+    }
+
     /// The child rule of the node-type table: which types this one may hold.
     pub fn accepts(self, child: NodeType) -> bool {
         match self {
