@@ -213,6 +213,23 @@ impl Mounted {
         }
     }
 
+    /// The KeyValue at `key` reads `old` until it reads `new` (the value
+    /// written through the mount replaces the old one at the file's last
+    /// close, which the kernel sends just after `close` returns), and never
+    /// anything else.
+    fn kv_becomes(&self, key: &str, old: &[u8], new: &[u8]) {
+        let start = Instant::now();
+        loop {
+            let got = self.nk_ok(&["kv", "get", key]);
+            if got == new {
+                return;
+            }
+            assert_eq!(got, old, "{key}: neither the old nor the new value");
+            assert!(start.elapsed() < HANG, "{key}: the new value never showed");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     fn path(&self, rel: &str) -> PathBuf {
         self.mnt.join(rel)
     }
@@ -903,17 +920,15 @@ fn tables_show_keyvalues_as_files_replaced_whole_and_bags_hold_files() {
     assert_eq!(m.nk_ok(&["kv", "get", "/m/t/k"]), b"old");
     std::io::Write::write_all(&mut w, b"part two").unwrap();
     drop(w);
-    assert_eq!(
-        m.nk_ok(&["kv", "get", "/m/t/k"]),
-        b"new value, part one; part two"
-    );
+    m.kv_becomes("/m/t/k", b"old", b"new value, part one; part two");
     // Appending to a value rewrites it whole, too.
     let mut a = OpenOptions::new().append(true).open(m.path("t/k")).unwrap();
     std::io::Write::write_all(&mut a, b"!").unwrap();
     drop(a);
-    assert_eq!(
-        m.nk_ok(&["kv", "get", "/m/t/k"]),
-        b"new value, part one; part two!"
+    m.kv_becomes(
+        "/m/t/k",
+        b"new value, part one; part two",
+        b"new value, part one; part two!",
     );
     // New keys, listed as files.
     std::fs::write(m.path("t/k2"), b"v2").unwrap();
