@@ -52,7 +52,7 @@ fs_of() { df --output=fstype "$1" | tail -n 1; }
 echo "machine: $(nproc) CPUs, $(uname -r); disk: $DISK_DIR ($(fs_of "$DISK"), $(df -h --output=source "$DISK" | tail -n 1))"
 echo "fio $(fio --version), SEQ_SIZE=$SEQ_SIZE RAND_SIZE=$RAND_SIZE RUNTIME=${RUNTIME}s FILES=$FILES"
 
-# fio_mbps DIR NAME RW BS SIZE -> MB/s and IOPS ("mbps iops")
+# fio_run DIR RW BS SIZE -> MB/s and IOPS ("mbps iops")
 fio_run() {
     local dir=$1 rw=$2 bs=$3 size=$4
     local extra=()

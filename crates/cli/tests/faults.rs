@@ -4,24 +4,14 @@
 use serde_json::Value;
 use std::io::Write;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{start_role, NK};
+use common::{start_role, Proc, NK};
 /// Generous bound that only catches hangs.
 const HANG: Duration = Duration::from_secs(120);
-
-/// A long-running `nk` process, killed when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 impl Proc {
     fn sigkill(&mut self) {

@@ -505,14 +505,7 @@ impl Node {
     pub async fn truncate(&mut self, size: u64) -> Result<()> {
         let w = self.write_state()?;
         if size >= w.written {
-            let zeros = vec![0u8; (size - w.written).min(self.block_size()) as usize];
-            while let Some(left) = size
-                .checked_sub(self.write_state()?.written)
-                .filter(|l| *l > 0)
-            {
-                self.append(&zeros[..left.min(zeros.len() as u64) as usize])
-                    .await?;
-            }
+            self.zero_fill_to(size).await?;
             return self.publish(false).await;
         }
         if w.written > self.size.load(Ordering::Acquire) {
@@ -537,6 +530,22 @@ impl Node {
         }
         let keep = size.div_ceil(self.block_size()) as usize;
         self.locs.lock().expect("locs lock").truncate(keep);
+        Ok(())
+    }
+
+    /// Appends zeros up to `size` (nothing if the writer has written that
+    /// much already): nodes have no holes, so this is how a writer gets to
+    /// an offset past its end.
+    pub async fn zero_fill_to(&mut self, size: u64) -> Result<()> {
+        let written = self.write_state()?.written;
+        let zeros = vec![0u8; size.saturating_sub(written).min(self.block_size()) as usize];
+        while let Some(left) = size
+            .checked_sub(self.write_state()?.written)
+            .filter(|l| *l > 0)
+        {
+            self.append(&zeros[..left.min(zeros.len() as u64) as usize])
+                .await?;
+        }
         Ok(())
     }
 

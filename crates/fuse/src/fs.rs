@@ -58,20 +58,12 @@ impl Default for MountOptions {
 /// A live mount.
 pub struct Mounted {
     session: fuser::BackgroundSession,
-    mountpoint: std::path::PathBuf,
 }
 
 impl Mounted {
-    /// Unmounts (refused with `EBUSY` while files are open) and waits for
-    /// the file system to finish: every file still open for writing is
-    /// closed, publishing what was written.
-    pub fn unmount(self) -> std::io::Result<()> {
-        unmount(&self.mountpoint, false)?;
-        self.session.join()
-    }
-
-    /// Waits until the mount ends (unmounted from outside or by
-    /// [`unmount`]).
+    /// Waits until the mount ends (unmounted by [`unmount`] or from
+    /// outside): every file still open for writing is closed by then,
+    /// publishing what was written.
     pub fn join(self) -> std::io::Result<()> {
         self.session.join()
     }
@@ -148,10 +140,7 @@ pub(crate) fn mount(
     }
     config.n_threads = Some(opts.threads.max(1));
     let session = fuser::Session::new(fs, mountpoint, &config)?.spawn()?;
-    Ok(Mounted {
-        session,
-        mountpoint: mountpoint.to_path_buf(),
-    })
+    Ok(Mounted { session })
 }
 
 struct NkFs {
@@ -453,6 +442,20 @@ impl Inner {
             // Opened again meanwhile: the new open goes on with it.
             return Ok(());
         }
+        let result = self.finish(&mut st).await;
+        let mut files = self.files.lock().expect("files lock");
+        if files
+            .get(&ino)
+            .is_some_and(|o| o.opens == 0 && Arc::ptr_eq(&o.file, &file))
+        {
+            files.remove(&ino);
+        }
+        result
+    }
+
+    /// The end of a file's last open: its writer closes and, if it was
+    /// unlinked while open, it is removed.
+    async fn finish(&self, st: &mut FileState) -> Res<()> {
         st.closed = true;
         let mut result = Ok(());
         if let Some(w) = st.writer.take() {
@@ -466,13 +469,6 @@ impl Inner {
                 tracing::warn!("removing {} (unlinked while open): {e}", st.path);
             }
             self.names.lock().expect("names lock").detach(&st.path);
-        }
-        let mut files = self.files.lock().expect("files lock");
-        if files
-            .get(&ino)
-            .is_some_and(|o| o.opens == 0 && Arc::ptr_eq(&o.file, &file))
-        {
-            files.remove(&ino);
         }
         result
     }
@@ -909,24 +905,21 @@ impl Inner {
 
     /// Closes every file still open for writing (at unmount).
     fn close_all(&self) {
-        let files: Vec<(u64, Arc<OpenFile>)> = self
+        let files: Vec<Arc<OpenFile>> = self
             .files
             .lock()
             .expect("files lock")
             .drain()
-            .map(|(i, o)| (i, o.file))
+            .map(|(_, o)| o.file)
             .collect();
-        for (_, f) in files {
-            self.block_on(async {
+        for f in files {
+            // (`finish` logs what fails; nobody waits for an answer here.)
+            let _ = self.block_on(async {
                 let mut st = f.state.write().await;
-                if let Some(w) = st.writer.take() {
-                    if let Err(e) = w.close().await {
-                        tracing::warn!("closing {} at unmount: {e}", st.path);
-                    }
+                if st.closed {
+                    return Ok(());
                 }
-                if st.hidden {
-                    let _ = self.client.delete(&st.path, false).await;
-                }
+                self.finish(&mut st).await
             });
         }
     }
@@ -935,14 +928,7 @@ impl Inner {
 /// Writes `data` at `offset` of a writer, wherever that is: bytes past the
 /// end are appended (zeros first up to `offset`: files have no holes).
 async fn write_at(w: &mut Node, offset: u64, data: &[u8]) -> nodekernel_client::Result<()> {
-    let size = w.size();
-    if offset > size {
-        let zeros = vec![0u8; (offset - size).min(1 << 20) as usize];
-        while w.size() < offset {
-            let n = (offset - w.size()).min(zeros.len() as u64) as usize;
-            w.append(&zeros[..n]).await?;
-        }
-    }
+    w.zero_fill_to(offset).await?;
     let size = w.size();
     let inside = if offset < size {
         ((size - offset) as usize).min(data.len())

@@ -171,15 +171,6 @@ impl Inodes {
             .cloned()
             .collect()
     }
-
-    /// Numbers the table holds (the root included).
-    pub fn len(&self) -> usize {
-        self.by_ino.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_ino.is_empty()
-    }
 }
 
 #[cfg(test)]

@@ -29,17 +29,15 @@ mod errno;
 mod fs;
 mod inodes;
 
-pub use errno::errno_of;
 pub use fs::{unmount, MountOptions, Mounted, HIDDEN_PREFIX};
-pub use inodes::{child_path, Inodes, ROOT_INO};
 
 use nodekernel_client::Client;
 use std::path::Path;
 
 /// Mounts the NodeKernel directory `opts.root` at `mountpoint`, serving it
 /// from FUSE worker threads that run `client`'s calls on `rt`. The mount
-/// stays until [`Mounted::unmount`], [`unmount`] or an outside unmount
-/// (`nk umount`, `fusermount3 -u`).
+/// stays until [`unmount`] or an outside unmount (`nk umount`,
+/// `fusermount3 -u`); [`Mounted::join`] waits for its end.
 pub fn mount(
     client: Client,
     rt: tokio::runtime::Handle,

@@ -30,6 +30,17 @@ pub fn start_role(args: &[&str], envs: &[(&str, &str)], ready: &str) -> (Child, 
     (child, last)
 }
 
+/// A long-running process, killed when dropped.
+#[allow(dead_code)] // not every test binary keeps processes this way
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// `nk meta --listen 127.0.0.1:0 EXTRA...` and one DRAM `nk store` of
 /// `size` registered with it: (meta, its address, store).
 #[allow(dead_code)] // not every test binary starts a cluster this way
