@@ -34,6 +34,36 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+enum TokenCmd {
+    /// Write a new random cluster token (32 random bytes, in hex) to FILE,
+    /// readable by its owner only; give the file to every server and
+    /// client as `[security] token_file` or NK_TOKEN_FILE
+    New {
+        /// Where to write it; it must not exist yet
+        file: PathBuf,
+    },
+}
+
+/// Writes a fresh token to `file` (created with mode 0600, never
+/// overwritten).
+fn new_token(file: &std::path::Path) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut raw = [0u8; 32];
+    nodekernel_proto::auth::random_bytes(&mut raw);
+    let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(file)
+        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", file.display()))?;
+    f.write_all(format!("{hex}\n").as_bytes())?;
+    println!("wrote a new cluster token to {}", file.display());
+    Ok(())
+}
+
+#[derive(Subcommand)]
 enum Cmd {
     /// Start a whole one-machine cluster (metadata server, DRAM and file storage servers)
     Up(servers::UpArgs),
@@ -158,6 +188,9 @@ enum Cmd {
     Mount(mount::MountArgs),
     /// Unmount what `nk mount` mounted
     Umount(mount::UmountArgs),
+    /// Cluster tokens (`docs/security.md`)
+    #[command(subcommand)]
+    Token(TokenCmd),
     /// Read or change the tiering and placement policy at runtime (every
     /// metadata partition; `docs/tiering.md`)
     #[command(subcommand)]
@@ -308,6 +341,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Bench(a) => return bench::run(cli.client_config()?, a).await,
         Cmd::Mount(a) => return mount::mount(cli.client_config()?, a).await,
         Cmd::Umount(a) => return mount::umount(&a.mountpoint, a.lazy),
+        Cmd::Token(TokenCmd::New { file }) => return new_token(file),
         _ => {}
     }
     let client = match &cli.cmd {
@@ -397,7 +431,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             action: Some(action),
             ..
         }) => resize::run(&client, action).await,
-        Cmd::Bench(_) | Cmd::Mount(_) | Cmd::Umount(_) => unreachable!("handled above"),
+        Cmd::Bench(_) | Cmd::Mount(_) | Cmd::Umount(_) | Cmd::Token(_) => {
+            unreachable!("handled above")
+        }
         Cmd::Up(_) | Cmd::Meta(_) | Cmd::Store(_) => unreachable!("handled above"),
     }
 }

@@ -187,7 +187,7 @@ pub async fn meta(mut cfg: Config, a: &MetaArgs) -> anyhow::Result<()> {
     }
     cfg.validate()?;
     cfg.check_meta_dir()?;
-    let server = MetaServer::start(cfg.meta_config()).await?;
+    let server = MetaServer::start(cfg.meta_config()?).await?;
     println!("metadata server listening on {}", server.local_addr());
     if let Some(a) = server.admin_addr() {
         println!("admin endpoint and dashboard at http://{a}/");

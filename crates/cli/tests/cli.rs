@@ -1047,3 +1047,83 @@ fn bench_zipf_reports_the_share_of_reads_from_dram() {
     );
     up.stop();
 }
+
+#[test]
+fn a_token_file_guards_the_cluster_and_nk_token_new_makes_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    let out = Command::new(NK)
+        .args(["token", "new"])
+        .arg(&token)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta = std::fs::metadata(&token).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let text = std::fs::read_to_string(&token).unwrap();
+    assert!(text.trim().len() == 64 && text.trim().chars().all(|c| c.is_ascii_hexdigit()));
+    // Never overwritten.
+    let again = Command::new(NK)
+        .args(["token", "new"])
+        .arg(&token)
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+    assert_eq!(std::fs::read_to_string(&token).unwrap(), text);
+
+    let cfg = dir.path().join("nk.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[security]\ntoken_file = {:?}\n",
+            token.display().to_string()
+        ),
+    )
+    .unwrap();
+    let cfg_s = cfg.display().to_string();
+    let (meta, addr) = start_role(
+        &["meta", "--listen", "127.0.0.1:0", "--config", &cfg_s],
+        &[],
+        "metadata server listening on",
+    );
+    let _meta = common::Proc(meta);
+    let (store, _) = start_role(
+        &[
+            "store", "--class", "0", "--medium", "dram", "--size", "16MiB", "--config", &cfg_s,
+        ],
+        &[("NK_META", &addr)],
+        "storage server 0",
+    );
+    let _store = common::Proc(store);
+
+    // Without the token: refused, saying what is missing.
+    let out = client(&addr).args(["mkdir", "/d"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("requires the cluster token"), "{err}");
+    // With it (NK_TOKEN_FILE, or the [security] section of the config).
+    let out = client(&addr)
+        .args(["mkdir", "/d"])
+        .env("NK_TOKEN_FILE", &token)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = client(&addr)
+        .args(["ls", "/", "--config", &cfg_s])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains('d'));
+}

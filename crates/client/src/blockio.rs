@@ -125,6 +125,8 @@ pub(crate) struct BlockIo {
     shared_memory: bool,
     timeout: Duration,
     hook: Option<Arc<dyn AccessHook>>,
+    /// Proved to storage servers for their shared memory.
+    token: Option<Arc<nodekernel_rpc::Token>>,
     mapped_reads: AtomicU64,
     mapped_writes: AtomicU64,
     network_reads: AtomicU64,
@@ -138,6 +140,7 @@ impl BlockIo {
         shared_memory: bool,
         timeout: Duration,
         hook: Option<Arc<dyn AccessHook>>,
+        token: Option<Arc<nodekernel_rpc::Token>>,
     ) -> Self {
         BlockIo {
             pool,
@@ -145,6 +148,7 @@ impl BlockIo {
             shared_memory,
             timeout,
             hook,
+            token,
             mapped_reads: AtomicU64::new(0),
             mapped_writes: AtomicU64::new(0),
             network_reads: AtomicU64::new(0),
@@ -192,7 +196,11 @@ impl BlockIo {
             return Ok(Route::Network);
         }
         Ok(
-            match self.local.mapping(&self.pool, addr, self.timeout).await? {
+            match self
+                .local
+                .mapping(&self.pool, addr, self.timeout, self.token.as_ref())
+                .await?
+            {
                 Some(m) => Route::Mapped(m),
                 None => Route::Network,
             },

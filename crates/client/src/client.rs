@@ -35,6 +35,11 @@ pub struct ClientConfig {
     /// Sees every block transfer, mapped ones included (per-block access
     /// statistics, metrics); `None` by default.
     pub access_hook: Option<Arc<dyn AccessHook>>,
+    /// The cluster token this client proves on every connection (to
+    /// metadata and storage servers, and for shared memory); `None` by
+    /// default. [`crate::discover`] reads it from `NK_TOKEN_FILE` or the
+    /// `[security]` section.
+    pub token: Option<Arc<nodekernel_rpc::Token>>,
 }
 
 impl ClientConfig {
@@ -48,6 +53,7 @@ impl ClientConfig {
             unix_sockets: true,
             poll_spin: nodekernel_rpc::default_call_spin(),
             access_hook: None,
+            token: None,
         }
     }
 }
@@ -174,15 +180,20 @@ impl Client {
             timeout: cfg.timeout,
             spin: cfg.poll_spin,
         };
+        let handshake = Arc::new(
+            nodekernel_rpc::VersionHandshake::new(nodekernel_rpc::Role::Client)
+                .with_token(cfg.token.clone()),
+        );
         let io = BlockIo::new(
-            ConnectionPool::with_options(opts),
+            ConnectionPool::with_handshake(opts, handshake.clone()),
             cfg.shared_memory,
             cfg.timeout,
             cfg.access_hook.clone(),
+            cfg.token.clone(),
         );
         let client = Client {
             inner: Arc::new(Inner {
-                pool: ConnectionPool::with_options(opts),
+                pool: ConnectionPool::with_handshake(opts, handshake),
                 routes: cfg
                     .metas
                     .iter()

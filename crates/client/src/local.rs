@@ -4,7 +4,8 @@
 //! map that server's memory: it asks `SHM_INFO` on the data port, connects
 //! to the abstract Unix socket named in the reply (which only works from
 //! the same host and network namespace), receives and validates the memfd
-//! and maps it (see `nodekernel_shm`). Any failure (a file-medium or
+//! and maps it (see `nodekernel_shm`), after answering the server's
+//! challenge with a proof of the cluster token when it has one. Any failure (a file-medium or
 //! non-sharing server, another host, an older server, a bad header) leaves
 //! the address on the network path for the life of the client, logged at
 //! debug level.
@@ -22,7 +23,7 @@
 
 use nodekernel_proto::store::{decode_shm_info, op as store_op};
 use nodekernel_proto::{ErrorCode, Result};
-use nodekernel_rpc::ConnectionPool;
+use nodekernel_rpc::{ConnectionPool, Token};
 use nodekernel_shm::Region;
 use std::collections::HashMap;
 use std::io::Read;
@@ -90,10 +91,13 @@ impl Local {
         pool: &ConnectionPool,
         addr: &str,
         timeout: Duration,
+        token: Option<&Arc<Token>>,
     ) -> Result<Option<Arc<Mapped>>> {
         for _ in 0..2 {
             let slot = self.slots().entry(addr.to_string()).or_default().clone();
-            let known = slot.get_or_try_init(|| probe(pool, addr, timeout)).await?;
+            let known = slot
+                .get_or_try_init(|| probe(pool, addr, timeout, token))
+                .await?;
             match known {
                 None => return Ok(None),
                 Some(m) if m.usable() => return Ok(Some(m.clone())),
@@ -124,6 +128,7 @@ async fn probe(
     pool: &ConnectionPool,
     addr: &str,
     timeout: Duration,
+    token: Option<&Arc<Token>>,
 ) -> Result<Option<Arc<Mapped>>> {
     let name = match pool.call(addr, store_op::SHM_INFO, &[]).await {
         Ok(reply) => match decode_shm_info(&reply) {
@@ -150,7 +155,8 @@ async fn probe(
     }
     let attempt = tokio::task::spawn_blocking({
         let name = name.clone();
-        move || connect(&name, timeout)
+        let token = token.cloned();
+        move || connect(&name, timeout, token.as_deref())
     })
     .await;
     let (region, sock) = match attempt {
@@ -189,12 +195,14 @@ async fn probe(
 fn connect(
     name: &str,
     timeout: Duration,
+    token: Option<&Token>,
 ) -> std::io::Result<(Region, std::os::unix::net::UnixStream)> {
     use std::os::linux::net::SocketAddrExt;
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
     let sock = std::os::unix::net::UnixStream::connect_addr(&addr)?;
     sock.set_read_timeout(Some(timeout))?;
     sock.set_write_timeout(Some(timeout))?;
+    nodekernel_shm::answer_challenge(&sock, |nonce| token.map(|t| t.handover_proof(nonce)))?;
     let region = nodekernel_shm::receive_region(&sock)?;
     Ok((region, sock))
 }

@@ -5,8 +5,11 @@
 
 use crate::ClientConfig;
 use nodekernel_proto::{Error, Result};
+use nodekernel_rpc::auth::MAX_TOKEN_LEN;
+use nodekernel_rpc::{LocalPeers, Security, Token};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Default metadata server address (clients fall back to it).
@@ -69,6 +72,13 @@ impl ClientSection {
     /// Reads the `[client]` section of a configuration file (the other
     /// sections belong to the servers and are not checked here).
     pub fn load(path: &Path) -> Result<ClientSection> {
+        Ok(load_sections(path)?.0)
+    }
+}
+
+/// The `[client]` and `[security]` sections of a configuration file.
+fn load_sections(path: &Path) -> Result<(ClientSection, SecuritySection)> {
+    {
         let bad = |m: String| Error::invalid_argument(format!("{}: {m}", path.display()));
         let file = std::fs::File::open(path).map_err(|e| bad(format!("cannot read: {e}")))?;
         let mut text = String::new();
@@ -81,13 +91,131 @@ impl ClientSection {
             return Err(bad(format!("larger than {MAX_CONFIG_FILE} bytes")));
         }
         let mut table: toml::Table = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
-        match table.remove("client") {
-            None => Ok(ClientSection::default()),
+        let client = match table.remove("client") {
+            None => ClientSection::default(),
             Some(v) => v
                 .try_into()
-                .map_err(|e: toml::de::Error| bad(format!("[client]: {e}"))),
-        }
+                .map_err(|e: toml::de::Error| bad(format!("[client]: {e}")))?,
+        };
+        let security = match table.remove("security") {
+            None => SecuritySection::default(),
+            Some(v) => v
+                .try_into()
+                .map_err(|e: toml::de::Error| bad(format!("[security]: {e}")))?,
+        };
+        Ok((client, security))
     }
+}
+
+/// The `[security]` section of the configuration file, read by every role
+/// (`docs/security.md`). Unknown keys are rejected, naming the key.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SecuritySection {
+    /// The cluster token itself (prefer `token_file`: a configuration file
+    /// is often readable by more people than a secret should be).
+    pub token: Option<String>,
+    /// A file holding the cluster token (surrounding whitespace ignored).
+    pub token_file: Option<PathBuf>,
+    /// A file holding the previous token, still accepted from peers while
+    /// a new one is rolled out.
+    pub previous_token_file: Option<PathBuf>,
+    /// A group (name or number) whose members may also use the servers'
+    /// Unix sockets; by default only the servers' user and root may.
+    pub unix_group: Option<String>,
+}
+
+/// Reads a secret from `path`: at most [`MAX_TOKEN_LEN`] bytes,
+/// surrounding whitespace removed. A file others may read is used with a
+/// warning.
+fn read_secret(path: &Path) -> Result<Vec<u8>> {
+    use std::os::unix::fs::MetadataExt;
+    let bad = |m: String| Error::invalid_argument(format!("token file {}: {m}", path.display()));
+    let meta = std::fs::metadata(path).map_err(|e| bad(format!("cannot read: {e}")))?;
+    if meta.len() > (MAX_TOKEN_LEN as u64) * 2 {
+        return Err(bad(format!("larger than {} bytes", MAX_TOKEN_LEN * 2)));
+    }
+    if meta.mode() & 0o077 != 0 {
+        tracing::warn!(
+            "token file {} may be read by other users (mode {:o}); chmod 600 it",
+            path.display(),
+            meta.mode() & 0o777
+        );
+    }
+    let bytes = std::fs::read(path).map_err(|e| bad(format!("cannot read: {e}")))?;
+    Ok(bytes.trim_ascii().to_vec())
+}
+
+impl SecuritySection {
+    /// The cluster token these settings name (`NK_TOKEN_FILE` wins over
+    /// them), if any: the files are read and the token checked here.
+    pub fn token(&self) -> Result<Option<Arc<Token>>> {
+        let env_file = std::env::var_os("NK_TOKEN_FILE").map(PathBuf::from);
+        let current = match (&env_file, &self.token_file, &self.token) {
+            (Some(f), _, _) => Some((read_secret(f)?, format!("token file {}", f.display()))),
+            (None, Some(_), Some(_)) => {
+                return Err(Error::invalid_argument(
+                    "[security]: give token or token_file, not both",
+                ))
+            }
+            (None, Some(f), None) => Some((read_secret(f)?, format!("token file {}", f.display()))),
+            (None, None, Some(t)) => {
+                Some((t.trim().as_bytes().to_vec(), "[security] token".into()))
+            }
+            (None, None, None) => None,
+        };
+        let Some((secret, what)) = current else {
+            if self.previous_token_file.is_some() {
+                return Err(Error::invalid_argument(
+                    "[security]: previous_token_file needs a current token (token_file)",
+                ));
+            }
+            return Ok(None);
+        };
+        let mut token = Token::new(&secret, &what)?;
+        if let Some(f) = &self.previous_token_file {
+            token = token.accepting(&read_secret(f)?, &format!("token file {}", f.display()))?;
+        }
+        Ok(Some(Arc::new(token)))
+    }
+
+    /// Who may use the servers' Unix sockets: root, the servers' user and
+    /// the members of `unix_group`.
+    pub fn local_peers(&self) -> Result<LocalPeers> {
+        let owner = LocalPeers::owner();
+        let Some(g) = &self.unix_group else {
+            return Ok(owner);
+        };
+        Ok(owner.with_group(Some(group_id(g)?)))
+    }
+
+    /// Both, for a server.
+    pub fn load(&self) -> Result<Security> {
+        Ok(Security {
+            token: self.token()?,
+            local_peers: self.local_peers()?,
+        })
+    }
+}
+
+/// The number of group `name` (a number is taken as it is).
+fn group_id(name: &str) -> Result<u32> {
+    if let Ok(n) = name.parse::<u32>() {
+        return Ok(n);
+    }
+    let bad = || Error::invalid_argument(format!("[security] unix_group: no group named {name:?}"));
+    let c = std::ffi::CString::new(name).map_err(|_| bad())?;
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    let mut out: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: getgrnam_r writes the entry into `grp` and its strings into
+    // `buf` (of the length given), and a pointer to `grp` or null into `out`.
+    let rc =
+        unsafe { libc::getgrnam_r(c.as_ptr(), &mut grp, buf.as_mut_ptr(), buf.len(), &mut out) };
+    if rc != 0 || out.is_null() {
+        return Err(bad());
+    }
+    Ok(grp.gr_gid)
 }
 
 /// Splits a comma-separated list of metadata server addresses.
@@ -106,11 +234,12 @@ pub fn parse_meta_list(list: &str) -> Vec<String> {
 pub fn discover(meta: Option<&str>, config_file: Option<&Path>) -> Result<ClientConfig> {
     let env_file = std::env::var_os("NK_CONFIG").map(PathBuf::from);
     let file = config_file.map(Path::to_path_buf).or(env_file);
-    let section = match &file {
-        Some(f) => ClientSection::load(f)?,
-        None => ClientSection::default(),
+    let (section, security) = match &file {
+        Some(f) => load_sections(f)?,
+        None => Default::default(),
     };
     let mut c = section.to_config();
+    c.token = security.token()?;
     let env_meta = std::env::var("NK_META").ok();
     if let Some(list) = meta.or(env_meta.as_deref()) {
         let metas = parse_meta_list(list);

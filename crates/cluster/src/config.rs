@@ -13,7 +13,7 @@ use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use nodekernel_client::{ClientSection, DEFAULT_META};
+pub use nodekernel_client::{ClientSection, SecuritySection, DEFAULT_META};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -58,6 +58,9 @@ pub struct Config {
     /// default DRAM + file pair when the list is not empty).
     pub store: Vec<StoreSection>,
     pub up: UpSection,
+    /// The cluster token and who may use the local sockets
+    /// (`docs/security.md`).
+    pub security: SecuritySection,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -311,6 +314,7 @@ impl Config {
     /// Checks values that the types alone do not.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.tiering()?;
+        self.security()?;
         for (i, c) in self.class.iter().enumerate() {
             if c.id == nodekernel_proto::NO_CLASS {
                 return Err(bad(
@@ -450,8 +454,13 @@ impl Config {
         Ok(())
     }
 
-    pub fn meta_config(&self) -> MetaConfig {
-        MetaConfig {
+    /// Who the servers let in: the token files are read here.
+    pub fn security(&self) -> Result<nodekernel_rpc::Security, ConfigError> {
+        self.security.load().map_err(|e| bad("security", e.message))
+    }
+
+    pub fn meta_config(&self) -> Result<MetaConfig, ConfigError> {
+        Ok(MetaConfig {
             listen: self.meta.listen.clone(),
             block_size: self.meta.block_size.0 as u32,
             lease_timeout: Duration::from_millis(self.meta.lease_timeout_ms),
@@ -471,7 +480,8 @@ impl Config {
                 .tiering()
                 .expect("validate checks the tiering settings"),
             admin: admin_addr(&self.meta.admin),
-        }
+            security: self.security()?,
+        })
     }
 
     /// The tiering settings of `[meta]` and `[[class]]`, checked by the
@@ -594,6 +604,8 @@ impl Config {
             .collect()
     }
 
+    /// The `[client]` settings (without the token: a running cluster's
+    /// [`crate::LocalCluster::client_config`] has it).
     pub fn client_config(&self) -> ClientConfig {
         self.client.to_config()
     }
@@ -697,6 +709,7 @@ impl Config {
             poll_spin: spin(s.poll_spin_us),
             persistent: self.store_persistent(s, up_dir.is_some()),
             admin: admin_addr(&s.admin),
+            security: self.security()?,
             dynamic: s
                 .dynamic
                 .then(|| nodekernel_store::capacity::DynamicCapacity {
@@ -760,8 +773,8 @@ mod tests {
         assert!(!c.client_config().shared_memory);
         assert!(!c.client_config().unix_sockets);
         assert_eq!(c.client_config().poll_spin, Duration::ZERO);
-        assert!(!c.meta_config().unix_socket);
-        assert_eq!(c.meta_config().poll_spin, Duration::from_micros(7));
+        assert!(!c.meta_config().unwrap().unix_socket);
+        assert_eq!(c.meta_config().unwrap().poll_spin, Duration::from_micros(7));
         let sc = c.store_config(0, &c.store[0], vec![]).unwrap();
         assert!(!sc.shared_memory);
         assert_eq!(sc.poll_spin, Duration::from_micros(3));
@@ -783,7 +796,10 @@ mod tests {
             c.client_config().poll_spin,
             nodekernel_rpc::default_call_spin()
         );
-        assert_eq!(c.meta_config().poll_spin, nodekernel_rpc::default_spin());
+        assert_eq!(
+            c.meta_config().unwrap().poll_spin,
+            nodekernel_rpc::default_spin()
+        );
         if std::env::var_os("NK_POLL_SPIN_US").is_none() {
             assert_eq!(
                 nodekernel_rpc::default_call_spin(),

@@ -50,6 +50,8 @@ pub struct LocalCluster {
     pub config: Config,
     pub meta: MetaServer,
     pub stores: Vec<StorageServer>,
+    /// The cluster token its servers prove and require (`[security]`).
+    token: Option<std::sync::Arc<nodekernel_rpc::Token>>,
     /// The section each of `stores` was started from.
     sections: Vec<StoreSection>,
     /// The locked data directory (`up.data_dir` or a fresh private one).
@@ -77,15 +79,17 @@ impl LocalCluster {
         }
         .map_err(ClusterError::DataDir)?;
         // On failure from here on, `dir` drops unstarted and undoes itself.
-        let mut meta_cfg = config.meta_config();
+        let mut meta_cfg = config.meta_config()?;
         meta_cfg.persistence = config.meta_persistence(Some(&dir.path().join("meta")));
         if config.meta.expect_servers.is_none() {
             meta_cfg.placement.expected_servers = config.up_stores().len() as u32;
         }
+        let token = meta_cfg.security.token.clone();
         let meta = MetaServer::start(meta_cfg).await?;
         let mut cluster = LocalCluster {
             config,
             meta,
+            token,
             stores: Vec::new(),
             sections: Vec::new(),
             dir,
@@ -177,6 +181,7 @@ impl LocalCluster {
     pub fn client_config(&self) -> ClientConfig {
         let mut c = self.config.client_config();
         c.metas = vec![self.meta_addr().to_string()];
+        c.token = self.token.clone();
         c
     }
 

@@ -29,7 +29,7 @@ async fn persistent(dram: u64, tweak: impl FnOnce(&mut Config)) -> TestCluster {
 fn stop_meta(t: &TestCluster) -> MetaConfig {
     let addr = t.cluster.meta_addr();
     t.cluster.meta.shutdown();
-    let mut cfg = t.cluster.config.meta_config();
+    let mut cfg = t.cluster.config.meta_config().unwrap();
     cfg.listen = addr.to_string();
     cfg.persistence = t
         .cluster

@@ -19,6 +19,7 @@ pub fn errno_of(e: &Error) -> i32 {
         ErrorCode::CrossPartition => libc::EXDEV,
         ErrorCode::InvalidArgument => libc::EINVAL,
         ErrorCode::TryAgain => libc::EAGAIN,
+        ErrorCode::Unauthenticated => libc::EACCES,
         ErrorCode::Unavailable
         | ErrorCode::DataLost
         | ErrorCode::Timeout

@@ -34,7 +34,8 @@ use nodekernel_proto::store::{Claim, StoreRequest, MAX_CLAIM_BATCH};
 use nodekernel_proto::Result;
 use nodekernel_proto::{Error, LogStatus};
 use nodekernel_rpc::{
-    bind_abstract_unix, serve_unix, serve_with, ConnectionPool, Handler, ServeOptions, ServerHandle,
+    bind_abstract_unix, serve_unix, serve_with, ConnOptions, ConnectionPool, Handler, Role,
+    ServeOptions, ServerHandle, ServerHandshake, VersionHandshake,
 };
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -85,6 +86,10 @@ pub struct MetaConfig {
     /// Address of the admin HTTP endpoint (`/metrics`, `/status`,
     /// `/healthz`, `/readyz`, the dashboard); `None`: none.
     pub admin: Option<String>,
+    /// Who may connect: the cluster token every connection (in and out)
+    /// proves, and the local users of the Unix socket. Default: no token,
+    /// the server's own user.
+    pub security: nodekernel_rpc::Security,
 }
 
 /// Where and how a persistent metadata server keeps its operation log.
@@ -132,6 +137,7 @@ impl Default for MetaConfig {
             persistence: None,
             tiering: crate::tier::TierSettings::default(),
             admin: None,
+            security: Default::default(),
         }
     }
 }
@@ -163,6 +169,8 @@ pub(crate) struct MetaHandler {
     stores: ConnectionPool,
     /// Connections to storage servers for block copies (longer bound).
     copies: ConnectionPool,
+    /// Every connection's handshake (the token, when there is one).
+    handshake: Arc<VersionHandshake>,
     claim_timeout: Duration,
     /// Claims not acknowledged yet, by storage server address.
     pending: Mutex<BTreeMap<String, Vec<BlockClaim>>>,
@@ -609,6 +617,10 @@ async fn deliver(pool: &ConnectionPool, addr: &str, claims: &[BlockClaim]) -> Re
 }
 
 impl Handler for MetaHandler {
+    fn handshake(&self) -> Arc<dyn ServerHandshake> {
+        self.handshake.clone()
+    }
+
     async fn handle(&self, op: u16, payload: Bytes, out: &mut BytesMut) -> Result<()> {
         let started = Instant::now();
         let result = self.serve(op, payload, out).await;
@@ -730,8 +742,14 @@ impl MetaServer {
         let handler = Arc::new(MetaHandler {
             state: Mutex::new(state),
             epoch: Instant::now(),
-            stores: ConnectionPool::new(cfg.claim_timeout),
-            copies: ConnectionPool::new(cfg.dead_after.min(Duration::from_secs(5))),
+            stores: cfg
+                .security
+                .pool(Role::MetaServer, ConnOptions::new(cfg.claim_timeout)),
+            copies: cfg.security.pool(
+                Role::MetaServer,
+                ConnOptions::new(cfg.dead_after.min(Duration::from_secs(5))),
+            ),
+            handshake: cfg.security.handshake(Role::MetaServer),
             claim_timeout: cfg.claim_timeout,
             pending: Mutex::new(BTreeMap::new()),
             reap: Notify::new(),
@@ -745,6 +763,7 @@ impl MetaServer {
         });
         let opts = ServeOptions {
             spin: cfg.poll_spin,
+            local_peers: cfg.security.local_peers,
             ..ServeOptions::default()
         };
         let handle = serve_with(listener, handler.clone(), opts)?;

@@ -40,11 +40,16 @@ pub enum ErrorCode {
     WrongPartition = 20,
     /// The two ends of a connection speak different wire versions.
     VersionMismatch = 21,
+    /// The peer could not prove it may do this: a connection without the
+    /// cluster token or with a wrong one, a local peer running as a user
+    /// the server does not accept, a data-plane request without a valid
+    /// capability.
+    Unauthenticated = 22,
 }
 
 impl ErrorCode {
     /// All codes, in numeric order (used by bindings and tests).
-    pub const ALL: [ErrorCode; 21] = [
+    pub const ALL: [ErrorCode; 22] = [
         ErrorCode::NotFound,
         ErrorCode::AlreadyExists,
         ErrorCode::NotEmpty,
@@ -66,6 +71,7 @@ impl ErrorCode {
         ErrorCode::TryAgain,
         ErrorCode::WrongPartition,
         ErrorCode::VersionMismatch,
+        ErrorCode::Unauthenticated,
     ];
 
     pub fn from_u16(v: u16) -> Option<ErrorCode> {
@@ -96,6 +102,7 @@ impl ErrorCode {
             ErrorCode::TryAgain => "TryAgain",
             ErrorCode::WrongPartition => "WrongPartition",
             ErrorCode::VersionMismatch => "VersionMismatch",
+            ErrorCode::Unauthenticated => "Unauthenticated",
         }
     }
 }
@@ -144,6 +151,7 @@ ctor! {
     try_again => TryAgain,
     wrong_partition => WrongPartition,
     version_mismatch => VersionMismatch,
+    unauthenticated => Unauthenticated,
 }
 
 impl Error {

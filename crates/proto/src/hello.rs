@@ -39,6 +39,15 @@ pub const HELLO_MAGIC: [u8; 6] = *b"NKWIRE";
 /// The wire version this build speaks. Bumped on any incompatible change to
 /// a message's layout or meaning.
 pub const WIRE_VERSION: u16 = 9;
+/// The frame kind of the client's proof of the cluster token, the frame
+/// after the HELLO exchange when the server's HELLO carries a nonce
+/// (`nodekernel_rpc::auth` has the exchange). Its answer, with id
+/// [`HELLO_ID`], carries the server's proof.
+pub const AUTH_KIND: u16 = 0xFFFE;
+/// Bytes of a HELLO's authentication nonce.
+pub const NONCE_LEN: usize = 32;
+/// Tag of the `ext` entry that carries an authentication nonce.
+const EXT_NONCE: u8 = 1;
 /// Largest extension field a HELLO may carry.
 pub const MAX_HELLO_EXT_LEN: usize = 4096;
 /// Largest HELLO payload (magic, version, role, extension).
@@ -113,6 +122,36 @@ impl Hello {
         }
     }
 
+    /// This HELLO with an authentication nonce in its extension: the
+    /// sender holds a cluster token and will prove it.
+    pub fn with_nonce(mut self, nonce: [u8; NONCE_LEN]) -> Hello {
+        self.ext.push(EXT_NONCE);
+        self.ext
+            .extend_from_slice(&(NONCE_LEN as u16).to_le_bytes());
+        self.ext.extend_from_slice(&nonce);
+        self
+    }
+
+    /// The authentication nonce of the extension, if it has one. The
+    /// extension is a list of entries (tag `u8`, length `u16`, value);
+    /// entries of tags this version does not know are skipped, and a list
+    /// that does not add up is a `Protocol` error.
+    pub fn nonce(&self) -> Result<Option<[u8; NONCE_LEN]>> {
+        let mut d = Dec::new(&self.ext, "HELLO extension");
+        let mut found = None;
+        while d.remaining() > 0 {
+            let tag = d.u8()?;
+            let len = d.u16()? as usize;
+            let value = d.take(len)?;
+            if tag == EXT_NONCE {
+                found = Some(value.try_into().map_err(|_| {
+                    Error::protocol(format!("a HELLO nonce of {len} bytes (it has {NONCE_LEN})"))
+                })?);
+            }
+        }
+        Ok(found)
+    }
+
     /// Appends the payload; fails if the extension is over
     /// [`MAX_HELLO_EXT_LEN`].
     pub fn encode(&self, out: &mut BytesMut) -> Result<()> {
@@ -179,6 +218,28 @@ mod tests {
             h.encode(&mut b).unwrap();
             assert_eq!(&b[..6], b"NKWIRE");
             assert_eq!(Hello::decode(&b).unwrap(), h);
+        }
+    }
+
+    #[test]
+    fn nonces_ride_in_the_extension_and_unknown_entries_are_skipped() {
+        assert_eq!(Hello::new(Role::Client).nonce().unwrap(), None);
+        let h = Hello::new(Role::Client).with_nonce([7; NONCE_LEN]);
+        let mut b = BytesMut::new();
+        h.encode(&mut b).unwrap();
+        assert_eq!(
+            Hello::decode(&b).unwrap().nonce().unwrap(),
+            Some([7; NONCE_LEN])
+        );
+        // A newer peer's entry before it is skipped.
+        let mut ext = vec![9, 2, 0, 0xAA, 0xBB];
+        ext.extend_from_slice(&h.ext);
+        let h2 = Hello { ext, ..h.clone() };
+        assert_eq!(h2.nonce().unwrap(), Some([7; NONCE_LEN]));
+        // Entries that do not add up, and a nonce of the wrong size.
+        for ext in [vec![1], vec![1, 5, 0, 1], vec![1, 1, 0, 3]] {
+            let bad = Hello { ext, ..h.clone() };
+            assert_eq!(bad.nonce().unwrap_err().code, ErrorCode::Protocol);
         }
     }
 

@@ -6,6 +6,7 @@
 //! bytes actually present before allocating, never recurses, and reports
 //! malformed input as `Protocol` errors ([`ErrorCode::Protocol`]) instead of panicking.
 
+pub mod auth;
 pub mod codec;
 pub mod error;
 pub mod frame;

@@ -33,6 +33,7 @@ BUILTIN = {
     "TryAgain": (BlockingIOError, errno.EAGAIN),
     "WrongPartition": (Exception, None),
     "VersionMismatch": (ConnectionError, errno.EPROTO),
+    "Unauthenticated": (PermissionError, errno.EACCES),
 }
 
 

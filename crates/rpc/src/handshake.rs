@@ -9,8 +9,8 @@
 //! [`ServeOptions::handshake_timeout`](crate::ServeOptions::handshake_timeout).
 //! Both get a [`HandshakeIo`] that sends and receives whole frames of at most
 //! [`MAX_HANDSHAKE_PAYLOAD`] bytes, and may exchange as many as they need:
-//! this is where authentication (a challenge and response over a cluster
-//! token) and TLS will plug in.
+//! the cluster-token proof ([`crate::auth`]) runs here, and TLS will plug in
+//! here too.
 //!
 //! The default on both ends is [`VersionHandshake`]: one HELLO each way
 //! ([`nodekernel_proto::hello`]), and the connection is refused unless both
@@ -22,13 +22,17 @@
 //! the transport answers that frame with the error (so an old client that
 //! sends a request first gets an error reply), then closes the connection.
 
+use crate::auth::Token;
 use crate::limits::MAX_HANDSHAKE_PAYLOAD;
 use crate::transport::Stream;
 use bytes::{Buf, Bytes, BytesMut};
 use futures::future::BoxFuture;
 use nodekernel_proto::frame::STATUS_OK;
-use nodekernel_proto::hello::{Hello, Role, HELLO_ID, HELLO_KIND, WIRE_VERSION};
+use nodekernel_proto::hello::{
+    Hello, Role, AUTH_KIND, HELLO_ID, HELLO_KIND, NONCE_LEN, WIRE_VERSION,
+};
 use nodekernel_proto::{Error, ErrorCode, FrameHeader, Result, HEADER_LEN};
+use std::sync::Arc;
 
 /// What a handshake learnt about the other end.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -190,11 +194,13 @@ impl HandshakeIo {
 }
 
 /// The default handshake on both ends: one HELLO each way and the same wire
-/// version required of both.
+/// version required of both; with a cluster [`Token`], each end also
+/// proves the token to the other ([`crate::auth`]).
 #[derive(Debug, Clone)]
 pub struct VersionHandshake {
     role: Role,
     version: u16,
+    token: Option<Arc<Token>>,
 }
 
 impl VersionHandshake {
@@ -203,6 +209,7 @@ impl VersionHandshake {
         VersionHandshake {
             role,
             version: WIRE_VERSION,
+            token: None,
         }
     }
 
@@ -210,22 +217,36 @@ impl VersionHandshake {
     /// versions are treated).
     #[doc(hidden)]
     pub fn speaking(role: Role, version: u16) -> VersionHandshake {
-        VersionHandshake { role, version }
+        VersionHandshake {
+            version,
+            ..VersionHandshake::new(role)
+        }
     }
 
-    fn hello(&self) -> Result<BytesMut> {
-        let mut b = BytesMut::new();
-        Hello {
+    /// This handshake proving `token` (and requiring the peer to prove it);
+    /// `None` leaves it without one.
+    pub fn with_token(mut self, token: Option<Arc<Token>>) -> VersionHandshake {
+        self.token = token;
+        self
+    }
+
+    fn hello(&self, nonce: Option<[u8; NONCE_LEN]>) -> Result<BytesMut> {
+        let mut hello = Hello {
             version: self.version,
             role: self.role,
             ext: Vec::new(),
+        };
+        if let Some(n) = nonce {
+            hello = hello.with_nonce(n);
         }
-        .encode(&mut b)?;
+        let mut b = BytesMut::new();
+        hello.encode(&mut b)?;
         Ok(b)
     }
 
     async fn client(&self, io: &mut HandshakeIo) -> Result<PeerInfo> {
-        io.send(HELLO_ID, HELLO_KIND, &self.hello()?).await?;
+        let ours = self.token.as_ref().map(|_| Token::nonce());
+        io.send(HELLO_ID, HELLO_KIND, &self.hello(ours)?).await?;
         let answer = io.recv().await?;
         let peer = io.peer().to_string();
         if answer.id != HELLO_ID {
@@ -246,10 +267,7 @@ impl VersionHandshake {
                     self.version, e.message
                 )));
             }
-            return Err(Error::new(
-                e.code,
-                format!("the server at {peer} refused the connection: {}", e.message),
-            ));
+            return Err(refused(&peer, e));
         }
         let theirs = Hello::decode(&answer.payload).map_err(|e| {
             Error::protocol(format!(
@@ -264,10 +282,38 @@ impl VersionHandshake {
                 self.version, theirs.version
             )));
         }
-        Ok(PeerInfo {
+        let info = PeerInfo {
             version: theirs.version,
             role: theirs.role,
-        })
+        };
+        let (Some(token), Some(ours)) = (&self.token, ours) else {
+            return Ok(info);
+        };
+        let Some(nonce) = theirs.nonce()? else {
+            return Err(Error::unauthenticated(format!(
+                "the {} at {peer} does not authenticate connections (it has no cluster token \
+                 configured) but this end has one, so it cannot tell the server belongs to \
+                 the cluster: configure the same [security] token there",
+                theirs.role
+            )));
+        };
+        io.send(HELLO_ID, AUTH_KIND, &token.client_proof(&nonce, &ours))
+            .await?;
+        let answer = io.recv().await?;
+        if answer.kind != STATUS_OK {
+            return Err(refused(
+                &peer,
+                Error::from_wire(answer.kind, &answer.payload),
+            ));
+        }
+        if !token.check_server(&ours, &nonce, &answer.payload) {
+            return Err(Error::unauthenticated(format!(
+                "the {} at {peer} did not prove the cluster token: it belongs to another \
+                 cluster, or impersonates a member of this one",
+                theirs.role
+            )));
+        }
+        Ok(info)
     }
 
     async fn server(&self, io: &mut HandshakeIo) -> Result<PeerInfo> {
@@ -281,10 +327,25 @@ impl VersionHandshake {
             )));
         }
         let theirs = Hello::decode(&first.payload)?;
+        let same_version = theirs.version == self.version;
+        let peer_nonce = if same_version { theirs.nonce()? } else { None };
+        if self.token.is_some() && same_version && peer_nonce.is_none() {
+            tracing::warn!(
+                "refused a connection from {} ({}): it offered no proof of the cluster token",
+                io.peer(),
+                theirs.role
+            );
+            // Not answered here: the transport answers the HELLO with this.
+            return Err(Error::unauthenticated(
+                "this server requires the cluster token: give the client the cluster's token \
+                 ([security] token_file in its configuration, or NK_TOKEN_FILE)",
+            ));
+        }
+        let ours = self.token.as_ref().map(|_| Token::nonce());
         // Answered with our version even when it differs: the client then
         // names both versions in its own error.
-        io.send(HELLO_ID, STATUS_OK, &self.hello()?).await?;
-        if theirs.version != self.version {
+        io.send(HELLO_ID, STATUS_OK, &self.hello(ours)?).await?;
+        if !same_version {
             tracing::warn!(
                 "refused a connection from {} ({}): it speaks NodeKernel wire version {}, \
                  this server speaks version {}",
@@ -302,11 +363,46 @@ impl VersionHandshake {
                 self.version
             )));
         }
+        if let (Some(token), Some(ours), Some(theirs_nonce)) = (&self.token, ours, peer_nonce) {
+            let proof = io.recv().await?;
+            if proof.kind != AUTH_KIND || proof.id != HELLO_ID {
+                return Err(Error::protocol(format!(
+                    "expected the proof of the cluster token (kind {AUTH_KIND:#x}, id \
+                     {HELLO_ID}) after the HELLO, not kind {} with id {}",
+                    proof.kind, proof.id
+                )));
+            }
+            let Some(key) = token.check_client(&ours, &theirs_nonce, &proof.payload) else {
+                tracing::warn!(
+                    "refused a connection from {} ({}): wrong cluster token",
+                    io.peer(),
+                    theirs.role
+                );
+                return Err(Error::unauthenticated(
+                    "wrong cluster token: this server does not accept the token the client \
+                     proved",
+                ));
+            };
+            io.send(
+                HELLO_ID,
+                STATUS_OK,
+                &token.server_proof(key, &theirs_nonce, &ours),
+            )
+            .await?;
+        }
         Ok(PeerInfo {
             version: theirs.version,
             role: theirs.role,
         })
     }
+}
+
+/// A server's refusal `e`, as the client reports it.
+fn refused(peer: &str, e: Error) -> Error {
+    Error::new(
+        e.code,
+        format!("the server at {peer} refused the connection: {}", e.message),
+    )
 }
 
 impl ClientHandshake for VersionHandshake {

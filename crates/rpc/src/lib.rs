@@ -18,13 +18,17 @@
 //! oversized or undersized length) gets an error reply and the connection is
 //! closed, because the byte stream can no longer be trusted.
 
+pub mod auth;
 mod client;
 pub mod handshake;
 pub mod limits;
 mod server;
 pub mod spin;
+#[doc(hidden)]
+pub mod testing;
 mod transport;
 
+pub use auth::{Security, Token};
 pub use client::{default_client_handshake, ConnOptions, Connection, ConnectionPool, ReplyCopies};
 pub use handshake::{
     ClientHandshake, HandshakeFrame, HandshakeIo, PeerInfo, ServerHandshake, VersionHandshake,
@@ -34,7 +38,7 @@ pub use server::{
     serve, serve_unix, serve_with, DirectSink, Handler, Reply, ServeOptions, ServerHandle,
     SharedBody, DIRECT_MIN,
 };
-pub use transport::{abstract_unix_addr, bind_abstract_unix, bind_unix, UNIX_PREFIX};
+pub use transport::{abstract_unix_addr, bind_abstract_unix, bind_unix, LocalPeers, UNIX_PREFIX};
 
 /// Busy-poll budget of an idle server connection waiting for its next
 /// request, when a setting does not say otherwise: 50 µs, or

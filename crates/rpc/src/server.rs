@@ -15,7 +15,7 @@ use crate::limits::{
     RECV_SHRINK_AFTER, REPLY_BUF,
 };
 use crate::spin::{Spin, SpinStats};
-use crate::transport::{Listener, ReadHalf, Stream};
+use crate::transport::{Listener, LocalPeers, ReadHalf, Stream};
 use bytes::{Buf, Bytes, BytesMut};
 use futures::future::Either;
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -205,6 +205,10 @@ pub struct ServeOptions {
     pub frame_timeout: Duration,
     /// A new connection must finish its handshake within this time.
     pub handshake_timeout: Duration,
+    /// Who may connect over a Unix socket (not checked for TCP): a peer
+    /// refused is answered with an `Unauthenticated` error and closed
+    /// before its first frame is read.
+    pub local_peers: LocalPeers,
 }
 
 impl Default for ServeOptions {
@@ -216,6 +220,7 @@ impl Default for ServeOptions {
             max_requests: MAX_REQUESTS,
             frame_timeout: FRAME_TIMEOUT,
             handshake_timeout: HANDSHAKE_TIMEOUT,
+            local_peers: LocalPeers::owner(),
         }
     }
 }
@@ -458,6 +463,7 @@ fn serve_listener<H: Handler>(
         let mut conns = JoinSet::new();
         let mut next_id = 0u64;
         let mut refusals = RateLimited::default();
+        let mut local_refusals = RateLimited::default();
         let mut accept_errors = RateLimited::default();
         loop {
             tokio::select! {
@@ -475,8 +481,26 @@ fn serve_listener<H: Handler>(
                                      refused since the last warning"
                                 );
                             }
-                            refuse_at_once(&stream, opts.max_connections);
+                            refuse_at_once(&stream, &Error::unavailable(format!(
+                                "the server has {} open connections, its limit; try again later",
+                                opts.max_connections
+                            )));
                             continue;
+                        }
+                        if let Stream::Unix(_) = stream {
+                            if let Err(why) = opts.local_peers.check(stream.raw_fd()) {
+                                st.refused.fetch_add(1, Ordering::Relaxed);
+                                if let Some(suppressed) = local_refusals.allow() {
+                                    tracing::warn!(
+                                        "refused a local connection: {why}; {suppressed} more \
+                                         refused since the last warning"
+                                    );
+                                }
+                                refuse_at_once(&stream, &Error::unauthenticated(format!(
+                                    "refused: {why}"
+                                )));
+                                continue;
+                            }
                         }
                         let Ok(dup) = stream.dup() else {
                             continue; // out of descriptors: drop this connection
@@ -520,17 +544,12 @@ fn serve_listener<H: Handler>(
     })
 }
 
-/// Tells a connection over the limit why it is closed (if the socket takes
-/// the few bytes at once) and drops it.
-fn refuse_at_once(stream: &Stream, limit: usize) {
+/// Tells a connection refused before its handshake why it is closed (if
+/// the socket takes the few bytes at once: an error reply to the HELLO's
+/// id) and drops it.
+fn refuse_at_once(stream: &Stream, why: &Error) {
     let mut out = BytesMut::new();
-    push_error(
-        &mut out,
-        0,
-        &Error::unavailable(format!(
-            "the server has {limit} open connections, its limit; try again later"
-        )),
-    );
+    push_error(&mut out, 0, why);
     let fd = stream.raw_fd();
     // SAFETY: send reads `out.len()` bytes from a live buffer; `fd` is the
     // open socket `stream` owns. MSG_DONTWAIT: never blocks the accept

@@ -159,6 +159,97 @@ impl ReadHalf {
     }
 }
 
+/// Who may connect to a server's Unix sockets: root, the server's own user,
+/// and members of one configured group. A peer is known by the kernel's
+/// record of its credentials when it connected (`SO_PEERCRED`, and
+/// `SO_PEERGROUPS` for its supplementary groups), which it cannot forge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalPeers {
+    pub uid: u32,
+    pub gid: Option<u32>,
+}
+
+impl LocalPeers {
+    /// Root and the user this process runs as.
+    pub fn owner() -> LocalPeers {
+        LocalPeers {
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            uid: unsafe { libc::geteuid() },
+            gid: None,
+        }
+    }
+
+    /// These peers and the members of group `gid`.
+    pub fn with_group(self, gid: Option<u32>) -> LocalPeers {
+        LocalPeers { gid, ..self }
+    }
+
+    /// Whether the peer of the Unix socket `fd` may connect; the refusal
+    /// says who the peer is.
+    pub fn check(&self, fd: RawFd) -> Result<(), String> {
+        let mut cred = libc::ucred {
+            pid: 0,
+            uid: 0,
+            gid: 0,
+        };
+        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into the live local.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_PEERCRED,
+                (&mut cred as *mut libc::ucred).cast(),
+                &mut len,
+            )
+        };
+        if rc != 0 {
+            return Err(format!(
+                "the peer's credentials are unknown: {}",
+                io::Error::last_os_error()
+            ));
+        }
+        if cred.uid == 0 || cred.uid == self.uid {
+            return Ok(());
+        }
+        if let Some(g) = self.gid {
+            if cred.gid == g || peer_groups(fd).contains(&g) {
+                return Ok(());
+            }
+        }
+        Err(format!(
+            "process {} runs as user {} (group {}); this server's local sockets accept only \
+             user {}{} and root",
+            cred.pid,
+            cred.uid,
+            cred.gid,
+            self.uid,
+            self.gid.map(|g| format!(", group {g}")).unwrap_or_default()
+        ))
+    }
+}
+
+/// The supplementary groups of the peer of `fd` (empty when unknown).
+fn peer_groups(fd: RawFd) -> Vec<u32> {
+    let mut groups = vec![0 as libc::gid_t; 256];
+    let mut len = (groups.len() * std::mem::size_of::<libc::gid_t>()) as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `groups`.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERGROUPS,
+            groups.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Vec::new();
+    }
+    groups.truncate(len as usize / std::mem::size_of::<libc::gid_t>());
+    groups
+}
+
 /// A listening socket of either kind.
 pub(crate) enum Listener {
     Tcp(TcpListener),

@@ -2,7 +2,12 @@
 //!
 //! The server listens on an abstract Unix socket (Linux abstract namespace:
 //! no file, the name is only visible inside the server's network
-//! namespace). On each connection it sends one message of [`MESSAGE_LEN`]
+//! namespace). On each connection it first sends a [`Challenge`] of
+//! [`CHALLENGE_LEN`] bytes: a fresh random nonce, and whether it requires
+//! the cluster token. The client answers with [`PROOF_LEN`] bytes: its
+//! proof of the token over the nonce, or zeros without a token. A server
+//! that requires the token and does not get a valid proof closes the
+//! connection; otherwise it sends one message of [`MESSAGE_LEN`]
 //! bytes: the [`HEADER_LEN`]-byte header, then the **grant**, the writer
 //! slot given to that client process (u32 little-endian, [`NO_SLOT`] when
 //! every client slot is taken) and 4 reserved zero bytes; the memfd is
@@ -31,6 +36,80 @@ use std::os::unix::net::UnixStream;
 
 /// Prefix of every storage server's abstract socket name.
 pub const NAME_PREFIX: &str = "nodekernel-store-";
+
+/// First bytes of a [`Challenge`].
+pub const CHALLENGE_MAGIC: [u8; 8] = *b"NKHANDO1";
+/// Bytes of a [`Challenge`]: magic, flags (`u32`, bit 0: the token is
+/// required), 4 reserved zero bytes, the nonce.
+pub const CHALLENGE_LEN: usize = 8 + 4 + 4 + NONCE_LEN;
+/// Bytes of a hand-over nonce.
+pub const NONCE_LEN: usize = 32;
+/// Bytes of the client's answer to a [`Challenge`].
+pub const PROOF_LEN: usize = 32;
+
+/// What the server sends first on a hand-over connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Challenge {
+    /// The server hands its memory over only to a client proving the
+    /// cluster token.
+    pub token_required: bool,
+    /// Fresh for each connection: a proof recorded on one connection is
+    /// worthless on another.
+    pub nonce: [u8; NONCE_LEN],
+}
+
+impl Challenge {
+    pub fn encode(&self) -> [u8; CHALLENGE_LEN] {
+        let mut b = [0u8; CHALLENGE_LEN];
+        b[..8].copy_from_slice(&CHALLENGE_MAGIC);
+        b[8..12].copy_from_slice(&u32::from(self.token_required).to_le_bytes());
+        b[16..].copy_from_slice(&self.nonce);
+        b
+    }
+
+    /// Decodes a challenge; anything else (another magic, unknown flags,
+    /// reserved bytes set) is `InvalidData`.
+    pub fn decode(b: &[u8; CHALLENGE_LEN]) -> io::Result<Challenge> {
+        let bad = |m: &str| io::Error::new(io::ErrorKind::InvalidData, m.to_string());
+        if b[..8] != CHALLENGE_MAGIC {
+            return Err(bad("not a NodeKernel hand-over challenge (wrong magic)"));
+        }
+        let flags = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
+        if flags > 1 || b[12..16] != [0; 4] {
+            return Err(bad("a hand-over challenge with unknown flags"));
+        }
+        let mut nonce = [0u8; NONCE_LEN];
+        nonce.copy_from_slice(&b[16..]);
+        Ok(Challenge {
+            token_required: flags == 1,
+            nonce,
+        })
+    }
+}
+
+/// The client's side of the challenge (blocking, bounded by the socket's
+/// timeouts): reads it, and answers with `prove(nonce)`, or zeros when
+/// that is `None` (the client has no token). Fails, without answering,
+/// when the server requires the token and the client has none.
+pub fn answer_challenge(
+    mut sock: &UnixStream,
+    prove: impl FnOnce(&[u8; NONCE_LEN]) -> Option<[u8; PROOF_LEN]>,
+) -> io::Result<()> {
+    use std::io::Write;
+    let mut b = [0u8; CHALLENGE_LEN];
+    sock.read_exact(&mut b)?;
+    let c = Challenge::decode(&b)?;
+    let proof =
+        match prove(&c.nonce) {
+            Some(p) => p,
+            None if c.token_required => return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "the storage server hands its memory over only to clients with the cluster token",
+            )),
+            None => [0; PROOF_LEN],
+        };
+    sock.write_all(&proof)
+}
 
 /// Bytes of the hand-over message: the header and the grant.
 pub const MESSAGE_LEN: usize = HEADER_LEN + 8;

@@ -82,7 +82,9 @@ pub mod layout;
 pub mod protocol;
 mod region;
 
-pub use handover::{receive_region, send_region, MESSAGE_LEN, NAME_PREFIX, NO_SLOT};
+pub use handover::{
+    answer_challenge, receive_region, send_region, Challenge, MESSAGE_LEN, NAME_PREFIX, NO_SLOT,
+};
 pub use layout::{Layout, LayoutError, HEADER_LEN};
 pub use region::{
     check_generation, check_range, stale_read, stale_write, InPlaceWrite, Region, SlotLease,

@@ -158,6 +158,10 @@ pub struct StoreConfig {
     /// capacity, [`crate::capacity`]); `None` (the default): export
     /// `capacity` unless resized.
     pub dynamic: Option<crate::capacity::DynamicCapacity>,
+    /// Who may connect: the cluster token every connection (in and out)
+    /// proves, and the local users of its shared memory. Default: no
+    /// token, the server's own user.
+    pub security: nodekernel_rpc::Security,
 }
 
 impl Default for StoreConfig {
@@ -182,6 +186,7 @@ impl Default for StoreConfig {
             persistent: false,
             admin: None,
             dynamic: None,
+            security: Default::default(),
         }
     }
 }

@@ -17,7 +17,10 @@ use nodekernel_proto::store::{
     TagCheck, READ_CHANGED_HANDS, READ_OK, READ_TRAILER_LEN, TAG_LEN, WRITE_PREFIX_LEN,
 };
 use nodekernel_proto::{Error, ErrorCode, Result};
-use nodekernel_rpc::{ConnectionPool, DirectSink, Handler, Reply, ServerHandle, SharedBody};
+use nodekernel_rpc::{
+    ConnOptions, ConnectionPool, DirectSink, Handler, Reply, Role, ServerHandle, ServerHandshake,
+    SharedBody, VersionHandshake,
+};
 use nodekernel_shm::{InPlaceWrite, Region};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -35,6 +38,8 @@ pub(crate) struct StoreHandler {
     shm_name: String,
     /// Connections to other storage servers, for block copies.
     peers: ConnectionPool,
+    /// Every connection's handshake (the token, when there is one).
+    handshake: Arc<VersionHandshake>,
     /// Writes whose data went from the socket straight into the region.
     in_place: Arc<AtomicU64>,
     metrics: Arc<StoreMetrics>,
@@ -118,6 +123,10 @@ unsafe impl DirectSink for RegionSink {
 }
 
 impl Handler for StoreHandler {
+    fn handshake(&self) -> Arc<dyn ServerHandshake> {
+        self.handshake.clone()
+    }
+
     /// Writes to a DRAM block take their data straight from the socket.
     fn direct_prefix(&self, op: u16) -> Option<usize> {
         (op == store_op::WRITE && self.store.shared_region().is_some()).then_some(WRITE_PREFIX_LEN)
@@ -828,15 +837,17 @@ impl StorageServer {
         // Sharing is an optimisation: without the socket, clients simply
         // use the data port.
         let share = match store.shared_region() {
-            Some(region) if cfg.shared_memory => match Share::start(region.clone()) {
-                Ok(s) => Some(s),
-                Err(e) => {
-                    tracing::warn!(
+            Some(region) if cfg.shared_memory => {
+                match Share::start(region.clone(), cfg.security.token.clone()) {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        tracing::warn!(
                         "cannot listen on an abstract Unix socket ({e}); DRAM is not shared with co-located clients"
                     );
-                    None
+                        None
+                    }
                 }
-            },
+            }
             _ => None,
         };
 
@@ -869,13 +880,17 @@ impl StorageServer {
                     .as_ref()
                     .map(|s| s.name().to_string())
                     .unwrap_or_default(),
-                peers: ConnectionPool::new(cfg.rpc_timeout),
+                peers: cfg
+                    .security
+                    .pool(Role::StorageServer, ConnOptions::new(cfg.rpc_timeout)),
+                handshake: cfg.security.handshake(Role::StorageServer),
                 in_place: in_place.clone(),
                 metrics: metrics.clone(),
                 capacity: capacity.clone(),
             }),
             nodekernel_rpc::ServeOptions {
                 spin: cfg.poll_spin,
+                local_peers: cfg.security.local_peers,
                 ..Default::default()
             },
         )
@@ -910,7 +925,9 @@ impl StorageServer {
             })
             .collect();
         let registrar = Arc::new(Registrar {
-            pool: ConnectionPool::new(cfg.rpc_timeout),
+            pool: cfg
+                .security
+                .pool(Role::StorageServer, ConnOptions::new(cfg.rpc_timeout)),
             metas: cfg.metas.clone(),
             requests,
             ids: Mutex::new(vec![None; k]),

@@ -6,7 +6,11 @@
 //! the server's network namespace, so a client that can connect is on the
 //! same host and in the same namespace: that is the co-location test. The
 //! server also checks the peer's credentials (`SO_PEERCRED`) and hands its
-//! memory only to processes of its own user (or root).
+//! memory only to processes of its own user (or root): a process that may
+//! map the memory could also read the server's memory directly (ptrace,
+//! `/proc/<pid>/mem`), so this gives away nothing more. With a cluster
+//! token the client must also answer a challenge with a proof of it
+//! ([`nodekernel_shm::Challenge`]).
 //!
 //! On each accepted connection the server grants the client process a
 //! writer slot ([`Region::lease_slot`]) and sends the region's header and
@@ -20,13 +24,18 @@
 //! for a write the dead process left in flight then go on. Liveness is
 //! never judged by time.
 
-use nodekernel_shm::Region;
+use nodekernel_rpc::Token;
+use nodekernel_shm::handover::PROOF_LEN;
+use nodekernel_shm::{Challenge, Region};
 use std::io;
 use std::os::fd::AsFd;
 use std::sync::Arc;
-use tokio::io::{AsyncReadExt, Interest};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::{JoinHandle, JoinSet};
+
+/// How long a client has to answer the hand-over challenge.
+const CHALLENGE_TIMEOUT: std::time::Duration = nodekernel_rpc::limits::HANDSHAKE_TIMEOUT;
 
 /// The running hand-over listener. Dropping it stops it and closes every
 /// hand-over connection.
@@ -37,9 +46,10 @@ pub(crate) struct Share {
 
 impl Share {
     /// Binds a fresh abstract socket and starts serving `region` on it.
-    pub(crate) fn start(region: Arc<Region>) -> io::Result<Share> {
+    /// With a `token`, only clients proving it get the memory.
+    pub(crate) fn start(region: Arc<Region>, token: Option<Arc<Token>>) -> io::Result<Share> {
         let (name, listener) = nodekernel_rpc::bind_abstract_unix(nodekernel_shm::NAME_PREFIX)?;
-        let task = tokio::spawn(accept_loop(listener, region));
+        let task = tokio::spawn(accept_loop(listener, region, token));
         Ok(Share { name, task })
     }
 
@@ -59,7 +69,7 @@ impl Drop for Share {
     }
 }
 
-async fn accept_loop(listener: UnixListener, region: Arc<Region>) {
+async fn accept_loop(listener: UnixListener, region: Arc<Region>, token: Option<Arc<Token>>) {
     // Owned here, so aborting this task drops every connection task too.
     let mut conns = JoinSet::new();
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -68,7 +78,7 @@ async fn accept_loop(listener: UnixListener, region: Arc<Region>) {
         tokio::select! {
             r = listener.accept() => match r {
                 Ok((stream, _)) => {
-                    conns.spawn(hand_over(stream, region.clone(), uid));
+                    conns.spawn(hand_over(stream, region.clone(), uid, token.clone()));
                 }
                 Err(e) => {
                     tracing::warn!("shared-memory socket: accept failed: {e}");
@@ -80,19 +90,58 @@ async fn accept_loop(listener: UnixListener, region: Arc<Region>) {
     }
 }
 
-async fn hand_over(mut stream: UnixStream, region: Arc<Region>, uid: libc::uid_t) {
-    match stream.peer_cred() {
-        Ok(c) if c.uid() == uid || c.uid() == 0 => {}
+async fn hand_over(
+    mut stream: UnixStream,
+    region: Arc<Region>,
+    uid: libc::uid_t,
+    token: Option<Arc<Token>>,
+) {
+    let pid = match stream.peer_cred() {
+        Ok(c) if c.uid() == uid || c.uid() == 0 => c.pid(),
         Ok(c) => {
-            tracing::debug!(
-                "shared-memory socket: refusing a client of user {} (pid {:?}): not user {uid}",
+            tracing::warn!(
+                "shared-memory socket: refused process {:?} of user {}: the memory goes only \
+                 to user {uid} and root (it uses the network)",
+                c.pid(),
                 c.uid(),
-                c.pid()
             );
             return;
         }
         Err(e) => {
-            tracing::debug!("shared-memory socket: no peer credentials: {e}");
+            tracing::warn!("shared-memory socket: refused a client with no peer credentials: {e}");
+            return;
+        }
+    };
+    let challenge = Challenge {
+        token_required: token.is_some(),
+        nonce: Token::nonce(),
+    };
+    let answered = tokio::time::timeout(CHALLENGE_TIMEOUT, async {
+        stream.write_all(&challenge.encode()).await?;
+        let mut proof = [0u8; PROOF_LEN];
+        stream.read_exact(&mut proof).await?;
+        Ok::<_, io::Error>(proof)
+    })
+    .await;
+    let proof = match answered {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => {
+            tracing::debug!("shared-memory socket: process {pid:?} left during the challenge: {e}");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!(
+                "shared-memory socket: process {pid:?} did not answer the challenge within \
+                 {CHALLENGE_TIMEOUT:?}"
+            );
+            return;
+        }
+    };
+    if let Some(t) = &token {
+        if !t.check_handover(&challenge.nonce, &proof) {
+            tracing::warn!(
+                "shared-memory socket: refused process {pid:?}: it did not prove the cluster token"
+            );
             return;
         }
     }

@@ -663,12 +663,129 @@ async fn shm_name(c: &Connection) -> String {
 pub(crate) fn map_region(
     name: &str,
 ) -> std::io::Result<(nodekernel_shm::Region, std::os::unix::net::UnixStream)> {
+    map_region_proving(name, None)
+}
+
+/// [`map_region`], answering the challenge with a proof of `token`.
+fn map_region_proving(
+    name: &str,
+    token: Option<&nodekernel_rpc::Token>,
+) -> std::io::Result<(nodekernel_shm::Region, std::os::unix::net::UnixStream)> {
     use std::os::linux::net::SocketAddrExt;
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
     let sock = std::os::unix::net::UnixStream::connect_addr(&addr)?;
     sock.set_read_timeout(Some(HANG))?;
+    nodekernel_shm::answer_challenge(&sock, |n| token.map(|t| t.handover_proof(n)))?;
     let region = nodekernel_shm::receive_region(&sock)?;
     Ok((region, sock))
+}
+
+/// With a cluster token, the memory goes only to a client proving it: not
+/// to one without it, one with another token, or one replaying a proof
+/// recorded on another connection; and never to a process of another user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_goes_only_to_the_owner_proving_the_token() {
+    use nodekernel_rpc::{Security, Token};
+    use std::io::{Read, Write};
+    let token = Arc::new(Token::new(&[4; 32], "test").unwrap());
+    let srv = StorageServer::start(StoreConfig {
+        security: Security {
+            token: Some(token.clone()),
+            ..Security::default()
+        },
+        ..StoreConfig::default()
+    })
+    .await
+    .unwrap();
+    let c = Connection::connect_with_handshake(
+        &srv.local_addr().to_string(),
+        nodekernel_rpc::ConnOptions::new(HANG),
+        &*srv_client_handshake(&token),
+    )
+    .await
+    .unwrap();
+    let name = shm_name(&c).await;
+    let n = name.clone();
+    let t = token.clone();
+    let region = tokio::task::spawn_blocking(move || map_region_proving(&n, Some(&t)))
+        .await
+        .unwrap();
+    assert!(region.is_ok(), "{:?}", region.err());
+
+    let n = name.clone();
+    let e = tokio::task::spawn_blocking(move || map_region_proving(&n, None))
+        .await
+        .unwrap()
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("cluster token"), "{e}");
+
+    let n = name.clone();
+    let other = Token::new(&[5; 32], "other").unwrap();
+    let Err(e) = tokio::task::spawn_blocking(move || map_region_proving(&n, Some(&other)))
+        .await
+        .unwrap()
+    else {
+        panic!("another token got the memory");
+    };
+    assert!(
+        matches!(
+            e.kind(),
+            std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset
+        ),
+        "{e}"
+    );
+
+    // A replay: the proof a genuine client sent on one connection, sent
+    // again on another.
+    let n = name.clone();
+    let t = token.clone();
+    let replayed = tokio::task::spawn_blocking(move || {
+        use nodekernel_shm::handover::CHALLENGE_LEN;
+        use std::os::linux::net::SocketAddrExt;
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(n.as_bytes()).unwrap();
+        let challenge = |s: &mut std::os::unix::net::UnixStream| {
+            s.set_read_timeout(Some(HANG)).unwrap();
+            let mut c = [0u8; CHALLENGE_LEN];
+            s.read_exact(&mut c).unwrap();
+            nodekernel_shm::Challenge::decode(&c).unwrap()
+        };
+        let mut first = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
+        let recorded = t.handover_proof(&challenge(&mut first).nonce);
+        first.write_all(&recorded).unwrap();
+        nodekernel_shm::receive_region(&first).expect("the genuine client is served");
+        let mut second = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
+        challenge(&mut second);
+        second.write_all(&recorded).unwrap();
+        let mut rest = Vec::new();
+        let _ = second.read_to_end(&mut rest);
+        rest
+    })
+    .await
+    .unwrap();
+    assert!(replayed.is_empty(), "a replayed proof gets nothing");
+
+    // Another user, even with the token, gets nothing: its proof is not
+    // even asked for.
+    let n = name.clone();
+    let t = token.clone();
+    if let Some(r) =
+        nodekernel_rpc::testing::as_nobody(move || map_region_proving(&n, Some(&t)).err()).await
+    {
+        let e = r.expect("another user gets no memory");
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
+    }
+    drop(region);
+}
+
+fn srv_client_handshake(
+    token: &Arc<nodekernel_rpc::Token>,
+) -> Arc<nodekernel_rpc::VersionHandshake> {
+    nodekernel_rpc::Security {
+        token: Some(token.clone()),
+        ..Default::default()
+    }
+    .handshake(nodekernel_rpc::Role::Client)
 }
 
 /// A DRAM server answers a read with the bytes of its region itself (no

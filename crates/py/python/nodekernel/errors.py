@@ -86,6 +86,13 @@ VersionMismatch = _os(
     ConnectionError,
     doc="The two ends speak different wire versions.",
 )
+Unauthenticated = _os(
+    "Unauthenticated",
+    _errno.EACCES,
+    PermissionError,
+    doc="The peer could not prove the cluster token, runs as a refused local user, "
+    "or held no valid capability.",
+)
 
 BY_CODE: dict[str, type] = {
     c.code: c
@@ -111,6 +118,7 @@ BY_CODE: dict[str, type] = {
         TryAgain,
         WrongPartition,
         VersionMismatch,
+        Unauthenticated,
     )
 }
 

@@ -1,0 +1,220 @@
+//! The cluster token end to end (`docs/security.md`): with a token
+//! configured, a peer with no token, a wrong token or a replayed handshake
+//! is refused on every port (the metadata server's TCP port and Unix
+//! socket, a storage server's data port, its shared-memory hand-over) and
+//! changes nothing; a storage server without the token cannot register;
+//! the right token works end to end.
+
+mod common;
+
+use bytes::BytesMut;
+use common::{config, pattern, start_with};
+use nodekernel_client::{Client, ErrorCode, NodeType};
+use nodekernel_proto::meta::MetaRequest;
+use nodekernel_proto::store::{decode_shm_info, op as store_op};
+use nodekernel_rpc::testing::recording_proxy;
+use nodekernel_rpc::{ConnOptions, Connection, Role, Security, Token, VersionHandshake};
+use nodekernel_store::{StorageServer, StoreConfig};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const HANG: Duration = Duration::from_secs(120);
+const SECRET: &str = "a cluster token for these tests, 48 bytes long.";
+
+fn token(secret: &str) -> Arc<Token> {
+    Arc::new(Token::new(secret.as_bytes(), "test").unwrap())
+}
+
+fn as_client(t: Option<Arc<Token>>) -> VersionHandshake {
+    VersionHandshake::new(Role::Client).with_token(t)
+}
+
+async fn connect(addr: &str, t: Option<Arc<Token>>) -> nodekernel_proto::Result<Connection> {
+    Connection::connect_with_handshake(addr, ConnOptions::new(HANG), &as_client(t)).await
+}
+
+fn mkdir(path: &str) -> (u16, Vec<u8>) {
+    let req = MetaRequest::Create {
+        path: path.into(),
+        ty: NodeType::Directory,
+        storage_class: nodekernel_proto::NO_CLASS,
+        location: String::new(),
+        enumerable: true,
+        size_hint: 0,
+        pinned: false,
+        mode: 0o755,
+        mtime: 0,
+    };
+    let mut b = BytesMut::new();
+    req.encode(&mut b);
+    (req.op(), b.to_vec())
+}
+
+/// What a refused peer must not change: the namespace's node count, the
+/// root's children and every server's used blocks.
+async fn footprint(c: &Client) -> (u64, Vec<String>, Vec<(u32, u64)>) {
+    let s = c.status().await.unwrap();
+    let names = c.enumerate("/").await.unwrap();
+    let used = s.servers.iter().map(|v| (v.id, v.used_blocks)).collect();
+    (s.nodes, names, used)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_token_strangers_are_refused_on_every_port_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(8 << 20, 0, &dir);
+    cfg.security.token = Some(SECRET.into());
+    let t = start_with(cfg, dir).await;
+    let c = &t.client;
+    let data = pattern(3, 200_000);
+    c.create("/t", NodeType::Table, Default::default())
+        .await
+        .unwrap();
+    c.put("/t/kept", &data).await.unwrap();
+
+    let meta_tcp = t.cluster.meta_addr().to_string();
+    let meta_unix = format!(
+        "unix:@{}",
+        t.cluster.meta.local_socket().expect("a Unix socket")
+    );
+    let store = t.cluster.stores[0].local_addr().to_string();
+    let shm = {
+        let conn = connect(&store, Some(token(SECRET))).await.unwrap();
+        let reply = conn.call(store_op::SHM_INFO, &[]).await.unwrap();
+        decode_shm_info(&reply).unwrap()
+    };
+    assert!(!shm.is_empty());
+
+    // A genuine connection, recorded on the way: its handshake and one
+    // create, which the client then undoes.
+    let (proxy, recorded) = recording_proxy(meta_tcp.clone()).await;
+    let genuine = connect(&proxy, Some(token(SECRET))).await.unwrap();
+    let (op, payload) = mkdir("/replayed");
+    genuine.call(op, &[&payload]).await.unwrap();
+    drop(genuine);
+    let recorded = tokio::time::timeout(HANG, recorded).await.unwrap();
+    c.delete("/replayed", false).await.unwrap();
+
+    let before = footprint(c).await;
+    let wrong = token("another token, the same length as the right one.");
+    for addr in [&meta_tcp, &meta_unix, &store] {
+        for (who, t) in [("no token", None), ("a wrong token", Some(wrong.clone()))] {
+            let e = connect(addr, t).await.err().unwrap_or_else(|| {
+                panic!("{addr} accepted a client with {who}");
+            });
+            assert_eq!(e.code, ErrorCode::Unauthenticated, "{addr}, {who}: {e}");
+        }
+        // A peer that skips the handshake and sends a request at once.
+        if !addr.starts_with("unix:") {
+            let mut s = tokio::net::TcpStream::connect(addr.as_str()).await.unwrap();
+            let (op, payload) = mkdir("/sneaked");
+            let mut frame = BytesMut::new();
+            nodekernel_proto::FrameHeader::put(&mut frame, 1, op, payload.len());
+            frame.extend_from_slice(&payload);
+            s.write_all(&frame).await.unwrap();
+            let mut rest = Vec::new();
+            let _ = tokio::time::timeout(HANG, s.read_to_end(&mut rest)).await;
+        }
+    }
+    // The recorded connection, replayed: refused at the proof, so its
+    // create never runs.
+    let mut s = tokio::net::TcpStream::connect(&meta_tcp).await.unwrap();
+    s.write_all(&recorded).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(HANG, s.read_to_end(&mut answer)).await;
+    assert!(
+        String::from_utf8_lossy(&answer).contains("wrong cluster token"),
+        "the replay is refused"
+    );
+    // The hand-over: nothing without the token, nothing with a wrong one.
+    for who in [None, Some(wrong.clone())] {
+        let name = shm.clone();
+        let got = tokio::task::spawn_blocking(move || {
+            use std::os::linux::net::SocketAddrExt;
+            let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+            let sock = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
+            sock.set_read_timeout(Some(HANG)).unwrap();
+            nodekernel_shm::answer_challenge(&sock, |n| who.map(|t| t.handover_proof(n)))
+                .and_then(|()| nodekernel_shm::receive_region(&sock))
+                .is_ok()
+        })
+        .await
+        .unwrap();
+        assert!(!got, "the memory went to a client without the token");
+    }
+    // A whole client with the wrong token fails to connect, naming why.
+    let mut cc = t.cluster.client_config();
+    cc.token = Some(wrong);
+    let e = Client::connect(cc).await.err().unwrap();
+    assert_eq!(e.code, ErrorCode::Unauthenticated, "{e}");
+
+    assert_eq!(footprint(c).await, before, "refused peers changed nothing");
+    assert!(c.lookup("/sneaked").await.is_err() && c.lookup("/replayed").await.is_err());
+    // The right token works end to end, on both data paths.
+    assert_eq!(c.get("/t/kept").await.unwrap(), data);
+    for shared_memory in [true, false] {
+        let mut cc = t.cluster.client_config();
+        cc.shared_memory = shared_memory;
+        let other = Client::connect(cc).await.unwrap();
+        other.put("/t/fresh", &data).await.unwrap();
+        assert_eq!(other.get("/t/fresh").await.unwrap(), data);
+        other.delete("/t/fresh", false).await.unwrap();
+        if shared_memory {
+            assert!(
+                other.data_path_stats().mapped_reads > 0,
+                "the mapping was used"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storage_server_without_the_token_cannot_register() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(8 << 20, 0, &dir);
+    cfg.security.token = Some(SECRET.into());
+    let t = start_with(cfg, dir).await;
+    let servers = t.client.status().await.unwrap().servers.len();
+    let meta = t.cluster.meta_addr().to_string();
+
+    for (who, token) in [
+        ("no token", None),
+        ("a wrong token", Some(token("x".repeat(32).as_str()))),
+    ] {
+        let fake = StorageServer::start(StoreConfig {
+            metas: vec![meta.clone()],
+            block_size: common::BS as u32,
+            rpc_timeout: Duration::from_secs(1),
+            security: Security {
+                token,
+                ..Security::default()
+            },
+            ..StoreConfig::default()
+        })
+        .await;
+        let e = fake
+            .err()
+            .unwrap_or_else(|| panic!("a store with {who} registered"));
+        assert!(e.to_string().contains("cluster token"), "{who}: {e}");
+    }
+    // Nor can a bare registration request get through.
+    let e = connect(&meta, None).await.err().unwrap();
+    assert_eq!(e.code, ErrorCode::Unauthenticated);
+    assert_eq!(t.client.status().await.unwrap().servers.len(), servers);
+
+    // With the token, one registers.
+    let real = StorageServer::start(StoreConfig {
+        metas: vec![meta],
+        block_size: common::BS as u32,
+        security: Security {
+            token: Some(token(SECRET)),
+            ..Security::default()
+        },
+        ..StoreConfig::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(t.client.status().await.unwrap().servers.len(), servers + 1);
+    real.shutdown();
+}

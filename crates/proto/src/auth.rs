@@ -1,0 +1,81 @@
+//! The one message authentication code of the wire: HMAC-SHA256 over a
+//! label and length-prefixed parts. The cluster-token handshake
+//! (`nodekernel_rpc::auth`) proves knowledge of the token with it, and the
+//! metadata server signs data-plane capabilities ([`crate::cap`]) with it.
+//!
+//! A label names what a code is for, so a code made for one purpose never
+//! verifies for another (a client's proof is not a server's proof, a
+//! read capability is not a handshake answer).
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+/// Bytes of a full code.
+pub const MAC_LEN: usize = 32;
+
+type HmacSha256 = Hmac<Sha256>;
+
+fn keyed(key: &[u8], label: &[u8], parts: &[&[u8]]) -> HmacSha256 {
+    // HMAC takes keys of any length.
+    let mut m = HmacSha256::new_from_slice(key).expect("HMAC accepts keys of every length");
+    m.update(&(label.len() as u32).to_le_bytes());
+    m.update(label);
+    for p in parts {
+        m.update(&(p.len() as u32).to_le_bytes());
+        m.update(p);
+    }
+    m
+}
+
+/// The code of `parts` under `key` for the purpose `label`.
+pub fn mac(key: &[u8], label: &[u8], parts: &[&[u8]]) -> [u8; MAC_LEN] {
+    keyed(key, label, parts).finalize().into_bytes().into()
+}
+
+/// Whether `code` is the code (or its first `code.len()` bytes, at least
+/// 16) of `parts` under `key` for `label`. Compares in constant time.
+pub fn verify(key: &[u8], label: &[u8], parts: &[&[u8]], code: &[u8]) -> bool {
+    if code.len() < 16 || code.len() > MAC_LEN {
+        return false;
+    }
+    keyed(key, label, parts).verify_truncated_left(code).is_ok()
+}
+
+/// Fills `buf` from the kernel's random source (`getrandom(2)`, blocking
+/// only until the pool is first initialised after boot).
+pub fn random_bytes(buf: &mut [u8]) {
+    use std::io::Read;
+    // /dev/urandom gives the same bytes as getrandom(2); reading the file
+    // keeps this crate free of libc.
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(buf))
+        .expect("the kernel's random source /dev/urandom is readable");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_depend_on_key_label_and_every_part() {
+        let base = mac(b"key", b"label", &[b"a", b"bc"]);
+        assert!(verify(b"key", b"label", &[b"a", b"bc"], &base));
+        assert!(verify(b"key", b"label", &[b"a", b"bc"], &base[..16]));
+        assert!(!verify(b"key", b"label", &[b"a", b"bc"], &base[..8]));
+        assert!(!verify(b"kez", b"label", &[b"a", b"bc"], &base));
+        assert!(!verify(b"key", b"lab", &[b"a", b"bc"], &base));
+        // The length prefixes keep part boundaries apart.
+        assert!(!verify(b"key", b"label", &[b"ab", b"c"], &base));
+        let mut flipped = base;
+        flipped[31] ^= 1;
+        assert!(!verify(b"key", b"label", &[b"a", b"bc"], &flipped));
+    }
+
+    #[test]
+    fn random_bytes_differ() {
+        let (mut a, mut b) = ([0u8; 32], [0u8; 32]);
+        random_bytes(&mut a);
+        random_bytes(&mut b);
+        assert_ne!(a, b);
+    }
+}
