@@ -71,6 +71,13 @@ pub trait Source: Send + Sync + 'static {
     fn policy(&self, _set: &[(String, String)]) -> Option<Result<String, String>> {
         None
     }
+    /// `Err(reason)` when this endpoint may not change anything (`POST`
+    /// is then answered 403 with the reason): the HTTP endpoint proves no
+    /// cluster token, so a server with one keeps its changes to the
+    /// authenticated RPC path. Default: changes allowed.
+    fn changes_allowed(&self) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// `(key, value)` pairs as one JSON object of strings, in order.
@@ -229,6 +236,9 @@ fn route(source: &dyn Source, req: &Request<Incoming>) -> Response<Full<Bytes>> 
         && (req.method() == Method::GET || req.method() == Method::POST)
     {
         let set = if req.method() == Method::POST {
+            if let Err(why) = source.changes_allowed() {
+                return reply(StatusCode::FORBIDDEN, TEXT, format!("{why}\n"));
+            }
             match query_pairs(req.uri().query().unwrap_or_default()) {
                 Ok(set) => set,
                 Err(e) => return reply(StatusCode::BAD_REQUEST, TEXT, format!("{e}\n")),

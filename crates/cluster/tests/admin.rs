@@ -275,3 +275,32 @@ async fn the_policy_is_read_and_changed_over_http() {
     assert_eq!(json(&get(meta, "/policy").await.1)["high_watermark"], "60");
     assert_eq!(get(store, "/policy").await.0, 404);
 }
+
+/// With a cluster token, the admin endpoint (which proves none) still
+/// reads the policy but changes nothing: `POST` is a 403 pointing at the
+/// authenticated `nk policy set`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_token_the_admin_endpoint_only_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(8 << 20, 8 << 20, &dir);
+    cfg.security.token = Some("a token of at least sixteen bytes".into());
+    let t = start_with(cfg, dir).await;
+    let meta = t.cluster.meta.admin_addr().unwrap();
+    let (code, body) =
+        tokio::task::spawn_blocking(move || http(meta, "POST", "/policy?high_watermark=60"))
+            .await
+            .unwrap();
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("nk policy set"), "{body}");
+    let (code, body) = get(meta, "/policy").await;
+    assert_eq!(code, 200, "{body}");
+    let policy: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(policy["high_watermark"], "90", "unchanged");
+    // The authenticated path changes it.
+    t.client
+        .policy(&[("high_watermark".into(), "95".into())])
+        .await
+        .unwrap();
+    let policy: serde_json::Value = serde_json::from_str(&get(meta, "/policy").await.1).unwrap();
+    assert_eq!(policy["high_watermark"], "95");
+}

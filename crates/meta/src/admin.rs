@@ -219,6 +219,17 @@ impl Source for MetaAdmin {
         self.handler.log_ok().map_err(|e| e.to_string())
     }
 
+    fn changes_allowed(&self) -> Result<(), String> {
+        if self.handler.authenticated {
+            return Err(
+                "this cluster requires its token, which the admin endpoint cannot check: \
+                        change the policy with `nk policy set` (the endpoint only reads it)"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
     fn policy(&self, set: &[(String, String)]) -> Option<Result<String, String>> {
         Some(
             self.handler

@@ -171,6 +171,9 @@ pub(crate) struct MetaHandler {
     copies: ConnectionPool,
     /// Every connection's handshake (the token, when there is one).
     handshake: Arc<VersionHandshake>,
+    /// A cluster token is configured: the unauthenticated admin endpoint
+    /// only reads.
+    pub(crate) authenticated: bool,
     claim_timeout: Duration,
     /// Claims not acknowledged yet, by storage server address.
     pending: Mutex<BTreeMap<String, Vec<BlockClaim>>>,
@@ -750,6 +753,7 @@ impl MetaServer {
                 ConnOptions::new(cfg.dead_after.min(Duration::from_secs(5))),
             ),
             handshake: cfg.security.handshake(Role::MetaServer),
+            authenticated: cfg.security.token.is_some(),
             claim_timeout: cfg.claim_timeout,
             pending: Mutex::new(BTreeMap::new()),
             reap: Notify::new(),
