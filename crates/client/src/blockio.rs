@@ -325,7 +325,7 @@ impl BlockIo {
             }
             Route::Network => {
                 let mut prefix = BytesMut::with_capacity(16);
-                encode_write_prefix(&mut prefix, loc.block, loc.gen, start);
+                encode_write_prefix(&mut prefix, loc.block, loc.gen, start, &loc.cap);
                 self.pool
                     .call(&loc.addr, store_op::WRITE, &[&prefix, tag, data])
                     .await?;
@@ -506,13 +506,14 @@ impl BlockIo {
 /// A READ of `len` bytes of the block at `loc`, at storage offset `offset`
 /// (a small value's tag checked by the storage server first).
 fn read_request(loc: &BlockLoc, offset: u32, len: usize) -> BytesMut {
-    let mut req = BytesMut::with_capacity(36);
+    let mut req = BytesMut::with_capacity(36 + nodekernel_proto::cap::CAP_LEN);
     StoreRequest::Read {
         block: loc.block,
         gen: loc.gen,
         offset,
         len: len as u32,
         tag: loc.tag_check(),
+        cap: loc.cap,
     }
     .encode(&mut req);
     req
@@ -552,6 +553,7 @@ mod tests {
             class: 0,
             offset,
             tag: 9,
+            cap: Default::default(),
         };
         let mut f = Follows::default();
         for gen in 1..MAX_REFENCES as u64 {

@@ -218,6 +218,7 @@ async fn replies_do_not_wait_on_an_unresponsive_store() {
         num_blocks: 16,
         identity: "black-hole".into(),
         incarnation: 1,
+        cap_key: [0; 32],
     };
     let req = nodekernel_proto::meta::MetaRequest::Register(spec);
     let mut buf = bytes::BytesMut::new();

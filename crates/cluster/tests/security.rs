@@ -218,3 +218,101 @@ async fn a_storage_server_without_the_token_cannot_register() {
     assert_eq!(t.client.status().await.unwrap().servers.len(), servers + 1);
     real.shutdown();
 }
+
+/// The attack found by hostile testing, without a token: 64 zero-length
+/// writes with generation 2^63-1 used to claim every DRAM block, so every
+/// reader and writer got `Stale` until the server restarted. Without a
+/// capability for that generation the store refuses them all and changes
+/// nothing; nor does a real capability for one block open another, or
+/// another generation of the same block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn block_poisoning_fails_without_a_token_too() {
+    use nodekernel_proto::cap::Cap;
+    use nodekernel_proto::store::StoreRequest;
+    let dir = tempfile::tempdir().unwrap();
+    let t = start_with(config(8 << 20, 0, &dir), dir).await;
+    let c = &t.client;
+    c.create("/t", NodeType::Table, Default::default())
+        .await
+        .unwrap();
+    let data = pattern(5, 100_000);
+    c.put("/t/kept", &data).await.unwrap();
+    let mut f = c
+        .create("/f", NodeType::File, Default::default())
+        .await
+        .unwrap();
+    f.append(&data).await.unwrap();
+    let loc = common::blocks_of(c, "/f").await[0].clone();
+
+    let store = t.cluster.stores[0].local_addr().to_string();
+    let raw = connect(&store, None).await.unwrap();
+    let send = |req: StoreRequest<'_>| {
+        let mut b = BytesMut::new();
+        req.encode(&mut b);
+        let raw = &raw;
+        let op = req.op();
+        async move { raw.call(op, &[&b]).await }
+    };
+    let poison = u64::MAX >> 1;
+    for block in 0..64 {
+        for cap in [Cap::default(), loc.cap] {
+            let e = send(StoreRequest::Write {
+                block,
+                gen: poison,
+                offset: 0,
+                cap,
+                data: &[],
+            })
+            .await
+            .unwrap_err();
+            assert_eq!(e.code, ErrorCode::Stale, "block {block}: {e}");
+        }
+    }
+    // A claim batch, a copy and a read are refused the same way.
+    let claims = (0..64)
+        .map(|block| nodekernel_proto::store::Claim {
+            block,
+            gen: poison,
+            clear_tag_at: None,
+            release: false,
+            cap: loc.cap,
+        })
+        .collect();
+    let e = send(StoreRequest::Claim { claims }).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::Stale, "{e}");
+    let e = send(StoreRequest::Read {
+        block: loc.block + 1,
+        gen: loc.gen,
+        offset: 0,
+        len: 10,
+        tag: None,
+        cap: loc.cap,
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Stale, "another block: {e}");
+    // The capability the client was given covers its block, and only up
+    // to its end.
+    let e = send(StoreRequest::Read {
+        block: loc.block,
+        gen: loc.gen,
+        offset: loc.cap.hi,
+        len: 1,
+        tag: None,
+        cap: loc.cap,
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(e.code, ErrorCode::OutOfRange, "{e}");
+
+    // Nothing changed: every value reads back, and writing goes on.
+    assert_eq!(c.get("/t/kept").await.unwrap(), data);
+    f.append(b"more").await.unwrap();
+    f.close().await.unwrap();
+    let r = c.lookup("/f").await.unwrap();
+    let mut back = vec![0u8; data.len() + 4];
+    r.read_at(0, &mut back).await.unwrap();
+    assert_eq!(back, [&data[..], b"more"].concat());
+    c.put("/t/new", b"fresh").await.unwrap();
+    assert_eq!(c.get("/t/new").await.unwrap(), b"fresh");
+}

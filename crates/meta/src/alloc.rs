@@ -34,6 +34,7 @@
 //! state without changing it; the effects it returns reproduce exactly
 //! that sequence when applied.
 
+use nodekernel_proto::cap::CapKey;
 use nodekernel_proto::codec::{Dec, Enc};
 use nodekernel_proto::{Error, Result, ServerStatus, Traffic, NO_CLASS};
 use std::collections::BTreeMap;
@@ -72,6 +73,8 @@ pub struct BlockClaim {
     pub clear_tag_at: Option<u32>,
     /// The block joined the balloon: the server may give its memory back.
     pub release: bool,
+    /// The capability for the claim (the whole block at `gen`).
+    pub cap: nodekernel_proto::cap::Cap,
 }
 
 pub use nodekernel_proto::ServerSpec;
@@ -281,14 +284,21 @@ impl BlockAllocator {
     /// The allocator of a checkpoint written by
     /// [`BlockAllocator::checkpoint`]; every server counts as seen at
     /// `now_ms`.
-    pub(crate) fn from_checkpoint(block_size: u32, d: &mut Dec, now_ms: u64) -> Result<Self> {
+    /// Checkpoints before format 4 (`keyed` false) have no capability
+    /// keys: those servers' blocks stay unusable until they register again.
+    pub(crate) fn from_checkpoint(
+        block_size: u32,
+        d: &mut Dec,
+        now_ms: u64,
+        keyed: bool,
+    ) -> Result<Self> {
         let mut a = BlockAllocator::new(block_size, 1);
         let next_server = d.u32()?;
         a.next_gen = d.u64()?;
         let n = d.count(4)?;
         for _ in 0..n {
             let id = d.u32()?;
-            let spec = ServerSpec::decode(d)?;
+            let spec = ServerSpec::decode_keyed(d, keyed)?;
             a.add_server(id, &spec, now_ms);
             let (fresh, end) = (d.u32()?, d.u32()?);
             let first = spec.first_block;
@@ -363,8 +373,11 @@ impl BlockAllocator {
         for (id, s) in &self.servers {
             if s.spec.identity == spec.identity {
                 if s.spec.incarnation == spec.incarnation {
+                    // It kept its blocks; its address and key (drawn anew
+                    // by each process) may differ.
                     let moved = ServerSpec {
                         addr: spec.addr.clone(),
+                        cap_key: spec.cap_key,
                         ..s.spec.clone()
                     };
                     if moved != *spec {
@@ -373,7 +386,7 @@ impl BlockAllocator {
                             spec.addr, spec.identity
                         )));
                     }
-                    if s.spec.addr == spec.addr {
+                    if s.spec.addr == spec.addr && s.spec.cap_key == spec.cap_key {
                         return Ok(Registration::Known(*id));
                     }
                     known = Some(*id);
@@ -421,11 +434,19 @@ impl BlockAllocator {
         );
     }
 
-    /// Records a known server's new address (applier).
-    pub(crate) fn readdress(&mut self, id: u32, addr: &str) {
+    /// Records a known server's new address and key (applier).
+    pub(crate) fn readdress(&mut self, id: u32, addr: &str, cap_key: Option<&CapKey>) {
         if let Some(s) = self.servers.get_mut(&id) {
             s.spec.addr = addr.to_string();
+            if let Some(k) = cap_key {
+                s.spec.cap_key = *k;
+            }
         }
+    }
+
+    /// The key server `id` checks capabilities with.
+    pub fn cap_key(&self, id: u32) -> Option<&CapKey> {
+        self.servers.get(&id).map(|s| &s.spec.cap_key)
     }
 
     /// Removes a server for good (applier): its blocks are lost, and the
@@ -913,6 +934,7 @@ mod tests {
             num_blocks: n,
             identity: format!("id-{loc}-{class}-{n}"),
             incarnation: 1,
+            cap_key: [n as u8; 32],
         }
     }
 
@@ -930,7 +952,7 @@ mod tests {
                 for r in replaces {
                     a.retire(r);
                 }
-                a.readdress(id, &s.addr);
+                a.readdress(id, &s.addr, None);
                 id
             }
         }

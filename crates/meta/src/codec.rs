@@ -53,6 +53,10 @@ mod tag {
     pub const PIECE_HELD: u8 = 28;
     pub const BALLOONED: u8 = 29;
     pub const ATTRS_SET: u8 = 30;
+    /// `SERVER_ADDED` and `SERVER_READDRESSED` with the server's
+    /// capability key (the old tags are still read, without one).
+    pub const SERVER_ADDED_KEYED: u8 = 31;
+    pub const SERVER_READDRESSED_KEYED: u8 = 32;
 }
 
 fn block(e: &mut Enc, b: &BlockRef) {
@@ -149,15 +153,23 @@ pub fn encode_effects(effects: &[Effect], out: &mut BytesMut) {
                 e.u8(tag::LEASE_CLEARED).u64(*node);
             }
             Effect::ServerAdded { id, spec } => {
-                e.u8(tag::SERVER_ADDED).u32(*id);
+                e.u8(tag::SERVER_ADDED_KEYED).u32(*id);
                 spec.encode(e);
             }
             Effect::ServerRetired { id } => {
                 e.u8(tag::SERVER_RETIRED).u32(*id);
             }
-            Effect::ServerReaddressed { id, addr } => {
-                e.u8(tag::SERVER_READDRESSED).u32(*id).str(addr);
-            }
+            Effect::ServerReaddressed { id, addr, cap_key } => match cap_key {
+                Some(k) => {
+                    e.u8(tag::SERVER_READDRESSED_KEYED)
+                        .u32(*id)
+                        .str(addr)
+                        .fixed(k);
+                }
+                None => {
+                    e.u8(tag::SERVER_READDRESSED).u32(*id).str(addr);
+                }
+            },
             Effect::MoveStarted {
                 node,
                 index,
@@ -329,12 +341,22 @@ pub fn decode_effects(buf: &[u8]) -> Result<Vec<Effect>> {
             tag::LEASE_CLEARED => Effect::LeaseCleared { node: d.u64()? },
             tag::SERVER_ADDED => Effect::ServerAdded {
                 id: d.u32()?,
+                spec: ServerSpec::decode_keyed(d, false)?,
+            },
+            tag::SERVER_ADDED_KEYED => Effect::ServerAdded {
+                id: d.u32()?,
                 spec: ServerSpec::decode(d)?,
+            },
+            tag::SERVER_READDRESSED_KEYED => Effect::ServerReaddressed {
+                id: d.u32()?,
+                addr: d.string()?,
+                cap_key: Some(d.array()?),
             },
             tag::SERVER_RETIRED => Effect::ServerRetired { id: d.u32()? },
             tag::SERVER_READDRESSED => Effect::ServerReaddressed {
                 id: d.u32()?,
                 addr: d.string()?,
+                cap_key: None,
             },
             tag::MOVE_STARTED => Effect::MoveStarted {
                 node: d.u64()?,
@@ -413,6 +435,7 @@ mod tests {
             num_blocks: 64,
             identity: "s-1".into(),
             incarnation: 7,
+            cap_key: [3; 32],
         }
     }
 
@@ -493,6 +516,12 @@ mod tests {
             Effect::ServerReaddressed {
                 id: 2,
                 addr: "127.0.0.1:7001".into(),
+                cap_key: Some([4; 32]),
+            },
+            Effect::ServerReaddressed {
+                id: 2,
+                addr: "127.0.0.1:7002".into(),
+                cap_key: None,
             },
             Effect::MoveStarted {
                 node: 19,
@@ -560,6 +589,40 @@ mod tests {
         Enc(&mut unknown).u8(EFFECTS_FORMAT).u32(1).u8(200).u32(0);
         let err = decode_effects(&unknown).unwrap_err();
         assert!(err.message.contains("unknown logged effect 200"), "{err}");
+    }
+
+    /// Records written before capability keys still read: the server
+    /// comes without a key (its old blocks' capabilities cannot verify
+    /// until it registers again), and a new address keeps the key.
+    #[test]
+    fn records_from_before_capability_keys_are_read() {
+        let mut buf = BytesMut::new();
+        let e = &mut Enc(&mut buf);
+        e.u8(EFFECTS_FORMAT).u32(2).u8(tag::SERVER_ADDED).u32(2);
+        let s = spec();
+        s.encode(e);
+        // The spec as it was: without the key at its end.
+        buf.truncate(buf.len() - 32);
+        let e = &mut Enc(&mut buf);
+        e.u8(tag::SERVER_READDRESSED).u32(2).str("127.0.0.1:9");
+        let back = decode_effects(&buf).unwrap();
+        assert_eq!(
+            back,
+            vec![
+                Effect::ServerAdded {
+                    id: 2,
+                    spec: ServerSpec {
+                        cap_key: [0; 32],
+                        ..s
+                    }
+                },
+                Effect::ServerReaddressed {
+                    id: 2,
+                    addr: "127.0.0.1:9".into(),
+                    cap_key: None
+                },
+            ]
+        );
     }
 
     #[test]

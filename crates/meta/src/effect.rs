@@ -74,8 +74,13 @@ pub enum Effect {
     /// A storage server is gone for good; its blocks are lost.
     ServerRetired { id: u32 },
     /// A known server (same identity and incarnation: it kept its blocks)
-    /// registered from a new address.
-    ServerReaddressed { id: u32, addr: String },
+    /// registered again from a new address, or after a restart with a new
+    /// capability key (`None`: from a log written before keys).
+    ServerReaddressed {
+        id: u32,
+        addr: String,
+        cap_key: Option<nodekernel_proto::cap::CapKey>,
+    },
     /// A move of block `index` of `node` to `to` (taken from its server's
     /// free list) begins: the block is fenced with generation `fence`, so
     /// its data can be copied while nobody writes it, and maps of it answer

@@ -540,9 +540,11 @@ impl MetaHandler {
                 let req = StoreRequest::Copy {
                     block: dst.block,
                     gen: dst.gen,
+                    cap: dst.cap,
                     src_addr: src.addr.clone(),
                     src_block: src.block,
                     src_gen: src.gen,
+                    src_cap: src.cap,
                 };
                 let mut buf = BytesMut::new();
                 req.encode(&mut buf);
@@ -609,6 +611,7 @@ async fn deliver(pool: &ConnectionPool, addr: &str, claims: &[BlockClaim]) -> Re
                     gen: c.gen,
                     clear_tag_at: c.clear_tag_at,
                     release: c.release,
+                    cap: c.cap,
                 })
                 .collect(),
         };

@@ -43,6 +43,7 @@ use crate::effect::Effect;
 use crate::namespace::NodeId;
 use crate::slab::TAG_LEN;
 use crate::state::MetaState;
+use nodekernel_proto::cap::{Cap, CapKey};
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
 use nodekernel_proto::{BlockLoc, ErrorCode, NodeType, ServerSpec, NO_CLASS};
 use std::collections::{BTreeMap, BTreeSet};
@@ -121,12 +122,60 @@ impl Store {
             num_blocks: self.num_blocks,
             identity: self.identity.clone(),
             incarnation: self.incarnation,
+            cap_key: self.cap_key(),
         }
     }
 
+    /// The capability key of incarnation `incarnation` (a real server
+    /// draws a random one per process).
+    fn key_of(&self, incarnation: u64) -> CapKey {
+        let mut k = [0u8; 32];
+        k[..8].copy_from_slice(&incarnation.to_le_bytes());
+        let id = self.identity.as_bytes();
+        let n = id.len().min(24);
+        k[8..8 + n].copy_from_slice(&id[..n]);
+        k
+    }
+
+    fn cap_key(&self) -> CapKey {
+        self.key_of(self.incarnation)
+    }
+
+    /// Checks a capability as a storage server does: `Ok(false)` refuses
+    /// it (a location from before this incarnation, as a real server's
+    /// `Stale`); one that verifies under no key this server ever had was
+    /// minted wrong, and fails the run.
+    fn check_cap(&self, cap: &Cap, block: u32, gen: u64, offset: u32) -> Result<bool, String> {
+        if cap.check(&self.cap_key(), block, gen, offset, 0).is_ok() {
+            return Ok(true);
+        }
+        if (1..self.incarnation).any(|i| cap.check(&self.key_of(i), block, gen, offset, 0).is_ok())
+        {
+            return Ok(false);
+        }
+        Err(format!(
+            "server {} refused a capability the metadata server minted for block {block} at \
+             generation {gen}, offset {offset}: {cap:?}",
+            self.addr
+        ))
+    }
+
     /// A write under `gen` of the node's block at `loc` (a whole block, or
-    /// a piece at `loc.offset`): newer claims the block, older is refused.
-    fn write(&mut self, loc: &BlockLoc, whole: bool, node: NodeId) -> bool {
+    /// a piece at `loc.offset`): newer claims the block, older is refused,
+    /// and so is one without a capability for it.
+    fn write(&mut self, loc: &BlockLoc, whole: bool, node: NodeId) -> Result<bool, String> {
+        let start = if loc.tag != 0 {
+            loc.offset - TAG_LEN
+        } else {
+            loc.offset
+        };
+        if !self.check_cap(&loc.cap, loc.block, loc.gen, start)? {
+            return Ok(false);
+        }
+        Ok(self.write_checked(loc, whole, node))
+    }
+
+    fn write_checked(&mut self, loc: &BlockLoc, whole: bool, node: NodeId) -> bool {
         let b = loc.block as usize;
         if loc.gen < self.gens[b] {
             return false;
@@ -580,7 +629,12 @@ impl Sim {
             if self.rng.chance(60) {
                 if let Some(s) = self.store_of(c.server) {
                     if s.up {
-                        s.claim(c.block, c.gen, c.clear_tag_at);
+                        let at = c.clear_tag_at.unwrap_or(0);
+                        if s.check_cap(&c.cap, c.block, c.gen, at)
+                            .expect("claims are minted right")
+                        {
+                            s.claim(c.block, c.gen, c.clear_tag_at);
+                        }
                     }
                 }
             } else {
@@ -940,9 +994,10 @@ impl Sim {
                 ));
             }
         }
-        let wrote = self
-            .store_of(loc.server)
-            .is_some_and(|s| s.write(&loc, whole, node));
+        let wrote = match self.store_of(loc.server) {
+            Some(s) => s.write(&loc, whole, node)?,
+            None => false,
+        };
         self.trace.push(format!(
             "  write node {node} block {index} at {loc:?}: {wrote}"
         ));

@@ -25,6 +25,7 @@ use crate::snapshot::{
     SNAPSHOT_TTL_MS,
 };
 use crate::tier::{PlacementPolicy, TierSettings};
+use nodekernel_proto::cap::Cap;
 use nodekernel_proto::meta::{MetaReply, MetaRequest, SnapshotEntry, MAX_MAP_COUNT};
 use nodekernel_proto::path;
 use nodekernel_proto::record::RECORD_SIZE;
@@ -530,7 +531,9 @@ impl MetaState {
                 self.ballooned.retain(|(server, _), _| server != id);
                 self.resize.remove(id);
             }
-            Effect::ServerReaddressed { id, addr } => self.alloc.readdress(*id, addr),
+            Effect::ServerReaddressed { id, addr, cap_key } => {
+                self.alloc.readdress(*id, addr, cap_key.as_ref())
+            }
             Effect::MoveStarted {
                 node,
                 index,
@@ -644,6 +647,7 @@ impl MetaState {
     /// [`MetaState::claim`] that also clears the tag at `clear_tag_at`.
     fn claim_with(&mut self, b: BlockRef, clear_tag_at: Option<u32>) {
         if let Some(addr) = self.alloc.server_addr(b.server) {
+            let key = self.alloc.cap_key(b.server).copied().unwrap_or_default();
             self.claims.push(BlockClaim {
                 server: b.server,
                 addr: addr.to_string(),
@@ -651,6 +655,7 @@ impl MetaState {
                 gen: b.gen,
                 clear_tag_at,
                 release: false,
+                cap: Cap::mint(&key, b.block, b.gen, 0, self.alloc.block_size()),
             });
         }
     }
@@ -771,6 +776,7 @@ impl MetaState {
                     d.push(Effect::ServerReaddressed {
                         id,
                         addr: spec.addr.clone(),
+                        cap_key: Some(spec.cap_key),
                     });
                     d.heartbeat = Some(id);
                     Reply::Registered(id)
@@ -1063,7 +1069,8 @@ impl MetaState {
         let d = &mut dec;
         let format = d.u8()?;
         // Format 1 had no held blocks (no snapshots), format 2 no
-        // ballooned ones (no dynamic capacity).
+        // ballooned ones (no dynamic capacity), format 3 no capability
+        // keys.
         if !(1..=crate::checkpoint::FORMAT).contains(&format) {
             return Err(Error::protocol(format!(
                 "checkpoint format {format}; this build reads format {}",
@@ -1073,7 +1080,7 @@ impl MetaState {
         let block_size = d.u32()?;
         let next_id = d.u64()?;
         let next_lease = d.u64()?;
-        let alloc = BlockAllocator::from_checkpoint(block_size, d, now)?;
+        let alloc = BlockAllocator::from_checkpoint(block_size, d, now, format >= 4)?;
         let slabs = Slabs::from_checkpoint(d)?;
         let n = d.count(40)?;
         let mut moves = BTreeMap::new();
@@ -1631,11 +1638,14 @@ impl MetaState {
                 if bytes >= PAGE_BYTES && !en.blocks.is_empty() {
                     break;
                 }
-                let mut loc = self.loc(r);
-                if let Some(p) = &l.piece {
-                    loc.offset = p.value_offset();
-                    loc.tag = l.node;
-                }
+                let loc = match &l.piece {
+                    Some(p) => BlockLoc {
+                        offset: p.value_offset(),
+                        tag: l.node,
+                        ..self.loc_of_range(r, p.offset(), p.offset() + p.size)
+                    },
+                    None => self.loc(r),
+                };
                 bytes += 64 + loc.addr.len();
                 en.blocks.push(loc);
                 b += 1;
@@ -1721,8 +1731,16 @@ impl MetaState {
         })
     }
 
+    /// Where block `b` is, with the capability for all of it.
     fn loc(&self, b: &BlockRef) -> BlockLoc {
+        self.loc_of_range(b, 0, self.alloc.block_size())
+    }
+
+    /// Where block `b` is, with the capability for bytes `lo..hi` of it.
+    fn loc_of_range(&self, b: &BlockRef, lo: u32, hi: u32) -> BlockLoc {
+        let key = self.alloc.cap_key(b.server).copied().unwrap_or_default();
         BlockLoc {
+            cap: Cap::mint(&key, b.block, b.gen, lo, hi),
             server: b.server,
             addr: self
                 .alloc
@@ -1753,7 +1771,7 @@ impl MetaState {
         Some(BlockLoc {
             offset: p.value_offset(),
             tag: node,
-            ..self.loc(&b)
+            ..self.loc_of_range(&b, p.offset(), p.offset() + p.size)
         })
     }
 

@@ -151,6 +151,7 @@ impl Sim {
                 num_blocks: 100_000,
                 identity: "model".into(),
                 incarnation: 1,
+                cap_key: [1; 32],
             }),
             0,
         )

@@ -29,6 +29,11 @@ impl Enc<'_> {
         self.0.put_u64_le(v);
         self
     }
+    /// Bytes of a length both ends know (no prefix).
+    pub fn fixed(&mut self, v: &[u8]) -> &mut Self {
+        self.0.put_slice(v);
+        self
+    }
     /// Length-prefixed (u32) byte string.
     pub fn bytes(&mut self, v: &[u8]) -> &mut Self {
         self.u32(v.len() as u32);
@@ -69,7 +74,8 @@ impl<'a> Dec<'a> {
         Ok(head)
     }
 
-    fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
+    /// `N` bytes of a length both ends know.
+    pub fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
         let s = self.take(N)?;
         let mut a = [0u8; N];
         a.copy_from_slice(s);

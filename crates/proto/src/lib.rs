@@ -7,6 +7,7 @@
 //! malformed input as `Protocol` errors ([`ErrorCode::Protocol`]) instead of panicking.
 
 pub mod auth;
+pub mod cap;
 pub mod codec;
 pub mod error;
 pub mod frame;

@@ -942,6 +942,7 @@ mod tests {
                 num_blocks: 64,
                 identity: "0123abcd".into(),
                 incarnation: 7,
+                cap_key: [5; 32],
             }),
             MetaRequest::Heartbeat {
                 server: 5,
@@ -1030,6 +1031,7 @@ mod tests {
             class: 0,
             offset: 4096,
             tag: 0,
+            cap: crate::cap::Cap::mint(&[1; 32], 2, 3, 0, 1 << 20),
         };
         let small = BlockLoc {
             offset: 120,
@@ -1255,6 +1257,7 @@ mod tests {
             class: 0,
             offset,
             tag: 77,
+            cap: Default::default(),
         };
         let blocks = |offset| {
             let mut b = BytesMut::new();

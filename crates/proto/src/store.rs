@@ -5,6 +5,7 @@
 //! fixed prefix followed by the raw bytes (their length is implied by the
 //! frame), so data is never copied into an intermediate encoding.
 
+use crate::cap::{Cap, CAP_LEN};
 use crate::codec::{Dec, Enc};
 use crate::error::{Error, Result};
 use bytes::{Bytes, BytesMut};
@@ -113,13 +114,16 @@ pub struct Claim {
     /// The block left the server's exported capacity (dynamic capacity):
     /// once claimed, its memory or disk space may be given back.
     pub release: bool,
+    /// The metadata server's capability for `block` at `gen`.
+    pub cap: Cap,
 }
 
 /// `clear_tag_at` on the wire when there is none.
 const NO_TAG: u32 = u32::MAX;
 
-/// Bytes of the fixed part of a write request (block, gen, offset).
-pub const WRITE_PREFIX_LEN: usize = 4 + 8 + 4;
+/// Bytes of the fixed part of a write request (block, gen, offset,
+/// capability).
+pub const WRITE_PREFIX_LEN: usize = 4 + 8 + 4 + CAP_LEN;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreRequest<'a> {
@@ -130,11 +134,15 @@ pub enum StoreRequest<'a> {
         len: u32,
         /// A small value's tag to check first.
         tag: Option<TagCheck>,
+        /// Must cover the bytes read (and the tag checked).
+        cap: Cap,
     },
     Write {
         block: u32,
         gen: u64,
         offset: u32,
+        /// Must cover the bytes written.
+        cap: Cap,
         data: &'a [u8],
     },
     Ping,
@@ -154,9 +162,13 @@ pub enum StoreRequest<'a> {
     Copy {
         block: u32,
         gen: u64,
+        /// For `block` at `gen` on this server.
+        cap: Cap,
         src_addr: String,
         src_block: u32,
         src_gen: u64,
+        /// For the source block, passed on to its server.
+        src_cap: Cap,
     },
     /// Export `bytes` of the server's memory from now on (dynamic
     /// capacity; at most its size; `u64::MAX`: all of it). The reply is
@@ -190,6 +202,7 @@ impl<'a> StoreRequest<'a> {
                 offset,
                 len,
                 tag,
+                cap,
             } => {
                 let e = &mut Enc(buf);
                 e.u32(*block).u64(*gen).u32(*offset).u32(*len);
@@ -197,14 +210,16 @@ impl<'a> StoreRequest<'a> {
                     Some(t) => e.bool(true).u32(t.at).u64(t.expect),
                     None => e.bool(false),
                 };
+                cap.encode(e);
             }
             StoreRequest::Write {
                 block,
                 gen,
                 offset,
+                cap,
                 data,
             } => {
-                encode_write_prefix(buf, *block, *gen, *offset);
+                encode_write_prefix(buf, *block, *gen, *offset, cap);
                 buf.extend_from_slice(data);
             }
             StoreRequest::Ping | StoreRequest::ShmInfo => {}
@@ -219,21 +234,23 @@ impl<'a> StoreRequest<'a> {
                         .u64(c.gen)
                         .u32(c.clear_tag_at.unwrap_or(NO_TAG))
                         .bool(c.release);
+                    c.cap.encode(e);
                 }
             }
             StoreRequest::Copy {
                 block,
                 gen,
+                cap,
                 src_addr,
                 src_block,
                 src_gen,
+                src_cap,
             } => {
-                Enc(buf)
-                    .u32(*block)
-                    .u64(*gen)
-                    .str(src_addr)
-                    .u32(*src_block)
-                    .u64(*src_gen);
+                let e = &mut Enc(buf);
+                e.u32(*block).u64(*gen);
+                cap.encode(e);
+                e.str(src_addr).u32(*src_block).u64(*src_gen);
+                src_cap.encode(e);
             }
         }
     }
@@ -255,6 +272,7 @@ impl<'a> StoreRequest<'a> {
                     } else {
                         None
                     },
+                    cap: Cap::decode(&mut d)?,
                 };
                 d.finish()?;
                 r
@@ -263,11 +281,13 @@ impl<'a> StoreRequest<'a> {
                 let block = d.u32()?;
                 let gen = d.u64()?;
                 let offset = d.u32()?;
+                let cap = Cap::decode(&mut d)?;
                 let n = d.remaining();
                 StoreRequest::Write {
                     block,
                     gen,
                     offset,
+                    cap,
                     data: d.take(n)?,
                 }
             }
@@ -280,7 +300,7 @@ impl<'a> StoreRequest<'a> {
                 StoreRequest::ShmInfo
             }
             op::CLAIM => {
-                let n = d.count(4 + 8 + 4 + 1)?;
+                let n = d.count(4 + 8 + 4 + 1 + CAP_LEN)?;
                 if n > MAX_CLAIM_BATCH {
                     return Err(Error::protocol(format!(
                         "claim batch of {n} blocks exceeds the limit of {MAX_CLAIM_BATCH}"
@@ -295,6 +315,7 @@ impl<'a> StoreRequest<'a> {
                         gen,
                         clear_tag_at: (at != NO_TAG).then_some(at),
                         release: d.bool()?,
+                        cap: Cap::decode(&mut d)?,
                     });
                 }
                 d.finish()?;
@@ -304,9 +325,11 @@ impl<'a> StoreRequest<'a> {
                 let r = StoreRequest::Copy {
                     block: d.u32()?,
                     gen: d.u64()?,
+                    cap: Cap::decode(&mut d)?,
                     src_addr: d.string()?,
                     src_block: d.u32()?,
                     src_gen: d.u64()?,
+                    src_cap: Cap::decode(&mut d)?,
                 };
                 d.finish()?;
                 r
@@ -323,15 +346,17 @@ impl<'a> StoreRequest<'a> {
 }
 
 /// Writes the fixed prefix of a write request; the data follows it.
-pub fn encode_write_prefix(buf: &mut BytesMut, block: u32, gen: u64, offset: u32) {
-    Enc(buf).u32(block).u64(gen).u32(offset);
+pub fn encode_write_prefix(buf: &mut BytesMut, block: u32, gen: u64, offset: u32, cap: &Cap) {
+    let e = &mut Enc(buf);
+    e.u32(block).u64(gen).u32(offset);
+    cap.encode(e);
 }
 
 /// Decodes a write request's fixed prefix (exactly [`WRITE_PREFIX_LEN`]
-/// bytes): block, generation and offset.
-pub fn decode_write_prefix(prefix: &[u8]) -> Result<(u32, u64, u32)> {
+/// bytes): block, generation, offset and capability.
+pub fn decode_write_prefix(prefix: &[u8]) -> Result<(u32, u64, u32, Cap)> {
     let mut d = Dec::new(prefix, "write prefix");
-    let r = (d.u32()?, d.u64()?, d.u32()?);
+    let r = (d.u32()?, d.u64()?, d.u32()?, Cap::decode(&mut d)?);
     d.finish()?;
     Ok(r)
 }
@@ -405,6 +430,7 @@ mod tests {
 
     #[test]
     fn round_trip() {
+        let cap = || Cap::mint(&[9; 32], 1, 2, 0, 100);
         let data = [1u8, 2, 3];
         for r in [
             StoreRequest::Read {
@@ -413,6 +439,7 @@ mod tests {
                 offset: 3,
                 len: 4,
                 tag: None,
+                cap: cap(),
             },
             StoreRequest::Read {
                 block: 1,
@@ -420,17 +447,20 @@ mod tests {
                 offset: 11,
                 len: 4,
                 tag: Some(TagCheck { at: 3, expect: 77 }),
+                cap: cap(),
             },
             StoreRequest::Write {
                 block: 1,
                 gen: 2,
                 offset: 3,
+                cap: cap(),
                 data: &data,
             },
             StoreRequest::Write {
                 block: 1,
                 gen: 2,
                 offset: 3,
+                cap: cap(),
                 data: &[],
             },
             StoreRequest::Ping,
@@ -444,21 +474,25 @@ mod tests {
                         gen: 2,
                         clear_tag_at: None,
                         release: true,
+                        cap: cap(),
                     },
                     Claim {
                         block: u32::MAX,
                         gen: u64::MAX,
                         clear_tag_at: Some(7),
                         release: false,
+                        cap: Cap::default(),
                     },
                 ],
             },
             StoreRequest::Copy {
                 block: 1,
                 gen: 2,
+                cap: cap(),
                 src_addr: "127.0.0.1:7".into(),
                 src_block: 3,
                 src_gen: 4,
+                src_cap: Cap::default(),
             },
         ] {
             let mut b = BytesMut::new();
@@ -480,6 +514,7 @@ mod tests {
                     gen: 1,
                     clear_tag_at: None,
                     release: false,
+                    cap: Cap::default(),
                 };
                 MAX_CLAIM_BATCH + 1
             ],

@@ -1,6 +1,7 @@
 //! Values that travel inside messages: node types, node metadata, block
 //! locations and cluster status.
 
+use crate::cap::{Cap, CapKey, CAP_LEN};
 use crate::codec::{Dec, Enc};
 use crate::error::{Error, Result};
 use crate::store::{TagCheck, TAG_LEN};
@@ -135,6 +136,9 @@ pub struct BlockLoc {
     /// `offset` (the start of its piece) hold while the value lives; 0 for
     /// a block of its own.
     pub tag: u64,
+    /// The storage server's permission to touch this block (a small
+    /// value: its piece) at `gen` ([`crate::cap`]).
+    pub cap: Cap,
 }
 
 impl BlockLoc {
@@ -146,8 +150,9 @@ impl BlockLoc {
             .u8(self.class)
             .u32(self.offset)
             .u64(self.tag);
+        self.cap.encode(e);
     }
-    pub(crate) const MIN_LEN: usize = 4 + 4 + 4 + 8 + 1 + 4 + 8;
+    pub(crate) const MIN_LEN: usize = 4 + 4 + 4 + 8 + 1 + 4 + 8 + CAP_LEN;
     pub(crate) fn decode(d: &mut Dec) -> Result<BlockLoc> {
         let loc = BlockLoc {
             server: d.u32()?,
@@ -157,6 +162,7 @@ impl BlockLoc {
             class: d.u8()?,
             offset: d.u32()?,
             tag: d.u64()?,
+            cap: Cap::decode(d)?,
         };
         if loc.tag != 0 && loc.offset < TAG_LEN {
             return Err(Error::protocol(format!(
@@ -332,6 +338,9 @@ pub struct ServerSpec {
     pub num_blocks: u32,
     pub identity: String,
     pub incarnation: u64,
+    /// The key the server checks data-plane capabilities with
+    /// ([`crate::cap`]); the metadata servers sign with it.
+    pub cap_key: CapKey,
 }
 
 impl ServerSpec {
@@ -345,11 +354,19 @@ impl ServerSpec {
             .u32(self.first_block)
             .u32(self.num_blocks)
             .str(&self.identity)
-            .u64(self.incarnation);
+            .u64(self.incarnation)
+            .fixed(&self.cap_key);
     }
 
     pub fn decode(d: &mut Dec) -> Result<ServerSpec> {
-        Ok(ServerSpec {
+        ServerSpec::decode_keyed(d, true)
+    }
+
+    /// Decodes a spec, with its key (`keyed`) or as written before
+    /// capabilities: without one (all zeros; no capability verifies until
+    /// the server registers again).
+    pub fn decode_keyed(d: &mut Dec, keyed: bool) -> Result<ServerSpec> {
+        let mut spec = ServerSpec {
             addr: d.string()?,
             class: d.u8()?,
             class_name: d.string()?,
@@ -360,7 +377,12 @@ impl ServerSpec {
             num_blocks: d.u32()?,
             identity: d.string()?,
             incarnation: d.u64()?,
-        })
+            cap_key: [0; crate::cap::CAP_KEY_LEN],
+        };
+        if keyed {
+            spec.cap_key = d.array()?;
+        }
+        Ok(spec)
     }
 }
 

@@ -19,10 +19,10 @@ proptest! {
         if let Ok(p) = decode_write_prefix(&bytes) {
             prop_assert_eq!(bytes.len(), WRITE_PREFIX_LEN);
             let whole = StoreRequest::decode(nodekernel_proto::store::op::WRITE, &bytes);
-            let Ok(StoreRequest::Write { block, gen, offset, .. }) = whole else {
+            let Ok(StoreRequest::Write { block, gen, offset, cap, .. }) = whole else {
                 return Err(TestCaseError::fail("the whole write does not decode"));
             };
-            prop_assert_eq!(p, (block, gen, offset));
+            prop_assert_eq!(p, (block, gen, offset, cap));
         }
         if bytes.len() >= HEADER_LEN {
             let h: [u8; HEADER_LEN] = bytes[..HEADER_LEN].try_into().unwrap();

@@ -11,6 +11,7 @@ use crate::share::Share;
 use crate::StoreError;
 use bytes::{BufMut, Bytes, BytesMut};
 use nodekernel_admin::status::StoreStatusOut;
+use nodekernel_proto::cap::{Cap, CapKey};
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
 use nodekernel_proto::store::{
     decode_write_prefix, encode_shm_info, op as store_op, read_reply_data, Claim, StoreRequest,
@@ -40,6 +41,9 @@ pub(crate) struct StoreHandler {
     peers: ConnectionPool,
     /// Every connection's handshake (the token, when there is one).
     handshake: Arc<VersionHandshake>,
+    /// What data-plane capabilities are checked with (drawn at start,
+    /// given to the metadata servers at registration).
+    pub(crate) cap_key: CapKey,
     /// Writes whose data went from the socket straight into the region.
     in_place: Arc<AtomicU64>,
     metrics: Arc<StoreMetrics>,
@@ -142,7 +146,10 @@ impl Handler for StoreHandler {
             return Ok(None);
         };
         let started = std::time::Instant::now();
-        let (block, gen, offset) = decode_write_prefix(prefix)?;
+        let (block, gen, offset, cap) = decode_write_prefix(prefix)?;
+        let len = u32::try_from(data_len)
+            .map_err(|_| Error::out_of_range(format!("a write of {data_len} bytes")))?;
+        cap.check(&self.cap_key, block, gen, offset, len)?;
         let write = region.write_in_place(block, gen, offset, data_len).await?;
         self.in_place.fetch_add(1, Ordering::Relaxed);
         Ok(Some(Box::new(RegionSink {
@@ -179,7 +186,9 @@ impl Handler for StoreHandler {
                 offset,
                 len,
                 tag,
+                cap,
             } => {
+                self.check_read(&cap, block, gen, offset, len, tag)?;
                 // Copied into the reply (the media other than DRAM; DRAM
                 // replies are sent from the region by `handle_reply`).
                 match tag {
@@ -209,9 +218,13 @@ impl Handler for StoreHandler {
                 block,
                 gen,
                 offset,
+                cap,
                 data,
             } => {
                 let n = data.len();
+                let len = u32::try_from(n)
+                    .map_err(|_| Error::out_of_range(format!("a write of {n} bytes")))?;
+                cap.check(&self.cap_key, block, gen, offset, len)?;
                 self.store.write(block, gen, offset, data).await?;
                 self.metrics.written(n);
                 Ok(())
@@ -225,10 +238,16 @@ impl Handler for StoreHandler {
             StoreRequest::Copy {
                 block,
                 gen,
+                cap,
                 src_addr,
                 src_block,
                 src_gen,
-            } => self.copy(block, gen, &src_addr, src_block, src_gen).await,
+                src_cap,
+            } => {
+                cap.check(&self.cap_key, block, gen, 0, self.store.block_size())?;
+                self.copy(block, gen, &src_addr, src_block, src_gen, src_cap)
+                    .await
+            }
             StoreRequest::Resize { bytes } => {
                 let exported = self.capacity.set(bytes);
                 tracing::info!(
@@ -253,8 +272,10 @@ impl StoreHandler {
                 offset,
                 len,
                 tag,
+                cap,
             } = StoreRequest::decode(op, &payload)?
             {
+                self.check_read(&cap, block, gen, offset, len, tag)?;
                 if let Some(t) = tag {
                     let mut found = [0; TAG_LEN as usize];
                     region.read(block, gen, t.at, &mut found)?;
@@ -266,6 +287,27 @@ impl StoreHandler {
             }
         }
         self.handle(op, payload, reply.out()).await
+    }
+
+    /// Checks that `cap` covers a read of `len` bytes at `offset` and the
+    /// tag it checks first, if any.
+    fn check_read(
+        &self,
+        cap: &Cap,
+        block: u32,
+        gen: u64,
+        offset: u32,
+        len: u32,
+        tag: Option<TagCheck>,
+    ) -> Result<()> {
+        let (mut start, mut end) = (offset as u64, offset as u64 + len as u64);
+        if let Some(t) = tag {
+            start = start.min(t.at as u64);
+            end = end.max(t.at as u64 + TAG_LEN as u64);
+        }
+        let span = u32::try_from(end - start)
+            .map_err(|_| Error::out_of_range(format!("a read of {len} bytes at {offset}")))?;
+        cap.check(&self.cap_key, block, gen, start as u32, span)
     }
 
     /// A read from the DRAM region, sent from it without a copy: the
@@ -310,6 +352,14 @@ impl StoreHandler {
         let mut first_err = None;
         for c in claims {
             let (block, gen) = (c.block, c.gen);
+            let checked = match c.clear_tag_at {
+                Some(at) => c.cap.check(&self.cap_key, block, gen, at, TAG_LEN),
+                None => c.cap.check(&self.cap_key, block, gen, 0, 0),
+            };
+            if let Err(e) = checked {
+                first_err.get_or_insert(e);
+                continue;
+            }
             let done = match c.clear_tag_at {
                 Some(at) => {
                     self.store
@@ -343,6 +393,7 @@ impl StoreHandler {
         src_addr: &str,
         src_block: u32,
         src_gen: u64,
+        src_cap: Cap,
     ) -> Result<()> {
         let bs = self.store.block_size();
         // Claim first: a failed copy leaves the target claimed (the
@@ -357,6 +408,7 @@ impl StoreHandler {
                 offset,
                 len,
                 tag: None,
+                cap: src_cap,
             };
             let mut buf = BytesMut::new();
             req.encode(&mut buf);
@@ -749,6 +801,8 @@ pub struct StorageServer {
     heartbeats: Vec<JoinHandle<()>>,
     identity: String,
     incarnation: u64,
+    /// What it checks capabilities with (see [`StorageServer::cap_key`]).
+    cap_key: CapKey,
     /// The locked data directory and block file, and what to remove when
     /// the server stops (or its start fails).
     footprint: Footprint,
@@ -761,6 +815,14 @@ pub struct StorageServer {
 }
 
 impl StorageServer {
+    /// The key this server checks data-plane capabilities with, for tests
+    /// that play the metadata server (it never leaves the cluster's
+    /// servers otherwise).
+    #[doc(hidden)]
+    pub fn cap_key(&self) -> &CapKey {
+        &self.cap_key
+    }
+
     /// Locks the data directory and reads (or creates) the identity there,
     /// creates the medium, binds the data port, starts serving and
     /// registers with every metadata server. Returns once every
@@ -828,6 +890,10 @@ impl StorageServer {
             None => datadir::random_incarnation()
                 .map_err(|e| StoreError::io("generate an incarnation from", "getrandom", e))?,
         };
+        // Drawn by every process: capabilities from before a restart are
+        // refused, and their holders ask the metadata server again.
+        let mut cap_key: CapKey = [0; nodekernel_proto::cap::CAP_KEY_LEN];
+        nodekernel_proto::auth::random_bytes(&mut cap_key);
         let store = Arc::new(BlockStore::with_gens(
             medium,
             cfg.block_size,
@@ -884,6 +950,7 @@ impl StorageServer {
                     .security
                     .pool(Role::StorageServer, ConnOptions::new(cfg.rpc_timeout)),
                 handshake: cfg.security.handshake(Role::StorageServer),
+                cap_key,
                 in_place: in_place.clone(),
                 metrics: metrics.clone(),
                 capacity: capacity.clone(),
@@ -896,6 +963,8 @@ impl StorageServer {
         )
         .map_err(StoreError::Rpc)?;
 
+        #[cfg(test)]
+        crate::tests::note_cap_key(&local_addr.to_string(), cap_key);
         let advertise = match &cfg.advertise {
             Some(a) => a.clone(),
             None => {
@@ -921,6 +990,7 @@ impl StorageServer {
                     num_blocks: count,
                     identity: identity.clone(),
                     incarnation,
+                    cap_key,
                 })
             })
             .collect();
@@ -947,6 +1017,7 @@ impl StorageServer {
             heartbeats: Vec::new(),
             identity,
             incarnation,
+            cap_key,
             footprint,
             in_place,
             persist,

@@ -3,6 +3,7 @@
 
 use crate::{FileIoConfig, MediumKind, StorageServer, StoreConfig, StoreError};
 use bytes::{Bytes, BytesMut};
+use nodekernel_proto::cap::{Cap, CapKey};
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
 use nodekernel_proto::store::{
     op, read_reply_data, Claim, StoreRequest, TagCheck, READ_CHANGED_HANDS, READ_OK,
@@ -33,6 +34,29 @@ fn cfg(medium: MediumKind, blocks: u64) -> StoreConfig {
     }
 }
 
+/// The capability key of each storage server these tests started, by
+/// address (the tests play the metadata server, which mints
+/// capabilities with it).
+fn cap_keys() -> std::sync::MutexGuard<'static, std::collections::HashMap<String, CapKey>> {
+    static KEYS: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<String, CapKey>>> =
+        std::sync::OnceLock::new();
+    KEYS.get_or_init(Default::default).lock().unwrap()
+}
+
+pub(crate) fn note_cap_key(addr: &str, key: CapKey) {
+    cap_keys().insert(addr.to_string(), key);
+}
+
+/// A capability for all of `block` at `gen` on the server `c` is
+/// connected to.
+fn cap(c: &Connection, block: u32, gen: u64) -> Cap {
+    let key = cap_keys()
+        .get(c.peer())
+        .copied()
+        .expect("a server these tests started");
+    Cap::mint(&key, block, gen, 0, u32::MAX)
+}
+
 async fn call(c: &Connection, req: StoreRequest<'_>) -> Result<Bytes> {
     let mut buf = BytesMut::new();
     req.encode(&mut buf);
@@ -46,6 +70,7 @@ async fn write(c: &Connection, block: u32, gen: u64, offset: u32, data: &[u8]) -
             block,
             gen,
             offset,
+            cap: cap(c, block, gen),
             data,
         },
     )
@@ -74,19 +99,22 @@ async fn read_tagged(
             offset,
             len,
             tag,
+            cap: cap(c, block, gen),
         },
     )
     .await?;
     read_reply_data(reply, block, gen, len as usize)
 }
 
-/// A claim of `block` with `gen`, clearing no tag.
-fn claim(block: u32, gen: u64) -> Claim {
+/// A claim of `block` with `gen` on the server `c` is connected to,
+/// clearing no tag.
+fn claim(c: &Connection, block: u32, gen: u64) -> Claim {
     Claim {
         block,
         gen,
         clear_tag_at: None,
         release: false,
+        cap: cap(c, block, gen),
     }
 }
 
@@ -488,6 +516,7 @@ async fn registers_and_heartbeats() {
         vec![MetaRequest::Register(nodekernel_proto::ServerSpec {
             identity: srv.identity().to_string(),
             incarnation: srv.incarnation(),
+            cap_key: *srv.cap_key(),
             addr: srv.local_addr().to_string(),
             class: 2,
             class_name: "fast".into(),
@@ -967,7 +996,7 @@ async fn claims_and_copies(medium: MediumKind) {
     call(
         &ca,
         StoreRequest::Claim {
-            claims: vec![claim(1, 3), claim(2, 7)],
+            claims: vec![claim(&ca, 1, 3), claim(&ca, 2, 7)],
         },
     )
     .await
@@ -977,7 +1006,7 @@ async fn claims_and_copies(medium: MediumKind) {
     let bad = call(
         &ca,
         StoreRequest::Claim {
-            claims: vec![claim(2, 8), claim(99, 9)],
+            claims: vec![claim(&ca, 2, 8), claim(&ca, 99, 9)],
         },
     )
     .await
@@ -992,9 +1021,11 @@ async fn claims_and_copies(medium: MediumKind) {
     let copy = |src_gen| StoreRequest::Copy {
         block: 0,
         gen: 9,
+        cap: cap(&cb, 0, 9),
         src_addr: a.local_addr().to_string(),
         src_block: 1,
         src_gen,
+        src_cap: cap(&ca, 1, src_gen),
     };
     let stale = call(&cb, copy(4)).await.unwrap_err();
     assert_eq!(stale.code, ErrorCode::Stale, "{stale}");
@@ -1028,10 +1059,8 @@ async fn tags(medium: MediumKind) {
     // a is freed: its tag is cleared, b's stays.
     let clear_a_at = |gen| {
         let claims = vec![Claim {
-            block: 1,
-            gen,
             clear_tag_at: Some(0),
-            release: false,
+            ..claim(&c, 1, gen)
         }];
         call(&c, StoreRequest::Claim { claims })
     };

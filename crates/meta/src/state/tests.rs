@@ -16,6 +16,7 @@ fn spec(addr: &str, class: u8, n: u32) -> ServerSpec {
         num_blocks: n,
         identity: format!("id-{}", addr.replace(':', "-")),
         incarnation: 1,
+        cap_key: [7; 32],
     }
 }
 
@@ -811,6 +812,46 @@ fn registration_is_idempotent_and_a_restarted_server_replaces_its_old_self() {
     let g = create(&mut s, "/g", File, 0).unwrap();
     let (_, b) = map(&mut s, g.id, 0, 4, g.lease).unwrap();
     assert!(b.iter().all(|x| x.server == new));
+    s.check_invariants().unwrap();
+}
+
+/// Every location carries a capability under its server's key; a server
+/// that kept its blocks and comes back with a new key (every process draws
+/// one) keeps its id and blocks, and locations carry the new key's
+/// capabilities from then on, also after a checkpoint.
+#[test]
+fn locations_carry_capabilities_under_the_servers_current_key() {
+    let mut s = state();
+    let f = create(&mut s, "/f", File, 0).unwrap();
+    let (_, b) = map(&mut s, f.id, 0, 1, f.lease).unwrap();
+    let l = &b[0];
+    assert_eq!(l.server, 1);
+    l.cap.check(&[7; 32], l.block, l.gen, 0, BS).unwrap();
+    assert!(l.cap.check(&[7; 32], l.block, l.gen, 0, BS + 1).is_err());
+    close(&mut s, &f, 10).unwrap();
+
+    let rekeyed = ServerSpec {
+        cap_key: [9; 32],
+        addr: "h:0".into(),
+        ..spec("h:0", 0, 4)
+    };
+    match s.apply(MetaRequest::Register(rekeyed), 0).unwrap() {
+        MetaReply::Registered { server } => assert_eq!(server, 1, "the same server"),
+        r => panic!("{r:?}"),
+    }
+    let (_, b) = map(&mut s, f.id, 0, 1, 0).unwrap();
+    let l = &b[0];
+    assert_eq!(l.server, 1, "its blocks are kept");
+    l.cap.check(&[9; 32], l.block, l.gen, 0, BS).unwrap();
+    assert_eq!(
+        l.cap
+            .check(&[7; 32], l.block, l.gen, 0, BS)
+            .unwrap_err()
+            .code,
+        ErrorCode::Stale
+    );
+    let back = through_checkpoint(&s);
+    assert_eq!(back.alloc().cap_key(1), Some(&[9; 32]));
     s.check_invariants().unwrap();
 }
 
