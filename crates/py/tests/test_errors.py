@@ -111,3 +111,40 @@ def test_unreachable_server_is_unavailable():
     with pytest.raises(ConnectionError) as e:
         nodekernel.connect(f"127.0.0.1:{port}")
     assert isinstance(e.value, nodekernel.Error)
+
+
+def test_a_cluster_with_a_token_refuses_clients_without_it(tmp_path, monkeypatch):
+    """With `[security] token_file`, a client without the token (or with
+    another one) gets `Unauthenticated`, a `PermissionError`; with
+    `NK_TOKEN_FILE` it works."""
+    from conftest import Cluster
+
+    token = tmp_path / "token"
+    token.write_text("a cluster token for the Python tests\n")
+    token.chmod(0o600)
+    other = tmp_path / "other"
+    other.write_text("another token, just as long as that\n")
+    other.chmod(0o600)
+    cfg = tmp_path / "nk.toml"
+    cfg.write_text(f'[security]\ntoken_file = "{token}"\n')
+    # The fixture's own `nk status --wait` needs the token too.
+    monkeypatch.setenv("NK_TOKEN_FILE", str(token))
+    cluster = Cluster(dram="64MiB", extra=("--config", str(cfg)))
+    try:
+        for env in (None, str(other)):
+            if env is None:
+                monkeypatch.delenv("NK_TOKEN_FILE")
+            else:
+                monkeypatch.setenv("NK_TOKEN_FILE", env)
+            with pytest.raises(nodekernel.Unauthenticated) as e:
+                nodekernel.connect(cluster.meta)
+            assert isinstance(e.value, PermissionError)
+            assert e.value.errno == errno.EACCES
+            assert "cluster token" in str(e.value)
+        monkeypatch.setenv("NK_TOKEN_FILE", str(token))
+        with nodekernel.connect(cluster.meta) as c:
+            c.mkdir("/t", type="table")
+            c.put("/t/k", b"v")
+            assert c.get("/t/k") == b"v"
+    finally:
+        cluster.stop()
