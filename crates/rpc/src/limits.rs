@@ -15,6 +15,13 @@ use std::time::Duration;
 /// listen backlog does not fill up with connections nobody serves).
 pub const MAX_CONNECTIONS: usize = 1024;
 
+/// Default of [`crate::ServeOptions::max_connections_per_peer`]: open
+/// connections of one peer (IP address, or local user) per server. A
+/// client process needs a handful (one per server it talks to, and one for
+/// shared memory); a quarter of [`MAX_CONNECTIONS`] leaves room for many
+/// processes behind one address while no single one takes every slot.
+pub const MAX_CONNECTIONS_PER_PEER: usize = 256;
+
 /// Default of [`crate::ServeOptions::max_requests`]: requests handled at
 /// once by one server, across all its connections. A request beyond it
 /// waits (its connection stops reading) until another one finishes.

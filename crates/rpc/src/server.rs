@@ -10,9 +10,9 @@
 
 use crate::handshake::{HandshakeIo, ServerHandshake, VersionHandshake};
 use crate::limits::{
-    FRAME_TIMEOUT, HANDSHAKE_TIMEOUT, LIMIT_WARN_INTERVAL, MAX_CONNECTIONS, MAX_ERROR_MESSAGE,
-    MAX_IN_FLIGHT, MAX_REQUESTS, RECV_BUF_INITIAL, RECV_GROW_STEP, RECV_READ_MIN,
-    RECV_SHRINK_AFTER, REPLY_BUF,
+    FRAME_TIMEOUT, HANDSHAKE_TIMEOUT, LIMIT_WARN_INTERVAL, MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_PEER, MAX_ERROR_MESSAGE, MAX_IN_FLIGHT, MAX_REQUESTS, RECV_BUF_INITIAL,
+    RECV_GROW_STEP, RECV_READ_MIN, RECV_SHRINK_AFTER, REPLY_BUF,
 };
 use crate::spin::{Spin, SpinStats};
 use crate::transport::{Listener, LocalPeers, ReadHalf, Stream};
@@ -195,6 +195,10 @@ pub struct ServeOptions {
     /// connection beyond it is answered with an `Unavailable` error frame
     /// and closed at once.
     pub max_connections: usize,
+    /// Open connections of one peer (an IP address, or a local user on a
+    /// Unix socket), so one client cannot take them all; refused like
+    /// those beyond `max_connections`.
+    pub max_connections_per_peer: usize,
     /// Requests handled at once across all connections of this server; a
     /// request beyond it waits for another to finish.
     pub max_requests: usize,
@@ -217,6 +221,7 @@ impl Default for ServeOptions {
             spin: crate::default_spin(),
             max_in_flight: MAX_IN_FLIGHT,
             max_connections: MAX_CONNECTIONS,
+            max_connections_per_peer: MAX_CONNECTIONS_PER_PEER,
             max_requests: MAX_REQUESTS,
             frame_timeout: FRAME_TIMEOUT,
             handshake_timeout: HANDSHAKE_TIMEOUT,
@@ -260,6 +265,8 @@ struct ServerState {
 struct Sockets {
     listener: std::sync::Mutex<Option<OwnedFd>>,
     conns: std::sync::Mutex<std::collections::HashMap<u64, OwnedFd>>,
+    /// Open connections by peer (IP address, or local user).
+    per_peer: std::sync::Mutex<std::collections::HashMap<String, usize>>,
     stopped: AtomicBool,
     /// Wakes the accept loop: a shut-down Unix listener keeps reporting
     /// readiness while `accept` finds nothing, so the loop must not rely on
@@ -296,16 +303,20 @@ impl Sockets {
 struct Registered {
     state: Arc<ServerState>,
     id: u64,
+    peer: String,
 }
 
 impl Drop for Registered {
     fn drop(&mut self) {
-        self.state
-            .sockets
-            .conns
-            .lock()
-            .expect("sockets lock")
-            .remove(&self.id);
+        let sockets = &self.state.sockets;
+        sockets.conns.lock().expect("sockets lock").remove(&self.id);
+        let mut per_peer = sockets.per_peer.lock().expect("sockets lock");
+        if let Some(n) = per_peer.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                per_peer.remove(&self.peer);
+            }
+        }
     }
 }
 
@@ -438,6 +449,7 @@ fn serve_listener<H: Handler>(
     let opts = ServeOptions {
         max_in_flight: opts.max_in_flight.max(1),
         max_connections: opts.max_connections.max(1),
+        max_connections_per_peer: opts.max_connections_per_peer.max(1),
         max_requests: opts.max_requests.clamp(1, Semaphore::MAX_PERMITS),
         ..opts
     };
@@ -470,7 +482,7 @@ fn serve_listener<H: Handler>(
                 biased;
                 () = st.sockets.stop.notified() => return,
                 accepted = listener.accept() => match accepted {
-                    Ok((stream, peer)) => {
+                    Ok((stream, peer, peer_key)) => {
                         let open = st.sockets.open();
                         if open >= opts.max_connections {
                             st.refused.fetch_add(1, Ordering::Relaxed);
@@ -505,12 +517,34 @@ fn serve_listener<H: Handler>(
                         let Ok(dup) = stream.dup() else {
                             continue; // out of descriptors: drop this connection
                         };
+                        {
+                            let mut per_peer = st.sockets.per_peer.lock().expect("sockets lock");
+                            let n = per_peer.entry(peer_key.clone()).or_insert(0);
+                            if *n >= opts.max_connections_per_peer {
+                                st.refused.fetch_add(1, Ordering::Relaxed);
+                                if let Some(suppressed) = refusals.allow() {
+                                    tracing::warn!(
+                                        "refused a connection from {peer}: {peer_key} has {n} \
+                                         connections open, the limit per peer \
+                                         (max_connections_per_peer); {suppressed} more refused \
+                                         since the last warning"
+                                    );
+                                }
+                                refuse_at_once(&stream, &Error::unavailable(format!(
+                                    "{peer_key} has {} connections open to this server, the \
+                                     limit per peer; close some or try again later",
+                                    opts.max_connections_per_peer
+                                )));
+                                continue;
+                            }
+                            *n += 1;
+                        }
                         next_id += 1;
                         st.sockets.conns.lock().expect("sockets lock").insert(next_id, dup);
                         if st.sockets.stopped.load(Ordering::SeqCst) {
                             st.sockets.shutdown_all();
                         }
-                        let guard = Registered { state: st.clone(), id: next_id };
+                        let guard = Registered { state: st.clone(), id: next_id, peer: peer_key };
                         let handler = handler.clone();
                         let handshake = handshake.clone();
                         let state = st.clone();

@@ -257,18 +257,31 @@ pub(crate) enum Listener {
 }
 
 impl Listener {
-    /// Accepts a connection; returns it with a printable peer name.
-    pub(crate) async fn accept(&self) -> io::Result<(Stream, String)> {
+    /// Accepts a connection; returns it with a printable peer name and
+    /// the peer it counts against (its IP address, or its user for a Unix
+    /// socket).
+    pub(crate) async fn accept(&self) -> io::Result<(Stream, String, String)> {
         match self {
             Listener::Tcp(l) => {
                 let (s, peer) = l.accept().await?;
                 let _ = s.set_nodelay(true);
                 set_keepalive(s.as_raw_fd());
-                Ok((Stream::Tcp(s), peer.to_string()))
+                Ok((Stream::Tcp(s), peer.to_string(), peer.ip().to_string()))
             }
             Listener::Unix(l) => {
                 let (s, _) = l.accept().await?;
-                Ok((Stream::Unix(s), "a local Unix-socket client".to_string()))
+                let (name, key) = match s.peer_cred() {
+                    Ok(c) => (
+                        format!(
+                            "a local process (pid {}, user {})",
+                            c.pid().unwrap_or(0),
+                            c.uid()
+                        ),
+                        format!("local user {}", c.uid()),
+                    ),
+                    Err(_) => ("a local process".to_string(), "local".to_string()),
+                };
+                Ok((Stream::Unix(s), name, key))
             }
         }
     }

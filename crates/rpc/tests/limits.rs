@@ -14,6 +14,52 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 
+/// One peer (here, 127.0.0.1, or this process's user on the Unix socket)
+/// cannot take every connection: beyond its own cap it is refused, saying
+/// so, while the server's overall cap is far from reached; a connection
+/// that closes frees its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_peer_cannot_take_every_connection() {
+    const PER_PEER: usize = 3;
+    let opts = ServeOptions {
+        max_connections_per_peer: PER_PEER,
+        ..ServeOptions::default()
+    };
+    for kind in [Kind::Tcp, Kind::Unix] {
+        let server = start(kind, Arc::new(Echo::default()), opts).await;
+        let mut conns = Vec::new();
+        for _ in 0..PER_PEER {
+            let c = connect(&server.addr, Duration::ZERO).await;
+            assert_eq!(&c.call(2, &[b"x"]).await.unwrap()[..], b"x");
+            conns.push(c);
+        }
+        let e = Connection::connect(&server.addr, HANG)
+            .await
+            .err()
+            .expect("one more from the same peer is refused");
+        assert_eq!(e.code, ErrorCode::Unavailable, "{kind:?}: {e}");
+        if kind == Kind::Tcp {
+            // The refusal says why (a client that wrote its HELLO first may
+            // see the connection closed instead).
+            let mut s = tokio::net::TcpStream::connect(&server.addr).await.unwrap();
+            let (_, status, msg) = read_frame(&mut s).await.expect("the refusal");
+            assert_eq!(status, ErrorCode::Unavailable as u16);
+            let msg = String::from_utf8_lossy(&msg);
+            assert!(
+                msg.contains("limit per peer") && msg.contains("127.0.0.1"),
+                "{msg}"
+            );
+        }
+        drop(conns.pop());
+        common::eventually("the closed connection to leave", || {
+            server.connections() == PER_PEER - 1
+        })
+        .await;
+        let c = connect(&server.addr, Duration::ZERO).await;
+        assert_eq!(&c.call(2, &[b"y"]).await.unwrap()[..], b"y");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_the_cap_are_refused_at_once_and_service_resumes() {
     const CAP: usize = 4;
