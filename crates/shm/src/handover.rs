@@ -312,6 +312,64 @@ mod tests {
         crate::testing::block_on(f)
     }
 
+    /// A challenge round-trips; any other 48 bytes decode to one with the
+    /// same fields or are refused, never panic; and a client without a
+    /// token refuses a server that requires one, sending nothing.
+    #[test]
+    fn challenges_decode_exactly_and_a_tokenless_client_backs_off() {
+        for token_required in [false, true] {
+            let c = Challenge {
+                token_required,
+                nonce: [9; NONCE_LEN],
+            };
+            assert_eq!(Challenge::decode(&c.encode()).unwrap(), c);
+        }
+        let mut bad = Challenge {
+            token_required: true,
+            nonce: [1; NONCE_LEN],
+        }
+        .encode();
+        bad[0] ^= 1;
+        assert!(Challenge::decode(&bad).is_err(), "wrong magic");
+        let mut bad = Challenge {
+            token_required: false,
+            nonce: [1; NONCE_LEN],
+        }
+        .encode();
+        bad[8] = 2;
+        assert!(Challenge::decode(&bad).is_err(), "unknown flag");
+        let mut state = 0x1234_5678_u64;
+        for _ in 0..10_000 {
+            let mut b = [0u8; CHALLENGE_LEN];
+            for x in b.iter_mut() {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                *x = (state >> 33) as u8;
+            }
+            if let Ok(c) = Challenge::decode(&b) {
+                assert_eq!(c.encode(), b);
+            }
+        }
+
+        let (client, mut server) = UnixStream::pair().unwrap();
+        server
+            .write_all(
+                &Challenge {
+                    token_required: true,
+                    nonce: [3; NONCE_LEN],
+                }
+                .encode(),
+            )
+            .unwrap();
+        let e = answer_challenge(&client, |_| None).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+        drop(client);
+        let mut rest = Vec::new();
+        server.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty(), "no answer was sent");
+    }
+
     #[test]
     fn hand_over_over_a_socket_pair() {
         let r = Arc::new(Region::create(4096, 4).unwrap());
