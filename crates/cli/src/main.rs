@@ -50,7 +50,8 @@ fn new_token(file: &std::path::Path) -> anyhow::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut raw = [0u8; 32];
-    nodekernel_proto::auth::random_bytes(&mut raw);
+    nodekernel_rpc::random_bytes(&mut raw)
+        .map_err(|e| anyhow::anyhow!("no random bytes from the kernel: {e}"))?;
     let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
     let mut f = std::fs::OpenOptions::new()
         .write(true)

@@ -1052,11 +1052,14 @@ fn bench_zipf_reports_the_share_of_reads_from_dram() {
 fn a_token_file_guards_the_cluster_and_nk_token_new_makes_one() {
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
-    let out = Command::new(NK)
-        .args(["token", "new"])
-        .arg(&token)
-        .output()
-        .unwrap();
+    let token_new = || {
+        Command::new(NK)
+            .args(["token", "new"])
+            .arg(&token)
+            .output()
+            .unwrap()
+    };
+    let out = token_new();
     assert!(
         out.status.success(),
         "{}",
@@ -1067,12 +1070,7 @@ fn a_token_file_guards_the_cluster_and_nk_token_new_makes_one() {
     let text = std::fs::read_to_string(&token).unwrap();
     assert!(text.trim().len() == 64 && text.trim().chars().all(|c| c.is_ascii_hexdigit()));
     // Never overwritten.
-    let again = Command::new(NK)
-        .args(["token", "new"])
-        .arg(&token)
-        .output()
-        .unwrap();
-    assert!(!again.status.success());
+    assert!(!token_new().status.success());
     assert_eq!(std::fs::read_to_string(&token).unwrap(), text);
 
     let cfg = dir.path().join("nk.toml");

@@ -148,7 +148,8 @@ fn read_secret(path: &Path) -> Result<Vec<u8>> {
 
 impl SecuritySection {
     /// The cluster token these settings name (`NK_TOKEN_FILE` wins over
-    /// them), if any: the files are read and the token checked here.
+    /// them, for servers and clients alike), if any: the files are read
+    /// and the token checked here.
     pub fn token(&self) -> Result<Option<Arc<Token>>> {
         let env_file = std::env::var_os("NK_TOKEN_FILE").map(PathBuf::from);
         let current = match (&env_file, &self.token_file, &self.token) {
@@ -205,6 +206,8 @@ fn group_id(name: &str) -> Result<u32> {
     }
     let bad = || Error::invalid_argument(format!("[security] unix_group: no group named {name:?}"));
     let c = std::ffi::CString::new(name).map_err(|_| bad())?;
+    // SAFETY: `group` is plain C data (integers and pointers), for which
+    // all zeros is a valid value; getgrnam_r overwrites it.
     let mut grp: libc::group = unsafe { std::mem::zeroed() };
     let mut buf = vec![0 as libc::c_char; 16 * 1024];
     let mut out: *mut libc::group = std::ptr::null_mut();

@@ -61,6 +61,10 @@ pub struct Config {
     /// The cluster token and who may use the local sockets
     /// (`docs/security.md`).
     pub security: SecuritySection,
+    /// `security` with its files read: once, at the first use, so every
+    /// server of one start gets the same token and nothing is read twice.
+    #[serde(skip)]
+    loaded_security: std::sync::OnceLock<nodekernel_rpc::Security>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -454,9 +458,17 @@ impl Config {
         Ok(())
     }
 
-    /// Who the servers let in: the token files are read here.
+    /// Who the servers let in: the token files are read at the first call
+    /// (by [`Config::validate`]), later calls get the same.
     pub fn security(&self) -> Result<nodekernel_rpc::Security, ConfigError> {
-        self.security.load().map_err(|e| bad("security", e.message))
+        if let Some(s) = self.loaded_security.get() {
+            return Ok(s.clone());
+        }
+        let s = self
+            .security
+            .load()
+            .map_err(|e| bad("security", e.message))?;
+        Ok(self.loaded_security.get_or_init(|| s).clone())
     }
 
     pub fn meta_config(&self) -> Result<MetaConfig, ConfigError> {

@@ -280,29 +280,19 @@ async fn block_poisoning_fails_without_a_token_too() {
         .collect();
     let e = send(StoreRequest::Claim { claims }).await.unwrap_err();
     assert_eq!(e.code, ErrorCode::Stale, "{e}");
-    let e = send(StoreRequest::Read {
-        block: loc.block + 1,
+    // The capability the client was given reads its block, and only up to
+    // its end.
+    let read = |block, offset| StoreRequest::Read {
+        block,
         gen: loc.gen,
-        offset: 0,
-        len: 10,
-        tag: None,
-        cap: loc.cap,
-    })
-    .await
-    .unwrap_err();
-    assert_eq!(e.code, ErrorCode::Stale, "another block: {e}");
-    // The capability the client was given covers its block, and only up
-    // to its end.
-    let e = send(StoreRequest::Read {
-        block: loc.block,
-        gen: loc.gen,
-        offset: loc.cap.hi,
+        offset,
         len: 1,
         tag: None,
         cap: loc.cap,
-    })
-    .await
-    .unwrap_err();
+    };
+    let e = send(read(loc.block + 1, 0)).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::Stale, "another block: {e}");
+    let e = send(read(loc.block, loc.cap.hi)).await.unwrap_err();
     assert_eq!(e.code, ErrorCode::OutOfRange, "{e}");
 
     // Nothing changed: every value reads back, and writing goes on.

@@ -41,17 +41,6 @@ pub fn verify(key: &[u8], label: &[u8], parts: &[&[u8]], code: &[u8]) -> bool {
     keyed(key, label, parts).verify_truncated_left(code).is_ok()
 }
 
-/// Fills `buf` from the kernel's random source (`getrandom(2)`, blocking
-/// only until the pool is first initialised after boot).
-pub fn random_bytes(buf: &mut [u8]) {
-    use std::io::Read;
-    // /dev/urandom gives the same bytes as getrandom(2); reading the file
-    // keeps this crate free of libc.
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(buf))
-        .expect("the kernel's random source /dev/urandom is readable");
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,13 +58,5 @@ mod tests {
         let mut flipped = base;
         flipped[31] ^= 1;
         assert!(!verify(b"key", b"label", &[b"a", b"bc"], &flipped));
-    }
-
-    #[test]
-    fn random_bytes_differ() {
-        let (mut a, mut b) = ([0u8; 32], [0u8; 32]);
-        random_bytes(&mut a);
-        random_bytes(&mut b);
-        assert_ne!(a, b);
     }
 }

@@ -26,7 +26,7 @@
 //! it belongs to the cluster). Both refusals are `Unauthenticated`.
 
 use crate::{ConnOptions, ConnectionPool, LocalPeers, Role, VersionHandshake};
-use nodekernel_proto::auth::{mac, random_bytes, verify, MAC_LEN};
+use nodekernel_proto::auth::{mac, verify, MAC_LEN};
 use nodekernel_proto::hello::NONCE_LEN;
 use nodekernel_proto::{Error, Result};
 use std::sync::Arc;
@@ -84,10 +84,11 @@ impl Token {
     }
 
     /// A fresh random nonce.
-    pub fn nonce() -> [u8; NONCE_LEN] {
+    pub fn nonce() -> Result<[u8; NONCE_LEN]> {
         let mut n = [0; NONCE_LEN];
-        random_bytes(&mut n);
-        n
+        crate::random_bytes(&mut n)
+            .map_err(|e| Error::internal(format!("no random nonce from the kernel: {e}")))?;
+        Ok(n)
     }
 
     /// The client's proof for the server's nonce `server` and its own
@@ -198,11 +199,11 @@ mod tests {
     #[test]
     fn proofs_bind_both_nonces_and_the_role() {
         let t = Token::new(&[1; 32], "t").unwrap();
-        let (c, s) = (Token::nonce(), Token::nonce());
+        let (c, s) = (Token::nonce().unwrap(), Token::nonce().unwrap());
         let p = t.client_proof(&s, &c);
         assert_eq!(t.check_client(&s, &c, &p), Some(0));
         // Another connection (another server nonce): worthless.
-        assert_eq!(t.check_client(&Token::nonce(), &c, &p), None);
+        assert_eq!(t.check_client(&Token::nonce().unwrap(), &c, &p), None);
         // A client's proof is no server's proof.
         assert!(!t.check_server(&c, &s, &p));
         assert!(t.check_server(&c, &s, &t.server_proof(0, &c, &s)));

@@ -245,7 +245,7 @@ impl VersionHandshake {
     }
 
     async fn client(&self, io: &mut HandshakeIo) -> Result<PeerInfo> {
-        let ours = self.token.as_ref().map(|_| Token::nonce());
+        let ours = self.token.as_ref().map(|_| Token::nonce()).transpose()?;
         io.send(HELLO_ID, HELLO_KIND, &self.hello(ours)?).await?;
         let answer = io.recv().await?;
         let peer = io.peer().to_string();
@@ -341,7 +341,7 @@ impl VersionHandshake {
                  ([security] token_file in its configuration, or NK_TOKEN_FILE)",
             ));
         }
-        let ours = self.token.as_ref().map(|_| Token::nonce());
+        let ours = self.token.as_ref().map(|_| Token::nonce()).transpose()?;
         // Answered with our version even when it differs: the client then
         // names both versions in its own error.
         io.send(HELLO_ID, STATUS_OK, &self.hello(ours)?).await?;

@@ -22,6 +22,7 @@ pub mod auth;
 mod client;
 pub mod handshake;
 pub mod limits;
+mod random;
 mod server;
 pub mod spin;
 #[doc(hidden)]
@@ -34,6 +35,7 @@ pub use handshake::{
     ClientHandshake, HandshakeFrame, HandshakeIo, PeerInfo, ServerHandshake, VersionHandshake,
 };
 pub use nodekernel_proto::hello::{Role, WIRE_VERSION};
+pub use random::random_bytes;
 pub use server::{
     serve, serve_unix, serve_with, DirectSink, Handler, Reply, ServeOptions, ServerHandle,
     SharedBody, DIRECT_MIN,

@@ -404,13 +404,11 @@ pub fn bind_abstract_unix(prefix: &str) -> io::Result<(String, UnixListener)> {
 
 fn random_u64() -> u64 {
     let mut r = [0u8; 8];
-    // SAFETY: getrandom writes at most r.len() bytes into `r`.
-    let n = unsafe { libc::getrandom(r.as_mut_ptr().cast(), r.len(), 0) };
-    if n == r.len() as isize {
+    if crate::random_bytes(&mut r).is_ok() {
         return u64::from_le_bytes(r);
     }
-    // No getrandom: time and pid, mixed. Names only need to differ between
-    // servers of one host.
+    // No randomness at all: time and pid, mixed. Names only need to differ
+    // between servers of one host.
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)

@@ -103,29 +103,7 @@ const DIR_HINT: &str = "give each server its own --data-dir";
 /// The hint a refused block file gets.
 const FILE_HINT: &str = "give each file store its own block file (--path)";
 
-/// Fills `buf` from the kernel's random number generator.
-pub(crate) fn random_bytes(buf: &mut [u8]) -> io::Result<()> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        let rest = &mut buf[filled..];
-        // SAFETY: the pointer and length describe `rest`, a live, writable
-        // slice; getrandom writes at most that many bytes into it.
-        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::EINTR) => continue,
-                // Kernels before 3.17 have no getrandom.
-                Some(libc::ENOSYS) => {
-                    return File::open("/dev/urandom")?.read_exact(rest);
-                }
-                _ => return Err(e),
-            }
-        }
-        filled += n as usize;
-    }
-    Ok(())
-}
+use nodekernel_rpc::random_bytes;
 
 /// A fresh random identity: [`IDENTITY_LEN`] lowercase hexadecimal digits.
 pub(crate) fn random_identity() -> io::Result<String> {

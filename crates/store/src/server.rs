@@ -893,7 +893,8 @@ impl StorageServer {
         // Drawn by every process: capabilities from before a restart are
         // refused, and their holders ask the metadata server again.
         let mut cap_key: CapKey = [0; nodekernel_proto::cap::CAP_KEY_LEN];
-        nodekernel_proto::auth::random_bytes(&mut cap_key);
+        nodekernel_rpc::random_bytes(&mut cap_key)
+            .map_err(|e| StoreError::io("generate a capability key from", "getrandom", e))?;
         let store = Arc::new(BlockStore::with_gens(
             medium,
             cfg.block_size,

@@ -112,9 +112,16 @@ async fn hand_over(
             return;
         }
     };
+    let nonce = match Token::nonce() {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!("shared-memory socket: refused process {pid:?}: {e}");
+            return;
+        }
+    };
     let challenge = Challenge {
         token_required: token.is_some(),
-        nonce: Token::nonce(),
+        nonce,
     };
     let answered = tokio::time::timeout(CHALLENGE_TIMEOUT, async {
         stream.write_all(&challenge.encode()).await?;

@@ -717,11 +717,12 @@ async fn the_memory_goes_only_to_the_owner_proving_the_token() {
     use nodekernel_rpc::{Security, Token};
     use std::io::{Read, Write};
     let token = Arc::new(Token::new(&[4; 32], "test").unwrap());
+    let security = Security {
+        token: Some(token.clone()),
+        ..Security::default()
+    };
     let srv = StorageServer::start(StoreConfig {
-        security: Security {
-            token: Some(token.clone()),
-            ..Security::default()
-        },
+        security: security.clone(),
         ..StoreConfig::default()
     })
     .await
@@ -729,7 +730,7 @@ async fn the_memory_goes_only_to_the_owner_proving_the_token() {
     let c = Connection::connect_with_handshake(
         &srv.local_addr().to_string(),
         nodekernel_rpc::ConnOptions::new(HANG),
-        &*srv_client_handshake(&token),
+        &*security.handshake(nodekernel_rpc::Role::Client),
     )
     .await
     .unwrap();
@@ -805,16 +806,6 @@ async fn the_memory_goes_only_to_the_owner_proving_the_token() {
         assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
     }
     drop(region);
-}
-
-fn srv_client_handshake(
-    token: &Arc<nodekernel_rpc::Token>,
-) -> Arc<nodekernel_rpc::VersionHandshake> {
-    nodekernel_rpc::Security {
-        token: Some(token.clone()),
-        ..Default::default()
-    }
-    .handshake(nodekernel_rpc::Role::Client)
 }
 
 /// A DRAM server answers a read with the bytes of its region itself (no
