@@ -4,6 +4,8 @@
 # are preinstalled; the Python packages go into .venv, see python-env.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A test run builds once: incremental caches would only cost disk and time.
+export CARGO_INCREMENTAL=0
 
 if ! command -v cargo >/dev/null 2>&1; then
     echo "test: cargo not found; install Rust (https://rustup.rs) and retry" >&2
