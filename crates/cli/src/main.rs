@@ -44,6 +44,54 @@ enum TokenCmd {
     },
 }
 
+#[derive(Subcommand)]
+enum TlsCmd {
+    /// Write a new certificate authority (ca.pem, ca.key) and a node
+    /// certificate it signs (node.pem, node.key) for the given hosts into
+    /// DIR; keys are readable by their owner only. Every node may share the
+    /// node certificate: list every address clients use to reach the
+    /// servers (`docs/security.md`)
+    New {
+        /// Directory to write into (created if missing); none of the four
+        /// files may exist yet
+        dir: PathBuf,
+        /// A host name or IP address the certificate is valid for
+        /// (repeatable) [default: 127.0.0.1, localhost and this host's name]
+        #[arg(long = "host", value_name = "HOST")]
+        hosts: Vec<String>,
+    },
+}
+
+/// Writes a certificate authority and a node certificate into `dir`.
+fn new_certificates(dir: &std::path::Path, hosts: &[String]) -> anyhow::Result<()> {
+    let mut hosts = hosts.to_vec();
+    if hosts.is_empty() {
+        hosts = vec!["127.0.0.1".into(), "localhost".into()];
+        if let Ok(name) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
+            let name = name.trim();
+            if !name.is_empty() && name != "localhost" {
+                hosts.push(name.to_string());
+            }
+        }
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
+    let g = nodekernel_rpc::tls::generate(dir, &hosts)?;
+    println!(
+        "wrote a certificate authority ({}, key {}) and a node certificate for {} ({}, key {})",
+        g.ca_file.display(),
+        g.ca_key_file.display(),
+        hosts.join(", "),
+        g.cert_file.display(),
+        g.key_file.display()
+    );
+    println!(
+        "use them as:\n[security.tls]\nca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}",
+        g.ca_file, g.cert_file, g.key_file
+    );
+    Ok(())
+}
+
 /// Writes a fresh token to `file` (created with mode 0600, never
 /// overwritten).
 fn new_token(file: &std::path::Path) -> anyhow::Result<()> {
@@ -192,6 +240,10 @@ enum Cmd {
     /// Cluster tokens (`docs/security.md`)
     #[command(subcommand)]
     Token(TokenCmd),
+    /// TLS certificates for a cluster without a PKI of its own
+    /// (`docs/security.md`)
+    #[command(subcommand)]
+    Tls(TlsCmd),
     /// Read or change the tiering and placement policy at runtime (every
     /// metadata partition; `docs/tiering.md`)
     #[command(subcommand)]
@@ -343,6 +395,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Mount(a) => return mount::mount(cli.client_config()?, a).await,
         Cmd::Umount(a) => return mount::umount(&a.mountpoint, a.lazy),
         Cmd::Token(TokenCmd::New { file }) => return new_token(file),
+        Cmd::Tls(TlsCmd::New { dir, hosts }) => return new_certificates(dir, hosts),
         _ => {}
     }
     let client = match &cli.cmd {
@@ -432,7 +485,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             action: Some(action),
             ..
         }) => resize::run(&client, action).await,
-        Cmd::Bench(_) | Cmd::Mount(_) | Cmd::Umount(_) | Cmd::Token(_) => {
+        Cmd::Bench(_) | Cmd::Mount(_) | Cmd::Umount(_) | Cmd::Token(_) | Cmd::Tls(_) => {
             unreachable!("handled above")
         }
         Cmd::Up(_) | Cmd::Meta(_) | Cmd::Store(_) => unreachable!("handled above"),

@@ -1125,3 +1125,92 @@ fn a_token_file_guards_the_cluster_and_nk_token_new_makes_one() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains('d'));
 }
+
+#[test]
+fn nk_tls_new_makes_certificates_a_tls_cluster_serves_and_plain_clients_are_told() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dir.path().join("pki");
+    let tls_new = || {
+        Command::new(NK)
+            .args(["tls", "new", "--host", "127.0.0.1"])
+            .arg(&pki)
+            .output()
+            .unwrap()
+    };
+    let out = tls_new();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for key in ["ca.key", "node.key"] {
+        let mode = std::fs::metadata(pki.join(key))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{key}");
+    }
+    // Never overwritten.
+    let before = std::fs::read(pki.join("node.pem")).unwrap();
+    assert!(!tls_new().status.success());
+    assert_eq!(std::fs::read(pki.join("node.pem")).unwrap(), before);
+
+    // TCP only (no Unix socket, no shared memory), so TLS carries it all.
+    let client_section =
+        "[client]\ntimeout_ms = 120000\nunix_socket = false\nshared_memory = false\n";
+    let cfg = dir.path().join("nk.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "{client_section}[security.tls]\nca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\n",
+            pki.join("ca.pem"),
+            pki.join("node.pem"),
+            pki.join("node.key"),
+        ),
+    )
+    .unwrap();
+    let cfg_s = cfg.display().to_string();
+    let (meta, addr) = start_role(
+        &["meta", "--listen", "127.0.0.1:0", "--config", &cfg_s],
+        &[],
+        "metadata server listening on",
+    );
+    let _meta = common::Proc(meta);
+    let (store, _) = start_role(
+        &[
+            "store", "--class", "0", "--medium", "dram", "--size", "16MiB", "--config", &cfg_s,
+        ],
+        &[("NK_META", &addr)],
+        "storage server 0",
+    );
+    let _store = common::Proc(store);
+
+    let src = dir.path().join("src");
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(&src, &data).unwrap();
+    let nk = |args: &[&str], config: &std::path::Path| {
+        Command::new(NK)
+            .args(args)
+            .env("NK_META", &addr)
+            .env("NK_CONFIG", config)
+            .output()
+            .unwrap()
+    };
+    let out = nk(&["put", &src.display().to_string(), "/f"], &cfg);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = nk(&["cat", "/f"], &cfg);
+    assert!(out.status.success());
+    assert_eq!(out.stdout, data);
+
+    // A client without [security.tls]: refused, told why.
+    let plain = dir.path().join("plain.toml");
+    std::fs::write(&plain, client_section).unwrap();
+    let out = nk(&["ls", "/"], &plain);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("requires TLS"), "{err}");
+}

@@ -40,6 +40,9 @@ pub struct ClientConfig {
     /// default. [`crate::discover`] reads it from `NK_TOKEN_FILE` or the
     /// `[security]` section.
     pub token: Option<Arc<nodekernel_rpc::Token>>,
+    /// TLS on TCP connections (the `[security.tls]` table); `None` by
+    /// default.
+    pub tls: Option<Arc<nodekernel_rpc::Tls>>,
 }
 
 impl ClientConfig {
@@ -54,6 +57,7 @@ impl ClientConfig {
             poll_spin: nodekernel_rpc::default_call_spin(),
             access_hook: None,
             token: None,
+            tls: None,
         }
     }
 }
@@ -182,7 +186,8 @@ impl Client {
         };
         let handshake = Arc::new(
             nodekernel_rpc::VersionHandshake::new(nodekernel_rpc::Role::Client)
-                .with_token(cfg.token.clone()),
+                .with_token(cfg.token.clone())
+                .with_tls(cfg.tls.clone()),
         );
         let io = BlockIo::new(
             ConnectionPool::with_handshake(opts, handshake.clone()),

@@ -52,7 +52,7 @@ pub use nodekernel_proto::{
 };
 /// Prefix of Unix-socket addresses (see [`Client::meta_route`]).
 pub use nodekernel_rpc::UNIX_PREFIX;
-pub use settings::{discover, ClientSection, SecuritySection, DEFAULT_META};
+pub use settings::{discover, ClientSection, SecuritySection, TlsSection, DEFAULT_META};
 pub use stream::{
     BufferedReader, BufferedWriter, StreamOptions, DEFAULT_STREAM_BUFFER_SIZE,
     DEFAULT_STREAM_SLICE_SIZE, MAX_STREAM_BUFFER_SIZE,

@@ -6,7 +6,7 @@
 use crate::ClientConfig;
 use nodekernel_proto::{Error, Result};
 use nodekernel_rpc::auth::MAX_TOKEN_LEN;
-use nodekernel_rpc::{LocalPeers, Security, Token};
+use nodekernel_rpc::{LocalPeers, Security, Tls, TlsFiles, Token};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -123,6 +123,27 @@ pub struct SecuritySection {
     /// A group (name or number) whose members may also use the servers'
     /// Unix sockets; by default only the servers' user and root may.
     pub unix_group: Option<String>,
+    /// TLS on every TCP connection (`[security.tls]`).
+    pub tls: Option<TlsSection>,
+}
+
+/// The `[security.tls]` table: TLS on every TCP connection
+/// (`docs/security.md`). A node with `cert_file` serves TLS; every node
+/// with the table connects with it.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsSection {
+    /// The authority that signs the cluster's certificates (PEM).
+    pub ca_file: Option<PathBuf>,
+    /// This node's certificate chain (PEM).
+    pub cert_file: Option<PathBuf>,
+    /// Its private key (PEM).
+    pub key_file: Option<PathBuf>,
+    /// Servers refuse clients without a certificate from `ca_file`.
+    pub require_client_cert: bool,
+    /// The name servers' certificates must carry, instead of the host of
+    /// each address.
+    pub server_name: Option<String>,
 }
 
 /// Reads a secret from `path`: at most [`MAX_TOKEN_LEN`] bytes,
@@ -190,11 +211,26 @@ impl SecuritySection {
         Ok(owner.with_group(Some(group_id(g)?)))
     }
 
-    /// Both, for a server.
+    /// The TLS configuration of `[security.tls]`, if there is one.
+    pub fn tls(&self) -> Result<Option<Arc<Tls>>> {
+        let Some(t) = &self.tls else {
+            return Ok(None);
+        };
+        Ok(Some(Arc::new(Tls::load(&TlsFiles {
+            ca_file: t.ca_file.as_deref(),
+            cert_file: t.cert_file.as_deref(),
+            key_file: t.key_file.as_deref(),
+            require_client_cert: t.require_client_cert,
+            server_name: t.server_name.as_deref(),
+        })?)))
+    }
+
+    /// All of them, for a server.
     pub fn load(&self) -> Result<Security> {
         Ok(Security {
             token: self.token()?,
             local_peers: self.local_peers()?,
+            tls: self.tls()?,
         })
     }
 }
@@ -243,6 +279,7 @@ pub fn discover(meta: Option<&str>, config_file: Option<&Path>) -> Result<Client
     };
     let mut c = section.to_config();
     c.token = security.token()?;
+    c.tls = security.tls()?;
     let env_meta = std::env::var("NK_META").ok();
     if let Some(list) = meta.or(env_meta.as_deref()) {
         let metas = parse_meta_list(list);

@@ -50,8 +50,9 @@ pub struct LocalCluster {
     pub config: Config,
     pub meta: MetaServer,
     pub stores: Vec<StorageServer>,
-    /// The cluster token its servers prove and require (`[security]`).
-    token: Option<std::sync::Arc<nodekernel_rpc::Token>>,
+    /// The cluster token its servers prove and require, and their TLS
+    /// (`[security]`).
+    security: nodekernel_rpc::Security,
     /// The section each of `stores` was started from.
     sections: Vec<StoreSection>,
     /// The locked data directory (`up.data_dir` or a fresh private one).
@@ -84,12 +85,12 @@ impl LocalCluster {
         if config.meta.expect_servers.is_none() {
             meta_cfg.placement.expected_servers = config.up_stores().len() as u32;
         }
-        let token = meta_cfg.security.token.clone();
+        let security = meta_cfg.security.clone();
         let meta = MetaServer::start(meta_cfg).await?;
         let mut cluster = LocalCluster {
             config,
             meta,
-            token,
+            security,
             stores: Vec::new(),
             sections: Vec::new(),
             dir,
@@ -181,7 +182,8 @@ impl LocalCluster {
     pub fn client_config(&self) -> ClientConfig {
         let mut c = self.config.client_config();
         c.metas = vec![self.meta_addr().to_string()];
-        c.token = self.token.clone();
+        c.token = self.security.token.clone();
+        c.tls = self.security.tls.clone();
         c
     }
 

@@ -306,3 +306,61 @@ async fn block_poisoning_fails_without_a_token_too() {
     c.put("/t/new", b"fresh").await.unwrap();
     assert_eq!(c.get("/t/new").await.unwrap(), b"fresh");
 }
+
+/// TLS end to end (`[security.tls]`): the storage servers register and
+/// every client connection runs over TLS with the token proved inside it;
+/// clients without TLS, or trusting another authority, are refused by the
+/// metadata server and by a storage server's data port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_cluster_serves_tls_clients_only() {
+    use nodekernel_client::TlsSection;
+    let pki = tempfile::tempdir().unwrap();
+    let g = nodekernel_rpc::tls::generate(pki.path(), &["127.0.0.1".into()]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(8 << 20, 8 << 20, &dir);
+    cfg.security.token = Some(SECRET.into());
+    cfg.security.tls = Some(TlsSection {
+        ca_file: Some(g.ca_file.clone()),
+        cert_file: Some(g.cert_file.clone()),
+        key_file: Some(g.key_file.clone()),
+        ..TlsSection::default()
+    });
+    // TCP everywhere: no Unix socket, no shared memory.
+    cfg.client.unix_socket = false;
+    cfg.client.shared_memory = false;
+    let t = start_with(cfg, dir).await;
+    let c = &t.client;
+    let data = pattern(5, 300_000);
+    c.create("/t", NodeType::Table, Default::default())
+        .await
+        .unwrap();
+    c.put("/t/over-tls", &data).await.unwrap();
+    assert_eq!(c.get("/t/over-tls").await.unwrap(), data);
+    let stats = c.data_path_stats();
+    assert!(stats.network_writes > 0 && stats.network_reads > 0 && stats.mapped_reads == 0);
+
+    let mut stranger_cfg = t.cluster.client_config();
+    stranger_cfg.tls = None;
+    let e = Client::connect(stranger_cfg.clone()).await.err().unwrap();
+    assert_eq!(e.code, ErrorCode::Unauthenticated, "{e}");
+    assert!(e.message.contains("requires TLS"), "{e}");
+    let other = tempfile::tempdir().unwrap();
+    let og = nodekernel_rpc::tls::generate(other.path(), &["127.0.0.1".into()]).unwrap();
+    stranger_cfg.tls = Some(Arc::new(
+        nodekernel_rpc::Tls::load(&nodekernel_rpc::TlsFiles {
+            ca_file: Some(&og.ca_file),
+            ..Default::default()
+        })
+        .unwrap(),
+    ));
+    let e = Client::connect(stranger_cfg).await.err().unwrap();
+    assert!(e.message.contains("does not trust"), "{e}");
+
+    // A storage server's data port, plain: refused too.
+    let store_addr = t.cluster.stores[0].local_addr().to_string();
+    let e = connect(&store_addr, Some(token(SECRET)))
+        .await
+        .err()
+        .unwrap();
+    assert!(e.message.contains("requires TLS"), "{e}");
+}

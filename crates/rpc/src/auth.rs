@@ -157,6 +157,8 @@ impl Token {
 pub struct Security {
     pub token: Option<Arc<Token>>,
     pub local_peers: LocalPeers,
+    /// TLS on TCP connections, made and (with a certificate) served.
+    pub tls: Option<Arc<crate::Tls>>,
 }
 
 impl Default for Security {
@@ -164,6 +166,7 @@ impl Default for Security {
         Security {
             token: None,
             local_peers: LocalPeers::owner(),
+            tls: None,
         }
     }
 }
@@ -171,7 +174,11 @@ impl Default for Security {
 impl Security {
     /// The handshake of a connection made or served as `role`.
     pub fn handshake(&self, role: Role) -> Arc<VersionHandshake> {
-        Arc::new(VersionHandshake::new(role).with_token(self.token.clone()))
+        Arc::new(
+            VersionHandshake::new(role)
+                .with_token(self.token.clone())
+                .with_tls(self.tls.clone()),
+        )
     }
 
     /// A pool whose connections introduce themselves as `role` and prove

@@ -9,8 +9,8 @@
 //! [`ServeOptions::handshake_timeout`](crate::ServeOptions::handshake_timeout).
 //! Both get a [`HandshakeIo`] that sends and receives whole frames of at most
 //! [`MAX_HANDSHAKE_PAYLOAD`] bytes, and may exchange as many as they need:
-//! the cluster-token proof ([`crate::auth`]) runs here, and TLS will plug in
-//! here too.
+//! TLS ([`crate::tls`]) runs here first, then the cluster-token proof
+//! ([`crate::auth`]).
 //!
 //! The default on both ends is [`VersionHandshake`]: one HELLO each way
 //! ([`nodekernel_proto::hello`]), and the connection is refused unless both
@@ -24,6 +24,7 @@
 
 use crate::auth::Token;
 use crate::limits::MAX_HANDSHAKE_PAYLOAD;
+use crate::tls::Tls;
 use crate::transport::Stream;
 use bytes::{Buf, Bytes, BytesMut};
 use futures::future::BoxFuture;
@@ -32,7 +33,7 @@ use nodekernel_proto::hello::{
     Hello, Role, AUTH_KIND, HELLO_ID, HELLO_KIND, NONCE_LEN, WIRE_VERSION,
 };
 use nodekernel_proto::{Error, ErrorCode, FrameHeader, Result, HEADER_LEN};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// What a handshake learnt about the other end.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,11 +76,16 @@ pub struct HandshakeFrame {
 /// each payload at most [`MAX_HANDSHAKE_PAYLOAD`] bytes. Bytes that arrive
 /// after the last frame read are kept for the connection.
 pub struct HandshakeIo {
-    stream: Stream,
+    pub(crate) stream: Stream,
     peer: String,
     buf: BytesMut,
     /// The id of the last frame received and not yet answered.
     unanswered: Option<u64>,
+    /// Whether the first bytes were checked for a TLS record (a TLS peer
+    /// on a plain TCP connection).
+    tls_checked: bool,
+    /// Why the TLS relay of this connection ended, once it has.
+    pub(crate) relay_error: Option<Arc<OnceLock<Error>>>,
 }
 
 impl HandshakeIo {
@@ -89,6 +95,24 @@ impl HandshakeIo {
             peer,
             buf: BytesMut::new(),
             unanswered: None,
+            tls_checked: false,
+            relay_error: None,
+        }
+    }
+
+    /// Counts frame `id` as received and unanswered (the transport answers
+    /// it if the handshake fails).
+    pub(crate) fn mark_unanswered(&mut self, id: u64) {
+        self.unanswered = Some(id);
+    }
+
+    /// An I/O failure of the handshake, with why the TLS relay ended if it
+    /// did (a TLS alert from the peer says more than a closed socket, and
+    /// decides the error's code).
+    fn failure(&self, e: Error) -> Error {
+        match self.relay_error.as_ref().and_then(|r| r.get()) {
+            Some(why) => Error::new(why.code, format!("{}: {}", e.message, why.message)),
+            None => e,
         }
     }
 
@@ -113,10 +137,16 @@ impl HandshakeIo {
         FrameHeader::put(&mut frame, id, kind, payload.len());
         frame.extend_from_slice(payload);
         self.unanswered = None;
-        self.stream
-            .write_all(&frame)
-            .await
-            .map_err(|e| crate::io_error(&format!("handshake with {}", self.peer), e))
+        self.write(&frame).await
+    }
+
+    async fn write(&mut self, frame: &[u8]) -> Result<()> {
+        match self.stream.write_all(frame).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                Err(self.failure(crate::io_error(&format!("handshake with {}", self.peer), e)))
+            }
+        }
     }
 
     /// Sends an error frame (status = the error's code, payload = its
@@ -125,10 +155,7 @@ impl HandshakeIo {
         let mut frame = BytesMut::new();
         crate::server::push_error(&mut frame, id, err);
         self.unanswered = None;
-        self.stream
-            .write_all(&frame)
-            .await
-            .map_err(|e| crate::io_error(&format!("handshake with {}", self.peer), e))
+        self.write(&frame).await
     }
 
     /// Receives one frame. A header that cannot be parsed, a payload over
@@ -138,6 +165,18 @@ impl HandshakeIo {
     /// Cancel safe: bytes read are kept for the next call.
     pub async fn recv(&mut self) -> Result<HandshakeFrame> {
         loop {
+            if !self.tls_checked && self.buf.len() >= 3 {
+                self.tls_checked = true;
+                if matches!(self.stream, Stream::Tcp(_)) && crate::tls::looks_like_tls(&self.buf) {
+                    // Nothing to answer: the peer could not read a frame.
+                    self.unanswered = None;
+                    return Err(Error::unauthenticated(format!(
+                        "{} speaks TLS on this connection, but this end has no TLS configured \
+                         for it ([security.tls] in docs/security.md)",
+                        self.peer
+                    )));
+                }
+            }
             if self.buf.len() >= HEADER_LEN {
                 let h: [u8; HEADER_LEN] =
                     self.buf[..HEADER_LEN].try_into().expect("length checked");
@@ -165,16 +204,18 @@ impl HandshakeIo {
             } else {
                 self.buf.reserve(4096);
             }
-            let n = self
-                .stream
-                .read_buf(&mut self.buf)
-                .await
-                .map_err(|e| crate::io_error(&format!("handshake with {}", self.peer), e))?;
+            let n = match self.stream.read_buf(&mut self.buf).await {
+                Ok(n) => n,
+                Err(e) => {
+                    let e = crate::io_error(&format!("handshake with {}", self.peer), e);
+                    return Err(self.failure(e));
+                }
+            };
             if n == 0 {
-                return Err(Error::unavailable(format!(
+                return Err(self.failure(Error::unavailable(format!(
                     "{} closed the connection during the handshake",
                     self.peer
-                )));
+                ))));
             }
         }
     }
@@ -201,6 +242,7 @@ pub struct VersionHandshake {
     role: Role,
     version: u16,
     token: Option<Arc<Token>>,
+    tls: Option<Arc<Tls>>,
 }
 
 impl VersionHandshake {
@@ -210,6 +252,7 @@ impl VersionHandshake {
             role,
             version: WIRE_VERSION,
             token: None,
+            tls: None,
         }
     }
 
@@ -230,6 +273,13 @@ impl VersionHandshake {
         self
     }
 
+    /// This handshake starting TLS on TCP connections first (see
+    /// [`crate::tls`]); `None` leaves them plain.
+    pub fn with_tls(mut self, tls: Option<Arc<Tls>>) -> VersionHandshake {
+        self.tls = tls;
+        self
+    }
+
     fn hello(&self, nonce: Option<[u8; NONCE_LEN]>) -> Result<BytesMut> {
         let mut hello = Hello {
             version: self.version,
@@ -245,6 +295,9 @@ impl VersionHandshake {
     }
 
     async fn client(&self, io: &mut HandshakeIo) -> Result<PeerInfo> {
+        if let Some(tls) = &self.tls {
+            io.start_tls_client(tls).await?;
+        }
         let ours = self.token.as_ref().map(|_| Token::nonce()).transpose()?;
         io.send(HELLO_ID, HELLO_KIND, &self.hello(ours)?).await?;
         let answer = io.recv().await?;
@@ -317,6 +370,9 @@ impl VersionHandshake {
     }
 
     async fn server(&self, io: &mut HandshakeIo) -> Result<PeerInfo> {
+        if let Some(tls) = &self.tls {
+            io.start_tls_server(tls).await?;
+        }
         let first = io.recv().await?;
         if first.kind != HELLO_KIND || first.id != HELLO_ID {
             return Err(Error::protocol(format!(

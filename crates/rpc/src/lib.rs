@@ -10,7 +10,8 @@
 //! Every connection starts with a handshake ([`handshake`]): by default the
 //! two ends exchange HELLOs and refuse each other unless they speak the
 //! same wire version; authentication plugs in at the same place
-//! ([`ClientHandshake`], [`ServerHandshake`]). Everything a peer can make a
+//! ([`ClientHandshake`], [`ServerHandshake`]): TLS on TCP ([`tls`]) and the
+//! cluster token ([`auth`]). Everything a peer can make a
 //! server hold is bounded ([`limits`]).
 //!
 //! Malformed input never takes a server down: a bad payload gets a
@@ -27,6 +28,7 @@ mod server;
 pub mod spin;
 #[doc(hidden)]
 pub mod testing;
+pub mod tls;
 mod transport;
 
 pub use auth::{Security, Token};
@@ -40,6 +42,7 @@ pub use server::{
     serve, serve_unix, serve_with, DirectSink, Handler, Reply, ServeOptions, ServerHandle,
     SharedBody, DIRECT_MIN,
 };
+pub use tls::{Tls, TlsFiles};
 pub use transport::{abstract_unix_addr, bind_abstract_unix, bind_unix, LocalPeers, UNIX_PREFIX};
 
 /// Busy-poll budget of an idle server connection waiting for its next

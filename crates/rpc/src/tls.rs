@@ -1,0 +1,421 @@
+//! TLS on the TCP transport (rustls, TLS 1.3 only, ring as the provider).
+//!
+//! TLS runs inside the handshake ([`crate::handshake`]): a TCP connection
+//! first completes a TLS handshake, then the HELLO exchange (and the
+//! cluster-token proof) runs inside it. Unix sockets and shared memory stay
+//! plain: they only reach peers on the same host, whom TLS would not keep
+//! out ([`crate::LocalPeers`] does).
+//!
+//! The transport reads and writes raw descriptors (busy polling, replies
+//! received straight into the caller's buffers), which a TLS session cannot
+//! offer. So a TLS connection is relayed: a task moves bytes between the
+//! TLS stream and one end of a Unix socket pair, and the connection runs
+//! unchanged on the other end. That costs a copy and a task hand-off per
+//! message each way (see `docs/benchmarks.md` for what it costs).
+//!
+//! Either end names its mistake clearly: a plain server answers a TLS
+//! client by closing (the client says TLS may not be configured there), a
+//! TLS server answers a plain client with an error frame saying TLS is
+//! required, and a certificate not signed by the configured authority is
+//! refused naming the reason rustls gives.
+
+use crate::handshake::HandshakeIo;
+use crate::transport::Stream;
+use nodekernel_proto::hello::HELLO_ID;
+use nodekernel_proto::{Error, Result};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+use tokio::net::{TcpStream, UnixStream};
+
+/// Largest PEM file read (certificates, keys).
+const MAX_PEM_FILE: u64 = 1 << 20;
+
+/// Bytes the relay moves at a time in each direction.
+const RELAY_BUF: usize = 64 * 1024;
+
+/// Where a node's TLS settings come from (`[security.tls]`, see
+/// `docs/security.md`).
+#[derive(Debug, Clone, Default)]
+pub struct TlsFiles<'a> {
+    /// PEM certificates of the authorities that sign the cluster's
+    /// certificates: servers are checked against them, and clients too when
+    /// `require_client_cert` is set.
+    pub ca_file: Option<&'a Path>,
+    /// This node's certificate chain (PEM): served by its servers, and
+    /// presented by its clients when a server asks.
+    pub cert_file: Option<&'a Path>,
+    /// The private key of `cert_file` (PEM).
+    pub key_file: Option<&'a Path>,
+    /// Servers refuse clients without a certificate signed by `ca_file`.
+    pub require_client_cert: bool,
+    /// The name a server's certificate must carry; by default the host of
+    /// the address connected to (an IP address or a DNS name).
+    pub server_name: Option<&'a str>,
+}
+
+/// A node's TLS configuration: how its clients connect, and (when it has a
+/// certificate) how its servers accept.
+pub struct Tls {
+    connector: tokio_rustls::TlsConnector,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    server_name: Option<ServerName<'static>>,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls")
+            .field("serves", &self.acceptor.is_some())
+            .field("server_name", &self.server_name)
+            .finish_non_exhaustive()
+    }
+}
+
+fn bad(what: &str, path: &Path, e: impl std::fmt::Display) -> Error {
+    Error::invalid_argument(format!("[security.tls] {what} {}: {e}", path.display()))
+}
+
+/// Reads a PEM file of at most [`MAX_PEM_FILE`] bytes.
+fn read_pem(what: &str, path: &Path) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| bad(what, path, e))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_PEM_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| bad(what, path, e))?;
+    if bytes.len() as u64 > MAX_PEM_FILE {
+        return Err(bad(what, path, format!("larger than {MAX_PEM_FILE} bytes")));
+    }
+    Ok(bytes)
+}
+
+fn certificates(what: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>> {
+    let pem = read_pem(what, path)?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| bad(what, path, e))?;
+    if certs.is_empty() {
+        return Err(bad(what, path, "no PEM certificate in it"));
+    }
+    Ok(certs)
+}
+
+fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>> {
+    PrivateKeyDer::from_pem_slice(&read_pem("key_file", path)?)
+        .map_err(|e| bad("key_file", path, e))
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+impl Tls {
+    /// Loads the files `files` names. A client needs `ca_file`; a server
+    /// needs `cert_file` and `key_file` as well. Every problem names the
+    /// file and the setting.
+    pub fn load(files: &TlsFiles<'_>) -> Result<Tls> {
+        let tls_err = |e: rustls::Error| Error::invalid_argument(format!("[security.tls]: {e}"));
+        let ca = files.ca_file.ok_or_else(|| {
+            Error::invalid_argument(
+                "[security.tls] needs ca_file: the certificate authority that signs the \
+                 cluster's certificates",
+            )
+        })?;
+        let mut roots = rustls::RootCertStore::empty();
+        for c in certificates("ca_file", ca)? {
+            roots.add(c).map_err(|e| bad("ca_file", ca, e))?;
+        }
+        let roots = Arc::new(roots);
+        let identity = match (files.cert_file, files.key_file) {
+            (Some(c), Some(k)) => Some((certificates("cert_file", c)?, private_key(k)?)),
+            (None, None) => None,
+            _ => {
+                return Err(Error::invalid_argument(
+                    "[security.tls]: give cert_file and key_file together",
+                ))
+            }
+        };
+        let versions: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TLS13];
+        let client = rustls::ClientConfig::builder_with_provider(provider())
+            .with_protocol_versions(versions)
+            .map_err(tls_err)?
+            .with_root_certificates(roots.clone());
+        let client = match &identity {
+            Some((certs, key)) => client
+                .with_client_auth_cert(certs.clone(), key.clone_key())
+                .map_err(tls_err)?,
+            None => client.with_no_client_auth(),
+        };
+        let acceptor = match identity {
+            Some((certs, key)) => {
+                let builder = rustls::ServerConfig::builder_with_provider(provider())
+                    .with_protocol_versions(versions)
+                    .map_err(tls_err)?;
+                let builder = if files.require_client_cert {
+                    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                        roots,
+                        provider(),
+                    )
+                    .build()
+                    .map_err(|e| Error::invalid_argument(format!("[security.tls]: {e}")))?;
+                    builder.with_client_cert_verifier(verifier)
+                } else {
+                    builder.with_no_client_auth()
+                };
+                let config = builder.with_single_cert(certs, key).map_err(tls_err)?;
+                Some(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+            }
+            None if files.require_client_cert => {
+                return Err(Error::invalid_argument(
+                    "[security.tls] require_client_cert needs this node's own cert_file and \
+                     key_file",
+                ))
+            }
+            None => None,
+        };
+        let server_name = files
+            .server_name
+            .map(|n| {
+                ServerName::try_from(n.to_string()).map_err(|e| {
+                    Error::invalid_argument(format!("[security.tls] server_name {n:?}: {e}"))
+                })
+            })
+            .transpose()?;
+        Ok(Tls {
+            connector: tokio_rustls::TlsConnector::from(Arc::new(client)),
+            acceptor,
+            server_name,
+        })
+    }
+
+    /// Whether this node's servers accept TLS (it has a certificate).
+    pub fn serves(&self) -> bool {
+        self.acceptor.is_some()
+    }
+
+    /// The name `addr`'s certificate must carry.
+    fn name_for(&self, addr: &str) -> Result<ServerName<'static>> {
+        if let Some(n) = &self.server_name {
+            return Ok(n.clone());
+        }
+        let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        ServerName::try_from(host.to_string()).map_err(|e| {
+            Error::invalid_argument(format!(
+                "{addr}: {host:?} is no name a certificate can carry ({e}); set [security.tls] \
+                 server_name"
+            ))
+        })
+    }
+}
+
+/// Whether `b` starts like a TLS record (content type 20–23, major version
+/// 3): bytes no NodeKernel frame header starts with, since such a length
+/// exceeds every handshake frame's bound.
+pub(crate) fn looks_like_tls(b: &[u8]) -> bool {
+    b.len() >= 3 && (0x14..=0x17).contains(&b[0]) && b[1] == 3 && b[2] <= 4
+}
+
+/// Moves bytes between `tls` and a new Unix socket pair; returns the end
+/// the connection runs on, and where the relay leaves the error that
+/// ended it (a TLS alert the peer sent, say), for the connection's own
+/// error messages.
+fn relay<S>(tls: S) -> Result<(UnixStream, Arc<OnceLock<Error>>)>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (ours, mut theirs) =
+        UnixStream::pair().map_err(|e| crate::io_error("creating the TLS relay", e))?;
+    let ended = Arc::new(OnceLock::new());
+    let why = ended.clone();
+    tokio::spawn(async move {
+        let mut tls = tls;
+        if let Err(e) =
+            tokio::io::copy_bidirectional_with_sizes(&mut tls, &mut theirs, RELAY_BUF, RELAY_BUF)
+                .await
+        {
+            let _ = why.set(relay_failure(e));
+        }
+    });
+    Ok((ours, ended))
+}
+
+/// Why a relay ended, as the connection's errors report it. An alert from
+/// the peer after the handshake is how a server refuses a client's
+/// certificate in TLS 1.3 (the client finished its side already).
+fn relay_failure(e: std::io::Error) -> Error {
+    match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+        Some(rustls::Error::AlertReceived(alert)) => Error::unauthenticated(format!(
+            "TLS: the peer ended the session with alert {alert:?}; it did not accept this \
+             end's certificate (with require_client_cert, clients need [security.tls] \
+             cert_file and key_file signed by the cluster's authority)"
+        )),
+        _ => Error::unavailable(format!("TLS: {e}")),
+    }
+}
+
+/// The client's message for a failed TLS handshake with `peer`.
+fn client_failure(peer: &str, e: std::io::Error) -> Error {
+    let hint = match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+        Some(rustls::Error::InvalidCertificate(_)) => {
+            "this client does not trust the server's certificate: it must be signed by the \
+             authority in [security.tls] ca_file and name the address connected to (or \
+             server_name)"
+        }
+        Some(rustls::Error::AlertReceived(_)) => "the server refused this client's TLS handshake",
+        _ if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            "the server closed the connection: is TLS configured on it ([security.tls] with \
+             cert_file)? A plain server closes on a TLS client"
+        }
+        _ => "is TLS configured on that server ([security.tls])?",
+    };
+    Error::unauthenticated(format!("TLS handshake with {peer} failed: {e}; {hint}"))
+}
+
+impl HandshakeIo {
+    /// On a TCP socket, runs the client side of a TLS handshake and moves
+    /// the connection onto the relay; other sockets stay as they are.
+    pub(crate) async fn start_tls_client(&mut self, tls: &Tls) -> Result<()> {
+        let Some(tcp) = self.take_tcp()? else {
+            return Ok(());
+        };
+        let name = tls.name_for(self.peer())?;
+        let stream = tls
+            .connector
+            .connect(name, tcp)
+            .await
+            .map_err(|e| client_failure(self.peer(), e))?;
+        self.use_relay(relay(stream)?);
+        Ok(())
+    }
+
+    /// On a TCP socket, runs the server side of a TLS handshake and moves
+    /// the connection onto the relay. A peer whose first byte is no TLS
+    /// handshake record is a plain client: it is told TLS is required.
+    pub(crate) async fn start_tls_server(&mut self, tls: &Tls) -> Result<()> {
+        let Some(acceptor) = &tls.acceptor else {
+            return Ok(());
+        };
+        let Some(tcp) = self.take_tcp()? else {
+            return Ok(());
+        };
+        let mut first = [0u8; 1];
+        let n = tcp
+            .peek(&mut first)
+            .await
+            .map_err(|e| crate::io_error(&format!("handshake with {}", self.peer()), e))?;
+        if n == 1 && first[0] != 0x16 {
+            // A plain HELLO: answer it in the clear, where the client
+            // can read why.
+            self.restore_tcp(tcp);
+            self.mark_unanswered(HELLO_ID);
+            tracing::warn!(
+                "refused a connection from {}: it did not start TLS, which this server requires",
+                self.peer()
+            );
+            return Err(Error::unauthenticated(
+                "this server requires TLS on its TCP ports: configure [security.tls] ca_file on \
+                 the client (or connect over the server's Unix socket on its host)",
+            ));
+        }
+        let stream = acceptor.accept(tcp).await.map_err(|e| {
+            tracing::warn!(
+                "refused a connection from {}: TLS handshake failed: {e}",
+                self.peer()
+            );
+            Error::unauthenticated(format!("TLS handshake failed: {e}"))
+        })?;
+        self.use_relay(relay(stream)?);
+        Ok(())
+    }
+
+    /// Takes the TCP socket out (leaving a placeholder that is replaced
+    /// before the handshake goes on); `None` for a Unix socket.
+    fn take_tcp(&mut self) -> Result<Option<TcpStream>> {
+        if !matches!(self.stream, Stream::Tcp(_)) {
+            return Ok(None);
+        }
+        let (placeholder, _) =
+            UnixStream::pair().map_err(|e| crate::io_error("creating the TLS relay", e))?;
+        match std::mem::replace(&mut self.stream, Stream::Unix(placeholder)) {
+            Stream::Tcp(t) => Ok(Some(t)),
+            Stream::Unix(_) => unreachable!("checked above"),
+        }
+    }
+
+    fn restore_tcp(&mut self, tcp: TcpStream) {
+        self.stream = Stream::Tcp(tcp);
+    }
+
+    fn use_relay(&mut self, (end, ended): (UnixStream, Arc<OnceLock<Error>>)) {
+        self.stream = Stream::Unix(end);
+        self.relay_error = Some(ended);
+    }
+}
+
+/// What [`generate`] wrote.
+#[derive(Debug, Clone)]
+pub struct Generated {
+    pub ca_file: std::path::PathBuf,
+    pub ca_key_file: std::path::PathBuf,
+    pub cert_file: std::path::PathBuf,
+    pub key_file: std::path::PathBuf,
+}
+
+/// Writes a new certificate authority (`ca.pem`, `ca.key`) and a node
+/// certificate it signs (`node.pem`, `node.key`) for `hosts` (IP addresses
+/// or DNS names) into `dir`, which must not hold any of them yet. Keys are
+/// written with mode 0600. Meant for a cluster without a PKI of its own:
+/// every node may share the one node certificate (`nk tls new`).
+pub fn generate(dir: &Path, hosts: &[String]) -> Result<Generated> {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    let fail = |e: rcgen::Error| Error::invalid_argument(format!("generating certificates: {e}"));
+    if hosts.is_empty() {
+        return Err(Error::invalid_argument(
+            "a certificate needs at least one host name or address",
+        ));
+    }
+    let out = Generated {
+        ca_file: dir.join("ca.pem"),
+        ca_key_file: dir.join("ca.key"),
+        cert_file: dir.join("node.pem"),
+        key_file: dir.join("node.key"),
+    };
+    let ca_key = KeyPair::generate().map_err(fail)?;
+    let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(fail)?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "NodeKernel cluster authority");
+    let ca_cert = ca.self_signed(&ca_key).map_err(fail)?;
+    let issuer = Issuer::new(ca, ca_key);
+    let node_key = KeyPair::generate().map_err(fail)?;
+    let mut node = CertificateParams::new(hosts.to_vec()).map_err(fail)?;
+    node.distinguished_name
+        .push(DnType::CommonName, "NodeKernel node");
+    let node_cert = node.signed_by(&node_key, &issuer).map_err(fail)?;
+    let files = [
+        (&out.ca_file, ca_cert.pem(), 0o644),
+        (&out.ca_key_file, issuer.key().serialize_pem(), 0o600),
+        (&out.cert_file, node_cert.pem(), 0o644),
+        (&out.key_file, node_key.serialize_pem(), 0o600),
+    ];
+    if let Some((f, _, _)) = files.iter().find(|(f, _, _)| f.exists()) {
+        return Err(Error::invalid_argument(format!(
+            "{} exists: not overwriting certificates or keys",
+            f.display()
+        )));
+    }
+    for (path, text, mode) in files {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(path)
+            .and_then(|mut f| f.write_all(text.as_bytes()));
+        written.map_err(|e| Error::invalid_argument(format!("writing {}: {e}", path.display())))?;
+    }
+    Ok(out)
+}
