@@ -217,16 +217,14 @@ pub(crate) fn looks_like_tls(b: &[u8]) -> bool {
     b.len() >= 3 && (0x14..=0x17).contains(&b[0]) && b[1] == 3 && b[2] <= 4
 }
 
-/// Moves bytes between `tls` and a new Unix socket pair; returns the end
-/// the connection runs on, and where the relay leaves the error that
-/// ended it (a TLS alert the peer sent, say), for the connection's own
-/// error messages.
-fn relay<S>(tls: S) -> Result<(UnixStream, Arc<OnceLock<Error>>)>
+/// Moves bytes between `tls` and `theirs`, one end of the Unix socket
+/// pair whose other end the connection runs on; returns where the relay
+/// leaves the error that ended it (a TLS alert the peer sent, say), for
+/// the connection's own error messages.
+fn relay<S>(tls: S, mut theirs: UnixStream) -> Arc<OnceLock<Error>>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let (ours, mut theirs) =
-        UnixStream::pair().map_err(|e| crate::io_error("creating the TLS relay", e))?;
     let ended = Arc::new(OnceLock::new());
     let why = ended.clone();
     tokio::spawn(async move {
@@ -238,7 +236,7 @@ where
             let _ = why.set(relay_failure(e));
         }
     });
-    Ok((ours, ended))
+    ended
 }
 
 /// Why a relay ended, as the connection's errors report it. An alert from
@@ -277,7 +275,7 @@ impl HandshakeIo {
     /// On a TCP socket, runs the client side of a TLS handshake and moves
     /// the connection onto the relay; other sockets stay as they are.
     pub(crate) async fn start_tls_client(&mut self, tls: &Tls) -> Result<()> {
-        let Some(tcp) = self.take_tcp()? else {
+        let Some((tcp, theirs)) = self.onto_relay()? else {
             return Ok(());
         };
         let name = tls.name_for(self.peer())?;
@@ -286,7 +284,7 @@ impl HandshakeIo {
             .connect(name, tcp)
             .await
             .map_err(|e| client_failure(self.peer(), e))?;
-        self.use_relay(relay(stream)?);
+        self.relay_error = Some(relay(stream, theirs));
         Ok(())
     }
 
@@ -297,7 +295,7 @@ impl HandshakeIo {
         let Some(acceptor) = &tls.acceptor else {
             return Ok(());
         };
-        let Some(tcp) = self.take_tcp()? else {
+        let Some((tcp, theirs)) = self.onto_relay()? else {
             return Ok(());
         };
         let mut first = [0u8; 1];
@@ -308,7 +306,7 @@ impl HandshakeIo {
         if n == 1 && first[0] != 0x16 {
             // A plain HELLO: answer it in the clear, where the client
             // can read why.
-            self.restore_tcp(tcp);
+            self.stream = Stream::Tcp(tcp);
             self.mark_unanswered(HELLO_ID);
             tracing::warn!(
                 "refused a connection from {}: it did not start TLS, which this server requires",
@@ -326,31 +324,23 @@ impl HandshakeIo {
             );
             Error::unauthenticated(format!("TLS handshake failed: {e}"))
         })?;
-        self.use_relay(relay(stream)?);
+        self.relay_error = Some(relay(stream, theirs));
         Ok(())
     }
 
-    /// Takes the TCP socket out (leaving a placeholder that is replaced
-    /// before the handshake goes on); `None` for a Unix socket.
-    fn take_tcp(&mut self) -> Result<Option<TcpStream>> {
+    /// Moves the connection onto one end of a new Unix socket pair and
+    /// returns its TCP socket and the pair's other end, for the relay;
+    /// `None` (and nothing changed) for a Unix socket.
+    fn onto_relay(&mut self) -> Result<Option<(TcpStream, UnixStream)>> {
         if !matches!(self.stream, Stream::Tcp(_)) {
             return Ok(None);
         }
-        let (placeholder, _) =
+        let (ours, theirs) =
             UnixStream::pair().map_err(|e| crate::io_error("creating the TLS relay", e))?;
-        match std::mem::replace(&mut self.stream, Stream::Unix(placeholder)) {
-            Stream::Tcp(t) => Ok(Some(t)),
+        match std::mem::replace(&mut self.stream, Stream::Unix(ours)) {
+            Stream::Tcp(tcp) => Ok(Some((tcp, theirs))),
             Stream::Unix(_) => unreachable!("checked above"),
         }
-    }
-
-    fn restore_tcp(&mut self, tcp: TcpStream) {
-        self.stream = Stream::Tcp(tcp);
-    }
-
-    fn use_relay(&mut self, (end, ended): (UnixStream, Arc<OnceLock<Error>>)) {
-        self.stream = Stream::Unix(end);
-        self.relay_error = Some(ended);
     }
 }
 
