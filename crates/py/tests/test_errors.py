@@ -148,3 +148,44 @@ def test_a_cluster_with_a_token_refuses_clients_without_it(tmp_path, monkeypatch
             assert c.get("/t/k") == b"v"
     finally:
         cluster.stop()
+
+
+def test_a_tls_cluster_serves_clients_trusting_its_authority(tmp_path, monkeypatch):
+    """With `[security.tls]` (certificates from `nk tls new`), a client
+    with the cluster's authority works over TCP; one without TLS gets
+    `Unauthenticated` saying the server requires TLS."""
+    import subprocess
+
+    from conftest import Cluster, nk_binary
+
+    pki = tmp_path / "pki"
+    subprocess.run(
+        [nk_binary(), "tls", "new", str(pki), "--host", "127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )
+    # TCP only: no Unix socket and no shared memory, so TLS carries it all.
+    tcp_only = "[client]\nunix_socket = false\nshared_memory = false\n"
+    cfg = tmp_path / "nk.toml"
+    cfg.write_text(
+        tcp_only
+        + "[security.tls]\n"
+        + f'ca_file = "{pki}/ca.pem"\ncert_file = "{pki}/node.pem"\nkey_file = "{pki}/node.key"\n'
+    )
+    plain = tmp_path / "plain.toml"
+    plain.write_text(tcp_only)
+    # The fixture's own `nk status --wait` needs TLS too.
+    monkeypatch.setenv("NK_CONFIG", str(cfg))
+    cluster = Cluster(dram="64MiB", extra=("--config", str(cfg)))
+    try:
+        value = bytes(range(256)) * 1000
+        with nodekernel.connect(cluster.meta) as c:
+            c.mkdir("/t", type="table")
+            c.put("/t/k", value)
+            assert c.get("/t/k") == value
+        with pytest.raises(nodekernel.Unauthenticated) as e:
+            nodekernel.connect(cluster.meta, config=str(plain))
+        assert isinstance(e.value, PermissionError)
+        assert "requires TLS" in str(e.value)
+    finally:
+        cluster.stop()
