@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{client, nk_ok, start_meta_and_store, start_role, NK};
+use common::{client, nk_ok, start_meta_and_store, start_meta_and_store_with, start_role, NK};
 
 struct Up {
     child: Child,
@@ -1083,20 +1083,9 @@ fn a_token_file_guards_the_cluster_and_nk_token_new_makes_one() {
     )
     .unwrap();
     let cfg_s = cfg.display().to_string();
-    let (meta, addr) = start_role(
-        &["meta", "--listen", "127.0.0.1:0", "--config", &cfg_s],
-        &[],
-        "metadata server listening on",
-    );
-    let _meta = common::Proc(meta);
-    let (store, _) = start_role(
-        &[
-            "store", "--class", "0", "--medium", "dram", "--size", "16MiB", "--config", &cfg_s,
-        ],
-        &[("NK_META", &addr)],
-        "storage server 0",
-    );
-    let _store = common::Proc(store);
+    let with_cfg = ["--config", cfg_s.as_str()];
+    let (meta, addr, store) = start_meta_and_store_with(&with_cfg, &with_cfg, "16MiB");
+    let (_meta, _store) = (common::Proc(meta), common::Proc(store));
 
     // Without the token: refused, saying what is missing.
     let out = client(&addr).args(["mkdir", "/d"]).output().unwrap();
@@ -1170,20 +1159,9 @@ fn nk_tls_new_makes_certificates_a_tls_cluster_serves_and_plain_clients_are_told
     )
     .unwrap();
     let cfg_s = cfg.display().to_string();
-    let (meta, addr) = start_role(
-        &["meta", "--listen", "127.0.0.1:0", "--config", &cfg_s],
-        &[],
-        "metadata server listening on",
-    );
-    let _meta = common::Proc(meta);
-    let (store, _) = start_role(
-        &[
-            "store", "--class", "0", "--medium", "dram", "--size", "16MiB", "--config", &cfg_s,
-        ],
-        &[("NK_META", &addr)],
-        "storage server 0",
-    );
-    let _store = common::Proc(store);
+    let with_cfg = ["--config", cfg_s.as_str()];
+    let (meta, addr, store) = start_meta_and_store_with(&with_cfg, &with_cfg, "16MiB");
+    let (_meta, _store) = (common::Proc(meta), common::Proc(store));
 
     let src = dir.path().join("src");
     let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
