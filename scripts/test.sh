@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, lints, and every test in the workspace.
+# The whole test suite: formatting, lints, every test in the workspace, and
+# a bounded run of the fuzz targets.
 # Works on a fresh machine of the project's kind (Rust via rustup and CPython
 # are preinstalled; the Python packages go into .venv, see python-env.sh).
 set -euo pipefail
@@ -38,6 +39,10 @@ echo "== loom model check of the shared-memory protocol (about a minute) =="
 # Its own target directory: --cfg loom rebuilds every dependency.
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
     cargo test -p nodekernel-shm --release --locked --test loom
+echo "== fuzzing: every fuzz target for 10 s (nightly; fuzz/README.md) =="
+# Skipped with a notice without a nightly toolchain; NK_FUZZ_SECONDS sets
+# the seconds per target.
+./scripts/fuzz.sh
 echo "== Python package: build into .venv, ruff, pytest =="
 ./scripts/python-env.sh
 .venv/bin/ruff check crates/py scripts

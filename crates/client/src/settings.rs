@@ -78,33 +78,40 @@ impl ClientSection {
 
 /// The `[client]` and `[security]` sections of a configuration file.
 fn load_sections(path: &Path) -> Result<(ClientSection, SecuritySection)> {
-    {
-        let bad = |m: String| Error::invalid_argument(format!("{}: {m}", path.display()));
-        let file = std::fs::File::open(path).map_err(|e| bad(format!("cannot read: {e}")))?;
-        let mut text = String::new();
-        std::io::Read::read_to_string(
-            &mut std::io::Read::take(file, MAX_CONFIG_FILE + 1),
-            &mut text,
-        )
-        .map_err(|e| bad(format!("cannot read: {e}")))?;
-        if text.len() as u64 > MAX_CONFIG_FILE {
-            return Err(bad(format!("larger than {MAX_CONFIG_FILE} bytes")));
-        }
-        let mut table: toml::Table = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
-        let client = match table.remove("client") {
-            None => ClientSection::default(),
-            Some(v) => v
-                .try_into()
-                .map_err(|e: toml::de::Error| bad(format!("[client]: {e}")))?,
-        };
-        let security = match table.remove("security") {
-            None => SecuritySection::default(),
-            Some(v) => v
-                .try_into()
-                .map_err(|e: toml::de::Error| bad(format!("[security]: {e}")))?,
-        };
-        Ok((client, security))
+    let bad = |m: String| Error::invalid_argument(format!("{}: {m}", path.display()));
+    let file = std::fs::File::open(path).map_err(|e| bad(format!("cannot read: {e}")))?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(
+        &mut std::io::Read::take(file, MAX_CONFIG_FILE + 1),
+        &mut text,
+    )
+    .map_err(|e| bad(format!("cannot read: {e}")))?;
+    if text.len() as u64 > MAX_CONFIG_FILE {
+        return Err(bad(format!("larger than {MAX_CONFIG_FILE} bytes")));
     }
+    parse_sections(&text, path)
+}
+
+/// The `[client]` and `[security]` sections of configuration text (the
+/// other sections belong to the servers and are not checked here);
+/// `origin` names the text in errors. Reads no file: the token files are
+/// read by [`SecuritySection::token`].
+pub fn parse_sections(text: &str, origin: &Path) -> Result<(ClientSection, SecuritySection)> {
+    let bad = |m: String| Error::invalid_argument(format!("{}: {m}", origin.display()));
+    let mut table: toml::Table = toml::from_str(text).map_err(|e| bad(e.to_string()))?;
+    let client = match table.remove("client") {
+        None => ClientSection::default(),
+        Some(v) => v
+            .try_into()
+            .map_err(|e: toml::de::Error| bad(format!("[client]: {e}")))?,
+    };
+    let security = match table.remove("security") {
+        None => SecuritySection::default(),
+        Some(v) => v
+            .try_into()
+            .map_err(|e: toml::de::Error| bad(format!("[security]: {e}")))?,
+    };
+    Ok((client, security))
 }
 
 /// The `[security]` section of the configuration file, read by every role

@@ -201,6 +201,14 @@ pub fn receive_region_maybe_read_only(sock: &UnixStream) -> io::Result<Region> {
 /// Receives the message and descriptor, and checks the grant's form.
 fn receive_grant(sock: &UnixStream) -> io::Result<(OwnedFd, [u8; HEADER_LEN], Option<u32>)> {
     let (message, fd) = receive(sock)?;
+    let (header, slot) = decode_message(&message)?;
+    Ok((fd, header, slot))
+}
+
+/// Splits a hand-over message into the header and the granted slot
+/// (`None` for [`NO_SLOT`]); reserved bytes that are not zero are
+/// `InvalidData`. The header and the slot are checked by [`Region::open`].
+pub fn decode_message(message: &[u8; MESSAGE_LEN]) -> io::Result<([u8; HEADER_LEN], Option<u32>)> {
     let (header, grant) = message.split_at(HEADER_LEN);
     if grant[4..] != [0; 4] {
         return Err(io::Error::new(
@@ -211,7 +219,7 @@ fn receive_grant(sock: &UnixStream) -> io::Result<(OwnedFd, [u8; HEADER_LEN], Op
     let slot = u32::from_le_bytes([grant[0], grant[1], grant[2], grant[3]]);
     let mut h = [0u8; HEADER_LEN];
     h.copy_from_slice(header);
-    Ok((fd, h, (slot != NO_SLOT).then_some(slot)))
+    Ok((h, (slot != NO_SLOT).then_some(slot)))
 }
 
 /// Receives the message bytes and exactly one descriptor.
