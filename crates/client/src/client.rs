@@ -40,6 +40,12 @@ pub struct ClientConfig {
     /// default. [`crate::discover`] reads it from `NK_TOKEN_FILE` or the
     /// `[security]` section.
     pub token: Option<Arc<nodekernel_rpc::Token>>,
+    /// The key this client encrypts and decrypts the data of encrypted
+    /// nodes with (`docs/encryption.md`); never sent anywhere. `None` by
+    /// default: encrypted nodes then fail with `Unauthenticated`.
+    /// [`crate::discover`] reads it from `NK_ENCRYPTION_KEY_FILE` or
+    /// `[security] encryption_key_file`.
+    pub encryption_key: Option<Arc<crate::EncryptionKey>>,
 }
 
 impl ClientConfig {
@@ -54,6 +60,7 @@ impl ClientConfig {
             poll_spin: nodekernel_rpc::default_call_spin(),
             access_hook: None,
             token: None,
+            encryption_key: None,
         }
     }
 }
@@ -672,6 +679,7 @@ impl Client {
             mode: 0,
             mtime: 0,
             lease: 0,
+            encrypted: false,
             first_block: None,
             record: None,
         };

@@ -414,9 +414,10 @@ impl BufferedWriter {
         e
     }
 
-    /// Bytes the current slice takes before it is sent.
+    /// Bytes the current slice takes before it is sent (for an encrypted
+    /// node, up to a chunk boundary: [`Node::slice_len`]).
     fn target(&self) -> usize {
-        slice_len(self.start, self.slice_size, u64::MAX) as usize
+        self.node.slice_len(self.start, self.slice_size) as usize
     }
 
     /// Waits for the oldest slice write. Cancel-safe.

@@ -88,7 +88,11 @@ pub fn encode_effects(effects: &[Effect], out: &mut BytesMut) {
                     .u8(n.ty as u8)
                     .u8(n.storage_class)
                     .str(&n.location)
-                    .u8(crate::namespace::node_flags(n.enumerable, n.pinned));
+                    .u8(crate::namespace::node_flags(
+                        n.enumerable,
+                        n.pinned,
+                        n.encrypted,
+                    ));
             }
             Effect::Linked { id, slot: s } => {
                 e.u8(tag::LINKED).u64(*id);
@@ -267,7 +271,7 @@ pub fn decode_effects(buf: &[u8]) -> Result<Vec<Effect>> {
                 let (id, parent, name) = (d.u64()?, d.u64()?, d.string()?);
                 let ty = NodeType::from_u8(d.u8()?)?;
                 let (storage_class, location) = (d.u8()?, d.string()?);
-                let (enumerable, pinned) = crate::namespace::dec_node_flags(d)?;
+                let (enumerable, pinned, encrypted) = crate::namespace::dec_node_flags(d)?;
                 Effect::NodeCreated(NewNode {
                     id,
                     parent,
@@ -277,6 +281,7 @@ pub fn decode_effects(buf: &[u8]) -> Result<Vec<Effect>> {
                     location,
                     enumerable,
                     pinned,
+                    encrypted,
                 })
             }
             tag::LINKED => Effect::Linked {
@@ -462,6 +467,7 @@ mod tests {
                 location: "here".into(),
                 enumerable: false,
                 pinned: true,
+                encrypted: true,
             }),
             Effect::Linked { id: 42, slot: None },
             Effect::Linked {
@@ -623,6 +629,39 @@ mod tests {
                 },
             ]
         );
+    }
+
+    /// A node created before encryption (flags without bit 2) reads as
+    /// not encrypted; flags past the known bits are refused.
+    #[test]
+    fn node_records_from_before_encryption_are_read() {
+        let record = |flags: u8| {
+            let mut buf = BytesMut::new();
+            Enc(&mut buf)
+                .u8(EFFECTS_FORMAT)
+                .u32(1)
+                .u8(tag::NODE_CREATED)
+                .u64(5)
+                .u64(1)
+                .str("f")
+                .u8(NodeType::File as u8)
+                .u8(1)
+                .str("")
+                .u8(flags);
+            decode_effects(&buf)
+        };
+        for (flags, pinned, encrypted) in [(3, true, false), (1, false, false), (5, false, true)] {
+            match &record(flags).unwrap()[..] {
+                [Effect::NodeCreated(n)] => {
+                    assert_eq!(
+                        (n.enumerable, n.pinned, n.encrypted),
+                        (true, pinned, encrypted)
+                    )
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(record(8).is_err());
     }
 
     #[test]
