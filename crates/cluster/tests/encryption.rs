@@ -452,3 +452,128 @@ fn random_offset_reads_and_overwrites_round_trip() {
         })
         .unwrap();
 }
+
+/// The test's names of encrypted nodes: `/eN`, `/t/esN`, `/t/ekN`.
+fn is_encrypted(p: &str) -> bool {
+    p.starts_with("/e") || p.starts_with("/t/e")
+}
+
+/// The tiering rule: a node created for a plain class is not encrypted,
+/// and its blocks are never placed in, nor migrated into, an encrypted
+/// class (they spill and shed to the plain file class past it); an
+/// encrypted node goes anywhere. After DRAM shed under load, the
+/// encrypted class's block file still holds no plaintext, and everything
+/// reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_nodes_stay_out_of_encrypted_classes_under_tiering() {
+    let (t, c) = cluster(
+        vec![
+            class(0, "dram", false),
+            class(1, "sealed", true),
+            class(2, "file", false),
+        ],
+        vec![
+            store(0, Medium::Dram, 16),
+            store(1, Medium::File, 64),
+            store(2, Medium::File, 64),
+        ],
+        |cfg| {
+            cfg.meta.high_watermark = 100;
+            cfg.meta.low_watermark = 100;
+            cfg.meta.heat_half_life_ms = 600_000;
+            cfg.meta.move_rate = ByteSize(0);
+        },
+    )
+    .await;
+    // Placement: a plain node spills past the encrypted class.
+    let plain = marked(20 * BS as usize);
+    put_in(&c, "/plain", &plain, Some(0)).await;
+    let n = c.lookup("/plain").await.unwrap();
+    assert!(!n.info().encrypted);
+    let classes: Vec<u8> = blocks_of(&c, "/plain")
+        .await
+        .iter()
+        .map(|b| b.class)
+        .collect();
+    assert!(classes.contains(&2) && !classes.contains(&1), "{classes:?}");
+    c.delete("/plain", false).await.unwrap();
+
+    // Migration: DRAM holds plain and encrypted Files and small values
+    // (plain and encrypted ones of the same stored size, which never share
+    // a slab); lowering its watermarks makes it shed.
+    let mut files = Vec::new();
+    for i in 0..2 {
+        let (p, d) = (format!("/p{i}"), marked(BS as usize + i));
+        put_in(&c, &p, &d, Some(0)).await;
+        files.push((p, d));
+        let (p, d) = (format!("/e{i}"), marked(BS as usize + 10 + i));
+        put_in(&c, &p, &d, None).await;
+        files.push((p, d));
+    }
+    table(&c, "/t").await;
+    for i in 0..20 {
+        let (p, d) = (format!("/t/ps{i}"), marked(340 + i % 2));
+        put_small(&c, &p, &d, Some(0)).await;
+        files.push((p, d));
+        let (p, d) = (format!("/t/es{i}"), marked(300 + i % 2));
+        c.put(&p, &d).await.unwrap();
+        files.push((p, d));
+        let (p, d) = (format!("/t/ek{i}"), marked(1000 + i));
+        c.put(&p, &d).await.unwrap();
+        files.push((p, d));
+    }
+    for (p, _) in &files {
+        let encrypted = c.lookup(p).await.unwrap().info().encrypted;
+        assert_eq!(encrypted, is_encrypted(p), "{p}");
+        let on: Vec<u8> = blocks_of(&c, p).await.iter().map(|b| b.class).collect();
+        assert!(on.iter().all(|&x| x == 0), "{p} starts in DRAM: {on:?}");
+    }
+    c.policy(&[
+        ("high_watermark".into(), "10".into()),
+        ("low_watermark".into(), "0".into()),
+    ])
+    .await
+    .unwrap();
+    let shed = tokio::time::timeout(Duration::from_secs(120), async {
+        loop {
+            let st = c.status().await.unwrap();
+            let dram = st
+                .servers
+                .iter()
+                .find(|s| s.class == 0)
+                .unwrap()
+                .used_blocks;
+            let moved = st.moves.iter().map(|m| m.demoted).sum::<u64>();
+            if dram == 0 && moved > 0 {
+                return st;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("DRAM sheds");
+    assert!(
+        shed.servers
+            .iter()
+            .any(|s| s.class == 1 && s.used_blocks > 0),
+        "encrypted data moved to the encrypted class"
+    );
+    for (p, d) in &files {
+        let on: Vec<u8> = blocks_of(&c, p).await.iter().map(|b| b.class).collect();
+        if !is_encrypted(p) {
+            assert!(
+                !on.contains(&1),
+                "plain {p} moved into the encrypted class: {on:?}"
+            );
+        }
+        assert_eq!(&read_all(&c, p).await.unwrap(), d, "{p}");
+    }
+    assert!(
+        !holds_mark(&stored_bytes(&t, 1)),
+        "plaintext in the encrypted class"
+    );
+    assert!(
+        holds_mark(&stored_bytes(&t, 2)),
+        "plain data shed to the plain file class"
+    );
+}

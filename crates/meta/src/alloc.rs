@@ -73,6 +73,9 @@ pub struct BlockClaim {
     pub clear_tag_at: Option<u32>,
     /// The block joined the balloon: the server may give its memory back.
     pub release: bool,
+    /// Zeros over the whole block at `gen`: a block handed to an
+    /// encrypted node or slab (`MetaState::scrub`).
+    pub scrub: bool,
     /// The capability for the claim (the whole block at `gen`).
     pub cap: nodekernel_proto::cap::Cap,
 }
@@ -885,17 +888,35 @@ impl AllocPlan<'_> {
     /// in any class (containers' child records: namespace metadata, see
     /// `docs/encryption.md`).
     pub fn allocate(&mut self, preferred_class: u8, location: &str) -> Result<BlockRef> {
-        self.allocate_data(preferred_class, location, true)
+        self.allocate_where(preferred_class, location, true)
     }
 
     /// Allocates one block of a data node that is `encrypted` or not (not:
-    /// never in an encrypted class), or `NoSpace`.
+    /// never in an encrypted class), or `NoSpace`. For an encrypted node
+    /// the generation just below the block's is kept unused: the block is
+    /// scrubbed at it (`MetaState::scrub`).
     pub fn allocate_data(
         &mut self,
         preferred_class: u8,
         location: &str,
         encrypted: bool,
     ) -> Result<BlockRef> {
+        if encrypted {
+            self.gen();
+        }
+        self.allocate_where(preferred_class, location, encrypted)
+    }
+
+    /// Allocates one block in the classes a unit that may (`sealed_ok`)
+    /// or may not go to encrypted classes may use (a move's target: the
+    /// copy overwrites the whole block).
+    pub fn allocate_where(
+        &mut self,
+        preferred_class: u8,
+        location: &str,
+        sealed_ok: bool,
+    ) -> Result<BlockRef> {
+        let encrypted = sealed_ok;
         for class in self.a.class_order(preferred_class, encrypted) {
             if let Some(b) = self.allocate_in(class, location) {
                 return Ok(b);

@@ -57,6 +57,8 @@ mod tag {
     /// capability key (the old tags are still read, without one).
     pub const SERVER_ADDED_KEYED: u8 = 31;
     pub const SERVER_READDRESSED_KEYED: u8 = 32;
+    /// A slab of encrypted values (`SLAB_CREATED` is one of plain ones).
+    pub const SLAB_CREATED_ENCRYPTED: u8 = 33;
 }
 
 fn block(e: &mut Enc, b: &BlockRef) {
@@ -190,8 +192,13 @@ pub fn encode_effects(effects: &[Effect], out: &mut BytesMut) {
             Effect::SlabCreated {
                 block: b,
                 piece_size,
+                encrypted,
             } => {
-                e.u8(tag::SLAB_CREATED);
+                e.u8(if *encrypted {
+                    tag::SLAB_CREATED_ENCRYPTED
+                } else {
+                    tag::SLAB_CREATED
+                });
                 block(e, b);
                 e.u32(*piece_size);
             }
@@ -374,9 +381,10 @@ pub fn decode_effects(buf: &[u8]) -> Result<Vec<Effect>> {
                 index: d.u64()?,
                 done: d.bool()?,
             },
-            tag::SLAB_CREATED => Effect::SlabCreated {
+            tag::SLAB_CREATED | tag::SLAB_CREATED_ENCRYPTED => Effect::SlabCreated {
                 block: dec_block(d)?,
                 piece_size: d.u32()?,
+                encrypted: t == tag::SLAB_CREATED_ENCRYPTED,
             },
             tag::PIECE_TAKEN => Effect::PieceTaken {
                 node: d.u64()?,
@@ -543,6 +551,12 @@ mod tests {
             Effect::SlabCreated {
                 block: b,
                 piece_size: 112,
+                encrypted: false,
+            },
+            Effect::SlabCreated {
+                block: b,
+                piece_size: 160,
+                encrypted: true,
             },
             Effect::PieceTaken { node: 20, piece: p },
             Effect::PieceFreed { piece: p },

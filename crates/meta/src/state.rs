@@ -439,6 +439,8 @@ impl MetaState {
                     n.blocks.push(*block);
                     if n.ty.is_container() {
                         self.claim(*block);
+                    } else if n.encrypted {
+                        self.scrub(*block);
                     }
                 }
             }
@@ -450,6 +452,8 @@ impl MetaState {
                     }
                     if n.ty.is_container() {
                         self.claim(*block);
+                    } else if n.encrypted {
+                        self.scrub(*block);
                     }
                 }
             }
@@ -594,11 +598,19 @@ impl MetaState {
                     }
                 }
             }
-            Effect::SlabCreated { block, piece_size } => {
+            Effect::SlabCreated {
+                block,
+                piece_size,
+                encrypted,
+            } => {
                 self.alloc.take(block.server, block.block, block.gen);
                 let class = self.alloc.server_class(block.server).unwrap_or(0);
                 let bs = self.alloc.block_size();
-                self.slabs.create(*block, class, *piece_size, bs);
+                self.slabs
+                    .create(*block, class, *piece_size, bs, *encrypted);
+                if *encrypted {
+                    self.scrub(*block);
+                }
             }
             Effect::PieceTaken { node, piece } => {
                 self.slabs.take(piece, *node);
@@ -659,8 +671,29 @@ impl MetaState {
                 gen: b.gen,
                 clear_tag_at,
                 release: false,
+                scrub: false,
                 cap: Cap::mint(&key, b.block, b.gen, 0, self.alloc.block_size()),
             });
+        }
+    }
+
+    /// Queues the scrub of `b`, just handed to an encrypted node or slab:
+    /// zeros over the whole block at the generation just below its own,
+    /// which the decision kept unused for it ([`AllocPlan::allocate_data`]).
+    /// So nothing of an earlier owner (plaintext of a plain node) can
+    /// travel with the block into an encrypted class, and the scrub,
+    /// claimed before the reply, can never touch the new owner's bytes:
+    /// its first write claims the block with a newer generation.
+    ///
+    /// [`AllocPlan::allocate_data`]: crate::alloc::AllocPlan::allocate_data
+    fn scrub(&mut self, b: BlockRef) {
+        let Some(gen) = b.gen.checked_sub(1).filter(|g| *g > 0) else {
+            return;
+        };
+        let queued = self.claims.len();
+        self.claim(BlockRef { gen, ..b });
+        if let Some(c) = self.claims.get_mut(queued) {
+            c.scrub = true;
         }
     }
 
@@ -1076,7 +1109,7 @@ impl MetaState {
         let format = d.u8()?;
         // Format 1 had no held blocks (no snapshots), format 2 no
         // ballooned ones (no dynamic capacity), format 3 no capability
-        // keys.
+        // keys, format 4 no slab encryption flags.
         if !(1..=crate::checkpoint::FORMAT).contains(&format) {
             return Err(Error::protocol(format!(
                 "checkpoint format {format}; this build reads format {}",
@@ -1087,7 +1120,7 @@ impl MetaState {
         let next_id = d.u64()?;
         let next_lease = d.u64()?;
         let alloc = BlockAllocator::from_checkpoint(block_size, d, now, format >= 4)?;
-        let slabs = Slabs::from_checkpoint(d)?;
+        let slabs = Slabs::from_checkpoint(d, format >= 5)?;
         let n = d.count(40)?;
         let mut moves = BTreeMap::new();
         for _ in 0..n {
@@ -1272,7 +1305,7 @@ impl MetaState {
         d.plan.avoid(old.server);
         // A container's child records may go anywhere (docs/encryption.md).
         let sealed_ok = n.encrypted || n.ty.is_container();
-        let to = d.plan.allocate_data(class, &n.location, sealed_ok)?;
+        let to = d.plan.allocate_where(class, &n.location, sealed_ok)?;
         self.check_target(to, class, exact)?;
         let fence = d.plan.gen();
         d.push(Effect::MoveStarted {
@@ -1306,13 +1339,10 @@ impl MetaState {
                 .is_some_and(|slab| slab.owned().any(|(_, o)| o == HELD))
     }
 
-    /// Whether every small value in the slab in `block` of `server` is
-    /// encrypted, so the slab may go to an encrypted class.
-    pub(crate) fn slab_all_encrypted(&self, server: u32, block: u32) -> bool {
-        self.slabs.get(server, block).is_some_and(|slab| {
-            slab.owned()
-                .all(|(_, o)| self.ns.get(o).is_some_and(|n| n.encrypted))
-        })
+    /// Whether the slab in `block` of `server` holds encrypted values
+    /// only, so it may go to an encrypted class.
+    pub(crate) fn slab_encrypted(&self, server: u32, block: u32) -> bool {
+        self.slabs.get(server, block).is_some_and(|s| s.encrypted)
     }
 
     /// Starts moving the slab of move key `index` ([`slab_move_index`]):
@@ -1349,7 +1379,7 @@ impl MetaState {
         d.plan.avoid(server);
         let to = d
             .plan
-            .allocate_data(class, "", self.slab_all_encrypted(server, block))?;
+            .allocate_where(class, "", self.slab_encrypted(server, block))?;
         self.check_target(to, class, exact)?;
         let fence = d.plan.gen();
         d.push(Effect::MoveStarted {
@@ -2236,19 +2266,31 @@ impl<'a> Draft<'a> {
         piece_size: u32,
         encrypted: bool,
     ) -> Option<Piece> {
+        // Slabs hold encrypted values only, or plain ones only.
+        let same = |s: &crate::slab::Slab| s.encrypted == encrypted;
         for c in self.st.alloc.class_order(class, encrypted) {
             let found = self
-                .find_piece(c, location, piece_size, |s| s.next_free().is_some())
+                .find_piece(c, location, piece_size, |s| {
+                    same(s) && s.next_free().is_some()
+                })
                 .or_else(|| {
                     self.find_piece(c, location, piece_size, |s| {
-                        s.quarantined() >= stamp_batch(s.pieces())
+                        same(s) && s.quarantined() >= stamp_batch(s.pieces())
                     })
                 });
             if let Some(found) = found {
                 return Some(self.take_found(node, found));
             }
+            if encrypted {
+                // Kept for the new slab's scrub (MetaState::scrub).
+                self.plan.gen();
+            }
             if let Some(block) = self.plan.allocate_in(c, location) {
-                self.push(Effect::SlabCreated { block, piece_size });
+                self.push(Effect::SlabCreated {
+                    block,
+                    piece_size,
+                    encrypted,
+                });
                 let piece = Piece {
                     server: block.server,
                     block: block.block,
@@ -2258,7 +2300,9 @@ impl<'a> Draft<'a> {
                 self.push(Effect::PieceTaken { node, piece });
                 return Some(piece);
             }
-            if let Some(found) = self.find_piece(c, location, piece_size, |s| s.quarantined() > 0) {
+            if let Some(found) =
+                self.find_piece(c, location, piece_size, |s| same(s) && s.quarantined() > 0)
+            {
                 return Some(self.take_found(node, found));
             }
         }

@@ -197,7 +197,7 @@ impl MetaState {
                 .get(&(server, block))
                 .copied()
                 .unwrap_or_default();
-            let sealed_ok = self.slab_all_encrypted(server, block);
+            let sealed_ok = slab.encrypted;
             unit(UnitOf::Slab(server, block), slab.class, 1, h, sealed_ok);
         }
         found.sort_by_key(|(u, class, ..)| (u.order(), *class));
