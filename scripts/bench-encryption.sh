@@ -46,22 +46,15 @@ class_name = "dram-encrypted"
 size = "2GiB"
 EOF
 
-"$NK" up --port 0 --config "$WORK/nk.toml" --data-dir "$WORK/data" >"$WORK/up.log" 2>"$WORK/up.err" &
-UP_PID=$!
-for _ in $(seq 1 300); do
-    grep -q "metadata server at" "$WORK/up.log" 2>/dev/null && break
-    sleep 0.1
-done
-NK_META=$(sed -n 's/.*metadata server at \([^ ]*\).*/\1/p' "$WORK/up.log" | head -n 1)
-export NK_META
-"$NK" status --wait >/dev/null
+source scripts/lib/nk-up.sh
+nk_up_start "$WORK/up.log" --config "$WORK/nk.toml" --data-dir "$WORK/data"
 
 # One `nk bench` run as JSON: "<MB/s> <ops/s> <p50 µs>".
 run() {
     "$NK" bench "$@" --json | python3 -c '
 import json, sys
 r = json.load(sys.stdin)
-print(f"{r[\"mb_per_sec\"]:.1f} {r[\"ops_per_sec\"]:.0f} {r[\"latency_us\"][\"p50\"]:.1f}")'
+print("%.1f %.0f %.1f" % (r["mb_per_sec"], r["ops_per_sec"], r["latency_us"]["p50"]))'
 }
 
 echo "| path | workload | plain | encrypted | encrypted / plain |"

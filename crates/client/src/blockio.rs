@@ -450,8 +450,7 @@ impl BlockIo {
     /// snapshot pins it has its tag cleared (so its own handles get `Stale`
     /// at once) and keeps its bytes until the snapshot ends; the generation
     /// alone guards the read (`at` finds the piece's slab again after a
-    /// stamp).
-    /// Of an encrypted node (`seal`), its plaintext.
+    /// stamp). Of an encrypted node (`seal`), the plaintext.
     pub(crate) async fn read_untagged(
         &self,
         at: &impl Locate,

@@ -200,4 +200,49 @@ mod tests {
         assert!(EncryptionKey::from_secret(&[1; 4097], "f").is_err());
         assert_eq!(format!("{key:?}"), "EncryptionKey(..)");
     }
+
+    /// The cipher's own speed on this machine, sealing and opening 4 KiB
+    /// chunks (the ceiling of the encrypted data path; `docs/benchmarks.md`):
+    /// `cargo test --release -p nodekernel-client --lib -- --ignored
+    /// --nocapture cipher_throughput`.
+    #[test]
+    #[ignore]
+    fn cipher_throughput() {
+        let key = EncryptionKey::from_secret(&[1; 32], "bench").unwrap();
+        let chunk = nodekernel_proto::crypt::SEALED_CHUNK as usize;
+        let mut buf = vec![0u8; 256 * chunk];
+        let nonce = [9u8; 24];
+        let start = std::time::Instant::now();
+        let rounds = 64;
+        for r in 0..rounds {
+            for (i, c) in buf.chunks_mut(chunk).enumerate() {
+                let place = ChunkPlace {
+                    node: r,
+                    block: 0,
+                    chunk: i as u32,
+                };
+                key.seal(&place, &nonce, c).unwrap();
+            }
+        }
+        let sealed = start.elapsed();
+        let start = std::time::Instant::now();
+        for (i, c) in buf.chunks_mut(chunk).enumerate() {
+            let place = ChunkPlace {
+                node: rounds - 1,
+                block: 0,
+                chunk: i as u32,
+            };
+            for _ in 0..rounds {
+                // Opening a chunk in place decrypts it: seal it back
+                // between opens so each open sees ciphertext.
+                assert!(key.open(&place, c));
+                key.seal(&place, &nonce, c).unwrap();
+            }
+        }
+        let both = start.elapsed();
+        let mb = (rounds as usize * 256 * 4096) as f64 / 1e6;
+        let seal = mb / sealed.as_secs_f64();
+        let open = mb / (both.as_secs_f64() - sealed.as_secs_f64()).max(1e-9);
+        println!("seal {seal:.0} MB/s, open {open:.0} MB/s (4 KiB chunks, one core)");
+    }
 }

@@ -1828,14 +1828,15 @@ impl MetaState {
     /// The bytes one block of `n` holds as its clients see them: a small
     /// value's one block is its piece less the tag, any other node's a
     /// whole block; an encrypted node's, the plaintext those stored bytes
-    /// hold ([`crypt::plain_capacity`]). Every size-to-blocks reckoning of
-    /// a data node goes through this.
+    /// hold ([`crypt::block_capacity`], [`crypt::plain_capacity`] for a
+    /// piece). Every size-to-blocks reckoning of a data node goes through
+    /// this.
     pub(crate) fn block_size_of(&self, n: &crate::namespace::Node) -> u32 {
-        let stored = n.piece.map_or(self.alloc.block_size(), |p| p.capacity());
-        if n.encrypted {
-            crypt::plain_capacity(stored)
-        } else {
-            stored
+        match (n.piece, n.encrypted) {
+            (Some(p), true) => crypt::plain_capacity(p.capacity()),
+            (Some(p), false) => p.capacity(),
+            (None, true) => crypt::block_capacity(self.alloc.block_size()),
+            (None, false) => self.alloc.block_size(),
         }
     }
 

@@ -2,18 +2,21 @@
 //! (`docs/encryption.md`). The cipher itself lives in the client, the only
 //! holder of keys; this is the geometry every component agrees on: the
 //! metadata server gives an encrypted node the *plaintext* capacity of its
-//! blocks ([`plain_capacity`]) and sizes a small value's piece for its
-//! sealed length ([`sealed_len`]), and the client finds a byte's chunk.
+//! blocks ([`block_capacity`], [`plain_capacity`] for a small value's
+//! piece) and sizes a piece for its sealed length ([`sealed_len`]), and
+//! the client finds a byte's chunk.
 //!
-//! A block holds fixed-size plaintext chunks of [`CHUNK`] bytes (the last
-//! one may be shorter), each stored as `nonce | ciphertext | tag`:
+//! A block holds fixed-size plaintext chunks of [`CHUNK`] bytes, each
+//! stored as `nonce | ciphertext | tag` (a small value's piece may end in a
+//! shorter chunk):
 //!
 //! ```text
 //! stored block: | nonce 24 | chunk 0 ciphertext 4096 | tag 16 | nonce 24 | chunk 1 ... | unused |
 //! ```
 //!
-//! so chunk `i` starts at `i * SEALED_CHUNK` in the block, and a block of
-//! `n` stored bytes holds [`plain_capacity`]`(n)` plaintext bytes.
+//! so chunk `i` starts at `i * SEALED_CHUNK` in the block. A whole block of
+//! `n` stored bytes holds [`block_capacity`]`(n)` plaintext bytes (whole
+//! chunks only), a small value's piece of `n` bytes [`plain_capacity`]`(n)`.
 
 /// Plaintext bytes per chunk (the last chunk of a block may hold fewer).
 pub const CHUNK: u32 = 4096;
@@ -31,6 +34,20 @@ pub const SEALED_CHUNK: u32 = CHUNK + OVERHEAD;
 pub const fn plain_capacity(stored: u32) -> u32 {
     let rest = stored % SEALED_CHUNK;
     (stored / SEALED_CHUNK) * CHUNK + rest.saturating_sub(OVERHEAD)
+}
+
+/// Plaintext bytes a whole block of `stored` bytes holds for an encrypted
+/// node: whole chunks only (the rest of the block, 2,128 bytes of 1 MiB,
+/// stays unused), so every node offset that is a multiple of [`CHUNK`] is
+/// a chunk boundary in every block, and a 4 KiB-aligned read or write
+/// touches one chunk (no read-modify-write). A block too small for one
+/// whole chunk holds [`plain_capacity`].
+pub const fn block_capacity(stored: u32) -> u32 {
+    if stored >= SEALED_CHUNK {
+        (stored / SEALED_CHUNK) * CHUNK
+    } else {
+        plain_capacity(stored)
+    }
 }
 
 /// Stored bytes that `plain` plaintext bytes take from a block's start (the
@@ -77,8 +94,13 @@ mod tests {
             // The next plaintext byte would not fit.
             assert!(sealed_len(p as u64 + 1) > s as u64, "{s}");
         }
-        // A 1 MiB block: 253 whole chunks and a last one of 2128 bytes.
+        // 1 MiB of piece: 253 chunks and a last one of 2128 bytes; a 1 MiB
+        // block: the 253 chunks.
         assert_eq!(plain_capacity(1 << 20), 253 * CHUNK + 2128);
+        assert_eq!(block_capacity(1 << 20), 253 * CHUNK);
+        assert_eq!(block_capacity(64 << 10), 15 * CHUNK);
+        assert_eq!(block_capacity(4096), plain_capacity(4096));
+        assert_eq!(block_capacity(SEALED_CHUNK), CHUNK);
         assert_eq!(plain_capacity(OVERHEAD), 0);
         assert_eq!(plain_capacity(OVERHEAD + 1), 1);
         assert_eq!(sealed_len(0), 0);
@@ -89,8 +111,12 @@ mod tests {
         /// The chunks of a block tile its plaintext exactly and their
         /// stored forms fit in the block, for any block size.
         #[test]
-        fn chunks_tile_the_block(stored in 0u32..(16 << 20)) {
-            let cap = plain_capacity(stored);
+        fn chunks_tile_the_block(stored in 0u32..(16 << 20), whole in proptest::bool::ANY) {
+            let cap = if whole { block_capacity(stored) } else { plain_capacity(stored) };
+            prop_assert!(cap <= plain_capacity(stored));
+            if whole && stored >= SEALED_CHUNK {
+                prop_assert_eq!(cap % CHUNK, 0);
+            }
             let mut plain = 0u64;
             let mut i = 0;
             while chunk_len(cap, i) > 0 {

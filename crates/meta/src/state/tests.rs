@@ -1574,10 +1574,15 @@ fn small_values_tier_like_blocks_and_report_no_space() {
 }
 
 fn create_with_hint(s: &mut MetaState, path: &str, size: u64) -> Result<NodeInfo> {
+    create_hinted(s, path, NO_CLASS, size)
+}
+
+/// A KeyValue of class `class` (or none) whose size, `size`, is known.
+fn create_hinted(s: &mut MetaState, path: &str, class: u8, size: u64) -> Result<NodeInfo> {
     let req = MetaRequest::Create {
         path: path.into(),
         ty: KeyValue,
-        storage_class: NO_CLASS,
+        storage_class: class,
         location: String::new(),
         enumerable: true,
         size_hint: size,
@@ -2830,20 +2835,7 @@ fn a_replacing_move_of_containers_needs_an_empty_target_of_the_same_type() {
 
 /// A KeyValue of class `class` (or none) and known `size`, put and closed.
 fn put_hinted(s: &mut MetaState, path: &str, class: u8, size: u64) -> NodeInfo {
-    let req = MetaRequest::Create {
-        path: path.into(),
-        ty: KeyValue,
-        storage_class: class,
-        location: String::new(),
-        enumerable: true,
-        size_hint: size,
-        pinned: false,
-        mode: 0o644,
-        mtime: 0,
-    };
-    let MetaReply::Node(k) = s.apply(req, 0).unwrap() else {
-        panic!("not a node")
-    };
+    let k = create_hinted(s, path, class, size).unwrap();
     close(s, &k, size).unwrap();
     k
 }
@@ -2872,7 +2864,7 @@ fn encryption_is_decided_at_create_and_plain_data_stays_out_of_encrypted_classes
     let e = create(&mut s, "/e", File, 0).unwrap();
     let p = create_with(&mut s, "/p", File, 0, true, 0).unwrap();
     assert!(!d.encrypted && e.encrypted && !p.encrypted);
-    assert_eq!(e.block_size, crypt::plain_capacity(BS));
+    assert_eq!(e.block_size, crypt::block_capacity(BS));
     assert_eq!(p.block_size, BS);
 
     // Small values: the same stored size, but never the same slab.
@@ -2924,7 +2916,7 @@ fn encryption_is_decided_at_create_and_plain_data_stays_out_of_encrypted_classes
     assert_eq!(e.code, ErrorCode::NoSpace, "{e}");
     assert!(e.message.contains("not encrypted"), "{e}");
     // Sizes follow the plaintext capacity.
-    let cap = crypt::plain_capacity(BS) as u64;
+    let cap = crypt::block_capacity(BS) as u64;
     let full = create(&mut s, "/full", File, 0).unwrap();
     map(&mut s, full.id, 0, 2, full.lease).unwrap();
     let err = close(&mut s, &full, 2 * cap + 1).unwrap_err();
