@@ -41,8 +41,8 @@ impl std::fmt::Debug for EncryptionKey {
 }
 
 impl EncryptionKey {
-    /// The key derived from `secret` ([`MIN_SECRET_LEN`] to
-    /// [`MAX_SECRET_LEN`] bytes; `what` names its source in errors).
+    /// The key derived from `secret` (16 to 4096 bytes; `what` names its
+    /// source in errors).
     pub fn from_secret(secret: &[u8], what: &str) -> Result<EncryptionKey> {
         if !(MIN_SECRET_LEN..=MAX_SECRET_LEN).contains(&secret.len()) {
             return Err(Error::invalid_argument(format!(
