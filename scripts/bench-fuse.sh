@@ -34,15 +34,8 @@ trap cleanup EXIT
 # file takes at least one block (1 MiB), so the 10,000 small files of the
 # metadata run spill into the file tier. The mount is a co-located client
 # (shared-memory data path).
-"$NK" up --port 0 --dram 2GiB --file 12GiB --data-dir "$WORK/data" >"$WORK/up.log" 2>"$WORK/up.err" &
-UP_PID=$!
-for _ in $(seq 1 300); do
-    grep -q "metadata server at" "$WORK/up.log" 2>/dev/null && break
-    sleep 0.1
-done
-NK_META=$(sed -n 's/.*metadata server at \([^ ]*\).*/\1/p' "$WORK/up.log" | head -n 1)
-export NK_META
-"$NK" status --wait >/dev/null
+source scripts/lib/nk-up.sh
+nk_up_start "$WORK/up.log" --dram 2GiB --file 12GiB --data-dir "$WORK/data"
 "$NK" mkdir /bench
 mkdir "$WORK/mnt"
 "$NK" mount "$WORK/mnt" --root /bench --log "$WORK/mount.log" >/dev/null

@@ -92,9 +92,21 @@ fn new_certificates(dir: &std::path::Path, hosts: &[String]) -> anyhow::Result<(
     Ok(())
 }
 
-/// Writes a fresh token to `file` (created with mode 0600, never
-/// overwritten).
-fn new_token(file: &std::path::Path) -> anyhow::Result<()> {
+#[derive(Subcommand)]
+enum KeyCmd {
+    /// Write a new random encryption key (32 random bytes, in hex) to
+    /// FILE, readable by its owner only; give the file to every client
+    /// that reads or writes encrypted classes as `[security]
+    /// encryption_key_file` or NK_ENCRYPTION_KEY_FILE (never to servers)
+    New {
+        /// Where to write it; it must not exist yet
+        file: PathBuf,
+    },
+}
+
+/// Writes 32 fresh random bytes in hex to `file` (created with mode 0600,
+/// never overwritten): a cluster token, or an encryption key (`what`).
+fn new_secret(file: &std::path::Path, what: &str) -> anyhow::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut raw = [0u8; 32];
@@ -108,7 +120,7 @@ fn new_token(file: &std::path::Path) -> anyhow::Result<()> {
         .open(file)
         .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", file.display()))?;
     f.write_all(format!("{hex}\n").as_bytes())?;
-    println!("wrote a new cluster token to {}", file.display());
+    println!("wrote a new {what} to {}", file.display());
     Ok(())
 }
 
@@ -244,6 +256,9 @@ enum Cmd {
     /// (`docs/security.md`)
     #[command(subcommand)]
     Tls(TlsCmd),
+    /// Client-side encryption keys (`docs/encryption.md`)
+    #[command(subcommand)]
+    Key(KeyCmd),
     /// Read or change the tiering and placement policy at runtime (every
     /// metadata partition; `docs/tiering.md`)
     #[command(subcommand)]
@@ -394,7 +409,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Bench(a) => return bench::run(cli.client_config()?, a).await,
         Cmd::Mount(a) => return mount::mount(cli.client_config()?, a).await,
         Cmd::Umount(a) => return mount::umount(&a.mountpoint, a.lazy),
-        Cmd::Token(TokenCmd::New { file }) => return new_token(file),
+        Cmd::Token(TokenCmd::New { file }) => return new_secret(file, "cluster token"),
+        Cmd::Key(KeyCmd::New { file }) => return new_secret(file, "encryption key"),
         Cmd::Tls(TlsCmd::New { dir, hosts }) => return new_certificates(dir, hosts),
         _ => {}
     }
@@ -485,7 +501,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             action: Some(action),
             ..
         }) => resize::run(&client, action).await,
-        Cmd::Bench(_) | Cmd::Mount(_) | Cmd::Umount(_) | Cmd::Token(_) | Cmd::Tls(_) => {
+        Cmd::Bench(_)
+        | Cmd::Mount(_)
+        | Cmd::Umount(_)
+        | Cmd::Token(_)
+        | Cmd::Tls(_)
+        | Cmd::Key(_) => {
             unreachable!("handled above")
         }
         Cmd::Up(_) | Cmd::Meta(_) | Cmd::Store(_) => unreachable!("handled above"),

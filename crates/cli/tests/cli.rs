@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{client, nk_ok, start_meta_and_store, start_meta_and_store_with, start_role, NK};
+use common::{client, nk_ok, start_meta_and_store, start_role, NK};
 
 struct Up {
     child: Child,
@@ -1048,31 +1048,54 @@ fn bench_zipf_reports_the_share_of_reads_from_dram() {
     up.stop();
 }
 
-#[test]
-fn a_token_file_guards_the_cluster_and_nk_token_new_makes_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let token = dir.path().join("token");
-    let token_new = || {
+/// `nk WHAT new FILE` (a cluster token or an encryption key): 64
+/// hexadecimal digits, mode 0600; a second run never overwrites it.
+fn new_secret_file(what: &str, file: &std::path::Path) {
+    let new = || {
         Command::new(NK)
-            .args(["token", "new"])
-            .arg(&token)
+            .args([what, "new"])
+            .arg(file)
             .output()
             .unwrap()
     };
-    let out = token_new();
+    let out = new();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let meta = std::fs::metadata(&token).unwrap();
+    let meta = std::fs::metadata(file).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
-    let text = std::fs::read_to_string(&token).unwrap();
+    let text = std::fs::read_to_string(file).unwrap();
     assert!(text.trim().len() == 64 && text.trim().chars().all(|c| c.is_ascii_hexdigit()));
-    // Never overwritten.
-    assert!(!token_new().status.success());
-    assert_eq!(std::fs::read_to_string(&token).unwrap(), text);
+    assert!(!new().status.success());
+    assert_eq!(std::fs::read_to_string(file).unwrap(), text);
+}
 
+/// `nk meta` and one 16 MiB DRAM `nk store`, both with config file `cfg`;
+/// the metadata server's address last.
+fn meta_and_dram_store(cfg: &str) -> (common::Proc, common::Proc, String) {
+    let (meta, addr) = start_role(
+        &["meta", "--listen", "127.0.0.1:0", "--config", cfg],
+        &[],
+        "metadata server listening on",
+    );
+    let meta = common::Proc(meta);
+    let (store, _) = start_role(
+        &[
+            "store", "--class", "0", "--medium", "dram", "--size", "16MiB", "--config", cfg,
+        ],
+        &[("NK_META", &addr)],
+        "storage server 0",
+    );
+    (meta, common::Proc(store), addr)
+}
+
+#[test]
+fn a_token_file_guards_the_cluster_and_nk_token_new_makes_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    new_secret_file("token", &token);
     let cfg = dir.path().join("nk.toml");
     std::fs::write(
         &cfg,
@@ -1083,9 +1106,7 @@ fn a_token_file_guards_the_cluster_and_nk_token_new_makes_one() {
     )
     .unwrap();
     let cfg_s = cfg.display().to_string();
-    let with_cfg = ["--config", cfg_s.as_str()];
-    let (meta, addr, store) = start_meta_and_store_with(&with_cfg, &with_cfg, "16MiB");
-    let (_meta, _store) = (common::Proc(meta), common::Proc(store));
+    let (_meta, _store, addr) = meta_and_dram_store(&cfg_s);
 
     // Without the token: refused, saying what is missing.
     let out = client(&addr).args(["mkdir", "/d"]).output().unwrap();
@@ -1113,6 +1134,61 @@ fn a_token_file_guards_the_cluster_and_nk_token_new_makes_one() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains('d'));
+}
+
+/// `nk key new` writes an encryption key (0600, never overwritten); with
+/// `NK_ENCRYPTION_KEY_FILE` (or `[security] encryption_key_file`) a client
+/// writes and reads an encrypted class, without it the read is refused
+/// naming the setting (`docs/encryption.md`).
+#[test]
+fn nk_key_new_makes_a_key_that_encrypted_classes_need() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    new_secret_file("key", &key);
+    let cfg = dir.path().join("nk.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[class]]\nid = 0\nname = \"dram\"\nencrypt = true\n[security]\nencryption_key_file = {:?}\n",
+            key.display().to_string()
+        ),
+    )
+    .unwrap();
+    let cfg_s = cfg.display().to_string();
+    let (_meta, _store, addr) = meta_and_dram_store(&cfg_s);
+    let src = dir.path().join("in.bin");
+    std::fs::write(&src, b"secret bytes for an encrypted class").unwrap();
+    let out = client(&addr)
+        .args(["put", src.to_str().unwrap(), "/f"])
+        .env("NK_ENCRYPTION_KEY_FILE", &key)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for with_key in [&["cat", "/f", "--config", &cfg_s][..], &["cat", "/f"][..]] {
+        let mut c = client(&addr);
+        c.args(with_key);
+        if with_key.len() == 2 {
+            c.env("NK_ENCRYPTION_KEY_FILE", &key);
+        }
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.stdout, b"secret bytes for an encrypted class");
+    }
+    let out = client(&addr).args(["cat", "/f"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("encryption_key_file") && err.contains("/f"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -1159,9 +1235,7 @@ fn nk_tls_new_makes_certificates_a_tls_cluster_serves_and_plain_clients_are_told
     )
     .unwrap();
     let cfg_s = cfg.display().to_string();
-    let with_cfg = ["--config", cfg_s.as_str()];
-    let (meta, addr, store) = start_meta_and_store_with(&with_cfg, &with_cfg, "16MiB");
-    let (_meta, _store) = (common::Proc(meta), common::Proc(store));
+    let (_meta, _store, addr) = meta_and_dram_store(&cfg_s);
 
     let src = dir.path().join("src");
     let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();

@@ -17,15 +17,20 @@
 //!   the caller's hands;
 //! - counts every transfer by path ([`DataPathStats`]) and reports it to the
 //!   [`AccessHook`], mapped transfers included (which servers never see):
-//!   the place for per-block access statistics, metrics and, later,
-//!   encryption.
+//!   the place for per-block access statistics and metrics;
+//! - seals and opens the chunks of encrypted nodes (`read_sealed_into`,
+//!   `write_sealed`; `docs/encryption.md`): plaintext never leaves this
+//!   layer for a storage server, and a chunk that fails authentication is
+//!   `Integrity`, never bytes.
 //!
 //! Invariant: no other module touches a mapped region or sends a data
 //! request (the `blockio_is_the_only_data_path` test greps for it).
 
 use crate::client::{DataPathStats, READ_CLASS_SLOTS};
+use crate::crypt::{ChunkPlace, Seal};
 use crate::local::{Local, Mapped};
 use bytes::{Bytes, BytesMut};
+use nodekernel_proto::crypt::{self, CHUNK, NONCE_LEN, OVERHEAD};
 use nodekernel_proto::store::{
     check_read_status, encode_write_prefix, op as store_op, read_reply_data, StoreRequest,
     READ_TRAILER_LEN, TAG_LEN,
@@ -445,16 +450,17 @@ impl BlockIo {
     /// snapshot pins it has its tag cleared (so its own handles get `Stale`
     /// at once) and keeps its bytes until the snapshot ends; the generation
     /// alone guards the read (`at` finds the piece's slab again after a
-    /// stamp).
+    /// stamp). Of an encrypted node (`seal`), the plaintext.
     pub(crate) async fn read_untagged(
         &self,
         at: &impl Locate,
         index: u64,
         loc: BlockLoc,
+        seal: Option<Seal<'_>>,
         offset: u32,
         len: usize,
     ) -> Result<Bytes> {
-        self.read(at, index, BlockLoc { tag: 0, ..loc }, offset, len)
+        self.read_bytes(at, index, BlockLoc { tag: 0, ..loc }, seal, offset, len)
             .await
     }
 
@@ -500,6 +506,237 @@ impl BlockIo {
                 Err(e) => return Err(e),
             }
         }
+    }
+}
+
+/// Reads of an encrypted range whose chunks do not authenticate, before
+/// the range is declared damaged (`Integrity`): a chunk read while its
+/// writer rewrites it (an append into its last chunk, an overwrite) may
+/// come torn, and the next read finds it whole.
+pub const OPEN_ATTEMPTS: u32 = 4;
+
+// ----- encrypted nodes (`docs/encryption.md`) ---------------------------------
+
+/// The chunks of a block holding plaintext `offset..offset + len` of a
+/// block of `capacity` plaintext bytes: first and last chunk, and the
+/// stored byte range they take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Span {
+    first: u32,
+    last: u32,
+    stored: (u32, u32),
+}
+
+impl Span {
+    fn of(capacity: u32, offset: u32, len: usize) -> Result<Span> {
+        let end = u64::from(offset) + len as u64;
+        if len == 0 || end > u64::from(capacity) {
+            return Err(Error::out_of_range(format!(
+                "{len} bytes at offset {offset} of an encrypted block of {capacity} bytes"
+            )));
+        }
+        let first = offset / CHUNK;
+        let last = ((end - 1) / u64::from(CHUNK)) as u32;
+        let stop =
+            crypt::chunk_offset(last) + u64::from(crypt::chunk_len(capacity, last) + OVERHEAD);
+        Ok(Span {
+            first,
+            last,
+            stored: (crypt::chunk_offset(first) as u32, stop as u32),
+        })
+    }
+
+    /// Where each chunk is: (chunk, plaintext start in the block, its
+    /// length, its start in the stored span).
+    fn chunks(&self, capacity: u32) -> impl Iterator<Item = (u32, u32, u32, usize)> + '_ {
+        (self.first..=self.last).map(move |c| {
+            let at = (crypt::chunk_offset(c) - u64::from(self.stored.0)) as usize;
+            (c, c * CHUNK, crypt::chunk_len(capacity, c), at)
+        })
+    }
+}
+
+impl BlockIo {
+    /// `len` bytes at `offset` of block `index` (first tried at `loc`): of
+    /// an encrypted node (`seal`), its plaintext; else as
+    /// [`BlockIo::read`].
+    pub(crate) async fn read_bytes(
+        &self,
+        at: &impl Locate,
+        index: u64,
+        loc: BlockLoc,
+        seal: Option<Seal<'_>>,
+        offset: u32,
+        len: usize,
+    ) -> Result<Bytes> {
+        let Some(seal) = seal else {
+            return self.read(at, index, loc, offset, len).await;
+        };
+        if len == 0 {
+            return Ok(Bytes::new());
+        }
+        let span = Span::of(seal.capacity, offset, len)?;
+        let mut plain = self.read_open(at, index, loc, seal, span).await?;
+        let from = (offset - span.first * CHUNK) as usize;
+        plain.truncate(from + len);
+        Ok(Bytes::from(plain).slice(from..))
+    }
+
+    /// Fills `dst` with plaintext bytes `offset..` of block `index` of the
+    /// encrypted node of `seal` (first tried at `loc`): reads the chunks
+    /// covering them, opens each and copies out the plaintext. A chunk
+    /// that does not authenticate is read again (see [`OPEN_ATTEMPTS`]),
+    /// then is `Integrity`; `dst` never receives a byte that did not
+    /// authenticate.
+    pub(crate) async fn read_sealed_into(
+        &self,
+        at: &impl Locate,
+        index: u64,
+        loc: BlockLoc,
+        seal: Seal<'_>,
+        offset: u32,
+        dst: &mut [MaybeUninit<u8>],
+    ) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let span = Span::of(seal.capacity, offset, dst.len())?;
+        let plain = self.read_open(at, index, loc, seal, span).await?;
+        let from = (offset - span.first * CHUNK) as usize;
+        let src = &plain[from..from + dst.len()];
+        // SAFETY: `MaybeUninit<u8>` has the layout of `u8`; the copy only
+        // writes initialised bytes.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast(), src.len()) };
+        Ok(())
+    }
+
+    /// The plaintext of the chunks of `span`, back to back: read, opened
+    /// and checked (read again while one fails, [`OPEN_ATTEMPTS`] in all).
+    async fn read_open(
+        &self,
+        at: &impl Locate,
+        index: u64,
+        loc: BlockLoc,
+        seal: Seal<'_>,
+        span: Span,
+    ) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; (span.stored.1 - span.stored.0) as usize];
+        let mut pause = Duration::from_millis(1);
+        for attempt in 1.. {
+            // SAFETY: `u8` to `MaybeUninit<u8>` (same layout); the read
+            // only writes initialised bytes.
+            let raw = unsafe { &mut *(buf.as_mut_slice() as *mut [u8] as *mut [MaybeUninit<u8>]) };
+            self.read_into(at, index, loc.clone(), span.stored.0, raw)
+                .await?;
+            let bad = span.chunks(seal.capacity).find(|&(c, _, len, at)| {
+                let place = ChunkPlace {
+                    node: seal.node,
+                    block: index,
+                    chunk: c,
+                };
+                !seal
+                    .key
+                    .open(&place, &mut buf[at..at + (len + OVERHEAD) as usize])
+            });
+            let Some((c, ..)) = bad else { break };
+            if attempt >= OPEN_ATTEMPTS {
+                return Err(Error::integrity(format!(
+                    "block {index}, chunk {c} (on storage server {}) failed authentication: its stored bytes were changed, or written with another encryption key",
+                    loc.addr
+                )));
+            }
+            tokio::time::sleep(pause).await;
+            pause *= 4;
+        }
+        // Squeeze out nonces and tags: the plaintext, back to back.
+        let mut out = 0;
+        for (_, _, len, at) in span.chunks(seal.capacity) {
+            let body = at + NONCE_LEN as usize;
+            buf.copy_within(body..body + len as usize, out);
+            out += len as usize;
+        }
+        buf.truncate(out);
+        Ok(buf)
+    }
+
+    /// Writes plaintext `data` at `offset` of block `index` of the
+    /// encrypted node of `seal` (first tried at `loc`): every chunk it
+    /// touches is sealed again under a fresh random nonce and written in
+    /// one transfer. A chunk it covers only in part keeps its other bytes:
+    /// read and opened first when any of them was ever written (before
+    /// `fresh_from`, a plaintext offset in the block: bytes from there on
+    /// were never written), zeros otherwise. `whole` as for
+    /// [`BlockIo::write`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn write_sealed(
+        &self,
+        at: &impl Locate,
+        index: u64,
+        loc: BlockLoc,
+        seal: Seal<'_>,
+        offset: u32,
+        data: &[u8],
+        fresh_from: u64,
+        whole: bool,
+    ) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let span = Span::of(seal.capacity, offset, data.len())?;
+        let end = offset as u64 + data.len() as u64;
+        // Whether chunk `c`'s bytes outside the write were ever written.
+        let keeps = |c: u32| {
+            let (start, stop) = (
+                u64::from(c * CHUNK),
+                u64::from(c * CHUNK + crypt::chunk_len(seal.capacity, c)),
+            );
+            (start < u64::from(offset) && start < fresh_from) || (end < stop && end < fresh_from)
+        };
+        let base = span.first * CHUNK;
+        let mut plain = vec![
+            0u8;
+            ((span.last - span.first) * CHUNK + crypt::chunk_len(seal.capacity, span.last))
+                as usize
+        ];
+        let edges = if span.first == span.last {
+            vec![span.first]
+        } else {
+            vec![span.first, span.last]
+        };
+        for c in edges {
+            if keeps(c) {
+                let one = Span::of(
+                    seal.capacity,
+                    c * CHUNK,
+                    crypt::chunk_len(seal.capacity, c) as usize,
+                )?;
+                let old = self.read_open(at, index, loc.clone(), seal, one).await?;
+                let from = (c * CHUNK - base) as usize;
+                plain[from..from + old.len()].copy_from_slice(&old);
+            }
+        }
+        let from = (offset - base) as usize;
+        plain[from..from + data.len()].copy_from_slice(data);
+        let count = (span.last - span.first + 1) as usize;
+        let mut nonces = vec![0u8; count * NONCE_LEN as usize];
+        nodekernel_rpc::random_bytes(&mut nonces)
+            .map_err(|e| Error::internal(format!("no random nonce from the kernel: {e}")))?;
+        let mut stored = vec![0u8; (span.stored.1 - span.stored.0) as usize];
+        for (i, (c, start, len, at)) in span.chunks(seal.capacity).enumerate() {
+            let chunk = &mut stored[at..at + (len + OVERHEAD) as usize];
+            let p = (start - base) as usize;
+            chunk[NONCE_LEN as usize..NONCE_LEN as usize + len as usize]
+                .copy_from_slice(&plain[p..p + len as usize]);
+            let place = ChunkPlace {
+                node: seal.node,
+                block: index,
+                chunk: c,
+            };
+            let nonce = &nonces[i * NONCE_LEN as usize..(i + 1) * NONCE_LEN as usize];
+            seal.key.seal(&place, nonce, chunk)?;
+        }
+        self.write(at, index, loc, span.stored.0, &stored, whole)
+            .await
     }
 }
 

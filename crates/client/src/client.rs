@@ -43,6 +43,12 @@ pub struct ClientConfig {
     /// TLS on TCP connections (the `[security.tls]` table); `None` by
     /// default.
     pub tls: Option<Arc<nodekernel_rpc::Tls>>,
+    /// The key this client encrypts and decrypts the data of encrypted
+    /// nodes with (`docs/encryption.md`); never sent anywhere. `None` by
+    /// default: encrypted nodes then fail with `Unauthenticated`.
+    /// [`crate::discover`] reads it from `NK_ENCRYPTION_KEY_FILE` or
+    /// `[security] encryption_key_file`.
+    pub encryption_key: Option<Arc<crate::EncryptionKey>>,
 }
 
 impl ClientConfig {
@@ -58,6 +64,7 @@ impl ClientConfig {
             access_hook: None,
             token: None,
             tls: None,
+            encryption_key: None,
         }
     }
 }
@@ -677,6 +684,7 @@ impl Client {
             mode: 0,
             mtime: 0,
             lease: 0,
+            encrypted: false,
             first_block: None,
             record: None,
         };

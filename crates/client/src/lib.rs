@@ -33,6 +33,7 @@ mod bag;
 pub mod blocking;
 mod blockio;
 mod client;
+mod crypt;
 mod local;
 mod node;
 pub mod settings;
@@ -41,10 +42,11 @@ mod stream;
 
 pub use admin::drain_finished;
 pub use bag::{BagEntry, BagReader, DEFAULT_BAG_READS_IN_FLIGHT};
-pub use blockio::{Access, AccessHook, MAX_RELOCATIONS};
+pub use blockio::{Access, AccessHook, MAX_RELOCATIONS, OPEN_ATTEMPTS};
 pub use client::{
     default_location, now_ns, Client, ClientConfig, CreateOptions, DataPathStats, GET_ATTEMPTS,
 };
+pub use crypt::EncryptionKey;
 pub use node::{Node, Reader};
 pub use nodekernel_proto::types::{DrainState, DrainStatus, PartitionDown};
 pub use nodekernel_proto::{

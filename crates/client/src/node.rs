@@ -1,5 +1,6 @@
 use crate::blockio::Locate;
 use crate::client::{unexpected, Client};
+use crate::crypt::Seal;
 use bytes::Bytes;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use nodekernel_proto::meta::{MetaReply, MetaRequest, MAX_MAP_COUNT};
@@ -106,6 +107,41 @@ impl Node {
 
     pub(crate) fn block_size(&self) -> u64 {
         self.info.block_size as u64
+    }
+
+    /// How the block-I/O layer seals this node's data: `None` unless it is
+    /// encrypted; `Unauthenticated` if it is and this client has no key.
+    fn seal(&self) -> Result<Option<Seal<'_>>> {
+        Seal::of(
+            self.client.config().encryption_key.as_ref(),
+            self.info.encrypted,
+            self.info.id,
+            self.info.block_size,
+        )
+    }
+
+    /// Length of the slice of a buffered writer that starts at `pos`: up
+    /// to the next multiple of `slice` in the node (so slices are aligned),
+    /// and for an encrypted node back to the chunk boundary before that
+    /// (or on to the one after `pos`), so that slice writes in flight
+    /// together never share a chunk (each rewrites its partial chunks
+    /// whole).
+    pub(crate) fn slice_len(&self, pos: u64, slice: u64) -> u64 {
+        let end = pos + (slice - pos % slice);
+        if !self.info.encrypted {
+            return end - pos;
+        }
+        let bs = self.block_size().max(1);
+        let chunk = u64::from(nodekernel_proto::crypt::CHUNK);
+        let boundary = |x: u64| x - x % bs + (x % bs) / chunk * chunk;
+        let back = boundary(end);
+        if back > pos {
+            return back - pos;
+        }
+        // No boundary inside: the next one after `pos` (a chunk's end, or
+        // the block's).
+        let next = boundary(pos) + chunk;
+        (next.min(pos - pos % bs + bs)) - pos
     }
 
     // ----- metadata helpers -------------------------------------------------
@@ -272,6 +308,7 @@ impl Node {
     /// Fills `buf`, which need not be initialised: the bytes are copied
     /// from mapped memory or received from the socket straight into it.
     async fn read_at_raw(&self, offset: u64, buf: &mut [MaybeUninit<u8>]) -> Result<()> {
+        let seal = self.seal()?;
         self.check_range(offset, buf.len()).await?;
         if buf.is_empty() {
             return Ok(());
@@ -279,11 +316,10 @@ impl Node {
         let bs = self.block_size();
         let last = (offset + buf.len() as u64 - 1) / bs;
         self.ensure_locations(offset / bs, last, None).await?;
-        let io = &self.client.inner.io;
         let mut segs = self.segments(offset, buf.len());
         if segs.len() == 1 {
             let s = segs.pop().expect("one segment");
-            return io.read_into(self, s.index, s.loc, s.offset, buf).await;
+            return self.read_segment(seal, s, buf).await;
         }
         // Each piece gets its own part of `buf`; several are in flight,
         // created as they start (not one future per block up front).
@@ -291,12 +327,29 @@ impl Node {
         let reads = segs.into_iter().map(move |s| {
             let (dst, tail) = std::mem::take(&mut rest).split_at_mut(s.len);
             rest = tail;
-            io.read_into(self, s.index, s.loc, s.offset, dst)
+            self.read_segment(seal, s, dst)
         });
         stream::iter(reads)
             .buffer_unordered(self.client.config().transfers_in_flight.max(1))
             .try_collect::<()>()
             .await
+    }
+
+    /// Fills `dst` with segment `s` (its plaintext, for an encrypted node).
+    async fn read_segment(
+        &self,
+        seal: Option<Seal<'_>>,
+        s: Segment,
+        dst: &mut [MaybeUninit<u8>],
+    ) -> Result<()> {
+        let io = &self.client.inner.io;
+        match seal {
+            Some(seal) => {
+                io.read_sealed_into(self, s.index, s.loc, seal, s.offset, dst)
+                    .await
+            }
+            None => io.read_into(self, s.index, s.loc, s.offset, dst).await,
+        }
     }
 
     /// Reads `len` bytes at `offset` into a new vector, allocated once and
@@ -342,6 +395,7 @@ impl Node {
         debug_assert!(len > 0 && offset % bs + len as u64 <= bs);
         let idx = offset / bs;
         let read = async {
+            let seal = self.seal()?;
             self.ensure_locations(idx, idx, None).await?;
             let loc = self.locs.lock().expect("locs lock")[idx as usize]
                 .clone()
@@ -349,7 +403,7 @@ impl Node {
             self.client
                 .inner
                 .io
-                .read(self, idx, loc, (offset % bs) as u32, len)
+                .read_bytes(self, idx, loc, seal, (offset % bs) as u32, len)
                 .await
         };
         read.await.map_err(|e| self.ctx(e))
@@ -433,6 +487,7 @@ impl Node {
             if data.is_empty() {
                 return Ok(());
             }
+            let seal = self.seal()?;
             let bs = self.block_size();
             let (first, last) = (offset / bs, (offset + data.len() as u64 - 1) / bs);
             let start = {
@@ -458,7 +513,18 @@ impl Node {
                 let whole =
                     s.offset == 0 && start >= fresh_from && (exclusive || s.len as u64 == bs);
                 let data = &data[s.at..s.at + s.len];
-                io.write(self, s.index, s.loc, s.offset, data, whole)
+                async move {
+                    match seal {
+                        Some(seal) => {
+                            let fresh = fresh_from.saturating_sub(start);
+                            io.write_sealed(
+                                self, s.index, s.loc, seal, s.offset, data, fresh, whole,
+                            )
+                            .await
+                        }
+                        None => io.write(self, s.index, s.loc, s.offset, data, whole).await,
+                    }
+                }
             }))
             .buffer_unordered(self.client.config().transfers_in_flight.max(1))
             .try_collect::<()>()

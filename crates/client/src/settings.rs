@@ -3,7 +3,7 @@
 //! an explicit metadata address, then `NK_META`, then the config file
 //! (explicit, or `NK_CONFIG`), then [`DEFAULT_META`].
 
-use crate::ClientConfig;
+use crate::{ClientConfig, EncryptionKey};
 use nodekernel_proto::{Error, Result};
 use nodekernel_rpc::auth::MAX_TOKEN_LEN;
 use nodekernel_rpc::{LocalPeers, Security, Tls, TlsFiles, Token};
@@ -130,6 +130,10 @@ pub struct SecuritySection {
     /// A group (name or number) whose members may also use the servers'
     /// Unix sockets; by default only the servers' user and root may.
     pub unix_group: Option<String>,
+    /// A file holding the secret clients derive their encryption key from
+    /// (`nk key new`; `docs/encryption.md`). Read by clients only: servers
+    /// never see it.
+    pub encryption_key_file: Option<PathBuf>,
     /// TLS on every TCP connection (`[security.tls]`).
     pub tls: Option<TlsSection>,
 }
@@ -153,19 +157,19 @@ pub struct TlsSection {
     pub server_name: Option<String>,
 }
 
-/// Reads a secret from `path`: at most [`MAX_TOKEN_LEN`] bytes,
-/// surrounding whitespace removed. A file others may read is used with a
-/// warning.
-fn read_secret(path: &Path) -> Result<Vec<u8>> {
+/// Reads a secret from `path`, a `what` (`token file`, `encryption key
+/// file`): at most [`MAX_TOKEN_LEN`] bytes, surrounding whitespace
+/// removed. A file others may read is used with a warning.
+fn read_secret(path: &Path, what: &str) -> Result<Vec<u8>> {
     use std::os::unix::fs::MetadataExt;
-    let bad = |m: String| Error::invalid_argument(format!("token file {}: {m}", path.display()));
+    let bad = |m: String| Error::invalid_argument(format!("{what} {}: {m}", path.display()));
     let meta = std::fs::metadata(path).map_err(|e| bad(format!("cannot read: {e}")))?;
     if meta.len() > (MAX_TOKEN_LEN as u64) * 2 {
         return Err(bad(format!("larger than {} bytes", MAX_TOKEN_LEN * 2)));
     }
     if meta.mode() & 0o077 != 0 {
         tracing::warn!(
-            "token file {} may be read by other users (mode {:o}); chmod 600 it",
+            "{what} {} may be read by other users (mode {:o}); chmod 600 it",
             path.display(),
             meta.mode() & 0o777
         );
@@ -181,13 +185,19 @@ impl SecuritySection {
     pub fn token(&self) -> Result<Option<Arc<Token>>> {
         let env_file = std::env::var_os("NK_TOKEN_FILE").map(PathBuf::from);
         let current = match (&env_file, &self.token_file, &self.token) {
-            (Some(f), _, _) => Some((read_secret(f)?, format!("token file {}", f.display()))),
+            (Some(f), _, _) => Some((
+                read_secret(f, "token file")?,
+                format!("token file {}", f.display()),
+            )),
             (None, Some(_), Some(_)) => {
                 return Err(Error::invalid_argument(
                     "[security]: give token or token_file, not both",
                 ))
             }
-            (None, Some(f), None) => Some((read_secret(f)?, format!("token file {}", f.display()))),
+            (None, Some(f), None) => Some((
+                read_secret(f, "token file")?,
+                format!("token file {}", f.display()),
+            )),
             (None, None, Some(t)) => {
                 Some((t.trim().as_bytes().to_vec(), "[security] token".into()))
             }
@@ -203,9 +213,26 @@ impl SecuritySection {
         };
         let mut token = Token::new(&secret, &what)?;
         if let Some(f) = &self.previous_token_file {
-            token = token.accepting(&read_secret(f)?, &format!("token file {}", f.display()))?;
+            token = token.accepting(
+                &read_secret(f, "token file")?,
+                &format!("token file {}", f.display()),
+            )?;
         }
         Ok(Some(Arc::new(token)))
+    }
+
+    /// The key this client encrypts node data with, if any:
+    /// `NK_ENCRYPTION_KEY_FILE` wins over `encryption_key_file`. The file
+    /// is read and the key derived here.
+    pub fn encryption_key(&self) -> Result<Option<Arc<EncryptionKey>>> {
+        let env_file = std::env::var_os("NK_ENCRYPTION_KEY_FILE").map(PathBuf::from);
+        let Some(f) = env_file.as_ref().or(self.encryption_key_file.as_ref()) else {
+            return Ok(None);
+        };
+        let what = "encryption key file";
+        let secret = read_secret(f, what)?;
+        let key = EncryptionKey::from_secret(&secret, &format!("{what} {}", f.display()))?;
+        Ok(Some(Arc::new(key)))
     }
 
     /// Who may use the servers' Unix sockets: root, the servers' user and
@@ -287,6 +314,7 @@ pub fn discover(meta: Option<&str>, config_file: Option<&Path>) -> Result<Client
     let mut c = section.to_config();
     c.token = security.token()?;
     c.tls = security.tls()?;
+    c.encryption_key = security.encryption_key()?;
     let env_meta = std::env::var("NK_META").ok();
     if let Some(list) = meta.or(env_meta.as_deref()) {
         let metas = parse_meta_list(list);

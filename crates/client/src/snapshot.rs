@@ -690,12 +690,20 @@ impl Snapshot {
                     node: n.entry.node,
                     first: &loc,
                 };
+                let e = &n.entry;
+                let seal = crate::crypt::Seal::of(
+                    client.config().encryption_key.as_ref(),
+                    e.encrypted,
+                    e.node,
+                    e.block_size,
+                )
+                .map_err(|err| ctx(&target(base, &e.path), err))?;
                 client
                     .inner
                     .io
-                    .read_untagged(&at, index, loc.clone(), 0, len)
+                    .read_untagged(&at, index, loc.clone(), seal, 0, len)
                     .await
-                    .map_err(|e| ctx(&target(base, &n.entry.path), e))
+                    .map_err(|err| ctx(&target(base, &e.path), err))
             })
             .buffered(opts.reads_in_flight.max(1));
         let mut packs = PackWriter::new(dir, opts.pack_bytes);

@@ -25,7 +25,9 @@
 //! buffers: the slices in flight plus the one the caller is working on.
 //! Slices are aligned to multiples of `slice_size` in the node, so with a
 //! slice size that is a multiple of the block size every slice transfer
-//! covers whole blocks.
+//! covers whole blocks. For an encrypted node a slice ends at the chunk
+//! boundary before that (`Node::slice_len`, `docs/encryption.md`), so
+//! slice writes in flight together never share a chunk.
 //!
 //! Transfers in flight when a stream is dropped are not cancelled (aborting
 //! a network request half-sent would break the connection it shares with
@@ -414,9 +416,10 @@ impl BufferedWriter {
         e
     }
 
-    /// Bytes the current slice takes before it is sent.
+    /// Bytes the current slice takes before it is sent (for an encrypted
+    /// node, up to a chunk boundary: [`Node::slice_len`]).
     fn target(&self) -> usize {
-        slice_len(self.start, self.slice_size, u64::MAX) as usize
+        self.node.slice_len(self.start, self.slice_size) as usize
     }
 
     /// Waits for the oldest slice write. Cancel-safe.

@@ -80,6 +80,10 @@ pub struct ClassSection {
     pub high_watermark: Option<u8>,
     #[serde(default)]
     pub low_watermark: Option<u8>,
+    /// Clients encrypt node data before it goes to this class
+    /// (`docs/encryption.md`).
+    #[serde(default)]
+    pub encrypt: bool,
 }
 
 /// The seed paper's price table: DRAM $5/GB, NAND flash $0.63/GB.
@@ -91,6 +95,7 @@ pub fn default_classes() -> Vec<ClassSection> {
             price_per_gib: 5.0,
             high_watermark: None,
             low_watermark: None,
+            encrypt: false,
         },
         ClassSection {
             id: 1,
@@ -98,6 +103,7 @@ pub fn default_classes() -> Vec<ClassSection> {
             price_per_gib: 0.63,
             high_watermark: None,
             low_watermark: None,
+            encrypt: false,
         },
     ]
 }
@@ -612,6 +618,7 @@ impl Config {
                 class: c.id,
                 name: c.name,
                 price_per_gib: c.price_per_gib,
+                encrypt: c.encrypt,
             })
             .collect()
     }

@@ -274,6 +274,7 @@ async fn block_poisoning_fails_without_a_token_too() {
             block,
             gen: poison,
             clear_tag_at: None,
+            scrub: false,
             release: false,
             cap: loc.cap,
         })

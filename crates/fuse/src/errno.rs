@@ -28,7 +28,10 @@ pub fn errno_of(e: &Error) -> i32 {
         | ErrorCode::LeaseExpired
         | ErrorCode::UnknownServer
         | ErrorCode::WrongPartition
-        | ErrorCode::VersionMismatch => libc::EIO,
+        | ErrorCode::VersionMismatch
+        // Encrypted data that failed authentication: a checksum failure,
+        // which file systems report as EIO.
+        | ErrorCode::Integrity => libc::EIO,
     }
 }
 
@@ -46,6 +49,7 @@ mod tests {
             ErrorCode::DataLost,
             ErrorCode::Unavailable,
             ErrorCode::Timeout,
+            ErrorCode::Integrity,
         ] {
             assert_eq!(errno_of(&Error::new(code, "x")), libc::EIO);
         }

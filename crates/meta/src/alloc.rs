@@ -36,8 +36,8 @@
 
 use nodekernel_proto::cap::CapKey;
 use nodekernel_proto::codec::{Dec, Enc};
-use nodekernel_proto::{Error, Result, ServerStatus, Traffic, NO_CLASS};
-use std::collections::BTreeMap;
+use nodekernel_proto::{Error, ErrorCode, Result, ServerStatus, Traffic, NO_CLASS};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Most storage servers one metadata server accepts (registrations beyond
 /// it are refused). Every server costs a few hundred bytes plus its freed
@@ -73,6 +73,9 @@ pub struct BlockClaim {
     pub clear_tag_at: Option<u32>,
     /// The block joined the balloon: the server may give its memory back.
     pub release: bool,
+    /// Zeros over the whole block at `gen`: a block handed to an
+    /// encrypted node or slab (`MetaState::scrub`).
+    pub scrub: bool,
     /// The capability for the claim (the whole block at `gen`).
     pub cap: nodekernel_proto::cap::Cap,
 }
@@ -190,6 +193,10 @@ pub struct BlockAllocator {
     /// Placement ignores the client's location (`placement =
     /// round-robin`); a runtime setting, not durable state.
     round_robin: bool,
+    /// Encrypted classes (`[[class]] encrypt`): data of a node that is not
+    /// encrypted never goes there. From the configuration, not durable
+    /// state.
+    sealed: BTreeSet<u8>,
 }
 
 /// What a registration does, decided by [`BlockAllocator::decide_register`].
@@ -236,7 +243,19 @@ impl BlockAllocator {
             next_server: 1,
             next_gen: first_gen.max(1),
             round_robin: false,
+            sealed: BTreeSet::new(),
         }
+    }
+
+    /// Sets the encrypted classes (from the configuration).
+    pub fn set_sealed(&mut self, classes: impl IntoIterator<Item = u8>) {
+        self.sealed = classes.into_iter().collect();
+    }
+
+    /// Whether the data of a node that is not encrypted must stay out of
+    /// `class`.
+    pub fn is_sealed(&self, class: u8) -> bool {
+        self.sealed.contains(&class)
     }
 
     pub fn block_size(&self) -> u32 {
@@ -546,6 +565,7 @@ impl BlockAllocator {
                     class: *class,
                     capacity,
                     used,
+                    encrypted: self.is_sealed(*class),
                 }
             })
             .collect()
@@ -625,9 +645,15 @@ impl BlockAllocator {
             .sum()
     }
 
-    /// Class search order for a preference.
-    pub(crate) fn class_order(&self, preferred: u8) -> Vec<u8> {
-        let all: Vec<u8> = self.classes.keys().copied().collect();
+    /// Class search order for a preference, for the data of a node that
+    /// is `encrypted` or not (which skips the encrypted classes).
+    pub(crate) fn class_order(&self, preferred: u8, encrypted: bool) -> Vec<u8> {
+        let all: Vec<u8> = self
+            .classes
+            .keys()
+            .copied()
+            .filter(|c| encrypted || !self.is_sealed(*c))
+            .collect();
         if preferred == NO_CLASS {
             return all;
         }
@@ -858,14 +884,52 @@ impl AllocPlan<'_> {
         None
     }
 
-    /// Allocates one block following the placement rules, or `NoSpace`.
+    /// Allocates one block following the placement rules, or `NoSpace`,
+    /// in any class (containers' child records: namespace metadata, see
+    /// `docs/encryption.md`).
     pub fn allocate(&mut self, preferred_class: u8, location: &str) -> Result<BlockRef> {
-        for class in self.a.class_order(preferred_class) {
+        self.allocate_where(preferred_class, location, true)
+    }
+
+    /// Allocates one block of a data node that is `encrypted` or not (not:
+    /// never in an encrypted class), or `NoSpace`. For an encrypted node
+    /// the generation just below the block's is kept unused: the block is
+    /// scrubbed at it (`MetaState::scrub`).
+    pub fn allocate_data(
+        &mut self,
+        preferred_class: u8,
+        location: &str,
+        encrypted: bool,
+    ) -> Result<BlockRef> {
+        if encrypted {
+            self.gen();
+        }
+        self.allocate_where(preferred_class, location, encrypted)
+    }
+
+    /// Allocates one block in the classes a unit that may (`sealed_ok`)
+    /// or may not go to encrypted classes may use (a move's target: the
+    /// copy overwrites the whole block).
+    pub fn allocate_where(
+        &mut self,
+        preferred_class: u8,
+        location: &str,
+        sealed_ok: bool,
+    ) -> Result<BlockRef> {
+        let encrypted = sealed_ok;
+        for class in self.a.class_order(preferred_class, encrypted) {
             if let Some(b) = self.allocate_in(class, location) {
                 return Ok(b);
             }
         }
-        Err(self.no_space())
+        let e = self.no_space();
+        if encrypted || self.a.sealed.is_empty() || e.code != ErrorCode::NoSpace {
+            return Err(e);
+        }
+        Err(Error::no_space(format!(
+            "{}; a node that is not encrypted never goes to the encrypted classes {:?} (docs/encryption.md)",
+            e.message, self.a.sealed
+        )))
     }
 
     /// Allocates one block from the lowest-priority class with room (then

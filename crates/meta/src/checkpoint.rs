@@ -9,8 +9,9 @@
 //! nodes kept a mode and a modification time end without them) and `parts` (`state`:
 //! counters, allocator, slabs, moves, blocks held for snapshots and
 //! ballooned blocks, in format [`FORMAT`]; formats 1, without held blocks,
-//! 2, without ballooned ones, and 3, without the storage servers'
-//! capability keys, are read too). It is
+//! 2, without ballooned ones, 3, without the storage servers'
+//! capability keys, and 4, without slabs' encryption flags, are read
+//! too). It is
 //! written whole to `checkpoint.tmp`, committed (redb syncs it), and only
 //! then renamed to its name, which makes it the newest; older ones are
 //! deleted after. A crash leaves either checkpoint intact.
@@ -31,7 +32,7 @@ use redb::{
 use std::path::{Path, PathBuf};
 
 /// The format of the `state` part written; the only one read.
-pub const FORMAT: u8 = 4;
+pub const FORMAT: u8 = 5;
 const TMP_FILE: &str = "checkpoint.tmp";
 
 const NODES: TableDefinition<u64, &[u8]> = TableDefinition::new("nodes");

@@ -57,6 +57,8 @@ mod tag {
     /// capability key (the old tags are still read, without one).
     pub const SERVER_ADDED_KEYED: u8 = 31;
     pub const SERVER_READDRESSED_KEYED: u8 = 32;
+    /// A slab of encrypted values (`SLAB_CREATED` is one of plain ones).
+    pub const SLAB_CREATED_ENCRYPTED: u8 = 33;
 }
 
 fn block(e: &mut Enc, b: &BlockRef) {
@@ -88,7 +90,11 @@ pub fn encode_effects(effects: &[Effect], out: &mut BytesMut) {
                     .u8(n.ty as u8)
                     .u8(n.storage_class)
                     .str(&n.location)
-                    .u8(crate::namespace::node_flags(n.enumerable, n.pinned));
+                    .u8(crate::namespace::node_flags(
+                        n.enumerable,
+                        n.pinned,
+                        n.encrypted,
+                    ));
             }
             Effect::Linked { id, slot: s } => {
                 e.u8(tag::LINKED).u64(*id);
@@ -186,8 +192,13 @@ pub fn encode_effects(effects: &[Effect], out: &mut BytesMut) {
             Effect::SlabCreated {
                 block: b,
                 piece_size,
+                encrypted,
             } => {
-                e.u8(tag::SLAB_CREATED);
+                e.u8(if *encrypted {
+                    tag::SLAB_CREATED_ENCRYPTED
+                } else {
+                    tag::SLAB_CREATED
+                });
                 block(e, b);
                 e.u32(*piece_size);
             }
@@ -267,7 +278,7 @@ pub fn decode_effects(buf: &[u8]) -> Result<Vec<Effect>> {
                 let (id, parent, name) = (d.u64()?, d.u64()?, d.string()?);
                 let ty = NodeType::from_u8(d.u8()?)?;
                 let (storage_class, location) = (d.u8()?, d.string()?);
-                let (enumerable, pinned) = crate::namespace::dec_node_flags(d)?;
+                let (enumerable, pinned, encrypted) = crate::namespace::dec_node_flags(d)?;
                 Effect::NodeCreated(NewNode {
                     id,
                     parent,
@@ -277,6 +288,7 @@ pub fn decode_effects(buf: &[u8]) -> Result<Vec<Effect>> {
                     location,
                     enumerable,
                     pinned,
+                    encrypted,
                 })
             }
             tag::LINKED => Effect::Linked {
@@ -369,9 +381,10 @@ pub fn decode_effects(buf: &[u8]) -> Result<Vec<Effect>> {
                 index: d.u64()?,
                 done: d.bool()?,
             },
-            tag::SLAB_CREATED => Effect::SlabCreated {
+            tag::SLAB_CREATED | tag::SLAB_CREATED_ENCRYPTED => Effect::SlabCreated {
                 block: dec_block(d)?,
                 piece_size: d.u32()?,
+                encrypted: t == tag::SLAB_CREATED_ENCRYPTED,
             },
             tag::PIECE_TAKEN => Effect::PieceTaken {
                 node: d.u64()?,
@@ -462,6 +475,7 @@ mod tests {
                 location: "here".into(),
                 enumerable: false,
                 pinned: true,
+                encrypted: true,
             }),
             Effect::Linked { id: 42, slot: None },
             Effect::Linked {
@@ -537,6 +551,12 @@ mod tests {
             Effect::SlabCreated {
                 block: b,
                 piece_size: 112,
+                encrypted: false,
+            },
+            Effect::SlabCreated {
+                block: b,
+                piece_size: 160,
+                encrypted: true,
             },
             Effect::PieceTaken { node: 20, piece: p },
             Effect::PieceFreed { piece: p },
@@ -623,6 +643,39 @@ mod tests {
                 },
             ]
         );
+    }
+
+    /// A node created before encryption (flags without bit 2) reads as
+    /// not encrypted; flags past the known bits are refused.
+    #[test]
+    fn node_records_from_before_encryption_are_read() {
+        let record = |flags: u8| {
+            let mut buf = BytesMut::new();
+            Enc(&mut buf)
+                .u8(EFFECTS_FORMAT)
+                .u32(1)
+                .u8(tag::NODE_CREATED)
+                .u64(5)
+                .u64(1)
+                .str("f")
+                .u8(NodeType::File as u8)
+                .u8(1)
+                .str("")
+                .u8(flags);
+            decode_effects(&buf)
+        };
+        for (flags, pinned, encrypted) in [(3, true, false), (1, false, false), (5, false, true)] {
+            match &record(flags).unwrap()[..] {
+                [Effect::NodeCreated(n)] => {
+                    assert_eq!(
+                        (n.enumerable, n.pinned, n.encrypted),
+                        (true, pinned, encrypted)
+                    )
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(record(8).is_err());
     }
 
     #[test]

@@ -102,8 +102,13 @@ pub enum Effect {
         done: bool,
     },
     /// `block` (taken from its server's free list) becomes a slab of
-    /// `piece_size` pieces, with the block's generation.
-    SlabCreated { block: BlockRef, piece_size: u32 },
+    /// `piece_size` pieces, with the block's generation; an `encrypted`
+    /// slab holds only encrypted values (`docs/encryption.md`).
+    SlabCreated {
+        block: BlockRef,
+        piece_size: u32,
+        encrypted: bool,
+    },
     /// `node` takes `piece` (the next free piece of its slab).
     PieceTaken { node: NodeId, piece: Piece },
     /// `piece` is free again (its old owner is being dropped).

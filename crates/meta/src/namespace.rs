@@ -190,6 +190,10 @@ pub struct Node {
     pub enumerable: bool,
     /// Tier migration leaves its blocks where they are.
     pub pinned: bool,
+    /// Its clients encrypt its data (`docs/encryption.md`): fixed at
+    /// create. A data node that is not is never placed in, or moved into,
+    /// an encrypted class.
+    pub encrypted: bool,
     /// Permission bits (at most `MAX_MODE`).
     pub mode: u16,
     pub lease: Option<Lease>,
@@ -216,6 +220,7 @@ pub struct NewNode {
     pub location: String,
     pub enumerable: bool,
     pub pinned: bool,
+    pub encrypted: bool,
 }
 
 #[derive(Debug)]
@@ -258,15 +263,16 @@ impl Default for CreateSpec {
 }
 
 /// A node's flags as the log and checkpoints keep them: bit 0
-/// enumerable, bit 1 pinned (older records hold only bit 0).
-pub(crate) fn node_flags(enumerable: bool, pinned: bool) -> u8 {
-    u8::from(enumerable) | u8::from(pinned) << 1
+/// enumerable, bit 1 pinned, bit 2 encrypted (older records hold only the
+/// lower bits; a build from before a bit refuses a record that sets it).
+pub(crate) fn node_flags(enumerable: bool, pinned: bool, encrypted: bool) -> u8 {
+    u8::from(enumerable) | u8::from(pinned) << 1 | u8::from(encrypted) << 2
 }
 
-/// Decodes [`node_flags`] as (enumerable, pinned).
-pub(crate) fn dec_node_flags(d: &mut Dec) -> Result<(bool, bool)> {
+/// Decodes [`node_flags`] as (enumerable, pinned, encrypted).
+pub(crate) fn dec_node_flags(d: &mut Dec) -> Result<(bool, bool, bool)> {
     match d.u8()? {
-        f @ 0..=3 => Ok((f & 1 != 0, f & 2 != 0)),
+        f @ 0..=7 => Ok((f & 1 != 0, f & 2 != 0, f & 4 != 0)),
         f => Err(Error::protocol(format!("bad node flags {f:#x}"))),
     }
 }
@@ -292,6 +298,7 @@ impl Namespace {
             location: Box::default(),
             enumerable: true,
             pinned: false,
+            encrypted: false,
             mode: default_mode(NodeType::Directory),
             lease: None,
             mtime: 0,
@@ -630,6 +637,7 @@ impl Namespace {
                 location: n.location.as_str().into(),
                 enumerable: n.ty != NodeType::Table || n.enumerable,
                 pinned: n.pinned,
+                encrypted: n.encrypted,
                 mode: default_mode(n.ty),
                 lease: None,
                 mtime: 0,
@@ -824,7 +832,7 @@ impl Namespace {
                 .u8(waits)
                 .u8(n.storage_class)
                 .str(&n.location)
-                .u8(node_flags(n.enumerable, n.pinned));
+                .u8(node_flags(n.enumerable, n.pinned, n.encrypted));
             match n.lease {
                 Some(l) => e.bool(true).u64(l.id).u64(l.expires_ms),
                 None => e.bool(false),
@@ -900,7 +908,7 @@ impl Namespace {
             let waits = d.u8()?;
             let storage_class = d.u8()?;
             let location: Box<str> = d.string()?.into();
-            let (enumerable, pinned) = dec_node_flags(d)?;
+            let (enumerable, pinned, encrypted) = dec_node_flags(d)?;
             let lease = if d.bool()? {
                 Some(Lease {
                     id: d.u64()?,
@@ -956,6 +964,7 @@ impl Namespace {
                 location,
                 enumerable,
                 pinned,
+                encrypted,
                 mode,
                 lease,
                 mtime,

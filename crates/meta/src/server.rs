@@ -611,6 +611,7 @@ async fn deliver(pool: &ConnectionPool, addr: &str, claims: &[BlockClaim]) -> Re
                     gen: c.gen,
                     clear_tag_at: c.clear_tag_at,
                     release: c.release,
+                    scrub: c.scrub,
                     cap: c.cap,
                 })
                 .collect(),

@@ -105,6 +105,10 @@ pub struct Slab {
     pub class: u8,
     /// Generation of the block: every piece's location carries it.
     pub gen: u64,
+    /// Holds only encrypted values (scrubbed when created, so its free
+    /// pieces hold zeros or ciphertext): only such a slab may move into an
+    /// encrypted class (`docs/encryption.md`).
+    pub encrypted: bool,
     /// Owner of each piece (0: free).
     owners: Vec<NodeId>,
     /// Freed pieces whose old owners' handles are fenced (by a stamp since
@@ -212,6 +216,7 @@ impl Slabs {
                 .u32(*block)
                 .u32(s.piece_size)
                 .u8(s.class)
+                .bool(s.encrypted)
                 .u64(s.gen)
                 .u32(s.fresh)
                 .u32(s.owners.len() as u32);
@@ -227,13 +232,17 @@ impl Slabs {
         }
     }
 
-    /// The slabs of a checkpoint written by [`Slabs::checkpoint`].
-    pub(crate) fn from_checkpoint(d: &mut Dec) -> Result<Slabs> {
+    /// The slabs of a checkpoint written by [`Slabs::checkpoint`];
+    /// without `flagged` (checkpoint formats before 5), as written before
+    /// slabs were encrypted or not: every slab is plain.
+    pub(crate) fn from_checkpoint(d: &mut Dec, flagged: bool) -> Result<Slabs> {
         let mut out = Slabs::default();
         let n = d.count(33)?;
         for _ in 0..n {
             let (server, block) = (d.u32()?, d.u32()?);
-            let (piece_size, class, gen, fresh) = (d.u32()?, d.u8()?, d.u64()?, d.u32()?);
+            let (piece_size, class) = (d.u32()?, d.u8()?);
+            let encrypted = flagged && d.bool()?;
+            let (gen, fresh) = (d.u64()?, d.u32()?);
             let no = d.count(8)?;
             let mut owners = Vec::with_capacity(no);
             for _ in 0..no {
@@ -261,6 +270,7 @@ impl Slabs {
                     piece_size,
                     class,
                     gen,
+                    encrypted,
                     owners,
                     freed,
                     quarantined,
@@ -276,8 +286,15 @@ impl Slabs {
     // ----- appliers ----------------------------------------------------------
 
     /// `block` (taken from its server's free list) becomes a slab of
-    /// `piece_size` pieces.
-    pub(crate) fn create(&mut self, b: BlockRef, class: u8, piece_size: u32, block_size: u32) {
+    /// `piece_size` pieces, of encrypted values or of plain ones.
+    pub(crate) fn create(
+        &mut self,
+        b: BlockRef,
+        class: u8,
+        piece_size: u32,
+        block_size: u32,
+        encrypted: bool,
+    ) {
         let n = (block_size / piece_size.max(1)) as usize;
         self.slabs.insert(
             (b.server, b.block),
@@ -285,6 +302,7 @@ impl Slabs {
                 piece_size,
                 class,
                 gen: b.gen,
+                encrypted,
                 owners: vec![0; n],
                 freed: Vec::new(),
                 quarantined: Vec::new(),
@@ -477,7 +495,7 @@ mod tests {
             block: 7,
             gen: 5,
         };
-        s.create(b, 0, 1024, 4096);
+        s.create(b, 0, 1024, 4096, false);
         let piece = |index| Piece {
             server: 1,
             block: 7,

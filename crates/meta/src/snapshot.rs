@@ -45,6 +45,11 @@ pub struct Listed {
     pub blocks: Vec<BlockRef>,
     /// A small value's piece.
     pub piece: Option<Piece>,
+    /// Bytes per block as the node's clients see them
+    /// (`MetaState::block_size_of`).
+    pub block_size: u32,
+    /// The node's clients encrypt its data.
+    pub encrypted: bool,
 }
 
 /// A running snapshot.

@@ -26,6 +26,7 @@ use crate::snapshot::{
 };
 use crate::tier::{PlacementPolicy, TierSettings};
 use nodekernel_proto::cap::Cap;
+use nodekernel_proto::crypt;
 use nodekernel_proto::meta::{MetaReply, MetaRequest, SnapshotEntry, MAX_MAP_COUNT};
 use nodekernel_proto::path;
 use nodekernel_proto::record::RECORD_SIZE;
@@ -321,6 +322,8 @@ impl MetaState {
 
     /// Sets the configured storage classes (names and prices).
     pub fn set_classes(&mut self, classes: Vec<ClassInfo>) {
+        self.alloc
+            .set_sealed(classes.iter().filter(|c| c.encrypt).map(|c| c.class));
         self.classes = classes;
     }
 
@@ -334,6 +337,7 @@ impl MetaState {
                     class: s.class,
                     name: s.class_name.clone(),
                     price_per_gib: 0.0,
+                    encrypt: false,
                 });
             }
         }
@@ -435,6 +439,8 @@ impl MetaState {
                     n.blocks.push(*block);
                     if n.ty.is_container() {
                         self.claim(*block);
+                    } else if n.encrypted {
+                        self.scrub(*block);
                     }
                 }
             }
@@ -446,6 +452,8 @@ impl MetaState {
                     }
                     if n.ty.is_container() {
                         self.claim(*block);
+                    } else if n.encrypted {
+                        self.scrub(*block);
                     }
                 }
             }
@@ -590,11 +598,19 @@ impl MetaState {
                     }
                 }
             }
-            Effect::SlabCreated { block, piece_size } => {
+            Effect::SlabCreated {
+                block,
+                piece_size,
+                encrypted,
+            } => {
                 self.alloc.take(block.server, block.block, block.gen);
                 let class = self.alloc.server_class(block.server).unwrap_or(0);
                 let bs = self.alloc.block_size();
-                self.slabs.create(*block, class, *piece_size, bs);
+                self.slabs
+                    .create(*block, class, *piece_size, bs, *encrypted);
+                if *encrypted {
+                    self.scrub(*block);
+                }
             }
             Effect::PieceTaken { node, piece } => {
                 self.slabs.take(piece, *node);
@@ -655,8 +671,29 @@ impl MetaState {
                 gen: b.gen,
                 clear_tag_at,
                 release: false,
+                scrub: false,
                 cap: Cap::mint(&key, b.block, b.gen, 0, self.alloc.block_size()),
             });
+        }
+    }
+
+    /// Queues the scrub of `b`, just handed to an encrypted node or slab:
+    /// zeros over the whole block at the generation just below its own,
+    /// which the decision kept unused for it ([`AllocPlan::allocate_data`]).
+    /// So nothing of an earlier owner (plaintext of a plain node) can
+    /// travel with the block into an encrypted class, and the scrub,
+    /// claimed before the reply, can never touch the new owner's bytes:
+    /// its first write claims the block with a newer generation.
+    ///
+    /// [`AllocPlan::allocate_data`]: crate::alloc::AllocPlan::allocate_data
+    fn scrub(&mut self, b: BlockRef) {
+        let Some(gen) = b.gen.checked_sub(1).filter(|g| *g > 0) else {
+            return;
+        };
+        let queued = self.claims.len();
+        self.claim(BlockRef { gen, ..b });
+        if let Some(c) = self.claims.get_mut(queued) {
+            c.scrub = true;
         }
     }
 
@@ -869,7 +906,6 @@ impl MetaState {
     /// The frozen listing of the subtree at `root`: every linked node,
     /// parents before children, children in name order.
     fn snapshot_listing(&self, root: NodeId) -> Result<Vec<Listed>> {
-        let bs = self.alloc.block_size() as u64;
         let mut out = Vec::new();
         let mut stack: Vec<(NodeId, String)> = vec![(root, String::new())];
         while let Some((id, path)) = stack.pop() {
@@ -898,6 +934,7 @@ impl MetaState {
                 };
                 (n.size, vec![b], Some(p))
             } else {
+                let bs = u64::from(self.block_size_of(n));
                 let count = n.size.div_ceil(bs).min(n.blocks.len() as u64) as usize;
                 (n.size, n.blocks[..count].to_vec(), None)
             };
@@ -910,6 +947,8 @@ impl MetaState {
                 size,
                 blocks,
                 piece,
+                block_size: self.block_size_of(n),
+                encrypted: n.encrypted,
             });
         }
         Ok(out)
@@ -1070,7 +1109,7 @@ impl MetaState {
         let format = d.u8()?;
         // Format 1 had no held blocks (no snapshots), format 2 no
         // ballooned ones (no dynamic capacity), format 3 no capability
-        // keys.
+        // keys, format 4 no slab encryption flags.
         if !(1..=crate::checkpoint::FORMAT).contains(&format) {
             return Err(Error::protocol(format!(
                 "checkpoint format {format}; this build reads format {}",
@@ -1081,7 +1120,7 @@ impl MetaState {
         let next_id = d.u64()?;
         let next_lease = d.u64()?;
         let alloc = BlockAllocator::from_checkpoint(block_size, d, now, format >= 4)?;
-        let slabs = Slabs::from_checkpoint(d)?;
+        let slabs = Slabs::from_checkpoint(d, format >= 5)?;
         let n = d.count(40)?;
         let mut moves = BTreeMap::new();
         for _ in 0..n {
@@ -1264,7 +1303,9 @@ impl MetaState {
         }
         let mut d = Draft::new(self);
         d.plan.avoid(old.server);
-        let to = d.plan.allocate(class, &n.location)?;
+        // A container's child records may go anywhere (docs/encryption.md).
+        let sealed_ok = n.encrypted || n.ty.is_container();
+        let to = d.plan.allocate_where(class, &n.location, sealed_ok)?;
         self.check_target(to, class, exact)?;
         let fence = d.plan.gen();
         d.push(Effect::MoveStarted {
@@ -1296,6 +1337,12 @@ impl MetaState {
                 .slabs
                 .get(server, block)
                 .is_some_and(|slab| slab.owned().any(|(_, o)| o == HELD))
+    }
+
+    /// Whether the slab in `block` of `server` holds encrypted values
+    /// only, so it may go to an encrypted class.
+    pub(crate) fn slab_encrypted(&self, server: u32, block: u32) -> bool {
+        self.slabs.get(server, block).is_some_and(|s| s.encrypted)
     }
 
     /// Starts moving the slab of move key `index` ([`slab_move_index`]):
@@ -1330,7 +1377,9 @@ impl MetaState {
         }
         let mut d = Draft::new(self);
         d.plan.avoid(server);
-        let to = d.plan.allocate(class, "")?;
+        let to = d
+            .plan
+            .allocate_where(class, "", self.slab_encrypted(server, block))?;
         self.check_target(to, class, exact)?;
         let fence = d.plan.gen();
         d.push(Effect::MoveStarted {
@@ -1626,7 +1675,8 @@ impl MetaState {
                 storage_class: l.storage_class,
                 node: l.node,
                 size: l.size,
-                block_size: l.piece.map_or(self.alloc.block_size(), |p| p.capacity()),
+                block_size: l.block_size,
+                encrypted: l.encrypted,
                 first_block: b as u64,
                 blocks: Vec::new(),
             };
@@ -1775,6 +1825,34 @@ impl MetaState {
         })
     }
 
+    /// The bytes one block of `n` holds as its clients see them: a small
+    /// value's one block is its piece less the tag, any other node's a
+    /// whole block; an encrypted node's, the plaintext those stored bytes
+    /// hold ([`crypt::block_capacity`], [`crypt::plain_capacity`] for a
+    /// piece). Every size-to-blocks reckoning of a data node goes through
+    /// this.
+    pub(crate) fn block_size_of(&self, n: &crate::namespace::Node) -> u32 {
+        match (n.piece, n.encrypted) {
+            (Some(p), true) => crypt::plain_capacity(p.capacity()),
+            (Some(p), false) => p.capacity(),
+            (None, true) => crypt::block_capacity(self.alloc.block_size()),
+            (None, false) => self.alloc.block_size(),
+        }
+    }
+
+    /// Whether a data node created for storage class `class` (resolved:
+    /// the request's or the parent's, [`NO_CLASS`] for none) is encrypted:
+    /// when it may be placed in an encrypted class, i.e. its class is one,
+    /// or it names none and some class is (`docs/encryption.md`).
+    pub fn encrypts(&self, class: u8) -> bool {
+        let mut sealed = self.classes.iter().filter(|c| c.encrypt);
+        if class == NO_CLASS {
+            sealed.next().is_some()
+        } else {
+            sealed.any(|c| c.class == class)
+        }
+    }
+
     fn info(&self, id: NodeId, lease: u64) -> NodeInfo {
         let Some(n) = self.ns.get(id) else {
             return NodeInfo {
@@ -1788,6 +1866,7 @@ impl MetaState {
                 mode: 0,
                 mtime: 0,
                 lease,
+                encrypted: false,
                 first_block: None,
                 record: None,
             };
@@ -1813,14 +1892,14 @@ impl MetaState {
             id,
             ty: n.ty,
             size,
-            // A small value's one block is its piece, less the tag.
-            block_size: n.piece.map_or(self.alloc.block_size(), |p| p.capacity()),
+            block_size: self.block_size_of(n),
             storage_class: n.storage_class,
             location: n.location.to_string(),
             enumerable: n.enumerable,
             mode: u32::from(n.mode),
             mtime: n.mtime,
             lease,
+            encrypted: n.encrypted,
             first_block,
             record: None,
         }
@@ -2102,6 +2181,11 @@ impl<'a> Draft<'a> {
         self.st.alloc.block_size() as u64
     }
 
+    /// Bytes per block of data node `n` ([`MetaState::block_size_of`]).
+    fn bs_of(&self, n: &crate::namespace::Node) -> u64 {
+        u64::from(self.st.block_size_of(n))
+    }
+
     fn grant(&mut self, node: NodeId, now: u64) -> u64 {
         let id = self.next_lease;
         self.next_lease += 1;
@@ -2181,20 +2265,33 @@ impl<'a> Draft<'a> {
         class: u8,
         location: &str,
         piece_size: u32,
+        encrypted: bool,
     ) -> Option<Piece> {
-        for c in self.st.alloc.class_order(class) {
+        // Slabs hold encrypted values only, or plain ones only.
+        let same = |s: &crate::slab::Slab| s.encrypted == encrypted;
+        for c in self.st.alloc.class_order(class, encrypted) {
             let found = self
-                .find_piece(c, location, piece_size, |s| s.next_free().is_some())
+                .find_piece(c, location, piece_size, |s| {
+                    same(s) && s.next_free().is_some()
+                })
                 .or_else(|| {
                     self.find_piece(c, location, piece_size, |s| {
-                        s.quarantined() >= stamp_batch(s.pieces())
+                        same(s) && s.quarantined() >= stamp_batch(s.pieces())
                     })
                 });
             if let Some(found) = found {
                 return Some(self.take_found(node, found));
             }
+            if encrypted {
+                // Kept for the new slab's scrub (MetaState::scrub).
+                self.plan.gen();
+            }
             if let Some(block) = self.plan.allocate_in(c, location) {
-                self.push(Effect::SlabCreated { block, piece_size });
+                self.push(Effect::SlabCreated {
+                    block,
+                    piece_size,
+                    encrypted,
+                });
                 let piece = Piece {
                     server: block.server,
                     block: block.block,
@@ -2204,7 +2301,9 @@ impl<'a> Draft<'a> {
                 self.push(Effect::PieceTaken { node, piece });
                 return Some(piece);
             }
-            if let Some(found) = self.find_piece(c, location, piece_size, |s| s.quarantined() > 0) {
+            if let Some(found) =
+                self.find_piece(c, location, piece_size, |s| same(s) && s.quarantined() > 0)
+            {
                 return Some(self.take_found(node, found));
             }
         }
@@ -2513,6 +2612,7 @@ impl<'a> Draft<'a> {
         let id = self.next_id;
         self.next_id += 1;
         let storage_class = self.ns().class_for_child(parent, class);
+        let encrypted = !ty.is_container() && self.st.encrypts(storage_class);
         self.push(Effect::NodeCreated(NewNode {
             id,
             parent,
@@ -2522,6 +2622,7 @@ impl<'a> Draft<'a> {
             location: location.to_string(),
             enumerable,
             pinned,
+            encrypted,
         }));
         self.push(Effect::AttrsSet {
             node: id,
@@ -2541,12 +2642,18 @@ impl<'a> Draft<'a> {
             // small value, its piece) with the create, saving the put a map
             // round trip. (No space now is not an error yet: the put's map
             // will report it.)
-            match piece_size_for(self.st.alloc.block_size(), size_hint) {
+            // An encrypted value's piece holds its sealed chunks.
+            let stored = if encrypted {
+                crypt::sealed_len(size_hint)
+            } else {
+                size_hint
+            };
+            match piece_size_for(self.st.alloc.block_size(), stored) {
                 Some(size) => {
-                    self.take_piece(id, storage_class, location, size);
+                    self.take_piece(id, storage_class, location, size, encrypted);
                 }
                 None => {
-                    if let Ok(b) = self.plan.allocate(storage_class, location) {
+                    if let Ok(b) = self.plan.allocate_data(storage_class, location, encrypted) {
                         self.add_block(id, b);
                     }
                 }
@@ -2683,7 +2790,7 @@ impl<'a> Draft<'a> {
         }
         self.push(Effect::SizeSet { node, size });
         if n.piece.is_none() {
-            self.truncate(n, size.div_ceil(self.bs()));
+            self.truncate(n, size.div_ceil(self.bs_of(n)));
         }
         self.stamp(n, mtime);
         self.renew(node, lease, now);
@@ -2825,7 +2932,10 @@ impl<'a> Draft<'a> {
             }
             self.renew(node, lease, now);
             for i in have..end {
-                match self.plan.allocate(n.storage_class, &n.location) {
+                match self
+                    .plan
+                    .allocate_data(n.storage_class, &n.location, n.encrypted)
+                {
                     Ok(b) => self.add_block(node, b),
                     Err(e) if i <= index => return Err(e),
                     Err(_) => break, // partial: the caller gets NoSpace on its next map
@@ -2899,9 +3009,9 @@ impl<'a> Draft<'a> {
         now: u64,
     ) -> Result<Reply> {
         let n = self.writable(node, lease)?;
-        let bs = self.bs();
+        let bs = self.bs_of(n);
         let capacity = match n.piece {
-            Some(p) => u64::from(p.capacity()),
+            Some(_) => bs,
             None => n.blocks.len() as u64 * bs,
         };
         if size > capacity {
@@ -2988,7 +3098,7 @@ impl<'a> Draft<'a> {
             self.free_node_blocks(node);
             self.push(Effect::Dropped { ids: vec![node] });
         } else {
-            self.truncate(n, n.size.div_ceil(self.bs()));
+            self.truncate(n, n.size.div_ceil(self.bs_of(n)));
             self.push(Effect::LeaseCleared { node });
         }
         Ok(Reply::Done)
@@ -3011,7 +3121,7 @@ impl<'a> Draft<'a> {
             .get(index as usize)
             .ok_or_else(|| Error::out_of_range(format!("node {node} has no block {index}")))?;
         if old.gen == gen {
-            if index * self.bs() < n.size {
+            if index * self.bs_of(n) < n.size {
                 return Err(Error::invalid_argument(format!(
                     "block {index} of node {node} holds published bytes; only a block the writer still holds in full can move"
                 )));
@@ -3022,7 +3132,9 @@ impl<'a> Draft<'a> {
                 )));
             }
             self.plan.avoid(old.server);
-            let new = self.plan.allocate(n.storage_class, &n.location)?;
+            let new = self
+                .plan
+                .allocate_data(n.storage_class, &n.location, n.encrypted)?;
             self.push(Effect::BlockSwapped {
                 node,
                 index,
@@ -3074,7 +3186,7 @@ impl Draft<'_> {
             self.plan.avoid(p.server);
             self.free_piece(p);
             if self
-                .take_piece(node, n.storage_class, &n.location, p.size)
+                .take_piece(node, n.storage_class, &n.location, p.size, n.encrypted)
                 .is_none()
             {
                 return Err(Error::no_space(format!(

@@ -280,6 +280,15 @@ pub struct ClassUse {
     pub class: u8,
     pub capacity: u64,
     pub used: u64,
+    /// An encrypted class: only encrypted units may move into it.
+    pub encrypted: bool,
+}
+
+impl ClassUse {
+    /// Whether unit `u` may move into this class.
+    pub fn admits(&self, u: &Unit) -> bool {
+        u.encrypted || !self.encrypted
+    }
 }
 
 /// What moves as one: a node's blocks on one class, or a slab.
@@ -296,6 +305,9 @@ pub struct Unit {
     /// still hot, because the class above had no colder one left, must
     /// not come straight back).
     pub settling: bool,
+    /// All its data is encrypted, so it may move into an encrypted class
+    /// ([`ClassUse::admits`]); a unit that is not stays out of them.
+    pub encrypted: bool,
 }
 
 impl Unit {
@@ -377,10 +389,12 @@ impl TierPolicy for Watermarks {
                 if used[i] <= target {
                     break;
                 }
-                // Into the next class with room for the whole unit.
-                let Some(j) = (i + 1..classes.len())
-                    .find(|&j| classes[j].capacity - used[j].min(classes[j].capacity) >= u.blocks)
-                else {
+                // Into the next class that admits it with room for the
+                // whole unit.
+                let Some(j) = (i + 1..classes.len()).find(|&j| {
+                    classes[j].admits(u)
+                        && classes[j].capacity - used[j].min(classes[j].capacity) >= u.blocks
+                }) else {
                     continue;
                 };
                 used[i] -= u.blocks.min(used[i]);
@@ -427,7 +441,10 @@ impl TierPolicy for Watermarks {
             let shedding_above = shedding.contains(&classes[i].class);
             let limit = s.promotion_limit(classes[i].class);
             let hotter = coldest[i].is_none_or(|c| Unit::colder(c, u).is_lt());
-            if hotter && !shedding_above && used[i] + u.blocks <= pct_of(classes[i].capacity, limit)
+            if hotter
+                && !shedding_above
+                && classes[i].admits(u)
+                && used[i] + u.blocks <= pct_of(classes[i].capacity, limit)
             {
                 used[i] += u.blocks;
                 used[j] -= u.blocks.min(used[j]);

@@ -45,11 +45,15 @@ pub enum ErrorCode {
     /// the server does not accept, a data-plane request without a valid
     /// capability.
     Unauthenticated = 22,
+    /// Encrypted data failed its authentication check: its stored bytes
+    /// were changed (or moved, or written with another key). Never
+    /// returned with bytes.
+    Integrity = 23,
 }
 
 impl ErrorCode {
     /// All codes, in numeric order (used by bindings and tests).
-    pub const ALL: [ErrorCode; 22] = [
+    pub const ALL: [ErrorCode; 23] = [
         ErrorCode::NotFound,
         ErrorCode::AlreadyExists,
         ErrorCode::NotEmpty,
@@ -72,6 +76,7 @@ impl ErrorCode {
         ErrorCode::WrongPartition,
         ErrorCode::VersionMismatch,
         ErrorCode::Unauthenticated,
+        ErrorCode::Integrity,
     ];
 
     pub fn from_u16(v: u16) -> Option<ErrorCode> {
@@ -103,6 +108,7 @@ impl ErrorCode {
             ErrorCode::WrongPartition => "WrongPartition",
             ErrorCode::VersionMismatch => "VersionMismatch",
             ErrorCode::Unauthenticated => "Unauthenticated",
+            ErrorCode::Integrity => "Integrity",
         }
     }
 }
@@ -152,6 +158,7 @@ ctor! {
     wrong_partition => WrongPartition,
     version_mismatch => VersionMismatch,
     unauthenticated => Unauthenticated,
+    integrity => Integrity,
 }
 
 impl Error {

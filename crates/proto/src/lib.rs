@@ -9,6 +9,7 @@
 pub mod auth;
 pub mod cap;
 pub mod codec;
+pub mod crypt;
 pub mod error;
 pub mod frame;
 pub mod hello;

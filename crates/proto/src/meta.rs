@@ -97,8 +97,11 @@ pub struct SnapshotEntry {
     /// Published size at the snapshot's start (data nodes; 0 for
     /// containers).
     pub size: u64,
-    /// Bytes per block of the node (a small value's piece capacity).
+    /// Bytes per block of the node (a small value's piece capacity; for
+    /// an encrypted node, the plaintext capacity).
     pub block_size: u32,
+    /// The node is encrypted ([`NodeInfo::encrypted`](crate::NodeInfo)).
+    pub encrypted: bool,
     /// Index of `blocks[0]` among the node's blocks.
     pub first_block: u64,
     /// Block locations at the snapshot's start (a small value's piece:
@@ -108,7 +111,7 @@ pub struct SnapshotEntry {
 
 impl SnapshotEntry {
     /// Encoded length without the path and the blocks.
-    const MIN_LEN: usize = 8 + 4 + 1 + 1 + 1 + 8 + 8 + 4 + 8 + 4;
+    const MIN_LEN: usize = 8 + 4 + 1 + 1 + 1 + 8 + 8 + 4 + 1 + 8 + 4;
 
     /// Bytes this entry takes encoded (for page budgets).
     pub fn encoded_len(&self) -> usize {
@@ -130,6 +133,7 @@ impl SnapshotEntry {
             .u64(self.node)
             .u64(self.size)
             .u32(self.block_size)
+            .bool(self.encrypted)
             .u64(self.first_block)
             .u32(self.blocks.len() as u32);
         for b in &self.blocks {
@@ -146,6 +150,7 @@ impl SnapshotEntry {
         let node = d.u64()?;
         let size = d.u64()?;
         let block_size = d.u32()?;
+        let encrypted = d.bool()?;
         let first_block = d.u64()?;
         let n = d.count(BlockLoc::MIN_LEN)?;
         let mut blocks = Vec::with_capacity(n);
@@ -161,6 +166,7 @@ impl SnapshotEntry {
             node,
             size,
             block_size,
+            encrypted,
             first_block,
             blocks,
         })
@@ -1049,6 +1055,7 @@ mod tests {
             mode: 0o640,
             mtime: 1_700_000_000_000_000_001,
             lease: 4,
+            encrypted: true,
             first_block: Some(loc.clone()),
             record: Some(RecordLoc {
                 container: 2,
@@ -1075,6 +1082,7 @@ mod tests {
                 class: 0,
                 name: "dram".into(),
                 price_per_gib: 5.0,
+                encrypt: true,
             }],
             servers: vec![ServerStatus {
                 id: 1,
@@ -1202,6 +1210,7 @@ mod tests {
                             node: 3,
                             size: 0,
                             block_size: 1 << 20,
+                            encrypted: false,
                             first_block: 0,
                             blocks: Vec::new(),
                         },
@@ -1214,6 +1223,7 @@ mod tests {
                             node: 9,
                             size: 5,
                             block_size: 104,
+                            encrypted: true,
                             first_block: 0,
                             blocks: vec![small.clone()],
                         },
@@ -1226,6 +1236,7 @@ mod tests {
                             node: 10,
                             size: 5 << 20,
                             block_size: 1 << 20,
+                            encrypted: false,
                             first_block: 2,
                             blocks: vec![loc.clone(), loc.clone()],
                         },

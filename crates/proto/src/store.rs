@@ -114,6 +114,11 @@ pub struct Claim {
     /// The block left the server's exported capacity (dynamic capacity):
     /// once claimed, its memory or disk space may be given back.
     pub release: bool,
+    /// Once claimed, write zeros over the whole block at `gen` (a block
+    /// handed to an encrypted node, `docs/encryption.md`: no earlier
+    /// owner's bytes may travel with it into an encrypted class). Being a
+    /// write at `gen`, it never touches a newer owner's bytes.
+    pub scrub: bool,
     /// The metadata server's capability for `block` at `gen`.
     pub cap: Cap,
 }
@@ -233,7 +238,7 @@ impl<'a> StoreRequest<'a> {
                     e.u32(c.block)
                         .u64(c.gen)
                         .u32(c.clear_tag_at.unwrap_or(NO_TAG))
-                        .bool(c.release);
+                        .u8(u8::from(c.release) | u8::from(c.scrub) << 1);
                     c.cap.encode(e);
                 }
             }
@@ -310,11 +315,16 @@ impl<'a> StoreRequest<'a> {
                 for _ in 0..n {
                     let (block, gen) = (d.u32()?, d.u64()?);
                     let at = d.u32()?;
+                    let flags = d.u8()?;
+                    if flags > 3 {
+                        return Err(Error::protocol(format!("bad claim flags {flags:#x}")));
+                    }
                     claims.push(Claim {
                         block,
                         gen,
                         clear_tag_at: (at != NO_TAG).then_some(at),
-                        release: d.bool()?,
+                        release: flags & 1 != 0,
+                        scrub: flags & 2 != 0,
                         cap: Cap::decode(&mut d)?,
                     });
                 }
@@ -474,6 +484,7 @@ mod tests {
                         gen: 2,
                         clear_tag_at: None,
                         release: true,
+                        scrub: false,
                         cap: cap(),
                     },
                     Claim {
@@ -481,6 +492,7 @@ mod tests {
                         gen: u64::MAX,
                         clear_tag_at: Some(7),
                         release: false,
+                        scrub: true,
                         cap: Cap::default(),
                     },
                 ],
@@ -514,6 +526,7 @@ mod tests {
                     gen: 1,
                     clear_tag_at: None,
                     release: false,
+                    scrub: false,
                     cap: Cap::default(),
                 };
                 MAX_CLAIM_BATCH + 1

@@ -264,6 +264,10 @@ pub struct NodeInfo {
     /// Write lease held by the caller (0 = none). Only set in replies to
     /// create and open-for-write.
     pub lease: u64,
+    /// Encrypted by its clients (`docs/encryption.md`): its blocks hold
+    /// sealed chunks ([`crate::crypt`]) and `block_size` is the plaintext
+    /// capacity of one. Fixed when the node is created.
+    pub encrypted: bool,
     /// Location of block 0, saving a round trip on the first read.
     pub first_block: Option<BlockLoc>,
     /// In a create reply: the child record the caller must write into the
@@ -283,7 +287,8 @@ impl NodeInfo {
             .bool(self.enumerable)
             .u32(self.mode)
             .u64(self.mtime)
-            .u64(self.lease);
+            .u64(self.lease)
+            .bool(self.encrypted);
         match &self.first_block {
             Some(b) => {
                 e.bool(true);
@@ -307,6 +312,7 @@ impl NodeInfo {
             mode: d.u32()?,
             mtime: d.u64()?,
             lease: d.u64()?,
+            encrypted: d.bool()?,
             first_block: if d.bool()? {
                 Some(BlockLoc::decode(d)?)
             } else {
@@ -483,22 +489,27 @@ pub struct ClassInfo {
     pub name: String,
     /// Price of one GiB of this class's capacity (e.g. dollars).
     pub price_per_gib: f64,
+    /// Clients encrypt node data before it goes to this class
+    /// (`[[class]] encrypt`, `docs/encryption.md`).
+    pub encrypt: bool,
 }
 
 impl Eq for ClassInfo {}
 
 impl ClassInfo {
-    const MIN_LEN: usize = 1 + 4 + 8;
+    const MIN_LEN: usize = 1 + 4 + 8 + 1;
     fn encode(&self, e: &mut Enc) {
         e.u8(self.class)
             .str(&self.name)
-            .u64(self.price_per_gib.to_bits());
+            .u64(self.price_per_gib.to_bits())
+            .bool(self.encrypt);
     }
     fn decode(d: &mut Dec) -> Result<ClassInfo> {
         Ok(ClassInfo {
             class: d.u8()?,
             name: d.string()?,
             price_per_gib: f64::from_bits(d.u64()?),
+            encrypt: d.bool()?,
         })
     }
 }

@@ -413,6 +413,7 @@ impl<'py> IntoPyObject<'py> for Stat {
         d.set_item("id", self.info.id)?;
         d.set_item("block_size", self.info.block_size)?;
         d.set_item("enumerable", self.info.enumerable)?;
+        d.set_item("encrypted", self.info.encrypted)?;
         d.set_item("mode", self.info.mode)?;
         // Seconds since the Unix epoch, as `os.stat` gives them.
         d.set_item("mtime", self.info.mtime as f64 / 1e9)?;

@@ -34,6 +34,7 @@ BUILTIN = {
     "WrongPartition": (Exception, None),
     "VersionMismatch": (ConnectionError, errno.EPROTO),
     "Unauthenticated": (PermissionError, errno.EACCES),
+    "Integrity": (OSError, errno.EIO),
 }
 
 

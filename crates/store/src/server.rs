@@ -345,15 +345,21 @@ impl StoreHandler {
 
     /// Claims each block with its generation (a zero-length write), and
     /// clears the tags of freed small values (a write of zeros at that
-    /// generation). A block already claimed by a newer owner is fine: the
-    /// claim's purpose, that nobody older writes there, holds. Every claim
-    /// is tried; the first other error is returned.
+    /// generation) and scrubs blocks handed to encrypted nodes (zeros over
+    /// the whole block, at that generation). A block already claimed by a
+    /// newer owner is fine: the claim's purpose, that nobody older writes
+    /// there, holds. Every claim is tried; the first other error is
+    /// returned.
     async fn claim(&self, claims: &[Claim]) -> Result<()> {
         let mut first_err = None;
         for c in claims {
             let (block, gen) = (c.block, c.gen);
             let checked = match c.clear_tag_at {
                 Some(at) => c.cap.check(&self.cap_key, block, gen, at, TAG_LEN),
+                None if c.scrub => {
+                    c.cap
+                        .check(&self.cap_key, block, gen, 0, self.store.block_size())
+                }
                 None => c.cap.check(&self.cap_key, block, gen, 0, 0),
             };
             if let Err(e) = checked {
@@ -365,6 +371,10 @@ impl StoreHandler {
                     self.store
                         .write(block, gen, at, &[0; TAG_LEN as usize])
                         .await
+                }
+                None if c.scrub => {
+                    let zeros = vec![0u8; self.store.block_size() as usize];
+                    self.store.write(block, gen, 0, &zeros).await
                 }
                 None => self.store.write(block, gen, 0, &[]).await,
             };

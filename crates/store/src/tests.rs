@@ -113,6 +113,7 @@ fn claim(c: &Connection, block: u32, gen: u64) -> Claim {
         block,
         gen,
         clear_tag_at: None,
+        scrub: false,
         release: false,
         cap: cap(c, block, gen),
     }
@@ -1075,6 +1076,40 @@ async fn tags(medium: MediumKind) {
     assert_eq!(&n[..], &[3; 100]);
 }
 
+/// A scrub claim (a block handed to an encrypted node,
+/// `docs/encryption.md`) leaves only zeros in the block, under its
+/// generation; a late one, after the new owner wrote under a newer
+/// generation, is refused and leaves the owner's bytes alone.
+async fn scrubs(medium: MediumKind) {
+    let s = StorageServer::start(cfg(medium, 2)).await.unwrap();
+    let c = Connection::connect(&s.local_addr().to_string(), HANG)
+        .await
+        .unwrap();
+    let old = vec![7u8; BS as usize];
+    write(&c, 1, 4, 0, &old).await.unwrap();
+    let scrub = |gen| {
+        let claims = vec![Claim {
+            scrub: true,
+            ..claim(&c, 1, gen)
+        }];
+        call(&c, StoreRequest::Claim { claims })
+    };
+    scrub(5).await.unwrap();
+    assert_eq!(read(&c, 1, 5, 0, BS).await.unwrap(), vec![0u8; BS as usize]);
+    write(&c, 1, 6, 100, b"new owner").await.unwrap();
+    scrub(5).await.unwrap();
+    assert_eq!(&read(&c, 1, 6, 100, 9).await.unwrap()[..], b"new owner");
+    // A capability for less than the whole block does not scrub it.
+    let key = *cap_keys().get(c.peer()).unwrap();
+    let claims = vec![Claim {
+        scrub: true,
+        cap: Cap::mint(&key, 1, 7, 0, 8),
+        ..claim(&c, 1, 7)
+    }];
+    assert!(call(&c, StoreRequest::Claim { claims }).await.is_err());
+    assert_eq!(&read(&c, 1, 6, 100, 9).await.unwrap()[..], b"new owner");
+}
+
 /// Runs `$f(medium)` as two tests: on DRAM and on a block file.
 macro_rules! on_both_media {
     ($dram:ident, $file:ident => $f:ident) => {
@@ -1094,6 +1129,7 @@ macro_rules! on_both_media {
 
 on_both_media!(small_value_tags_dram, small_value_tags_file => tags);
 on_both_media!(claims_and_copies_dram, claims_and_copies_file => claims_and_copies);
+on_both_media!(scrub_claims_dram, scrub_claims_file => scrubs);
 
 /// Each hand-over connection holds a writer slot of its own; the server
 /// takes it back when the client's end closes (its process gone), never

@@ -45,22 +45,14 @@ impl Drop for Proc {
 /// `size` registered with it: (meta, its address, store).
 #[allow(dead_code)] // not every test binary starts a cluster this way
 pub fn start_meta_and_store(extra: &[&str], size: &str) -> (Child, String, Child) {
-    start_meta_and_store_with(extra, &[], size)
-}
-
-/// Like [`start_meta_and_store`], the store started with `store_extra`
-/// too (a `--config` both need, say).
-pub fn start_meta_and_store_with(
-    extra: &[&str],
-    store_extra: &[&str],
-    size: &str,
-) -> (Child, String, Child) {
     let mut args = vec!["meta", "--listen", "127.0.0.1:0"];
     args.extend_from_slice(extra);
     let (meta, addr) = start_role(&args, &[], "metadata server listening on");
-    let mut args = vec!["store", "--class", "0", "--medium", "dram", "--size", size];
-    args.extend_from_slice(store_extra);
-    let (store, _) = start_role(&args, &[("NK_META", &addr)], "storage server 0");
+    let (store, _) = start_role(
+        &["store", "--class", "0", "--medium", "dram", "--size", size],
+        &[("NK_META", &addr)],
+        "storage server 0",
+    );
     (meta, addr, store)
 }
 

@@ -154,11 +154,13 @@ impl MetaState {
                 .then(|| self.alloc.server_class(server))
                 .flatten()
         };
-        // (what, class, blocks, heat), in a stable order (the namespace
-        // iterates in hash order), so ties break the same way every time.
-        let mut found: Vec<(UnitOf, u8, u64, Heat)> = Vec::new();
-        let mut unit =
-            |u: UnitOf, class: u8, blocks: u64, h: Heat| found.push((u, class, blocks, h));
+        // (what, class, blocks, heat, may go to an encrypted class), in a
+        // stable order (the namespace iterates in hash order), so ties
+        // break the same way every time.
+        let mut found: Vec<(UnitOf, u8, u64, Heat, bool)> = Vec::new();
+        let mut unit = |u: UnitOf, class: u8, blocks: u64, h: Heat, sealed_ok: bool| {
+            found.push((u, class, blocks, h, sealed_ok))
+        };
         for n in self.ns.nodes() {
             if n.pinned || n.blocks.is_empty() {
                 continue;
@@ -174,8 +176,11 @@ impl MetaState {
                 }
             }
             let h = self.tier.heat.get(&n.id).copied().unwrap_or_default();
+            // A container's child records may go anywhere
+            // (docs/encryption.md).
+            let sealed_ok = n.encrypted || n.ty.is_container();
             for (class, blocks) in per {
-                unit(UnitOf::Node(n.id), class, blocks, h);
+                unit(UnitOf::Node(n.id), class, blocks, h, sealed_ok);
             }
         }
         for ((server, block), slab) in self.slabs.iter() {
@@ -192,19 +197,21 @@ impl MetaState {
                 .get(&(server, block))
                 .copied()
                 .unwrap_or_default();
-            unit(UnitOf::Slab(server, block), slab.class, 1, h);
+            let sealed_ok = slab.encrypted;
+            unit(UnitOf::Slab(server, block), slab.class, 1, h, sealed_ok);
         }
         found.sort_by_key(|(u, class, ..)| (u.order(), *class));
         let units: Vec<Unit> = found
             .iter()
             .enumerate()
-            .map(|(i, (_, class, blocks, h))| Unit {
+            .map(|(i, (_, class, blocks, h, sealed_ok))| Unit {
                 key: i as u64,
                 class: *class,
                 blocks: *blocks,
                 score: h.at(now, hl),
                 last_ms: h.last_ms,
                 settling: h.settling(now, hl),
+                encrypted: *sealed_ok,
             })
             .collect();
         let plan = self

@@ -12,19 +12,27 @@ fn settings(high: u8, low: u8, promotion: bool) -> TierSettings {
     }
 }
 
-/// Every assignment of `n` units to (class, blocks, score) choices.
+/// Every assignment of `n` units to (class, blocks, score) choices, all
+/// encrypted.
 fn unit_sets(n: usize, classes: &[u8]) -> Vec<Vec<Unit>> {
-    let choices: Vec<(u8, u64, f32)> = classes
+    unit_sets_of(n, classes, &[true])
+}
+
+/// Every assignment of `n` units to (class, blocks, score, encrypted)
+/// choices.
+fn unit_sets_of(n: usize, classes: &[u8], encrypted: &[bool]) -> Vec<Vec<Unit>> {
+    let choices: Vec<(u8, u64, f32, bool)> = classes
         .iter()
         .flat_map(|&c| [1u64, 2].map(move |b| (c, b)))
         .flat_map(|(c, b)| [0.0f32, 3.0, 9.0].map(move |s| (c, b, s)))
+        .flat_map(|(c, b, s)| encrypted.iter().map(move |e| (c, b, s, *e)))
         .collect();
     let mut out = Vec::new();
     let total = choices.len().pow(n as u32);
     for mut k in 0..total {
         let mut units = Vec::new();
         for i in 0..n {
-            let (class, blocks, score) = choices[k % choices.len()];
+            let (class, blocks, score, encrypted) = choices[k % choices.len()];
             k /= choices.len();
             units.push(Unit {
                 key: i as u64,
@@ -33,6 +41,7 @@ fn unit_sets(n: usize, classes: &[u8]) -> Vec<Vec<Unit>> {
                 score,
                 last_ms: 100 - i as u64,
                 settling: false,
+                encrypted,
             });
         }
         out.push(units);
@@ -42,6 +51,11 @@ fn unit_sets(n: usize, classes: &[u8]) -> Vec<Vec<Unit>> {
 
 /// The classes' use when `units` are all that is stored.
 fn classes_of(caps: &[(u8, u64)], units: &[Unit]) -> Option<Vec<ClassUse>> {
+    classes_sealed(caps, &[], units)
+}
+
+/// [`classes_of`], with the classes in `sealed` encrypted.
+fn classes_sealed(caps: &[(u8, u64)], sealed: &[u8], units: &[Unit]) -> Option<Vec<ClassUse>> {
     let mut out = Vec::new();
     for &(class, capacity) in caps {
         let used: u64 = units
@@ -56,6 +70,7 @@ fn classes_of(caps: &[(u8, u64)], units: &[Unit]) -> Option<Vec<ClassUse>> {
             class,
             capacity,
             used,
+            encrypted: sealed.contains(&class),
         });
     }
     Some(out)
@@ -83,7 +98,18 @@ fn check(
     units: &[Unit],
     shedding_before: &BTreeSet<u8>,
 ) -> Result<(), String> {
-    let Some(classes) = classes_of(caps, units) else {
+    check_sealed(s, caps, &[], units, shedding_before)
+}
+
+/// [`check`], with the classes in `sealed` encrypted.
+fn check_sealed(
+    s: &TierSettings,
+    caps: &[(u8, u64)],
+    sealed: &[u8],
+    units: &[Unit],
+    shedding_before: &BTreeSet<u8>,
+) -> Result<(), String> {
+    let Some(classes) = classes_sealed(caps, sealed, units) else {
         return Ok(());
     };
     let mut shedding = shedding_before.clone();
@@ -102,9 +128,13 @@ fn check(
         if u.class != p.from || p.from == p.to {
             return Err(format!("bad move {p:?}\n{}", ctx()));
         }
+        // A unit that is not encrypted never enters an encrypted class.
+        if !u.encrypted && sealed.contains(&p.to) {
+            return Err(format!("plain unit into encrypted class {p:?}\n{}", ctx()));
+        }
     }
     let after = apply(units, &plan);
-    let Some(classes_after) = classes_of(caps, &after) else {
+    let Some(classes_after) = classes_sealed(caps, sealed, &after) else {
         return Err(format!("a class overfilled\n{}", ctx()));
     };
     for (i, c) in classes.iter().enumerate() {
@@ -171,7 +201,7 @@ fn check(
                 });
                 let fits_now = classes_after[i + 1..]
                     .iter()
-                    .any(|x| x.capacity - x.used >= u.blocks);
+                    .any(|x| x.admits(u) && x.capacity - x.used >= u.blocks);
                 if colder_than_moved && fits_now {
                     return Err(format!("unit {} skipped though colder\n{}", u.key, ctx()));
                 }
@@ -254,6 +284,57 @@ fn every_two_class_configuration_keeps_the_rules() {
     assert!(checked > 100_000, "{checked}");
 }
 
+/// With an encrypted class, units that are not encrypted never move into
+/// it (neither down nor up), and the rules hold for the others: a colder
+/// plain unit is passed over for an encrypted one the class takes.
+#[test]
+fn an_encrypted_class_takes_only_encrypted_units() {
+    let mut checked = 0;
+    for n in 0..=3 {
+        for units in unit_sets_of(n, &[0, 1], &[true, false]) {
+            for (cap0, cap1) in [(4, 4), (3, 6), (5, 2)] {
+                for sealed in [&[1u8][..], &[0]] {
+                    for promotion in [false, true] {
+                        for shedding in [BTreeSet::new(), BTreeSet::from([0])] {
+                            let s = settings(75, 50, promotion);
+                            check_sealed(&s, &[(0, cap0), (1, cap1)], sealed, &units, &shedding)
+                                .unwrap_or_else(|e| panic!("{e}"));
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 10_000, "{checked}");
+    let unit = |key, encrypted, score| Unit {
+        key,
+        class: 0,
+        blocks: 1,
+        score,
+        last_ms: 0,
+        settling: false,
+        encrypted,
+    };
+    // The coldest unit is plain: the encrypted one goes instead.
+    let units = [unit(1, false, 0.0), unit(2, true, 5.0)];
+    let classes = classes_sealed(&[(0, 2), (1, 8)], &[1], &units).unwrap();
+    let plan = Watermarks.plan(
+        &settings(50, 25, false),
+        &classes,
+        &units,
+        &mut BTreeSet::new(),
+    );
+    assert_eq!(
+        plan,
+        vec![Planned {
+            key: 2,
+            from: 0,
+            to: 1
+        }]
+    );
+}
+
 #[test]
 fn every_three_class_configuration_keeps_the_rules() {
     for n in 0..=3 {
@@ -278,6 +359,7 @@ fn migration_off_demotes_nothing_and_forgets_shedding() {
         score: 0.0,
         last_ms: 0,
         settling: false,
+        encrypted: true,
     }];
     let classes = classes_of(&[(0, 4), (1, 8)], &units).unwrap();
     let mut s = settings(50, 25, false);

@@ -26,7 +26,8 @@ def connect_async(
 class Stat(dict):
     """A node's attributes, a dict with the keys: name (the path), type
     (NodeTypeName), size (bytes for data nodes, number of children for
-    containers), id, block_size, enumerable (bool)."""
+    containers), id, block_size, enumerable (bool), encrypted (bool: its
+    clients encrypt its data, docs/encryption.md)."""
 
 class Client:
     def mkdir(
@@ -42,8 +43,8 @@ class Client:
         """Opens an existing data node for reading (a handle: if the node is
         replaced or deleted, its next read raises Stale)."""
     def stat(self, path: str) -> dict:
-        """name, type, size, id, block_size, enumerable, mode (permission
-        bits) and mtime (seconds since the Unix epoch)."""
+        """name, type, size, id, block_size, enumerable, encrypted, mode
+        (permission bits) and mtime (seconds since the Unix epoch)."""
     def ls(self, path: str, detail: bool = False) -> Union[list[str], list[dict]]:
         """Child names of a container (sorted), or with detail=True the
         stat dict of each child (name = full path)."""

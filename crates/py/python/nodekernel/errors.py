@@ -91,7 +91,14 @@ Unauthenticated = _os(
     _errno.EACCES,
     PermissionError,
     doc="The peer could not prove the cluster token, runs as a refused local user, "
-    "or held no valid capability.",
+    "or held no valid capability; or an encrypted node was read or written without "
+    "an encryption key.",
+)
+Integrity = _os(
+    "Integrity",
+    _errno.EIO,
+    doc="Encrypted data failed its authentication check: its stored bytes were "
+    "changed, or written with another encryption key. No bytes are returned.",
 )
 
 BY_CODE: dict[str, type] = {
@@ -119,6 +126,7 @@ BY_CODE: dict[str, type] = {
         WrongPartition,
         VersionMismatch,
         Unauthenticated,
+        Integrity,
     )
 }
 
