@@ -305,8 +305,9 @@ pub struct Unit {
     /// still hot, because the class above had no colder one left, must
     /// not come straight back).
     pub settling: bool,
-    /// All its data is encrypted, so it may move into an encrypted class
-    /// ([`ClassUse::admits`]); a unit that is not stays out of them.
+    /// It may move into an encrypted class ([`ClassUse::admits`]): its
+    /// data is encrypted, or it is a container's child records (namespace
+    /// metadata, `docs/encryption.md`); any other unit stays out of them.
     pub encrypted: bool,
 }
 
