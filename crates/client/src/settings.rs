@@ -163,9 +163,14 @@ pub struct TlsSection {
 fn read_secret(path: &Path, what: &str) -> Result<Vec<u8>> {
     use std::os::unix::fs::MetadataExt;
     let bad = |m: String| Error::invalid_argument(format!("{what} {}: {m}", path.display()));
-    let meta = std::fs::metadata(path).map_err(|e| bad(format!("cannot read: {e}")))?;
-    if meta.len() > (MAX_TOKEN_LEN as u64) * 2 {
-        return Err(bad(format!("larger than {} bytes", MAX_TOKEN_LEN * 2)));
+    let limit = (MAX_TOKEN_LEN as u64) * 2;
+    let file = std::fs::File::open(path).map_err(|e| bad(format!("cannot read: {e}")))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| bad(format!("cannot read: {e}")))?;
+    // Not a device, FIFO or directory: /dev/zero or a pipe would never end.
+    if !meta.is_file() {
+        return Err(bad("not a regular file".into()));
     }
     if meta.mode() & 0o077 != 0 {
         tracing::warn!(
@@ -174,7 +179,13 @@ fn read_secret(path: &Path, what: &str) -> Result<Vec<u8>> {
             meta.mode() & 0o777
         );
     }
-    let bytes = std::fs::read(path).map_err(|e| bad(format!("cannot read: {e}")))?;
+    // Bounded by what is read, not by the size the file reports.
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::Read::take(file, limit + 1), &mut bytes)
+        .map_err(|e| bad(format!("cannot read: {e}")))?;
+    if bytes.len() as u64 > limit {
+        return Err(bad(format!("larger than {limit} bytes")));
+    }
     Ok(bytes.trim_ascii().to_vec())
 }
 
@@ -348,6 +359,19 @@ mod tests {
         let c = discover(Some("x:9, y:9"), Some(&f)).unwrap();
         assert_eq!(c.metas, ["x:9", "y:9"]);
         assert_eq!(c.timeout, Duration::from_millis(7));
+    }
+
+    #[test]
+    fn secret_files_must_be_regular_and_small() {
+        let e = read_secret(Path::new("/dev/zero"), "token file").unwrap_err();
+        assert!(e.message.contains("not a regular file"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let big = dir.path().join("big");
+        std::fs::write(&big, vec![b'a'; MAX_TOKEN_LEN * 2 + 1]).unwrap();
+        let e = read_secret(&big, "token file").unwrap_err();
+        assert!(e.message.contains("larger than"), "{e}");
+        let e = read_secret(dir.path(), "token file").unwrap_err();
+        assert!(e.message.contains("not a regular file"), "{e}");
     }
 
     #[test]
