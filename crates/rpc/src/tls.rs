@@ -210,11 +210,11 @@ impl Tls {
     }
 }
 
-/// Whether `b` starts like a TLS record (content type 20–23, major version
-/// 3): bytes no NodeKernel frame header starts with, since such a length
-/// exceeds every handshake frame's bound.
+/// Whether `b` starts like a TLS record (content type 20–23, version 3.1
+/// to 3.4): read as a frame header's length, those bytes give at least
+/// 66,324, beyond every handshake frame's bound, so no HELLO starts so.
 pub(crate) fn looks_like_tls(b: &[u8]) -> bool {
-    b.len() >= 3 && (0x14..=0x17).contains(&b[0]) && b[1] == 3 && b[2] <= 4
+    b.len() >= 3 && (0x14..=0x17).contains(&b[0]) && b[1] == 3 && (1..=4).contains(&b[2])
 }
 
 /// Moves bytes between `tls` and `theirs`, one end of the Unix socket
@@ -408,4 +408,18 @@ pub fn generate(dir: &Path, hosts: &[String]) -> Result<Generated> {
         written.map_err(|e| Error::invalid_argument(format!("writing {}: {e}", path.display())))?;
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn no_handshake_frame_looks_like_tls() {
+        use crate::limits::MAX_HANDSHAKE_PAYLOAD;
+        use nodekernel_proto::HEADER_LEN;
+        let smallest = u32::from_le_bytes([0x14, 3, 1, 0]) as usize;
+        assert!(smallest > MAX_HANDSHAKE_PAYLOAD + HEADER_LEN);
+        assert!(super::looks_like_tls(&[0x16, 3, 1, 2, 0]));
+        assert!(!super::looks_like_tls(&[0x16, 3, 0, 0]));
+        assert!(!super::looks_like_tls(&[0x16, 3]));
+    }
 }
