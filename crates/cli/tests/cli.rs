@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{client, nk_ok, start_meta_and_store, start_role, NK};
+use common::{client, fails, nk_ok, start_meta_and_store, start_role, succeeds, NK};
 
 struct Up {
     child: Child,
@@ -1052,23 +1052,16 @@ fn bench_zipf_reports_the_share_of_reads_from_dram() {
 /// hexadecimal digits, mode 0600; a second run never overwrites it.
 fn new_secret_file(what: &str, file: &std::path::Path) {
     let new = || {
-        Command::new(NK)
-            .args([what, "new"])
-            .arg(file)
-            .output()
-            .unwrap()
+        let mut c = Command::new(NK);
+        c.args([what, "new"]).arg(file);
+        c
     };
-    let out = new();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeds(&mut new());
     let meta = std::fs::metadata(file).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
     let text = std::fs::read_to_string(file).unwrap();
     assert!(text.trim().len() == 64 && text.trim().chars().all(|c| c.is_ascii_hexdigit()));
-    assert!(!new().status.success());
+    fails(&mut new());
     assert_eq!(std::fs::read_to_string(file).unwrap(), text);
 }
 
@@ -1109,31 +1102,16 @@ fn a_token_file_guards_the_cluster_and_nk_token_new_makes_one() {
     let (_meta, _store, addr) = meta_and_dram_store(&cfg_s);
 
     // Without the token: refused, saying what is missing.
-    let out = client(&addr).args(["mkdir", "/d"]).output().unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = fails(client(&addr).args(["mkdir", "/d"]));
     assert!(err.contains("requires the cluster token"), "{err}");
     // With it (NK_TOKEN_FILE, or the [security] section of the config).
-    let out = client(&addr)
-        .args(["mkdir", "/d"])
-        .env("NK_TOKEN_FILE", &token)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeeds(
+        client(&addr)
+            .args(["mkdir", "/d"])
+            .env("NK_TOKEN_FILE", &token),
     );
-    let out = client(&addr)
-        .args(["ls", "/", "--config", &cfg_s])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains('d'));
+    let out = nk_ok(&addr, &["ls", "/", "--config", &cfg_s]);
+    assert!(String::from_utf8_lossy(&out).contains('d'));
 }
 
 /// `nk key new` writes an encryption key (0600, never overwritten); with
@@ -1158,15 +1136,10 @@ fn nk_key_new_makes_a_key_that_encrypted_classes_need() {
     let (_meta, _store, addr) = meta_and_dram_store(&cfg_s);
     let src = dir.path().join("in.bin");
     std::fs::write(&src, b"secret bytes for an encrypted class").unwrap();
-    let out = client(&addr)
-        .args(["put", src.to_str().unwrap(), "/f"])
-        .env("NK_ENCRYPTION_KEY_FILE", &key)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeeds(
+        client(&addr)
+            .args(["put", src.to_str().unwrap(), "/f"])
+            .env("NK_ENCRYPTION_KEY_FILE", &key),
     );
     for with_key in [&["cat", "/f", "--config", &cfg_s][..], &["cat", "/f"][..]] {
         let mut c = client(&addr);
@@ -1174,17 +1147,9 @@ fn nk_key_new_makes_a_key_that_encrypted_classes_need() {
         if with_key.len() == 2 {
             c.env("NK_ENCRYPTION_KEY_FILE", &key);
         }
-        let out = c.output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert_eq!(out.stdout, b"secret bytes for an encrypted class");
+        assert_eq!(succeeds(&mut c), b"secret bytes for an encrypted class");
     }
-    let out = client(&addr).args(["cat", "/f"]).output().unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = fails(client(&addr).args(["cat", "/f"]));
     assert!(
         err.contains("encryption_key_file") && err.contains("/f"),
         "{err}"
@@ -1196,18 +1161,11 @@ fn nk_tls_new_makes_certificates_a_tls_cluster_serves_and_plain_clients_are_told
     let dir = tempfile::tempdir().unwrap();
     let pki = dir.path().join("pki");
     let tls_new = || {
-        Command::new(NK)
-            .args(["tls", "new", "--host", "127.0.0.1"])
-            .arg(&pki)
-            .output()
-            .unwrap()
+        let mut c = Command::new(NK);
+        c.args(["tls", "new", "--host", "127.0.0.1"]).arg(&pki);
+        c
     };
-    let out = tls_new();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeds(&mut tls_new());
     for key in ["ca.key", "node.key"] {
         let mode = std::fs::metadata(pki.join(key))
             .unwrap()
@@ -1217,7 +1175,7 @@ fn nk_tls_new_makes_certificates_a_tls_cluster_serves_and_plain_clients_are_told
     }
     // Never overwritten.
     let before = std::fs::read(pki.join("node.pem")).unwrap();
-    assert!(!tls_new().status.success());
+    fails(&mut tls_new());
     assert_eq!(std::fs::read(pki.join("node.pem")).unwrap(), before);
 
     // TCP only (no Unix socket, no shared memory), so TLS carries it all.
@@ -1241,28 +1199,16 @@ fn nk_tls_new_makes_certificates_a_tls_cluster_serves_and_plain_clients_are_told
     let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
     std::fs::write(&src, &data).unwrap();
     let nk = |args: &[&str], config: &std::path::Path| {
-        Command::new(NK)
-            .args(args)
-            .env("NK_META", &addr)
-            .env("NK_CONFIG", config)
-            .output()
-            .unwrap()
+        let mut c = Command::new(NK);
+        c.args(args).env("NK_META", &addr).env("NK_CONFIG", config);
+        c
     };
-    let out = nk(&["put", &src.display().to_string(), "/f"], &cfg);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = nk(&["cat", "/f"], &cfg);
-    assert!(out.status.success());
-    assert_eq!(out.stdout, data);
+    succeeds(&mut nk(&["put", &src.display().to_string(), "/f"], &cfg));
+    assert_eq!(succeeds(&mut nk(&["cat", "/f"], &cfg)), data);
 
     // A client without [security.tls]: refused, told why.
     let plain = dir.path().join("plain.toml");
     std::fs::write(&plain, client_section).unwrap();
-    let out = nk(&["ls", "/"], &plain);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = fails(&mut nk(&["ls", "/"], &plain));
     assert!(err.contains("requires TLS"), "{err}");
 }

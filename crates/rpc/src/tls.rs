@@ -189,11 +189,6 @@ impl Tls {
         })
     }
 
-    /// Whether this node's servers accept TLS (it has a certificate).
-    pub fn serves(&self) -> bool {
-        self.acceptor.is_some()
-    }
-
     /// The name `addr`'s certificate must carry.
     fn name_for(&self, addr: &str) -> Result<ServerName<'static>> {
         if let Some(n) = &self.server_name {

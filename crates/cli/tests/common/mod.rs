@@ -78,11 +78,26 @@ pub fn client(meta: &str) -> Command {
 /// that it succeeded, and returns its stdout.
 #[allow(dead_code)] // not every test binary runs client commands this way
 pub fn nk_ok(meta: &str, args: &[&str]) -> Vec<u8> {
-    let out = client(meta).args(args).output().unwrap();
+    succeeds(client(meta).args(args))
+}
+
+/// Runs `cmd`, checks that it succeeded (failing with its stderr), and
+/// returns its stdout.
+#[allow(dead_code)] // not every test binary uses it
+pub fn succeeds(cmd: &mut Command) -> Vec<u8> {
+    let out = cmd.output().unwrap();
     assert!(
         out.status.success(),
-        "nk {args:?}: {}",
+        "{cmd:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     out.stdout
+}
+
+/// Runs `cmd`, checks that it failed, and returns its stderr.
+#[allow(dead_code)] // not every test binary uses it
+pub fn fails(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(!out.status.success(), "{cmd:?} succeeded");
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
