@@ -1,0 +1,999 @@
+//! JNI bindings of the NodeKernel client: the native half of the Java
+//! `nodekernel-client` (`java/nodekernel-client`, class
+//! `io.nodekernel.Native`). Java never speaks the protocol itself; every
+//! call goes through the one Rust client.
+//!
+//! **Handles.** Java holds clients and streams as `long` handles: keys into
+//! per-kind tables of this library, never pointers. A closed, forged or
+//! never-opened handle finds nothing and raises `IllegalStateException`; it
+//! cannot reach freed memory. Each call takes its object out of the table
+//! (an `Arc` clone) and works on that, so closing a client while another
+//! thread still uses it finishes that call first.
+//!
+//! **Failures never cross as panics.** Every entry point runs inside
+//! [`call`]: a client error becomes the `NodeKernelException` subclass of
+//! its code (`io.nodekernel.NodeKernelException$<CodeName>`), a bad
+//! argument an `IllegalArgumentException`, and a panic (a bug) an
+//! `IllegalStateException` naming it, so the JVM keeps running.
+//!
+//! **Buffers.** Data moves only through direct `ByteBuffer`s, read and
+//! written in place by the client (on the shared-memory path: one memory
+//! copy between the buffer and the storage server's memory). The Java side
+//! copies heap arrays through a direct buffer of its own.
+//!
+//! **Blocking.** Calls block the calling Java thread on one multi-threaded
+//! runtime per process; many Java threads may call at once.
+
+use futures::stream::{self, StreamExt, TryStreamExt};
+use jni::objects::{JByteArray, JByteBuffer, JClass, JLongArray, JObject, JObjectArray, JString};
+use jni::sys::{jboolean, jint, jlong, jobject};
+use jni::JNIEnv;
+use nk::{ErrorCode, NodeType};
+use nodekernel_client as nk;
+use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use tokio::runtime::Runtime;
+
+// ---------------------------------------------------------------------------
+// Failures
+
+enum Fail {
+    /// A client error: thrown as the exception class of its code.
+    Nk(nk::Error),
+    /// A JNI call failed; usually a Java exception is already pending.
+    Jni(jni::errors::Error),
+    /// A bad argument from Java.
+    Arg(String),
+    /// A handle that is not (or no longer) in its table.
+    Handle(String),
+}
+
+impl From<nk::Error> for Fail {
+    fn from(e: nk::Error) -> Self {
+        Fail::Nk(e)
+    }
+}
+
+impl From<jni::errors::Error> for Fail {
+    fn from(e: jni::errors::Error) -> Self {
+        Fail::Jni(e)
+    }
+}
+
+type R<T> = Result<T, Fail>;
+
+/// The Java class thrown for `code` (nested in `NodeKernelException`).
+fn exception_class(code: ErrorCode) -> String {
+    format!("io/nodekernel/NodeKernelException${}", code.name())
+}
+
+fn throw(env: &mut JNIEnv<'_>, fail: Fail) {
+    // A pending exception (from a failed JNI call) says more than ours.
+    if env.exception_check().unwrap_or(true) {
+        return;
+    }
+    let (class, message) = match fail {
+        Fail::Nk(e) => (exception_class(e.code), e.message),
+        Fail::Jni(e) => (
+            "java/lang/IllegalStateException".to_string(),
+            format!("NodeKernel native call failed in JNI: {e}"),
+        ),
+        Fail::Arg(m) => ("java/lang/IllegalArgumentException".to_string(), m),
+        Fail::Handle(m) => ("java/lang/IllegalStateException".to_string(), m),
+    };
+    if env.throw_new(&class, &message).is_err() && !env.exception_check().unwrap_or(true) {
+        // Only if the class could not be loaded (a jar of another version).
+        let _ = env.throw_new("java/io/IOException", format!("{class}: {message}"));
+    }
+}
+
+/// Runs one native entry point: errors and panics become Java exceptions
+/// (and `fallback` the value Java sees returned, which it ignores).
+fn call<'l, T>(env: &mut JNIEnv<'l>, fallback: T, f: impl FnOnce(&mut JNIEnv<'l>) -> R<T>) -> T {
+    let fail = match std::panic::catch_unwind(AssertUnwindSafe(|| f(env))) {
+        Ok(Ok(v)) => return v,
+        Ok(Err(fail)) => fail,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_string());
+            Fail::Handle(format!(
+                "NodeKernel native library bug (please report): {what}"
+            ))
+        }
+    };
+    throw(env, fail);
+    fallback
+}
+
+// ---------------------------------------------------------------------------
+// Runtime and handle tables
+
+fn runtime() -> R<&'static Runtime> {
+    static RT: OnceLock<Result<Runtime, String>> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("nodekernel")
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())
+    })
+    .as_ref()
+    .map_err(|e| {
+        Fail::Nk(nk::Error::internal(format!(
+            "cannot start the I/O runtime: {e}"
+        )))
+    })
+}
+
+fn block_on<F: std::future::Future>(f: F) -> R<F::Output> {
+    Ok(runtime()?.block_on(f))
+}
+
+/// Handles are never reused: a stale one finds nothing.
+static NEXT_HANDLE: AtomicI64 = AtomicI64::new(1);
+
+struct Table<T> {
+    kind: &'static str,
+    map: Mutex<BTreeMap<jlong, Arc<T>>>,
+}
+
+impl<T> Table<T> {
+    const fn new(kind: &'static str) -> Self {
+        Table {
+            kind,
+            map: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn insert(&self, v: T) -> jlong {
+        let h = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(h, Arc::new(v));
+        h
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<jlong, Arc<T>>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn missing(&self) -> Fail {
+        Fail::Handle(format!("this {} is closed", self.kind))
+    }
+
+    fn get(&self, h: jlong) -> R<Arc<T>> {
+        self.lock().get(&h).cloned().ok_or_else(|| self.missing())
+    }
+
+    fn remove(&self, h: jlong) -> R<Arc<T>> {
+        self.lock().remove(&h).ok_or_else(|| self.missing())
+    }
+}
+
+enum Reader {
+    File {
+        node: Arc<nk::Node>,
+        /// The sequential stream from `pos`, made on the first read after
+        /// an open or a seek.
+        stream: Option<nk::BufferedReader>,
+        pos: u64,
+    },
+    Bag {
+        reader: nk::BagReader,
+        pos: u64,
+    },
+}
+
+type Writer = Option<nk::BufferedWriter>;
+
+static CLIENTS: Table<nk::Client> = Table::new("NodeKernel client");
+static READERS: Table<Mutex<Reader>> = Table::new("input stream");
+static WRITERS: Table<Mutex<Writer>> = Table::new("output stream");
+
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+// ---------------------------------------------------------------------------
+// Arguments and results
+
+fn string(env: &mut JNIEnv<'_>, s: &JString<'_>, what: &str) -> R<String> {
+    if s.is_null() {
+        return Err(Fail::Arg(format!("{what} must not be null")));
+    }
+    Ok(env.get_string(s)?.into())
+}
+
+fn optional_string(env: &mut JNIEnv<'_>, s: &JString<'_>) -> R<Option<String>> {
+    if s.is_null() {
+        return Ok(None);
+    }
+    Ok(Some(env.get_string(s)?.into()))
+}
+
+fn path(env: &mut JNIEnv<'_>, s: &JString<'_>) -> R<String> {
+    let p = string(env, s, "the path")?;
+    if p.contains('\0') {
+        return Err(Fail::Arg("paths cannot contain NUL characters".into()));
+    }
+    Ok(p)
+}
+
+/// The bytes `[off, off + len)` of a direct buffer.
+///
+/// # Safety
+/// The slice aliases the buffer's memory: it must not outlive the native
+/// call (Java keeps the buffer alive while the call runs), and Java code
+/// must not use the same bytes concurrently (the Java API documents this).
+unsafe fn buffer<'b>(
+    env: &mut JNIEnv<'_>,
+    buf: &JByteBuffer<'_>,
+    off: jint,
+    len: jint,
+) -> R<&'b mut [u8]> {
+    if buf.is_null() {
+        return Err(Fail::Arg("the buffer must not be null".into()));
+    }
+    if off < 0 || len < 0 {
+        return Err(Fail::Arg(format!(
+            "negative buffer offset or length ({off}, {len})"
+        )));
+    }
+    let cap = env
+        .get_direct_buffer_capacity(buf)
+        .map_err(|_| Fail::Arg("the buffer is not a direct ByteBuffer".into()))?;
+    let (off, len) = (off as usize, len as usize);
+    if off + len > cap {
+        return Err(Fail::Arg(format!(
+            "bytes {off}..{} lie outside the buffer's {cap}",
+            off + len
+        )));
+    }
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    let addr = env
+        .get_direct_buffer_address(buf)
+        .map_err(|_| Fail::Arg("the buffer is not a direct ByteBuffer".into()))?;
+    Ok(std::slice::from_raw_parts_mut(addr.add(off), len))
+}
+
+/// Longs per node in the status arrays Java decodes (`NodeStatus`).
+const STAT_FIELDS: usize = 8;
+
+fn stat_of(info: &nk::NodeInfo, out: &mut Vec<i64>) {
+    out.extend_from_slice(&[
+        info.ty as i64,
+        info.size as i64,
+        info.block_size as i64,
+        info.mode as i64,
+        info.mtime as i64,
+        info.id as i64,
+        info.storage_class as i64,
+        (info.enumerable as i64) | ((info.encrypted as i64) << 1),
+    ]);
+}
+
+fn long_array<'l>(env: &mut JNIEnv<'l>, v: &[i64]) -> R<JLongArray<'l>> {
+    let len = jint::try_from(v.len())
+        .map_err(|_| Fail::Arg(format!("{} values do not fit a Java array", v.len())))?;
+    let a = env.new_long_array(len)?;
+    env.set_long_array_region(&a, 0, v)?;
+    Ok(a)
+}
+
+fn string_array<'l>(env: &mut JNIEnv<'l>, v: &[String]) -> R<JObjectArray<'l>> {
+    let len = jint::try_from(v.len())
+        .map_err(|_| Fail::Arg(format!("{} names do not fit a Java array", v.len())))?;
+    let a = env.new_object_array(len, "java/lang/String", JObject::null())?;
+    for (i, s) in v.iter().enumerate() {
+        let js = env.new_string(s)?;
+        env.set_object_array_element(&a, i as jint, &js)?;
+        env.delete_local_ref(js)?;
+    }
+    Ok(a)
+}
+
+fn node_type(code: jint) -> R<NodeType> {
+    u8::try_from(code)
+        .ok()
+        .and_then(|c| NodeType::from_u8(c).ok())
+        .ok_or_else(|| Fail::Arg(format!("{code} is not a node type code")))
+}
+
+// ---------------------------------------------------------------------------
+// Entry points: the client
+
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_connect<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    meta: JString<'l>,
+    config: JString<'l>,
+) -> jlong {
+    call(&mut env, 0, |env| {
+        let meta = optional_string(env, &meta)?;
+        let config = optional_string(env, &config)?;
+        let cfg = nk::discover(meta.as_deref(), config.as_deref().map(std::path::Path::new))?;
+        let client = block_on(nk::Client::connect(cfg))??;
+        Ok(CLIENTS.insert(client))
+    })
+}
+
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_disconnect<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    c: jlong,
+) {
+    // Connections close when the last call using the client returns.
+    call(&mut env, (), |_| CLIENTS.remove(c).map(drop))
+}
+
+/// Names of the error codes, indexed by code - 1 (the Java test checks its
+/// `ErrorCode` enum against this list).
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_errorCodeNames<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+) -> jobject {
+    call(&mut env, std::ptr::null_mut(), |env| {
+        let names: Vec<String> = ErrorCode::ALL
+            .iter()
+            .map(|c| c.name().to_string())
+            .collect();
+        Ok(string_array(env, &names)?.into_raw())
+    })
+}
+
+/// Throws the exception of error `code` the way every failing call does
+/// (for the tests of the error mapping; a code that does not exist is an
+/// `IllegalArgumentException`).
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_raise<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    code: jint,
+    message: JString<'l>,
+) {
+    call(&mut env, (), |env| {
+        let message = string(env, &message, "the message")?;
+        let code = u16::try_from(code)
+            .ok()
+            .and_then(ErrorCode::from_u16)
+            .ok_or_else(|| Fail::Arg(format!("{code} is not an error code")))?;
+        Err(Fail::Nk(nk::Error::new(code, message)))
+    })
+}
+
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_panicForTest<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+) {
+    call(&mut env, (), |_| -> R<()> {
+        panic!("a panic raised on purpose by Native.panicForTest")
+    })
+}
+
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_localLocation<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+) -> jobject {
+    call(&mut env, std::ptr::null_mut(), |env| {
+        Ok(env.new_string(nk::default_location())?.into_raw())
+    })
+}
+
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_lookup<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    c: jlong,
+    p: JString<'l>,
+) -> jobject {
+    call(&mut env, std::ptr::null_mut(), |env| {
+        let client = CLIENTS.get(c)?;
+        let p = path(env, &p)?;
+        let node = block_on(client.lookup(&p))??;
+        let mut st = Vec::with_capacity(STAT_FIELDS);
+        stat_of(node.info(), &mut st);
+        Ok(long_array(env, &st)?.into_raw())
+    })
+}
+
+/// Children looked up at once, at most this many at a time.
+const LIST_LOOKUPS_IN_FLIGHT: usize = 32;
+
+/// `{String[] names, long[] stats}` of a container's children; a child
+/// removed between the listing and its lookup is left out.
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_list<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    c: jlong,
+    p: JString<'l>,
+) -> jobject {
+    call(&mut env, std::ptr::null_mut(), |env| {
+        let client = CLIENTS.get(c)?;
+        let p = path(env, &p)?;
+        let found: Vec<(String, nk::NodeInfo)> = block_on(async {
+            let names = client.enumerate(&p).await?;
+            let lookups = names.into_iter().map(|name| {
+                let child = if p.ends_with('/') {
+                    format!("{p}{name}")
+                } else {
+                    format!("{p}/{name}")
+                };
+                let client = &client;
+                async move {
+                    match client.lookup(&child).await {
+                        Ok(n) => Ok(Some((name, n.info().clone()))),
+                        Err(e) if e.code == ErrorCode::NotFound => Ok(None),
+                        Err(e) => Err(e),
+                    }
+                }
+            });
+            stream::iter(lookups)
+                .buffered(LIST_LOOKUPS_IN_FLIGHT)
+                .try_filter_map(|f| async move { Ok(f) })
+                .try_collect()
+                .await
+        })??;
+        let mut stats = Vec::with_capacity(found.len() * STAT_FIELDS);
+        let mut names = Vec::with_capacity(found.len());
+        for (name, info) in found {
+            stat_of(&info, &mut stats);
+            names.push(name);
+        }
+        let names = string_array(env, &names)?;
+        let stats = long_array(env, &stats)?;
+        let pair = env.new_object_array(2, "java/lang/Object", JObject::null())?;
+        env.set_object_array_element(&pair, 0, names)?;
+        env.set_object_array_element(&pair, 1, stats)?;
+        Ok(pair.into_raw())
+    })
+}
+
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_enumerate<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    c: jlong,
+    p: JString<'l>,
+) -> jobject {
+    call(&mut env, std::ptr::null_mut(), |env| {
+        let client = CLIENTS.get(c)?;
+        let p = path(env, &p)?;
+        let names = block_on(client.enumerate(&p))??;
+        Ok(string_array(env, &names)?.into_raw())
+    })
+}
+
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_mkdir<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    c: jlong,
+    p: JString<'l>,
+    parents: jboolean,
+) {
+    call(&mut env, (), |env| {
+        let client = CLIENTS.get(c)?;
+        let p = path(env, &p)?;
+        Ok(block_on(client.mkdir(&p, parents != 0))??)
+    })
+}
+
+fn stream_options(buffer_size: jint, slice_size: jint) -> R<nk::StreamOptions> {
+    if buffer_size <= 0 && slice_size <= 0 {
+        return Ok(nk::StreamOptions::default());
+    }
+    let (b, s) = (
+        usize::try_from(buffer_size).unwrap_or(0),
+        usize::try_from(slice_size).unwrap_or(0),
+    );
+    Ok(nk::StreamOptions::new(b, s)?)
+}
+
+/// Creates a node; for a File or KeyValue returns a writer handle, for a
+/// container 0. `storage_class` and `mode` are -1 for "not set".
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub extern "system" fn Java_io_nodekernel_Native_create<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    c: jlong,
+    p: JString<'l>,
+    ty: jint,
+    storage_class: jint,
+    local: jboolean,
+    pinned: jboolean,
+    enumerable: jboolean,
+    mode: jint,
+    size_hint: jlong,
+    buffer_size: jint,
+    slice_size: jint,
+) -> jlong {
+    call(&mut env, 0, |env| {
+        let client = CLIENTS.get(c)?;
+        let p = path(env, &p)?;
+        let ty = node_type(ty)?;
+        let opts = nk::CreateOptions {
+            storage_class: match storage_class {
+                -1 => None,
+                c => Some(
+                    u8::try_from(c)
+                        .map_err(|_| Fail::Arg(format!("{c} is not a storage class")))?,
+                ),
+            },
+            local: local != 0,
+            pinned: pinned != 0,
+            enumerable: enumerable != 0,
+            size_hint: u64::try_from(size_hint)
+                .map_err(|_| Fail::Arg(format!("negative size hint {size_hint}")))?,
+            mode: match mode {
+                -1 => None,
+                m => Some(u32::try_from(m).map_err(|_| Fail::Arg(format!("bad mode {m}")))?),
+            },
+            mtime: None,
+        };
+        let sopts = stream_options(buffer_size, slice_size)?;
+        let node = block_on(client.create(&p, ty, opts))??;
+        if !matches!(ty, NodeType::File | NodeType::KeyValue) {
+            return Ok(0);
+        }
+        let writer = nk::BufferedWriter::new(node, sopts)?;
+        Ok(WRITERS.insert(Mutex::new(Some(writer))))
+    })
+}
+
+/// Opens an existing File for appending; returns a writer handle.
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_append<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    c: jlong,
+    p: JString<'l>,
+    buffer_size: jint,
+    slice_size: jint,
+) -> jlong {
+    call(&mut env, 0, |env| {
+        let client = CLIENTS.get(c)?;
+        let p = path(env, &p)?;
+        let sopts = stream_options(buffer_size, slice_size)?;
+        let node = block_on(client.open_write(&p))??;
+        let writer = nk::BufferedWriter::new(node, sopts)?;
+        Ok(WRITERS.insert(Mutex::new(Some(writer))))
+    })
+}
+
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_delete<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    c: jlong,
+    p: JString<'l>,
+    recursive: jboolean,
+) {
+    call(&mut env, (), |env| {
+        let client = CLIENTS.get(c)?;
+        let p = path(env, &p)?;
+        Ok(block_on(client.delete(&p, recursive != 0))??)
+    })
+}
+
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_rename<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    c: jlong,
+    src: JString<'l>,
+    dst: JString<'l>,
+    replace: jboolean,
+) {
+    call(&mut env, (), |env| {
+        let client = CLIENTS.get(c)?;
+        let src = path(env, &src)?;
+        let dst = path(env, &dst)?;
+        Ok(block_on(client.rename_with(&src, &dst, replace != 0))??)
+    })
+}
+
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_put<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    c: jlong,
+    p: JString<'l>,
+    buf: JByteBuffer<'l>,
+    off: jint,
+    len: jint,
+) {
+    call(&mut env, (), |env| {
+        let client = CLIENTS.get(c)?;
+        let p = path(env, &p)?;
+        // SAFETY: used only during this call (see `buffer`).
+        let data = unsafe { buffer(env, &buf, off, len)? };
+        Ok(block_on(client.put(&p, data))??)
+    })
+}
+
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_get<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    c: jlong,
+    p: JString<'l>,
+) -> jobject {
+    call(&mut env, std::ptr::null_mut(), |env| {
+        let client = CLIENTS.get(c)?;
+        let p = path(env, &p)?;
+        let value = block_on(client.get(&p))??;
+        if i32::try_from(value.len()).is_err() {
+            return Err(Fail::Nk(nk::Error::new(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "{p} holds {} bytes, more than a Java array takes; read it with a stream",
+                    value.len()
+                ),
+            )));
+        }
+        let a: JByteArray<'l> = env.byte_array_from_slice(&value)?;
+        Ok(a.into_raw())
+    })
+}
+
+/// Reads the value at `p` into the buffer if it fits; returns its size
+/// either way (bigger than `len`: nothing was read).
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_getInto<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    c: jlong,
+    p: JString<'l>,
+    buf: JByteBuffer<'l>,
+    off: jint,
+    len: jint,
+) -> jlong {
+    call(&mut env, -1, |env| {
+        let client = CLIENTS.get(c)?;
+        let p = path(env, &p)?;
+        // SAFETY: used only during this call (see `buffer`).
+        let out = unsafe { buffer(env, &buf, off, len)? };
+        let size = block_on(async {
+            let mut attempt = 1;
+            loop {
+                let node = client.lookup(&p).await?;
+                let size = node.size();
+                if size > out.len() as u64 {
+                    return Ok(size);
+                }
+                match node.read_at(0, &mut out[..size as usize]).await {
+                    Err(e) if e.code == ErrorCode::Stale && attempt < nk::GET_ATTEMPTS => {
+                        attempt += 1
+                    }
+                    r => return r.map(|()| size),
+                }
+            }
+        })??;
+        Ok(size as jlong)
+    })
+}
+
+/// For each block of the node, in order: `"<location>\t<host:port>"` of the
+/// storage server holding it (the location is the server's host name as
+/// configured, the one schedulers compare with their hosts).
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_blockLocations<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    c: jlong,
+    p: JString<'l>,
+) -> jobject {
+    call(&mut env, std::ptr::null_mut(), |env| {
+        let client = CLIENTS.get(c)?;
+        let p = path(env, &p)?;
+        let (blocks, status) = block_on(async {
+            let node = client.lookup(&p).await?;
+            let blocks = node.block_locations().await?;
+            let status = client.status().await?;
+            Ok::<_, nk::Error>((blocks, status))
+        })??;
+        let hosts: Vec<String> = blocks
+            .iter()
+            .map(|b| {
+                let location = status
+                    .servers
+                    .iter()
+                    .find(|s| s.id == b.server && !s.location.is_empty())
+                    .map(|s| s.location.as_str())
+                    .unwrap_or_else(|| host_of(&b.addr));
+                format!("{location}\t{}", b.addr)
+            })
+            .collect();
+        Ok(string_array(env, &hosts)?.into_raw())
+    })
+}
+
+fn host_of(addr: &str) -> &str {
+    addr.rsplit_once(':').map_or(addr, |(h, _)| h)
+}
+
+/// `{capacity, used}` in bytes over the live storage servers.
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_capacity<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    c: jlong,
+) -> jobject {
+    call(&mut env, std::ptr::null_mut(), |env| {
+        let client = CLIENTS.get(c)?;
+        let status = block_on(client.status())??;
+        let (mut cap, mut used) = (0u64, 0u64);
+        for s in status.servers.iter().filter(|s| s.alive) {
+            cap = cap.saturating_add(s.capacity_blocks.saturating_mul(s.block_size as u64));
+            used = used.saturating_add(s.used_blocks.saturating_mul(s.block_size as u64));
+        }
+        Ok(long_array(env, &[cap as i64, used as i64])?.into_raw())
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Entry points: input streams
+
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_openReader<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    c: jlong,
+    p: JString<'l>,
+) -> jobject {
+    call(&mut env, std::ptr::null_mut(), |env| {
+        let client = CLIENTS.get(c)?;
+        let p = path(env, &p)?;
+        let node = block_on(client.lookup(&p))??;
+        let info = node.info().clone();
+        if !matches!(info.ty, NodeType::File | NodeType::KeyValue) {
+            return Err(Fail::Nk(nk::Error::new(
+                ErrorCode::TypeMismatch,
+                format!("{p} is a {}, not a File or KeyValue", info.ty),
+            )));
+        }
+        let h = READERS.insert(Mutex::new(Reader::File {
+            node: Arc::new(node),
+            stream: None,
+            pos: 0,
+        }));
+        let mut st = vec![h];
+        stat_of(&info, &mut st);
+        Ok(long_array(env, &st)?.into_raw())
+    })
+}
+
+/// Opens a Bag as one stream; returns `{handle, total size}`.
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_openBag<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    c: jlong,
+    p: JString<'l>,
+    reads_in_flight: jint,
+) -> jobject {
+    call(&mut env, std::ptr::null_mut(), |env| {
+        let client = CLIENTS.get(c)?;
+        let p = path(env, &p)?;
+        let in_flight = if reads_in_flight > 0 {
+            reads_in_flight as usize
+        } else {
+            nk::DEFAULT_BAG_READS_IN_FLIGHT
+        };
+        let reader = block_on(client.read_bag(&p, in_flight))??;
+        let total = reader.total_size();
+        let h = READERS.insert(Mutex::new(Reader::Bag { reader, pos: 0 }));
+        Ok(long_array(env, &[h, total as i64])?.into_raw())
+    })
+}
+
+/// Reads up to `len` bytes at the stream's position; -1 at the end.
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_read<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    r: jlong,
+    buf: JByteBuffer<'l>,
+    off: jint,
+    len: jint,
+) -> jint {
+    call(&mut env, -1, |env| {
+        let reader = READERS.get(r)?;
+        // SAFETY: used only during this call (see `buffer`).
+        let out = unsafe { buffer(env, &buf, off, len)? };
+        if out.is_empty() {
+            return Ok(0);
+        }
+        let mut reader = locked(&reader);
+        let n = match &mut *reader {
+            Reader::File { node, stream, pos } => {
+                if stream.is_none() {
+                    *stream = Some(nk::BufferedReader::new(
+                        node.clone(),
+                        *pos,
+                        nk::StreamOptions::default(),
+                    )?);
+                }
+                let s = stream.as_mut().expect("made above");
+                let n = block_on(s.read(out))??;
+                *pos += n as u64;
+                n
+            }
+            Reader::Bag { reader, pos } => {
+                let n = block_on(reader.read(out))??;
+                *pos += n as u64;
+                n
+            }
+        };
+        Ok(if n == 0 { -1 } else { n as jint })
+    })
+}
+
+/// Reads up to `len` bytes at `pos` without moving the stream; -1 when
+/// `pos` is at or past the end.
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_pread<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    r: jlong,
+    pos: jlong,
+    buf: JByteBuffer<'l>,
+    off: jint,
+    len: jint,
+) -> jint {
+    call(&mut env, -1, |env| {
+        let reader = READERS.get(r)?;
+        let pos = u64::try_from(pos).map_err(|_| Fail::Arg(format!("negative position {pos}")))?;
+        // SAFETY: used only during this call (see `buffer`).
+        let out = unsafe { buffer(env, &buf, off, len)? };
+        let node = match &*locked(&reader) {
+            Reader::File { node, .. } => node.clone(),
+            Reader::Bag { .. } => {
+                return Err(Fail::Nk(nk::Error::new(
+                    ErrorCode::InvalidArgument,
+                    "a Bag stream reads sequentially only",
+                )))
+            }
+        };
+        let size = node.size();
+        if pos >= size {
+            return Ok(-1);
+        }
+        let n = (size - pos).min(out.len() as u64) as usize;
+        block_on(node.read_at(pos, &mut out[..n]))??;
+        Ok(n as jint)
+    })
+}
+
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_seek<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    r: jlong,
+    to: jlong,
+) {
+    call(&mut env, (), |_| {
+        let reader = READERS.get(r)?;
+        let to = u64::try_from(to).map_err(|_| Fail::Arg(format!("negative position {to}")))?;
+        let mut guard = locked(&reader);
+        match &mut *guard {
+            Reader::File { stream, pos, .. } => {
+                if *pos != to {
+                    *stream = None;
+                    *pos = to;
+                }
+                Ok(())
+            }
+            Reader::Bag { pos, .. } if *pos == to => Ok(()),
+            Reader::Bag { .. } => Err(Fail::Nk(nk::Error::new(
+                ErrorCode::InvalidArgument,
+                "a Bag stream reads sequentially only",
+            ))),
+        }
+    })
+}
+
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_closeReader<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    r: jlong,
+) {
+    call(&mut env, (), |_| READERS.remove(r).map(drop))
+}
+
+// ---------------------------------------------------------------------------
+// Entry points: output streams
+
+fn with_writer<T>(w: jlong, f: impl FnOnce(&mut nk::BufferedWriter) -> R<T>) -> R<T> {
+    let writer = WRITERS.get(w)?;
+    let mut writer = locked(&writer);
+    match writer.as_mut() {
+        Some(wr) => f(wr),
+        None => Err(WRITERS.missing()),
+    }
+}
+
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_write<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    w: jlong,
+    buf: JByteBuffer<'l>,
+    off: jint,
+    len: jint,
+) {
+    call(&mut env, (), |env| {
+        // SAFETY: used only during this call (see `buffer`).
+        let data = unsafe { buffer(env, &buf, off, len)? };
+        with_writer(w, |wr| Ok(block_on(wr.write_all(data))??))
+    })
+}
+
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_flush<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    w: jlong,
+) {
+    call(&mut env, (), |_| {
+        with_writer(w, |wr| Ok(block_on(wr.flush())??))
+    })
+}
+
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_sync<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    w: jlong,
+) {
+    call(&mut env, (), |_| {
+        with_writer(w, |wr| Ok(block_on(wr.sync())??))
+    })
+}
+
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_position<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    w: jlong,
+) -> jlong {
+    call(&mut env, -1, |_| {
+        with_writer(w, |wr| Ok(wr.position() as jlong))
+    })
+}
+
+/// Closes (publishing everything) or, with `abort`, abandons the writer.
+/// The handle is gone afterwards either way.
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_closeWriter<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    w: jlong,
+    abort: jboolean,
+) {
+    call(&mut env, (), |_| {
+        let writer = WRITERS.remove(w)?;
+        let Some(wr) = locked(&writer).take() else {
+            return Err(WRITERS.missing());
+        };
+        if abort != 0 {
+            Ok(block_on(wr.abort())??)
+        } else {
+            Ok(block_on(wr.close())??)
+        }
+    })
+}

@@ -1,0 +1,297 @@
+package io.nodekernel;
+
+import java.io.IOException;
+import java.nio.ByteBuffer;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.Objects;
+
+/**
+ * A connection to a NodeKernel cluster: the Java face of the Rust client (through JNI; Java
+ * never speaks the protocol itself). Thread-safe; many threads may call at once. Close it when
+ * done (connections and the native resources go with it).
+ *
+ * <pre>{@code
+ * try (NodeKernel nk = NodeKernel.connect("meta-host:9700")) {
+ *   nk.mkdir("/jobs", true);
+ *   try (NkOutputStream out = nk.createFile("/jobs/part-0")) {
+ *     out.write(bytes);
+ *   }
+ *   nk.put("/kv/answer", "42".getBytes());
+ * }
+ * }</pre>
+ *
+ * <p>Every failure is a {@link NodeKernelException} of the error code's subclass (for example
+ * {@link NodeKernelException.NotFound}); bad arguments are {@link IllegalArgumentException}s.
+ */
+public final class NodeKernel implements AutoCloseable {
+  private volatile long handle;
+
+  private NodeKernel(long handle) {
+    this.handle = handle;
+  }
+
+  /**
+   * Connects as the command-line tools do: the metadata servers from {@code NK_META}, else the
+   * client configuration ({@code NK_CONFIG}, {@code ~/.config/nodekernel/client.toml}, {@code
+   * /etc/nodekernel/client.toml}), else {@code localhost:9700}.
+   */
+  public static NodeKernel connect() throws IOException {
+    return connect(null, null);
+  }
+
+  /**
+   * Connects to the metadata servers {@code meta} ({@code host:port}, comma-separated for
+   * several partitions, in partition order), or as {@link #connect()} when null.
+   */
+  public static NodeKernel connect(String meta) throws IOException {
+    return connect(meta, null);
+  }
+
+  /**
+   * Connects with the client configuration file {@code configFile} (TOML: {@code [client]},
+   * {@code [security]}, ...); {@code meta}, when not null, overrides its server list.
+   */
+  public static NodeKernel connect(String meta, String configFile) throws IOException {
+    return new NodeKernel(Native.connect(meta, configFile));
+  }
+
+  /**
+   * The host name this client counts as for location affinity ({@link
+   * CreateOptions#local(boolean)}): {@code NK_LOCATION}, else the host name.
+   */
+  public static String localLocation() {
+    return Native.localLocation();
+  }
+
+  long handle() throws IOException {
+    long h = handle;
+    if (h == 0) {
+      throw new IOException("this NodeKernel client is closed");
+    }
+    return h;
+  }
+
+  private static String path(String path) {
+    return Objects.requireNonNull(path, "path");
+  }
+
+  /** Creates a Directory; with {@code parents}, also missing parents, and no error if it exists. */
+  public void mkdir(String path, boolean parents) throws IOException {
+    Native.mkdir(handle(), path(path), parents);
+  }
+
+  /** What the metadata server knows of the node at {@code path}. */
+  public NodeStatus lookup(String path) throws IOException {
+    return NodeStatus.decode(path, Native.lookup(handle(), path(path)), 0);
+  }
+
+  /** Whether a node exists at {@code path}. */
+  public boolean exists(String path) throws IOException {
+    try {
+      lookup(path);
+      return true;
+    } catch (NodeKernelException.NotFound e) {
+      return false;
+    }
+  }
+
+  /** Names of a container's children (not of a Table created non-enumerable). */
+  public List<String> enumerate(String path) throws IOException {
+    return Arrays.asList(Native.enumerate(handle(), path(path)));
+  }
+
+  /**
+   * A container's children with their status, looked up together (children removed meanwhile
+   * are left out).
+   */
+  public List<NodeStatus> list(String path) throws IOException {
+    Object[] pair = Native.list(handle(), path(path));
+    String[] names = (String[]) pair[0];
+    long[] stats = (long[]) pair[1];
+    String dir = path.endsWith("/") ? path : path + "/";
+    List<NodeStatus> out = new ArrayList<>(names.length);
+    for (int i = 0; i < names.length; i++) {
+      out.add(NodeStatus.decode(dir + names[i], stats, i * NodeStatus.FIELDS));
+    }
+    return out;
+  }
+
+  /** Deletes a node; a non-empty container only with {@code recursive}. */
+  public void delete(String path, boolean recursive) throws IOException {
+    Native.delete(handle(), path(path), recursive);
+  }
+
+  /** Atomically moves {@code src} to {@code dst}, which must not exist. */
+  public void rename(String src, String dst) throws IOException {
+    rename(src, dst, false);
+  }
+
+  /**
+   * Atomically moves {@code src} to {@code dst}; with {@code replace}, an existing {@code dst}
+   * of the same kind (data node, or empty container) is replaced in the same step.
+   */
+  public void rename(String src, String dst, boolean replace) throws IOException {
+    Native.rename(handle(), path(src), path(dst), replace);
+  }
+
+  private long create(String path, NodeType type, CreateOptions o) throws IOException {
+    Objects.requireNonNull(o, "options");
+    return Native.create(
+        handle(),
+        path(path),
+        type.code(),
+        o.storageClass,
+        o.local,
+        o.pinned,
+        o.enumerable,
+        o.mode,
+        o.sizeHint,
+        o.bufferSize,
+        o.sliceSize);
+  }
+
+  /** Creates a node of a container type (Directory, Table or Bag). */
+  public void createContainer(String path, NodeType type, CreateOptions options)
+      throws IOException {
+    if (type.isData()) {
+      throw new IllegalArgumentException(
+          type + " is not a container type; use createFile or createKeyValue");
+    }
+    create(path, type, options);
+  }
+
+  /** Creates a File and opens it for writing (one writer at a time). */
+  public NkOutputStream createFile(String path) throws IOException {
+    return createFile(path, CreateOptions.defaults());
+  }
+
+  public NkOutputStream createFile(String path, CreateOptions options) throws IOException {
+    return new NkOutputStream(path, create(path, NodeType.FILE, options));
+  }
+
+  /**
+   * Creates (or replaces) a KeyValue written as a stream: readers see the old value until the
+   * stream closes, then the whole new one; {@link NkOutputStream#abort()} leaves the old one.
+   */
+  public NkOutputStream createKeyValue(String path, CreateOptions options) throws IOException {
+    return new NkOutputStream(path, create(path, NodeType.KEY_VALUE, options));
+  }
+
+  /** Opens an existing File to append to it. */
+  public NkOutputStream append(String path) throws IOException {
+    return append(path, CreateOptions.defaults());
+  }
+
+  /** {@link #append(String)} with the writer buffer of {@code options}. */
+  public NkOutputStream append(String path, CreateOptions options) throws IOException {
+    return new NkOutputStream(
+        path, Native.append(handle(), path(path), options.bufferSize, options.sliceSize));
+  }
+
+  /** Opens a File or KeyValue for reading (sequential and positional). */
+  public NkInputStream open(String path) throws IOException {
+    long[] r = Native.openReader(handle(), path(path));
+    NodeStatus st = NodeStatus.decode(path, r, 1);
+    return new NkInputStream(path, r[0], st.size(), true);
+  }
+
+  /** Opens a Bag: all its Files, in listing order, as one sequential stream. */
+  public NkInputStream openBag(String path) throws IOException {
+    long[] r = Native.openBag(handle(), path(path), 0);
+    return new NkInputStream(path, r[0], r[1], false);
+  }
+
+  /** Stores {@code value} at {@code path} (a KeyValue, replaced as a whole). */
+  public void put(String path, byte[] value) throws IOException {
+    put(path, ByteBuffer.wrap(value));
+  }
+
+  /**
+   * Stores the buffer's remaining bytes at {@code path}; a direct buffer is read in place. The
+   * buffer's position is not moved.
+   */
+  public void put(String path, ByteBuffer value) throws IOException {
+    ByteBuffer src = value;
+    if (!value.isDirect()) {
+      src = Scratch.get(value.remaining());
+      src.put(value.duplicate()).flip();
+    }
+    Native.put(handle(), path(path), src, src.position(), src.remaining());
+  }
+
+  /** The whole value of a KeyValue (or File) at {@code path}. */
+  public byte[] get(String path) throws IOException {
+    return Native.get(handle(), path(path));
+  }
+
+  /**
+   * Reads the value at {@code path} into {@code dst} (a direct buffer in place) if it fits in
+   * its remaining bytes, advancing its position; returns the value's size either way, so a
+   * result above {@code dst.remaining()} means nothing was read.
+   */
+  public long get(String path, ByteBuffer dst) throws IOException {
+    if (dst.isReadOnly()) {
+      throw new java.nio.ReadOnlyBufferException();
+    }
+    if (dst.isDirect()) {
+      long size = Native.getInto(handle(), path(path), dst, dst.position(), dst.remaining());
+      if (size <= dst.remaining()) {
+        dst.position(dst.position() + (int) size);
+      }
+      return size;
+    }
+    ByteBuffer tmp = Scratch.get(dst.remaining());
+    long size = Native.getInto(handle(), path(path), tmp, 0, tmp.remaining());
+    if (size <= dst.remaining()) {
+      tmp.limit((int) size);
+      dst.put(tmp);
+    }
+    return size;
+  }
+
+  /** Where each block of a File or KeyValue lies, in order. */
+  public List<BlockLocation> blockLocations(String path) throws IOException {
+    NodeStatus st = lookup(path);
+    String[] hosts = Native.blockLocations(handle(), path(path));
+    long bs = Math.max(1, st.blockSize());
+    List<BlockLocation> out = new ArrayList<>(hosts.length);
+    for (int i = 0; i < hosts.length; i++) {
+      long off = i * bs;
+      if (off >= st.size() && !(i == 0 && st.size() == 0)) {
+        break; // allocated ahead by a writer, not published yet
+      }
+      String[] hostAddr = hosts[i].split("\t", 2);
+      out.add(
+          new BlockLocation(
+              off,
+              Math.min(bs, st.size() - off),
+              hostAddr[0],
+              hostAddr.length > 1 ? hostAddr[1] : hostAddr[0]));
+    }
+    return out;
+  }
+
+  /** Capacity and use over the live storage servers. */
+  public Capacity capacity() throws IOException {
+    long[] c = Native.capacity(handle());
+    return new Capacity(c[0], c[1]);
+  }
+
+  /**
+   * Disconnects. Calls still running finish first; later calls throw {@link IOException}.
+   * Streams opened from this client stay usable until closed. Closing twice does nothing.
+   */
+  @Override
+  public void close() {
+    long h;
+    synchronized (this) {
+      h = handle;
+      handle = 0;
+    }
+    if (h != 0) {
+      Native.disconnect(h);
+    }
+  }
+}

@@ -1,0 +1,55 @@
+package io.nodekernel;
+
+/**
+ * What the metadata server knows of one node.
+ *
+ * @param path the node's path
+ * @param type its type
+ * @param size bytes of a File or KeyValue (as of its last sync), live children of a container
+ * @param blockSize bytes per block
+ * @param mode permission bits
+ * @param mtimeNanos modification time, nanoseconds since the Unix epoch
+ * @param id the node's id, never reused (a replaced KeyValue gets a new one)
+ * @param storageClass preferred storage class, or -1 for none
+ * @param enumerable whether its children are listed (Tables may hide them)
+ * @param encrypted whether its clients encrypt its bytes
+ */
+public record NodeStatus(
+    String path,
+    NodeType type,
+    long size,
+    int blockSize,
+    int mode,
+    long mtimeNanos,
+    long id,
+    int storageClass,
+    boolean enumerable,
+    boolean encrypted) {
+
+  /** Longs per node in the arrays the native library returns. */
+  static final int FIELDS = 8;
+
+  static NodeStatus decode(String path, long[] a, int at) {
+    int cls = (int) a[at + 6];
+    return new NodeStatus(
+        path,
+        NodeType.of(a[at]),
+        a[at + 1],
+        (int) a[at + 2],
+        (int) a[at + 3],
+        a[at + 4],
+        a[at + 5],
+        cls == 255 ? -1 : cls,
+        (a[at + 7] & 1) != 0,
+        (a[at + 7] & 2) != 0);
+  }
+
+  /** Modification time in milliseconds since the Unix epoch. */
+  public long mtimeMillis() {
+    return mtimeNanos / 1_000_000;
+  }
+
+  public boolean isContainer() {
+    return !type.isData();
+  }
+}

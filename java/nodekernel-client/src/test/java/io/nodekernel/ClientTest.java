@@ -1,0 +1,275 @@
+package io.nodekernel;
+
+import static org.junit.Assert.assertArrayEquals;
+import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertFalse;
+import static org.junit.Assert.assertThrows;
+import static org.junit.Assert.assertTrue;
+
+import java.io.EOFException;
+import java.nio.ByteBuffer;
+import java.nio.charset.StandardCharsets;
+import java.util.List;
+import java.util.Random;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.stream.Collectors;
+import org.junit.AfterClass;
+import org.junit.Before;
+import org.junit.BeforeClass;
+import org.junit.Test;
+
+/** The Java client against a real cluster: namespace, streams, KeyValues, Bags, locations. */
+public class ClientTest {
+  private static TestCluster cluster;
+  private static NodeKernel nk;
+  private static final AtomicInteger COUNTER = new AtomicInteger();
+  private String dir;
+
+  @BeforeClass
+  public static void start() throws Exception {
+    cluster = TestCluster.start();
+    nk = cluster.connect();
+  }
+
+  @AfterClass
+  public static void stop() throws Exception {
+    if (nk != null) {
+      nk.close();
+    }
+    if (cluster != null) {
+      cluster.close();
+    }
+  }
+
+  @Before
+  public void freshDir() throws Exception {
+    dir = "/client" + COUNTER.incrementAndGet();
+    nk.mkdir(dir, false);
+  }
+
+  static byte[] pattern(int len, long seed) {
+    byte[] b = new byte[len];
+    new Random(seed).nextBytes(b);
+    return b;
+  }
+
+  static void file(String path, byte[] data) throws Exception {
+    try (NkOutputStream out = nk.createFile(path)) {
+      out.write(data);
+    }
+  }
+
+  @Test
+  public void aFileWrittenFromArraysAndDirectBuffersReadsBackEveryWay() throws Exception {
+    byte[] data = pattern(3 << 20 | 12345, 1);
+    String p = dir + "/f";
+    try (NkOutputStream out = nk.createFile(p)) {
+      out.write(data, 0, 100); // gathered
+      out.write(data[100]); // one byte
+      ByteBuffer direct = ByteBuffer.allocateDirect(data.length - 101);
+      direct.put(data, 101, data.length - 101).flip();
+      out.write(direct); // in place
+      assertFalse(direct.hasRemaining());
+      assertEquals(data.length, out.bytesWritten());
+    }
+    NodeStatus st = nk.lookup(p);
+    assertEquals(NodeType.FILE, st.type());
+    assertEquals(data.length, st.size());
+
+    // Heap reads, byte by byte and in arrays.
+    try (NkInputStream in = nk.open(p)) {
+      assertEquals(data[0] & 0xff, in.read());
+      byte[] got = new byte[data.length];
+      got[0] = data[0];
+      int off = 1;
+      while (off < got.length) {
+        int n = in.read(got, off, got.length - off);
+        assertTrue(n > 0);
+        off += n;
+      }
+      assertArrayEquals(data, got);
+      assertEquals(-1, in.read());
+      assertEquals(-1, in.read(new byte[4], 0, 4));
+    }
+    // Direct reads in place.
+    try (NkInputStream in = nk.open(p)) {
+      ByteBuffer dst = ByteBuffer.allocateDirect(data.length);
+      while (dst.hasRemaining() && in.read(dst) > 0) {}
+      dst.flip();
+      byte[] got = new byte[data.length];
+      dst.get(got);
+      assertArrayEquals(data, got);
+      assertEquals(-1, in.read(ByteBuffer.allocateDirect(1)));
+    }
+  }
+
+  @Test
+  public void seekAndPositionalReadsReturnTheBytesAtTheirOffsets() throws Exception {
+    byte[] data = pattern(2 << 20, 2);
+    String p = dir + "/f";
+    try (NkOutputStream out = nk.createFile(p)) {
+      out.write(data);
+    }
+    try (NkInputStream in = nk.open(p)) {
+      long[] offsets = {1_500_000, 10, 1_048_575, 1_048_576, data.length - 3};
+      for (long at : offsets) {
+        in.seek(at);
+        assertEquals(at, in.position());
+        assertEquals(data[(int) at] & 0xff, in.read());
+        // Positional reads, heap and direct, do not move the stream.
+        byte[] b = new byte[3];
+        assertEquals(3, in.read(at - 1 < 0 ? 0 : at - 1, b, 0, 3));
+        ByteBuffer d = ByteBuffer.allocateDirect(2);
+        assertEquals(2, in.read(0, d));
+        assertEquals(data[0], d.get(0));
+        assertEquals(at + 1, in.position());
+      }
+      // A positional read is cut at the end, -1 past it.
+      byte[] tail = new byte[10];
+      assertEquals(4, in.read(data.length - 4, tail, 0, 10));
+      assertEquals(-1, in.read(data.length, tail, 0, 10));
+      // Seeking to the end is allowed, past it is not.
+      in.seek(data.length);
+      assertEquals(-1, in.read());
+      assertThrows(EOFException.class, () -> in.seek(data.length + 1));
+      assertThrows(EOFException.class, () -> in.seek(-1));
+      in.seek(5);
+      assertEquals(data[5] & 0xff, in.read());
+    }
+  }
+
+  @Test
+  public void syncPublishesWhatIsWrittenSoFarAndAppendContinues() throws Exception {
+    String p = dir + "/log";
+    NkOutputStream out = nk.createFile(p);
+    out.write("first ".getBytes(StandardCharsets.UTF_8));
+    assertEquals(0, nk.lookup(p).size());
+    out.sync();
+    assertEquals(6, nk.lookup(p).size());
+    out.close();
+    try (NkOutputStream more = nk.append(p)) {
+      assertEquals(6, more.position());
+      more.write("second".getBytes(StandardCharsets.UTF_8));
+    }
+    assertEquals("first second", new String(nk.get(p), StandardCharsets.UTF_8));
+  }
+
+  @Test
+  public void keyValuesAreReplacedWholeAndReadIntoBuffers() throws Exception {
+    nk.createContainer(dir + "/t", NodeType.TABLE, CreateOptions.defaults());
+    String k = dir + "/t/k";
+    nk.put(k, "one".getBytes(StandardCharsets.UTF_8));
+    nk.put(k, "second".getBytes(StandardCharsets.UTF_8));
+    assertEquals("second", new String(nk.get(k), StandardCharsets.UTF_8));
+    assertEquals(NodeType.KEY_VALUE, nk.lookup(k).type());
+
+    ByteBuffer direct = ByteBuffer.allocateDirect(16);
+    direct.put((byte) 9);
+    assertEquals(6, nk.get(k, direct));
+    assertEquals(7, direct.position());
+    ByteBuffer small = ByteBuffer.allocate(3);
+    assertEquals(6, nk.get(k, small)); // does not fit: nothing read
+    assertEquals(0, small.position());
+    ByteBuffer heap = ByteBuffer.allocate(6);
+    assertEquals(6, nk.get(k, heap));
+    assertEquals("second", new String(heap.array(), StandardCharsets.UTF_8));
+
+    // A direct put reads the buffer in place and leaves its position alone.
+    ByteBuffer v = ByteBuffer.allocateDirect(4).put(new byte[] {1, 2, 3, 4});
+    v.flip();
+    nk.put(k, v);
+    assertEquals(0, v.position());
+    assertArrayEquals(new byte[] {1, 2, 3, 4}, nk.get(k));
+
+    // A streamed KeyValue: the old value until close, nothing after abort.
+    NkOutputStream w = nk.createKeyValue(k, CreateOptions.defaults());
+    w.write(new byte[] {7, 7});
+    assertArrayEquals(new byte[] {1, 2, 3, 4}, nk.get(k));
+    w.close();
+    assertArrayEquals(new byte[] {7, 7}, nk.get(k));
+    NkOutputStream gone = nk.createKeyValue(dir + "/t/never", CreateOptions.defaults());
+    gone.write(1);
+    gone.abort();
+    assertFalse(nk.exists(dir + "/t/never"));
+  }
+
+  @Test
+  public void namespaceCallsListRenameAndDelete() throws Exception {
+    nk.mkdir(dir + "/a/b/c", true);
+    nk.mkdir(dir + "/a/b/c", true); // exists: fine with parents
+    for (int i = 0; i < 40; i++) {
+      file(dir + "/a/v" + i, new byte[i]);
+    }
+    List<NodeStatus> listed = nk.list(dir + "/a");
+    assertEquals(41, listed.size());
+    NodeStatus v7 =
+        listed.stream().filter(s -> s.path().equals(dir + "/a/v7")).findFirst().orElseThrow();
+    assertEquals(7, v7.size());
+    assertTrue(
+        listed.stream().anyMatch(s -> s.path().equals(dir + "/a/b") && s.isContainer()));
+    assertEquals(41, nk.enumerate(dir + "/a").size());
+
+    nk.rename(dir + "/a/v1", dir + "/a/w1");
+    assertFalse(nk.exists(dir + "/a/v1"));
+    assertEquals(1, nk.lookup(dir + "/a/w1").size());
+    assertThrows(
+        NodeKernelException.AlreadyExists.class, () -> nk.rename(dir + "/a/v2", dir + "/a/v3"));
+    nk.rename(dir + "/a/v2", dir + "/a/v3", true);
+    assertEquals(2, nk.lookup(dir + "/a/v3").size());
+
+    assertThrows(NodeKernelException.NotEmpty.class, () -> nk.delete(dir + "/a", false));
+    nk.delete(dir + "/a", true);
+    assertFalse(nk.exists(dir + "/a"));
+  }
+
+  @Test
+  public void aBagReadsAsOneStreamInListingOrder() throws Exception {
+    String bag = dir + "/bag";
+    nk.createContainer(bag, NodeType.BAG, CreateOptions.defaults());
+    StringBuilder want = new StringBuilder();
+    for (int i = 0; i < 5; i++) {
+      String part = "part" + i + ";";
+      try (NkOutputStream out = nk.createFile(bag + "/p" + i)) {
+        out.write(part.getBytes(StandardCharsets.UTF_8));
+      }
+    }
+    for (String name : nk.enumerate(bag)) {
+      want.append(new String(nk.get(bag + "/" + name), StandardCharsets.UTF_8));
+    }
+    try (NkInputStream in = nk.openBag(bag)) {
+      assertFalse(in.isSeekable());
+      assertEquals(want.length(), in.size());
+      String got = new String(in.readAllBytes(), StandardCharsets.UTF_8);
+      assertEquals(want.toString(), got);
+      assertThrows(UnsupportedOperationException.class, () -> in.seek(0));
+    }
+  }
+
+  @Test
+  public void blockLocationsCoverTheFileAndNameTheServersHost() throws Exception {
+    String p = dir + "/big";
+    int size = 5 << 20 | 7;
+    try (NkOutputStream out = nk.createFile(p, CreateOptions.defaults().local(true))) {
+      out.write(pattern(size, 3));
+    }
+    NodeStatus st = nk.lookup(p);
+    List<BlockLocation> locs = nk.blockLocations(p);
+    long bs = st.blockSize();
+    assertEquals((size + bs - 1) / bs, locs.size());
+    long covered = 0;
+    for (BlockLocation l : locs) {
+      assertEquals(covered, l.offset());
+      covered += l.length();
+      assertFalse(l.host().isEmpty());
+      assertTrue(l.address(), l.address().contains(":"));
+    }
+    assertEquals(size, covered);
+    // All blocks on the one local server, whose location is this host's.
+    assertEquals(
+        List.of(NodeKernel.localLocation()),
+        locs.stream().map(BlockLocation::host).distinct().collect(Collectors.toList()));
+    Capacity c = nk.capacity();
+    assertTrue(c.capacity() >= 1L << 30);
+    assertTrue(c.used() >= size);
+  }
+}

@@ -1,0 +1,158 @@
+package io.nodekernel;
+
+import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertNotNull;
+import static org.junit.Assert.assertThrows;
+import static org.junit.Assert.assertTrue;
+
+import java.io.IOException;
+import java.net.ServerSocket;
+import java.nio.ByteBuffer;
+import org.junit.AfterClass;
+import org.junit.BeforeClass;
+import org.junit.Test;
+
+/**
+ * A native failure never crashes the JVM: real errors, bad arguments, stale handles, closed
+ * streams and clients, a stopped cluster and even a panic in the library all arrive as Java
+ * exceptions, and the JVM goes on working.
+ */
+public class NativeFailureTest {
+  private static TestCluster cluster;
+  private static NodeKernel nk;
+
+  @BeforeClass
+  public static void start() throws Exception {
+    cluster = TestCluster.start();
+    nk = cluster.connect();
+    nk.mkdir("/nf", false);
+  }
+
+  @AfterClass
+  public static void stop() throws Exception {
+    if (nk != null) {
+      nk.close();
+    }
+    if (cluster != null) {
+      cluster.close();
+    }
+  }
+
+  @Test
+  public void realFailuresArriveAsTheirCodesClass() throws Exception {
+    assertThrows(NodeKernelException.NotFound.class, () -> nk.lookup("/nf/missing"));
+    assertThrows(NodeKernelException.NotFound.class, () -> nk.open("/nf/missing"));
+    assertThrows(NodeKernelException.NotFound.class, () -> nk.get("/nf/missing"));
+    nk.mkdir("/nf/d", false);
+    assertThrows(NodeKernelException.AlreadyExists.class, () -> nk.mkdir("/nf/d", false));
+    assertThrows(NodeKernelException.TypeMismatch.class, () -> nk.open("/nf/d"));
+    assertThrows(NodeKernelException.InvalidPath.class, () -> nk.lookup("no-slash"));
+    assertThrows(NodeKernelException.InvalidPath.class, () -> nk.mkdir("/nf/a//b", false));
+    NkOutputStream w = nk.createFile("/nf/busy");
+    assertThrows(NodeKernelException.Busy.class, () -> nk.append("/nf/busy"));
+    w.close();
+    nk.createFile("/nf/d/x").close();
+    assertThrows(NodeKernelException.NotEmpty.class, () -> nk.delete("/nf/d", false));
+  }
+
+  @Test
+  public void badArgumentsAreJavaExceptions() throws Exception {
+    assertThrows(NullPointerException.class, () -> nk.lookup(null));
+    assertThrows(IllegalArgumentException.class, () -> nk.lookup("/nf/nul\0char"));
+    assertThrows(IllegalArgumentException.class, () -> CreateOptions.defaults().storageClass(300));
+    assertThrows(IllegalArgumentException.class, () -> CreateOptions.defaults().mode(-5));
+    assertThrows(
+        IllegalArgumentException.class,
+        () -> nk.createContainer("/nf/x", NodeType.FILE, CreateOptions.defaults()));
+    // Straight at the native layer: what the Java API never passes.
+    long h = nk.handle();
+    ByteBuffer direct = ByteBuffer.allocateDirect(8);
+    assertThrows(IllegalArgumentException.class, () -> Native.put(h, "/nf/k", direct, 4, 8));
+    assertThrows(IllegalArgumentException.class, () -> Native.put(h, "/nf/k", direct, -1, 2));
+    assertThrows(
+        IllegalArgumentException.class, () -> Native.put(h, "/nf/k", ByteBuffer.allocate(8), 0, 8));
+    assertThrows(IllegalArgumentException.class, () -> Native.put(h, "/nf/k", null, 0, 0));
+    assertThrows(IllegalArgumentException.class, () -> Native.lookup(h, null));
+    assertThrows(
+        IllegalArgumentException.class,
+        () -> Native.create(h, "/nf/k", 99, -1, false, false, true, -1, 0, 0, 0));
+    assertThrows(
+        NodeKernelException.InvalidArgument.class,
+        () -> Native.create(h, "/nf/k2", 1, -1, false, false, true, -1, 0, 1, 2));
+    assertThrows(IllegalArgumentException.class, () -> Native.raise(999, "no such code"));
+  }
+
+  @Test
+  public void staleAndForgedHandlesFindNothing() {
+    for (long forged : new long[] {0, -1, 123456789L, Long.MAX_VALUE}) {
+      assertThrows(IllegalStateException.class, () -> Native.lookup(forged, "/"));
+      assertThrows(
+          IllegalStateException.class,
+          () -> Native.read(forged, ByteBuffer.allocateDirect(1), 0, 1));
+      assertThrows(
+          IllegalStateException.class,
+          () -> Native.write(forged, ByteBuffer.allocateDirect(1), 0, 1));
+      assertThrows(IllegalStateException.class, () -> Native.closeReader(forged));
+      assertThrows(IllegalStateException.class, () -> Native.disconnect(forged));
+    }
+  }
+
+  @Test
+  public void closedStreamsAndClientsRefuseWithIoExceptions() throws Exception {
+    NkOutputStream out = nk.createFile("/nf/closed");
+    out.write(new byte[] {1, 2, 3});
+    out.close();
+    out.close(); // twice: nothing
+    assertThrows(IOException.class, () -> out.write(1));
+    assertThrows(IOException.class, out::sync);
+    NkInputStream in = nk.open("/nf/closed");
+    in.close();
+    in.close();
+    assertThrows(IOException.class, in::read);
+    assertThrows(IOException.class, () -> in.seek(1));
+    assertThrows(IOException.class, () -> in.read(0, new byte[1], 0, 1));
+
+    NodeKernel other = cluster.connect();
+    NkInputStream stillOpen = other.open("/nf/closed");
+    other.close();
+    other.close();
+    assertThrows(IOException.class, () -> other.lookup("/"));
+    // A stream outlives its client.
+    assertEquals(1, stillOpen.read());
+    stillOpen.close();
+  }
+
+  @Test
+  public void aPanicInTheLibraryIsAnExceptionAndTheJvmGoesOn() throws Exception {
+    IllegalStateException e = assertThrows(IllegalStateException.class, Native::panicForTest);
+    assertTrue(e.getMessage(), e.getMessage().contains("on purpose"));
+    assertNotNull(nk.lookup("/nf"));
+  }
+
+  @Test
+  public void aClusterThatIsGoneGivesUnavailable() throws Exception {
+    int port;
+    try (ServerSocket s = new ServerSocket(0)) {
+      port = s.getLocalPort();
+    }
+    NodeKernelException refused =
+        assertThrows(
+            NodeKernelException.class,
+            () -> NodeKernel.connect("127.0.0.1:" + port, cluster.clientConfig()));
+    assertEquals(ErrorCode.UNAVAILABLE, refused.code());
+
+    try (TestCluster doomed = TestCluster.start();
+        NodeKernel c = doomed.connect()) {
+      c.createContainer("/t", NodeType.TABLE, CreateOptions.defaults());
+      c.put("/t/v", new byte[] {1});
+      NkInputStream in = c.open("/t/v");
+      doomed.stop();
+      NodeKernelException e = assertThrows(NodeKernelException.class, () -> c.lookup("/t/v"));
+      assertTrue(
+          e.code().toString(),
+          e.code() == ErrorCode.UNAVAILABLE || e.code() == ErrorCode.TIMEOUT);
+      assertThrows(NodeKernelException.class, () -> c.put("/t/w", new byte[] {2}));
+      in.close();
+    }
+  }
+}
