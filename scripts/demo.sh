@@ -4,7 +4,7 @@
 # KeyValues, a bag), reads everything back, kills the cluster with SIGKILL and
 # starts it again to show nothing closed was lost, takes a snapshot and
 # restores it, drains the DRAM server onto the file tier, uses the same cluster from Python (the nodekernel package and
-# its fsspec filesystem, in .venv), prints what it did and how long each step
+# its fsspec filesystem, in .venv) and from Java (the jars of java/), prints what it did and how long each step
 # took, then stops the cluster.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +20,7 @@ ensure_tools "nk mount, the FUSE file system" fusermount3=fuse3
 echo "== building (release) =="
 cargo build --release --bin nk
 ./scripts/python-env.sh --release
+./scripts/java.sh --release --no-tests -q
 NK="$PWD/target/release/nk"
 
 WORK=$(mktemp -d)
@@ -144,6 +145,9 @@ with fs.open("/demo/jobs/job1/report.txt", "wb") as f:
 print("  fsspec ls /demo/jobs/job1:", sorted(fs.ls("/demo/jobs/job1", detail=False)))
 print("  fsspec cat report.txt:", fs.cat("/demo/jobs/job1/report.txt"))
 PY
+
+echo "== the same cluster from Java (nodekernel-client over JNI) =="
+java -cp java/nodekernel-client/target/nodekernel-client-0.1.0.jar scripts/demo/JavaDemo.java
 
 if [[ -e /dev/fuse ]] && command -v fusermount3 >/dev/null 2>&1; then
     echo

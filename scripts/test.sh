@@ -51,3 +51,6 @@ echo "== Python package: build into .venv, ruff, pytest =="
 # test_dashboard.py loads the admin dashboard in /usr/bin/chromium through
 # playwright (never `playwright install`: Debian's Chromium is used).
 NK_REQUIRE_BROWSER=1 .venv/bin/python -m pytest crates/py/tests -q
+echo "== JVM modules: Java client, Hadoop contract suites, Spark local job, YCSB (java/) =="
+# Builds the JNI library (debug) and runs every module's tests with Maven.
+./scripts/java.sh

@@ -13,7 +13,7 @@ import java.util.Objects;
  * done (connections and the native resources go with it).
  *
  * <pre>{@code
- * try (NodeKernel nk = NodeKernel.connect("meta-host:9700")) {
+ * try (NodeKernel nk = NodeKernel.connect("meta-host:9060")) {
  *   nk.mkdir("/jobs", true);
  *   try (NkOutputStream out = nk.createFile("/jobs/part-0")) {
  *     out.write(bytes);
@@ -33,9 +33,9 @@ public final class NodeKernel implements AutoCloseable {
   }
 
   /**
-   * Connects as the command-line tools do: the metadata servers from {@code NK_META}, else the
-   * client configuration ({@code NK_CONFIG}, {@code ~/.config/nodekernel/client.toml}, {@code
-   * /etc/nodekernel/client.toml}), else {@code localhost:9700}.
+   * Connects as the command-line tools do: the metadata servers from {@code NK_META}, else those
+   * of the client configuration file {@code NK_CONFIG}, else {@code 127.0.0.1:9060}; the other
+   * settings (timeouts, security) from {@code NK_CONFIG} when set.
    */
   public static NodeKernel connect() throws IOException {
     return connect(null, null);

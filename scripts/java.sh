@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Builds the JVM modules in java/ (the Java client, the Hadoop FileSystem,
+# the YCSB binding) over the JNI library, and runs their tests.
+#
+# Usage: scripts/java.sh [--release] [--no-tests] [maven arguments...]
+#   --release   build the native library and nk in release mode (the jars
+#               then carry the optimised library); default: debug, as the
+#               tests use
+#   --no-tests  package the jars without running the tests
+#
+# Installs a JDK and Maven with apt-get when they are missing (as root).
+# The tests start clusters with target/<profile>/nk.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+profile=debug
+cargo_flags=()
+goal=verify
+mvn_args=()
+for arg in "$@"; do
+    case "$arg" in
+        --release) profile=release; cargo_flags=(--release) ;;
+        --no-tests) goal=package; mvn_args+=(-DskipTests) ;;
+        *) mvn_args+=("$arg") ;;
+    esac
+done
+
+source scripts/lib/system-deps.sh
+ensure_tools "the JVM modules (java/)" javac=openjdk-17-jdk-headless mvn=maven
+
+echo "== native library and nk ($profile) =="
+cargo build "${cargo_flags[@]}" --locked -p nodekernel-jni -p nodekernel-cli
+native="$PWD/target/$profile"
+
+echo "== Maven $goal (java/) =="
+# -ntp: no download progress lines; the first run fetches the pinned
+# dependencies from Maven Central into ~/.m2.
+mvn -B -ntp -f java/pom.xml \
+    -Dnk.native.dir="$native" -Dnk.bin="$native/nk" \
+    "${mvn_args[@]}" "$goal"
+echo "jars:"
+ls java/*/target/*.jar
