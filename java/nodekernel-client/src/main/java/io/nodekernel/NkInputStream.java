@@ -21,7 +21,7 @@ public final class NkInputStream extends InputStream {
   private final String path;
   private final long size;
   private final boolean seekable;
-  private long handle;
+  private final Handle handle;
   /** The logical position. */
   private long pos;
   /** Where the native stream stands (it moves only on native reads and seeks). */
@@ -33,7 +33,7 @@ public final class NkInputStream extends InputStream {
 
   NkInputStream(String path, long handle, long size, boolean seekable) {
     this.path = path;
-    this.handle = handle;
+    this.handle = new Handle(this, handle, Native::closeReader);
     this.size = size;
     this.seekable = seekable;
   }
@@ -58,10 +58,11 @@ public final class NkInputStream extends InputStream {
   }
 
   private long check() throws IOException {
-    if (handle == 0) {
+    long h = handle.get();
+    if (h == 0) {
       throw new IOException("Stream is closed: " + path);
     }
-    return handle;
+    return h;
   }
 
   private int buffered() {
@@ -254,14 +255,13 @@ public final class NkInputStream extends InputStream {
     return (int) Math.min(Integer.MAX_VALUE, Math.max(0, size - pos));
   }
 
-  /** Closes the stream; closing twice does nothing. */
+  /** Closes the stream; closing twice does nothing. A stream collected unclosed is closed then. */
   @Override
   public synchronized void close() {
-    if (handle != 0) {
-      long h = handle;
-      handle = 0;
-      buf = null;
-      pbuf = null;
+    long h = handle.take();
+    buf = null;
+    pbuf = null;
+    if (h != 0) {
       Native.closeReader(h);
     }
   }

@@ -11,7 +11,7 @@ import java.util.Objects;
  * first. Nothing is visible to readers before {@link #sync()} (a File) or {@link #close()}; the
  * native writer keeps several transfers in flight meanwhile.
  *
- * <p>If a write fails, the stream is poisoned: every later call throws the same failure, and
+ * <p>A stream collected unclosed is aborted. If a write fails, the stream is poisoned: every later call throws the same failure, and
  * {@link #close()} publishes nothing new (use {@link #abort()}). Not for use by several threads
  * at once (its methods are synchronized).
  */
@@ -20,13 +20,22 @@ public final class NkOutputStream extends OutputStream {
   static final int BUFFER = 64 << 10;
 
   private final String path;
-  private long handle;
+  private final Handle handle;
   private ByteBuffer buf;
   private long written;
 
   NkOutputStream(String path, long handle) {
     this.path = path;
-    this.handle = handle;
+    this.handle = new Handle(this, handle, NkOutputStream::abandon);
+  }
+
+  /** What happens to a stream collected unclosed: nothing new is published. */
+  private static void abandon(long h) {
+    try {
+      Native.closeWriter(h, true);
+    } catch (IOException | RuntimeException e) {
+      // Nobody to tell: the lease runs out on the metadata server.
+    }
   }
 
   public String path() {
@@ -35,8 +44,7 @@ public final class NkOutputStream extends OutputStream {
 
   /** Bytes accepted by this stream so far, plus the node's size when it was opened. */
   public synchronized long position() throws IOException {
-    check();
-    return Native.position(handle) + (buf == null ? 0 : buf.position());
+    return Native.position(check()) + (buf == null ? 0 : buf.position());
   }
 
   /** Bytes accepted by this stream so far. */
@@ -45,10 +53,11 @@ public final class NkOutputStream extends OutputStream {
   }
 
   private long check() throws IOException {
-    if (handle == 0) {
+    long h = handle.get();
+    if (h == 0) {
       throw new IOException("Stream is closed: " + path);
     }
-    return handle;
+    return h;
   }
 
   private ByteBuffer buffer() {
@@ -126,9 +135,8 @@ public final class NkOutputStream extends OutputStream {
    */
   @Override
   public synchronized void flush() throws IOException {
-    check();
     drain();
-    Native.flush(handle);
+    Native.flush(check());
   }
 
   /**
@@ -136,9 +144,8 @@ public final class NkOutputStream extends OutputStream {
    * size grows to it), and renews the write lease. Hadoop's {@code hflush} and {@code hsync}.
    */
   public synchronized void sync() throws IOException {
-    check();
     drain();
-    Native.sync(handle);
+    Native.sync(check());
   }
 
   /**
@@ -147,15 +154,14 @@ public final class NkOutputStream extends OutputStream {
    */
   @Override
   public synchronized void close() throws IOException {
-    if (handle == 0) {
+    if (handle.get() == 0) {
       return;
     }
-    long h = handle;
     try {
       drain();
     } catch (IOException | RuntimeException e) {
-      handle = 0;
       buf = null;
+      long h = handle.take();
       try {
         Native.closeWriter(h, true);
       } catch (IOException | RuntimeException suppressed) {
@@ -163,9 +169,8 @@ public final class NkOutputStream extends OutputStream {
       }
       throw e;
     }
-    handle = 0;
     buf = null;
-    Native.closeWriter(h, false);
+    Native.closeWriter(handle.take(), false);
   }
 
   /**
@@ -173,12 +178,10 @@ public final class NkOutputStream extends OutputStream {
    * leaves nothing behind; a File keeps what its last sync published).
    */
   public synchronized void abort() throws IOException {
-    if (handle == 0) {
-      return;
-    }
-    long h = handle;
-    handle = 0;
+    long h = handle.take();
     buf = null;
-    Native.closeWriter(h, true);
+    if (h != 0) {
+      Native.closeWriter(h, true);
+    }
   }
 }

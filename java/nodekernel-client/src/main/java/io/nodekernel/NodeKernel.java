@@ -26,10 +26,10 @@ import java.util.Objects;
  * {@link NodeKernelException.NotFound}); bad arguments are {@link IllegalArgumentException}s.
  */
 public final class NodeKernel implements AutoCloseable {
-  private volatile long handle;
+  private final Handle handle;
 
   private NodeKernel(long handle) {
-    this.handle = handle;
+    this.handle = new Handle(this, handle, Native::disconnect);
   }
 
   /**
@@ -66,7 +66,7 @@ public final class NodeKernel implements AutoCloseable {
   }
 
   long handle() throws IOException {
-    long h = handle;
+    long h = handle.get();
     if (h == 0) {
       throw new IOException("this NodeKernel client is closed");
     }
@@ -281,15 +281,12 @@ public final class NodeKernel implements AutoCloseable {
 
   /**
    * Disconnects. Calls still running finish first; later calls throw {@link IOException}.
-   * Streams opened from this client stay usable until closed. Closing twice does nothing.
+   * Streams opened from this client stay usable until closed. Closing twice does nothing; a
+   * client collected unclosed is disconnected then.
    */
   @Override
   public void close() {
-    long h;
-    synchronized (this) {
-      h = handle;
-      handle = 0;
-    }
+    long h = handle.take();
     if (h != 0) {
       Native.disconnect(h);
     }

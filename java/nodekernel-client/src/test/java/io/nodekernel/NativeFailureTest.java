@@ -8,6 +8,13 @@ import static org.junit.Assert.assertTrue;
 import java.io.IOException;
 import java.net.ServerSocket;
 import java.nio.ByteBuffer;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.Collections;
+import java.util.List;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.atomic.AtomicInteger;
 import org.junit.AfterClass;
 import org.junit.BeforeClass;
 import org.junit.Test;
@@ -120,6 +127,63 @@ public class NativeFailureTest {
     // A stream outlives its client.
     assertEquals(1, stillOpen.read());
     stillOpen.close();
+  }
+
+  @Test
+  public void threadsShareAClientAndClosingItUnderThemNeverCrashes() throws Exception {
+    NodeKernel shared = cluster.connect();
+    shared.createContainer("/nf/shared", NodeType.TABLE, CreateOptions.defaults());
+    int threads = 6;
+    AtomicInteger done = new AtomicInteger();
+    CountDownLatch started = new CountDownLatch(threads);
+    List<Throwable> unexpected =
+        Collections.synchronizedList(new ArrayList<>());
+    List<Thread> all = new ArrayList<>();
+    for (int t = 0; t < threads; t++) {
+      int id = t;
+      Thread th =
+          new Thread(
+              () -> {
+                started.countDown();
+                try {
+                  for (int i = 0; ; i++) {
+                    String k = "/nf/shared/t" + id + "-" + (i % 20);
+                    byte[] v = ("value " + id + " " + i).getBytes(StandardCharsets.UTF_8);
+                    shared.put(k, v);
+                    if (!Arrays.equals(v, shared.get(k))) {
+                      unexpected.add(new AssertionError("wrong value at " + k));
+                      return;
+                    }
+                    done.incrementAndGet();
+                  }
+                } catch (IOException e) {
+                  // Expected once the client is closed: "closed" from Java or from the library.
+                  if (!e.getMessage().contains("closed")) {
+                    unexpected.add(e);
+                  }
+                } catch (IllegalStateException e) {
+                  if (!e.getMessage().contains("closed")) {
+                    unexpected.add(e);
+                  }
+                } catch (Throwable e) {
+                  unexpected.add(e);
+                }
+              });
+      th.start();
+      all.add(th);
+    }
+    started.await();
+    while (done.get() < 200 && unexpected.isEmpty()) {
+      Thread.sleep(10);
+    }
+    shared.close();
+    for (Thread th : all) {
+      th.join(TestCluster.HANG_SECONDS * 1000);
+      assertTrue("a thread hung after the close", !th.isAlive());
+    }
+    assertTrue("unexpected failures: " + unexpected, unexpected.isEmpty());
+    // The JVM and the other clients go on.
+    assertEquals(NodeType.TABLE, nk.lookup("/nf/shared").type());
   }
 
   @Test
