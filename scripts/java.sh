@@ -28,6 +28,11 @@ done
 source scripts/lib/system-deps.sh
 ensure_tools "the JVM modules (java/)" javac=openjdk-17-jdk-headless mvn=maven
 
+if [[ $goal == verify ]]; then
+    echo "== google-java-format --check (java/) =="
+    scripts/java-format.sh --check
+fi
+
 echo "== native library and nk ($profile) =="
 cargo build "${cargo_flags[@]}" --locked -p nodekernel-jni -p nodekernel-cli
 native="$PWD/target/$profile"

@@ -49,8 +49,7 @@ public final class CreateOptions {
     if (cls < -1 || cls > 254) {
       throw new IllegalArgumentException("storage class " + cls + " is not in -1..254");
     }
-    return new CreateOptions(
-        cls, local, pinned, enumerable, mode, sizeHint, bufferSize, sliceSize);
+    return new CreateOptions(cls, local, pinned, enumerable, mode, sizeHint, bufferSize, sliceSize);
   }
 
   /**
@@ -77,15 +76,16 @@ public final class CreateOptions {
   /** Permission bits (0 to 07777), or -1 for the default (0755 containers, 0644 data). */
   public CreateOptions mode(int mode) {
     if (mode < -1 || mode > 07777) {
-      throw new IllegalArgumentException("mode " + Integer.toOctalString(mode) + " is not 0..07777");
+      throw new IllegalArgumentException(
+          "mode " + Integer.toOctalString(mode) + " is not 0..07777");
     }
     return new CreateOptions(
         storageClass, local, pinned, enumerable, mode, sizeHint, bufferSize, sliceSize);
   }
 
   /**
-   * For a KeyValue: the bytes its writer will write, when known; a small value then shares a
-   * block with other small values.
+   * For a KeyValue: the bytes its writer will write, when known; a small value then shares a block
+   * with other small values.
    */
   public CreateOptions sizeHint(long bytes) {
     if (bytes < 0) {

@@ -5,9 +5,9 @@ import java.util.concurrent.atomic.AtomicLong;
 import java.util.function.LongConsumer;
 
 /**
- * A native handle owned by one Java object: released once, by {@link #take()} (an explicit
- * close, which does the native call itself) or, if the owner is garbage collected unclosed, by
- * the cleaner with the release action given.
+ * A native handle owned by one Java object: released once, by {@link #take()} (an explicit close,
+ * which does the native call itself) or, if the owner is garbage collected unclosed, by the cleaner
+ * with the release action given.
  */
 final class Handle {
   private static final Cleaner CLEANER = Cleaner.create();

@@ -3,9 +3,9 @@ package io.nodekernel;
 import java.nio.ByteBuffer;
 
 /**
- * The native entry points (crates/jni). Handles are keys into the library's tables, never
- * pointers: a stale one raises {@link IllegalStateException}. Buffers must be direct; each call
- * reads or writes bytes {@code [off, off + len)} of the buffer in place.
+ * The native entry points (crates/jni). Handles are keys into the library's tables, never pointers:
+ * a stale one raises {@link IllegalStateException}. Buffers must be direct; each call reads or
+ * writes bytes {@code [off, off + len)} of the buffer in place.
  */
 final class Native {
   static {
@@ -53,8 +53,7 @@ final class Native {
   static native long append(long client, String path, int bufferSize, int sliceSize)
       throws NodeKernelException;
 
-  static native void delete(long client, String path, boolean recursive)
-      throws NodeKernelException;
+  static native void delete(long client, String path, boolean recursive) throws NodeKernelException;
 
   static native void rename(long client, String src, String dst, boolean replace)
       throws NodeKernelException;
@@ -78,8 +77,7 @@ final class Native {
   static native long[] openBag(long client, String path, int readsInFlight)
       throws NodeKernelException;
 
-  static native int read(long reader, ByteBuffer buf, int off, int len)
-      throws NodeKernelException;
+  static native int read(long reader, ByteBuffer buf, int off, int len) throws NodeKernelException;
 
   static native int pread(long reader, long pos, ByteBuffer buf, int off, int len)
       throws NodeKernelException;

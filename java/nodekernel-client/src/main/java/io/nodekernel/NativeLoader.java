@@ -8,9 +8,9 @@ import java.nio.file.StandardCopyOption;
 import java.util.Locale;
 
 /**
- * Loads the native library: from {@code -Dnodekernel.native.library=PATH} or {@code
- * NK_JNI_LIBRARY} when set, else from this jar ({@code io/nodekernel/native/<os>-<arch>/}),
- * copied to a temporary file that is removed once loaded.
+ * Loads the native library: from {@code -Dnodekernel.native.library=PATH} or {@code NK_JNI_LIBRARY}
+ * when set, else from this jar ({@code io/nodekernel/native/<os>-<arch>/}), copied to a temporary
+ * file that is removed once loaded.
  */
 final class NativeLoader {
   static final String PROPERTY = "nodekernel.native.library";

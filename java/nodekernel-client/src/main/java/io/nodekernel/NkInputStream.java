@@ -7,10 +7,10 @@ import java.nio.ByteBuffer;
 import java.util.Objects;
 
 /**
- * Reads a File or KeyValue (or a whole Bag). Reads into direct {@link ByteBuffer}s go straight
- * from storage into the buffer; reads into heap arrays go through a direct buffer of the stream's
- * own. Positional reads ({@link #read(long, ByteBuffer)}) do not move the stream. Not for use by
- * several threads at once (its methods are synchronized, so misuse is slow, not wrong).
+ * Reads a File or KeyValue (or a whole Bag). Reads into direct {@link ByteBuffer}s go straight from
+ * storage into the buffer; reads into heap arrays go through a direct buffer of the stream's own.
+ * Positional reads ({@link #read(long, ByteBuffer)}) do not move the stream. Not for use by several
+ * threads at once (its methods are synchronized, so misuse is slow, not wrong).
  *
  * <p>The stream sees the node's size as of its opening. A Bag stream is sequential only.
  */
@@ -22,10 +22,13 @@ public final class NkInputStream extends InputStream {
   private final long size;
   private final boolean seekable;
   private final Handle handle;
+
   /** The logical position. */
   private long pos;
+
   /** Where the native stream stands (it moves only on native reads and seeks). */
   private long nativePos;
+
   /** Read-ahead for heap reads: bytes {@code [buf.position(), buf.limit())} are at {@code pos}. */
   private ByteBuffer buf;
 
@@ -119,9 +122,8 @@ public final class NkInputStream extends InputStream {
   }
 
   /**
-   * Reads up to {@code dst.remaining()} bytes at the stream's position into {@code dst},
-   * advancing both; -1 at the end, 0 if {@code dst} has no room. A direct buffer is filled in
-   * place.
+   * Reads up to {@code dst.remaining()} bytes at the stream's position into {@code dst}, advancing
+   * both; -1 at the end, 0 if {@code dst} has no room. A direct buffer is filled in place.
    */
   public synchronized int read(ByteBuffer dst) throws IOException {
     check();
@@ -155,8 +157,8 @@ public final class NkInputStream extends InputStream {
   }
 
   /**
-   * Reads up to {@code dst.remaining()} bytes at {@code position} into {@code dst} without
-   * moving the stream; -1 if {@code position} is at or past the end.
+   * Reads up to {@code dst.remaining()} bytes at {@code position} into {@code dst} without moving
+   * the stream; -1 if {@code position} is at or past the end.
    */
   public synchronized int read(long position, ByteBuffer dst) throws IOException {
     check();
@@ -198,8 +200,8 @@ public final class NkInputStream extends InputStream {
   }
 
   /**
-   * Moves the stream to {@code to}, which may be the end but not past it ({@link EOFException}).
-   * A Bag stream cannot seek.
+   * Moves the stream to {@code to}, which may be the end but not past it ({@link EOFException}). A
+   * Bag stream cannot seek.
    */
   public synchronized void seek(long to) throws IOException {
     check();
@@ -208,7 +210,12 @@ public final class NkInputStream extends InputStream {
     }
     if (to > size) {
       throw new EOFException(
-          "Attempted to seek or read past the end of the file: " + to + " > " + size + " in " + path);
+          "Attempted to seek or read past the end of the file: "
+              + to
+              + " > "
+              + size
+              + " in "
+              + path);
     }
     if (to == pos) {
       return;

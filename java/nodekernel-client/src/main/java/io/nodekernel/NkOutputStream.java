@@ -6,14 +6,14 @@ import java.nio.ByteBuffer;
 import java.util.Objects;
 
 /**
- * Writes a File or KeyValue. Writes from direct {@link ByteBuffer}s go straight from the buffer
- * to storage; small writes and heap arrays are gathered in a direct buffer of the stream's own
- * first. Nothing is visible to readers before {@link #sync()} (a File) or {@link #close()}; the
- * native writer keeps several transfers in flight meanwhile.
+ * Writes a File or KeyValue. Writes from direct {@link ByteBuffer}s go straight from the buffer to
+ * storage; small writes and heap arrays are gathered in a direct buffer of the stream's own first.
+ * Nothing is visible to readers before {@link #sync()} (a File) or {@link #close()}; the native
+ * writer keeps several transfers in flight meanwhile.
  *
- * <p>A stream collected unclosed is aborted. If a write fails, the stream is poisoned: every later call throws the same failure, and
- * {@link #close()} publishes nothing new (use {@link #abort()}). Not for use by several threads
- * at once (its methods are synchronized).
+ * <p>A stream collected unclosed is aborted. If a write fails, the stream is poisoned: every later
+ * call throws the same failure, and {@link #close()} publishes nothing new (use {@link #abort()}).
+ * Not for use by several threads at once (its methods are synchronized).
  */
 public final class NkOutputStream extends OutputStream {
   /** Bytes gathered before they go to the native writer. */
@@ -130,8 +130,8 @@ public final class NkOutputStream extends OutputStream {
   }
 
   /**
-   * Hands buffered bytes on and waits until every byte written so far is stored; they are not
-   * yet visible to readers (see {@link #sync()}).
+   * Hands buffered bytes on and waits until every byte written so far is stored; they are not yet
+   * visible to readers (see {@link #sync()}).
    */
   @Override
   public synchronized void flush() throws IOException {
@@ -140,8 +140,8 @@ public final class NkOutputStream extends OutputStream {
   }
 
   /**
-   * Makes every byte written so far durable in the cluster and visible to readers (the File's
-   * size grows to it), and renews the write lease. Hadoop's {@code hflush} and {@code hsync}.
+   * Makes every byte written so far durable in the cluster and visible to readers (the File's size
+   * grows to it), and renews the write lease. Hadoop's {@code hflush} and {@code hsync}.
    */
   public synchronized void sync() throws IOException {
     drain();
@@ -149,8 +149,8 @@ public final class NkOutputStream extends OutputStream {
   }
 
   /**
-   * Publishes everything and releases the node. After a failure the node keeps what its last
-   * sync published. Closing twice does nothing.
+   * Publishes everything and releases the node. After a failure the node keeps what its last sync
+   * published. Closing twice does nothing.
    */
   @Override
   public synchronized void close() throws IOException {

@@ -8,9 +8,9 @@ import java.util.List;
 import java.util.Objects;
 
 /**
- * A connection to a NodeKernel cluster: the Java face of the Rust client (through JNI; Java
- * never speaks the protocol itself). Thread-safe; many threads may call at once. Close it when
- * done (connections and the native resources go with it).
+ * A connection to a NodeKernel cluster: the Java face of the Rust client (through JNI; Java never
+ * speaks the protocol itself). Thread-safe; many threads may call at once. Close it when done
+ * (connections and the native resources go with it).
  *
  * <pre>{@code
  * try (NodeKernel nk = NodeKernel.connect("meta-host:9060")) {
@@ -33,8 +33,8 @@ public final class NodeKernel implements AutoCloseable {
   }
 
   /**
-   * Connects as the command-line tools do: the metadata servers from {@code NK_META}, else those
-   * of the client configuration file {@code NK_CONFIG}, else {@code 127.0.0.1:9060}; the other
+   * Connects as the command-line tools do: the metadata servers from {@code NK_META}, else those of
+   * the client configuration file {@code NK_CONFIG}, else {@code 127.0.0.1:9060}; the other
    * settings (timeouts, security) from {@code NK_CONFIG} when set.
    */
   public static NodeKernel connect() throws IOException {
@@ -42,16 +42,16 @@ public final class NodeKernel implements AutoCloseable {
   }
 
   /**
-   * Connects to the metadata servers {@code meta} ({@code host:port}, comma-separated for
-   * several partitions, in partition order), or as {@link #connect()} when null.
+   * Connects to the metadata servers {@code meta} ({@code host:port}, comma-separated for several
+   * partitions, in partition order), or as {@link #connect()} when null.
    */
   public static NodeKernel connect(String meta) throws IOException {
     return connect(meta, null);
   }
 
   /**
-   * Connects with the client configuration file {@code configFile} (TOML: {@code [client]},
-   * {@code [security]}, ...); {@code meta}, when not null, overrides its server list.
+   * Connects with the client configuration file {@code configFile} (TOML: {@code [client]}, {@code
+   * [security]}, ...); {@code meta}, when not null, overrides its server list.
    */
   public static NodeKernel connect(String meta, String configFile) throws IOException {
     return new NodeKernel(Native.connect(meta, configFile));
@@ -103,8 +103,8 @@ public final class NodeKernel implements AutoCloseable {
   }
 
   /**
-   * A container's children with their status, looked up together (children removed meanwhile
-   * are left out).
+   * A container's children with their status, looked up together (children removed meanwhile are
+   * left out).
    */
   public List<NodeStatus> list(String path) throws IOException {
     Object[] pair = Native.list(handle(), path(path));
@@ -129,8 +129,8 @@ public final class NodeKernel implements AutoCloseable {
   }
 
   /**
-   * Atomically moves {@code src} to {@code dst}; with {@code replace}, an existing {@code dst}
-   * of the same kind (data node, or empty container) is replaced in the same step.
+   * Atomically moves {@code src} to {@code dst}; with {@code replace}, an existing {@code dst} of
+   * the same kind (data node, or empty container) is replaced in the same step.
    */
   public void rename(String src, String dst, boolean replace) throws IOException {
     Native.rename(handle(), path(src), path(dst), replace);
@@ -227,9 +227,9 @@ public final class NodeKernel implements AutoCloseable {
   }
 
   /**
-   * Reads the value at {@code path} into {@code dst} (a direct buffer in place) if it fits in
-   * its remaining bytes, advancing its position; returns the value's size either way, so a
-   * result above {@code dst.remaining()} means nothing was read.
+   * Reads the value at {@code path} into {@code dst} (a direct buffer in place) if it fits in its
+   * remaining bytes, advancing its position; returns the value's size either way, so a result above
+   * {@code dst.remaining()} means nothing was read.
    */
   public long get(String path, ByteBuffer dst) throws IOException {
     if (dst.isReadOnly()) {
@@ -280,9 +280,9 @@ public final class NodeKernel implements AutoCloseable {
   }
 
   /**
-   * Disconnects. Calls still running finish first; later calls throw {@link IOException}.
-   * Streams opened from this client stay usable until closed. Closing twice does nothing; a
-   * client collected unclosed is disconnected then.
+   * Disconnects. Calls still running finish first; later calls throw {@link IOException}. Streams
+   * opened from this client stay usable until closed. Closing twice does nothing; a client
+   * collected unclosed is disconnected then.
    */
   @Override
   public void close() {

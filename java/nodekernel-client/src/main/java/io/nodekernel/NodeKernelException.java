@@ -3,9 +3,9 @@ package io.nodekernel;
 import java.io.IOException;
 
 /**
- * A NodeKernel call failed. Each {@link ErrorCode} has its subclass, nested here under the
- * code's wire name ({@code NodeKernelException.NotFound}, ...), so callers catch exactly
- * what they handle; the message names the path and the rule, as everywhere in NodeKernel.
+ * A NodeKernel call failed. Each {@link ErrorCode} has its subclass, nested here under the code's
+ * wire name ({@code NodeKernelException.NotFound}, ...), so callers catch exactly what they handle;
+ * the message names the path and the rule, as everywhere in NodeKernel.
  */
 public class NodeKernelException extends IOException {
   private final ErrorCode code;

@@ -3,8 +3,8 @@ package io.nodekernel;
 import java.nio.ByteBuffer;
 
 /**
- * A direct buffer per thread for moving heap bytes to and from the native library (which only
- * takes direct buffers). Bigger requests get a buffer of their own, dropped after use.
+ * A direct buffer per thread for moving heap bytes to and from the native library (which only takes
+ * direct buffers). Bigger requests get a buffer of their own, dropped after use.
  */
 final class Scratch {
   /** The largest buffer a thread keeps. */

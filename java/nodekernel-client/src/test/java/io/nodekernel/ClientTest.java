@@ -205,8 +205,7 @@ public class ClientTest {
     NodeStatus v7 =
         listed.stream().filter(s -> s.path().equals(dir + "/a/v7")).findFirst().orElseThrow();
     assertEquals(7, v7.size());
-    assertTrue(
-        listed.stream().anyMatch(s -> s.path().equals(dir + "/a/b") && s.isContainer()));
+    assertTrue(listed.stream().anyMatch(s -> s.path().equals(dir + "/a/b") && s.isContainer()));
     assertEquals(41, nk.enumerate(dir + "/a").size());
 
     nk.rename(dir + "/a/v1", dir + "/a/w1");

@@ -13,8 +13,8 @@ import org.junit.runners.Parameterized;
 import org.junit.runners.Parameterized.Parameters;
 
 /**
- * Every error code, raised by the native library the way a failing call raises it, arrives as
- * its own exception class carrying the code and the message (one test per code).
+ * Every error code, raised by the native library the way a failing call raises it, arrives as its
+ * own exception class carrying the code and the message (one test per code).
  */
 @RunWith(Parameterized.class)
 public class ErrorMappingTest {
@@ -42,8 +42,7 @@ public class ErrorMappingTest {
     } catch (NodeKernelException e) {
       assertSame(code, e.code());
       assertEquals(message, e.getMessage());
-      assertEquals(
-          "io.nodekernel.NodeKernelException$" + code.wireName(), e.getClass().getName());
+      assertEquals("io.nodekernel.NodeKernelException$" + code.wireName(), e.getClass().getName());
       // The Java-side factory gives the same class.
       assertSame(e.getClass(), NodeKernelException.of(code, "x").getClass());
       assertTrue(e instanceof java.io.IOException);

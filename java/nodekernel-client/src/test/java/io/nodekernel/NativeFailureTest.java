@@ -20,9 +20,9 @@ import org.junit.BeforeClass;
 import org.junit.Test;
 
 /**
- * A native failure never crashes the JVM: real errors, bad arguments, stale handles, closed
- * streams and clients, a stopped cluster and even a panic in the library all arrive as Java
- * exceptions, and the JVM goes on working.
+ * A native failure never crashes the JVM: real errors, bad arguments, stale handles, closed streams
+ * and clients, a stopped cluster and even a panic in the library all arrive as Java exceptions, and
+ * the JVM goes on working.
  */
 public class NativeFailureTest {
   private static TestCluster cluster;
@@ -136,8 +136,7 @@ public class NativeFailureTest {
     int threads = 6;
     AtomicInteger done = new AtomicInteger();
     CountDownLatch started = new CountDownLatch(threads);
-    List<Throwable> unexpected =
-        Collections.synchronizedList(new ArrayList<>());
+    List<Throwable> unexpected = Collections.synchronizedList(new ArrayList<>());
     List<Thread> all = new ArrayList<>();
     for (int t = 0; t < threads; t++) {
       int id = t;
@@ -213,8 +212,7 @@ public class NativeFailureTest {
       doomed.stop();
       NodeKernelException e = assertThrows(NodeKernelException.class, () -> c.lookup("/t/v"));
       assertTrue(
-          e.code().toString(),
-          e.code() == ErrorCode.UNAVAILABLE || e.code() == ErrorCode.TIMEOUT);
+          e.code().toString(), e.code() == ErrorCode.UNAVAILABLE || e.code() == ErrorCode.TIMEOUT);
       assertThrows(NodeKernelException.class, () -> c.put("/t/w", new byte[] {2}));
       in.close();
     }

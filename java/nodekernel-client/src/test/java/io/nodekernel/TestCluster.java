@@ -13,9 +13,9 @@ import java.util.regex.Pattern;
 import java.util.stream.Stream;
 
 /**
- * A real NodeKernel cluster for tests: {@code nk up} on port 0 with its own data directory, and
- * a client configuration whose timeout only catches hangs. The binary is {@code -Dnk.bin} (set
- * by the build), else {@code NK_BIN}, else {@code target/debug/nk} of the workspace.
+ * A real NodeKernel cluster for tests: {@code nk up} on port 0 with its own data directory, and a
+ * client configuration whose timeout only catches hangs. The binary is {@code -Dnk.bin} (set by the
+ * build), else {@code NK_BIN}, else {@code target/debug/nk} of the workspace.
  */
 public final class TestCluster implements AutoCloseable {
   /** Every wait here only catches a hang. */
@@ -46,16 +46,14 @@ public final class TestCluster implements AutoCloseable {
             "--data-dir",
             dir.resolve("data").toString()));
     cmd.addAll(extra);
-    proc =
-        new ProcessBuilder(cmd)
-            .redirectErrorStream(true)
-            .redirectOutput(log.toFile())
-            .start();
+    proc = new ProcessBuilder(cmd).redirectErrorStream(true).redirectOutput(log.toFile()).start();
     meta = waitFor(META);
     waitFor(Pattern.compile("export NK_META="));
     clientConfig = dir.resolve("client.toml");
     Files.writeString(
-        clientConfig, "[client]\ntimeout_ms = " + HANG_SECONDS * 1000 + "\n", StandardCharsets.UTF_8);
+        clientConfig,
+        "[client]\ntimeout_ms = " + HANG_SECONDS * 1000 + "\n",
+        StandardCharsets.UTF_8);
     Process status =
         new ProcessBuilder(
                 binary(), "status", "--wait", "--timeout", "" + HANG_SECONDS, "--meta", meta)

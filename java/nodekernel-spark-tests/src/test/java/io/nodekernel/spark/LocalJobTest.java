@@ -32,9 +32,9 @@ import org.junit.BeforeClass;
 import org.junit.Test;
 
 /**
- * A Spark job in local mode ({@code local[2]}) reads its input from and writes its output to
- * {@code nk://} through the Hadoop FileSystem, and gives the same results as the same job on the
- * local file system (and as the counts computed here without Spark).
+ * A Spark job in local mode ({@code local[2]}) reads its input from and writes its output to {@code
+ * nk://} through the Hadoop FileSystem, and gives the same results as the same job on the local
+ * file system (and as the counts computed here without Spark).
  */
 public class LocalJobTest {
   private static final String[] WORDS = {
