@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 version=1.28.0
 jar="$HOME/.m2/repository/com/google/googlejavaformat/google-java-format/$version/google-java-format-$version-all-deps.jar"
 if [[ ! -f $jar ]]; then
-    mvn -B -ntp -q org.apache.maven.plugins:maven-dependency-plugin:3.8.1:get \
+    mvn -B -ntp -q -Dstyle.color=never org.apache.maven.plugins:maven-dependency-plugin:3.8.1:get \
         -Dartifact="com.google.googlejavaformat:google-java-format:$version:jar:all-deps"
 fi
 mapfile -t files < <(git ls-files 'java/*.java' 'scripts/*.java')

@@ -40,7 +40,7 @@ native="$PWD/target/$profile"
 echo "== Maven $goal (java/) =="
 # -ntp: no download progress lines; the first run fetches the pinned
 # dependencies from Maven Central into ~/.m2.
-mvn -B -ntp -f java/pom.xml \
+mvn -B -ntp -Dstyle.color=never -f java/pom.xml \
     -Dnk.native.dir="$native" -Dnk.bin="$native/nk" \
     "${mvn_args[@]}" "$goal"
 echo "jars:"
