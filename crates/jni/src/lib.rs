@@ -11,7 +11,7 @@
 //! thread still uses it finishes that call first.
 //!
 //! **Failures never cross as panics.** Every entry point runs inside
-//! [`call`]: a client error becomes the `NodeKernelException` subclass of
+//! `call`: a client error becomes the `NodeKernelException` subclass of
 //! its code (`io.nodekernel.NodeKernelException$<CodeName>`), a bad
 //! argument an `IllegalArgumentException`, and a panic (a bug) an
 //! `IllegalStateException` naming it, so the JVM keeps running.
