@@ -1,5 +1,7 @@
 package io.nodekernel.hadoop;
 
+import static org.apache.hadoop.fs.impl.PathCapabilitiesSupport.validatePathCapabilityArgs;
+
 import io.nodekernel.Capacity;
 import io.nodekernel.CreateOptions;
 import io.nodekernel.NkOutputStream;
@@ -29,8 +31,6 @@ import org.apache.hadoop.fs.PathIsNotEmptyDirectoryException;
 import org.apache.hadoop.fs.permission.FsPermission;
 import org.apache.hadoop.security.UserGroupInformation;
 import org.apache.hadoop.util.Progressable;
-
-import static org.apache.hadoop.fs.impl.PathCapabilitiesSupport.validatePathCapabilityArgs;
 
 /**
  * Hadoop's view of a NodeKernel cluster: the {@code nk} scheme.
@@ -590,7 +590,10 @@ public class NodeKernelFileSystem extends FileSystem {
     }
   }
 
-  /** Closes the file system, then its NodeKernel client; streams already open stay usable until they close. */
+  /**
+   * Closes the file system, then its NodeKernel client; streams already open stay usable until
+   * they close.
+   */
   @Override
   public void close() throws IOException {
     try {
