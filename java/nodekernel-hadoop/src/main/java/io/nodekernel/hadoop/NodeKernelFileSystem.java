@@ -464,7 +464,9 @@ public class NodeKernelFileSystem extends FileSystem {
     }
     CreateOptions options = CreateOptions.defaults();
     if (permission != null) {
-      options = options.mode(permission.toShort() & 07777);
+      // As HDFS: the client's umask (fs.permissions.umask-mode) applies to new directories.
+      options =
+          options.mode(permission.applyUMask(FsPermission.getUMask(getConf())).toShort() & 07777);
     }
     boolean madeParents = false;
     while (true) {

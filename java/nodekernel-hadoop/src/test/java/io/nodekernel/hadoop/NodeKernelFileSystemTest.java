@@ -29,6 +29,7 @@ import org.apache.hadoop.fs.ParentNotDirectoryException;
 import org.apache.hadoop.fs.Path;
 import org.apache.hadoop.fs.PathIsNotEmptyDirectoryException;
 import org.apache.hadoop.fs.StreamCapabilities;
+import org.apache.hadoop.fs.permission.FsPermission;
 import org.junit.After;
 import org.junit.Before;
 import org.junit.Test;
@@ -257,6 +258,16 @@ public class NodeKernelFileSystemTest {
     FileStatus[] self = fs.listStatus(kvs[0].getPath());
     assertEquals(1, self.length);
     assertEquals(kvs[0].getPath(), self[0].getPath());
+  }
+
+  @Test
+  public void newNodesTakeTheUmaskedMode() throws IOException {
+    Path sub = new Path(dir, "sub");
+    assertTrue(fs.mkdirs(sub)); // 0777 less the default umask 022
+    assertEquals(new FsPermission((short) 0755), fs.getFileStatus(sub).getPermission());
+    Path file = new Path(sub, "file");
+    write(file, bytes(1)); // 0666 less 022
+    assertEquals(new FsPermission((short) 0644), fs.getFileStatus(file).getPermission());
   }
 
   @Test
