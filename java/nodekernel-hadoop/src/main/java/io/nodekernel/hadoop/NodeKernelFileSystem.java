@@ -35,26 +35,27 @@ import org.apache.hadoop.util.Progressable;
 /**
  * Hadoop's view of a NodeKernel cluster: the {@code nk} scheme.
  *
- * <p>{@code nk://host:port/path} names the metadata server {@code host:port}; {@code
- * fs.nk.meta} (a comma list, one per metadata partition in partition order) overrides it, and
- * {@code nk:///path} takes the servers from {@code fs.nk.meta}, else from the client defaults
- * ({@code NK_META}, the client configuration file). {@code fs.nk.config} names a client
- * configuration file (TOML). Each instance holds one NodeKernel client; {@link #close()} closes
- * it.
+ * <p>{@code nk://host:port/path} names the metadata server {@code host:port}; {@code fs.nk.meta} (a
+ * comma list, one per metadata partition in partition order) overrides it, and {@code nk:///path}
+ * takes the servers from {@code fs.nk.meta}, else from the client defaults ({@code NK_META}, the
+ * client configuration file). {@code fs.nk.config} names a client configuration file (TOML). Each
+ * instance holds one NodeKernel client; {@link #close()} closes it.
  *
  * <p>Node types: Directories, Tables and Bags are directories; Files and KeyValues are files
- * (KeyValues read only; they are written through NodeKernel's KV interface). Files are written
- * by one writer at a time and readers see the bytes of the writer's last {@code hflush}/{@code
+ * (KeyValues read only; they are written through NodeKernel's KV interface). Files are written by
+ * one writer at a time and readers see the bytes of the writer's last {@code hflush}/{@code
  * hsync}/{@code close}. {@code create} with {@code overwrite} deletes the old File first (not one
  * atomic step). {@code rename} follows HDFS: into an existing directory, {@code false} when the
- * source is missing, the destination exists as a file or its parent is missing. There is no
- * {@code concat}, {@code truncate}, {@code setPermission}, {@code setOwner} or {@code setTimes}.
+ * source is missing, the destination exists as a file or its parent is missing. There is no {@code
+ * concat}, {@code truncate}, {@code setPermission}, {@code setOwner} or {@code setTimes}.
  */
 public class NodeKernelFileSystem extends FileSystem {
   /** The URI scheme. */
   public static final String SCHEME = "nk";
+
   /** Metadata servers, {@code host:port[,host:port...]}; overrides the URI's authority. */
   public static final String META_KEY = "fs.nk.meta";
+
   /** A client configuration file (TOML), as the command-line tools take. */
   public static final String CONFIG_KEY = "fs.nk.config";
 
@@ -150,8 +151,8 @@ public class NodeKernelFileSystem extends FileSystem {
   }
 
   /**
-   * The node at {@code path}, or null if there is none (NodeKernel answers TypeMismatch for a
-   * path under a File: nothing is there either).
+   * The node at {@code path}, or null if there is none (NodeKernel answers TypeMismatch for a path
+   * under a File: nothing is there either).
    */
   private NodeStatus lookupOrNull(String path) throws IOException {
     try {
@@ -227,8 +228,8 @@ public class NodeKernelFileSystem extends FileSystem {
   // ---- writing ----
 
   /**
-   * Creates a File, and its missing parents as HDFS does. With {@code overwrite}, an existing
-   * File is deleted first (two steps: a reader may see no file in between); a directory is never
+   * Creates a File, and its missing parents as HDFS does. With {@code overwrite}, an existing File
+   * is deleted first (two steps: a reader may see no file in between); a directory is never
    * overwritten. The block size, replication and buffer size are the cluster's own; {@code
    * permission} becomes the File's mode.
    */
@@ -316,9 +317,9 @@ public class NodeKernelFileSystem extends FileSystem {
   }
 
   /**
-   * A create at {@code p} failed with TypeMismatch: a {@link ParentNotDirectoryException} if
-   * the nearest existing ancestor is a file, else NodeKernel's own reason (a Table
-   * holds only KeyValues, a Bag only Files).
+   * A create at {@code p} failed with TypeMismatch: a {@link ParentNotDirectoryException} if the
+   * nearest existing ancestor is a file, else NodeKernel's own reason (a Table holds only
+   * KeyValues, a Bag only Files).
    */
   private IOException parentNotDirectory(String p, NodeKernelException e) throws IOException {
     String ancestor = parentOf(p);
@@ -357,10 +358,10 @@ public class NodeKernelFileSystem extends FileSystem {
   // ---- namespace ----
 
   /**
-   * Moves {@code src} to {@code dst} in one atomic step, HDFS-style: if {@code dst} is a
-   * directory, into it; {@code false} if {@code src} is missing, {@code dst} exists as a file,
-   * its parent is missing or not a directory, or {@code dst} lies under {@code src}. Across
-   * metadata partitions NodeKernel refuses the move ({@link IOException}).
+   * Moves {@code src} to {@code dst} in one atomic step, HDFS-style: if {@code dst} is a directory,
+   * into it; {@code false} if {@code src} is missing, {@code dst} exists as a file, its parent is
+   * missing or not a directory, or {@code dst} lies under {@code src}. Across metadata partitions
+   * NodeKernel refuses the move ({@link IOException}).
    */
   @Override
   public boolean rename(Path src, Path dst) throws IOException {
@@ -406,8 +407,8 @@ public class NodeKernelFileSystem extends FileSystem {
 
   /**
    * Deletes a node; a non-empty directory only with {@code recursive} ({@link
-   * PathIsNotEmptyDirectoryException} otherwise). {@code false} if nothing was there; the root
-   * is never deleted.
+   * PathIsNotEmptyDirectoryException} otherwise). {@code false} if nothing was there; the root is
+   * never deleted.
    */
   @Override
   public boolean delete(Path f, boolean recursive) throws IOException {
@@ -426,8 +427,8 @@ public class NodeKernelFileSystem extends FileSystem {
   }
 
   /**
-   * A directory's children (one NodeKernel call), or the file itself; a non-enumerable Table
-   * lists as empty.
+   * A directory's children (one NodeKernel call), or the file itself; a non-enumerable Table lists
+   * as empty.
    */
   @Override
   public FileStatus[] listStatus(Path f) throws IOException {
@@ -448,8 +449,8 @@ public class NodeKernelFileSystem extends FileSystem {
   }
 
   /**
-   * Creates a directory and its missing parents; {@code true} if it exists afterwards. A file
-   * in the way is a {@link FileAlreadyExistsException} (at the path) or {@link
+   * Creates a directory and its missing parents; {@code true} if it exists afterwards. A file in
+   * the way is a {@link FileAlreadyExistsException} (at the path) or {@link
    * ParentNotDirectoryException} (above it).
    */
   @Override
@@ -511,9 +512,8 @@ public class NodeKernelFileSystem extends FileSystem {
   // ---- cluster ----
 
   /**
-   * Where the File's blocks lie, one location per NodeKernel block overlapping {@code [start,
-   * start + len)}: host = the storage server's host (as schedulers name hosts), name = its data
-   * address.
+   * Where the File's blocks lie, one location per NodeKernel block overlapping {@code [start, start
+   * + len)}: host = the storage server's host (as schedulers name hosts), name = its data address.
    */
   @Override
   public BlockLocation[] getFileBlockLocations(FileStatus file, long start, long len)
@@ -593,8 +593,8 @@ public class NodeKernelFileSystem extends FileSystem {
   }
 
   /**
-   * Closes the file system, then its NodeKernel client; streams already open stay usable until
-   * they close.
+   * Closes the file system, then its NodeKernel client; streams already open stay usable until they
+   * close.
    */
   @Override
   public void close() throws IOException {

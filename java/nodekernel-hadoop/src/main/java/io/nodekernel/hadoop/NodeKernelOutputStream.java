@@ -10,9 +10,9 @@ import org.apache.hadoop.fs.Syncable;
 /**
  * Writes a NodeKernel File for Hadoop. {@link #hflush()} and {@link #hsync()} both publish: every
  * byte written so far becomes durable in the cluster and visible to new readers (NodeKernel's
- * {@code sync}; there is no weaker "visible but not stored" step). {@link #flush()} only hands
- * the buffered bytes to the native writer, which sends them while the caller goes on; it makes
- * nothing visible (Hadoop promises nothing more for {@code flush}).
+ * {@code sync}; there is no weaker "visible but not stored" step). {@link #flush()} only hands the
+ * buffered bytes to the native writer, which sends them while the caller goes on; it makes nothing
+ * visible (Hadoop promises nothing more for {@code flush}).
  */
 public final class NodeKernelOutputStream extends OutputStream
     implements Syncable, StreamCapabilities {

@@ -7,8 +7,8 @@ import org.apache.hadoop.fs.Path;
 import org.apache.hadoop.fs.contract.AbstractFSContract;
 
 /**
- * The contract of {@code nk://}: the options of {@code contract/nodekernel.xml}, over the
- * shared test cluster, with test files under {@code /test}.
+ * The contract of {@code nk://}: the options of {@code contract/nodekernel.xml}, over the shared
+ * test cluster, with test files under {@code /test}.
  */
 public class NodeKernelContract extends AbstractFSContract {
   /** The contract options resource. */

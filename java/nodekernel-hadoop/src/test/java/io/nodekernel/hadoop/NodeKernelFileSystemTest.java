@@ -180,13 +180,13 @@ public class NodeKernelFileSystemTest {
     assertThrows(FileAlreadyExistsException.class, () -> fs.mkdirs(file));
     assertThrows(FileAlreadyExistsException.class, () -> fs.create(dir, true));
     assertThrows(ParentNotDirectoryException.class, () -> fs.create(new Path(file, "child")));
-    assertThrows(
-        ParentNotDirectoryException.class, () -> fs.mkdirs(new Path(file, "a/b")));
+    assertThrows(ParentNotDirectoryException.class, () -> fs.mkdirs(new Path(file, "a/b")));
     assertThrows(FileNotFoundException.class, () -> fs.open(dir));
     assertThrows(
         FileNotFoundException.class,
-        () -> fs.createNonRecursive(new Path(dir, "no/parent"), true, 4096, (short) 1, 1 << 20,
-            null));
+        () ->
+            fs.createNonRecursive(
+                new Path(dir, "no/parent"), true, 4096, (short) 1, 1 << 20, null));
 
     PathIsNotEmptyDirectoryException notEmpty =
         assertThrows(PathIsNotEmptyDirectoryException.class, () -> fs.delete(dir, false));

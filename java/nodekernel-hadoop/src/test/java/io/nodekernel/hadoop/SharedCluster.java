@@ -7,8 +7,8 @@ import java.net.URI;
 import org.apache.hadoop.conf.Configuration;
 
 /**
- * One NodeKernel cluster for all the tests of this JVM: started on first use, stopped by a
- * shutdown hook (the contract suites make a new contract per test method).
+ * One NodeKernel cluster for all the tests of this JVM: started on first use, stopped by a shutdown
+ * hook (the contract suites make a new contract per test method).
  */
 final class SharedCluster {
   private static TestCluster cluster;
