@@ -13,8 +13,11 @@ import java.io.FileNotFoundException;
 import java.io.IOException;
 import java.net.URI;
 import java.util.ArrayList;
+import java.util.Comparator;
 import java.util.EnumSet;
+import java.util.HashMap;
 import java.util.List;
+import java.util.Map;
 import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.BlockLocation;
 import org.apache.hadoop.fs.CommonPathCapabilities;
@@ -59,14 +62,23 @@ public class NodeKernelFileSystem extends FileSystem {
   /** A client configuration file (TOML), as the command-line tools take. */
   public static final String CONFIG_KEY = "fs.nk.config";
 
-  private static final int DEFAULT_BLOCK_SIZE = 1 << 20;
+  /**
+   * The block size Hadoop sees ({@link FileStatus#getBlockSize()}, {@link
+   * #getDefaultBlockSize(Path)}, the unit of {@link #getFileBlockLocations}): the split unit of
+   * {@code FileInputFormat}. NodeKernel's own blocks (1 MiB by default) would make one task per
+   * MiB; each reported block names the hosts holding most of its bytes.
+   */
+  public static final String BLOCK_SIZE_KEY = "fs.nk.block.size";
+
+  /** {@value} bytes (128 MiB), HDFS's default. */
+  public static final long DEFAULT_BLOCK_SIZE = 128L << 20;
 
   private URI uri;
   private NodeKernel nk;
   private Path workingDir;
   private String user;
   private String group;
-  private volatile long blockSize;
+  private long blockSize;
 
   /** Hadoop makes instances through {@link FileSystem#get}; call {@link #initialize} next. */
   public NodeKernelFileSystem() {}
@@ -88,6 +100,11 @@ public class NodeKernelFileSystem extends FileSystem {
     String meta = conf.getTrimmed(META_KEY, "");
     if (meta.isEmpty()) {
       meta = authority;
+    }
+    blockSize = conf.getLongBytes(BLOCK_SIZE_KEY, DEFAULT_BLOCK_SIZE);
+    if (blockSize <= 0) {
+      throw new IllegalArgumentException(
+          BLOCK_SIZE_KEY + " must be positive, not " + conf.get(BLOCK_SIZE_KEY));
     }
     String configFile = conf.getTrimmed(CONFIG_KEY, "");
     nk = NodeKernel.connect(meta, configFile.isEmpty() ? null : configFile);
@@ -200,7 +217,7 @@ public class NodeKernelFileSystem extends FileSystem {
         dir ? 0 : st.size(),
         dir,
         1,
-        dir ? 0 : st.blockSize(),
+        dir ? 0 : blockSize,
         st.mtimeMillis(),
         st.mtimeMillis(),
         new FsPermission((short) (st.mode() & 07777)),
@@ -534,14 +551,26 @@ public class NodeKernelFileSystem extends FileSystem {
     } catch (NodeKernelException e) {
       throw translate(e, p);
     }
-    long end = start + Math.max(len, 1);
+    // One location per reported block, naming the hosts that hold its bytes, most first.
+    long size = file.getLen();
+    long end = Math.min(size, start + Math.max(len, 1));
     List<BlockLocation> out = new ArrayList<>();
-    for (io.nodekernel.BlockLocation b : blocks) {
-      if (b.offset() < end && b.offset() + b.length() > start) {
-        out.add(
-            new BlockLocation(
-                new String[] {b.address()}, new String[] {b.host()}, b.offset(), b.length()));
+    for (long at = start - start % blockSize; at < end; at += blockSize) {
+      long from = at;
+      long to = Math.min(size, at + blockSize);
+      Map<String, Long> bytesAt = new HashMap<>();
+      Map<String, String> addressOf = new HashMap<>();
+      for (io.nodekernel.BlockLocation b : blocks) {
+        long overlap = Math.min(to, b.offset() + b.length()) - Math.max(from, b.offset());
+        if (overlap > 0) {
+          bytesAt.merge(b.host(), overlap, Long::sum);
+          addressOf.putIfAbsent(b.host(), b.address());
+        }
       }
+      List<String> hosts = new ArrayList<>(bytesAt.keySet());
+      hosts.sort(Comparator.comparing(bytesAt::get, Comparator.reverseOrder()));
+      String[] names = hosts.stream().map(addressOf::get).toArray(String[]::new);
+      out.add(new BlockLocation(names, hosts.toArray(new String[0]), from, to - from));
     }
     return out.toArray(new BlockLocation[0]);
   }
@@ -553,22 +582,10 @@ public class NodeKernelFileSystem extends FileSystem {
     return new FsStatus(c.capacity(), c.used(), c.remaining());
   }
 
-  /** The cluster's block size (NodeKernel's, as the root reports it). */
+  /** The block size Hadoop sees: {@value #BLOCK_SIZE_KEY} (default 128 MiB). */
   @Override
   public long getDefaultBlockSize(Path f) {
-    long bs = blockSize;
-    if (bs == 0) {
-      try {
-        bs = nk.lookup("/").blockSize();
-      } catch (IOException e) {
-        bs = 0;
-      }
-      if (bs <= 0) {
-        bs = DEFAULT_BLOCK_SIZE;
-      }
-      blockSize = bs;
-    }
-    return bs;
+    return blockSize;
   }
 
   /** As {@link #getDefaultBlockSize(Path)}. */

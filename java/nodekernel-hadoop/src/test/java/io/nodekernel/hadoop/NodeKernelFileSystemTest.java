@@ -74,33 +74,45 @@ public class NodeKernelFileSystemTest {
 
   @Test
   public void blockLocationsNameTheStorageHostAndCoverTheFile() throws IOException {
-    long bs = fs.getDefaultBlockSize(dir);
-    assertTrue("block size " + bs, bs > 0);
-    int len = (int) (bs * 2 + bs / 2);
-    Path p = new Path(dir, "blocks");
-    write(p, bytes(len));
-    FileStatus st = fs.getFileStatus(p);
-    assertEquals(len, st.getLen());
-    assertEquals(bs, st.getBlockSize());
+    assertEquals(128L << 20, fs.getDefaultBlockSize(dir));
+    // Reported blocks of 3 MiB: each spans three of NodeKernel's 1 MiB blocks.
+    Configuration small = conf();
+    small.set(NodeKernelFileSystem.BLOCK_SIZE_KEY, "3m");
+    try (FileSystem sfs = FileSystem.newInstance(SharedCluster.uri(), small)) {
+      long bs = sfs.getDefaultBlockSize(dir);
+      assertEquals(3 << 20, bs);
+      int len = (int) (bs * 2 + bs / 2);
+      Path p = new Path(dir, "blocks");
+      write(p, bytes(len));
+      FileStatus st = sfs.getFileStatus(p);
+      assertEquals(len, st.getLen());
+      assertEquals(bs, st.getBlockSize());
 
-    BlockLocation[] all = fs.getFileBlockLocations(st, 0, len);
-    assertEquals(3, all.length);
-    long next = 0;
-    for (BlockLocation b : all) {
-      assertEquals(next, b.getOffset());
-      next += b.getLength();
-      assertArrayEquals(new String[] {NodeKernel.localLocation()}, b.getHosts());
-      assertEquals(1, b.getNames().length);
-      assertTrue(b.getNames()[0], b.getNames()[0].contains(":"));
+      BlockLocation[] all = sfs.getFileBlockLocations(st, 0, len);
+      assertEquals(3, all.length);
+      long next = 0;
+      for (BlockLocation b : all) {
+        assertEquals(next, b.getOffset());
+        next += b.getLength();
+        assertArrayEquals(new String[] {NodeKernel.localLocation()}, b.getHosts());
+        assertEquals(1, b.getNames().length);
+        assertTrue(b.getNames()[0], b.getNames()[0].contains(":"));
+      }
+      assertEquals(len, next);
+      assertEquals(bs / 2, all[2].getLength());
+
+      // A range inside the second block gives that block only.
+      BlockLocation[] middle = sfs.getFileBlockLocations(st, bs + 1, 10);
+      assertEquals(1, middle.length);
+      assertEquals(bs, middle[0].getOffset());
+      assertEquals(bs, middle[0].getLength());
+      assertEquals(0, sfs.getFileBlockLocations(st, len, 10).length);
+      assertEquals(0, sfs.getFileBlockLocations(sfs.getFileStatus(dir), 0, 10).length);
     }
-    assertEquals(len, next);
-
-    // A range inside the second block gives that block only.
-    BlockLocation[] middle = fs.getFileBlockLocations(st, bs + 1, 10);
-    assertEquals(1, middle.length);
-    assertEquals(bs, middle[0].getOffset());
-    assertEquals(0, fs.getFileBlockLocations(st, len, 10).length);
-    assertEquals(0, fs.getFileBlockLocations(fs.getFileStatus(dir), 0, 10).length);
+    Configuration bad = conf();
+    bad.set(NodeKernelFileSystem.BLOCK_SIZE_KEY, "0");
+    assertThrows(
+        IllegalArgumentException.class, () -> FileSystem.newInstance(SharedCluster.uri(), bad));
   }
 
   @Test
