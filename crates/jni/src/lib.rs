@@ -407,6 +407,36 @@ pub extern "system" fn Java_io_nodekernel_Native_lookup<'l>(
     })
 }
 
+/// Sets the permission bits (`mode`, -1: unchanged) and/or the
+/// modification time (`mtime`, nanoseconds since the epoch, -1: unchanged);
+/// returns the node's status as it is now.
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_setAttrs<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    c: jlong,
+    p: JString<'l>,
+    mode: jint,
+    mtime: jlong,
+) -> jobject {
+    call(&mut env, std::ptr::null_mut(), |env| {
+        let client = CLIENTS.get(c)?;
+        let p = path(env, &p)?;
+        let mode = match mode {
+            -1 => None,
+            m => Some(u32::try_from(m).map_err(|_| Fail::Arg(format!("bad mode {m}")))?),
+        };
+        let mtime = match mtime {
+            -1 => None,
+            t => Some(u64::try_from(t).map_err(|_| Fail::Arg(format!("bad mtime {t}")))?),
+        };
+        let info = block_on(client.set_attrs(&p, mode, mtime))??;
+        let mut st = Vec::with_capacity(STAT_FIELDS);
+        stat_of(&info, &mut st);
+        Ok(long_array(env, &st)?.into_raw())
+    })
+}
+
 /// Children looked up at once, at most this many at a time.
 const LIST_LOOKUPS_IN_FLIGHT: usize = 32;
 
@@ -891,10 +921,9 @@ pub extern "system" fn Java_io_nodekernel_Native_seek<'l>(
         let mut guard = locked(&reader);
         match &mut *guard {
             Reader::File { stream, pos, .. } => {
-                if *pos != to {
-                    *stream = None;
-                    *pos = to;
-                }
+                // Also drops the read-ahead at the same position (unbuffer).
+                *stream = None;
+                *pos = to;
                 Ok(())
             }
             Reader::Bag { pos, .. } if *pos == to => Ok(()),

@@ -30,6 +30,9 @@ final class Native {
 
   static native long[] lookup(long client, String path) throws NodeKernelException;
 
+  static native long[] setAttrs(long client, String path, int mode, long mtimeNanos)
+      throws NodeKernelException;
+
   static native Object[] list(long client, String path) throws NodeKernelException;
 
   static native String[] enumerate(long client, String path) throws NodeKernelException;

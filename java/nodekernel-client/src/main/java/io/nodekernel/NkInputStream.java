@@ -51,9 +51,20 @@ public final class NkInputStream extends InputStream {
     return size;
   }
 
+  /** The stream's position; a closed stream throws {@link IOException}. */
   public synchronized long position() throws IOException {
     check();
     return pos;
+  }
+
+  /** Where the stream stood, also after it was closed. */
+  public synchronized long lastPosition() {
+    return pos;
+  }
+
+  /** Whether {@link #close()} was called. */
+  public boolean isClosed() {
+    return handle.get() == 0;
   }
 
   public boolean isSeekable() {
@@ -254,6 +265,26 @@ public final class NkInputStream extends InputStream {
     long skipped = to - pos;
     seek(to);
     return skipped;
+  }
+
+  /**
+   * Releases the stream's buffers and the native read-ahead (up to several MiB) while keeping its
+   * position: for streams held open but idle. The next read starts a new read-ahead. Does nothing
+   * on a closed stream.
+   */
+  public synchronized void unbuffer() {
+    long h = handle.get();
+    if (h == 0) {
+      return;
+    }
+    buf = null;
+    pbuf = null;
+    try {
+      Native.seek(h, pos);
+      nativePos = pos;
+    } catch (IOException e) {
+      // Only a Bag stream refuses a seek: it keeps its read-ahead.
+    }
   }
 
   @Override

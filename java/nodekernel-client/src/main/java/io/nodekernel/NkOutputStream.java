@@ -47,6 +47,11 @@ public final class NkOutputStream extends OutputStream {
     return Native.position(check()) + (buf == null ? 0 : buf.position());
   }
 
+  /** Whether {@link #close()} or {@link #abort()} was called. */
+  public boolean isClosed() {
+    return handle.get() == 0;
+  }
+
   /** Bytes accepted by this stream so far. */
   public synchronized long bytesWritten() {
     return written;

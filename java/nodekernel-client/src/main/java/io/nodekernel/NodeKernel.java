@@ -87,6 +87,22 @@ public final class NodeKernel implements AutoCloseable {
     return NodeStatus.decode(path, Native.lookup(handle(), path(path)), 0);
   }
 
+  /**
+   * Changes the permission bits ({@code mode}, 0 to 07777, or -1 to keep them) and/or the
+   * modification time ({@code mtimeNanos} since the Unix epoch, or -1 to keep it) of the node at
+   * {@code path}; returns its status as it is now.
+   */
+  public NodeStatus setAttributes(String path, int mode, long mtimeNanos) throws IOException {
+    if (mode < -1 || mode > 07777) {
+      throw new IllegalArgumentException(
+          "mode " + Integer.toOctalString(mode) + " is not 0..07777");
+    }
+    if (mtimeNanos < -1) {
+      throw new IllegalArgumentException("negative modification time " + mtimeNanos);
+    }
+    return NodeStatus.decode(path, Native.setAttrs(handle(), path(path), mode, mtimeNanos), 0);
+  }
+
   /** Whether a node exists at {@code path}. */
   public boolean exists(String path) throws IOException {
     try {

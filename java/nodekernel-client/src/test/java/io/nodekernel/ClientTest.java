@@ -216,6 +216,16 @@ public class ClientTest {
     nk.rename(dir + "/a/v2", dir + "/a/v3", true);
     assertEquals(2, nk.lookup(dir + "/a/v3").size());
 
+    NodeStatus changed = nk.setAttributes(dir + "/a/v3", 0600, 1_234_000_000L);
+    assertEquals(0600, changed.mode());
+    assertEquals(1_234_000_000L, changed.mtimeNanos());
+    assertEquals(0600, nk.lookup(dir + "/a/v3").mode());
+    assertEquals(1_234_000_000L, nk.setAttributes(dir + "/a/v3", 0640, -1).mtimeNanos());
+    assertEquals(0640, nk.setAttributes(dir + "/a/v3", -1, 5L).mode());
+    assertThrows(IllegalArgumentException.class, () -> nk.setAttributes(dir + "/a/v3", 010000, -1));
+    assertThrows(
+        NodeKernelException.NotFound.class, () -> nk.setAttributes(dir + "/a/none", 0600, -1));
+
     assertThrows(NodeKernelException.NotEmpty.class, () -> nk.delete(dir + "/a", false));
     nk.delete(dir + "/a", true);
     assertFalse(nk.exists(dir + "/a"));

@@ -49,8 +49,9 @@ import org.apache.hadoop.util.Progressable;
  * one writer at a time and readers see the bytes of the writer's last {@code hflush}/{@code
  * hsync}/{@code close}. {@code create} with {@code overwrite} deletes the old File first (not one
  * atomic step). {@code rename} follows HDFS: into an existing directory, {@code false} when the
- * source is missing, the destination exists as a file or its parent is missing. There is no {@code
- * concat}, {@code truncate}, {@code setPermission}, {@code setOwner} or {@code setTimes}.
+ * source is missing, the destination exists as a file or its parent is missing. {@code
+ * setPermission} and {@code setTimes} (the modification time) change the node's attributes; there
+ * is no {@code concat}, {@code truncate} or {@code setOwner} (NodeKernel keeps no owners).
  */
 public class NodeKernelFileSystem extends FileSystem {
   /** The URI scheme. */
@@ -361,6 +362,35 @@ public class NodeKernelFileSystem extends FileSystem {
       return new FSDataOutputStream(new NodeKernelOutputStream(out), statistics, out.position());
     } catch (NodeKernelException.TypeMismatch e) {
       throw withCause(new FileNotFoundException(p + " is not a File"), e);
+    } catch (NodeKernelException e) {
+      throw translate(e, p);
+    }
+  }
+
+  /** Sets the node's permission bits (NodeKernel keeps them; it has no owners or ACLs). */
+  @Override
+  public void setPermission(Path f, FsPermission permission) throws IOException {
+    String p = nkPath(f);
+    try {
+      nk.setAttributes(p, permission.toShort() & 07777, -1);
+    } catch (NodeKernelException e) {
+      throw translate(e, p);
+    }
+  }
+
+  /**
+   * Sets the modification time ({@code mtime} in milliseconds; -1 keeps it). NodeKernel keeps no
+   * access time: {@code atime} is ignored.
+   */
+  @Override
+  public void setTimes(Path f, long mtime, long atime) throws IOException {
+    String p = nkPath(f);
+    try {
+      if (mtime >= 0) {
+        nk.setAttributes(p, -1, Math.multiplyExact(mtime, 1_000_000L));
+      } else {
+        nk.lookup(p);
+      }
     } catch (NodeKernelException e) {
       throw translate(e, p);
     }

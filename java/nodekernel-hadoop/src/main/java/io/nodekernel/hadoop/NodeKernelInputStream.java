@@ -7,6 +7,8 @@ import java.nio.ByteBuffer;
 import java.util.Locale;
 import org.apache.hadoop.fs.ByteBufferPositionedReadable;
 import org.apache.hadoop.fs.ByteBufferReadable;
+import org.apache.hadoop.fs.CanUnbuffer;
+import org.apache.hadoop.fs.FSExceptionMessages;
 import org.apache.hadoop.fs.FSInputStream;
 import org.apache.hadoop.fs.FileSystem;
 import org.apache.hadoop.fs.StreamCapabilities;
@@ -18,7 +20,7 @@ import org.apache.hadoop.fs.StreamCapabilities;
  * readers see the size its writer last published.
  */
 public final class NodeKernelInputStream extends FSInputStream
-    implements ByteBufferReadable, ByteBufferPositionedReadable, StreamCapabilities {
+    implements ByteBufferReadable, ByteBufferPositionedReadable, CanUnbuffer, StreamCapabilities {
   private final NkInputStream in;
   private final FileSystem.Statistics statistics;
 
@@ -30,6 +32,12 @@ public final class NodeKernelInputStream extends FSInputStream
   /** Bytes readable: the node's size when it was opened. */
   public long size() {
     return in.size();
+  }
+
+  private void checkOpen() throws IOException {
+    if (in.isClosed()) {
+      throw new IOException(FSExceptionMessages.STREAM_IS_CLOSED + ": " + in.path());
+    }
   }
 
   private int counted(int n) {
@@ -44,9 +52,10 @@ public final class NodeKernelInputStream extends FSInputStream
     in.seek(pos);
   }
 
+  /** The position, also after close (as HDFS answers). */
   @Override
-  public long getPos() throws IOException {
-    return in.position();
+  public long getPos() {
+    return in.lastPosition();
   }
 
   /** There is one copy of each block: no other source to try. */
@@ -86,8 +95,8 @@ public final class NodeKernelInputStream extends FSInputStream
     if (length == 0) {
       return 0;
     }
+    checkOpen();
     if (position >= in.size()) {
-      in.position(); // a closed stream still fails
       return -1;
     }
     return counted(in.read(position, buffer, offset, length));
@@ -105,12 +114,11 @@ public final class NodeKernelInputStream extends FSInputStream
     if (position < 0) {
       throw new EOFException("negative position " + position + " in " + in.path());
     }
+    checkOpen();
     if (!buf.hasRemaining()) {
-      in.position();
       return 0;
     }
     if (position >= in.size()) {
-      in.position();
       return -1;
     }
     return counted(in.read(position, buf));
@@ -134,10 +142,17 @@ public final class NodeKernelInputStream extends FSInputStream
     switch (capability.toLowerCase(Locale.ROOT)) {
       case StreamCapabilities.READBYTEBUFFER:
       case StreamCapabilities.PREADBYTEBUFFER:
+      case StreamCapabilities.UNBUFFER:
         return true;
       default:
         return false;
     }
+  }
+
+  /** Drops the stream's buffers and read-ahead; the next read starts a new one. */
+  @Override
+  public void unbuffer() {
+    in.unbuffer();
   }
 
   @Override
