@@ -26,7 +26,7 @@ import site.ycsb.Status;
  *
  * <ul>
  *   <li>{@code nodekernel.meta}: metadata servers ({@code host:port}, comma-separated); else {@code
- *       NK_META}, the client configuration, {@code localhost:9700}.
+ *       NK_META}, the client configuration, {@code 127.0.0.1:9060}.
  *   <li>{@code nodekernel.config}: a client configuration file (TOML); else the default lookup.
  *   <li>{@code nodekernel.root}: the directory the tables live in, default {@code /ycsb} (created
  *       with its parents).
