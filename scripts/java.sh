@@ -29,6 +29,8 @@ source scripts/lib/system-deps.sh
 ensure_tools "the JVM modules (java/)" javac=openjdk-17-jdk-headless mvn=maven
 
 if [[ $goal == verify ]]; then
+    # The Redis binding of the YCSB module is tested against a real server.
+    ensure_tools "the YCSB Redis binding's tests" redis-server=redis-server
     echo "== google-java-format --check (java/) =="
     scripts/java-format.sh --check
 fi

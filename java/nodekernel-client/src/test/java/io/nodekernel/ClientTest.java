@@ -13,38 +13,25 @@ import java.util.List;
 import java.util.Random;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.stream.Collectors;
-import org.junit.AfterClass;
 import org.junit.Before;
-import org.junit.BeforeClass;
+import org.junit.ClassRule;
 import org.junit.Test;
 
 /** The Java client against a real cluster: namespace, streams, KeyValues, Bags, locations. */
 public class ClientTest {
-  private static TestCluster cluster;
-  private static NodeKernel nk;
   private static final AtomicInteger COUNTER = new AtomicInteger();
   private String dir;
 
-  @BeforeClass
-  public static void start() throws Exception {
-    cluster = TestCluster.start();
-    nk = cluster.connect();
-  }
+  @ClassRule public static final TestCluster.Rule CLUSTER = new TestCluster.Rule();
 
-  @AfterClass
-  public static void stop() throws Exception {
-    if (nk != null) {
-      nk.close();
-    }
-    if (cluster != null) {
-      cluster.close();
-    }
+  private static NodeKernel nk() {
+    return CLUSTER.client();
   }
 
   @Before
   public void freshDir() throws Exception {
     dir = "/client" + COUNTER.incrementAndGet();
-    nk.mkdir(dir, false);
+    nk().mkdir(dir, false);
   }
 
   static byte[] pattern(int len, long seed) {
@@ -54,7 +41,7 @@ public class ClientTest {
   }
 
   static void file(String path, byte[] data) throws Exception {
-    try (NkOutputStream out = nk.createFile(path)) {
+    try (NkOutputStream out = nk().createFile(path)) {
       out.write(data);
     }
   }
@@ -63,7 +50,7 @@ public class ClientTest {
   public void aFileWrittenFromArraysAndDirectBuffersReadsBackEveryWay() throws Exception {
     byte[] data = pattern(3 << 20 | 12345, 1);
     String p = dir + "/f";
-    try (NkOutputStream out = nk.createFile(p)) {
+    try (NkOutputStream out = nk().createFile(p)) {
       out.write(data, 0, 100); // gathered
       out.write(data[100]); // one byte
       ByteBuffer direct = ByteBuffer.allocateDirect(data.length - 101);
@@ -72,12 +59,12 @@ public class ClientTest {
       assertFalse(direct.hasRemaining());
       assertEquals(data.length, out.bytesWritten());
     }
-    NodeStatus st = nk.lookup(p);
+    NodeStatus st = nk().lookup(p);
     assertEquals(NodeType.FILE, st.type());
     assertEquals(data.length, st.size());
 
     // Heap reads, byte by byte and in arrays.
-    try (NkInputStream in = nk.open(p)) {
+    try (NkInputStream in = nk().open(p)) {
       assertEquals(data[0] & 0xff, in.read());
       byte[] got = new byte[data.length];
       got[0] = data[0];
@@ -92,7 +79,7 @@ public class ClientTest {
       assertEquals(-1, in.read(new byte[4], 0, 4));
     }
     // Direct reads in place.
-    try (NkInputStream in = nk.open(p)) {
+    try (NkInputStream in = nk().open(p)) {
       ByteBuffer dst = ByteBuffer.allocateDirect(data.length);
       while (dst.hasRemaining() && in.read(dst) > 0) {}
       dst.flip();
@@ -107,10 +94,10 @@ public class ClientTest {
   public void seekAndPositionalReadsReturnTheBytesAtTheirOffsets() throws Exception {
     byte[] data = pattern(2 << 20, 2);
     String p = dir + "/f";
-    try (NkOutputStream out = nk.createFile(p)) {
+    try (NkOutputStream out = nk().createFile(p)) {
       out.write(data);
     }
-    try (NkInputStream in = nk.open(p)) {
+    try (NkInputStream in = nk().open(p)) {
       long[] offsets = {1_500_000, 10, 1_048_575, 1_048_576, data.length - 3};
       for (long at : offsets) {
         in.seek(at);
@@ -141,111 +128,112 @@ public class ClientTest {
   @Test
   public void syncPublishesWhatIsWrittenSoFarAndAppendContinues() throws Exception {
     String p = dir + "/log";
-    NkOutputStream out = nk.createFile(p);
+    NkOutputStream out = nk().createFile(p);
     out.write("first ".getBytes(StandardCharsets.UTF_8));
-    assertEquals(0, nk.lookup(p).size());
+    assertEquals(0, nk().lookup(p).size());
     out.sync();
-    assertEquals(6, nk.lookup(p).size());
+    assertEquals(6, nk().lookup(p).size());
     out.close();
-    try (NkOutputStream more = nk.append(p)) {
+    try (NkOutputStream more = nk().append(p)) {
       assertEquals(6, more.position());
       more.write("second".getBytes(StandardCharsets.UTF_8));
     }
-    assertEquals("first second", new String(nk.get(p), StandardCharsets.UTF_8));
+    assertEquals("first second", new String(nk().get(p), StandardCharsets.UTF_8));
   }
 
   @Test
   public void keyValuesAreReplacedWholeAndReadIntoBuffers() throws Exception {
-    nk.createContainer(dir + "/t", NodeType.TABLE, CreateOptions.defaults());
+    nk().createContainer(dir + "/t", NodeType.TABLE, CreateOptions.defaults());
     String k = dir + "/t/k";
-    nk.put(k, "one".getBytes(StandardCharsets.UTF_8));
-    nk.put(k, "second".getBytes(StandardCharsets.UTF_8));
-    assertEquals("second", new String(nk.get(k), StandardCharsets.UTF_8));
-    assertEquals(NodeType.KEY_VALUE, nk.lookup(k).type());
+    nk().put(k, "one".getBytes(StandardCharsets.UTF_8));
+    nk().put(k, "second".getBytes(StandardCharsets.UTF_8));
+    assertEquals("second", new String(nk().get(k), StandardCharsets.UTF_8));
+    assertEquals(NodeType.KEY_VALUE, nk().lookup(k).type());
 
     ByteBuffer direct = ByteBuffer.allocateDirect(16);
     direct.put((byte) 9);
-    assertEquals(6, nk.get(k, direct));
+    assertEquals(6, nk().get(k, direct));
     assertEquals(7, direct.position());
     ByteBuffer small = ByteBuffer.allocate(3);
-    assertEquals(6, nk.get(k, small)); // does not fit: nothing read
+    assertEquals(6, nk().get(k, small)); // does not fit: nothing read
     assertEquals(0, small.position());
     ByteBuffer heap = ByteBuffer.allocate(6);
-    assertEquals(6, nk.get(k, heap));
+    assertEquals(6, nk().get(k, heap));
     assertEquals("second", new String(heap.array(), StandardCharsets.UTF_8));
 
     // A direct put reads the buffer in place and leaves its position alone.
     ByteBuffer v = ByteBuffer.allocateDirect(4).put(new byte[] {1, 2, 3, 4});
     v.flip();
-    nk.put(k, v);
+    nk().put(k, v);
     assertEquals(0, v.position());
-    assertArrayEquals(new byte[] {1, 2, 3, 4}, nk.get(k));
+    assertArrayEquals(new byte[] {1, 2, 3, 4}, nk().get(k));
 
     // A streamed KeyValue: the old value until close, nothing after abort.
-    NkOutputStream w = nk.createKeyValue(k, CreateOptions.defaults());
+    NkOutputStream w = nk().createKeyValue(k, CreateOptions.defaults());
     w.write(new byte[] {7, 7});
-    assertArrayEquals(new byte[] {1, 2, 3, 4}, nk.get(k));
+    assertArrayEquals(new byte[] {1, 2, 3, 4}, nk().get(k));
     w.close();
-    assertArrayEquals(new byte[] {7, 7}, nk.get(k));
-    NkOutputStream gone = nk.createKeyValue(dir + "/t/never", CreateOptions.defaults());
+    assertArrayEquals(new byte[] {7, 7}, nk().get(k));
+    NkOutputStream gone = nk().createKeyValue(dir + "/t/never", CreateOptions.defaults());
     gone.write(1);
     gone.abort();
-    assertFalse(nk.exists(dir + "/t/never"));
+    assertFalse(nk().exists(dir + "/t/never"));
   }
 
   @Test
   public void namespaceCallsListRenameAndDelete() throws Exception {
-    nk.mkdir(dir + "/a/b/c", true);
-    nk.mkdir(dir + "/a/b/c", true); // exists: fine with parents
+    nk().mkdir(dir + "/a/b/c", true);
+    nk().mkdir(dir + "/a/b/c", true); // exists: fine with parents
     for (int i = 0; i < 40; i++) {
       file(dir + "/a/v" + i, new byte[i]);
     }
-    List<NodeStatus> listed = nk.list(dir + "/a");
+    List<NodeStatus> listed = nk().list(dir + "/a");
     assertEquals(41, listed.size());
     NodeStatus v7 =
         listed.stream().filter(s -> s.path().equals(dir + "/a/v7")).findFirst().orElseThrow();
     assertEquals(7, v7.size());
     assertTrue(listed.stream().anyMatch(s -> s.path().equals(dir + "/a/b") && s.isContainer()));
-    assertEquals(41, nk.enumerate(dir + "/a").size());
+    assertEquals(41, nk().enumerate(dir + "/a").size());
 
-    nk.rename(dir + "/a/v1", dir + "/a/w1");
-    assertFalse(nk.exists(dir + "/a/v1"));
-    assertEquals(1, nk.lookup(dir + "/a/w1").size());
+    nk().rename(dir + "/a/v1", dir + "/a/w1");
+    assertFalse(nk().exists(dir + "/a/v1"));
+    assertEquals(1, nk().lookup(dir + "/a/w1").size());
     assertThrows(
-        NodeKernelException.AlreadyExists.class, () -> nk.rename(dir + "/a/v2", dir + "/a/v3"));
-    nk.rename(dir + "/a/v2", dir + "/a/v3", true);
-    assertEquals(2, nk.lookup(dir + "/a/v3").size());
+        NodeKernelException.AlreadyExists.class, () -> nk().rename(dir + "/a/v2", dir + "/a/v3"));
+    nk().rename(dir + "/a/v2", dir + "/a/v3", true);
+    assertEquals(2, nk().lookup(dir + "/a/v3").size());
 
-    NodeStatus changed = nk.setAttributes(dir + "/a/v3", 0600, 1_234_000_000L);
+    NodeStatus changed = nk().setAttributes(dir + "/a/v3", 0600, 1_234_000_000L);
     assertEquals(0600, changed.mode());
     assertEquals(1_234_000_000L, changed.mtimeNanos());
-    assertEquals(0600, nk.lookup(dir + "/a/v3").mode());
-    assertEquals(1_234_000_000L, nk.setAttributes(dir + "/a/v3", 0640, -1).mtimeNanos());
-    assertEquals(0640, nk.setAttributes(dir + "/a/v3", -1, 5L).mode());
-    assertThrows(IllegalArgumentException.class, () -> nk.setAttributes(dir + "/a/v3", 010000, -1));
+    assertEquals(0600, nk().lookup(dir + "/a/v3").mode());
+    assertEquals(1_234_000_000L, nk().setAttributes(dir + "/a/v3", 0640, -1).mtimeNanos());
+    assertEquals(0640, nk().setAttributes(dir + "/a/v3", -1, 5L).mode());
     assertThrows(
-        NodeKernelException.NotFound.class, () -> nk.setAttributes(dir + "/a/none", 0600, -1));
+        IllegalArgumentException.class, () -> nk().setAttributes(dir + "/a/v3", 010000, -1));
+    assertThrows(
+        NodeKernelException.NotFound.class, () -> nk().setAttributes(dir + "/a/none", 0600, -1));
 
-    assertThrows(NodeKernelException.NotEmpty.class, () -> nk.delete(dir + "/a", false));
-    nk.delete(dir + "/a", true);
-    assertFalse(nk.exists(dir + "/a"));
+    assertThrows(NodeKernelException.NotEmpty.class, () -> nk().delete(dir + "/a", false));
+    nk().delete(dir + "/a", true);
+    assertFalse(nk().exists(dir + "/a"));
   }
 
   @Test
   public void aBagReadsAsOneStreamInListingOrder() throws Exception {
     String bag = dir + "/bag";
-    nk.createContainer(bag, NodeType.BAG, CreateOptions.defaults());
+    nk().createContainer(bag, NodeType.BAG, CreateOptions.defaults());
     StringBuilder want = new StringBuilder();
     for (int i = 0; i < 5; i++) {
       String part = "part" + i + ";";
-      try (NkOutputStream out = nk.createFile(bag + "/p" + i)) {
+      try (NkOutputStream out = nk().createFile(bag + "/p" + i)) {
         out.write(part.getBytes(StandardCharsets.UTF_8));
       }
     }
-    for (String name : nk.enumerate(bag)) {
-      want.append(new String(nk.get(bag + "/" + name), StandardCharsets.UTF_8));
+    for (String name : nk().enumerate(bag)) {
+      want.append(new String(nk().get(bag + "/" + name), StandardCharsets.UTF_8));
     }
-    try (NkInputStream in = nk.openBag(bag)) {
+    try (NkInputStream in = nk().openBag(bag)) {
       assertFalse(in.isSeekable());
       assertEquals(want.length(), in.size());
       String got = new String(in.readAllBytes(), StandardCharsets.UTF_8);
@@ -258,11 +246,11 @@ public class ClientTest {
   public void blockLocationsCoverTheFileAndNameTheServersHost() throws Exception {
     String p = dir + "/big";
     int size = 5 << 20 | 7;
-    try (NkOutputStream out = nk.createFile(p, CreateOptions.defaults().local(true))) {
+    try (NkOutputStream out = nk().createFile(p, CreateOptions.defaults().local(true))) {
       out.write(pattern(size, 3));
     }
-    NodeStatus st = nk.lookup(p);
-    List<BlockLocation> locs = nk.blockLocations(p);
+    NodeStatus st = nk().lookup(p);
+    List<BlockLocation> locs = nk().blockLocations(p);
     long bs = st.blockSize();
     assertEquals((size + bs - 1) / bs, locs.size());
     long covered = 0;
@@ -277,7 +265,7 @@ public class ClientTest {
     assertEquals(
         List.of(NodeKernel.localLocation()),
         locs.stream().map(BlockLocation::host).distinct().collect(Collectors.toList()));
-    Capacity c = nk.capacity();
+    Capacity c = nk().capacity();
     assertTrue(c.capacity() >= 1L << 30);
     assertTrue(c.used() >= size);
   }

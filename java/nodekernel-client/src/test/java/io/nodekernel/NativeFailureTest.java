@@ -15,8 +15,8 @@ import java.util.Collections;
 import java.util.List;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.atomic.AtomicInteger;
-import org.junit.AfterClass;
 import org.junit.BeforeClass;
+import org.junit.ClassRule;
 import org.junit.Test;
 
 /**
@@ -25,54 +25,46 @@ import org.junit.Test;
  * the JVM goes on working.
  */
 public class NativeFailureTest {
-  private static TestCluster cluster;
-  private static NodeKernel nk;
+
+  @ClassRule public static final TestCluster.Rule CLUSTER = new TestCluster.Rule();
+
+  private static NodeKernel nk() {
+    return CLUSTER.client();
+  }
 
   @BeforeClass
   public static void start() throws Exception {
-    cluster = TestCluster.start();
-    nk = cluster.connect();
-    nk.mkdir("/nf", false);
-  }
-
-  @AfterClass
-  public static void stop() throws Exception {
-    if (nk != null) {
-      nk.close();
-    }
-    if (cluster != null) {
-      cluster.close();
-    }
+    nk().mkdir("/nf", false);
   }
 
   @Test
   public void realFailuresArriveAsTheirCodesClass() throws Exception {
-    assertThrows(NodeKernelException.NotFound.class, () -> nk.lookup("/nf/missing"));
-    assertThrows(NodeKernelException.NotFound.class, () -> nk.open("/nf/missing"));
-    assertThrows(NodeKernelException.NotFound.class, () -> nk.get("/nf/missing"));
-    nk.mkdir("/nf/d", false);
-    assertThrows(NodeKernelException.AlreadyExists.class, () -> nk.mkdir("/nf/d", false));
-    assertThrows(NodeKernelException.TypeMismatch.class, () -> nk.open("/nf/d"));
-    assertThrows(NodeKernelException.InvalidPath.class, () -> nk.lookup("no-slash"));
-    assertThrows(NodeKernelException.InvalidPath.class, () -> nk.mkdir("/nf/a//b", false));
-    NkOutputStream w = nk.createFile("/nf/busy");
-    assertThrows(NodeKernelException.Busy.class, () -> nk.append("/nf/busy"));
+    assertThrows(NodeKernelException.NotFound.class, () -> nk().lookup("/nf/missing"));
+    assertThrows(NodeKernelException.NotFound.class, () -> nk().open("/nf/missing"));
+    assertThrows(NodeKernelException.NotFound.class, () -> nk().get("/nf/missing"));
+    nk().mkdir("/nf/d", false);
+    assertThrows(NodeKernelException.AlreadyExists.class, () -> nk().mkdir("/nf/d", false));
+    assertThrows(NodeKernelException.TypeMismatch.class, () -> nk().open("/nf/d"));
+    assertThrows(NodeKernelException.InvalidPath.class, () -> nk().lookup("no-slash"));
+    assertThrows(NodeKernelException.InvalidPath.class, () -> nk().mkdir("/nf/a//b", false));
+    NkOutputStream w = nk().createFile("/nf/busy");
+    assertThrows(NodeKernelException.Busy.class, () -> nk().append("/nf/busy"));
     w.close();
-    nk.createFile("/nf/d/x").close();
-    assertThrows(NodeKernelException.NotEmpty.class, () -> nk.delete("/nf/d", false));
+    nk().createFile("/nf/d/x").close();
+    assertThrows(NodeKernelException.NotEmpty.class, () -> nk().delete("/nf/d", false));
   }
 
   @Test
   public void badArgumentsAreJavaExceptions() throws Exception {
-    assertThrows(NullPointerException.class, () -> nk.lookup(null));
-    assertThrows(IllegalArgumentException.class, () -> nk.lookup("/nf/nul\0char"));
+    assertThrows(NullPointerException.class, () -> nk().lookup(null));
+    assertThrows(IllegalArgumentException.class, () -> nk().lookup("/nf/nul\0char"));
     assertThrows(IllegalArgumentException.class, () -> CreateOptions.defaults().storageClass(300));
     assertThrows(IllegalArgumentException.class, () -> CreateOptions.defaults().mode(-5));
     assertThrows(
         IllegalArgumentException.class,
-        () -> nk.createContainer("/nf/x", NodeType.FILE, CreateOptions.defaults()));
+        () -> nk().createContainer("/nf/x", NodeType.FILE, CreateOptions.defaults()));
     // Straight at the native layer: what the Java API never passes.
-    long h = nk.handle();
+    long h = nk().handle();
     ByteBuffer direct = ByteBuffer.allocateDirect(8);
     assertThrows(IllegalArgumentException.class, () -> Native.put(h, "/nf/k", direct, 4, 8));
     assertThrows(IllegalArgumentException.class, () -> Native.put(h, "/nf/k", direct, -1, 2));
@@ -106,20 +98,20 @@ public class NativeFailureTest {
 
   @Test
   public void closedStreamsAndClientsRefuseWithIoExceptions() throws Exception {
-    NkOutputStream out = nk.createFile("/nf/closed");
+    NkOutputStream out = nk().createFile("/nf/closed");
     out.write(new byte[] {1, 2, 3});
     out.close();
     out.close(); // twice: nothing
     assertThrows(IOException.class, () -> out.write(1));
     assertThrows(IOException.class, out::sync);
-    NkInputStream in = nk.open("/nf/closed");
+    NkInputStream in = nk().open("/nf/closed");
     in.close();
     in.close();
     assertThrows(IOException.class, in::read);
     assertThrows(IOException.class, () -> in.seek(1));
     assertThrows(IOException.class, () -> in.read(0, new byte[1], 0, 1));
 
-    NodeKernel other = cluster.connect();
+    NodeKernel other = CLUSTER.cluster().connect();
     NkInputStream stillOpen = other.open("/nf/closed");
     other.close();
     other.close();
@@ -131,7 +123,7 @@ public class NativeFailureTest {
 
   @Test
   public void threadsShareAClientAndClosingItUnderThemNeverCrashes() throws Exception {
-    NodeKernel shared = cluster.connect();
+    NodeKernel shared = CLUSTER.cluster().connect();
     shared.createContainer("/nf/shared", NodeType.TABLE, CreateOptions.defaults());
     int threads = 6;
     AtomicInteger done = new AtomicInteger();
@@ -182,14 +174,14 @@ public class NativeFailureTest {
     }
     assertTrue("unexpected failures: " + unexpected, unexpected.isEmpty());
     // The JVM and the other clients go on.
-    assertEquals(NodeType.TABLE, nk.lookup("/nf/shared").type());
+    assertEquals(NodeType.TABLE, nk().lookup("/nf/shared").type());
   }
 
   @Test
   public void aPanicInTheLibraryIsAnExceptionAndTheJvmGoesOn() throws Exception {
     IllegalStateException e = assertThrows(IllegalStateException.class, Native::panicForTest);
     assertTrue(e.getMessage(), e.getMessage().contains("on purpose"));
-    assertNotNull(nk.lookup("/nf"));
+    assertNotNull(nk().lookup("/nf"));
   }
 
   @Test
@@ -201,7 +193,7 @@ public class NativeFailureTest {
     NodeKernelException refused =
         assertThrows(
             NodeKernelException.class,
-            () -> NodeKernel.connect("127.0.0.1:" + port, cluster.clientConfig()));
+            () -> NodeKernel.connect("127.0.0.1:" + port, CLUSTER.cluster().clientConfig()));
     assertEquals(ErrorCode.UNAVAILABLE, refused.code());
 
     try (TestCluster doomed = TestCluster.start();

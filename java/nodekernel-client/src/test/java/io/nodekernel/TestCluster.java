@@ -1,6 +1,7 @@
 package io.nodekernel;
 
 import java.io.IOException;
+import java.io.UncheckedIOException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -11,6 +12,7 @@ import java.util.concurrent.TimeUnit;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 import java.util.stream.Stream;
+import org.junit.rules.ExternalResource;
 
 /**
  * A real NodeKernel cluster for tests: {@code nk up} on port 0 with its own data directory, and a
@@ -63,6 +65,45 @@ public final class TestCluster implements AutoCloseable {
     if (status.waitFor() != 0) {
       close();
       throw new IOException("the cluster did not become ready: " + out);
+    }
+  }
+
+  /**
+   * A cluster and a client of it for one test class, started before its tests and stopped after
+   * them: {@code @ClassRule public static final TestCluster.Rule CLUSTER = new
+   * TestCluster.Rule();}.
+   */
+  public static final class Rule extends ExternalResource {
+    private TestCluster cluster;
+    private NodeKernel client;
+
+    @Override
+    protected void before() throws Throwable {
+      cluster = start();
+      client = cluster.connect();
+    }
+
+    @Override
+    protected void after() {
+      if (client != null) {
+        client.close();
+      }
+      if (cluster != null) {
+        try {
+          cluster.close();
+        } catch (IOException e) {
+          throw new UncheckedIOException(e);
+        }
+      }
+    }
+
+    public TestCluster cluster() {
+      return cluster;
+    }
+
+    /** A client of the cluster, shared by the class's tests. */
+    public NodeKernel client() {
+      return client;
     }
   }
 

@@ -17,9 +17,8 @@ import java.util.Properties;
 import java.util.Set;
 import java.util.Vector;
 import org.junit.After;
-import org.junit.AfterClass;
 import org.junit.Before;
-import org.junit.BeforeClass;
+import org.junit.ClassRule;
 import org.junit.Test;
 import site.ycsb.ByteArrayByteIterator;
 import site.ycsb.ByteIterator;
@@ -28,32 +27,20 @@ import site.ycsb.DBException;
 import site.ycsb.Status;
 import site.ycsb.StringByteIterator;
 
-/** The NodeKernel binding against a real cluster. */
+/** The NodeKernel binding against a real CLUSTER.cluster(). */
 public class NodeKernelClientTest {
-  private static TestCluster cluster;
-  private static NodeKernel nk;
   private DB db;
 
-  @BeforeClass
-  public static void start() throws Exception {
-    cluster = TestCluster.start();
-    nk = cluster.connect();
-  }
+  @ClassRule public static final TestCluster.Rule CLUSTER = new TestCluster.Rule();
 
-  @AfterClass
-  public static void stop() throws Exception {
-    if (nk != null) {
-      nk.close();
-    }
-    if (cluster != null) {
-      cluster.close();
-    }
+  private static NodeKernel nk() {
+    return CLUSTER.client();
   }
 
   static Properties props(String root) {
     Properties p = new Properties();
-    p.setProperty(NodeKernelClient.META, cluster.meta());
-    p.setProperty(NodeKernelClient.CONFIG, cluster.clientConfig());
+    p.setProperty(NodeKernelClient.META, CLUSTER.cluster().meta());
+    p.setProperty(NodeKernelClient.CONFIG, CLUSTER.cluster().clientConfig());
     p.setProperty(NodeKernelClient.ROOT, root);
     return p;
   }
@@ -92,8 +79,8 @@ public class NodeKernelClientTest {
   @Test
   public void insertReadUpdateDelete() throws Exception {
     assertEquals(Status.OK, db.insert("usertable", "user1", values("f0", "a", "f1", "b")));
-    assertTrue(nk.exists("/test/ycsb/usertable/user1"));
-    assertEquals(NodeType.TABLE, nk.lookup("/test/ycsb/usertable").type());
+    assertTrue(nk().exists("/test/ycsb/usertable/user1"));
+    assertEquals(NodeType.TABLE, nk().lookup("/test/ycsb/usertable").type());
     assertEquals(Map.of("f0", "a", "f1", "b"), read("usertable", "user1", null));
     assertEquals(Map.of("f1", "b"), read("usertable", "user1", Set.of("f1", "nope")));
 
@@ -106,7 +93,7 @@ public class NodeKernelClientTest {
     assertEquals(Map.of("g", "only"), read("usertable", "user1", null));
 
     assertEquals(Status.OK, db.delete("usertable", "user1"));
-    assertFalse(nk.exists("/test/ycsb/usertable/user1"));
+    assertFalse(nk().exists("/test/ycsb/usertable/user1"));
   }
 
   @Test
@@ -138,7 +125,7 @@ public class NodeKernelClientTest {
   @Test
   public void corruptRecordIsAnError() throws Exception {
     assertEquals(Status.OK, db.insert("raw", "k", values("f", "v")));
-    nk.put("/test/ycsb/raw/k", "not a record".getBytes(StandardCharsets.UTF_8));
+    nk().put("/test/ycsb/raw/k", "not a record".getBytes(StandardCharsets.UTF_8));
     assertEquals(Status.ERROR, db.read("raw", "k", null, new HashMap<>()));
     assertEquals(Status.ERROR, db.update("raw", "k", values("f", "w")));
   }
@@ -165,7 +152,7 @@ public class NodeKernelClientTest {
     DB other = open(props("/elsewhere/deep/"));
     try {
       assertEquals(Status.OK, other.insert("t", "k", values("f", "v")));
-      assertTrue(nk.exists("/elsewhere/deep/t/k"));
+      assertTrue(nk().exists("/elsewhere/deep/t/k"));
     } finally {
       other.cleanup();
     }
