@@ -31,6 +31,7 @@ ensure_tools "the JVM modules (java/)" javac=openjdk-17-jdk-headless mvn=maven
 if [[ $goal == verify ]]; then
     # The Redis binding of the YCSB module is tested against a real server.
     ensure_tools "the YCSB Redis binding's tests" redis-server=redis-server
+    export NK_REQUIRE_REDIS=1
     echo "== google-java-format --check (java/) =="
     scripts/java-format.sh --check
 fi
