@@ -6,10 +6,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 version=1.28.0
-jar="$HOME/.m2/repository/com/google/googlejavaformat/google-java-format/$version/google-java-format-$version-all-deps.jar"
+# Copied out of Maven's local repository (wherever Maven keeps it) into the
+# build directory, once.
+tools=java/target/tools
+jar="$tools/google-java-format-$version-all-deps.jar"
 if [[ ! -f $jar ]]; then
-    mvn -B -ntp -q -Dstyle.color=never org.apache.maven.plugins:maven-dependency-plugin:3.8.1:get \
-        -Dartifact="com.google.googlejavaformat:google-java-format:$version:jar:all-deps"
+    mvn -B -ntp -q -Dstyle.color=never org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy \
+        -Dartifact="com.google.googlejavaformat:google-java-format:$version:jar:all-deps" \
+        -DoutputDirectory="$tools"
 fi
 mapfile -t files < <(git ls-files 'java/*.java' 'scripts/*.java')
 # The formatter uses javac's parser, which Java 17 keeps unexported.
