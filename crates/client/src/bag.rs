@@ -9,6 +9,18 @@ use std::sync::Arc;
 /// Reads in flight by default when reading a Bag.
 pub const DEFAULT_BAG_READS_IN_FLIGHT: usize = 16;
 
+/// Most ranges one [`Client::read_ranges`] takes.
+pub const MAX_RANGES: usize = 1 << 20;
+
+/// Bytes `offset..offset + len` of the File or KeyValue at `path`: one
+/// piece of a [`Client::read_ranges`] stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ByteRange {
+    pub path: String,
+    pub offset: u64,
+    pub len: u64,
+}
+
 /// One File of a Bag and where its bytes sit in the Bag's stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BagEntry {
@@ -100,30 +112,107 @@ impl Client {
             .try_filter_map(|f| async move { Ok(f) })
             .try_collect()
             .await?;
-        let mut entries = Vec::with_capacity(files.len());
-        let mut chunks = Vec::new();
-        let mut offset = 0u64;
-        for (name, node) in files {
-            let size = node.info().size;
-            let bs = node.info().block_size as u64;
-            entries.push(BagEntry { name, offset, size });
-            let mut pos = 0;
-            while pos < size {
-                let len = (bs - pos % bs).min(size - pos);
-                chunks.push((node.clone(), pos, len as usize));
-                pos += len;
-            }
-            offset += size;
+        let pieces = files
+            .into_iter()
+            .map(|(name, node)| {
+                let size = node.info().size;
+                (name, node, 0, size)
+            })
+            .collect();
+        Ok(multistream(pieces, reads_in_flight))
+    }
+
+    /// Reads byte ranges of Files and KeyValues, in the order given, as one
+    /// sequential stream with up to `reads_in_flight` block reads
+    /// outstanding across range boundaries: a Bag's multistream over chosen
+    /// ranges (a shuffle reducer reads its segments of many map outputs).
+    /// [`BagReader::files`] lists the ranges (named by path) and where each
+    /// starts in the stream.
+    ///
+    /// Each distinct path is looked up once, before any byte is read; a
+    /// range past the node's published size fails the call with
+    /// `OutOfRange` (never a short stream), a container with
+    /// `TypeMismatch`, a missing node with `NotFound`. At most
+    /// [`MAX_RANGES`] ranges.
+    pub async fn read_ranges(
+        &self,
+        ranges: &[ByteRange],
+        reads_in_flight: usize,
+    ) -> Result<BagReader> {
+        if ranges.len() > MAX_RANGES {
+            return Err(Error::invalid_argument(format!(
+                "{} ranges in one stream; at most {MAX_RANGES}",
+                ranges.len()
+            )));
         }
-        let stream = stream::iter(chunks)
-            .map(|(node, pos, len)| async move { node.read_chunk(pos, len).await })
-            .buffered(reads_in_flight.max(1))
-            .boxed();
-        Ok(BagReader {
-            entries,
-            total: offset,
-            chunks: stream,
-            current: Bytes::new(),
-        })
+        let mut paths: Vec<&str> = ranges.iter().map(|r| r.path.as_str()).collect();
+        paths.sort_unstable();
+        paths.dedup();
+        let nodes: std::collections::HashMap<&str, Arc<Node>> = stream::iter(paths)
+            .map(|p| async move {
+                let node = self.lookup(p).await?;
+                let ty = node.info().ty;
+                if !matches!(ty, NodeType::File | NodeType::KeyValue) {
+                    return Err(Error::type_mismatch(format!(
+                        "{p} is a {ty}, not a File or KeyValue"
+                    )));
+                }
+                Ok((p, Arc::new(node)))
+            })
+            .buffer_unordered(reads_in_flight.max(1))
+            .try_collect()
+            .await?;
+        let mut pieces = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            let node = nodes[r.path.as_str()].clone();
+            let size = node.info().size;
+            let inside = matches!(r.offset.checked_add(r.len), Some(end) if end <= size);
+            if !inside {
+                return Err(Error::new(
+                    ErrorCode::OutOfRange,
+                    format!(
+                        "bytes {}..{} of {} lie past its {size} bytes",
+                        r.offset,
+                        r.offset.saturating_add(r.len),
+                        r.path
+                    ),
+                ));
+            }
+            pieces.push((r.path.clone(), node, r.offset, r.len));
+        }
+        Ok(multistream(pieces, reads_in_flight))
+    }
+}
+
+/// The stream of `(name, node, offset, len)` pieces, in order, cut at block
+/// boundaries, with `reads_in_flight` block reads outstanding.
+fn multistream(pieces: Vec<(String, Arc<Node>, u64, u64)>, reads_in_flight: usize) -> BagReader {
+    let mut entries = Vec::with_capacity(pieces.len());
+    let mut chunks = Vec::new();
+    let mut offset = 0u64;
+    for (name, node, start, len) in pieces {
+        let bs = node.info().block_size as u64;
+        entries.push(BagEntry {
+            name,
+            offset,
+            size: len,
+        });
+        let (mut pos, end) = (start, start + len);
+        while pos < end {
+            let n = (bs - pos % bs).min(end - pos);
+            chunks.push((node.clone(), pos, n as usize));
+            pos += n;
+        }
+        offset += len;
+    }
+    let stream = stream::iter(chunks)
+        .map(|(node, pos, len)| async move { node.read_chunk(pos, len).await })
+        .buffered(reads_in_flight.max(1))
+        .boxed();
+    BagReader {
+        entries,
+        total: offset,
+        chunks: stream,
+        current: Bytes::new(),
     }
 }

@@ -41,7 +41,7 @@ pub mod snapshot;
 mod stream;
 
 pub use admin::drain_finished;
-pub use bag::{BagEntry, BagReader, DEFAULT_BAG_READS_IN_FLIGHT};
+pub use bag::{BagEntry, BagReader, ByteRange, DEFAULT_BAG_READS_IN_FLIGHT, MAX_RANGES};
 pub use blockio::{Access, AccessHook, MAX_RELOCATIONS, OPEN_ATTEMPTS};
 pub use client::{
     default_location, now_ns, Client, ClientConfig, CreateOptions, DataPathStats, GET_ATTEMPTS,

@@ -429,3 +429,103 @@ async fn bag_reads_back_as_one_stream_with_file_boundaries() {
     let uniq: HashSet<_> = order.iter().collect();
     assert_eq!(uniq.len(), 64);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn byte_ranges_of_several_files_read_back_as_one_stream_in_the_order_given() {
+    let t = common::start(64 << 20, 128 << 20).await;
+    let c = &t.client;
+    c.mkdir("/r", false).await.unwrap();
+    // Files of 0, 1 byte, 1.5 blocks and 3.2 blocks; a KeyValue in a Table.
+    let sizes = [0u64, 1, 3 << 19, (16 << 20) / 5];
+    for (i, size) in sizes.iter().enumerate() {
+        let mut n = c
+            .create(&format!("/r/f{i}"), NodeType::File, opts())
+            .await
+            .unwrap();
+        n.append(&pattern(40 + i as u64, *size as usize))
+            .await
+            .unwrap();
+        n.close().await.unwrap();
+    }
+    c.create("/r/t", NodeType::Table, opts()).await.unwrap();
+    c.put("/r/t/k", b"small value").await.unwrap();
+    let range = |path: &str, offset: u64, len: u64| nodekernel_client::ByteRange {
+        path: path.to_string(),
+        offset,
+        len,
+    };
+    let ranges = vec![
+        range("/r/f3", (1 << 20) - 7, (2 << 20) + 14), // across three blocks
+        range("/r/t/k", 6, 5),
+        range("/r/f0", 0, 0),
+        range("/r/f2", 0, 3 << 19), // a whole File
+        range("/r/f3", 0, 3),       // the same File again, earlier bytes
+        range("/r/f1", 0, 1),
+    ];
+    let mut expected = Vec::new();
+    for r in &ranges {
+        let whole = c.get(&r.path).await.unwrap();
+        expected.extend_from_slice(&whole[r.offset as usize..(r.offset + r.len) as usize]);
+    }
+    for in_flight in [1, 16] {
+        let mut s = c.read_ranges(&ranges, in_flight).await.unwrap();
+        assert_eq!(s.total_size(), expected.len() as u64);
+        let starts: Vec<(String, u64, u64)> = s
+            .files()
+            .iter()
+            .map(|e| (e.name.clone(), e.offset, e.size))
+            .collect();
+        let mut at = 0;
+        for (e, r) in starts.iter().zip(&ranges) {
+            assert_eq!(e, &(r.path.clone(), at, r.len), "entry of {r:?}");
+            at += r.len;
+        }
+        let mut got = vec![0u8; 1000];
+        let n = s.read(&mut got).await.unwrap();
+        got.truncate(n);
+        got.extend(s.read_to_end().await.unwrap());
+        assert!(got == expected, "{in_flight} reads in flight");
+    }
+    assert_eq!(c.read_ranges(&[], 4).await.unwrap().total_size(), 0);
+
+    // Failures come before any byte: past the end, missing, a container.
+    let past = c
+        .read_ranges(&[range("/r/f1", 0, 1), range("/r/f2", 1, 3 << 19)], 4)
+        .await
+        .unwrap_err();
+    assert_eq!(past.code, ErrorCode::OutOfRange, "{past}");
+    assert!(past.message.contains("/r/f2"), "{past}");
+    let wrap = c
+        .read_ranges(&[range("/r/f1", u64::MAX, 2)], 4)
+        .await
+        .unwrap_err();
+    assert_eq!(wrap.code, ErrorCode::OutOfRange);
+    let missing = c
+        .read_ranges(&[range("/r/nothing", 0, 0)], 4)
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code, ErrorCode::NotFound);
+    let dir = c.read_ranges(&[range("/r", 0, 0)], 4).await.unwrap_err();
+    assert_eq!(dir.code, ErrorCode::TypeMismatch);
+}
+
+/// A writer that aborts keeps what its last sync published, and the next
+/// writer appends right after it (a shuffle slot File reused after a
+/// failed task).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_after_an_aborted_writer_continues_at_the_published_size() {
+    let t = common::start(64 << 20, 128 << 20).await;
+    let c = &t.client;
+    let mut w = c.create("/slot", NodeType::File, opts()).await.unwrap();
+    w.append(b"kept|").await.unwrap();
+    w.sync().await.unwrap();
+    w.append(&pattern(7, 3 << 20)).await.unwrap(); // into new blocks
+    w.abort().await.unwrap();
+    assert_eq!(c.lookup("/slot").await.unwrap().size(), 5);
+
+    let mut w = c.open_write("/slot").await.unwrap();
+    assert_eq!(w.size(), 5);
+    w.append(b"next").await.unwrap();
+    w.close().await.unwrap();
+    assert_eq!(c.get("/slot").await.unwrap(), b"kept|next");
+}

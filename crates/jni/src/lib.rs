@@ -830,6 +830,70 @@ pub extern "system" fn Java_io_nodekernel_Native_openBag<'l>(
     })
 }
 
+/// Opens byte ranges of Files and KeyValues as one stream; returns
+/// `{handle, total size}`. `paths`, `offsets` and `lengths` are parallel
+/// arrays (one range each).
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_openRanges<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    c: jlong,
+    paths: JObjectArray<'l>,
+    offsets: JLongArray<'l>,
+    lengths: JLongArray<'l>,
+    reads_in_flight: jint,
+) -> jobject {
+    call(&mut env, std::ptr::null_mut(), |env| {
+        let client = CLIENTS.get(c)?;
+        if paths.is_null() || offsets.is_null() || lengths.is_null() {
+            return Err(Fail::Arg(
+                "paths, offsets and lengths must not be null".into(),
+            ));
+        }
+        let n = env.get_array_length(&paths)?;
+        if env.get_array_length(&offsets)? != n || env.get_array_length(&lengths)? != n {
+            return Err(Fail::Arg(
+                "paths, offsets and lengths must have one entry per range".into(),
+            ));
+        }
+        let n = usize::try_from(n).unwrap_or(0);
+        if n > nk::MAX_RANGES {
+            return Err(Fail::Arg(format!(
+                "{n} ranges in one stream; at most {}",
+                nk::MAX_RANGES
+            )));
+        }
+        let (mut offs, mut lens) = (vec![0i64; n], vec![0i64; n]);
+        env.get_long_array_region(&offsets, 0, &mut offs)?;
+        env.get_long_array_region(&lengths, 0, &mut lens)?;
+        let mut ranges = Vec::with_capacity(n);
+        for i in 0..n {
+            let p = JString::from(env.get_object_array_element(&paths, i as jint)?);
+            let path = path(env, &p)?;
+            env.delete_local_ref(p)?;
+            let (offset, len) = match (u64::try_from(offs[i]), u64::try_from(lens[i])) {
+                (Ok(o), Ok(l)) => (o, l),
+                _ => {
+                    return Err(Fail::Arg(format!(
+                        "range {i} of {path}: negative offset or length ({}, {})",
+                        offs[i], lens[i]
+                    )))
+                }
+            };
+            ranges.push(nk::ByteRange { path, offset, len });
+        }
+        let in_flight = if reads_in_flight > 0 {
+            reads_in_flight as usize
+        } else {
+            nk::DEFAULT_BAG_READS_IN_FLIGHT
+        };
+        let reader = block_on(client.read_ranges(&ranges, in_flight))??;
+        let total = reader.total_size();
+        let h = READERS.insert(Mutex::new(Reader::Bag { reader, pos: 0 }));
+        Ok(long_array(env, &[h, total as i64])?.into_raw())
+    })
+}
+
 /// Reads up to `len` bytes at the stream's position; -1 at the end.
 #[no_mangle]
 pub extern "system" fn Java_io_nodekernel_Native_read<'l>(

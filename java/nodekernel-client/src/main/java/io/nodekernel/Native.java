@@ -80,6 +80,11 @@ final class Native {
   static native long[] openBag(long client, String path, int readsInFlight)
       throws NodeKernelException;
 
+  /** {@code {handle, total size}}. */
+  static native long[] openRanges(
+      long client, String[] paths, long[] offsets, long[] lengths, int readsInFlight)
+      throws NodeKernelException;
+
   static native int read(long reader, ByteBuffer buf, int off, int len) throws NodeKernelException;
 
   static native int pread(long reader, long pos, ByteBuffer buf, int off, int len)

@@ -215,8 +215,38 @@ public final class NodeKernel implements AutoCloseable {
 
   /** Opens a Bag: all its Files, in listing order, as one sequential stream. */
   public NkInputStream openBag(String path) throws IOException {
-    long[] r = Native.openBag(handle(), path(path), 0);
+    return openBag(path, 0);
+  }
+
+  /**
+   * {@link #openBag(String)} with up to {@code readsInFlight} block reads outstanding (0: the
+   * default, 16).
+   */
+  public NkInputStream openBag(String path, int readsInFlight) throws IOException {
+    long[] r = Native.openBag(handle(), path(path), readsInFlight);
     return new NkInputStream(path, r[0], r[1], false);
+  }
+
+  /**
+   * Opens byte ranges of Files and KeyValues, in the order given, as one sequential stream with up
+   * to {@code readsInFlight} block reads outstanding across range boundaries (0: the default, 16):
+   * a Bag's multistream over chosen ranges. Each path is looked up once before any byte is read; a
+   * range past its node's published size fails with {@link NodeKernelException.OutOfRange}, never a
+   * short stream.
+   */
+  public NkInputStream openRanges(List<FileRange> ranges, int readsInFlight) throws IOException {
+    int n = ranges.size();
+    String[] paths = new String[n];
+    long[] offsets = new long[n];
+    long[] lengths = new long[n];
+    for (int i = 0; i < n; i++) {
+      FileRange r = ranges.get(i);
+      paths[i] = r.path();
+      offsets[i] = r.offset();
+      lengths[i] = r.length();
+    }
+    long[] h = Native.openRanges(handle(), paths, offsets, lengths, readsInFlight);
+    return new NkInputStream(n == 0 ? "(no ranges)" : paths[0] + " and others", h[0], h[1], false);
   }
 
   /** Stores {@code value} at {@code path} (a KeyValue, replaced as a whole). */

@@ -6,6 +6,7 @@ import static org.junit.Assert.assertFalse;
 import static org.junit.Assert.assertThrows;
 import static org.junit.Assert.assertTrue;
 
+import java.io.ByteArrayOutputStream;
 import java.io.EOFException;
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
@@ -240,6 +241,53 @@ public class ClientTest {
       assertEquals(want.toString(), got);
       assertThrows(UnsupportedOperationException.class, () -> in.seek(0));
     }
+  }
+
+  @Test
+  public void byteRangesOfSeveralFilesReadAsOneStreamInTheOrderGiven() throws Exception {
+    byte[] a = pattern(3 << 20, 11);
+    byte[] b = pattern(1000, 12);
+    file(dir + "/a", a);
+    file(dir + "/b", b);
+    List<FileRange> ranges =
+        List.of(
+            new FileRange(dir + "/a", (1 << 20) - 3, (1 << 20) + 6),
+            new FileRange(dir + "/b", 10, 20),
+            new FileRange(dir + "/a", 0, 0),
+            new FileRange(dir + "/a", 5, 1));
+    ByteArrayOutputStream want = new ByteArrayOutputStream();
+    for (FileRange r : ranges) {
+      byte[] src = r.path().endsWith("/a") ? a : b;
+      want.write(src, (int) r.offset(), (int) r.length());
+    }
+    try (NkInputStream in = nk().openRanges(ranges, 4)) {
+      assertEquals(want.size(), in.size());
+      ByteBuffer direct = ByteBuffer.allocateDirect(want.size());
+      while (direct.hasRemaining() && in.read(direct) > 0) {}
+      assertFalse(direct.hasRemaining());
+      byte[] got = new byte[want.size()];
+      direct.flip().get(got);
+      assertArrayEquals(want.toByteArray(), got);
+      assertEquals(-1, in.read());
+    }
+    assertThrows(
+        NodeKernelException.OutOfRange.class,
+        () -> nk().openRanges(List.of(new FileRange(dir + "/b", 999, 2)), 0));
+    assertThrows(
+        NodeKernelException.NotFound.class,
+        () -> nk().openRanges(List.of(new FileRange(dir + "/none", 0, 0)), 0));
+    assertThrows(IllegalArgumentException.class, () -> new FileRange(dir + "/b", -1, 2));
+    // A File whose writer aborted keeps its synced bytes; the next writer appends after them.
+    NkOutputStream w = nk().createFile(dir + "/slot");
+    w.write(new byte[] {1, 2});
+    w.sync();
+    w.write(pattern(2 << 20, 13));
+    w.abort();
+    try (NkOutputStream next = nk().append(dir + "/slot")) {
+      assertEquals(2, next.position());
+      next.write(3);
+    }
+    assertArrayEquals(new byte[] {1, 2, 3}, nk().get(dir + "/slot"));
   }
 
   @Test
