@@ -15,7 +15,7 @@ if [[ ! -f $jar ]]; then
         -Dartifact="com.google.googlejavaformat:google-java-format:$version:jar:all-deps" \
         -DoutputDirectory="$tools"
 fi
-mapfile -t files < <(git ls-files 'java/*.java' 'scripts/*.java')
+mapfile -t files < <(git ls-files --cached --others --exclude-standard 'java/*.java' 'scripts/*.java')
 # The formatter uses javac's parser, which Java 17 keeps unexported.
 opens=()
 for p in api code file parser tree util; do

@@ -3,8 +3,8 @@ package io.nodekernel;
 import java.util.Objects;
 
 /**
- * Bytes {@code [offset, offset + length)} of the File or KeyValue at {@code path}: one piece of
- * a {@link NodeKernel#openRanges} stream.
+ * Bytes {@code [offset, offset + length)} of the File or KeyValue at {@code path}: one piece of a
+ * {@link NodeKernel#openRanges} stream.
  *
  * @param path the node's path
  * @param offset the first byte
