@@ -1,0 +1,188 @@
+package io.nodekernel.spark;
+
+import io.nodekernel.NkOutputStream;
+import java.io.IOException;
+import java.io.OutputStream;
+import org.apache.spark.shuffle.ShuffleWriteMetricsReporter;
+import org.apache.spark.shuffle.api.ShuffleMapOutputWriter;
+import org.apache.spark.shuffle.api.ShufflePartitionWriter;
+import org.apache.spark.shuffle.api.metadata.MapOutputCommitMessage;
+
+/**
+ * One map attempt's output. Each non-empty partition becomes one segment appended to the File
+ * {@code p<p>/e<exec>-t<slot>} of the task's slot, published when its stream closes; the index
+ * {@code idx/m<mapTaskId>} written at commit says where the segments are. An aborted attempt leaves
+ * no index, so no reducer reads its segments (they are dead space until the shuffle is removed).
+ */
+final class NkMapOutputWriter implements ShuffleMapOutputWriter {
+  private final NodeKernelShuffleManager manager;
+  private final int shuffleId;
+  private final long mapTaskId;
+  private final ShuffleWriteMetricsReporter metrics;
+  private final long[] offsets;
+  private final long[] lengths;
+  private final int slot;
+  private int lastPartition = -1;
+  private NkOutputStream open;
+  private boolean done;
+
+  NkMapOutputWriter(
+      NodeKernelShuffleManager manager,
+      int shuffleId,
+      long mapTaskId,
+      int numPartitions,
+      ShuffleWriteMetricsReporter metrics) {
+    this.manager = manager;
+    this.shuffleId = shuffleId;
+    this.mapTaskId = mapTaskId;
+    this.metrics = metrics;
+    this.offsets = new long[numPartitions];
+    this.lengths = new long[numPartitions];
+    this.slot = manager.slots().acquire();
+  }
+
+  @Override
+  public synchronized ShufflePartitionWriter getPartitionWriter(int p) {
+    if (done) {
+      throw new IllegalStateException("map output of task " + mapTaskId + " already finished");
+    }
+    if (p <= lastPartition || p >= lengths.length) {
+      throw new IllegalArgumentException(
+          "partition " + p + " after " + lastPartition + " of " + lengths.length);
+    }
+    lastPartition = p;
+    return new PartitionWriter(p);
+  }
+
+  @Override
+  public synchronized MapOutputCommitMessage commitAllPartitions(long[] checksums)
+      throws IOException {
+    if (done) {
+      throw new IllegalStateException("map output of task " + mapTaskId + " already finished");
+    }
+    if (open != null) {
+      throw new IllegalStateException("a partition stream of task " + mapTaskId + " is open");
+    }
+    MapIndex index = MapIndex.of(manager.executorId(), slot, manager.location(), offsets, lengths);
+    long t0 = System.nanoTime();
+    manager.client().put(manager.indexPath(shuffleId, mapTaskId), index.encode());
+    metrics.incWriteTime(System.nanoTime() - t0);
+    finish();
+    return MapOutputCommitMessage.of(lengths.clone());
+  }
+
+  @Override
+  public synchronized void abort(Throwable error) {
+    if (done) {
+      return;
+    }
+    try {
+      if (open != null) {
+        open.abort();
+      }
+    } catch (IOException e) {
+      if (error != null) {
+        error.addSuppressed(e);
+      }
+    } finally {
+      open = null;
+      finish();
+    }
+  }
+
+  private void finish() {
+    done = true;
+    manager.slots().release(slot);
+  }
+
+  private final class PartitionWriter implements ShufflePartitionWriter {
+    private final int p;
+    private long written;
+
+    PartitionWriter(int p) {
+      this.p = p;
+    }
+
+    @Override
+    public OutputStream openStream() {
+      return new SegmentStream(this);
+    }
+
+    @Override
+    public long getNumBytesWritten() {
+      return written;
+    }
+  }
+
+  /**
+   * A segment opened at its first byte: partitions that get no bytes create nothing (a MapStatus
+   * size of 0 means no block).
+   */
+  private final class SegmentStream extends OutputStream {
+    private final PartitionWriter pw;
+    private NkOutputStream out;
+    private boolean closed;
+
+    SegmentStream(PartitionWriter pw) {
+      this.pw = pw;
+    }
+
+    private NkOutputStream out() throws IOException {
+      if (closed) {
+        throw new IOException("segment stream closed");
+      }
+      if (out == null) {
+        synchronized (NkMapOutputWriter.this) {
+          if (done || open != null) {
+            throw new IllegalStateException("map output of task " + mapTaskId + " not writable");
+          }
+          long t0 = System.nanoTime();
+          out = manager.openSlotFile(shuffleId, pw.p, slot);
+          offsets[pw.p] = out.position();
+          open = out;
+          metrics.incWriteTime(System.nanoTime() - t0);
+        }
+      }
+      return out;
+    }
+
+    @Override
+    public void write(int b) throws IOException {
+      out().write(b);
+      pw.written++;
+    }
+
+    @Override
+    public void write(byte[] b, int off, int len) throws IOException {
+      if (len == 0) {
+        return;
+      }
+      NkOutputStream o = out();
+      long t0 = System.nanoTime();
+      o.write(b, off, len);
+      metrics.incWriteTime(System.nanoTime() - t0);
+      pw.written += len;
+    }
+
+    @Override
+    public void close() throws IOException {
+      if (closed) {
+        return;
+      }
+      closed = true;
+      if (out == null) {
+        return;
+      }
+      synchronized (NkMapOutputWriter.this) {
+        if (open != out) {
+          return; // aborted meanwhile
+        }
+        long t0 = System.nanoTime();
+        out.close();
+        metrics.incWriteTime(System.nanoTime() - t0);
+        open = null;
+        lengths[pw.p] = pw.written;
+      }
+    }
+  }
+}

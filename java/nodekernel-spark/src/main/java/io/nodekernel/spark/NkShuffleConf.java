@@ -1,0 +1,54 @@
+package io.nodekernel.spark;
+
+import io.nodekernel.CreateOptions;
+import org.apache.spark.SparkConf;
+
+/** The configuration keys of the NodeKernel shuffle, read once from the SparkConf. */
+public final class NkShuffleConf {
+  /** Metadata servers ({@code host:port}, comma-separated); unset: as {@code nk} connects. */
+  public static final String META = "spark.nodekernel.meta";
+
+  /** A client configuration file (TOML); unset: {@code NK_CONFIG}, if set. */
+  public static final String CONFIG = "spark.nodekernel.config";
+
+  /** The parent of each application's shuffle directory {@code <root>/<appId>}. */
+  public static final String ROOT = "spark.nodekernel.shuffle.root";
+
+  public static final String DEFAULT_ROOT = "/spark-shuffle";
+
+  /** Block reads a reducer keeps outstanding (0: the client's default, 16). */
+  public static final String READS_IN_FLIGHT = "spark.nodekernel.shuffle.readsInFlight";
+
+  /** Whether map output goes to storage servers on the writer's host first (default true). */
+  public static final String LOCAL_PLACEMENT = "spark.nodekernel.shuffle.localPlacement";
+
+  /** The preferred storage class of map output (-1, the default: the parent's preference). */
+  public static final String STORAGE_CLASS = "spark.nodekernel.shuffle.storageClass";
+
+  final String meta;
+  final String config;
+  final String root;
+  final int readsInFlight;
+  final CreateOptions fileOptions;
+
+  NkShuffleConf(SparkConf conf) {
+    meta = conf.get(META, null);
+    config = conf.get(CONFIG, null);
+    String r = conf.get(ROOT, DEFAULT_ROOT);
+    while (r.length() > 1 && r.endsWith("/")) {
+      r = r.substring(0, r.length() - 1);
+    }
+    if (!r.startsWith("/")) {
+      throw new IllegalArgumentException(ROOT + " must be an absolute path: " + r);
+    }
+    root = r;
+    readsInFlight = conf.getInt(READS_IN_FLIGHT, 0);
+    if (readsInFlight < 0) {
+      throw new IllegalArgumentException(READS_IN_FLIGHT + " must not be negative");
+    }
+    fileOptions =
+        CreateOptions.defaults()
+            .local(conf.getBoolean(LOCAL_PLACEMENT, true))
+            .storageClass(conf.getInt(STORAGE_CLASS, -1));
+  }
+}

@@ -1,0 +1,312 @@
+package io.nodekernel.spark;
+
+import io.nodekernel.FileRange;
+import io.nodekernel.NkInputStream;
+import io.nodekernel.NodeKernel;
+import io.nodekernel.NodeStatus;
+import java.io.IOException;
+import java.io.InputStream;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.NoSuchElementException;
+import org.apache.spark.Aggregator;
+import org.apache.spark.InterruptibleIterator;
+import org.apache.spark.ShuffleDependency;
+import org.apache.spark.SparkEnv;
+import org.apache.spark.TaskContext;
+import org.apache.spark.serializer.DeserializationStream;
+import org.apache.spark.serializer.SerializerInstance;
+import org.apache.spark.serializer.SerializerManager;
+import org.apache.spark.shuffle.BaseShuffleHandle;
+import org.apache.spark.shuffle.FetchFailedException;
+import org.apache.spark.shuffle.ShuffleReadMetricsReporter;
+import org.apache.spark.shuffle.ShuffleReader;
+import org.apache.spark.storage.BlockId;
+import org.apache.spark.storage.BlockManagerId;
+import org.apache.spark.storage.ShuffleBlockId;
+import org.apache.spark.util.CompletionIterator$;
+import org.apache.spark.util.TaskCompletionListener;
+import org.apache.spark.util.collection.ExternalSorter;
+import scala.Function0;
+import scala.Option;
+import scala.Product2;
+import scala.Tuple2;
+import scala.Tuple3;
+import scala.collection.Iterator;
+import scala.collection.Seq;
+import scala.jdk.javaapi.CollectionConverters;
+import scala.runtime.BoxedUnit;
+
+/**
+ * Reads partitions {@code [startPartition, endPartition)} of the map outputs {@code [startMapIndex,
+ * endMapIndex)}: exactly the map attempts the tracker lists (so failed and speculative losers are
+ * never read), as one NodeKernel multistream over their segments, then Spark's {@code
+ * BlockStoreShuffleReader} pipeline (deserialize, aggregate, sort).
+ */
+final class NkShuffleReader<K, C> implements ShuffleReader<K, C> {
+  private final NodeKernelShuffleManager manager;
+  private final BaseShuffleHandle<K, ?, C> handle;
+  private final int startMapIndex;
+  private final int endMapIndex;
+  private final int startPartition;
+  private final int endPartition;
+  private final TaskContext ctx;
+  private final ShuffleReadMetricsReporter metrics;
+
+  /** One (map, partition) segment. */
+  private record Segment(
+      BlockManagerId location,
+      ShuffleBlockId block,
+      int mapIndex,
+      String path,
+      long offset,
+      long length,
+      boolean local) {}
+
+  NkShuffleReader(
+      NodeKernelShuffleManager manager,
+      BaseShuffleHandle<K, ?, C> handle,
+      int startMapIndex,
+      int endMapIndex,
+      int startPartition,
+      int endPartition,
+      TaskContext ctx,
+      ShuffleReadMetricsReporter metrics) {
+    this.manager = manager;
+    this.handle = handle;
+    this.startMapIndex = startMapIndex;
+    this.endMapIndex = endMapIndex;
+    this.startPartition = startPartition;
+    this.endPartition = endPartition;
+    this.ctx = ctx;
+    this.metrics = metrics;
+  }
+
+  /** Throws a checked exception through Scala's iterator interfaces. */
+  @SuppressWarnings("unchecked")
+  private static <T extends Throwable> RuntimeException sneaky(Throwable t) throws T {
+    throw (T) t;
+  }
+
+  private FetchFailedException fetchFailed(Segment s, String what, Throwable cause) {
+    return new FetchFailedException(
+        s.location,
+        handle.shuffleId(),
+        s.block.mapId(),
+        s.mapIndex,
+        s.block.reduceId(),
+        what + " " + s.block.name() + " (" + s.path + " at " + s.offset + ", " + s.length + ")",
+        cause);
+  }
+
+  private List<Segment> segments() {
+    int shuffleId = handle.shuffleId();
+    String dir = manager.shuffleDir(shuffleId);
+    String here = manager.location();
+    Iterator<Tuple2<BlockManagerId, Seq<Tuple3<BlockId, Object, Object>>>> byLocation =
+        SparkEnv.get()
+            .mapOutputTracker()
+            .getMapSizesByExecutorId(
+                shuffleId, startMapIndex, endMapIndex, startPartition, endPartition);
+    List<Segment> segments = new ArrayList<>();
+    while (byLocation.hasNext()) {
+      Tuple2<BlockManagerId, Seq<Tuple3<BlockId, Object, Object>>> t = byLocation.next();
+      Iterator<Tuple3<BlockId, Object, Object>> blocks = t._2().iterator();
+      while (blocks.hasNext()) {
+        Tuple3<BlockId, Object, Object> b = blocks.next();
+        if (!(b._1() instanceof ShuffleBlockId id)) {
+          throw new IllegalStateException("unexpected shuffle block " + b._1());
+        }
+        int mapIndex = (Integer) b._3();
+        Segment unknown = new Segment(t._1(), id, mapIndex, dir, 0, 0, false);
+        MapIndex index;
+        try {
+          index = manager.index(shuffleId, id.mapId());
+        } catch (IOException e) {
+          throw sneaky(fetchFailed(unknown, "no map index for", e));
+        }
+        int i = index.find(id.reduceId());
+        if (i < 0) {
+          throw sneaky(fetchFailed(unknown, "map index has no segment for", null));
+        }
+        segments.add(
+            new Segment(
+                t._1(),
+                id,
+                mapIndex,
+                index.file(dir, id.reduceId()),
+                index.offset(i),
+                index.length(i),
+                here.equals(index.host)));
+      }
+    }
+    return segments;
+  }
+
+  /** The segment that made opening the multistream fail, found by looking each File up. */
+  private Segment blame(NodeKernel nk, List<Segment> segments) {
+    for (Segment s : segments) {
+      try {
+        NodeStatus st = nk.lookup(s.path);
+        if (st.size() < s.offset + s.length) {
+          return s;
+        }
+      } catch (IOException e) {
+        return s;
+      }
+    }
+    return segments.get(0);
+  }
+
+  @Override
+  public Iterator<Product2<K, C>> read() {
+    long t0 = System.nanoTime();
+    List<Segment> segments = segments();
+    NkInputStream stream = null;
+    if (!segments.isEmpty()) {
+      List<FileRange> ranges = new ArrayList<>(segments.size());
+      for (Segment s : segments) {
+        ranges.add(new FileRange(s.path, s.offset, s.length));
+      }
+      NodeKernel nk;
+      try {
+        nk = manager.client();
+        stream = nk.openRanges(ranges, manager.readsInFlight());
+      } catch (IOException e) {
+        NodeKernel c;
+        try {
+          c = manager.client();
+        } catch (IOException e2) {
+          throw sneaky(fetchFailed(segments.get(0), "cannot read", e));
+        }
+        throw sneaky(fetchFailed(blame(c, segments), "cannot read", e));
+      }
+    }
+    metrics.incFetchWaitTime((System.nanoTime() - t0) / 1_000_000);
+    NkInputStream in = stream;
+    if (in != null) {
+      ctx.addTaskCompletionListener((TaskCompletionListener) c -> in.close());
+    }
+
+    @SuppressWarnings("unchecked")
+    ShuffleDependency<Object, Object, Object> dep =
+        (ShuffleDependency<Object, Object, Object>)
+            (ShuffleDependency<?, ?, ?>) handle.dependency();
+    Records records = new Records(segments, in, dep.serializer().newInstance());
+    Iterator<Product2<Object, Object>> it = CollectionConverters.asScala(records);
+    Function0<BoxedUnit> done =
+        () -> {
+          ctx.taskMetrics().mergeShuffleReadMetrics();
+          if (in != null) {
+            in.close();
+          }
+          return BoxedUnit.UNIT;
+        };
+    it = CompletionIterator$.MODULE$.apply(it, done);
+    it = new InterruptibleIterator<>(ctx, it);
+    Option<Aggregator<Object, Object, Object>> aggregator = dep.aggregator();
+    if (aggregator.isDefined()) {
+      it =
+          products(
+              dep.mapSideCombine()
+                  ? aggregator.get().combineCombinersByKey(it, ctx)
+                  : aggregator.get().combineValuesByKey(it, ctx));
+    }
+    if (dep.keyOrdering().isDefined()) {
+      ExternalSorter<Object, Object, Object> sorter =
+          new ExternalSorter<>(
+              ctx, Option.empty(), Option.empty(), dep.keyOrdering(), dep.serializer());
+      it = sorter.insertAllAndUpdateMetrics(it);
+    }
+    if (!(it instanceof InterruptibleIterator)) {
+      it = new InterruptibleIterator<>(ctx, it);
+    }
+    @SuppressWarnings("unchecked")
+    Iterator<Product2<K, C>> result = (Iterator<Product2<K, C>>) (Iterator<?>) it;
+    return result;
+  }
+
+  @SuppressWarnings("unchecked")
+  private static Iterator<Product2<Object, Object>> products(Iterator<?> it) {
+    return (Iterator<Product2<Object, Object>>) it;
+  }
+
+  /** The records of the segments in turn, each segment its own (compressed) stream. */
+  private final class Records implements java.util.Iterator<Product2<Object, Object>> {
+    private final List<Segment> segments;
+    private final InputStream in;
+    private final SerializerInstance serializer;
+    private final SerializerManager serializerManager = SparkEnv.get().serializerManager();
+    private int next;
+    private Segment current;
+    private BoundedInput bounded;
+    private DeserializationStream records;
+    private Iterator<Tuple2<Object, Object>> it;
+
+    Records(List<Segment> segments, InputStream in, SerializerInstance serializer) {
+      this.segments = segments;
+      this.in = in;
+      this.serializer = serializer;
+    }
+
+    @Override
+    public boolean hasNext() {
+      try {
+        while (it == null || !it.hasNext()) {
+          endSegment();
+          if (next == segments.size()) {
+            return false;
+          }
+          current = segments.get(next++);
+          bounded = new BoundedInput(in, current.length);
+          if (current.local) {
+            metrics.incLocalBlocksFetched(1);
+            metrics.incLocalBytesRead(current.length);
+          } else {
+            metrics.incRemoteBlocksFetched(1);
+            metrics.incRemoteBytesRead(current.length);
+          }
+          records =
+              serializer.deserializeStream(serializerManager.wrapStream(current.block, bounded));
+          it = records.asKeyValueIterator();
+        }
+        return true;
+      } catch (Exception e) {
+        throw failure(e);
+      }
+    }
+
+    private void endSegment() throws IOException {
+      if (records != null) {
+        records.close();
+        records = null;
+      }
+      if (bounded != null) {
+        bounded.close();
+        bounded = null;
+      }
+    }
+
+    private RuntimeException failure(Exception e) {
+      if (e instanceof IOException && current != null) {
+        return sneaky(fetchFailed(current, "cannot read", e));
+      }
+      return sneaky(e);
+    }
+
+    @Override
+    public Product2<Object, Object> next() {
+      if (!hasNext()) {
+        throw new NoSuchElementException();
+      }
+      Tuple2<Object, Object> r;
+      try {
+        r = it.next();
+      } catch (Exception e) {
+        throw failure(e);
+      }
+      metrics.incRecordsRead(1);
+      return r;
+    }
+  }
+}

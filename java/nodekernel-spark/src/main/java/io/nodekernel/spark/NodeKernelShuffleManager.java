@@ -1,0 +1,259 @@
+package io.nodekernel.spark;
+
+import io.nodekernel.NkOutputStream;
+import io.nodekernel.NodeKernel;
+import io.nodekernel.NodeKernelException;
+import io.nodekernel.NodeType;
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+import org.apache.spark.ShuffleDependency;
+import org.apache.spark.SparkConf;
+import org.apache.spark.SparkEnv;
+import org.apache.spark.SparkException;
+import org.apache.spark.TaskContext;
+import org.apache.spark.shuffle.BaseShuffleHandle;
+import org.apache.spark.shuffle.ShuffleBlockResolver;
+import org.apache.spark.shuffle.ShuffleHandle;
+import org.apache.spark.shuffle.ShuffleManager;
+import org.apache.spark.shuffle.ShuffleReadMetricsReporter;
+import org.apache.spark.shuffle.ShuffleReader;
+import org.apache.spark.shuffle.ShuffleWriteMetricsReporter;
+import org.apache.spark.shuffle.ShuffleWriter;
+import org.apache.spark.shuffle.sort.SerializedShuffleHandle;
+import org.apache.spark.shuffle.sort.SortShuffleManager;
+import org.apache.spark.shuffle.sort.SortShuffleWriter;
+import org.apache.spark.shuffle.sort.UnsafeShuffleWriter;
+import org.apache.spark.util.TaskCompletionListener;
+
+/**
+ * A Spark 3.5 shuffle manager that keeps shuffle data in NodeKernel instead of executors' local
+ * disks: {@code spark.shuffle.manager=io.nodekernel.spark.NodeKernelShuffleManager}.
+ *
+ * <p>Map tasks write through Spark's own sort-based writers (sorting, map-side combine, spills,
+ * serialization, compression and encryption stay Spark's); reducers read the segments the map
+ * output tracker lists straight from NodeKernel. Layout, under {@code <root>/<appId>}:
+ *
+ * <pre>
+ * s&lt;shuffleId&gt;/p&lt;reduceId&gt;/e&lt;execId&gt;-t&lt;slot&gt;  File (in a Bag per reduce partition): segments of the slot's map tasks
+ * s&lt;shuffleId&gt;/idx/m&lt;mapTaskId&gt;               KeyValue (in a Table): a map attempt's index, its commit marker
+ * </pre>
+ */
+public class NodeKernelShuffleManager implements ShuffleManager {
+  private final SparkConf sparkConf;
+  private final boolean isDriver;
+  private final NkShuffleConf conf;
+  private final SlotPool slots = new SlotPool();
+  private final NkShuffleBlockResolver resolver = new NkShuffleBlockResolver();
+  private final Map<Integer, Map<Long, MapIndex>> indexes = new ConcurrentHashMap<>();
+  private NodeKernel client;
+  private boolean stopped;
+
+  public NodeKernelShuffleManager(SparkConf sparkConf, boolean isDriver) {
+    for (String key :
+        new String[] {
+          "spark.shuffle.useOldFetchProtocol",
+          "spark.shuffle.push.enabled",
+          "spark.storage.decommission.shuffleBlocks.enabled"
+        }) {
+      if (sparkConf.getBoolean(key, false)) {
+        throw new IllegalArgumentException(
+            key + "=true is not supported by " + getClass().getSimpleName());
+      }
+    }
+    this.sparkConf = sparkConf;
+    this.isDriver = isDriver;
+    this.conf = new NkShuffleConf(sparkConf);
+  }
+
+  /** This JVM's client, connected at first use. */
+  synchronized NodeKernel client() throws IOException {
+    if (stopped) {
+      throw new IOException("the NodeKernel shuffle manager is stopped");
+    }
+    if (client == null) {
+      client = NodeKernel.connect(conf.meta, conf.config);
+    }
+    return client;
+  }
+
+  SlotPool slots() {
+    return slots;
+  }
+
+  int readsInFlight() {
+    return conf.readsInFlight;
+  }
+
+  String executorId() {
+    return SparkEnv.get().executorId();
+  }
+
+  String location() {
+    return NodeKernel.localLocation();
+  }
+
+  /** This application's directory. */
+  String appDir() {
+    return conf.root + "/" + sparkConf.getAppId();
+  }
+
+  String shuffleDir(int shuffleId) {
+    return appDir() + "/s" + shuffleId;
+  }
+
+  String indexPath(int shuffleId, long mapTaskId) {
+    return shuffleDir(shuffleId) + "/idx/m" + mapTaskId;
+  }
+
+  /** Opens the slot's File of partition {@code p} to append a segment, creating it if new. */
+  NkOutputStream openSlotFile(int shuffleId, int p, int slot) throws IOException {
+    String path = shuffleDir(shuffleId) + "/p" + p + "/e" + executorId() + "-t" + slot;
+    NodeKernel nk = client();
+    try {
+      return nk.append(path, conf.fileOptions);
+    } catch (NodeKernelException.NotFound e) {
+      return nk.createFile(path, conf.fileOptions);
+    }
+  }
+
+  /** The committed index of a map attempt, fetched once per JVM. */
+  MapIndex index(int shuffleId, long mapTaskId) throws IOException {
+    Map<Long, MapIndex> cache = indexes.computeIfAbsent(shuffleId, id -> new ConcurrentHashMap<>());
+    MapIndex idx = cache.get(mapTaskId);
+    if (idx == null) {
+      idx = MapIndex.decode(client().get(indexPath(shuffleId, mapTaskId)));
+      cache.put(mapTaskId, idx);
+    }
+    return idx;
+  }
+
+  @Override
+  public <K, V, C> ShuffleHandle registerShuffle(int shuffleId, ShuffleDependency<K, V, C> dep) {
+    String dir = shuffleDir(shuffleId);
+    try {
+      NodeKernel nk = client();
+      nk.mkdir(dir, true);
+      create(nk, dir + "/idx", NodeType.TABLE);
+      int n = dep.partitioner().numPartitions();
+      for (int p = 0; p < n; p++) {
+        create(nk, dir + "/p" + p, NodeType.BAG);
+      }
+    } catch (IOException e) {
+      throw new UncheckedIOException("cannot create shuffle directory " + dir, e);
+    }
+    if (SortShuffleManager.canUseSerializedShuffle(dep)) {
+      // canUseSerializedShuffle holds only without map-side combine, where C is V.
+      @SuppressWarnings("unchecked")
+      ShuffleDependency<K, V, V> d = (ShuffleDependency<K, V, V>) (ShuffleDependency<?, ?, ?>) dep;
+      return new SerializedShuffleHandle<>(shuffleId, d);
+    }
+    return new BaseShuffleHandle<>(shuffleId, dep);
+  }
+
+  private static void create(NodeKernel nk, String path, NodeType type) throws IOException {
+    try {
+      nk.createContainer(path, type, io.nodekernel.CreateOptions.defaults());
+    } catch (NodeKernelException.AlreadyExists e) {
+      // registered again (a retried registration): keep what is there
+    }
+  }
+
+  @Override
+  public <K, V> ShuffleWriter<K, V> getWriter(
+      ShuffleHandle handle, long mapId, TaskContext ctx, ShuffleWriteMetricsReporter metrics) {
+    NkExecutorComponents components = new NkExecutorComponents(this, metrics);
+    // Backstop: whatever way the task ends, an uncommitted map output is aborted and its slot
+    // freed.
+    ctx.addTaskCompletionListener((TaskCompletionListener) c -> components.abortAll(null));
+    ShuffleWriter<K, V> inner;
+    if (handle instanceof SerializedShuffleHandle) {
+      @SuppressWarnings("unchecked")
+      SerializedShuffleHandle<K, V> h = (SerializedShuffleHandle<K, V>) handle;
+      SparkEnv env = SparkEnv.get();
+      try {
+        inner =
+            new UnsafeShuffleWriter<>(
+                env.blockManager(),
+                ctx.taskMemoryManager(),
+                h,
+                mapId,
+                ctx,
+                env.conf(),
+                metrics,
+                components);
+      } catch (SparkException e) {
+        throw new IllegalStateException(e.getMessage(), e);
+      }
+    } else {
+      @SuppressWarnings("unchecked")
+      BaseShuffleHandle<K, V, Object> h = (BaseShuffleHandle<K, V, Object>) handle;
+      inner = new SortShuffleWriter<>(h, mapId, ctx, metrics, components);
+    }
+    return new NkShuffleWriter<>(inner, components);
+  }
+
+  @Override
+  public <K, C> ShuffleReader<K, C> getReader(
+      ShuffleHandle handle,
+      int startMapIndex,
+      int endMapIndex,
+      int startPartition,
+      int endPartition,
+      TaskContext ctx,
+      ShuffleReadMetricsReporter metrics) {
+    @SuppressWarnings("unchecked")
+    BaseShuffleHandle<K, ?, C> h = (BaseShuffleHandle<K, ?, C>) handle;
+    return new NkShuffleReader<>(
+        this, h, startMapIndex, endMapIndex, startPartition, endPartition, ctx, metrics);
+  }
+
+  /** Drops this JVM's cached indexes; on the driver, deletes the shuffle's data too. */
+  @Override
+  public boolean unregisterShuffle(int shuffleId) {
+    indexes.remove(shuffleId);
+    if (isDriver) {
+      delete(shuffleDir(shuffleId));
+    }
+    return true;
+  }
+
+  private void delete(String path) {
+    try {
+      client().delete(path, true);
+    } catch (NodeKernelException.NotFound e) {
+      // nothing was written there
+    } catch (IOException e) {
+      throw new UncheckedIOException("cannot delete " + path, e);
+    }
+  }
+
+  @Override
+  public ShuffleBlockResolver shuffleBlockResolver() {
+    return resolver;
+  }
+
+  /** On the driver, deletes the application's shuffle directory; closes the client. */
+  @Override
+  public void stop() {
+    synchronized (this) {
+      if (stopped || client == null) {
+        stopped = true;
+        return;
+      }
+    }
+    try {
+      if (isDriver && sparkConf.contains("spark.app.id")) {
+        delete(appDir());
+      }
+    } finally {
+      synchronized (this) {
+        stopped = true;
+        client.close();
+        client = null;
+      }
+      indexes.clear();
+    }
+  }
+}

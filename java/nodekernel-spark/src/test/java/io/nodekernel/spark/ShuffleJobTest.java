@@ -1,0 +1,205 @@
+package io.nodekernel.spark;
+
+import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertFalse;
+import static org.junit.Assert.assertTrue;
+
+import io.nodekernel.NodeKernel;
+import io.nodekernel.NodeStatus;
+import io.nodekernel.TestCluster;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.List;
+import java.util.Map;
+import java.util.Random;
+import java.util.TreeMap;
+import org.apache.spark.SparkConf;
+import org.apache.spark.api.java.JavaPairRDD;
+import org.apache.spark.api.java.JavaRDD;
+import org.apache.spark.api.java.JavaSparkContext;
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.SparkSession;
+import org.junit.AfterClass;
+import org.junit.BeforeClass;
+import org.junit.ClassRule;
+import org.junit.Test;
+import scala.Tuple2;
+
+/**
+ * Jobs in local mode ({@code local[2]}, Kryo, so that {@code repartition} and SQL go through {@code
+ * UnsafeShuffleWriter} and the aggregations through {@code SortShuffleWriter}) with the NodeKernel
+ * shuffle give the results computed here without Spark, and their shuffle data is in NodeKernel.
+ */
+public class ShuffleJobTest {
+  @ClassRule public static final TestCluster.Rule CLUSTER = new TestCluster.Rule();
+
+  private static final int N = 20_000;
+  private static JavaSparkContext sc;
+  private static List<Tuple2<Integer, Integer>> pairs;
+
+  static SparkConf conf(String master, TestCluster cluster) {
+    return new SparkConf()
+        .setMaster(master)
+        .setAppName("nodekernel-shuffle")
+        .set("spark.ui.enabled", "false")
+        .set("spark.driver.host", "127.0.0.1")
+        .set("spark.driver.bindAddress", "127.0.0.1")
+        .set("spark.shuffle.manager", NodeKernelShuffleManager.class.getName())
+        .set(NkShuffleConf.META, cluster.meta())
+        .set(NkShuffleConf.CONFIG, cluster.clientConfig());
+  }
+
+  @BeforeClass
+  public static void start() {
+    sc =
+        new JavaSparkContext(
+            conf("local[2]", CLUSTER.cluster())
+                .set("spark.serializer", "org.apache.spark.serializer.KryoSerializer")
+                .set("spark.sql.shuffle.partitions", "4")
+                .set("spark.sql.autoBroadcastJoinThreshold", "-1"));
+    pairs = new ArrayList<>();
+    for (int i = 0; i < N; i++) {
+      pairs.add(new Tuple2<>(i % 97, i));
+    }
+  }
+
+  @AfterClass
+  public static void stop() {
+    if (sc != null) {
+      sc.stop();
+    }
+    SparkSession.clearActiveSession();
+    SparkSession.clearDefaultSession();
+  }
+
+  private static JavaPairRDD<Integer, Integer> input() {
+    return sc.parallelizePairs(pairs, 4);
+  }
+
+  @Test
+  public void groupByKey() throws Exception {
+    Map<Integer, List<Integer>> expected = new TreeMap<>();
+    for (Tuple2<Integer, Integer> p : pairs) {
+      expected.computeIfAbsent(p._1(), k -> new ArrayList<>()).add(p._2());
+    }
+    Map<Integer, List<Integer>> got = new TreeMap<>();
+    for (Tuple2<Integer, Iterable<Integer>> t : input().groupByKey(3).collect()) {
+      List<Integer> vs = new ArrayList<>();
+      t._2().forEach(vs::add);
+      Collections.sort(vs);
+      got.put(t._1(), vs);
+    }
+    assertEquals(expected, got);
+    // The data went through NodeKernel: map indexes and slot Files under the app's directory.
+    NodeKernel nk = CLUSTER.client();
+    String app = NkShuffleConf.DEFAULT_ROOT + "/" + sc.sc().applicationId();
+    boolean sawIndex = false;
+    for (NodeStatus s : nk.list(app)) {
+      String dir = s.path().startsWith("/") ? s.path() : app + "/" + s.path();
+      sawIndex |= !nk.list(dir + "/idx").isEmpty();
+    }
+    assertTrue("no map index in " + app, sawIndex);
+  }
+
+  @Test
+  public void reduceByKeyCombinesOnTheMapSide() {
+    Map<Integer, Long> expected = new TreeMap<>();
+    for (Tuple2<Integer, Integer> p : pairs) {
+      expected.merge(p._1(), (long) p._2(), Long::sum);
+    }
+    Map<Integer, Long> got =
+        new TreeMap<>(input().mapValues(v -> (long) v).reduceByKey(Long::sum, 3).collectAsMap());
+    assertEquals(expected, got);
+  }
+
+  @Test
+  public void sortByKey() {
+    Random r = new Random(7);
+    List<Tuple2<Long, String>> data = new ArrayList<>();
+    List<Long> keys = new ArrayList<>();
+    for (int i = 0; i < N; i++) {
+      long k = r.nextLong();
+      keys.add(k);
+      data.add(new Tuple2<>(k, "v" + i));
+    }
+    Collections.sort(keys);
+    List<Long> got = sc.parallelizePairs(data, 4).sortByKey(true, 3).keys().collect();
+    assertEquals(keys, got);
+  }
+
+  @Test
+  public void repartition() {
+    List<String> data = new ArrayList<>();
+    for (int i = 0; i < N; i++) {
+      data.add("row-" + i);
+    }
+    JavaRDD<String> out = sc.parallelize(data, 3).repartition(5);
+    assertEquals(5, out.getNumPartitions());
+    List<String> got = new ArrayList<>(out.collect());
+    Collections.sort(got);
+    List<String> expected = new ArrayList<>(data);
+    Collections.sort(expected);
+    assertEquals(expected, got);
+    // No partition is left empty by round-robin repartitioning.
+    for (int size : out.glom().map(List::size).collect()) {
+      assertFalse(size == 0);
+    }
+  }
+
+  @Test
+  public void skewedKeys() {
+    List<Tuple2<Integer, Integer>> data = new ArrayList<>();
+    Map<Integer, Long> expected = new TreeMap<>();
+    for (int i = 0; i < N; i++) {
+      int k = i % 2 == 0 ? 0 : i % 31;
+      data.add(new Tuple2<>(k, 1));
+      expected.merge(k, 1L, Long::sum);
+    }
+    Map<Integer, Long> got =
+        new TreeMap<>(
+            sc.parallelizePairs(data, 4)
+                .groupByKey(4)
+                .mapValues(
+                    vs -> {
+                      long n = 0;
+                      for (Integer v : vs) {
+                        n += v;
+                      }
+                      return n;
+                    })
+                .collectAsMap());
+    assertEquals(expected, got);
+  }
+
+  @Test
+  public void sqlJoinAndAggregation() {
+    SparkSession spark = SparkSession.builder().sparkContext(sc.sc()).getOrCreate();
+    List<Row> left = new ArrayList<>();
+    List<Row> right = new ArrayList<>();
+    Map<Integer, Long> expected = new TreeMap<>();
+    for (int i = 0; i < 5000; i++) {
+      left.add(org.apache.spark.sql.RowFactory.create(i % 50, (long) i));
+    }
+    for (int k = 0; k < 50; k += 2) {
+      right.add(org.apache.spark.sql.RowFactory.create(k, "name" + k));
+    }
+    for (int i = 0; i < 5000; i++) {
+      if ((i % 50) % 2 == 0) {
+        expected.merge(i % 50, (long) i, Long::sum);
+      }
+    }
+    Dataset<Row> l =
+        spark.createDataFrame(
+            left, org.apache.spark.sql.types.StructType.fromDDL("k INT, v BIGINT"));
+    Dataset<Row> r =
+        spark.createDataFrame(
+            right, org.apache.spark.sql.types.StructType.fromDDL("k INT, name STRING"));
+    Dataset<Row> joined = l.join(r, "k").groupBy("k").agg(org.apache.spark.sql.functions.sum("v"));
+    Map<Integer, Long> got = new TreeMap<>();
+    for (Row row : joined.collectAsList()) {
+      got.put(row.getInt(0), row.getLong(1));
+    }
+    assertEquals(expected, got);
+  }
+}

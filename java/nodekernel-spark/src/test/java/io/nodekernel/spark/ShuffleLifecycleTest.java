@@ -1,0 +1,158 @@
+package io.nodekernel.spark;
+
+import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertFalse;
+import static org.junit.Assert.assertTrue;
+
+import io.nodekernel.NodeKernel;
+import io.nodekernel.NodeStatus;
+import io.nodekernel.TestCluster;
+import java.io.IOException;
+import java.io.ObjectOutputStream;
+import java.io.Serializable;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.TreeMap;
+import java.util.concurrent.atomic.AtomicLong;
+import org.apache.spark.ShuffleDependency;
+import org.apache.spark.TaskContext;
+import org.apache.spark.api.java.JavaPairRDD;
+import org.apache.spark.api.java.JavaSparkContext;
+import org.junit.ClassRule;
+import org.junit.Test;
+import scala.Tuple2;
+
+/**
+ * Each test with its own SparkContext: more task threads than the other tests, a map task failing
+ * in the middle of its output, and the shuffle data removed by the ContextCleaner and at stop.
+ */
+public class ShuffleLifecycleTest {
+  @ClassRule public static final TestCluster.Rule CLUSTER = new TestCluster.Rule();
+
+  private static JavaSparkContext context(String master) {
+    return new JavaSparkContext(ShuffleJobTest.conf(master, CLUSTER.cluster()));
+  }
+
+  private static String appDir(JavaSparkContext sc) {
+    return NkShuffleConf.DEFAULT_ROOT + "/" + sc.sc().applicationId();
+  }
+
+  private static List<Tuple2<Integer, Long>> pairs(int n, int keys) {
+    List<Tuple2<Integer, Long>> pairs = new ArrayList<>();
+    for (int i = 0; i < n; i++) {
+      pairs.add(new Tuple2<>(i % keys, (long) i));
+    }
+    return pairs;
+  }
+
+  private static Map<Integer, Long> sums(List<Tuple2<Integer, Long>> pairs) {
+    Map<Integer, Long> sums = new TreeMap<>();
+    for (Tuple2<Integer, Long> p : pairs) {
+      sums.merge(p._1(), p._2(), Long::sum);
+    }
+    return sums;
+  }
+
+  @Test
+  public void fourTaskThreads() {
+    JavaSparkContext sc = context("local[4]");
+    try {
+      List<Tuple2<Integer, Long>> data = pairs(40_000, 1000);
+      Map<Integer, Long> got =
+          new TreeMap<>(sc.parallelizePairs(data, 8).reduceByKey(Long::sum, 6).collectAsMap());
+      assertEquals(sums(data), got);
+    } finally {
+      sc.stop();
+    }
+  }
+
+  @Test
+  public void shuffleDataIsRemovedByTheCleanerAndAtStop() throws IOException {
+    NodeKernel nk = CLUSTER.client();
+    JavaSparkContext sc = context("local[2]");
+    String app;
+    try {
+      app = appDir(sc);
+      List<Tuple2<Integer, Long>> data = pairs(10_000, 50);
+      JavaPairRDD<Integer, Long> reduced = sc.parallelizePairs(data, 4).reduceByKey(Long::sum, 3);
+      assertEquals(sums(data), new TreeMap<>(reduced.collectAsMap()));
+      int shuffleId =
+          ((ShuffleDependency<?, ?, ?>) reduced.rdd().dependencies().head()).shuffleId();
+      String dir = app + "/s" + shuffleId;
+      assertFalse(nk.list(dir + "/idx").isEmpty());
+      sc.sc().cleaner().get().doCleanupShuffle(shuffleId, true);
+      assertFalse(dir + " left after the cleaner removed the shuffle", nk.exists(dir));
+
+      assertEquals(
+          sums(data),
+          new TreeMap<>(sc.parallelizePairs(data, 4).reduceByKey(Long::sum, 3).collectAsMap()));
+      assertTrue(nk.exists(app));
+    } finally {
+      sc.stop();
+    }
+    assertFalse(app + " left after SparkContext.stop()", nk.exists(app));
+  }
+
+  /** The task attempt ids of map tasks made to fail. */
+  static final AtomicLong FAILED = new AtomicLong(-1);
+
+  /** A value whose serialization fails in the first attempt of map task 1, when {@code boom}. */
+  static final class Bomb implements Serializable {
+    final long value;
+    final boolean boom;
+
+    Bomb(long value, boolean boom) {
+      this.value = value;
+      this.boom = boom;
+    }
+
+    private void writeObject(ObjectOutputStream out) throws IOException {
+      TaskContext ctx = TaskContext.get();
+      if (boom && ctx != null && ctx.attemptNumber() == 0 && ctx.partitionId() == 1) {
+        FAILED.set(ctx.taskAttemptId());
+        throw new IOException("bomb: map task 1 fails in the middle of its output");
+      }
+      out.defaultWriteObject();
+    }
+  }
+
+  @Test
+  public void aMapTaskFailingMidWriteIsRetried() throws IOException {
+    NodeKernel nk = CLUSTER.client();
+    // local[2,2]: one retry per task.
+    JavaSparkContext sc = context("local[2,2]");
+    try {
+      List<Tuple2<Integer, Long>> data = pairs(8000, 8);
+      // HashPartitioner(4): keys 3 and 7 go to the last partition, written after the others were
+      // published, and fail to serialize in map task 1's first attempt.
+      JavaPairRDD<Integer, Iterable<Bomb>> grouped =
+          sc.parallelizePairs(data, 4)
+              .mapToPair(t -> new Tuple2<>(t._1(), new Bomb(t._2(), t._1() % 4 == 3)))
+              .groupByKey(4);
+      Map<Integer, Long> got = new TreeMap<>();
+      for (Tuple2<Integer, Iterable<Bomb>> t : grouped.collect()) {
+        long sum = 0;
+        for (Bomb b : t._2()) {
+          sum += b.value;
+        }
+        got.put(t._1(), sum);
+      }
+      assertEquals(sums(data), got);
+      long failed = FAILED.get();
+      assertTrue("no map task failed", failed >= 0);
+      // The job's one shuffle.
+      List<NodeStatus> shuffles = nk.list(appDir(sc));
+      assertEquals(1, shuffles.size());
+      String s0 = shuffles.get(0).path();
+      String idx = (s0.startsWith("/") ? s0 : appDir(sc) + "/" + s0) + "/idx";
+      List<NodeStatus> indexes = nk.list(idx);
+      assertEquals(4, indexes.size());
+      for (NodeStatus s : indexes) {
+        assertFalse(s.path().endsWith("/m" + failed) || s.path().equals("m" + failed));
+      }
+    } finally {
+      sc.stop();
+    }
+  }
+}
