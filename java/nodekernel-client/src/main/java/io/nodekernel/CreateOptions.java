@@ -8,35 +8,31 @@ package io.nodekernel;
  * }</pre>
  */
 public final class CreateOptions {
-  private static final CreateOptions DEFAULTS =
-      new CreateOptions(-1, false, false, true, -1, 0, 0, 0);
+  private static final CreateOptions DEFAULTS = new CreateOptions();
 
-  final int storageClass;
-  final boolean local;
-  final boolean pinned;
-  final boolean enumerable;
-  final int mode;
-  final long sizeHint;
-  final int bufferSize;
-  final int sliceSize;
+  int storageClass = -1;
+  boolean local;
+  boolean pinned;
+  boolean enumerable = true;
+  int mode = -1;
+  long sizeHint;
+  int bufferSize;
+  int sliceSize;
 
-  private CreateOptions(
-      int storageClass,
-      boolean local,
-      boolean pinned,
-      boolean enumerable,
-      int mode,
-      long sizeHint,
-      int bufferSize,
-      int sliceSize) {
-    this.storageClass = storageClass;
-    this.local = local;
-    this.pinned = pinned;
-    this.enumerable = enumerable;
-    this.mode = mode;
-    this.sizeHint = sizeHint;
-    this.bufferSize = bufferSize;
-    this.sliceSize = sliceSize;
+  private CreateOptions() {}
+
+  /** A copy to change one setting of (instances are never changed once handed out). */
+  private CreateOptions copy() {
+    CreateOptions c = new CreateOptions();
+    c.storageClass = storageClass;
+    c.local = local;
+    c.pinned = pinned;
+    c.enumerable = enumerable;
+    c.mode = mode;
+    c.sizeHint = sizeHint;
+    c.bufferSize = bufferSize;
+    c.sliceSize = sliceSize;
+    return c;
   }
 
   /** No storage class preference, not local, not pinned, enumerable, default mode. */
@@ -49,7 +45,9 @@ public final class CreateOptions {
     if (cls < -1 || cls > 254) {
       throw new IllegalArgumentException("storage class " + cls + " is not in -1..254");
     }
-    return new CreateOptions(cls, local, pinned, enumerable, mode, sizeHint, bufferSize, sliceSize);
+    CreateOptions c = copy();
+    c.storageClass = cls;
+    return c;
   }
 
   /**
@@ -57,20 +55,23 @@ public final class CreateOptions {
    * NodeKernel#localLocation()}), so a reader there reads them through memory.
    */
   public CreateOptions local(boolean local) {
-    return new CreateOptions(
-        storageClass, local, pinned, enumerable, mode, sizeHint, bufferSize, sliceSize);
+    CreateOptions c = copy();
+    c.local = local;
+    return c;
   }
 
   /** Tier migration never moves the node's blocks. */
   public CreateOptions pinned(boolean pinned) {
-    return new CreateOptions(
-        storageClass, local, pinned, enumerable, mode, sizeHint, bufferSize, sliceSize);
+    CreateOptions c = copy();
+    c.pinned = pinned;
+    return c;
   }
 
   /** For Tables: whether children are listed. */
   public CreateOptions enumerable(boolean enumerable) {
-    return new CreateOptions(
-        storageClass, local, pinned, enumerable, mode, sizeHint, bufferSize, sliceSize);
+    CreateOptions c = copy();
+    c.enumerable = enumerable;
+    return c;
   }
 
   /** Permission bits (0 to 07777), or -1 for the default (0755 containers, 0644 data). */
@@ -79,8 +80,9 @@ public final class CreateOptions {
       throw new IllegalArgumentException(
           "mode " + Integer.toOctalString(mode) + " is not 0..07777");
     }
-    return new CreateOptions(
-        storageClass, local, pinned, enumerable, mode, sizeHint, bufferSize, sliceSize);
+    CreateOptions c = copy();
+    c.mode = mode;
+    return c;
   }
 
   /**
@@ -91,8 +93,9 @@ public final class CreateOptions {
     if (bytes < 0) {
       throw new IllegalArgumentException("negative size hint " + bytes);
     }
-    return new CreateOptions(
-        storageClass, local, pinned, enumerable, mode, bytes, bufferSize, sliceSize);
+    CreateOptions c = copy();
+    c.sizeHint = bytes;
+    return c;
   }
 
   /**
@@ -104,7 +107,9 @@ public final class CreateOptions {
       throw new IllegalArgumentException(
           "buffer " + bufferSize + " and slice " + sliceSize + ": need 0 < slice <= buffer");
     }
-    return new CreateOptions(
-        storageClass, local, pinned, enumerable, mode, sizeHint, bufferSize, sliceSize);
+    CreateOptions c = copy();
+    c.bufferSize = bufferSize;
+    c.sliceSize = sliceSize;
+    return c;
   }
 }
