@@ -3,9 +3,11 @@ package io.nodekernel.spark;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
+import java.util.Optional;
 import org.apache.spark.shuffle.ShuffleWriteMetricsReporter;
 import org.apache.spark.shuffle.api.ShuffleExecutorComponents;
 import org.apache.spark.shuffle.api.ShuffleMapOutputWriter;
+import org.apache.spark.shuffle.api.SingleSpillShuffleMapOutputWriter;
 
 /**
  * The plugin face Spark's own writers ({@code SortShuffleWriter}, {@code UnsafeShuffleWriter})
@@ -31,6 +33,26 @@ final class NkExecutorComponents implements ShuffleExecutorComponents {
         new NkMapOutputWriter(manager, shuffleId, mapTaskId, numPartitions, metrics);
     writers.add(w);
     return w;
+  }
+
+  /**
+   * Where {@code UnsafeShuffleWriter} puts a map output that spilled once: the spill file already
+   * holds the partitions in order, so each is copied to its segment as it is. Spark counts those
+   * bytes as written when it writes the spill; its merge path would count them a second time.
+   */
+  @Override
+  public Optional<SingleSpillShuffleMapOutputWriter> createSingleFileMapOutputWriter(
+      int shuffleId, long mapTaskId) {
+    return Optional.of(
+        (spill, lengths, checksums) -> {
+          NkMapOutputWriter w;
+          synchronized (this) {
+            w = new NkMapOutputWriter(manager, shuffleId, mapTaskId, lengths.length, metrics);
+            writers.add(w);
+          }
+          w.copySpill(spill, lengths);
+          w.commitAllPartitions(checksums);
+        });
   }
 
   /** Aborts every map output not committed (a committed one is left alone). */

@@ -1,8 +1,13 @@
 package io.nodekernel.spark;
 
 import io.nodekernel.NkOutputStream;
+import java.io.EOFException;
+import java.io.File;
 import java.io.IOException;
 import java.io.OutputStream;
+import java.nio.ByteBuffer;
+import java.nio.channels.FileChannel;
+import java.nio.file.StandardOpenOption;
 import org.apache.spark.shuffle.ShuffleWriteMetricsReporter;
 import org.apache.spark.shuffle.api.ShuffleMapOutputWriter;
 import org.apache.spark.shuffle.api.ShufflePartitionWriter;
@@ -15,6 +20,9 @@ import org.apache.spark.shuffle.api.metadata.MapOutputCommitMessage;
  * no index, so no reducer reads its segments (they are dead space until the shuffle is removed).
  */
 final class NkMapOutputWriter implements ShuffleMapOutputWriter {
+  /** The buffer a spill file is copied through. */
+  private static final int COPY_BUFFER = 1 << 20;
+
   private final NodeKernelShuffleManager manager;
   private final int shuffleId;
   private final long mapTaskId;
@@ -69,6 +77,38 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
     metrics.incWriteTime(System.nanoTime() - t0);
     finish();
     return MapOutputCommitMessage.of(lengths.clone());
+  }
+
+  /**
+   * Copies the partitions of a local spill file, {@code lengths[p]} bytes each in partition order,
+   * to their segments.
+   */
+  void copySpill(File spill, long[] lengths) throws IOException {
+    if (lengths.length != this.lengths.length) {
+      throw new IllegalArgumentException(
+          lengths.length + " partition lengths for " + this.lengths.length + " partitions");
+    }
+    ByteBuffer buf = ByteBuffer.allocateDirect(COPY_BUFFER);
+    try (FileChannel in = FileChannel.open(spill.toPath(), StandardOpenOption.READ)) {
+      long pos = 0;
+      for (int p = 0; p < lengths.length; p++) {
+        if (lengths[p] == 0) {
+          continue;
+        }
+        try (SegmentStream out = new SegmentStream((PartitionWriter) getPartitionWriter(p))) {
+          for (long end = pos + lengths[p]; pos < end; ) {
+            buf.clear().limit((int) Math.min(buf.capacity(), end - pos));
+            int n = in.read(buf, pos);
+            if (n < 0) {
+              throw new EOFException(
+                  spill + " ends at " + pos + ", before partition " + p + " does");
+            }
+            pos += n;
+            out.write(buf.flip());
+          }
+        }
+      }
+    }
   }
 
   @Override
@@ -150,6 +190,19 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
     public void write(int b) throws IOException {
       out().write(b);
       pw.written++;
+    }
+
+    /** Writes the buffer's remaining bytes. */
+    void write(ByteBuffer src) throws IOException {
+      int len = src.remaining();
+      if (len == 0) {
+        return;
+      }
+      NkOutputStream o = out();
+      long t0 = System.nanoTime();
+      o.write(src);
+      metrics.incWriteTime(System.nanoTime() - t0);
+      pw.written += len;
     }
 
     @Override

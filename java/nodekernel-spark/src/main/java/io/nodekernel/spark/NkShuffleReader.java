@@ -183,10 +183,11 @@ final class NkShuffleReader<K, C> implements ShuffleReader<K, C> {
       }
     }
     metrics.incFetchWaitTime((System.nanoTime() - t0) / 1_000_000);
-    NkInputStream in = stream;
-    if (in != null) {
-      ctx.addTaskCompletionListener((TaskCompletionListener) c -> in.close());
+    NkInputStream opened = stream;
+    if (opened != null) {
+      ctx.addTaskCompletionListener((TaskCompletionListener) c -> opened.close());
     }
+    FetchTimer in = opened == null ? null : new FetchTimer(opened);
 
     @SuppressWarnings("unchecked")
     ShuffleDependency<Object, Object, Object> dep =
@@ -196,10 +197,10 @@ final class NkShuffleReader<K, C> implements ShuffleReader<K, C> {
     Iterator<Product2<Object, Object>> it = CollectionConverters.asScala(records);
     Function0<BoxedUnit> done =
         () -> {
-          ctx.taskMetrics().mergeShuffleReadMetrics();
           if (in != null) {
             in.close();
           }
+          ctx.taskMetrics().mergeShuffleReadMetrics();
           return BoxedUnit.UNIT;
         };
     it = CompletionIterator$.MODULE$.apply(it, done);
@@ -229,6 +230,65 @@ final class NkShuffleReader<K, C> implements ShuffleReader<K, C> {
   @SuppressWarnings("unchecked")
   private static Iterator<Product2<Object, Object>> products(Iterator<?> it) {
     return (Iterator<Product2<Object, Object>>) it;
+  }
+
+  /**
+   * The reducer's multistream, with the time its reads wait for NodeKernel reported as the fetch
+   * wait time (in whole milliseconds as they accumulate; the rest when it closes).
+   */
+  private final class FetchTimer extends InputStream {
+    private final NkInputStream in;
+    private long nanos;
+
+    FetchTimer(NkInputStream in) {
+      this.in = in;
+    }
+
+    private void waited(long t0) {
+      nanos += System.nanoTime() - t0;
+      if (nanos >= 1_000_000) {
+        metrics.incFetchWaitTime(nanos / 1_000_000);
+        nanos %= 1_000_000;
+      }
+    }
+
+    @Override
+    public int read() throws IOException {
+      long t0 = System.nanoTime();
+      int b = in.read();
+      waited(t0);
+      return b;
+    }
+
+    @Override
+    public int read(byte[] b, int off, int len) throws IOException {
+      long t0 = System.nanoTime();
+      int n = in.read(b, off, len);
+      waited(t0);
+      return n;
+    }
+
+    @Override
+    public long skip(long n) throws IOException {
+      long t0 = System.nanoTime();
+      long skipped = in.skip(n);
+      waited(t0);
+      return skipped;
+    }
+
+    @Override
+    public int available() throws IOException {
+      return in.available();
+    }
+
+    @Override
+    public void close() {
+      if (nanos > 0) {
+        metrics.incFetchWaitTime((nanos + 999_999) / 1_000_000);
+        nanos = 0;
+      }
+      in.close();
+    }
   }
 
   /** The records of the segments in turn, each segment its own (compressed) stream. */

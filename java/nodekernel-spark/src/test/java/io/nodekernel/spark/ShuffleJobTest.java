@@ -7,12 +7,15 @@ import static org.junit.Assert.assertTrue;
 import io.nodekernel.NodeKernel;
 import io.nodekernel.NodeStatus;
 import io.nodekernel.TestCluster;
+import java.io.IOException;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
 import java.util.Map;
 import java.util.Random;
+import java.util.Set;
 import java.util.TreeMap;
+import java.util.TreeSet;
 import org.apache.spark.SparkConf;
 import org.apache.spark.api.java.JavaPairRDD;
 import org.apache.spark.api.java.JavaRDD;
@@ -75,6 +78,65 @@ public class ShuffleJobTest {
 
   private static JavaPairRDD<Integer, Integer> input() {
     return sc.parallelizePairs(pairs, 4);
+  }
+
+  /** The shuffle directories of the application. */
+  private static Set<String> shuffleDirs() throws IOException {
+    String app = NkShuffleConf.DEFAULT_ROOT + "/" + sc.sc().applicationId();
+    Set<String> dirs = new TreeSet<>();
+    if (!CLUSTER.client().exists(app)) {
+      return dirs;
+    }
+    for (NodeStatus s : CLUSTER.client().list(app)) {
+      dirs.add(s.path().startsWith("/") ? s.path() : app + "/" + s.path());
+    }
+    return dirs;
+  }
+
+  /** The bytes of every segment the committed map indexes of shuffle directory {@code dir} list. */
+  private static long indexedBytes(String dir) throws IOException {
+    NodeKernel nk = CLUSTER.client();
+    long total = 0;
+    for (NodeStatus s : nk.list(dir + "/idx")) {
+      String name = s.path().substring(s.path().lastIndexOf('/') + 1);
+      MapIndex index = MapIndex.decode(nk.get(dir + "/idx/" + name));
+      for (int i = 0; i < index.segments(); i++) {
+        total += index.length(i);
+      }
+    }
+    return total;
+  }
+
+  /**
+   * The task metrics (what the UI shows) count the bytes of the committed segments once when
+   * written and once when read, the records alike, and the time spent writing: through {@code
+   * SortShuffleWriter} (reduceByKey) and {@code UnsafeShuffleWriter} (repartition with Kryo).
+   */
+  @Test
+  public void taskMetricsCountTheShuffledBytesAndRecords() throws IOException {
+    for (String job : new String[] {"reduceByKey", "repartition"}) {
+      Set<String> before = shuffleDirs();
+      ShuffleMetrics m = ShuffleMetrics.listen(sc.sc());
+      long count =
+          job.equals("reduceByKey")
+              ? input().reduceByKey(Integer::sum, 3).count()
+              : input().values().repartition(5).count();
+      m.close();
+      assertEquals(job.equals("reduceByKey") ? 97 : N, count);
+      Set<String> dirs = shuffleDirs();
+      dirs.removeAll(before);
+      assertEquals(job + " made one shuffle", 1, dirs.size());
+      long indexed = indexedBytes(dirs.iterator().next());
+      assertTrue(job + ": no bytes indexed", indexed > 0);
+      assertEquals(job + ": bytes written", indexed, m.bytesWritten);
+      assertEquals(job + ": bytes read", indexed, m.bytesRead);
+      // One host: the map indexes name this host, so every read counts as local.
+      assertEquals(job + ": local bytes read", indexed, m.localBytesRead);
+      assertEquals(job + ": records read", m.recordsWritten, m.recordsRead);
+      assertTrue(job + ": records written", m.recordsWritten > 0);
+      assertTrue(job + ": write time", m.writeTimeNanos > 0);
+      assertTrue(job + ": blocks fetched", m.blocksFetched > 0);
+    }
   }
 
   @Test
