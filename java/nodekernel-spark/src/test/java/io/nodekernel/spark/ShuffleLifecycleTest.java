@@ -14,11 +14,16 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
 import java.util.TreeMap;
+import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.atomic.AtomicLong;
+import org.apache.spark.FetchFailed;
 import org.apache.spark.ShuffleDependency;
 import org.apache.spark.TaskContext;
 import org.apache.spark.api.java.JavaPairRDD;
 import org.apache.spark.api.java.JavaSparkContext;
+import org.apache.spark.scheduler.SparkListener;
+import org.apache.spark.scheduler.SparkListenerStageSubmitted;
+import org.apache.spark.scheduler.SparkListenerTaskEnd;
 import org.junit.ClassRule;
 import org.junit.Test;
 import scala.Tuple2;
@@ -92,6 +97,65 @@ public class ShuffleLifecycleTest {
       sc.stop();
     }
     assertFalse(app + " left after SparkContext.stop()", nk.exists(app));
+  }
+
+  /** Fetch failures and retried stages, as the scheduler reports them. */
+  static final class Retries extends SparkListener {
+    final List<FetchFailed> fetchFailures = new CopyOnWriteArrayList<>();
+    final List<Integer> retriedStages = new CopyOnWriteArrayList<>();
+
+    @Override
+    public void onTaskEnd(SparkListenerTaskEnd end) {
+      if (end.reason() instanceof FetchFailed f) {
+        fetchFailures.add(f);
+      }
+    }
+
+    @Override
+    public void onStageSubmitted(SparkListenerStageSubmitted submitted) {
+      if (submitted.stageInfo().attemptNumber() > 0) {
+        retriedStages.add(submitted.stageInfo().stageId());
+      }
+    }
+  }
+
+  /**
+   * A segment lost after its map stage finished (its slot File deleted) fails the reducer's fetch
+   * with a FetchFailed naming the shuffle and the map output; Spark then runs the map stage again
+   * and the job gives the right result.
+   */
+  @Test
+  public void aLostSegmentFailsTheFetchAndTheMapStageRunsAgain() throws IOException {
+    NodeKernel nk = CLUSTER.client();
+    JavaSparkContext sc = context("local[2]");
+    try {
+      List<Tuple2<Integer, Long>> data = pairs(10_000, 50);
+      JavaPairRDD<Integer, Long> reduced = sc.parallelizePairs(data, 4).reduceByKey(Long::sum, 3);
+      // Runs the map stage; its outputs stay registered for the next job on the same RDD.
+      assertEquals(50, reduced.count());
+      int shuffleId =
+          ((ShuffleDependency<?, ?, ?>) reduced.rdd().dependencies().head()).shuffleId();
+      String bag = appDir(sc) + "/s" + shuffleId + "/p1";
+      List<NodeStatus> files = nk.list(bag);
+      assertFalse("no slot File in " + bag, files.isEmpty());
+      String lost = files.get(0).path();
+      lost = lost.startsWith("/") ? lost : bag + "/" + lost;
+      nk.delete(lost, false);
+
+      Retries retries = new Retries();
+      sc.sc().addSparkListener(retries);
+      assertEquals(sums(data), new TreeMap<>(reduced.collectAsMap()));
+      ShuffleMetrics.drain(sc.sc());
+      assertFalse("no fetch failure", retries.fetchFailures.isEmpty());
+      for (FetchFailed f : retries.fetchFailures) {
+        assertEquals(shuffleId, f.shuffleId());
+        assertEquals(1, f.reduceId());
+        assertTrue(f.message(), f.message().contains(lost));
+      }
+      assertFalse("no stage ran again", retries.retriedStages.isEmpty());
+    } finally {
+      sc.stop();
+    }
   }
 
   /** The task attempt ids of map tasks made to fail. */
