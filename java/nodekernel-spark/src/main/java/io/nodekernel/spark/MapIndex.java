@@ -64,6 +64,11 @@ final class MapIndex {
     return i < 0 ? -1 : i;
   }
 
+  /** The number of segments. */
+  int segments() {
+    return partitions.length;
+  }
+
   long offset(int i) {
     return offsets[i];
   }
@@ -101,6 +106,9 @@ final class MapIndex {
     int slot = in.readInt();
     String host = in.readUTF();
     int n = in.readInt();
+    if (n < 0 || n > in.available() / 20) {
+      throw new IOException("map index claims " + n + " segments in " + b.length + " bytes");
+    }
     int[] parts = new int[n];
     long[] offs = new long[n];
     long[] lens = new long[n];
