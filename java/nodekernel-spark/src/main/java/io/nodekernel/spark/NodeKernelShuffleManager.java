@@ -65,6 +65,10 @@ public class NodeKernelShuffleManager implements ShuffleManager {
     this.sparkConf = sparkConf;
     this.isDriver = isDriver;
     this.conf = new NkShuffleConf(sparkConf);
+    // The SparkContext reads the plugin from this same conf after creating the shuffle manager.
+    if (isDriver) {
+      sparkConf.setIfMissing(NkShuffleDataIO.PLUGIN, NkShuffleDataIO.class.getName());
+    }
   }
 
   /** This JVM's client, connected at first use. */

@@ -18,14 +18,17 @@ import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.atomic.AtomicLong;
 import org.apache.spark.FetchFailed;
 import org.apache.spark.ShuffleDependency;
+import org.apache.spark.SparkConf;
 import org.apache.spark.TaskContext;
 import org.apache.spark.api.java.JavaPairRDD;
 import org.apache.spark.api.java.JavaSparkContext;
+import org.apache.spark.scheduler.ExecutorProcessLost;
 import org.apache.spark.scheduler.SparkListener;
 import org.apache.spark.scheduler.SparkListenerStageSubmitted;
 import org.apache.spark.scheduler.SparkListenerTaskEnd;
 import org.junit.ClassRule;
 import org.junit.Test;
+import scala.Option;
 import scala.Tuple2;
 
 /**
@@ -155,6 +158,60 @@ public class ShuffleLifecycleTest {
       assertFalse("no stage ran again", retries.retriedStages.isEmpty());
     } finally {
       sc.stop();
+    }
+  }
+
+  /** Counts the map tasks that end. */
+  static final class MapTasks extends SparkListener {
+    final AtomicLong ended = new AtomicLong();
+
+    @Override
+    public void onTaskEnd(SparkListenerTaskEnd end) {
+      if (end.taskType().equals("ShuffleMapTask")) {
+        ended.incrementAndGet();
+      }
+    }
+  }
+
+  /**
+   * Map outputs are in NodeKernel, not in the executor that wrote them: when that executor is lost,
+   * Spark keeps its map outputs (the manager declares reliable storage through {@link
+   * NkShuffleDataIO}) and the next job reads them without running the map tasks again. With Spark's
+   * local-disk plugin configured explicitly, the manager leaves it, and the map tasks run again.
+   */
+  @Test
+  public void mapOutputsOutliveALostExecutor() {
+    String localDisk = "org.apache.spark.shuffle.sort.io.LocalDiskShuffleDataIO";
+    for (String plugin : new String[] {null, localDisk}) {
+      SparkConf conf = ShuffleJobTest.conf("local[2]", CLUSTER.cluster());
+      if (plugin != null) {
+        conf.set(NkShuffleDataIO.PLUGIN, plugin);
+      }
+      JavaSparkContext sc = new JavaSparkContext(conf);
+      try {
+        assertEquals(
+            plugin == null ? NkShuffleDataIO.class.getName() : plugin,
+            sc.getConf().get(NkShuffleDataIO.PLUGIN));
+        List<Tuple2<Integer, Long>> data = pairs(10_000, 50);
+        JavaPairRDD<Integer, Long> reduced = sc.parallelizePairs(data, 4).reduceByKey(Long::sum, 3);
+        assertEquals(50, reduced.count());
+        // Local mode's one executor is the driver's.
+        sc.sc()
+            .dagScheduler()
+            .executorLost(
+                "driver", new ExecutorProcessLost("lost in a test", Option.empty(), false));
+        MapTasks mapTasks = new MapTasks();
+        sc.sc().addSparkListener(mapTasks);
+        assertEquals(sums(data), new TreeMap<>(reduced.collectAsMap()));
+        ShuffleMetrics.drain(sc.sc());
+        if (plugin == null) {
+          assertEquals("map tasks ran again", 0, mapTasks.ended.get());
+        } else {
+          assertEquals(4, mapTasks.ended.get());
+        }
+      } finally {
+        sc.stop();
+      }
     }
   }
 
