@@ -125,7 +125,7 @@ public final class NkBroadcast<T> extends Broadcast<T> {
     SparkEnv env = SparkEnv.get();
     String appId = sc.applicationId();
     NkShuffleConf conf = new NkShuffleConf(env.conf());
-    String dir = conf.root + "/" + appId;
+    String dir = conf.appDir(appId);
     long id = NEXT_ID.getAndIncrement();
     NkBroadcast<T> b = new NkBroadcast<>(id, dir + "/b" + id, appId);
     // Registered before the File exists, so that the application's end deletes it whatever

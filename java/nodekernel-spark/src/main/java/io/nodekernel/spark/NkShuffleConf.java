@@ -11,7 +11,7 @@ public final class NkShuffleConf {
   /** A client configuration file (TOML); unset: {@code NK_CONFIG}, if set. */
   public static final String CONFIG = "spark.nodekernel.config";
 
-  /** The parent of each application's shuffle directory {@code <root>/<appId>}. */
+  /** The parent of each application's directory {@code <root>/<appId>} (shuffles, broadcasts). */
   public static final String ROOT = "spark.nodekernel.shuffle.root";
 
   public static final String DEFAULT_ROOT = "/spark-shuffle";
@@ -27,7 +27,10 @@ public final class NkShuffleConf {
 
   final String meta;
   final String config;
-  final String root;
+
+  /** The root without its trailing slashes (empty for {@code /}). */
+  private final String root;
+
   final int readsInFlight;
   final CreateOptions fileOptions;
 
@@ -35,11 +38,11 @@ public final class NkShuffleConf {
     meta = conf.get(META, null);
     config = conf.get(CONFIG, null);
     String r = conf.get(ROOT, DEFAULT_ROOT);
-    while (r.length() > 1 && r.endsWith("/")) {
-      r = r.substring(0, r.length() - 1);
-    }
     if (!r.startsWith("/")) {
       throw new IllegalArgumentException(ROOT + " must be an absolute path: " + r);
+    }
+    while (r.endsWith("/")) {
+      r = r.substring(0, r.length() - 1);
     }
     root = r;
     readsInFlight = conf.getInt(READS_IN_FLIGHT, 0);
@@ -50,5 +53,10 @@ public final class NkShuffleConf {
         CreateOptions.defaults()
             .local(conf.getBoolean(LOCAL_PLACEMENT, true))
             .storageClass(conf.getInt(STORAGE_CLASS, -1));
+  }
+
+  /** The directory of an application's shuffles and broadcasts. */
+  String appDir(String appId) {
+    return root + "/" + appId;
   }
 }

@@ -100,7 +100,7 @@ public class NodeKernelShuffleManager implements ShuffleManager {
 
   /** This application's directory. */
   String appDir() {
-    return conf.root + "/" + sparkConf.getAppId();
+    return conf.appDir(sparkConf.getAppId());
   }
 
   String shuffleDir(int shuffleId) {
