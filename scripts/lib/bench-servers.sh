@@ -3,7 +3,8 @@
 # `nodekernel` module, a one-process cluster (`nk up`) and a Redis server on
 # free ports, stopped at exit. Source it from the repository root with ROOT
 # set; it defines BENCH_VENV, PY, NK, TMP, NK_PID, META, REDIS_PID,
-# REDIS_PORT and DRIVER_PID (for the caller's driver process).
+# REDIS_PORT and DRIVER_PID (for the caller's driver process). BENCH_NO_REDIS
+# set: a benchmark without Redis, which then need not be installed.
 
 BENCH_VENV=${BENCH_VENV:-$ROOT/target/bench-venv}
 PY=$BENCH_VENV/bin/python
@@ -16,7 +17,7 @@ die() {
     exit 1
 }
 
-command -v redis-server >/dev/null 2>&1 ||
+[[ -n ${BENCH_NO_REDIS:-} ]] || command -v redis-server >/dev/null 2>&1 ||
     die "redis-server not found; install it with: apt-get install -y redis-server"
 command -v python3 >/dev/null 2>&1 || die "python3 not found"
 
@@ -73,11 +74,12 @@ cpu_ticks() {
     echo $((${12} + ${13}))
 }
 
-# `nk up` with DRAM of $1 and no file tier; sets META once it is ready and
-# idle (the DRAM tier is prefaulted in the background after start-up: wait,
-# at most 60 s, so the first measurements do not compete with it).
+# `nk up` with DRAM of $1 and a file tier of $2 (default 0: none); sets META
+# once it is ready and idle (the DRAM tier is prefaulted in the background
+# after start-up: wait, at most 60 s, so the first measurements do not
+# compete with it).
 bench_start_nk() {
-    "$NK" up --port 0 --dram "$1" --file 0 --data-dir "$TMP/nk" >"$TMP/nk.log" 2>&1 &
+    "$NK" up --port 0 --dram "$1" --file "${2:-0}" --data-dir "$TMP/nk" >"$TMP/nk.log" 2>&1 &
     NK_PID=$!
     META=
     for _ in $(seq 600); do
