@@ -27,10 +27,16 @@ final class NkExecutorComponents implements ShuffleExecutorComponents {
   public void initializeExecutor(String appId, String execId, Map<String, String> extraConfigs) {}
 
   @Override
-  public synchronized ShuffleMapOutputWriter createMapOutputWriter(
+  public ShuffleMapOutputWriter createMapOutputWriter(
       int shuffleId, long mapTaskId, int numPartitions) {
+    return writer(shuffleId, mapTaskId, numPartitions, false);
+  }
+
+  /** A map output; {@code direct}: for a writer that has every partition's segment open. */
+  synchronized NkMapOutputWriter writer(
+      int shuffleId, long mapTaskId, int numPartitions, boolean direct) {
     NkMapOutputWriter w =
-        new NkMapOutputWriter(manager, shuffleId, mapTaskId, numPartitions, metrics);
+        new NkMapOutputWriter(manager, shuffleId, mapTaskId, numPartitions, metrics, direct);
     writers.add(w);
     return w;
   }
@@ -45,11 +51,7 @@ final class NkExecutorComponents implements ShuffleExecutorComponents {
       int shuffleId, long mapTaskId) {
     return Optional.of(
         (spill, lengths, checksums) -> {
-          NkMapOutputWriter w;
-          synchronized (this) {
-            w = new NkMapOutputWriter(manager, shuffleId, mapTaskId, lengths.length, metrics);
-            writers.add(w);
-          }
+          NkMapOutputWriter w = writer(shuffleId, mapTaskId, lengths.length, false);
           w.copySpill(spill, lengths);
           w.commitAllPartitions(checksums);
         });

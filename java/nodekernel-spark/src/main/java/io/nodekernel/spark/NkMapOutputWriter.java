@@ -8,6 +8,9 @@ import java.io.OutputStream;
 import java.nio.ByteBuffer;
 import java.nio.channels.FileChannel;
 import java.nio.file.StandardOpenOption;
+import java.util.Collections;
+import java.util.IdentityHashMap;
+import java.util.Set;
 import org.apache.spark.shuffle.ShuffleWriteMetricsReporter;
 import org.apache.spark.shuffle.api.ShuffleMapOutputWriter;
 import org.apache.spark.shuffle.api.ShufflePartitionWriter;
@@ -30,8 +33,14 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
   private final long[] offsets;
   private final long[] lengths;
   private final int slot;
+  private final boolean direct;
   private int lastPartition = -1;
-  private NkOutputStream open;
+
+  /**
+   * The segments being written (Spark's writers write one at a time, {@link NkDirectWriter} all).
+   */
+  private final Set<NkOutputStream> open = Collections.newSetFromMap(new IdentityHashMap<>());
+
   private boolean done;
 
   NkMapOutputWriter(
@@ -39,13 +48,15 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
       int shuffleId,
       long mapTaskId,
       int numPartitions,
-      ShuffleWriteMetricsReporter metrics) {
+      ShuffleWriteMetricsReporter metrics,
+      boolean direct) {
     this.manager = manager;
     this.shuffleId = shuffleId;
     this.mapTaskId = mapTaskId;
     this.metrics = metrics;
     this.offsets = new long[numPartitions];
     this.lengths = new long[numPartitions];
+    this.direct = direct;
     this.slot = manager.slots().acquire();
   }
 
@@ -68,7 +79,7 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
     if (done) {
       throw new IllegalStateException("map output of task " + mapTaskId + " already finished");
     }
-    if (open != null) {
+    if (!open.isEmpty()) {
       throw new IllegalStateException("a partition stream of task " + mapTaskId + " is open");
     }
     MapIndex index = MapIndex.of(manager.executorId(), slot, manager.location(), offsets, lengths);
@@ -117,15 +128,17 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
       return;
     }
     try {
-      if (open != null) {
-        open.abort();
-      }
-    } catch (IOException e) {
-      if (error != null) {
-        error.addSuppressed(e);
+      for (NkOutputStream out : open) {
+        try {
+          out.abort();
+        } catch (IOException e) {
+          if (error != null) {
+            error.addSuppressed(e);
+          }
+        }
       }
     } finally {
-      open = null;
+      open.clear();
       finish();
     }
   }
@@ -173,13 +186,13 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
       }
       if (out == null) {
         synchronized (NkMapOutputWriter.this) {
-          if (done || open != null) {
+          if (done) {
             throw new IllegalStateException("map output of task " + mapTaskId + " not writable");
           }
           long t0 = System.nanoTime();
-          out = manager.openSlotFile(shuffleId, pw.p, slot);
+          out = manager.openSlotFile(shuffleId, pw.p, slot, direct);
           offsets[pw.p] = out.position();
-          open = out;
+          open.add(out);
           metrics.incWriteTime(System.nanoTime() - t0);
         }
       }
@@ -227,13 +240,13 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
         return;
       }
       synchronized (NkMapOutputWriter.this) {
-        if (open != out) {
+        if (!open.contains(out)) {
           return; // aborted meanwhile
         }
         long t0 = System.nanoTime();
         out.close();
         metrics.incWriteTime(System.nanoTime() - t0);
-        open = null;
+        open.remove(out);
         lengths[pw.p] = pw.written;
       }
     }

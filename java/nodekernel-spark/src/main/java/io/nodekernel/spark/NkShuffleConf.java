@@ -34,6 +34,12 @@ public final class NkShuffleConf {
   final int readsInFlight;
   final CreateOptions fileOptions;
 
+  /**
+   * For {@link NkDirectWriter}, whose map task has a segment open in every partition at once: a
+   * smaller write buffer per segment (at most 384 KiB instead of 5 MiB).
+   */
+  final CreateOptions directFileOptions;
+
   NkShuffleConf(SparkConf conf) {
     meta = conf.get(META, null);
     config = conf.get(CONFIG, null);
@@ -53,6 +59,7 @@ public final class NkShuffleConf {
         CreateOptions.defaults()
             .local(conf.getBoolean(LOCAL_PLACEMENT, true))
             .storageClass(conf.getInt(STORAGE_CLASS, -1));
+    directFileOptions = fileOptions.buffer(256 << 10, 128 << 10);
   }
 
   /** The directory of an application's shuffles and broadcasts. */

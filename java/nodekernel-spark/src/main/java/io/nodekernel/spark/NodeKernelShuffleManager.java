@@ -1,5 +1,6 @@
 package io.nodekernel.spark;
 
+import io.nodekernel.CreateOptions;
 import io.nodekernel.NkOutputStream;
 import io.nodekernel.NodeKernel;
 import io.nodekernel.NodeKernelException;
@@ -7,7 +8,9 @@ import io.nodekernel.NodeType;
 import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.util.Map;
+import java.util.TreeMap;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.atomic.LongAdder;
 import org.apache.spark.ShuffleDependency;
 import org.apache.spark.SparkConf;
 import org.apache.spark.SparkEnv;
@@ -47,6 +50,10 @@ public class NodeKernelShuffleManager implements ShuffleManager {
   private final SlotPool slots = new SlotPool();
   private final NkShuffleBlockResolver resolver = new NkShuffleBlockResolver();
   private final Map<Integer, Map<Long, MapIndex>> indexes = new ConcurrentHashMap<>();
+
+  /** Map tasks this JVM ran, by the writer that wrote their output. */
+  private final Map<String, LongAdder> writers = new ConcurrentHashMap<>();
+
   private NodeKernel client;
   private boolean stopped;
 
@@ -111,14 +118,18 @@ public class NodeKernelShuffleManager implements ShuffleManager {
     return shuffleDir(shuffleId) + "/idx/m" + mapTaskId;
   }
 
-  /** Opens the slot's File of partition {@code p} to append a segment, creating it if new. */
-  NkOutputStream openSlotFile(int shuffleId, int p, int slot) throws IOException {
+  /**
+   * Opens the slot's File of partition {@code p} to append a segment, creating it if new; {@code
+   * direct}: with the smaller buffer of a writer that has every partition's segment open.
+   */
+  NkOutputStream openSlotFile(int shuffleId, int p, int slot, boolean direct) throws IOException {
     String path = shuffleDir(shuffleId) + "/p" + p + "/e" + executorId() + "-t" + slot;
+    CreateOptions options = direct ? conf.directFileOptions : conf.fileOptions;
     NodeKernel nk = client();
     try {
-      return nk.append(path, conf.fileOptions);
+      return nk.append(path, options);
     } catch (NodeKernelException.NotFound e) {
-      return nk.createFile(path, conf.fileOptions);
+      return nk.createFile(path, options);
     }
   }
 
@@ -158,7 +169,7 @@ public class NodeKernelShuffleManager implements ShuffleManager {
 
   private static void create(NodeKernel nk, String path, NodeType type) throws IOException {
     try {
-      nk.createContainer(path, type, io.nodekernel.CreateOptions.defaults());
+      nk.createContainer(path, type, CreateOptions.defaults());
     } catch (NodeKernelException.AlreadyExists e) {
       // registered again (a retried registration): keep what is there
     }
@@ -172,6 +183,13 @@ public class NodeKernelShuffleManager implements ShuffleManager {
     // freed.
     ctx.addTaskCompletionListener((TaskCompletionListener) c -> components.abortAll(null));
     ShuffleWriter<K, V> inner;
+    if (handle instanceof BaseShuffleHandle<?, ?, ?> base
+        && SortShuffleWriter.shouldBypassMergeSort(sparkConf, base.dependency())) {
+      // Where Spark would write a local file per reduce partition: a segment each, directly.
+      @SuppressWarnings("unchecked")
+      BaseShuffleHandle<K, V, ?> h = (BaseShuffleHandle<K, V, ?>) handle;
+      return counted(new NkDirectWriter<>(h, mapId, metrics, components));
+    }
     if (handle instanceof SerializedShuffleHandle) {
       @SuppressWarnings("unchecked")
       SerializedShuffleHandle<K, V> h = (SerializedShuffleHandle<K, V>) handle;
@@ -195,7 +213,20 @@ public class NodeKernelShuffleManager implements ShuffleManager {
       BaseShuffleHandle<K, V, Object> h = (BaseShuffleHandle<K, V, Object>) handle;
       inner = new SortShuffleWriter<>(h, mapId, ctx, metrics, components);
     }
+    counted(inner);
     return new NkShuffleWriter<>(inner, components);
+  }
+
+  private <W extends ShuffleWriter<?, ?>> W counted(W writer) {
+    writers.computeIfAbsent(writer.getClass().getSimpleName(), k -> new LongAdder()).increment();
+    return writer;
+  }
+
+  /** How many map tasks each writer class wrote in this JVM (which paths a job took). */
+  Map<String, Long> writersUsed() {
+    Map<String, Long> used = new TreeMap<>();
+    writers.forEach((k, v) -> used.put(k, v.sum()));
+    return used;
   }
 
   @Override

@@ -8,11 +8,14 @@ import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.TreeMap;
+import java.util.TreeSet;
 import org.apache.spark.SparkConf;
 import org.apache.spark.SparkEnv;
 import org.apache.spark.api.java.JavaPairRDD;
 import org.apache.spark.api.java.JavaSparkContext;
+import org.apache.spark.shuffle.ShuffleManager;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.RowFactory;
@@ -106,7 +109,15 @@ public class DefaultShuffleComparisonTest {
         joined.add(row.toString());
       }
       out.put("sqlJoinAndAggregation", sorted(joined));
-      out.put(MANAGER, List.of(SparkEnv.get().shuffleManager().getClass().getName()));
+      ShuffleManager manager = SparkEnv.get().shuffleManager();
+      String name = manager.getClass().getName();
+      if (manager instanceof NodeKernelShuffleManager m) {
+        // Which writers ran: the first besides SortShuffleWriter (map-side combine), then it.
+        Set<String> writers = new TreeSet<>(m.writersUsed().keySet());
+        writers.remove("SortShuffleWriter");
+        name += " " + String.join(" ", writers) + " SortShuffleWriter";
+      }
+      out.put(MANAGER, List.of(name));
       return out;
     } finally {
       sc.stop();
@@ -132,13 +143,23 @@ public class DefaultShuffleComparisonTest {
     assertEquals(
         List.of("org.apache.spark.shuffle.sort.SortShuffleManager"), standard.remove(MANAGER));
     for (String master : new String[] {"local[2]", "local[4]"}) {
-      Map<String, List<String>> nk =
-          runAll(
-              base(master)
-                  .set("spark.shuffle.manager", NodeKernelShuffleManager.class.getName())
-                  .set(NkShuffleConf.META, CLUSTER.cluster().meta())
-                  .set(NkShuffleConf.CONFIG, CLUSTER.cluster().clientConfig()));
-      assertEquals(List.of(NodeKernelShuffleManager.class.getName()), nk.remove(MANAGER));
+      // local[2]: the map tasks without map-side combine go through NkDirectWriter; local[4]:
+      // with Spark's bypass threshold at 0, through UnsafeShuffleWriter (Kryo).
+      SparkConf conf =
+          base(master)
+              .set("spark.shuffle.manager", NodeKernelShuffleManager.class.getName())
+              .set(NkShuffleConf.META, CLUSTER.cluster().meta())
+              .set(NkShuffleConf.CONFIG, CLUSTER.cluster().clientConfig());
+      String writer = "NkDirectWriter";
+      if (master.equals("local[4]")) {
+        conf.set("spark.serializer", "org.apache.spark.serializer.KryoSerializer")
+            .set("spark.shuffle.sort.bypassMergeThreshold", "0");
+        writer = "UnsafeShuffleWriter";
+      }
+      Map<String, List<String>> nk = runAll(conf);
+      assertEquals(
+          List.of(NodeKernelShuffleManager.class.getName() + " " + writer + " SortShuffleWriter"),
+          nk.remove(MANAGER));
       assertEquals(standard.keySet(), nk.keySet());
       for (String job : standard.keySet()) {
         assertFalse(job + " gave nothing", standard.get(job).isEmpty());

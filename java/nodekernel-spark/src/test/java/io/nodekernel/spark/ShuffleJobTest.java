@@ -17,6 +17,7 @@ import java.util.Set;
 import java.util.TreeMap;
 import java.util.TreeSet;
 import org.apache.spark.SparkConf;
+import org.apache.spark.SparkEnv;
 import org.apache.spark.api.java.JavaPairRDD;
 import org.apache.spark.api.java.JavaRDD;
 import org.apache.spark.api.java.JavaSparkContext;
@@ -107,22 +108,39 @@ public class ShuffleJobTest {
     return total;
   }
 
+  /** Map tasks per writer class so far, in this JVM's NodeKernel shuffle manager. */
+  static Map<String, Long> writersUsed() {
+    return ((NodeKernelShuffleManager) SparkEnv.get().shuffleManager()).writersUsed();
+  }
+
   /**
    * The task metrics (what the UI shows) count the bytes of the committed segments once when
-   * written and once when read, the records alike, and the time spent writing: through {@code
-   * SortShuffleWriter} (reduceByKey) and {@code UnsafeShuffleWriter} (repartition with Kryo).
+   * written and once when read, the records alike, and the time spent writing, whichever writer
+   * wrote them: {@code SortShuffleWriter} (reduceByKey: map-side combine), {@link NkDirectWriter}
+   * (repartition to 5) and {@code UnsafeShuffleWriter} (repartition to more partitions than Spark's
+   * bypass threshold, 200, with Kryo).
    */
   @Test
   public void taskMetricsCountTheShuffledBytesAndRecords() throws IOException {
-    for (String job : new String[] {"reduceByKey", "repartition"}) {
+    Map<String, String> writerOf =
+        Map.of(
+            "reduceByKey", "SortShuffleWriter",
+            "repartition5", "NkDirectWriter",
+            "repartition250", "UnsafeShuffleWriter");
+    for (String job : new String[] {"reduceByKey", "repartition5", "repartition250"}) {
       Set<String> before = shuffleDirs();
+      String writer = writerOf.get(job);
+      long runBefore = writersUsed().getOrDefault(writer, 0L);
       ShuffleMetrics m = ShuffleMetrics.listen(sc.sc());
       long count =
-          job.equals("reduceByKey")
-              ? input().reduceByKey(Integer::sum, 3).count()
-              : input().values().repartition(5).count();
+          switch (job) {
+            case "reduceByKey" -> input().reduceByKey(Integer::sum, 3).count();
+            case "repartition5" -> input().values().repartition(5).count();
+            default -> input().values().repartition(250).count();
+          };
       m.close();
       assertEquals(job.equals("reduceByKey") ? 97 : N, count);
+      assertEquals(job + " wrote with " + writer, runBefore + 4, (long) writersUsed().get(writer));
       Set<String> dirs = shuffleDirs();
       dirs.removeAll(before);
       assertEquals(job + " made one shuffle", 1, dirs.size());

@@ -240,13 +240,25 @@ public class ShuffleLifecycleTest {
 
   @Test
   public void aMapTaskFailingMidWriteIsRetried() throws IOException {
+    // With NkDirectWriter every segment is open when the task fails; with SortShuffleWriter
+    // (Spark's bypass threshold at 0) partitions 0 to 2 are published before partition 3 fails.
+    for (String threshold : new String[] {"200", "0"}) {
+      FAILED.set(-1);
+      failMidWrite(threshold);
+    }
+  }
+
+  private void failMidWrite(String bypassThreshold) throws IOException {
     NodeKernel nk = CLUSTER.client();
     // local[2,2]: one retry per task.
-    JavaSparkContext sc = context("local[2,2]");
+    JavaSparkContext sc =
+        new JavaSparkContext(
+            ShuffleJobTest.conf("local[2,2]", CLUSTER.cluster())
+                .set("spark.shuffle.sort.bypassMergeThreshold", bypassThreshold));
     try {
       List<Tuple2<Integer, Long>> data = pairs(8000, 8);
-      // HashPartitioner(4): keys 3 and 7 go to the last partition, written after the others were
-      // published, and fail to serialize in map task 1's first attempt.
+      // HashPartitioner(4): keys 3 and 7 go to the last partition and fail to serialize in map
+      // task 1's first attempt.
       JavaPairRDD<Integer, Iterable<Bomb>> grouped =
           sc.parallelizePairs(data, 4)
               .mapToPair(t -> new Tuple2<>(t._1(), new Bomb(t._2(), t._1() % 4 == 3)))
@@ -260,6 +272,9 @@ public class ShuffleLifecycleTest {
         got.put(t._1(), sum);
       }
       assertEquals(sums(data), got);
+      String writer = bypassThreshold.equals("0") ? "SortShuffleWriter" : "NkDirectWriter";
+      // Four map tasks and the retry.
+      assertEquals(Map.of(writer, 5L), ShuffleJobTest.writersUsed());
       long failed = FAILED.get();
       assertTrue("no map task failed", failed >= 0);
       // The job's one shuffle.

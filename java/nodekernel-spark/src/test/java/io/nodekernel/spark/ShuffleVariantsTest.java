@@ -15,6 +15,7 @@ import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.TreeMap;
 import org.apache.spark.SparkConf;
 import org.apache.spark.api.java.JavaPairRDD;
@@ -72,7 +73,11 @@ public class ShuffleVariantsTest {
 
   /** What the jobs gave, and what they should have. */
   private record Results(
-      Map<String, Object> got, Map<String, Object> expected, String plan, boolean plaintext) {}
+      Map<String, Object> got,
+      Map<String, Object> expected,
+      String plan,
+      boolean plaintext,
+      Map<String, Long> writers) {}
 
   private static Results run(SparkConf conf, ShuffleMetrics[] metrics) throws IOException {
     JavaSparkContext sc = new JavaSparkContext(conf);
@@ -181,7 +186,7 @@ public class ShuffleVariantsTest {
       expected.put("skewJoin", sums);
       String plan = joined.queryExecution().executedPlan().toString();
       metrics[0].close();
-      return new Results(got, expected, plan, plaintext);
+      return new Results(got, expected, plan, plaintext, ShuffleJobTest.writersUsed());
     } finally {
       sc.stop();
       SparkSession.clearActiveSession();
@@ -227,8 +232,9 @@ public class ShuffleVariantsTest {
   }
 
   /**
-   * The Java serializer, no compression, and a spill every 500 records (map and reduce sides): the
-   * records are stored as written, so their text is in NodeKernel's Files.
+   * The Java serializer, no compression, a spill every 500 records (map and reduce sides), and
+   * Spark's bypass threshold at 0 (so {@code SortShuffleWriter} and {@code UnsafeShuffleWriter}
+   * merge their spills): the records are stored as written, so their text is in NodeKernel's Files.
    */
   @Test
   public void javaSerializerUncompressedWithForcedSpills() throws IOException {
@@ -236,26 +242,36 @@ public class ShuffleVariantsTest {
     Results r =
         run(
             conf()
+                .set("spark.shuffle.sort.bypassMergeThreshold", "0")
                 .set("spark.shuffle.compress", "false")
                 .set("spark.shuffle.spill.compress", "false")
                 .set("spark.shuffle.spill.numElementsForceSpillThreshold", "500"),
             m);
     check("java serializer", r, m[0]);
+    // Above the bypass threshold, records the Java serializer wrote cannot be relocated:
+    // SortShuffleWriter; SQL's exchanges have a serializer of their own that allows it.
+    assertEquals(Set.of("SortShuffleWriter", "UnsafeShuffleWriter"), r.writers().keySet());
     assertTrue("no spill", m[0].diskBytesSpilled > 0);
     assertTrue("records not found in NodeKernel's Files as written", r.plaintext());
   }
 
-  /** Kryo with I/O encryption: the shuffle works and NodeKernel holds no plaintext record. */
+  /**
+   * Kryo with I/O encryption, and Spark's bypass threshold at 0, so that every map task without
+   * map-side combine goes through {@code UnsafeShuffleWriter}: the shuffle works and NodeKernel
+   * holds no plaintext record.
+   */
   @Test
-  public void kryoWithIoEncryption() throws IOException {
+  public void kryoWithIoEncryptionThroughUnsafeShuffleWriter() throws IOException {
     ShuffleMetrics[] m = new ShuffleMetrics[1];
     Results r =
         run(
             conf()
                 .set("spark.serializer", "org.apache.spark.serializer.KryoSerializer")
+                .set("spark.shuffle.sort.bypassMergeThreshold", "0")
                 .set("spark.shuffle.compress", "false")
                 .set("spark.io.encryption.enabled", "true"),
             m);
+    assertEquals(Set.of("UnsafeShuffleWriter"), r.writers().keySet());
     check("encrypted", r, m[0]);
     assertFalse("a record is stored in plaintext", r.plaintext());
   }
