@@ -47,10 +47,11 @@
 # `nk up` (started on free ports, stopped at exit); client and servers share
 # this host, so the data goes through shared memory and the metadata over the
 # Unix socket. Spark serializes (Kryo) and compresses (lz4) the same way on
-# both, and both spill to spark.local.dir when memory runs short; NodeKernel's
-# map tasks (Spark's UnsafeShuffleWriter) also write their sorted output to a
-# spill file there first and then copy it into NodeKernel. Servers and JVM
-# share the machine's cores.
+# both, and both spill to spark.local.dir when memory runs short. Here (no
+# map-side combine, 32 partitions) NodeKernel's map tasks take its
+# NkDirectWriter, which serializes each record straight into its partition's
+# segment: no local file on the map side. Servers and JVM share the machine's
+# cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -208,15 +209,6 @@ for job, by in jobs.items():
 print()
 print(f"Medians of {runs} run(s); master {rows[0]['master']}. Job time: from the first "
       "transformation to the collected result (the sort's includes sortByKey's sampling job).")
-doubled = [job for job, by in jobs.items()
-           if med(by["nodekernel"], "shuffle_bytes_written")
-           > 1.5 * med(by["nodekernel"], "shuffle_bytes_read")]
-if doubled:
-    print()
-    print("NodeKernel's shuffle written is Spark's count: its map tasks take UnsafeShuffleWriter's "
-          "standard merge (the shuffle manager offers no single-spill writer), which in Spark 3.5 "
-          "counts both the final spill file and its copy into the shuffle. Shuffle read is the "
-          "size of the map output on both.")
 print()
 print("| job | shuffle | shuffle write time s | fetch wait s | other stages s | tasks |")
 print("|---|---|---:|---:|---:|---:|")
