@@ -82,15 +82,9 @@ if [[ -z ${DRAM:-} ]]; then
         "$SORT_GIB" "$GROUP_GIB")
 fi
 
-if [[ -n ${NK_RELEASE_DIR:-} ]]; then
-    REL=$(cd "$NK_RELEASE_DIR" && pwd)
-else
-    echo "== building nk and the JNI library (release) ==" >&2
-    cargo build --release -p nodekernel-cli -p nodekernel-jni >&2
-    REL=$ROOT/target/release
-fi
-[[ -x $REL/nk && -f $REL/libnodekernel_jni.so ]] ||
-    { echo "bench-spark: no nk or libnodekernel_jni.so in $REL" >&2; exit 1; }
+# shellcheck source=scripts/lib/release-jni.sh
+source scripts/lib/release-jni.sh
+release_jni bench-spark
 
 # The module's jar, and the class path of its compile and provided
 # dependencies (the client, Spark core and what it needs) in each module's

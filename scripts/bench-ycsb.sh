@@ -40,15 +40,9 @@ for tool in redis-server mvn java python3; do
     command -v "$tool" >/dev/null 2>&1 || { echo "bench-ycsb: $tool not found" >&2; exit 1; }
 done
 
-if [[ -n ${NK_RELEASE_DIR:-} ]]; then
-    REL=$(cd "$NK_RELEASE_DIR" && pwd)
-else
-    echo "== building nk and the JNI library (release) ==" >&2
-    cargo build --release -p nodekernel-cli -p nodekernel-jni >&2
-    REL=$ROOT/target/release
-fi
-[[ -x $REL/nk && -f $REL/libnodekernel_jni.so ]] ||
-    { echo "bench-ycsb: no nk or libnodekernel_jni.so in $REL" >&2; exit 1; }
+# shellcheck source=scripts/lib/release-jni.sh
+source scripts/lib/release-jni.sh
+release_jni bench-ycsb
 
 echo "== packaging java/nodekernel-ycsb (YCSB core and Jedis from Maven Central) ==" >&2
 mvn -B -q -Dstyle.color=never -f java/pom.xml -pl nodekernel-ycsb -am package -DskipTests \
