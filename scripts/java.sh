@@ -4,8 +4,8 @@
 #
 # Usage: scripts/java.sh [--release] [--no-tests] [maven arguments...]
 #   --release   build the native library and nk in release mode (the jars
-#               then carry the optimised library); default: debug, as the
-#               tests use
+#               then carry the optimised library); default: cargo's test
+#               profile (into target/debug), as the tests use
 #   --no-tests  package the jars without running the tests
 #
 # Installs a JDK and Maven with apt-get when they are missing (as root).
@@ -13,8 +13,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Debug builds use cargo's test profile: scripts/test.sh runs this after
+# `cargo test`, which has built both in that profile already (a dev-profile
+# build here recompiled every workspace crate: two minutes of CI).
 profile=debug
-cargo_flags=()
+cargo_flags=(--profile test)
 goal=verify
 mvn_args=()
 for arg in "$@"; do
