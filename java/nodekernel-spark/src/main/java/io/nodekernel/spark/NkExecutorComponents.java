@@ -11,7 +11,8 @@ import org.apache.spark.shuffle.api.SingleSpillShuffleMapOutputWriter;
 
 /**
  * The plugin face Spark's own writers ({@code SortShuffleWriter}, {@code UnsafeShuffleWriter})
- * write through: one per map task, so the task's output can be aborted when it fails.
+ * write through, and {@link NkDirectWriter}'s map output: one per map task, so the task's output
+ * can be aborted when it fails.
  */
 final class NkExecutorComponents implements ShuffleExecutorComponents {
   private final NodeKernelShuffleManager manager;

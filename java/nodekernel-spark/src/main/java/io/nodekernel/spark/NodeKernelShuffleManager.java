@@ -35,8 +35,10 @@ import org.apache.spark.util.TaskCompletionListener;
  * disks: {@code spark.shuffle.manager=io.nodekernel.spark.NodeKernelShuffleManager}.
  *
  * <p>Map tasks write through Spark's own sort-based writers (sorting, map-side combine, spills,
- * serialization, compression and encryption stay Spark's); reducers read the segments the map
- * output tracker lists straight from NodeKernel. Layout, under {@code <root>/<appId>}:
+ * serialization, compression and encryption stay Spark's), or, where Spark would take its
+ * bypass-merge writer, through {@link NkDirectWriter}, straight into NodeKernel; reducers read the
+ * segments the map output tracker lists straight from NodeKernel. Layout, under {@code
+ * <root>/<appId>}:
  *
  * <pre>
  * s&lt;shuffleId&gt;/p&lt;reduceId&gt;/e&lt;execId&gt;-t&lt;slot&gt;  File (in a Bag per reduce partition): segments of the slot's map tasks
