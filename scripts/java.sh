@@ -4,20 +4,18 @@
 #
 # Usage: scripts/java.sh [--release] [--no-tests] [maven arguments...]
 #   --release   build the native library and nk in release mode (the jars
-#               then carry the optimised library); default: cargo's test
-#               profile (into target/debug), as the tests use
+#               then carry the optimised library); default: debug, as the
+#               tests use
 #   --no-tests  package the jars without running the tests
 #
 # Installs a JDK and Maven with apt-get when they are missing (as root).
-# The tests start clusters with target/<profile>/nk.
+# The tests start clusters with target/<profile>/nk, or with NK_BIN when set
+# (an nk built already; then only the JNI library is built here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debug builds use cargo's test profile: scripts/test.sh runs this after
-# `cargo test`, which has built both in that profile already (a dev-profile
-# build here recompiled every workspace crate: two minutes of CI).
 profile=debug
-cargo_flags=(--profile test)
+cargo_flags=()
 goal=verify
 mvn_args=()
 for arg in "$@"; do
@@ -39,15 +37,26 @@ if [[ $goal == verify ]]; then
     scripts/java-format.sh --check
 fi
 
-echo "== native library and nk ($profile) =="
-cargo build "${cargo_flags[@]}" --locked -p nodekernel-jni -p nodekernel-cli
 native="$PWD/target/$profile"
+packages=(-p nodekernel-jni)
+if [[ -n ${NK_BIN:-} ]]; then
+    # An nk built already (scripts/test.sh passes the one cargo test built:
+    # building the CLI again here took two minutes of the test command).
+    nk_bin=$NK_BIN
+    [[ -x $nk_bin ]] || { echo "java.sh: NK_BIN=$nk_bin is not an executable" >&2; exit 1; }
+    echo "== native library ($profile); nk: $nk_bin =="
+else
+    nk_bin=$native/nk
+    packages+=(-p nodekernel-cli)
+    echo "== native library and nk ($profile) =="
+fi
+cargo build "${cargo_flags[@]}" --locked "${packages[@]}"
 
 echo "== Maven $goal (java/) =="
 # -ntp: no download progress lines; the first run fetches the pinned
 # dependencies from Maven Central into ~/.m2.
 mvn -B -ntp -Dstyle.color=never -f java/pom.xml \
-    -Dnk.native.dir="$native" -Dnk.bin="$native/nk" \
+    -Dnk.native.dir="$native" -Dnk.bin="$nk_bin" \
     "${mvn_args[@]}" "$goal"
 echo "jars:"
 ls java/*/target/*.jar

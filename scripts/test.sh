@@ -52,5 +52,6 @@ echo "== Python package: build into .venv, ruff, pytest =="
 # playwright (never `playwright install`: Debian's Chromium is used).
 NK_REQUIRE_BROWSER=1 .venv/bin/python -m pytest crates/py/tests -q
 echo "== JVM modules: Java client, Hadoop contract suites, Spark local job, YCSB (java/) =="
-# Builds the JNI library (debug) and runs every module's tests with Maven.
-./scripts/java.sh
+# Builds the JNI library (debug) and runs every module's tests with Maven,
+# against the nk that cargo test built.
+NK_BIN="$PWD/target/debug/nk" ./scripts/java.sh
