@@ -21,6 +21,47 @@ pub struct ByteRange {
     pub len: u64,
 }
 
+/// Why [`Client::read_ranges`] could not open its stream, and which range
+/// it is about (the message names the range too).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RangeError {
+    /// Index of the range the failure is about; where a path cannot be
+    /// looked up, the first range of that path. `None` for a failure of
+    /// the call as a whole (too many ranges).
+    pub range: Option<usize>,
+    pub error: Error,
+}
+
+impl RangeError {
+    fn of(i: usize, r: &ByteRange, e: Error) -> Self {
+        let end = r.offset.saturating_add(r.len);
+        RangeError {
+            range: Some(i),
+            error: Error::new(
+                e.code,
+                format!(
+                    "range {i} (bytes {}..{end} of {}): {}",
+                    r.offset, r.path, e.message
+                ),
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for RangeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for RangeError {}
+
+impl From<RangeError> for Error {
+    fn from(e: RangeError) -> Error {
+        e.error
+    }
+}
+
 /// One File of a Bag and where its bytes sit in the Bag's stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BagEntry {
@@ -132,51 +173,58 @@ impl Client {
     /// Each distinct path is looked up once, before any byte is read; a
     /// range past the node's published size fails the call with
     /// `OutOfRange` (never a short stream), a container with
-    /// `TypeMismatch`, a missing node with `NotFound`. At most
-    /// [`MAX_RANGES`] ranges.
+    /// `TypeMismatch`, a missing node with `NotFound`, each as a
+    /// [`RangeError`] naming the range. At most [`MAX_RANGES`] ranges.
     pub async fn read_ranges(
         &self,
         ranges: &[ByteRange],
         reads_in_flight: usize,
-    ) -> Result<BagReader> {
+    ) -> std::result::Result<BagReader, RangeError> {
         if ranges.len() > MAX_RANGES {
-            return Err(Error::invalid_argument(format!(
-                "{} ranges in one stream; at most {MAX_RANGES}",
-                ranges.len()
-            )));
+            return Err(RangeError {
+                range: None,
+                error: Error::invalid_argument(format!(
+                    "{} ranges in one stream; at most {MAX_RANGES}",
+                    ranges.len()
+                )),
+            });
         }
-        let mut paths: Vec<&str> = ranges.iter().map(|r| r.path.as_str()).collect();
-        paths.sort_unstable();
-        paths.dedup();
-        let nodes: std::collections::HashMap<&str, Arc<Node>> = stream::iter(paths)
-            .map(|p| async move {
-                let node = self.lookup(p).await?;
-                let ty = node.info().ty;
-                if !matches!(ty, NodeType::File | NodeType::KeyValue) {
-                    return Err(Error::type_mismatch(format!(
-                        "{p} is a {ty}, not a File or KeyValue"
-                    )));
+        // Each distinct path with the first range that names it.
+        let mut first: std::collections::HashMap<&str, usize> = Default::default();
+        for (i, r) in ranges.iter().enumerate() {
+            first.entry(r.path.as_str()).or_insert(i);
+        }
+        let nodes: std::collections::HashMap<&str, Arc<Node>> = stream::iter(first)
+            .map(|(p, i)| async move {
+                let found = self.lookup(p).await.and_then(|node| {
+                    let ty = node.info().ty;
+                    if matches!(ty, NodeType::File | NodeType::KeyValue) {
+                        Ok(node)
+                    } else {
+                        Err(Error::type_mismatch(format!(
+                            "{p} is a {ty}, not a File or KeyValue"
+                        )))
+                    }
+                });
+                match found {
+                    Ok(node) => Ok((p, Arc::new(node))),
+                    Err(e) => Err(RangeError::of(i, &ranges[i], e)),
                 }
-                Ok((p, Arc::new(node)))
             })
             .buffer_unordered(reads_in_flight.max(1))
             .try_collect()
             .await?;
         let mut pieces = Vec::with_capacity(ranges.len());
-        for r in ranges {
+        for (i, r) in ranges.iter().enumerate() {
             let node = nodes[r.path.as_str()].clone();
             let size = node.info().size;
             let inside = matches!(r.offset.checked_add(r.len), Some(end) if end <= size);
             if !inside {
-                return Err(Error::new(
+                let e = Error::new(
                     ErrorCode::OutOfRange,
-                    format!(
-                        "bytes {}..{} of {} lie past its {size} bytes",
-                        r.offset,
-                        r.offset.saturating_add(r.len),
-                        r.path
-                    ),
-                ));
+                    format!("past the end: it holds {size} bytes"),
+                );
+                return Err(RangeError::of(i, r, e));
             }
             pieces.push((r.path.clone(), node, r.offset, r.len));
         }

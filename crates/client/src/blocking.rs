@@ -57,6 +57,9 @@ impl Client {
     pub fn open_write(&self, path: &str) -> Result<Node> {
         self.node(self.rt.block_on(self.inner.open_write(path)))
     }
+    pub fn open_append(&self, path: &str, opts: CreateOptions) -> Result<Node> {
+        self.node(self.rt.block_on(self.inner.open_append(path, opts)))
+    }
     pub fn delete(&self, path: &str, recursive: bool) -> Result<()> {
         self.rt.block_on(self.inner.delete(path, recursive))
     }

@@ -1,6 +1,7 @@
 use crate::blockio::{AccessHook, BlockIo};
 use crate::node::Node;
 use bytes::BytesMut;
+use futures::StreamExt;
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
 use nodekernel_proto::record::{self, RECORD_SIZE};
 use nodekernel_proto::{
@@ -343,6 +344,24 @@ impl Client {
     /// Creates a node. File and KeyValue handles come back open for writing
     /// (the caller holds the write lease until [`Node::close`]).
     pub async fn create(&self, p: &str, ty: NodeType, opts: CreateOptions) -> Result<Node> {
+        self.create_or_open(p, ty, opts, false).await
+    }
+
+    /// Opens the File at `p` for appending (as [`Client::open_write`]),
+    /// creating it with `opts` if there is none: one metadata call either
+    /// way. `opts` are ignored for an existing File. Another node type at
+    /// `p` is `AlreadyExists`; an existing File being written is `Busy`.
+    pub async fn open_append(&self, p: &str, opts: CreateOptions) -> Result<Node> {
+        self.create_or_open(p, NodeType::File, opts, true).await
+    }
+
+    async fn create_or_open(
+        &self,
+        p: &str,
+        ty: NodeType,
+        opts: CreateOptions,
+        open_existing: bool,
+    ) -> Result<Node> {
         path::components(p)?;
         let idx = self.partition(p);
         let req = MetaRequest::Create {
@@ -359,6 +378,7 @@ impl Client {
             pinned: opts.pinned,
             mode: opts.mode.unwrap_or(ty.default_mode()),
             mtime: opts.mtime.unwrap_or_else(now_ns),
+            open_existing,
         };
         let info = self.node_reply(idx, &req).await?;
         if let Some(rec) = &info.record {
@@ -844,11 +864,37 @@ impl Client {
             }
         }
     }
+
+    /// Gets the values at `paths`, each as [`Client::get`], with up to
+    /// `in_flight` gets outstanding: one result per path, in the order
+    /// given, so a missing key is its own `NotFound` and fails none of the
+    /// others (a reducer fetching the indexes of many map outputs). More
+    /// than [`MAX_GET_MANY`] paths is `InvalidArgument`.
+    pub async fn get_many<S: AsRef<str>>(
+        &self,
+        paths: &[S],
+        in_flight: usize,
+    ) -> Result<Vec<Result<Vec<u8>>>> {
+        if paths.len() > MAX_GET_MANY {
+            return Err(Error::invalid_argument(format!(
+                "{} keys in one get; at most {MAX_GET_MANY}",
+                paths.len()
+            )));
+        }
+        Ok(futures::stream::iter(paths)
+            .map(|p| self.get(p.as_ref()))
+            .buffered(in_flight.max(1))
+            .collect()
+            .await)
+    }
 }
 
 /// Lookups a [`Client::get`] makes before giving up on a key that keeps
 /// being replaced under it.
 pub const GET_ATTEMPTS: u32 = 64;
+
+/// Most keys one [`Client::get_many`] takes.
+pub const MAX_GET_MANY: usize = 1 << 16;
 
 /// The last component of a valid non-root path.
 pub(crate) fn leaf(p: &str) -> &str {

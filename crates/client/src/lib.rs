@@ -41,10 +41,13 @@ pub mod snapshot;
 mod stream;
 
 pub use admin::drain_finished;
-pub use bag::{BagEntry, BagReader, ByteRange, DEFAULT_BAG_READS_IN_FLIGHT, MAX_RANGES};
+pub use bag::{
+    BagEntry, BagReader, ByteRange, RangeError, DEFAULT_BAG_READS_IN_FLIGHT, MAX_RANGES,
+};
 pub use blockio::{Access, AccessHook, MAX_RELOCATIONS, OPEN_ATTEMPTS};
 pub use client::{
     default_location, now_ns, Client, ClientConfig, CreateOptions, DataPathStats, GET_ATTEMPTS,
+    MAX_GET_MANY,
 };
 pub use crypt::EncryptionKey;
 pub use node::{Node, Reader};

@@ -45,6 +45,7 @@ fn mkdir(path: &str) -> (u16, Vec<u8>) {
         pinned: false,
         mode: 0o755,
         mtime: 0,
+        open_existing: false,
     };
     let mut b = BytesMut::new();
     req.encode(&mut b);

@@ -488,25 +488,46 @@ async fn byte_ranges_of_several_files_read_back_as_one_stream_in_the_order_given
     }
     assert_eq!(c.read_ranges(&[], 4).await.unwrap().total_size(), 0);
 
-    // Failures come before any byte: past the end, missing, a container.
-    let past = c
-        .read_ranges(&[range("/r/f1", 0, 1), range("/r/f2", 1, 3 << 19)], 4)
-        .await
-        .unwrap_err();
-    assert_eq!(past.code, ErrorCode::OutOfRange, "{past}");
-    assert!(past.message.contains("/r/f2"), "{past}");
-    let wrap = c
-        .read_ranges(&[range("/r/f1", u64::MAX, 2)], 4)
-        .await
-        .unwrap_err();
-    assert_eq!(wrap.code, ErrorCode::OutOfRange);
-    let missing = c
-        .read_ranges(&[range("/r/nothing", 0, 0)], 4)
-        .await
-        .unwrap_err();
-    assert_eq!(missing.code, ErrorCode::NotFound);
-    let dir = c.read_ranges(&[range("/r", 0, 0)], 4).await.unwrap_err();
-    assert_eq!(dir.code, ErrorCode::TypeMismatch);
+    // Failures come before any byte (past the end, missing, a container),
+    // each naming the range it is about.
+    let fails = |rs: Vec<nodekernel_client::ByteRange>| async move {
+        c.read_ranges(&rs, 4).await.unwrap_err()
+    };
+    let past = fails(vec![range("/r/f1", 0, 1), range("/r/f2", 1, 3 << 19)]).await;
+    assert_eq!(
+        (past.error.code, past.range),
+        (ErrorCode::OutOfRange, Some(1))
+    );
+    assert!(
+        past.to_string()
+            .contains("range 1 (bytes 1..1572865 of /r/f2)"),
+        "{past}"
+    );
+    let wrap = fails(vec![range("/r/f1", u64::MAX, 2)]).await;
+    assert_eq!(
+        (wrap.error.code, wrap.range),
+        (ErrorCode::OutOfRange, Some(0))
+    );
+    let missing = fails(vec![
+        range("/r/f1", 0, 1),
+        range("/r/nothing", 0, 0),
+        range("/r/f2", 0, 1),
+        range("/r/nothing", 1, 0),
+    ])
+    .await;
+    assert_eq!(
+        (missing.error.code, missing.range),
+        (ErrorCode::NotFound, Some(1)),
+        "the first range of the missing path: {missing}"
+    );
+    let dir = fails(vec![range("/r/f1", 0, 1), range("/r", 0, 0)]).await;
+    assert_eq!(
+        (dir.error.code, dir.range),
+        (ErrorCode::TypeMismatch, Some(1))
+    );
+    let too_many = vec![range("/r/f1", 0, 0); nodekernel_client::MAX_RANGES + 1];
+    let e = c.read_ranges(&too_many, 4).await.unwrap_err();
+    assert_eq!((e.error.code, e.range), (ErrorCode::InvalidArgument, None));
 }
 
 /// A writer that aborts keeps what its last sync published, and the next
@@ -528,4 +549,83 @@ async fn an_append_after_an_aborted_writer_continues_at_the_published_size() {
     w.append(b"next").await.unwrap();
     w.close().await.unwrap();
     assert_eq!(c.get("/slot").await.unwrap(), b"kept|next");
+}
+
+/// `open_append` creates a missing File with the options given and appends
+/// to an existing one, one metadata call either way (how a shuffle writer
+/// opens its slot File in a partition's Bag without creating it up front).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_or_create_makes_a_missing_file_and_continues_an_existing_one() {
+    let t = common::start(64 << 20, 128 << 20).await;
+    let c = &t.client;
+    c.create("/p0", NodeType::Bag, opts()).await.unwrap();
+    let mode = CreateOptions {
+        mode: Some(0o600),
+        ..opts()
+    };
+    let mut w = c.open_append("/p0/e1-t0", mode.clone()).await.unwrap();
+    assert_eq!(w.size(), 0);
+    w.append(b"first|").await.unwrap();
+    let busy = c.open_append("/p0/e1-t0", mode.clone()).await.unwrap_err();
+    assert_eq!(busy.code, ErrorCode::Busy, "one writer at a time");
+    w.close().await.unwrap();
+
+    let mut w = c.open_append("/p0/e1-t0", opts()).await.unwrap();
+    assert_eq!(w.size(), 6, "the existing File is opened where it ends");
+    w.append(b"second").await.unwrap();
+    w.close().await.unwrap();
+    assert_eq!(c.get("/p0/e1-t0").await.unwrap(), b"first|second");
+    assert_eq!(c.lookup("/p0/e1-t0").await.unwrap().info().mode, 0o600);
+
+    let taken = c.open_append("/p0", opts()).await.unwrap_err();
+    assert_eq!(taken.code, ErrorCode::AlreadyExists, "a Bag is not a File");
+    let orphan = c.open_append("/nowhere/f", opts()).await.unwrap_err();
+    assert_eq!(orphan.code, ErrorCode::NotFound);
+}
+
+/// `get_many` answers every key in the order given, each as `get` would:
+/// a missing key is its own `NotFound`, values of one byte to several
+/// blocks come back whole, and too many keys are refused up front.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_many_answers_each_key_in_order_and_a_missing_one_alone() {
+    let t = common::start(64 << 20, 128 << 20).await;
+    let c = &t.client;
+    c.create("/idx", NodeType::Table, opts()).await.unwrap();
+    let mut want = Vec::new();
+    for (i, len) in [1usize, 700, 5 << 20, 0, 33].into_iter().enumerate() {
+        let v = pattern(i as u64, len);
+        c.put(&format!("/idx/m{i}"), &v).await.unwrap();
+        want.push(Some(v));
+    }
+    want.insert(2, None);
+    let keys: Vec<String> = (0..want.len())
+        .map(|i| match i {
+            2 => "/idx/gone".to_string(),
+            i if i < 2 => format!("/idx/m{i}"),
+            i => format!("/idx/m{}", i - 1),
+        })
+        .collect();
+    for in_flight in [1, 3, 64] {
+        let got = c.get_many(&keys, in_flight).await.unwrap();
+        assert_eq!(got.len(), keys.len());
+        for ((key, want), got) in keys.iter().zip(&want).zip(got) {
+            match (want, got) {
+                (Some(v), Ok(g)) => assert!(*v == g, "{key}: wrong value"),
+                (None, Err(e)) => {
+                    assert_eq!(e.code, ErrorCode::NotFound, "{key}");
+                    assert!(e.message.contains(key), "{key}: {}", e.message);
+                }
+                (w, g) => panic!(
+                    "{key}: wanted {:?}, got {:?}",
+                    w.as_ref().map(Vec::len),
+                    g.as_ref().map(Vec::len)
+                ),
+            }
+        }
+    }
+    let none: [&str; 0] = [];
+    assert!(c.get_many(&none, 4).await.unwrap().is_empty());
+    let too_many = vec!["/idx/m0"; nodekernel_client::MAX_GET_MANY + 1];
+    let e = c.get_many(&too_many, 4).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidArgument);
 }

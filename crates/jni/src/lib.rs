@@ -25,7 +25,9 @@
 //! runtime per process; many Java threads may call at once.
 
 use futures::stream::{self, StreamExt, TryStreamExt};
-use jni::objects::{JByteArray, JByteBuffer, JClass, JLongArray, JObject, JObjectArray, JString};
+use jni::objects::{
+    JByteArray, JByteBuffer, JClass, JLongArray, JObject, JObjectArray, JString, JThrowable,
+};
 use jni::sys::{jboolean, jint, jlong, jobject};
 use jni::JNIEnv;
 use nk::{ErrorCode, NodeType};
@@ -42,6 +44,9 @@ use tokio::runtime::Runtime;
 enum Fail {
     /// A client error: thrown as the exception class of its code.
     Nk(nk::Error),
+    /// A client error about one range of an `openRanges`: thrown as `Nk`,
+    /// with the range's index set on the exception.
+    Range(usize, nk::Error),
     /// A JNI call failed; usually a Java exception is already pending.
     Jni(jni::errors::Error),
     /// A bad argument from Java.
@@ -62,6 +67,15 @@ impl From<jni::errors::Error> for Fail {
     }
 }
 
+impl From<nk::RangeError> for Fail {
+    fn from(e: nk::RangeError) -> Self {
+        match e.range {
+            Some(i) => Fail::Range(i, e.error),
+            None => Fail::Nk(e.error),
+        }
+    }
+}
+
 type R<T> = Result<T, Fail>;
 
 /// The Java class thrown for `code` (nested in `NodeKernelException`).
@@ -76,6 +90,15 @@ fn throw(env: &mut JNIEnv<'_>, fail: Fail) {
     }
     let (class, message) = match fail {
         Fail::Nk(e) => (exception_class(e.code), e.message),
+        Fail::Range(i, e) => {
+            let class = exception_class(e.code);
+            if throw_range(env, &class, &e.message, i).is_ok() {
+                return;
+            }
+            // Thrown without the index (a jar of another version).
+            let _ = env.exception_clear();
+            (class, e.message)
+        }
         Fail::Jni(e) => (
             "java/lang/IllegalStateException".to_string(),
             format!("NodeKernel native call failed in JNI: {e}"),
@@ -87,6 +110,16 @@ fn throw(env: &mut JNIEnv<'_>, fail: Fail) {
         // Only if the class could not be loaded (a jar of another version).
         let _ = env.throw_new("java/io/IOException", format!("{class}: {message}"));
     }
+}
+
+/// Throws `class(message)` with `setRange(range)` called on it.
+fn throw_range(env: &mut JNIEnv<'_>, class: &str, message: &str, range: usize) -> R<()> {
+    let message = env.new_string(message)?;
+    let e = env.new_object(class, "(Ljava/lang/String;)V", &[(&message).into()])?;
+    let range = jint::try_from(range).unwrap_or(jint::MAX);
+    env.call_method(&e, "setRange", "(I)V", &[range.into()])?;
+    env.throw(JThrowable::from(e))?;
+    Ok(())
 }
 
 /// Runs one native entry point: errors and panics become Java exceptions
@@ -296,6 +329,29 @@ fn string_array<'l>(env: &mut JNIEnv<'l>, v: &[String]) -> R<JObjectArray<'l>> {
         env.delete_local_ref(js)?;
     }
     Ok(a)
+}
+
+/// `value` (of the key at `path`) as a Java array, if one can hold it.
+fn value_array<'l>(env: &mut JNIEnv<'l>, path: &str, value: &[u8]) -> R<JByteArray<'l>> {
+    if i32::try_from(value.len()).is_err() {
+        return Err(Fail::Nk(nk::Error::new(
+            ErrorCode::InvalidArgument,
+            format!(
+                "{path} holds {} bytes, more than a Java array takes; read it with a stream",
+                value.len()
+            ),
+        )));
+    }
+    Ok(env.byte_array_from_slice(value)?)
+}
+
+/// Reads in flight asked for from Java; 0 or less: the default.
+fn reads_in_flight_or_default(n: jint) -> usize {
+    if n > 0 {
+        n as usize
+    } else {
+        nk::DEFAULT_BAG_READS_IN_FLIGHT
+    }
 }
 
 fn node_type(code: jint) -> R<NodeType> {
@@ -532,7 +588,8 @@ fn stream_options(buffer_size: jint, slice_size: jint) -> R<nk::StreamOptions> {
 }
 
 /// Creates a node; for a File or KeyValue returns a writer handle, for a
-/// container 0. `storage_class` and `mode` are -1 for "not set".
+/// container 0. `storage_class` and `mode` are -1 for "not set". With
+/// `open_existing` (a File only) an existing File is opened for appending.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub extern "system" fn Java_io_nodekernel_Native_create<'l>(
@@ -549,6 +606,7 @@ pub extern "system" fn Java_io_nodekernel_Native_create<'l>(
     size_hint: jlong,
     buffer_size: jint,
     slice_size: jint,
+    open_existing: jboolean,
 ) -> jlong {
     call(&mut env, 0, |env| {
         let client = CLIENTS.get(c)?;
@@ -574,7 +632,16 @@ pub extern "system" fn Java_io_nodekernel_Native_create<'l>(
             mtime: None,
         };
         let sopts = stream_options(buffer_size, slice_size)?;
-        let node = block_on(client.create(&p, ty, opts))??;
+        let node = if open_existing != 0 {
+            if ty != NodeType::File {
+                return Err(Fail::Arg(format!(
+                    "only a File can be appended to, not a {ty}"
+                )));
+            }
+            block_on(client.open_append(&p, opts))??
+        } else {
+            block_on(client.create(&p, ty, opts))??
+        };
         if !matches!(ty, NodeType::File | NodeType::KeyValue) {
             return Ok(0);
         }
@@ -665,17 +732,53 @@ pub extern "system" fn Java_io_nodekernel_Native_get<'l>(
         let client = CLIENTS.get(c)?;
         let p = path(env, &p)?;
         let value = block_on(client.get(&p))??;
-        if i32::try_from(value.len()).is_err() {
-            return Err(Fail::Nk(nk::Error::new(
-                ErrorCode::InvalidArgument,
-                format!(
-                    "{p} holds {} bytes, more than a Java array takes; read it with a stream",
-                    value.len()
-                ),
+        Ok(value_array(env, &p, &value)?.into_raw())
+    })
+}
+
+/// The values of several keys (`byte[][]`, in the order given), with up to
+/// `in_flight` gets outstanding; a missing key's entry is null, any other
+/// failure is thrown.
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_getMany<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    c: jlong,
+    paths: JObjectArray<'l>,
+    in_flight: jint,
+) -> jobject {
+    call(&mut env, std::ptr::null_mut(), |env| {
+        let client = CLIENTS.get(c)?;
+        if paths.is_null() {
+            return Err(Fail::Arg("paths must not be null".into()));
+        }
+        let n = usize::try_from(env.get_array_length(&paths)?).unwrap_or(0);
+        if n > nk::MAX_GET_MANY {
+            return Err(Fail::Arg(format!(
+                "{n} keys in one get; at most {}",
+                nk::MAX_GET_MANY
             )));
         }
-        let a: JByteArray<'l> = env.byte_array_from_slice(&value)?;
-        Ok(a.into_raw())
+        let mut keys = Vec::with_capacity(n);
+        for i in 0..n {
+            let p = JString::from(env.get_object_array_element(&paths, i as jint)?);
+            keys.push(path(env, &p)?);
+            env.delete_local_ref(p)?;
+        }
+        let in_flight = reads_in_flight_or_default(in_flight);
+        let values = block_on(client.get_many(&keys, in_flight))??;
+        let out = env.new_object_array(n as jint, "[B", JObject::null())?;
+        for (i, (key, value)) in keys.iter().zip(values).enumerate() {
+            let value = match value {
+                Ok(v) => v,
+                Err(e) if e.code == ErrorCode::NotFound => continue,
+                Err(e) => return Err(Fail::Nk(e)),
+            };
+            let a = value_array(env, key, &value)?;
+            env.set_object_array_element(&out, i as jint, &a)?;
+            env.delete_local_ref(a)?;
+        }
+        Ok(out.into_raw())
     })
 }
 
@@ -818,11 +921,7 @@ pub extern "system" fn Java_io_nodekernel_Native_openBag<'l>(
     call(&mut env, std::ptr::null_mut(), |env| {
         let client = CLIENTS.get(c)?;
         let p = path(env, &p)?;
-        let in_flight = if reads_in_flight > 0 {
-            reads_in_flight as usize
-        } else {
-            nk::DEFAULT_BAG_READS_IN_FLIGHT
-        };
+        let in_flight = reads_in_flight_or_default(reads_in_flight);
         let reader = block_on(client.read_bag(&p, in_flight))??;
         let total = reader.total_size();
         let h = READERS.insert(Mutex::new(Reader::Bag { reader, pos: 0 }));
@@ -882,11 +981,7 @@ pub extern "system" fn Java_io_nodekernel_Native_openRanges<'l>(
             };
             ranges.push(nk::ByteRange { path, offset, len });
         }
-        let in_flight = if reads_in_flight > 0 {
-            reads_in_flight as usize
-        } else {
-            nk::DEFAULT_BAG_READS_IN_FLIGHT
-        };
+        let in_flight = reads_in_flight_or_default(reads_in_flight);
         let reader = block_on(client.read_ranges(&ranges, in_flight))??;
         let total = reader.total_size();
         let h = READERS.insert(Mutex::new(Reader::Bag { reader, pos: 0 }));

@@ -909,6 +909,8 @@ impl Sim {
             } else {
                 (path, 0)
             };
+            // An append-or-create opens a File that is there.
+            let open_existing = ty == NodeType::File && self.rng.chance(30);
             self.exec(MetaRequest::Create {
                 path,
                 ty,
@@ -919,6 +921,7 @@ impl Sim {
                 pinned: false,
                 mode: 0o644,
                 mtime: 0,
+                open_existing,
             })?
         };
         if let Ok(MetaReply::Node(info)) = reply {
@@ -1216,6 +1219,7 @@ impl Sim {
                 pinned: self.rng.chance(10),
                 mode: 0o644,
                 mtime: 0,
+                open_existing: false,
             },
             2 | 3 => MetaRequest::Remove {
                 path,

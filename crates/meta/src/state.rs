@@ -714,6 +714,7 @@ impl MetaState {
                 pinned,
                 mode,
                 mtime,
+                open_existing,
             } => d.create(
                 path,
                 *ty,
@@ -726,6 +727,7 @@ impl MetaState {
                     mtime: *mtime,
                 },
                 *size_hint,
+                *open_existing,
                 now,
             )?,
             MetaRequest::Lookup { path } => {
@@ -2583,6 +2585,7 @@ impl<'a> Draft<'a> {
         ty: NodeType,
         f: NodeFlags,
         size_hint: u64,
+        open_existing: bool,
         now: u64,
     ) -> Result<Reply> {
         let NodeFlags {
@@ -2595,10 +2598,18 @@ impl<'a> Draft<'a> {
         } = f;
         let mode = check_mode(mode)?;
         self.st.check_partition(path)?;
+        if open_existing && ty != NodeType::File {
+            return Err(Error::invalid_argument(format!(
+                "{path}: only a File can be opened if it exists (asked for a {ty})"
+            )));
+        }
         let (parent, name) = self.ns().parent_for(path, ty)?;
         if !ty.replaces_on_create() {
             if let Some(old) = self.ns().child(parent, &name) {
                 let old_ty = self.ns().get(old).map_or(ty, |n| n.ty);
+                if open_existing && old_ty == NodeType::File {
+                    return self.open_write(path, now);
+                }
                 return Err(Error::already_exists(format!(
                     "{path} already exists (a {old_ty})"
                 )));

@@ -195,6 +195,7 @@ impl Sim {
             pinned: false,
             mode: 0o644,
             mtime: 0,
+            open_existing: false,
         };
         match op {
             Op::Create(p, NodeType::KeyValue) | Op::Put(p) => {

@@ -196,6 +196,11 @@ pub enum MetaRequest {
         /// Modification time, nanoseconds since the Unix epoch (the
         /// client's clock: the metadata server reads none).
         mtime: u64,
+        /// For a File: if a File already exists at `path`, take its write
+        /// lease instead (as [`MetaRequest::OpenWrite`]) and append to it,
+        /// so a writer that may have to create its File makes one call.
+        /// Another node type at `path` is still `AlreadyExists`.
+        open_existing: bool,
     },
     Lookup {
         path: String,
@@ -399,6 +404,7 @@ impl MetaRequest {
                 pinned,
                 mode,
                 mtime,
+                open_existing,
             } => {
                 e.str(path)
                     .u8(*ty as u8)
@@ -408,7 +414,8 @@ impl MetaRequest {
                     .u64(*size_hint)
                     .bool(*pinned)
                     .u32(*mode)
-                    .u64(*mtime);
+                    .u64(*mtime)
+                    .bool(*open_existing);
             }
             MetaRequest::Lookup { path }
             | MetaRequest::Enumerate { path }
@@ -534,6 +541,7 @@ impl MetaRequest {
                 pinned: d.bool()?,
                 mode: d.u32()?,
                 mtime: d.u64()?,
+                open_existing: d.bool()?,
             },
             op::LOOKUP => MetaRequest::Lookup { path: d.string()? },
             op::ENUMERATE => MetaRequest::Enumerate { path: d.string()? },
@@ -894,6 +902,7 @@ mod tests {
                 pinned: true,
                 mode: 0o4755,
                 mtime: 1_700_000_000_123_456_789,
+                open_existing: true,
             },
             MetaRequest::Lookup { path: "/x".into() },
             MetaRequest::Remove {

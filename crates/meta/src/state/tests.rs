@@ -49,6 +49,19 @@ fn create_with(
     enumerable: bool,
     now: u64,
 ) -> Result<NodeInfo> {
+    create_req(s, path, ty, class, enumerable, false, now)
+}
+
+/// A Create that, with `open_existing`, opens an existing File instead.
+fn create_req(
+    s: &mut MetaState,
+    path: &str,
+    ty: NodeType,
+    class: u8,
+    enumerable: bool,
+    open_existing: bool,
+    now: u64,
+) -> Result<NodeInfo> {
     match s.apply(
         MetaRequest::Create {
             path: path.into(),
@@ -60,6 +73,7 @@ fn create_with(
             pinned: false,
             mode: 0o644,
             mtime: 0,
+            open_existing,
         },
         now,
     )? {
@@ -157,6 +171,7 @@ fn decisions_change_nothing_and_effects_replay_to_the_same_state() {
         pinned: false,
         mode: 0o644,
         mtime: 0,
+        open_existing: false,
     };
     let d = s.decide(&req, 5).unwrap();
     assert!(!d.effects.is_empty());
@@ -185,6 +200,7 @@ fn decisions_change_nothing_and_effects_replay_to_the_same_state() {
         pinned: false,
         mode: 0o644,
         mtime: 0,
+        open_existing: false,
     };
     assert_eq!(s.apply(bad, 0).unwrap_err().code, ErrorCode::TypeMismatch);
     assert_eq!(s.dump(), before);
@@ -261,6 +277,55 @@ fn write_lease_map_sync_cycle() {
     );
     s.apply(MetaRequest::OpenWrite { path: "/f".into() }, 0)
         .unwrap();
+    s.check_invariants().unwrap();
+}
+
+fn open_or_create(s: &mut MetaState, path: &str, ty: NodeType, now: u64) -> Result<NodeInfo> {
+    create_req(s, path, ty, NO_CLASS, true, true, now)
+}
+
+#[test]
+fn append_or_create_opens_an_existing_file_and_creates_a_missing_one() {
+    let mut s = state();
+    create(&mut s, "/b", Bag, 0).unwrap();
+    let f = open_or_create(&mut s, "/b/f", File, 0).unwrap();
+    assert_ne!(f.lease, 0, "a created File comes back leased");
+    assert_eq!(
+        open_or_create(&mut s, "/b/f", File, 1).unwrap_err().code,
+        ErrorCode::Busy,
+        "one writer at a time"
+    );
+    map(&mut s, f.id, 0, 1, f.lease).unwrap();
+    close(&mut s, &f, 100).unwrap();
+    let again = open_or_create(&mut s, "/b/f", File, 2).unwrap();
+    assert_eq!(again.id, f.id, "the existing File is opened, not replaced");
+    assert_eq!(again.size, 100, "its bytes stay: the writer appends");
+    assert_ne!(again.lease, 0);
+    close(&mut s, &again, 100).unwrap();
+    assert_eq!(children(&s, "/b"), ["f"]);
+
+    create(&mut s, "/t", Table, 0).unwrap();
+    put(&mut s, "/t/k", 10).unwrap();
+    create(&mut s, "/d", Directory, 0).unwrap();
+    for (path, want) in [
+        ("/b", ErrorCode::AlreadyExists),
+        ("/t/k", ErrorCode::TypeMismatch),
+        ("/d", ErrorCode::AlreadyExists),
+        ("/missing/f", ErrorCode::NotFound),
+    ] {
+        assert_eq!(
+            open_or_create(&mut s, path, File, 3).unwrap_err().code,
+            want,
+            "{path}"
+        );
+    }
+    assert_eq!(
+        open_or_create(&mut s, "/t/k2", KeyValue, 3)
+            .unwrap_err()
+            .code,
+        ErrorCode::InvalidArgument,
+        "only a File is opened if it exists"
+    );
     s.check_invariants().unwrap();
 }
 
@@ -1589,6 +1654,7 @@ fn create_hinted(s: &mut MetaState, path: &str, class: u8, size: u64) -> Result<
         pinned: false,
         mode: 0o644,
         mtime: 0,
+        open_existing: false,
     };
     match s.apply(req, 0)? {
         MetaReply::Node(n) => Ok(n),
@@ -1754,6 +1820,7 @@ fn a_restart_keeps_what_was_closed_and_forgets_writers() {
         pinned: false,
         mode: 0o644,
         mtime: 0,
+        open_existing: false,
     };
     let node = |r: MetaReply| match r {
         MetaReply::Node(n) => n,
@@ -2138,6 +2205,7 @@ fn what_a_snapshot_held_survives_a_replay_and_a_checkpoint_and_a_restart_frees_i
             pinned: false,
             mode: 0o644,
             mtime: 0,
+            open_existing: false,
         },
     )
     .unwrap();
@@ -2290,6 +2358,7 @@ fn migration_moves_the_coldest_unpinned_blocks_and_promotes_hot_ones() {
                 pinned: true,
                 mode: 0o644,
                 mtime: 0,
+                open_existing: false,
             },
             1,
         )
@@ -2540,6 +2609,7 @@ fn modes_and_times_are_kept_through_the_log_and_a_checkpoint() {
         pinned: false,
         mode,
         mtime,
+        open_existing: false,
     };
     let MetaReply::Node(d) = logged(&mut s, l, mk("/d", Directory, 0o700, 11)).unwrap() else {
         panic!()

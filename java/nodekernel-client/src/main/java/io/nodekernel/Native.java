@@ -50,7 +50,8 @@ final class Native {
       int mode,
       long sizeHint,
       int bufferSize,
-      int sliceSize)
+      int sliceSize,
+      boolean openExisting)
       throws NodeKernelException;
 
   static native long append(long client, String path, int bufferSize, int sliceSize)
@@ -65,6 +66,9 @@ final class Native {
       throws NodeKernelException;
 
   static native byte[] get(long client, String path) throws NodeKernelException;
+
+  static native byte[][] getMany(long client, String[] paths, int inFlight)
+      throws NodeKernelException;
 
   static native long getInto(long client, String path, ByteBuffer buf, int off, int len)
       throws NodeKernelException;

@@ -153,6 +153,11 @@ public final class NodeKernel implements AutoCloseable {
   }
 
   private long create(String path, NodeType type, CreateOptions o) throws IOException {
+    return create(path, type, o, false);
+  }
+
+  private long create(String path, NodeType type, CreateOptions o, boolean openExisting)
+      throws IOException {
     Objects.requireNonNull(o, "options");
     return Native.create(
         handle(),
@@ -165,7 +170,8 @@ public final class NodeKernel implements AutoCloseable {
         o.mode,
         o.sizeHint,
         o.bufferSize,
-        o.sliceSize);
+        o.sliceSize,
+        openExisting);
   }
 
   /** Creates a node of a container type (Directory, Table or Bag). */
@@ -204,6 +210,17 @@ public final class NodeKernel implements AutoCloseable {
   public NkOutputStream append(String path, CreateOptions options) throws IOException {
     return new NkOutputStream(
         path, Native.append(handle(), path(path), options.bufferSize, options.sliceSize));
+  }
+
+  /**
+   * Opens the File at {@code path} to append to it, creating it with {@code options} if there is
+   * none, in one metadata call. The options other than the writer buffer are ignored for an
+   * existing File. Another kind of node at {@code path} is {@link
+   * NodeKernelException.AlreadyExists}; a File another writer holds is {@link
+   * NodeKernelException.Busy}.
+   */
+  public NkOutputStream appendOrCreate(String path, CreateOptions options) throws IOException {
+    return new NkOutputStream(path, create(path, NodeType.FILE, options, true));
   }
 
   /** Opens a File or KeyValue for reading (sequential and positional). */
@@ -270,6 +287,19 @@ public final class NodeKernel implements AutoCloseable {
   /** The whole value of a KeyValue (or File) at {@code path}. */
   public byte[] get(String path) throws IOException {
     return Native.get(handle(), path(path));
+  }
+
+  /**
+   * The whole values at {@code paths}, in the order given, with up to {@code inFlight} gets
+   * outstanding (0: the default, 16): one call instead of a round trip per key. A missing key's
+   * entry is {@code null}; any other failure is thrown. At most 65536 paths.
+   */
+  public List<byte[]> getMany(List<String> paths, int inFlight) throws IOException {
+    String[] keys = new String[paths.size()];
+    for (int i = 0; i < keys.length; i++) {
+      keys[i] = path(paths.get(i));
+    }
+    return Arrays.asList(Native.getMany(handle(), keys, inFlight));
   }
 
   /**

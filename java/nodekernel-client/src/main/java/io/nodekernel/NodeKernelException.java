@@ -9,6 +9,7 @@ import java.io.IOException;
  */
 public class NodeKernelException extends IOException {
   private final ErrorCode code;
+  private int range = -1;
 
   protected NodeKernelException(ErrorCode code, String message) {
     super(message);
@@ -18,6 +19,19 @@ public class NodeKernelException extends IOException {
   /** The stable error code. */
   public ErrorCode code() {
     return code;
+  }
+
+  /**
+   * For a failure of {@link NodeKernel#openRanges}, the index of the range it is about (where a
+   * path cannot be looked up, the first range of that path); -1 otherwise.
+   */
+  public int range() {
+    return range;
+  }
+
+  /** Set by the native library when it throws an {@code openRanges} failure. */
+  void setRange(int range) {
+    this.range = range;
   }
 
   /** The exception of {@code code}, as a failing native call throws it. */

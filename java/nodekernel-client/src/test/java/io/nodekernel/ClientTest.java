@@ -270,12 +270,31 @@ public class ClientTest {
       assertArrayEquals(want.toByteArray(), got);
       assertEquals(-1, in.read());
     }
-    assertThrows(
-        NodeKernelException.OutOfRange.class,
-        () -> nk().openRanges(List.of(new FileRange(dir + "/b", 999, 2)), 0));
-    assertThrows(
-        NodeKernelException.NotFound.class,
-        () -> nk().openRanges(List.of(new FileRange(dir + "/none", 0, 0)), 0));
+    // A failure names the range it is about, in its message and as range().
+    NodeKernelException past =
+        assertThrows(
+            NodeKernelException.OutOfRange.class,
+            () ->
+                nk().openRanges(
+                        List.of(new FileRange(dir + "/a", 0, 1), new FileRange(dir + "/b", 999, 2)),
+                        0));
+    assertEquals(1, past.range());
+    assertTrue(past.getMessage(), past.getMessage().contains("range 1 (bytes 999..1001 of "));
+    NodeKernelException missing =
+        assertThrows(
+            NodeKernelException.NotFound.class,
+            () ->
+                nk().openRanges(
+                        List.of(
+                            new FileRange(dir + "/b", 0, 1),
+                            new FileRange(dir + "/b", 0, 2),
+                            new FileRange(dir + "/none", 0, 0),
+                            new FileRange(dir + "/none", 0, 0)),
+                        0));
+    assertEquals(2, missing.range());
+    assertEquals(
+        -1,
+        assertThrows(NodeKernelException.NotFound.class, () -> nk().lookup(dir + "/none")).range());
     assertThrows(IllegalArgumentException.class, () -> new FileRange(dir + "/b", -1, 2));
     // A File whose writer aborted keeps its synced bytes; the next writer appends after them.
     NkOutputStream w = nk().createFile(dir + "/slot");
@@ -288,6 +307,57 @@ public class ClientTest {
       next.write(3);
     }
     assertArrayEquals(new byte[] {1, 2, 3}, nk().get(dir + "/slot"));
+  }
+
+  @Test
+  public void appendOrCreateMakesAMissingFileAndContinuesAnExistingOne() throws Exception {
+    String bag = dir + "/p0";
+    nk().createContainer(bag, NodeType.BAG, CreateOptions.defaults());
+    String p = bag + "/e1-t0";
+    try (NkOutputStream out = nk().appendOrCreate(p, CreateOptions.defaults().mode(0600))) {
+      assertEquals(0, out.position());
+      out.write(new byte[] {1, 2});
+      assertThrows(
+          NodeKernelException.Busy.class, () -> nk().appendOrCreate(p, CreateOptions.defaults()));
+    }
+    try (NkOutputStream out = nk().appendOrCreate(p, CreateOptions.defaults())) {
+      assertEquals(2, out.position());
+      out.write(3);
+    }
+    assertArrayEquals(new byte[] {1, 2, 3}, nk().get(p));
+    assertEquals(0600, nk().lookup(p).mode());
+    assertThrows(
+        NodeKernelException.AlreadyExists.class,
+        () -> nk().appendOrCreate(bag, CreateOptions.defaults()));
+    assertThrows(
+        NodeKernelException.NotFound.class,
+        () -> nk().appendOrCreate(dir + "/none/f", CreateOptions.defaults()));
+  }
+
+  @Test
+  public void getManyAnswersEveryKeyInOrderWithNullForAMissingOne() throws Exception {
+    String t = dir + "/idx";
+    nk().createContainer(t, NodeType.TABLE, CreateOptions.defaults());
+    byte[] small = pattern(40, 21);
+    byte[] big = pattern(3 << 20 | 5, 22);
+    nk().put(t + "/a", small);
+    nk().put(t + "/b", big);
+    nk().put(t + "/empty", new byte[0]);
+    List<String> keys = List.of(t + "/b", t + "/gone", t + "/a", t + "/empty", t + "/a");
+    for (int inFlight : new int[] {0, 1, 8}) {
+      List<byte[]> got = nk().getMany(keys, inFlight);
+      assertEquals(keys.size(), got.size());
+      assertArrayEquals(big, got.get(0));
+      assertEquals(null, got.get(1));
+      assertArrayEquals(small, got.get(2));
+      assertArrayEquals(new byte[0], got.get(3));
+      assertArrayEquals(small, got.get(4));
+    }
+    assertTrue(nk().getMany(List.of(), 0).isEmpty());
+    // A failure other than a missing key is thrown, not hidden as null.
+    assertThrows(
+        NodeKernelException.InvalidPath.class,
+        () -> nk().getMany(List.of(t + "/a", "relative"), 0));
   }
 
   @Test

@@ -74,10 +74,10 @@ public class NativeFailureTest {
     assertThrows(IllegalArgumentException.class, () -> Native.lookup(h, null));
     assertThrows(
         IllegalArgumentException.class,
-        () -> Native.create(h, "/nf/k", 99, -1, false, false, true, -1, 0, 0, 0));
+        () -> Native.create(h, "/nf/k", 99, -1, false, false, true, -1, 0, 0, 0, false));
     assertThrows(
         NodeKernelException.InvalidArgument.class,
-        () -> Native.create(h, "/nf/k2", 1, -1, false, false, true, -1, 0, 1, 2));
+        () -> Native.create(h, "/nf/k2", 1, -1, false, false, true, -1, 0, 1, 2, false));
     assertThrows(IllegalArgumentException.class, () -> Native.raise(999, "no such code"));
   }
 

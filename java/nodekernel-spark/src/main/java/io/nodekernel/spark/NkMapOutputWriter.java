@@ -7,13 +7,16 @@ import java.io.IOException;
 import java.io.OutputStream;
 import java.nio.ByteBuffer;
 import java.nio.channels.FileChannel;
+import java.nio.channels.WritableByteChannel;
 import java.nio.file.StandardOpenOption;
 import java.util.Collections;
 import java.util.IdentityHashMap;
+import java.util.Optional;
 import java.util.Set;
 import org.apache.spark.shuffle.ShuffleWriteMetricsReporter;
 import org.apache.spark.shuffle.api.ShuffleMapOutputWriter;
 import org.apache.spark.shuffle.api.ShufflePartitionWriter;
+import org.apache.spark.shuffle.api.WritableByteChannelWrapper;
 import org.apache.spark.shuffle.api.metadata.MapOutputCommitMessage;
 
 /**
@@ -161,9 +164,51 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
       return new SegmentStream(this);
     }
 
+    /**
+     * Where {@code UnsafeShuffleWriter} merges several spills with {@code transferTo}: the spill
+     * files' bytes come through the channel in direct buffers, written in place.
+     */
+    @Override
+    public Optional<WritableByteChannelWrapper> openChannelWrapper() {
+      manager.countChannel();
+      return Optional.of(new SegmentChannel(new SegmentStream(this)));
+    }
+
     @Override
     public long getNumBytesWritten() {
       return written;
+    }
+  }
+
+  /** A segment written as a channel; its bytes count as the stream's do. */
+  private static final class SegmentChannel
+      implements WritableByteChannel, WritableByteChannelWrapper {
+    private final SegmentStream out;
+
+    SegmentChannel(SegmentStream out) {
+      this.out = out;
+    }
+
+    @Override
+    public WritableByteChannel channel() {
+      return this;
+    }
+
+    @Override
+    public int write(ByteBuffer src) throws IOException {
+      int n = src.remaining();
+      out.write(src);
+      return n;
+    }
+
+    @Override
+    public boolean isOpen() {
+      return !out.closed;
+    }
+
+    @Override
+    public void close() throws IOException {
+      out.close();
     }
   }
 

@@ -2,12 +2,12 @@ package io.nodekernel.spark;
 
 import io.nodekernel.FileRange;
 import io.nodekernel.NkInputStream;
-import io.nodekernel.NodeKernel;
-import io.nodekernel.NodeStatus;
+import io.nodekernel.NodeKernelException;
 import java.io.IOException;
 import java.io.InputStream;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Map;
 import java.util.NoSuchElementException;
 import org.apache.spark.Aggregator;
 import org.apache.spark.InterruptibleIterator;
@@ -108,54 +108,54 @@ final class NkShuffleReader<K, C> implements ShuffleReader<K, C> {
             .mapOutputTracker()
             .getMapSizesByExecutorId(
                 shuffleId, startMapIndex, endMapIndex, startPartition, endPartition);
-    List<Segment> segments = new ArrayList<>();
+    // The blocks to read, not yet located in NodeKernel (path, offset and length unknown).
+    List<Segment> blocks = new ArrayList<>();
     while (byLocation.hasNext()) {
       Tuple2<BlockManagerId, Seq<Tuple3<BlockId, Object, Object>>> t = byLocation.next();
-      Iterator<Tuple3<BlockId, Object, Object>> blocks = t._2().iterator();
-      while (blocks.hasNext()) {
-        Tuple3<BlockId, Object, Object> b = blocks.next();
+      Iterator<Tuple3<BlockId, Object, Object>> it = t._2().iterator();
+      while (it.hasNext()) {
+        Tuple3<BlockId, Object, Object> b = it.next();
         if (!(b._1() instanceof ShuffleBlockId id)) {
           throw new IllegalStateException("unexpected shuffle block " + b._1());
         }
-        int mapIndex = (Integer) b._3();
-        Segment unknown = new Segment(t._1(), id, mapIndex, dir, 0, 0, false);
-        MapIndex index;
-        try {
-          index = manager.index(shuffleId, id.mapId());
-        } catch (IOException e) {
-          throw sneaky(fetchFailed(unknown, "no map index for", e));
-        }
-        int i = index.find(id.reduceId());
-        if (i < 0) {
-          throw sneaky(fetchFailed(unknown, "map index has no segment for", null));
-        }
-        segments.add(
-            new Segment(
-                t._1(),
-                id,
-                mapIndex,
-                index.file(dir, id.reduceId()),
-                index.offset(i),
-                index.length(i),
-                here.equals(index.host)));
+        blocks.add(new Segment(t._1(), id, (Integer) b._3(), dir, 0, 0, false));
       }
+    }
+    if (blocks.isEmpty()) {
+      return blocks;
+    }
+    List<Long> mapIds = new ArrayList<>(blocks.size());
+    for (Segment b : blocks) {
+      mapIds.add(b.block.mapId());
+    }
+    Map<Long, MapIndex> indexes;
+    try {
+      indexes = manager.indexes(shuffleId, mapIds);
+    } catch (IOException e) {
+      throw sneaky(fetchFailed(blocks.get(0), "cannot fetch the map indexes for", e));
+    }
+    List<Segment> segments = new ArrayList<>(blocks.size());
+    for (Segment b : blocks) {
+      MapIndex index = indexes.get(b.block.mapId());
+      if (index == null) {
+        throw sneaky(fetchFailed(b, "no map index for", null));
+      }
+      int reduceId = b.block.reduceId();
+      int i = index.find(reduceId);
+      if (i < 0) {
+        throw sneaky(fetchFailed(b, "map index has no segment for", null));
+      }
+      segments.add(
+          new Segment(
+              b.location,
+              b.block,
+              b.mapIndex,
+              index.file(dir, reduceId),
+              index.offset(i),
+              index.length(i),
+              here.equals(index.host)));
     }
     return segments;
-  }
-
-  /** The segment that made opening the multistream fail, found by looking each File up. */
-  private Segment blame(NodeKernel nk, List<Segment> segments) {
-    for (Segment s : segments) {
-      try {
-        NodeStatus st = nk.lookup(s.path);
-        if (st.size() < s.offset + s.length) {
-          return s;
-        }
-      } catch (IOException e) {
-        return s;
-      }
-    }
-    return segments.get(0);
   }
 
   @Override
@@ -168,18 +168,12 @@ final class NkShuffleReader<K, C> implements ShuffleReader<K, C> {
       for (Segment s : segments) {
         ranges.add(new FileRange(s.path, s.offset, s.length));
       }
-      NodeKernel nk;
       try {
-        nk = manager.client();
-        stream = nk.openRanges(ranges, manager.readsInFlight());
+        stream = manager.client().openRanges(ranges, manager.readsInFlight());
       } catch (IOException e) {
-        NodeKernel c;
-        try {
-          c = manager.client();
-        } catch (IOException e2) {
-          throw sneaky(fetchFailed(segments.get(0), "cannot read", e));
-        }
-        throw sneaky(fetchFailed(blame(c, segments), "cannot read", e));
+        // The segment the failure is about (a missing File, or one shorter than its index says).
+        int i = e instanceof NodeKernelException nke ? nke.range() : -1;
+        throw sneaky(fetchFailed(segments.get(Math.max(i, 0)), "cannot read", e));
       }
     }
     metrics.incFetchWaitTime((System.nanoTime() - t0) / 1_000_000);

@@ -7,7 +7,13 @@ import io.nodekernel.NodeKernelException;
 import io.nodekernel.NodeType;
 import java.io.IOException;
 import java.io.UncheckedIOException;
+import java.util.ArrayList;
+import java.util.Collection;
+import java.util.HashMap;
+import java.util.LinkedHashSet;
+import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.TreeMap;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.LongAdder;
@@ -41,7 +47,7 @@ import org.apache.spark.util.TaskCompletionListener;
  * <root>/<appId>}:
  *
  * <pre>
- * s&lt;shuffleId&gt;/p&lt;reduceId&gt;/e&lt;execId&gt;-t&lt;slot&gt;  File (in a Bag per reduce partition): segments of the slot's map tasks
+ * s&lt;shuffleId&gt;/p&lt;reduceId&gt;/e&lt;execId&gt;-t&lt;slot&gt;  File (in a Bag per reduce partition, made by its first writer): segments of the slot's map tasks
  * s&lt;shuffleId&gt;/idx/m&lt;mapTaskId&gt;               KeyValue (in a Table): a map attempt's index, its commit marker
  * </pre>
  */
@@ -55,6 +61,9 @@ public class NodeKernelShuffleManager implements ShuffleManager {
 
   /** Map tasks this JVM ran, by the writer that wrote their output. */
   private final Map<String, LongAdder> writers = new ConcurrentHashMap<>();
+
+  /** Partition writers opened as channels (Spark's transferTo merge of spills). */
+  private final LongAdder channels = new LongAdder();
 
   private NodeKernel client;
   private boolean stopped;
@@ -121,29 +130,61 @@ public class NodeKernelShuffleManager implements ShuffleManager {
   }
 
   /**
-   * Opens the slot's File of partition {@code p} to append a segment, creating it if new; {@code
-   * direct}: with the smaller buffer of a writer that has every partition's segment open.
+   * Opens the slot's File of partition {@code p} to append a segment, creating it (and the
+   * partition's Bag, made by its first writer) if new; {@code direct}: with the smaller buffer of a
+   * writer that has every partition's segment open.
    */
   NkOutputStream openSlotFile(int shuffleId, int p, int slot, boolean direct) throws IOException {
-    String path = shuffleDir(shuffleId) + "/p" + p + "/e" + executorId() + "-t" + slot;
+    String bag = shuffleDir(shuffleId) + "/p" + p;
+    String path = bag + "/e" + executorId() + "-t" + slot;
     CreateOptions options = direct ? conf.directFileOptions : conf.fileOptions;
     NodeKernel nk = client();
     try {
-      return nk.append(path, options);
+      return nk.appendOrCreate(path, options);
     } catch (NodeKernelException.NotFound e) {
-      return nk.createFile(path, options);
+      // No Bag yet (or no shuffle directory any more, which the create reports).
+      create(nk, bag, NodeType.BAG);
+      return nk.appendOrCreate(path, options);
     }
   }
 
-  /** The committed index of a map attempt, fetched once per JVM. */
-  MapIndex index(int shuffleId, long mapTaskId) throws IOException {
+  /** Map indexes one batched get asks for. */
+  static final int INDEX_BATCH = 1024;
+
+  /**
+   * The committed indexes of map attempts, each fetched once per JVM: the ones not cached yet in
+   * batched gets of up to {@link #INDEX_BATCH} keys, {@code readsInFlight} at a time. A map attempt
+   * without a committed index has no entry.
+   */
+  Map<Long, MapIndex> indexes(int shuffleId, Collection<Long> mapTaskIds) throws IOException {
     Map<Long, MapIndex> cache = indexes.computeIfAbsent(shuffleId, id -> new ConcurrentHashMap<>());
-    MapIndex idx = cache.get(mapTaskId);
-    if (idx == null) {
-      idx = MapIndex.decode(client().get(indexPath(shuffleId, mapTaskId)));
-      cache.put(mapTaskId, idx);
+    Map<Long, MapIndex> found = new HashMap<>();
+    Set<Long> uncached = new LinkedHashSet<>();
+    for (long id : mapTaskIds) {
+      MapIndex idx = cache.get(id);
+      if (idx != null) {
+        found.put(id, idx);
+      } else {
+        uncached.add(id);
+      }
     }
-    return idx;
+    List<Long> missing = new ArrayList<>(uncached);
+    for (int from = 0; from < missing.size(); from += INDEX_BATCH) {
+      List<Long> batch = missing.subList(from, Math.min(missing.size(), from + INDEX_BATCH));
+      List<String> keys = new ArrayList<>(batch.size());
+      for (long id : batch) {
+        keys.add(indexPath(shuffleId, id));
+      }
+      List<byte[]> values = client().getMany(keys, conf.readsInFlight);
+      for (int i = 0; i < batch.size(); i++) {
+        if (values.get(i) != null) {
+          MapIndex idx = MapIndex.decode(values.get(i));
+          cache.put(batch.get(i), idx);
+          found.put(batch.get(i), idx);
+        }
+      }
+    }
+    return found;
   }
 
   @Override
@@ -153,10 +194,6 @@ public class NodeKernelShuffleManager implements ShuffleManager {
       NodeKernel nk = client();
       nk.mkdir(dir, true);
       create(nk, dir + "/idx", NodeType.TABLE);
-      int n = dep.partitioner().numPartitions();
-      for (int p = 0; p < n; p++) {
-        create(nk, dir + "/p" + p, NodeType.BAG);
-      }
     } catch (IOException e) {
       throw new UncheckedIOException("cannot create shuffle directory " + dir, e);
     }
@@ -173,7 +210,7 @@ public class NodeKernelShuffleManager implements ShuffleManager {
     try {
       nk.createContainer(path, type, CreateOptions.defaults());
     } catch (NodeKernelException.AlreadyExists e) {
-      // registered again (a retried registration): keep what is there
+      // registered again, or another task's writer made the Bag first: keep what is there
     }
   }
 
@@ -222,6 +259,15 @@ public class NodeKernelShuffleManager implements ShuffleManager {
   private <W extends ShuffleWriter<?, ?>> W counted(W writer) {
     writers.computeIfAbsent(writer.getClass().getSimpleName(), k -> new LongAdder()).increment();
     return writer;
+  }
+
+  void countChannel() {
+    channels.increment();
+  }
+
+  /** How many partition writers this JVM opened as channels (whether Spark merged by channel). */
+  long channelsOpened() {
+    return channels.sum();
   }
 
   /** How many map tasks each writer class wrote in this JVM (which paths a job took). */

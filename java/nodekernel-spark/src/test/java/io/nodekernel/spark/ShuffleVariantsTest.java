@@ -18,6 +18,7 @@ import java.util.Map;
 import java.util.Set;
 import java.util.TreeMap;
 import org.apache.spark.SparkConf;
+import org.apache.spark.SparkEnv;
 import org.apache.spark.api.java.JavaPairRDD;
 import org.apache.spark.api.java.JavaSparkContext;
 import org.apache.spark.sql.Dataset;
@@ -77,7 +78,8 @@ public class ShuffleVariantsTest {
       Map<String, Object> expected,
       String plan,
       boolean plaintext,
-      Map<String, Long> writers) {}
+      Map<String, Long> writers,
+      long channels) {}
 
   private static Results run(SparkConf conf, ShuffleMetrics[] metrics) throws IOException {
     JavaSparkContext sc = new JavaSparkContext(conf);
@@ -186,7 +188,8 @@ public class ShuffleVariantsTest {
       expected.put("skewJoin", sums);
       String plan = joined.queryExecution().executedPlan().toString();
       metrics[0].close();
-      return new Results(got, expected, plan, plaintext, ShuffleJobTest.writersUsed());
+      long channels = ((NodeKernelShuffleManager) SparkEnv.get().shuffleManager()).channelsOpened();
+      return new Results(got, expected, plan, plaintext, ShuffleJobTest.writersUsed(), channels);
     } finally {
       sc.stop();
       SparkSession.clearActiveSession();
@@ -252,6 +255,8 @@ public class ShuffleVariantsTest {
     // SortShuffleWriter; SQL's exchanges have a serializer of their own that allows it.
     assertEquals(Set.of("SortShuffleWriter", "UnsafeShuffleWriter"), r.writers().keySet());
     assertTrue("no spill", m[0].diskBytesSpilled > 0);
+    // UnsafeShuffleWriter merged its spills with transferTo into the segments' channels.
+    assertTrue("no partition written as a channel", r.channels() > 0);
     assertTrue("records not found in NodeKernel's Files as written", r.plaintext());
   }
 
