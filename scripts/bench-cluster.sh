@@ -59,6 +59,10 @@ NK=$PWD/target/release/nk
 command -v python3 >/dev/null 2>&1 || die "python3 not found"
 
 TMP=$(mktemp -d)
+# Servers refuse to run without a cluster token (docs/security.md): every
+# server and client of this run uses this one.
+export NK_TOKEN_FILE="$TMP/token"
+(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$NK_TOKEN_FILE")
 PIDS=()
 META_PIDS=()
 STORE_PIDS=()

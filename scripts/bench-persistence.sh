@@ -26,6 +26,10 @@ OUT=${OUT:-/dev/null}
 PARTS=${PARTS:-rows restart}
 [[ -x $NK ]] || cargo build --release -q -p nodekernel-cli
 D=$(mktemp -d)
+# Servers refuse to run without a cluster token (docs/security.md): every
+# server and client of this run uses this one.
+export NK_TOKEN_FILE="$D/token"
+(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$NK_TOKEN_FILE")
 PIDS=()
 stop() {
   [[ ${#PIDS[@]} -gt 0 ]] && kill "${PIDS[@]}" 2>/dev/null

@@ -38,7 +38,7 @@ start() {
     echo "unix_socket = false"
     echo "shared_memory = false"
     echo "[security]"
-    [[ $mode == *token* ]] && echo "token_file = \"$D/token\""
+    if [[ $mode == *token* ]]; then echo "token_file = \"$D/token\""; else echo "insecure = true"; fi
     if [[ $mode == *tls* ]]; then
       echo "[security.tls]"
       echo "ca_file = \"$D/pki/ca.pem\""

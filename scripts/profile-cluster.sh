@@ -5,6 +5,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."; NK=${NK:-$PWD/target/release/nk}; NAME=$1; N=$2; shift 2; OUTDIR=${OUTDIR:-$PWD/target/profiles}; mkdir -p "$OUTDIR"
 ENVS=(); [[ -n ${SSPIN:-} ]] && ENVS=(NK_POLL_SPIN_US=$SSPIN)
 D=$(mktemp -d)
+# Servers refuse to run without a cluster token (docs/security.md): every
+# server and client of this run uses this one.
+export NK_TOKEN_FILE="$D/token"
+(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$NK_TOKEN_FILE")
 env "${ENVS[@]}" $NK meta --listen 127.0.0.1:0 >$D/meta.log 2>&1 & P=($!)
 for _ in $(seq 100); do META=$(sed -n 's/.*metadata server listening on \([^ ]*\).*/\1/p' $D/meta.log | head -1); [[ -n $META ]] && break; sleep 0.1; done
 for i in $(seq $N); do mkdir -p $D/s$i; env "${ENVS[@]}" $NK store --meta $META --class 0 --medium dram --size $((2048 / N))MiB --listen 127.0.0.1:0 --data-dir $D/s$i >$D/s$i.log 2>&1 & P+=($!); done

@@ -45,6 +45,10 @@ bench_prepare() {
 }
 
 TMP=$(mktemp -d)
+# Servers refuse to run without a cluster token (docs/security.md): every
+# server and client of this run uses this one.
+export NK_TOKEN_FILE="$TMP/token"
+(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$NK_TOKEN_FILE")
 NK_PID=
 REDIS_PID=
 DRIVER_PID=

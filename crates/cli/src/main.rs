@@ -107,19 +107,8 @@ enum KeyCmd {
 /// Writes 32 fresh random bytes in hex to `file` (created with mode 0600,
 /// never overwritten): a cluster token, or an encryption key (`what`).
 fn new_secret(file: &std::path::Path, what: &str) -> anyhow::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut raw = [0u8; 32];
-    nodekernel_rpc::random_bytes(&mut raw)
-        .map_err(|e| anyhow::anyhow!("no random bytes from the kernel: {e}"))?;
-    let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(file)
+    nodekernel_client::settings::write_new_secret(file)
         .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", file.display()))?;
-    f.write_all(format!("{hex}\n").as_bytes())?;
     println!("wrote a new {what} to {}", file.display());
     Ok(())
 }

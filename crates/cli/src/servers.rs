@@ -27,6 +27,9 @@ pub struct UpArgs {
     /// The metadata server's admin HTTP endpoint (metrics, status, dashboard); "" turns it off [default: meta.admin, 127.0.0.1:0]
     #[arg(long, value_name = "ADDR")]
     admin: Option<String>,
+    /// Run without a cluster token, trusting every peer that reaches a port ([security] insecure) [default: the configured token, else a new one in DIR/token]
+    #[arg(long)]
+    insecure: bool,
 }
 
 #[derive(Args)]
@@ -40,6 +43,9 @@ pub struct MetaArgs {
     /// Admin HTTP endpoint (metrics, status, dashboard); "" turns it off [default: meta.admin, 127.0.0.1:0]
     #[arg(long, value_name = "ADDR")]
     admin: Option<String>,
+    /// Run without a cluster token, trusting every peer that reaches a port ([security] insecure); without a token and without this, the server refuses to start
+    #[arg(long)]
+    insecure: bool,
 }
 
 #[derive(Args)]
@@ -77,6 +83,9 @@ pub struct StoreArgs {
     /// Admin HTTP endpoint (metrics, status, dashboard) of every server started; "" turns it off [default: the section's admin, 127.0.0.1:0]
     #[arg(long, value_name = "ADDR")]
     admin: Option<String>,
+    /// Run without a cluster token, trusting every peer that reaches a port ([security] insecure); without a token and without this, the server refuses to start
+    #[arg(long)]
+    insecure: bool,
 }
 
 async fn wait_for_signal() -> anyhow::Result<&'static str> {
@@ -114,9 +123,12 @@ pub async fn up(mut cfg: Config, a: &UpArgs) -> anyhow::Result<()> {
     if let Some(admin) = &a.admin {
         cfg.meta.admin = admin.clone();
     }
+    cfg.security.insecure |= a.insecure;
     let stores = cfg.up_stores();
     let cluster = LocalCluster::start(cfg).await?;
     let addr = cluster.meta_addr();
+    // Clients of this user on this host find the token by the address.
+    let _published = publish(addr, cluster.token_file().as_deref());
     println!("NodeKernel is up: metadata server at {addr}");
     if let Some(url) = cluster.admin_url() {
         println!("  admin endpoint and dashboard at {url}");
@@ -149,6 +161,10 @@ pub async fn up(mut cfg: Config, a: &UpArgs) -> anyhow::Result<()> {
             "kept at shutdown, block files removed"
         }
     );
+    println!(
+        "  {}",
+        token_text(cluster.has_token(), cluster.token_file().as_deref())
+    );
     println!("export NK_META={addr}   # then try: nk status");
     let sig = wait_for_signal().await?;
     println!("{sig}: stopping NodeKernel");
@@ -156,6 +172,42 @@ pub async fn up(mut cfg: Config, a: &UpArgs) -> anyhow::Result<()> {
     // keeps it; a private data directory goes entirely.
     cluster.shutdown();
     Ok(())
+}
+
+/// Publishes `token_file` (if the servers have one in a file) for clients
+/// of this user on this host, by the metadata server's address `addr`; a
+/// failure only costs those clients a setting, so it is a warning.
+fn publish(
+    addr: std::net::SocketAddr,
+    token_file: Option<&std::path::Path>,
+) -> Option<nodekernel_client::settings::PublishedToken> {
+    let file = token_file?;
+    match nodekernel_client::settings::publish_token(addr, file) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            tracing::warn!(
+                "cannot tell local clients where the cluster token is ({e}); give them \
+                 NK_TOKEN_FILE={}",
+                file.display()
+            );
+            None
+        }
+    }
+}
+
+/// The start-up line about the cluster token.
+fn token_text(has_token: bool, token_file: Option<&std::path::Path>) -> String {
+    match token_file {
+        _ if !has_token => {
+            "no cluster token: every peer that reaches a port is trusted (--insecure)".into()
+        }
+        None => "cluster token from [security] token (clients need it too)".into(),
+        Some(f) => format!(
+            "cluster token in {} (clients of this user on this host find it; others need it \
+             as NK_TOKEN_FILE or [security] token_file)",
+            f.display()
+        ),
+    }
 }
 
 /// `, admin http://ADDR/` for a server's start-up line, if it has one.
@@ -185,10 +237,19 @@ pub async fn meta(mut cfg: Config, a: &MetaArgs) -> anyhow::Result<()> {
     if let Some(admin) = &a.admin {
         cfg.meta.admin = admin.clone();
     }
+    cfg.security.insecure |= a.insecure;
     cfg.validate()?;
+    cfg.require_token()?;
     cfg.check_meta_dir()?;
     let server = MetaServer::start(cfg.meta_config()?).await?;
+    let has_token = cfg.has_token()?;
+    let token_file = std::env::var_os("NK_TOKEN_FILE")
+        .map(PathBuf::from)
+        .or_else(|| cfg.security.token_file.clone())
+        .filter(|_| has_token);
+    let _published = publish(server.local_addr(), token_file.as_deref());
     println!("metadata server listening on {}", server.local_addr());
+    println!("{}", token_text(has_token, token_file.as_deref()));
     if let Some(a) = server.admin_addr() {
         println!("admin endpoint and dashboard at http://{a}/");
     }
@@ -234,7 +295,9 @@ pub async fn store(mut cfg: Config, metas: Vec<String>, a: &StoreArgs) -> anyhow
             s.admin = admin.clone();
         }
     }
+    cfg.security.insecure |= a.insecure;
     cfg.validate()?;
+    cfg.require_token()?;
     let mut servers: Vec<StorageServer> = Vec::new();
     for (i, s) in cfg.store.iter().enumerate() {
         let started = match cfg.store_config(i, s, metas.clone()) {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{client, fails, nk_ok, start_meta_and_store, start_role, succeeds, NK};
+use common::{client, fails, nk_ok, start_meta_and_store, start_role, succeeds};
 
 struct Up {
     child: Child,
@@ -19,7 +19,7 @@ struct Up {
 /// `nk up` on port 0 with a 64 MiB DRAM and a 256 MiB file tier in
 /// `data_dir`, output piped.
 fn up_command(data_dir: &std::path::Path) -> Command {
-    let mut cmd = Command::new(NK);
+    let mut cmd = common::nk();
     cmd.args([
         "up",
         "--port",
@@ -361,7 +361,7 @@ fn bad_config_and_unreachable_cluster_give_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("nk.toml");
     std::fs::write(&cfg, "[meta]\nblock_sise = \"1MiB\"\n").unwrap();
-    let out = Command::new(NK)
+    let out = common::nk()
         .args(["up", "--config"])
         .arg(&cfg)
         .output()
@@ -371,7 +371,7 @@ fn bad_config_and_unreachable_cluster_give_clear_errors() {
     assert!(err.contains("block_sise"), "names the key: {err}");
 
     std::fs::write(&cfg, "[meta]\nblock_size = \"3MiB\"\n").unwrap();
-    let out = Command::new(NK)
+    let out = common::nk()
         .args(["meta", "--config"])
         .arg(&cfg)
         .output()
@@ -382,7 +382,7 @@ fn bad_config_and_unreachable_cluster_give_clear_errors() {
     // Persistence needs directories that outlive the servers: refused
     // before anything starts, naming the key.
     std::fs::write(&cfg, "[meta]\npersistence = true\n").unwrap();
-    let out = Command::new(NK)
+    let out = common::nk()
         .args(["up", "--port", "0", "--config"])
         .arg(&cfg)
         .output()
@@ -393,7 +393,7 @@ fn bad_config_and_unreachable_cluster_give_clear_errors() {
         err.contains("meta.persistence") && err.contains("--data-dir"),
         "{err}"
     );
-    let out = Command::new(NK)
+    let out = common::nk()
         .args(["store", "--class", "0", "--persistent"])
         .env("NK_META", "127.0.0.1:1")
         .output()
@@ -410,7 +410,7 @@ fn bad_config_and_unreachable_cluster_give_clear_errors() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let out = Command::new(NK)
+    let out = common::nk()
         .args(["ls", "/"])
         .env("NK_META", port.to_string())
         .output()
@@ -481,7 +481,7 @@ fn bench_reports_valid_json() {
         "enumerate",
     ];
     for mode in modes {
-        let out = Command::new(NK)
+        let out = common::nk()
             .args([
                 "bench",
                 mode,
@@ -527,7 +527,7 @@ fn bench_reports_valid_json() {
     drop(up);
 
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(NK)
+    let out = common::nk()
         .args([
             "bench",
             "tiering",
@@ -567,7 +567,7 @@ fn bench_reports_valid_json() {
     );
     // --vs redis reports the peer's numbers when redis is installed, and a
     // clear message when it is not.
-    let out = Command::new(NK)
+    let out = common::nk()
         .args([
             "bench",
             "getkey",
@@ -768,7 +768,7 @@ fn separately_started_persistent_servers_come_back_after_sigkill() {
         "metadata server listening on",
     );
     assert_eq!(again, addr);
-    let mut cmd = Command::new(NK);
+    let mut cmd = common::nk();
     cmd.args(store_args)
         .env("NK_META", &addr)
         .env_remove("NK_CONFIG");
@@ -864,7 +864,7 @@ fn os_errors_are_printed_once() {
     // The metadata server's own error, through nk meta.
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = busy.local_addr().unwrap().to_string();
-    let mut cmd = Command::new(NK);
+    let mut cmd = common::nk();
     cmd.args(["meta", "--listen", &addr])
         .env_remove("NK_CONFIG")
         .stdout(Stdio::piped());
@@ -882,7 +882,7 @@ fn file_stores_without_a_path_get_their_own_private_directories() {
         "metadata server listening on",
     );
     let store = |class: &str| {
-        let mut cmd = Command::new(NK);
+        let mut cmd = common::nk();
         cmd.args([
             "store",
             "--class",
@@ -921,7 +921,7 @@ fn file_stores_without_a_path_get_their_own_private_directories() {
         );
     }
     let st: Value = serde_json::from_slice(
-        &Command::new(NK)
+        &common::nk()
             .args(["status", "--json"])
             .env("NK_META", &addr)
             .output()
@@ -1052,7 +1052,7 @@ fn bench_zipf_reports_the_share_of_reads_from_dram() {
 /// hexadecimal digits, mode 0600; a second run never overwrites it.
 fn new_secret_file(what: &str, file: &std::path::Path) {
     let new = || {
-        let mut c = Command::new(NK);
+        let mut c = common::nk();
         c.args([what, "new"]).arg(file);
         c
     };
@@ -1065,12 +1065,19 @@ fn new_secret_file(what: &str, file: &std::path::Path) {
     assert_eq!(std::fs::read_to_string(file).unwrap(), text);
 }
 
-/// `nk meta` and one 16 MiB DRAM `nk store`, both with config file `cfg`;
-/// the metadata server's address last.
+/// `nk meta` and one 16 MiB DRAM `nk store`, both with config file `cfg`
+/// (and the tests' token, unless `cfg` names its own); the metadata
+/// server's address last.
 fn meta_and_dram_store(cfg: &str) -> (common::Proc, common::Proc, String) {
+    let own_token = std::fs::read_to_string(cfg).unwrap().contains("token_file");
+    let envs: &[(&str, &str)] = if own_token {
+        &[("NK_TOKEN_FILE", "")]
+    } else {
+        &[]
+    };
     let (meta, addr) = start_role(
         &["meta", "--listen", "127.0.0.1:0", "--config", cfg],
-        &[],
+        envs,
         "metadata server listening on",
     );
     let meta = common::Proc(meta);
@@ -1078,7 +1085,7 @@ fn meta_and_dram_store(cfg: &str) -> (common::Proc, common::Proc, String) {
         &[
             "store", "--class", "0", "--medium", "dram", "--size", "16MiB", "--config", cfg,
         ],
-        &[("NK_META", &addr)],
+        &[&[("NK_META", addr.as_str())], envs].concat(),
         "storage server 0",
     );
     (meta, common::Proc(store), addr)
@@ -1101,17 +1108,135 @@ fn a_token_file_guards_the_cluster_and_nk_token_new_makes_one() {
     let cfg_s = cfg.display().to_string();
     let (_meta, _store, addr) = meta_and_dram_store(&cfg_s);
 
-    // Without the token: refused, saying what is missing.
-    let err = fails(client(&addr).args(["mkdir", "/d"]));
+    // Without the token (as on another host, where no runtime directory
+    // tells where it is): refused, saying what is missing.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let err = fails(
+        client(&addr)
+            .args(["mkdir", "/d"])
+            .env_remove("NK_TOKEN_FILE")
+            .env("NK_RUNTIME_DIR", elsewhere.path()),
+    );
     assert!(err.contains("requires the cluster token"), "{err}");
+    assert!(err.contains("NK_TOKEN_FILE"), "{err}");
+    // A client of this user on this host finds it: `nk meta` told it.
+    succeeds(
+        client(&addr)
+            .args(["mkdir", "/found"])
+            .env_remove("NK_TOKEN_FILE"),
+    );
     // With it (NK_TOKEN_FILE, or the [security] section of the config).
     succeeds(
         client(&addr)
             .args(["mkdir", "/d"])
             .env("NK_TOKEN_FILE", &token),
     );
-    let out = nk_ok(&addr, &["ls", "/", "--config", &cfg_s]);
+    let out = succeeds(
+        client(&addr)
+            .args(["ls", "/", "--config", &cfg_s])
+            .env_remove("NK_TOKEN_FILE")
+            .env("NK_RUNTIME_DIR", elsewhere.path()),
+    );
     assert!(String::from_utf8_lossy(&out).contains('d'));
+}
+
+/// Secure by default (issue 36): `nk meta` and `nk store` refuse to start
+/// without a cluster token, naming the way out, unless `--insecure` says
+/// so; `nk up` makes a token of its own in its data directory, which
+/// clients of this user on this host find by themselves.
+#[test]
+fn servers_refuse_to_run_without_a_token_unless_told_and_nk_up_makes_one() {
+    for args in [
+        &["meta", "--listen", "127.0.0.1:0"][..],
+        &["store", "--class", "0", "--size", "8MiB"][..],
+    ] {
+        let out = common::nk()
+            .args(args)
+            .env_remove("NK_TOKEN_FILE")
+            .env("NK_META", "127.0.0.1:1")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} started without a token");
+        let err = String::from_utf8_lossy(&out.stderr);
+        for says in ["no cluster token", "nk token new", "--insecure"] {
+            assert!(err.contains(says), "{args:?}: {err}");
+        }
+    }
+    // Told so, they run without one.
+    let (meta, addr) = start_role(
+        &["meta", "--listen", "127.0.0.1:0", "--insecure"],
+        &[("NK_TOKEN_FILE", "")],
+        "metadata server listening on",
+    );
+    let _meta = common::Proc(meta);
+    let _store = common::Proc(
+        start_role(
+            &["store", "--class", "0", "--size", "8MiB", "--insecure"],
+            &[("NK_TOKEN_FILE", ""), ("NK_META", &addr)],
+            "storage server 0",
+        )
+        .0,
+    );
+    let elsewhere = tempfile::tempdir().unwrap();
+    succeeds(
+        client(&addr)
+            .args(["mkdir", "/open"])
+            .env_remove("NK_TOKEN_FILE")
+            .env("NK_RUNTIME_DIR", elsewhere.path()),
+    );
+
+    // `nk up` with no token configured makes one, 0600, in its data
+    // directory, says where, and a client of this user finds it.
+    let dir = tempfile::tempdir().unwrap();
+    let child = up_command(dir.path())
+        .env_remove("NK_TOKEN_FILE")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut up = Up {
+        child,
+        meta: String::new(),
+        _dir: None,
+    };
+    let mut said = String::new();
+    let mut lines = BufReader::new(up.child.stdout.take().unwrap()).lines();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        said.push_str(&line);
+        said.push('\n');
+        if let Some(addr) = line.strip_prefix("export NK_META=") {
+            up.meta = addr.split_whitespace().next().unwrap().to_string();
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    let token = dir.path().join("token");
+    let mode = std::fs::metadata(&token).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    assert!(
+        said.contains(&format!("cluster token in {}", token.display())),
+        "{said}"
+    );
+    succeeds(
+        client(&up.meta)
+            .args(["mkdir", "/mine"])
+            .env_remove("NK_TOKEN_FILE"),
+    );
+    // Elsewhere (another host, another user): refused, naming the setting.
+    let err = fails(
+        client(&up.meta)
+            .args(["mkdir", "/theirs"])
+            .env_remove("NK_TOKEN_FILE")
+            .env("NK_RUNTIME_DIR", elsewhere.path()),
+    );
+    assert!(err.contains("NK_TOKEN_FILE"), "{err}");
+    // With the file, anyone who may read it gets in.
+    succeeds(
+        client(&up.meta)
+            .args(["mkdir", "/shared"])
+            .env("NK_TOKEN_FILE", &token)
+            .env("NK_RUNTIME_DIR", elsewhere.path()),
+    );
 }
 
 /// `nk key new` writes an encryption key (0600, never overwritten); with
@@ -1161,7 +1286,7 @@ fn nk_tls_new_makes_certificates_a_tls_cluster_serves_and_plain_clients_are_told
     let dir = tempfile::tempdir().unwrap();
     let pki = dir.path().join("pki");
     let tls_new = || {
-        let mut c = Command::new(NK);
+        let mut c = common::nk();
         c.args(["tls", "new", "--host", "127.0.0.1"]).arg(&pki);
         c
     };
@@ -1199,7 +1324,7 @@ fn nk_tls_new_makes_certificates_a_tls_cluster_serves_and_plain_clients_are_told
     let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
     std::fs::write(&src, &data).unwrap();
     let nk = |args: &[&str], config: &std::path::Path| {
-        let mut c = Command::new(NK);
+        let mut c = common::nk();
         c.args(args).env("NK_META", &addr).env("NK_CONFIG", config);
         c
     };

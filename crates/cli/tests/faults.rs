@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{start_role, Proc, NK};
+use common::{start_role, Proc};
 /// Generous bound that only catches hangs.
 const HANG: Duration = Duration::from_secs(120);
 
@@ -34,7 +34,7 @@ fn start(args: &[&str], config: Option<&Path>, meta: Option<&str>, ready: &str) 
 
 /// `nk args` as a client of the cluster at `meta` with config file `config`.
 fn nk_cmd(meta: &str, config: &Path, args: &[&str]) -> Command {
-    let mut c = Command::new(NK);
+    let mut c = common::nk();
     c.args(args).env("NK_META", meta).env("NK_CONFIG", config);
     c
 }

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 mod common;
 
-use common::{start_role, Proc, NK};
+use common::{start_role, Proc};
 
 /// Generous bound that only catches hangs.
 const HANG: Duration = Duration::from_secs(120);
@@ -153,7 +153,7 @@ impl Mounted {
     }
 
     fn nk(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(NK);
+        let mut c = common::nk();
         c.args(args)
             .env("NK_META", &self.metas)
             .env("NK_CONFIG", &self.config);
@@ -239,7 +239,7 @@ impl Mounted {
 impl Drop for Mounted {
     fn drop(&mut self) {
         if let Some(mut c) = self.mount.take() {
-            let _ = Command::new(NK)
+            let _ = common::nk()
                 .args(["umount", "--lazy"])
                 .arg(&self.mnt)
                 .status();

@@ -334,6 +334,7 @@ impl Cluster {
         .env("NK_MH_CHILD", "1")
         .env_remove("NK_META")
         .env("NK_CONFIG", self.client_config(host))
+        .env("NK_TOKEN_FILE", common::token_file())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());

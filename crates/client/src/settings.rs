@@ -136,6 +136,11 @@ pub struct SecuritySection {
     pub encryption_key_file: Option<PathBuf>,
     /// TLS on every TCP connection (`[security.tls]`).
     pub tls: Option<TlsSection>,
+    /// Servers only: run without a cluster token, trusting every peer
+    /// that reaches a port. Without a token and without this, `nk meta`
+    /// and `nk store` refuse to start, and `nk up` makes a token of its
+    /// own (`docs/security.md`, *Secure by default*).
+    pub insecure: bool,
 }
 
 /// The `[security.tls]` table: TLS on every TCP connection
@@ -336,7 +341,198 @@ pub fn discover(meta: Option<&str>, config_file: Option<&Path>) -> Result<Client
         }
         c.metas = metas;
     }
+    if c.token.is_none() {
+        c.token = c.metas.iter().find_map(|m| published_token(m));
+    }
     Ok(c)
+}
+
+/// Writes 32 fresh random bytes in hex to `file`, created with mode 0600
+/// and never overwritten: a cluster token or an encryption key.
+pub fn write_new_secret(file: &Path) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut raw = [0u8; 32];
+    nodekernel_rpc::random_bytes(&mut raw)?;
+    let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(file)?;
+    f.write_all(format!("{hex}\n").as_bytes())?;
+    f.sync_all()
+}
+
+/// The directory where servers publish, for clients of the same user on
+/// this host, which token file guards the cluster at an address:
+/// `NK_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/nodekernel`, else
+/// `$HOME/.nodekernel/run`; `None` when none of them is set.
+pub fn runtime_dir() -> Option<PathBuf> {
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    env("NK_RUNTIME_DIR")
+        .or_else(|| env("XDG_RUNTIME_DIR").map(|d| d.join("nodekernel")))
+        .or_else(|| env("HOME").map(|d| d.join(".nodekernel").join("run")))
+}
+
+/// Largest entry of the runtime directory a client reads.
+const MAX_ENTRY_LEN: u64 = 8 << 10;
+
+/// The file name of `addr`'s entry in the runtime directory.
+fn entry_name(addr: &str) -> String {
+    let safe: String = addr
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("cluster-{safe}.toml")
+}
+
+/// One published entry: which process published it and its token file.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    pid: u32,
+    token_file: PathBuf,
+}
+
+/// The token a server of this host published for `addr`
+/// ([`publish_token`]), if its process still runs and its token file can
+/// be read (by this user: the runtime directory and the file are the
+/// publisher's own).
+fn published_token(addr: &str) -> Option<Arc<Token>> {
+    published_token_in(&runtime_dir()?, addr)
+}
+
+/// [`published_token`] from runtime directory `dir`.
+fn published_token_in(dir: &Path, addr: &str) -> Option<Arc<Token>> {
+    let path = dir.join(entry_name(addr));
+    let file = std::fs::File::open(&path).ok()?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut std::io::Read::take(file, MAX_ENTRY_LEN), &mut text).ok()?;
+    let entry: Entry = toml::from_str(&text).ok()?;
+    if !process_runs(entry.pid) {
+        // Left behind by a server that was killed.
+        let _ = std::fs::remove_file(&path);
+        return None;
+    }
+    let read = read_secret(&entry.token_file, "token file").and_then(|secret| {
+        Token::new(
+            &secret,
+            &format!("token file {}", entry.token_file.display()),
+        )
+    });
+    match read {
+        Ok(t) => Some(Arc::new(t)),
+        Err(e) => {
+            tracing::warn!("the cluster at {addr} published its token, but it cannot be used: {e}");
+            None
+        }
+    }
+}
+
+/// Whether process `pid` exists (it may belong to another user).
+fn process_runs(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 only checks that the process exists and may be
+    // signalled; nothing is sent.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Entries in the runtime directory that tell clients of this user on
+/// this host which token file guards a cluster; removed when dropped.
+#[derive(Debug, Default)]
+pub struct PublishedToken {
+    entries: Vec<PathBuf>,
+}
+
+impl PublishedToken {
+    /// Removes the entries now (also done on drop).
+    pub fn withdraw(&mut self) {
+        for e in self.entries.drain(..) {
+            let _ = std::fs::remove_file(e);
+        }
+    }
+}
+
+impl Drop for PublishedToken {
+    fn drop(&mut self) {
+        self.withdraw();
+    }
+}
+
+/// Tells clients of this user on this host that the cluster whose
+/// metadata server listens on `addr` takes the token in `token_file`, so
+/// that [`discover`] finds it without a setting: one entry per name a
+/// local client may use for `addr` (a wildcard or loopback address is
+/// also published as `127.0.0.1` and `localhost`). The runtime directory
+/// ([`runtime_dir`]) is created with mode 0700 and each entry with 0600;
+/// entries of processes that no longer run are ignored by clients.
+pub fn publish_token(
+    addr: std::net::SocketAddr,
+    token_file: &Path,
+) -> std::io::Result<PublishedToken> {
+    let dir = runtime_dir().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "none of NK_RUNTIME_DIR, XDG_RUNTIME_DIR and HOME is set",
+        )
+    })?;
+    publish_token_in(&dir, addr, token_file)
+}
+
+/// [`publish_token`] into runtime directory `dir`.
+fn publish_token_in(
+    dir: &Path,
+    addr: std::net::SocketAddr,
+    token_file: &Path,
+) -> std::io::Result<PublishedToken> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let token_file = std::path::absolute(token_file)?;
+    let port = addr.port();
+    let mut names = vec![addr.to_string()];
+    if addr.ip().is_unspecified() || addr.ip().is_loopback() {
+        names.extend([format!("127.0.0.1:{port}"), format!("localhost:{port}")]);
+    }
+    names.dedup();
+    let text = format!(
+        "# written by the NodeKernel server with process id {pid}, removed when it stops\n\
+         pid = {pid}\ntoken_file = {file}\n",
+        pid = std::process::id(),
+        file = toml::Value::String(token_file.to_string_lossy().into_owned()),
+    );
+    let mut published = PublishedToken::default();
+    for name in names {
+        let path = dir.join(entry_name(&name));
+        let tmp = dir.join(format!(".{}.{}", entry_name(&name), std::process::id()));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        std::fs::rename(&tmp, &path)?;
+        published.entries.push(path);
+    }
+    Ok(published)
 }
 
 #[cfg(test)]
@@ -372,6 +568,51 @@ mod tests {
         assert!(e.message.contains("larger than"), "{e}");
         let e = read_secret(dir.path(), "token file").unwrap_err();
         assert!(e.message.contains("not a regular file"), "{e}");
+    }
+
+    #[test]
+    fn a_published_token_is_found_while_its_server_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let token_file = dir.path().join("token");
+        write_new_secret(&token_file).unwrap();
+        assert!(write_new_secret(&token_file).is_err(), "never overwrites");
+        let want = Token::new(&read_secret(&token_file, "token file").unwrap(), "test").unwrap();
+        let run = dir.path().join("run");
+        let addr: std::net::SocketAddr = "0.0.0.0:4242".parse().unwrap();
+        let mut published = publish_token_in(&run, addr, &token_file).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&run), 0o700);
+        assert_eq!(mode(&token_file), 0o600);
+        for name in ["0.0.0.0:4242", "127.0.0.1:4242", "localhost:4242"] {
+            assert_eq!(mode(&run.join(entry_name(name))), 0o600);
+            let found = published_token_in(&run, name).expect(name);
+            assert_eq!(
+                found.handover_proof(b"n"),
+                want.handover_proof(b"n"),
+                "{name}"
+            );
+        }
+        assert!(published_token_in(&run, "127.0.0.1:4243").is_none());
+        assert!(published_token_in(&run, "10.0.0.1:4242").is_none());
+        published.withdraw();
+        assert!(published_token_in(&run, "127.0.0.1:4242").is_none());
+        // An entry of a process that is gone is ignored and removed.
+        let published = publish_token_in(&run, addr, &token_file).unwrap();
+        let entry = run.join(entry_name("127.0.0.1:4242"));
+        let text = std::fs::read_to_string(&entry).unwrap();
+        let gone = text.replace(
+            &format!("pid = {}", std::process::id()),
+            &format!("pid = {}", i32::MAX),
+        );
+        std::fs::write(&entry, gone).unwrap();
+        assert!(published_token_in(&run, "127.0.0.1:4242").is_none());
+        assert!(!entry.exists());
+        drop(published);
+        assert!(
+            std::fs::read_dir(&run).unwrap().next().is_none(),
+            "all withdrawn"
+        );
     }
 
     #[test]

@@ -121,6 +121,9 @@ pub struct MetaSection {
     /// How long a reply waits for the block claims of its effects before
     /// they are retried in the background.
     pub claim_timeout_ms: u64,
+    /// How long a block location handed to a client may be used before the
+    /// client asks again (`docs/security.md`).
+    pub cap_lifetime_ms: u64,
     /// Busy-poll budget of idle connections (default: `NK_POLL_SPIN_US` or 50).
     pub poll_spin_us: Option<u64>,
     /// Also serve clients on this host over an abstract Unix socket.
@@ -188,6 +191,7 @@ impl Default for MetaSection {
             dead_after_ms: 10_000,
             retire_after_ms: 60_000,
             claim_timeout_ms: 1_000,
+            cap_lifetime_ms: nodekernel_proto::cap::CAP_LIFETIME_SECS * 1000,
             poll_spin_us: None,
             unix_socket: true,
             partition: 0,
@@ -374,6 +378,9 @@ impl Config {
         if self.meta.claim_timeout_ms == 0 {
             return Err(bad("meta.claim_timeout_ms", "must be greater than 0"));
         }
+        if self.meta.cap_lifetime_ms < 1000 {
+            return Err(bad("meta.cap_lifetime_ms", "must be at least 1000"));
+        }
         if self.meta.partitions == 0 || self.meta.partition >= self.meta.partitions {
             return Err(bad(
                 "meta.partition",
@@ -477,6 +484,37 @@ impl Config {
         Ok(self.loaded_security.get_or_init(|| s).clone())
     }
 
+    /// Whether the servers of this configuration have a cluster token
+    /// (`[security]` or `NK_TOKEN_FILE`).
+    pub fn has_token(&self) -> Result<bool, ConfigError> {
+        Ok(self.security()?.token.is_some())
+    }
+
+    /// The check `nk meta` and `nk store` make before they start: a
+    /// cluster token, unless `security.insecure` says explicitly to run
+    /// without one.
+    pub fn require_token(&self) -> Result<(), ConfigError> {
+        if self.security.insecure || self.has_token()? {
+            return Ok(());
+        }
+        Err(bad(
+            "security",
+            "no cluster token: without one, every peer that can reach this server's ports is \
+             trusted with all data (it could read, write, register storage servers or shrink \
+             them). Make a token with `nk token new FILE` and give that file to every server \
+             and client as [security] token_file (or NK_TOKEN_FILE); or, on a network where \
+             every peer may be trusted, pass --insecure ([security] insecure = true)",
+        ))
+    }
+
+    /// Makes `file` the cluster token (`security.token_file`), read at
+    /// the next use.
+    pub fn use_token_file(&mut self, file: PathBuf) {
+        self.security.token_file = Some(file);
+        self.security.token = None;
+        self.loaded_security = std::sync::OnceLock::new();
+    }
+
     pub fn meta_config(&self) -> Result<MetaConfig, ConfigError> {
         Ok(MetaConfig {
             listen: self.meta.listen.clone(),
@@ -485,6 +523,7 @@ impl Config {
             dead_after: Duration::from_millis(self.meta.dead_after_ms),
             retire_after: Duration::from_millis(self.meta.retire_after_ms),
             claim_timeout: Duration::from_millis(self.meta.claim_timeout_ms),
+            cap_lifetime: Duration::from_millis(self.meta.cap_lifetime_ms),
             classes: self.classes(),
             poll_spin: spin(self.meta.poll_spin_us),
             unix_socket: self.meta.unix_socket,

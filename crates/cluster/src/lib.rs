@@ -45,6 +45,29 @@ impl From<MetaError> for ClusterError {
     }
 }
 
+/// The name of the cluster token a cluster makes for itself in its data
+/// directory when none is configured (secure by default,
+/// `docs/security.md`).
+pub const TOKEN_FILE: &str = "token";
+
+/// The token file in data directory `dir`, made (32 random bytes, mode
+/// 0600) if it does not exist yet (and removed again if this start
+/// fails): a kept data directory keeps its token across restarts.
+fn own_token(dir: &DirLock) -> Result<std::path::PathBuf, ClusterError> {
+    let file = dir.path().join(TOKEN_FILE);
+    match nodekernel_client::settings::write_new_secret(&file) {
+        Ok(()) => {
+            dir.note_created(file.clone());
+            Ok(file)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(file),
+        Err(e) => Err(ClusterError::Config(ConfigError::Value {
+            key: "security".into(),
+            reason: format!("cannot create the cluster token {}: {e}", file.display()),
+        })),
+    }
+}
+
 /// A metadata server and its storage servers running in this process.
 pub struct LocalCluster {
     pub config: Config,
@@ -71,7 +94,7 @@ impl LocalCluster {
     /// stores already started are discarded
     /// ([`StorageServer::discard`]), and the data directory's `LOCK` (and
     /// the directory, if it did not exist) go.
-    pub async fn start(config: Config) -> Result<LocalCluster, ClusterError> {
+    pub async fn start(mut config: Config) -> Result<LocalCluster, ClusterError> {
         config.validate()?;
         config.check_up_dir()?;
         let dir = match &config.up.data_dir {
@@ -80,6 +103,10 @@ impl LocalCluster {
         }
         .map_err(ClusterError::DataDir)?;
         // On failure from here on, `dir` drops unstarted and undoes itself.
+        if !config.security.insecure && !config.has_token()? {
+            config.use_token_file(own_token(&dir)?);
+            config.validate()?;
+        }
         let mut meta_cfg = config.meta_config()?;
         meta_cfg.persistence = config.meta_persistence(Some(&dir.path().join("meta")));
         if config.meta.expect_servers.is_none() {
@@ -156,6 +183,21 @@ impl LocalCluster {
                 class_name: s.class_name.clone(),
                 error,
             })
+    }
+
+    /// Whether the servers require a cluster token.
+    pub fn has_token(&self) -> bool {
+        self.security.token.is_some()
+    }
+
+    /// The file holding the cluster token, if the servers' token is one
+    /// (`[security] token_file`, `NK_TOKEN_FILE`, or the cluster's own,
+    /// [`TOKEN_FILE`] in the data directory).
+    pub fn token_file(&self) -> Option<std::path::PathBuf> {
+        self.security.token.as_ref()?;
+        std::env::var_os("NK_TOKEN_FILE")
+            .map(std::path::PathBuf::from)
+            .or_else(|| self.config.security.token_file.clone())
     }
 
     /// The cluster's locked data directory.

@@ -172,7 +172,9 @@ async fn a_restart_on_the_same_data_dir_keeps_the_identities() {
     }
 
     // Shut down (the handle is still alive): the locks are free, the block
-    // file is gone, the identities stay.
+    // file is gone, the identities and the cluster's token stay.
+    let token = std::fs::read(t.path().join("token")).unwrap();
+    assert_eq!(mode(&t.path().join("token")), 0o600);
     first.shutdown();
     assert_eq!(
         tree(t.path()),
@@ -184,9 +186,15 @@ async fn a_restart_on_the_same_data_dir_keeps_the_identities() {
             "store-1",
             "store-1/LOCK",
             "store-1/identity",
+            "token",
         ]
     );
     let second = LocalCluster::start(cfg()).await.unwrap();
+    assert_eq!(
+        std::fs::read(t.path().join("token")).unwrap(),
+        token,
+        "the same token"
+    );
     for (i, s) in second.stores.iter().enumerate() {
         assert_eq!(s.identity(), ids[i], "store {i} keeps its identity");
         assert_ne!(

@@ -19,6 +19,9 @@ use std::path::{Path, PathBuf};
 /// are installed there under their own names (docs/deployment.md).
 const CONFIG_DIR: &str = "/etc/nodekernel/";
 
+/// The cluster token file the examples name (docs/deployment.md).
+const EXAMPLE_TOKEN: &str = "/etc/nodekernel/token";
+
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
@@ -67,11 +70,18 @@ struct Example {
 fn clusters() -> BTreeMap<PathBuf, Vec<Example>> {
     let files = files_under(&deploy_dir(), ".toml");
     assert!(!files.is_empty(), "no example configuration under deploy/");
+    // The token file exists only on the hosts: loaded here with one of
+    // this test's in its place (its naming is checked by `check_cluster`).
+    let tmp = tempfile::tempdir().unwrap();
+    let token = tmp.path().join("token");
+    nodekernel_client::settings::write_new_secret(&token).unwrap();
     let mut out: BTreeMap<PathBuf, Vec<Example>> = BTreeMap::new();
     for f in files {
-        let cfg = Config::load(&f).unwrap_or_else(|e| panic!("{e}"));
-        cfg.validate()
-            .unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let text = read(&f).replace(EXAMPLE_TOKEN, token.to_str().unwrap());
+        let mut cfg = Config::parse(&text, &f).unwrap_or_else(|e| panic!("{e}"));
+        if cfg.security.token_file.as_deref() == Some(token.as_path()) {
+            cfg.security.token_file = Some(EXAMPLE_TOKEN.into());
+        }
         let name = f.file_stem().unwrap().to_string_lossy().into_owned();
         let dir = f.parent().unwrap().to_path_buf();
         out.entry(dir).or_default().push(Example { name, cfg });
@@ -367,6 +377,23 @@ fn check_cluster(files: &[Example]) -> Vec<String> {
         if who.len() > 1 {
             p.push(format!(
                 "location {loc:?} is used by hosts {who:?}: each host has its own"
+            ));
+        }
+    }
+    // Servers refuse to start without a cluster token (docs/security.md),
+    // and every file (clients too) names the same one.
+    for e in files {
+        let s = &e.cfg.security;
+        if s.insecure {
+            p.push(format!(
+                "{}: security.insecure: an example runs with the cluster token",
+                e.name
+            ));
+        }
+        if s.token_file.is_none() || s.token_file != first.cfg.security.token_file {
+            p.push(format!(
+                "{}: security.token_file is {:?} but {} names {:?}: every file names the cluster's token file",
+                e.name, s.token_file, first.name, first.cfg.security.token_file
             ));
         }
     }
@@ -779,6 +806,20 @@ fn broken_examples_are_caught() {
     let with_stores = |files: &[Example]| files.iter().position(runs_stores).unwrap();
     type Mutation = Box<dyn Fn(&mut Vec<Example>)>;
     let cases: Vec<(&str, Mutation)> = vec![
+        (
+            "names the cluster's token file",
+            Box::new(move |f| {
+                let i = with_stores(f);
+                f[i].cfg.security.token_file = None;
+            }),
+        ),
+        (
+            "runs with the cluster token",
+            Box::new(move |f| {
+                let i = meta_at(f, 0);
+                f[i].cfg.security.insecure = true;
+            }),
+        ),
         (
             "same metadata servers in the same order",
             Box::new(move |f| {

@@ -16,6 +16,10 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 HANG_S = 120  # every wait here only catches a hang (startup takes a second)
 
+# `nk up` tells clients of this user on this host where its token is, in a
+# runtime directory (docs/security.md): the tests' own, not the user's.
+os.environ.setdefault("NK_RUNTIME_DIR", tempfile.mkdtemp(prefix="nk-py-run-"))
+
 
 def nk_binary() -> str:
     """`NK_BIN`, else the workspace's debug build, else its release build."""

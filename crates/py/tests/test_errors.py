@@ -4,6 +4,7 @@ matches, a builtin; real failures raise the right class with path and code."""
 from __future__ import annotations
 
 import errno
+import pathlib
 import socket
 
 import pytest
@@ -114,6 +115,24 @@ def test_unreachable_server_is_unavailable():
     assert isinstance(e.value, nodekernel.Error)
 
 
+def test_a_default_cluster_takes_clients_of_its_user_without_a_setting(cluster, monkeypatch):
+    """`nk up` with no token configured makes its own (secure by default,
+    docs/security.md); a client of the same user on this host finds it
+    without a setting, one elsewhere is refused naming the setting."""
+    monkeypatch.delenv("NK_TOKEN_FILE", raising=False)
+    token = pathlib.Path(cluster.dir) / "data" / "token"
+    assert token.stat().st_mode & 0o777 == 0o600
+    with nodekernel.connect(cluster.meta) as c:
+        assert c.status()["servers"]
+    monkeypatch.setenv("NK_RUNTIME_DIR", cluster.dir + "/elsewhere")
+    with pytest.raises(nodekernel.Unauthenticated) as e:
+        nodekernel.connect(cluster.meta)
+    assert "NK_TOKEN_FILE" in str(e.value)
+    monkeypatch.setenv("NK_TOKEN_FILE", str(token))
+    with nodekernel.connect(cluster.meta) as c:
+        assert c.status()["servers"]
+
+
 def test_a_cluster_with_a_token_refuses_clients_without_it(tmp_path, monkeypatch):
     """With `[security] token_file`, a client without the token (or with
     another one) gets `Unauthenticated`, a `PermissionError`; with
@@ -132,6 +151,8 @@ def test_a_cluster_with_a_token_refuses_clients_without_it(tmp_path, monkeypatch
     monkeypatch.setenv("NK_TOKEN_FILE", str(token))
     cluster = Cluster(dram="64MiB", extra=("--config", str(cfg)))
     try:
+        # As on another host: no runtime directory tells where the token is.
+        monkeypatch.setenv("NK_RUNTIME_DIR", str(tmp_path / "elsewhere"))
         for env in (None, str(other)):
             if env is None:
                 monkeypatch.delenv("NK_TOKEN_FILE")

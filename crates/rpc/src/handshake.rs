@@ -394,7 +394,8 @@ impl VersionHandshake {
             // Not answered here: the transport answers the HELLO with this.
             return Err(Error::unauthenticated(
                 "this server requires the cluster token: give the client the cluster's token \
-                 ([security] token_file in its configuration, or NK_TOKEN_FILE)",
+                 ([security] token_file in its configuration, or NK_TOKEN_FILE; `nk up` keeps \
+                 its own in DIR/token of its data directory and prints where)",
             ));
         }
         let ours = self.token.as_ref().map(|_| Token::nonce()).transpose()?;

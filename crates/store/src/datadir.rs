@@ -532,7 +532,7 @@ impl DirLock {
 
     /// Notes a file created inside by the current start, for
     /// [`undo`](Self::undo).
-    pub(crate) fn note_created(&self, path: PathBuf) {
+    pub fn note_created(&self, path: PathBuf) {
         self.created_files
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -7,15 +7,60 @@ use std::process::{Child, Command, Stdio};
 
 pub const NK: &str = env!("CARGO_BIN_EXE_nk");
 
+/// The cluster token every server and client these tests start shares
+/// (servers refuse to start without one: `docs/security.md`), written once
+/// per test process.
+pub fn token_file() -> &'static std::path::Path {
+    static FILE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    FILE.get_or_init(|| {
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let path = dir.join(format!("test-token-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let out = Command::new(NK)
+            .args(["token", "new"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        path
+    })
+}
+
+/// The runtime directory (where `nk up` and `nk meta` tell local clients
+/// their token file) of the processes these tests start: one per test
+/// process, so the tests never touch the user's.
+pub fn runtime_dir() -> &'static std::path::Path {
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("run-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    })
+}
+
+/// `nk`, with the tests' token ([`token_file`]) and runtime directory.
+pub fn nk() -> Command {
+    let mut cmd = Command::new(NK);
+    cmd.env("NK_TOKEN_FILE", token_file())
+        .env("NK_RUNTIME_DIR", runtime_dir());
+    cmd
+}
+
 /// Starts a long-running `nk` role (`up`, `meta`, `store`) with only the
-/// environment `envs` naming a cluster, and returns it once it printed a
+/// environment `envs` naming a cluster (and the tests' token, see [`nk`]), and returns it once it printed a
 /// first line containing `ready`, with the last word of that line (the
 /// address). Later output is drained so the role never blocks on it.
 pub fn start_role(args: &[&str], envs: &[(&str, &str)], ready: &str) -> (Child, String) {
-    let mut cmd = Command::new(NK);
+    let mut cmd = nk();
     cmd.args(args).env_remove("NK_META").env_remove("NK_CONFIG");
     for (k, v) in envs {
-        cmd.env(k, v);
+        // An empty value removes the variable (the tests' token, say).
+        if v.is_empty() {
+            cmd.env_remove(k);
+        } else {
+            cmd.env(k, v);
+        }
     }
     let mut child = cmd
         .stdout(Stdio::piped())
@@ -69,7 +114,7 @@ pub fn client(meta: &str) -> Command {
         std::fs::write(&path, "[client]\ntimeout_ms = 120000\n").unwrap();
         path
     });
-    let mut cmd = Command::new(NK);
+    let mut cmd = nk();
     cmd.env("NK_META", meta).env("NK_CONFIG", config);
     cmd
 }

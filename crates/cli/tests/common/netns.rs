@@ -53,11 +53,16 @@ impl Host {
         c
     }
 
-    /// `nk args` inside this host with the config file `config` and no
-    /// other cluster settings from the environment.
+    /// `nk args` inside this host with the config file `config`, the
+    /// tests' cluster token and no other cluster settings from the
+    /// environment.
     pub fn nk(&self, config: &std::path::Path, args: &[&str]) -> Command {
         let mut c = self.command(super::NK);
-        c.args(args).env_remove("NK_META").env("NK_CONFIG", config);
+        c.args(args)
+            .env_remove("NK_META")
+            .env("NK_CONFIG", config)
+            .env("NK_TOKEN_FILE", super::token_file())
+            .env("NK_RUNTIME_DIR", super::runtime_dir());
         c
     }
 }
