@@ -178,17 +178,55 @@ async fn writes_move_off_a_silently_dead_store(shared_memory: bool) {
 
 on_both_paths!(#[tokio::test] puts_survive_a_silently_dead_store => writes_move_off_a_silently_dead_store);
 
-/// A storage server that accepts connections and never answers.
-async fn black_hole() -> String {
+/// A storage server that proves who it is (it answers `Identify`, so its
+/// registration is taken) and never answers anything else.
+struct BlackHole {
+    identity: String,
+    key: nodekernel_proto::cap::CapKey,
+    handshake: Arc<nodekernel_rpc::VersionHandshake>,
+}
+
+impl nodekernel_rpc::Handler for BlackHole {
+    fn handshake(&self) -> Arc<dyn nodekernel_rpc::ServerHandshake> {
+        self.handshake.clone()
+    }
+
+    async fn handle(
+        &self,
+        op: u16,
+        payload: bytes::Bytes,
+        out: &mut bytes::BytesMut,
+    ) -> nodekernel_proto::Result<()> {
+        use nodekernel_proto::store::{Identity, StoreRequest};
+        if let Ok(StoreRequest::Identify { nonce }) = StoreRequest::decode(op, &payload) {
+            Identity {
+                identity: self.identity.clone(),
+                incarnation: 1,
+                proof: nodekernel_proto::cap::identify_proof(&self.key, &nonce, &self.identity, 1),
+            }
+            .encode(out);
+            return Ok(());
+        }
+        std::future::pending().await
+    }
+}
+
+/// Starts a [`BlackHole`] that takes `security`'s token: its address, and
+/// the server (serving while it lives).
+async fn black_hole(
+    security: &nodekernel_rpc::Security,
+    key: [u8; 32],
+) -> (String, nodekernel_rpc::ServerHandle) {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap().to_string();
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((s, _)) = l.accept().await {
-            held.push(s);
-        }
-    });
-    addr
+    let hole = BlackHole {
+        identity: "black-hole".into(),
+        key,
+        handshake: security.handshake(nodekernel_rpc::Role::StorageServer),
+    };
+    let server =
+        nodekernel_rpc::serve_with(l, Arc::new(hole), Default::default()).expect("serving");
+    (addr, server)
 }
 
 /// Replies never wait on an unresponsive store: a put whose first block
@@ -206,7 +244,11 @@ async fn replies_do_not_wait_on_an_unresponsive_store() {
     let t = start_with(cfg, dir).await;
     let c = &t.client;
     // Register the black hole as the only server of class 7.
-    let hole = black_hole().await;
+    let security = nodekernel_rpc::Security {
+        token: t.cluster.client_config().token,
+        ..Default::default()
+    };
+    let (hole, _hole_server) = black_hole(&security, [3; 32]).await;
     let spec = nodekernel_proto::ServerSpec {
         addr: hole.clone(),
         class: 7,
@@ -218,12 +260,15 @@ async fn replies_do_not_wait_on_an_unresponsive_store() {
         num_blocks: 16,
         identity: "black-hole".into(),
         incarnation: 1,
-        cap_key: [0; 32],
+        cap_key: [3; 32],
     };
     let req = nodekernel_proto::meta::MetaRequest::Register(spec);
     let mut buf = bytes::BytesMut::new();
     req.encode(&mut buf);
-    let pool = nodekernel_rpc::ConnectionPool::new(Duration::from_secs(120));
+    let pool = security.pool(
+        nodekernel_rpc::Role::StorageServer,
+        nodekernel_rpc::ConnOptions::new(Duration::from_secs(120)),
+    );
     pool.call(&t.cluster.meta_addr().to_string(), req.op(), &[&buf])
         .await
         .unwrap();

@@ -5,12 +5,13 @@
 //! changes nothing; a storage server without the token cannot register;
 //! the right token works end to end.
 
+#[macro_use]
 mod common;
 
 use bytes::BytesMut;
 use common::{config, pattern, start_with};
 use nodekernel_client::{Client, ErrorCode, NodeType};
-use nodekernel_proto::meta::MetaRequest;
+use nodekernel_proto::meta::{MetaReply, MetaRequest};
 use nodekernel_proto::store::{decode_shm_info, op as store_op};
 use nodekernel_rpc::testing::recording_proxy;
 use nodekernel_rpc::{ConnOptions, Connection, Role, Security, Token, VersionHandshake};
@@ -231,7 +232,9 @@ async fn block_poisoning_fails_without_a_token_too() {
     use nodekernel_proto::cap::Cap;
     use nodekernel_proto::store::StoreRequest;
     let dir = tempfile::tempdir().unwrap();
-    let t = start_with(config(8 << 20, 0, &dir), dir).await;
+    let mut cfg = config(8 << 20, 0, &dir);
+    cfg.security.insecure = true;
+    let t = start_with(cfg, dir).await;
     let c = &t.client;
     c.create("/t", NodeType::Table, Default::default())
         .await
@@ -366,3 +369,299 @@ async fn a_tls_cluster_serves_tls_clients_only() {
         .unwrap();
     assert!(e.message.contains("requires TLS"), "{e}");
 }
+
+/// A raw connection to `addr` as a member of `t`'s cluster: with its
+/// token, or none on an insecure cluster.
+async fn member(t: &common::TestCluster, addr: &str) -> Connection {
+    connect(addr, t.cluster.client_config().token)
+        .await
+        .expect("a member connects")
+}
+
+async fn send_meta(conn: &Connection, req: MetaRequest) -> nodekernel_proto::Result<MetaReply> {
+    let mut b = BytesMut::new();
+    req.encode(&mut b);
+    let reply = conn.call(req.op(), &[&b]).await?;
+    MetaReply::decode(req.op(), &reply)
+}
+
+/// Issue 36, defect 1: one REGISTER frame with a live store's identity
+/// (under another incarnation, or its own with another address and key),
+/// or with its address under another identity, used to retire the store
+/// (or take over its blocks): its data read `DataLost`. A registration
+/// now replaces or moves a server only if that server fails to prove, at
+/// its address, that it still serves under the key it registered; and
+/// the registrant must prove it serves at the address it names. Neither
+/// a member (with the token) nor, on an insecure cluster, a stranger
+/// gets a live store retired, and an impostor store that copied the
+/// store's identity cannot start. A store that really restarted still
+/// takes its old place.
+async fn no_registration_displaces_a_live_store(insecure: bool) {
+    use nodekernel_proto::ServerSpec;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(8 << 20, 0, &dir);
+    cfg.security.insecure = insecure;
+    let t = start_with(cfg, dir).await;
+    let c = &t.client;
+    c.create("/t", NodeType::Table, Default::default())
+        .await
+        .unwrap();
+    let data = pattern(11, 200_000);
+    c.put("/t/k", &data).await.unwrap();
+    let live = &t.cluster.stores[0];
+    let before = c.status().await.unwrap().servers;
+    assert_eq!(before.len(), 1);
+    let meta = t.cluster.meta_addr().to_string();
+    let conn = member(&t, &meta).await;
+    let spec = |identity: &str, incarnation: u64, addr: &str| ServerSpec {
+        addr: addr.into(),
+        class: 0,
+        class_name: "dram".into(),
+        medium: "dram".into(),
+        location: "h".into(),
+        block_size: common::BS as u32,
+        first_block: 0,
+        num_blocks: 16,
+        identity: identity.into(),
+        incarnation,
+        cap_key: [42; 32],
+    };
+    let (identity, addr) = (live.identity().to_string(), live.local_addr().to_string());
+    for (what, fake, code) in [
+        (
+            "its identity under another incarnation at its address",
+            spec(&identity, 12345, &addr),
+            ErrorCode::InvalidArgument,
+        ),
+        (
+            "its identity under another incarnation elsewhere",
+            spec(&identity, 12345, "127.0.0.1:1"),
+            ErrorCode::Unavailable,
+        ),
+        (
+            "its identity and incarnation at another address, with another key",
+            spec(&identity, live.incarnation(), "127.0.0.1:1"),
+            ErrorCode::Unavailable,
+        ),
+        (
+            "another identity at its address",
+            spec("0123456789abcdef0123456789abcdef", 7, &addr),
+            ErrorCode::InvalidArgument,
+        ),
+    ] {
+        let e = send_meta(&conn, MetaRequest::Register(fake))
+            .await
+            .expect_err(what);
+        assert_eq!(e.code, code, "{what}: {e}");
+    }
+
+    // An impostor: a real storage server whose data directory holds the
+    // live store's (public) identity.
+    let stolen = tempfile::tempdir().unwrap();
+    std::fs::write(stolen.path().join("identity"), format!("{identity}\n")).unwrap();
+    let impostor = StorageServer::start(StoreConfig {
+        metas: vec![meta.clone()],
+        block_size: common::BS as u32,
+        capacity: 16 * common::BS,
+        data_dir: nodekernel_store::DataDirConfig::At(stolen.path().to_path_buf()),
+        rpc_timeout: Duration::from_secs(5),
+        security: Security {
+            token: t.cluster.client_config().token,
+            ..Security::default()
+        },
+        ..StoreConfig::default()
+    })
+    .await;
+    let Err(e) = impostor else {
+        panic!("an impostor with a copied identity registered");
+    };
+    assert!(e.to_string().contains("still serves"), "{e}");
+
+    // Nothing changed: the store is the same, alive, and its data reads.
+    let after = c.status().await.unwrap().servers;
+    assert_eq!(after.len(), 1);
+    assert_eq!(
+        (after[0].id, &after[0].identity, after[0].alive),
+        (before[0].id, &before[0].identity, true)
+    );
+    assert_eq!(c.get("/t/k").await.unwrap(), data);
+
+    // A real restart (a new process, a new incarnation, the same identity)
+    // still replaces the old registration.
+    let mut t = t;
+    t.cluster
+        .restart_store(0)
+        .await
+        .expect("a restarted store registers");
+    let servers = t.client.status().await.unwrap().servers;
+    assert!(servers.iter().any(|s| s.identity == identity && s.alive));
+    t.client
+        .put("/t/again", b"after the restart")
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_registration_displaces_a_live_store_with_the_token() {
+    no_registration_displaces_a_live_store(false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_registration_displaces_a_live_store_on_an_insecure_cluster() {
+    no_registration_displaces_a_live_store(true).await
+}
+
+/// Heartbeats and resizes count only signed by their store: a forged
+/// one, even from a member, is refused and changes nothing (issue 36:
+/// "heartbeats are authenticated"; defect 9's resizes go the same way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_heartbeats_and_resizes_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = start_with(config(8 << 20, 0, &dir), dir).await;
+    let c = &t.client;
+    let before = c.status().await.unwrap().servers;
+    let conn = member(&t, &t.cluster.meta_addr().to_string()).await;
+    let mut forged = MetaRequest::Heartbeat {
+        server: before[0].id,
+        traffic: Default::default(),
+        signed: Default::default(),
+    };
+    let e = send_meta(&conn, forged.clone()).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::Unauthenticated, "{e}");
+    forged.sign(&[1; 32], u64::MAX - 1);
+    let e = send_meta(&conn, forged).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::Unauthenticated, "{e}");
+    let mut shrink = MetaRequest::Resize {
+        server: before[0].identity.clone(),
+        blocks: 0,
+        signed: Default::default(),
+    };
+    shrink.sign(&[1; 32], u64::MAX - 1);
+    let e = send_meta(&conn, shrink).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::Unauthenticated, "{e}");
+    let after = c.status().await.unwrap().servers;
+    assert_eq!(after[0].capacity_blocks, before[0].capacity_blocks);
+    // The store's own heartbeats go on.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(c.status().await.unwrap().servers[0].alive);
+}
+
+/// Issue 36, defect 5: a client that only looked a value up used to
+/// overwrite it with its read location's capability. A reader's location
+/// now only reads: its write is refused (`Stale`), on a DRAM and on a file
+/// store, for a small value (a piece), a value in blocks and a File; the
+/// data is unchanged.
+async fn readers_cannot_write(dram: u64, file: u64) {
+    use nodekernel_proto::store::StoreRequest;
+    let dir = tempfile::tempdir().unwrap();
+    let t = start_with(config(dram, file, &dir), dir).await;
+    let c = &t.client;
+    c.create("/t", NodeType::Table, Default::default())
+        .await
+        .unwrap();
+    let small = pattern(1, 100);
+    let big = pattern(2, 200_000);
+    c.put("/t/k1", &small).await.unwrap();
+    c.put("/t/k2", &big).await.unwrap();
+    let mut f = c
+        .create("/f", NodeType::File, Default::default())
+        .await
+        .unwrap();
+    f.append(&big).await.unwrap();
+    f.close().await.unwrap();
+    // Short writes, and long ones (which a DRAM store receives in place).
+    let long = vec![0xEE; 100_000];
+    for (path, data) in [
+        ("/t/k1", &b"a reader's bytes"[..]),
+        ("/t/k2", &b"a reader's bytes"[..]),
+        ("/t/k2", &long[..]),
+        ("/f", &b"a reader's bytes"[..]),
+        ("/f", &long[..]),
+    ] {
+        let loc = common::blocks_of(c, path).await[0].clone();
+        let store = member(&t, &loc.addr).await;
+        let req = StoreRequest::Write {
+            block: loc.block,
+            gen: loc.gen,
+            offset: loc.offset,
+            cap: loc.cap,
+            data,
+        };
+        let mut b = BytesMut::new();
+        req.encode(&mut b);
+        let e = store.call(req.op(), &[&b]).await.unwrap_err();
+        assert_eq!(e.code, ErrorCode::Stale, "{path}: {e}");
+        assert!(e.message.contains("allows reading only"), "{path}: {e}");
+    }
+    assert_eq!(c.get("/t/k1").await.unwrap(), small);
+    assert_eq!(c.get("/t/k2").await.unwrap(), big);
+    let mut back = vec![0u8; big.len()];
+    c.lookup("/f")
+        .await
+        .unwrap()
+        .read_at(0, &mut back)
+        .await
+        .unwrap();
+    assert_eq!(back, big);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_cannot_write_on_a_dram_store() {
+    readers_cannot_write(8 << 20, 0).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_cannot_write_on_a_file_store() {
+    readers_cannot_write(0, 8 << 20).await
+}
+
+/// Capabilities expire: a location kept past `meta.cap_lifetime_ms` is
+/// refused by the storage server (`Stale`, "expired"), and a client
+/// holding it just asks again, on both data paths.
+async fn capabilities_expire(shared_memory: bool) {
+    use nodekernel_proto::store::StoreRequest;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(8 << 20, 0, &dir);
+    cfg.meta.cap_lifetime_ms = 1000;
+    cfg.client.shared_memory = shared_memory;
+    let t = start_with(cfg, dir).await;
+    let c = &t.client;
+    let data = pattern(3, 150_000);
+    let mut f = c
+        .create("/f", NodeType::File, Default::default())
+        .await
+        .unwrap();
+    f.append(&data).await.unwrap();
+    f.close().await.unwrap();
+    let node = c.lookup("/f").await.unwrap();
+    let loc = common::blocks_of(c, "/f").await[0].clone();
+    let store = member(&t, &loc.addr).await;
+    let read = StoreRequest::Read {
+        block: loc.block,
+        gen: loc.gen,
+        offset: 0,
+        len: 10,
+        tag: None,
+        cap: loc.cap,
+    };
+    let mut b = BytesMut::new();
+    read.encode(&mut b);
+    store
+        .call(read.op(), &[&b])
+        .await
+        .expect("a fresh location reads");
+    // Past its second (the lifetime is counted in whole seconds).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let e = store.call(read.op(), &[&b]).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::Stale, "{e}");
+    assert!(e.message.contains("expired"), "{e}");
+    // The handle looked up before reads on: the client asks again.
+    let mut back = vec![0u8; data.len()];
+    node.read_at(0, &mut back).await.unwrap();
+    assert_eq!(back, data);
+}
+
+on_both_paths!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    capabilities_expire_and_clients_ask_again => capabilities_expire
+);

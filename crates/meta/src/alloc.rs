@@ -158,6 +158,13 @@ struct Liveness {
     /// A client could not reach it: no new blocks until its next heartbeat.
     suspect: bool,
     last_seen_ms: u64,
+    /// The sequence number of its last signed request taken (a heartbeat
+    /// or a resize): one not above it is a replay. Zero after it
+    /// registered its key.
+    seq: u64,
+    /// Its clock minus this server's, in seconds, as of its last signed
+    /// request: capabilities for its blocks expire in its clock.
+    clock_offset_s: i64,
 }
 
 #[derive(Debug)]
@@ -444,6 +451,8 @@ impl BlockAllocator {
                     alive: true,
                     suspect: false,
                     last_seen_ms: now_ms,
+                    seq: 0,
+                    clock_offset_s: 0,
                 },
                 draining: false,
                 ballooned: 0,
@@ -458,6 +467,10 @@ impl BlockAllocator {
         if let Some(s) = self.servers.get_mut(&id) {
             s.spec.addr = addr.to_string();
             if let Some(k) = cap_key {
+                if s.spec.cap_key != *k {
+                    // A new process: its signed requests count anew.
+                    s.live.seq = 0;
+                }
                 s.spec.cap_key = *k;
             }
         }
@@ -494,12 +507,50 @@ impl BlockAllocator {
         let s = self.servers.get_mut(&id).ok_or_else(|| {
             Error::unknown_server(format!("storage server {id} is not registered"))
         })?;
-        s.live = Liveness {
-            alive: true,
-            suspect: false,
-            last_seen_ms: now_ms,
-        };
+        s.live.alive = true;
+        s.live.suspect = false;
+        s.live.last_seen_ms = now_ms;
         Ok(())
+    }
+
+    /// The sequence number a signed request of server `id` must exceed.
+    pub fn last_seq(&self, id: u32) -> u64 {
+        self.servers.get(&id).map_or(u64::MAX, |s| s.live.seq)
+    }
+
+    /// Takes signed request `seq` of server `id` (its clock in
+    /// milliseconds) at `wall_ms` of this server's clock.
+    pub fn accept_signed(&mut self, id: u32, seq: u64, wall_ms: u64) {
+        if let Some(s) = self.servers.get_mut(&id) {
+            s.live.seq = s.live.seq.max(seq);
+            s.live.clock_offset_s = (seq as i64 - wall_ms as i64) / 1000;
+        }
+    }
+
+    /// Server `id`'s clock minus this server's, in seconds (0 until it
+    /// sent a signed request).
+    pub fn clock_offset_s(&self, id: u32) -> i64 {
+        self.servers.get(&id).map_or(0, |s| s.live.clock_offset_s)
+    }
+
+    /// Whether exactly `spec` is registered (registering it again changes
+    /// nothing).
+    pub fn is_registered(&self, spec: &ServerSpec) -> bool {
+        self.servers.values().any(|s| s.spec == *spec)
+    }
+
+    /// The registered servers a registration of `spec` would retire or
+    /// move (see [`BlockAllocator::decide_register`]): a metadata server
+    /// lets it do so only when none of them proves it is still serving.
+    pub fn displaced_by(&self, spec: &ServerSpec) -> Vec<ServerSpec> {
+        self.servers
+            .values()
+            .filter(|s| {
+                let same = s.spec.identity == spec.identity;
+                (same && s.spec != *spec) || (!same && s.spec.addr == spec.addr)
+            })
+            .map(|s| s.spec.clone())
+            .collect()
     }
 
     /// Records the counters a server reported with its heartbeat.
@@ -946,28 +997,40 @@ impl AllocPlan<'_> {
     }
 
     fn no_space(&self) -> Error {
-        let draining = self
-            .a
-            .servers
-            .values()
-            .filter(|s| s.live.alive && s.draining)
-            .count();
-        let drained = if draining > 0 {
-            format!("; {draining} storage server(s) being drained take no new blocks (`nk drain SERVER --cancel` gives one back)")
-        } else {
-            String::new()
-        };
+        let alive: Vec<&Server> = self.a.servers.values().filter(|s| s.live.alive).collect();
+        let count = |f: fn(&Server) -> bool| alive.iter().filter(|s| f(s)).count();
+        let mut why = String::new();
+        for (n, what) in [
+            (
+                count(|s| s.draining),
+                "being drained take no new blocks (`nk drain SERVER --cancel` gives one back)",
+            ),
+            (
+                count(|s| s.shrinking && !s.draining),
+                "are shrinking (dynamic capacity, `nk store resize`) and take no new blocks until \
+                 their blocks moved away",
+            ),
+            (
+                count(|s| s.live.suspect && !s.shrinking && !s.draining),
+                "could not be reached by a client and take no new blocks until their next \
+                 heartbeat",
+            ),
+        ] {
+            if n > 0 {
+                why.push_str(&format!("; {n} storage server(s) {what}"));
+            }
+        }
         if self.a.servers.is_empty() {
             Error::unavailable(
                 "no storage server has registered with this metadata server yet (the cluster may still be starting; `nk status --wait` waits for it)",
             )
-        } else if draining == 0 && self.a.servers.keys().all(|id| !self.a.usable(*id)) {
+        } else if alive.is_empty() {
             Error::unavailable(
                 "no storage server is alive: every registered storage server is dead or unreachable",
             )
         } else {
             Error::no_space(format!(
-                "every storage class is full (or has no live storage server){drained}"
+                "every storage class is full (or has no live storage server){why}"
             ))
         }
     }

@@ -29,9 +29,11 @@ use crate::effect::Effect;
 use crate::state::{Decision, MetaState, Placement};
 use bytes::{Bytes, BytesMut};
 use nodekernel_journal::{Fsync, Journal, JournalError};
+use nodekernel_proto::cap::verify_identify;
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
-use nodekernel_proto::store::{Claim, StoreRequest, MAX_CLAIM_BATCH};
+use nodekernel_proto::store::{Claim, Identity, StoreRequest, IDENTIFY_NONCE_LEN, MAX_CLAIM_BATCH};
 use nodekernel_proto::Result;
+use nodekernel_proto::ServerSpec;
 use nodekernel_proto::{Error, LogStatus};
 use nodekernel_rpc::{
     bind_abstract_unix, serve_unix, serve_with, ConnOptions, ConnectionPool, Handler, Role,
@@ -90,6 +92,10 @@ pub struct MetaConfig {
     /// proves, and the local users of the Unix socket. Default: no token,
     /// the server's own user.
     pub security: nodekernel_rpc::Security,
+    /// How long a block location handed to a client may be used
+    /// (`docs/security.md`, *Data-plane capabilities*); whole seconds, at
+    /// least one.
+    pub cap_lifetime: Duration,
 }
 
 /// Where and how a persistent metadata server keeps its operation log.
@@ -138,6 +144,7 @@ impl Default for MetaConfig {
             tiering: crate::tier::TierSettings::default(),
             admin: None,
             security: Default::default(),
+            cap_lifetime: Duration::from_secs(nodekernel_proto::cap::CAP_LIFETIME_SECS),
         }
     }
 }
@@ -664,12 +671,18 @@ impl MetaHandler {
     async fn serve(&self, op: u16, payload: Bytes, out: &mut BytesMut) -> Result<()> {
         let req = MetaRequest::decode(op, &payload)?;
         self.log_ok()?;
+        if let MetaRequest::Register(spec) = &req {
+            self.vet_registration(spec).await?;
+        }
         let now = self.now_ms();
         let (reply, claims, reap, seq) = {
             let mut st = self.state();
             match st.execute(&req, now) {
                 Ok(o) => {
-                    if let MetaRequest::Heartbeat { server, traffic } = &req {
+                    if let MetaRequest::Heartbeat {
+                        server, traffic, ..
+                    } = &req
+                    {
                         st.alloc_soft().set_traffic(*server, *traffic);
                     }
                     let seq = match &self.journal {
@@ -711,6 +724,109 @@ impl MetaHandler {
         }
         reply?.encode(out);
         Ok(())
+    }
+}
+
+impl MetaHandler {
+    /// The checks a registration of `spec` passes before it is decided,
+    /// unless it only repeats the registration in force: the server
+    /// registering proves that it serves at the address it registers,
+    /// under the key it registers; and no server that the registration
+    /// would retire or move (the same identity, or the same address)
+    /// proves that it still serves at its registered address under its
+    /// key. So no request, authenticated or not, can retire a live server
+    /// or take over its blocks (`docs/security.md`). A server that cannot
+    /// be reached counts as gone: a new process on its address, or on its
+    /// identity after a restart, takes its place as before.
+    async fn vet_registration(&self, spec: &ServerSpec) -> Result<()> {
+        let displaced = {
+            let st = self.state();
+            if st.alloc().is_registered(spec) {
+                return Ok(());
+            }
+            st.alloc().displaced_by(spec)
+        };
+        let addr = &spec.addr;
+        let theirs = self.identify(addr).await.map_err(|e| {
+            Error::unavailable(format!(
+                "cannot reach the storage server registering at {addr} to check that it \
+                 serves there: {e}"
+            ))
+        })?;
+        if !theirs.proves(spec) {
+            tracing::warn!(
+                "refused the registration of identity {} at {addr}: the server answering there \
+                 did not prove the key it registers",
+                spec.identity
+            );
+            return Err(Error::invalid_argument(format!(
+                "the server answering at {addr} is not the storage server registering there \
+                 (identity {}): a storage server registers the address it serves on (check its \
+                 advertised address)",
+                spec.identity
+            )));
+        }
+        for old in displaced {
+            let alive = match self.identify(&old.addr).await {
+                Ok(a) => a.proves(&old),
+                Err(_) => false,
+            };
+            if alive {
+                tracing::warn!(
+                    "refused the registration of identity {} (incarnation {}) at {addr}: the \
+                     storage server it would replace (identity {}, incarnation {}) still serves \
+                     at {}",
+                    spec.identity,
+                    spec.incarnation,
+                    old.identity,
+                    old.incarnation,
+                    old.addr
+                );
+                return Err(Error::already_exists(format!(
+                    "storage server {} (incarnation {}) still serves at {} and proved it: a \
+                     registration with its identity or address cannot replace it while it runs",
+                    old.identity, old.incarnation, old.addr
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Asks the storage server at `addr` who it is, with a fresh challenge.
+    async fn identify(&self, addr: &str) -> Result<Identified> {
+        let mut nonce = [0u8; IDENTIFY_NONCE_LEN];
+        nodekernel_rpc::random_bytes(&mut nonce)
+            .map_err(|e| Error::internal(format!("no random bytes from the kernel: {e}")))?;
+        let req = StoreRequest::Identify { nonce };
+        let mut buf = BytesMut::new();
+        req.encode(&mut buf);
+        let reply = self.stores.call(addr, req.op(), &[&buf]).await?;
+        Ok(Identified {
+            nonce,
+            answer: Identity::decode(&reply)?,
+        })
+    }
+}
+
+/// A storage server's answer to a challenge.
+struct Identified {
+    nonce: [u8; IDENTIFY_NONCE_LEN],
+    answer: Identity,
+}
+
+impl Identified {
+    /// Whether the answer came from the process that registered `spec`.
+    fn proves(&self, spec: &ServerSpec) -> bool {
+        let a = &self.answer;
+        a.identity == spec.identity
+            && a.incarnation == spec.incarnation
+            && verify_identify(
+                &spec.cap_key,
+                &self.nonce,
+                &a.identity,
+                a.incarnation,
+                &a.proof,
+            )
     }
 }
 
@@ -758,6 +874,8 @@ impl MetaServer {
             .map(|d| d.as_micros() as u64)
             .unwrap_or(1);
         let mut state = MetaState::new(bs, cfg.lease_timeout.as_millis() as u64, first_gen);
+        let epoch = Instant::now();
+        state.set_cap_clock(first_gen / 1000, cfg.cap_lifetime.as_secs().max(1));
         state.set_classes(cfg.classes.clone());
         state.set_placement(cfg.placement);
         state.set_tier_settings(cfg.tiering.clone());
@@ -770,7 +888,7 @@ impl MetaServer {
         };
         let handler = Arc::new(MetaHandler {
             state: Mutex::new(state),
-            epoch: Instant::now(),
+            epoch,
             stores: cfg.security.pool(
                 Role::MetaServer,
                 ConnOptions {

@@ -43,7 +43,7 @@ use crate::effect::Effect;
 use crate::namespace::NodeId;
 use crate::slab::TAG_LEN;
 use crate::state::MetaState;
-use nodekernel_proto::cap::{Cap, CapKey};
+use nodekernel_proto::cap::{Cap, CapKey, Rights, Use};
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
 use nodekernel_proto::{BlockLoc, ErrorCode, NodeType, ServerSpec, NO_CLASS};
 use std::collections::{BTreeMap, BTreeSet};
@@ -101,6 +101,8 @@ struct Store {
     incarnation: u64,
     /// The id the metadata server gave its current incarnation.
     id: Option<u32>,
+    /// The sequence number of its last signed request.
+    seq: u64,
     up: bool,
     gens: Vec<u64>,
     bytes: Vec<BTreeMap<u32, (NodeId, u64)>>,
@@ -141,16 +143,39 @@ impl Store {
         self.key_of(self.incarnation)
     }
 
-    /// Checks a capability as a storage server does: `Ok(false)` refuses
-    /// it (a location from before this incarnation, as a real server's
-    /// `Stale`); one that verifies under no key this server ever had was
-    /// minted wrong, and fails the run.
-    fn check_cap(&self, cap: &Cap, block: u32, gen: u64, offset: u32) -> Result<bool, String> {
-        if cap.check(&self.cap_key(), block, gen, offset, 0).is_ok() {
+    /// `req` signed as this store signs its heartbeats and resizes.
+    fn signed(&mut self, mut req: MetaRequest) -> MetaRequest {
+        self.seq += 1;
+        req.sign(&self.cap_key(), self.seq);
+        req
+    }
+
+    /// Checks a capability as a storage server does, for a request that
+    /// `needs` these rights: `Ok(false)` refuses it (a location from before
+    /// this incarnation, as a real server's `Stale`); one that verifies
+    /// under no key this server ever had, or does not allow what the
+    /// request does, was minted wrong, and fails the run. (Time stands
+    /// still for capabilities here: expiry is the cluster tests'.)
+    fn check_cap(
+        &self,
+        cap: &Cap,
+        block: u32,
+        gen: u64,
+        offset: u32,
+        needs: Rights,
+    ) -> Result<bool, String> {
+        let u = Use {
+            block,
+            gen,
+            offset,
+            len: 0,
+            needs,
+            now: 0,
+        };
+        if cap.check(&self.cap_key(), u).is_ok() {
             return Ok(true);
         }
-        if (1..self.incarnation).any(|i| cap.check(&self.key_of(i), block, gen, offset, 0).is_ok())
-        {
+        if (1..self.incarnation).any(|i| cap.check(&self.key_of(i), u).is_ok()) {
             return Ok(false);
         }
         Err(format!(
@@ -169,7 +194,7 @@ impl Store {
         } else {
             loc.offset
         };
-        if !self.check_cap(&loc.cap, loc.block, loc.gen, start)? {
+        if !self.check_cap(&loc.cap, loc.block, loc.gen, start, Rights::WRITE)? {
             return Ok(false);
         }
         Ok(self.write_checked(loc, whole, node))
@@ -343,6 +368,7 @@ impl Sim {
                     num_blocks,
                     incarnation: 1,
                     id: None,
+                    seq: 0,
                     up: true,
                     gens: vec![0; num_blocks as usize],
                     bytes: vec![BTreeMap::new(); num_blocks as usize],
@@ -603,10 +629,12 @@ impl Sim {
             let s = &self.stores[i];
             if s.up && self.rng.chance(70) {
                 if let Some(server) = s.id {
-                    if let Err(code) = self.exec(MetaRequest::Heartbeat {
+                    let heartbeat = self.stores[i].signed(MetaRequest::Heartbeat {
                         server,
                         traffic: Default::default(),
-                    })? {
+                        signed: Default::default(),
+                    });
+                    if let Err(code) = self.exec(heartbeat)? {
                         // Retired while it was away: it registers anew.
                         if code != ErrorCode::UnknownServer {
                             return Err(format!("heartbeat refused with {code:?}"));
@@ -630,7 +658,12 @@ impl Sim {
                 if let Some(s) = self.store_of(c.server) {
                     if s.up {
                         let at = c.clear_tag_at.unwrap_or(0);
-                        if s.check_cap(&c.cap, c.block, c.gen, at)
+                        let needs = if c.clear_tag_at.is_some() {
+                            Rights::MANAGE
+                        } else {
+                            Rights::READ
+                        };
+                        if s.check_cap(&c.cap, c.block, c.gen, at, needs)
                             .expect("claims are minted right")
                         {
                             s.claim(c.block, c.gen, c.clear_tag_at);
@@ -1292,7 +1325,12 @@ impl Sim {
             let i = self.rng.below(self.stores.len() as u64) as usize;
             let (server, max) = (self.stores[i].addr.clone(), self.stores[i].num_blocks);
             let blocks = self.rng.below(u64::from(max) + 1) as u32;
-            if let Ok(MetaReply::Resized(r)) = self.exec(MetaRequest::Resize { server, blocks })? {
+            let resize = self.stores[i].signed(MetaRequest::Resize {
+                server,
+                blocks,
+                signed: Default::default(),
+            });
+            if let Ok(MetaReply::Resized(r)) = self.exec(resize)? {
                 self.stats.resizes += 1;
                 if r.exported_blocks < r.target_blocks {
                     return Err(format!("a store exports less than it asked for: {r:?}"));

@@ -25,7 +25,7 @@ use crate::snapshot::{
     SNAPSHOT_TTL_MS,
 };
 use crate::tier::{PlacementPolicy, TierSettings};
-use nodekernel_proto::cap::Cap;
+use nodekernel_proto::cap::{Cap, Rights, CAP_LIFETIME_SECS};
 use nodekernel_proto::crypt;
 use nodekernel_proto::meta::{MetaReply, MetaRequest, SnapshotEntry, MAX_MAP_COUNT};
 use nodekernel_proto::path;
@@ -110,6 +110,8 @@ enum Reply {
         node: NodeId,
         index: u64,
         count: u64,
+        /// Handed out under the write lease: the locations allow writing.
+        write: bool,
     },
     Names(Vec<(u32, NodeType, String)>),
     Registered(u32),
@@ -148,6 +150,9 @@ pub struct Decision {
     policy: Option<Box<TierSettings>>,
     /// A server's resize target, in blocks (`MetaRequest::Resize`).
     resize: Option<(u32, u32)>,
+    /// A storage server's signed request taken: the server and its
+    /// sequence number (`nodekernel_proto::cap::Signed`).
+    signed: Option<(u32, u64)>,
 }
 
 /// A drain of one storage server (soft state, like liveness: a restarted
@@ -197,6 +202,38 @@ pub struct Move {
     pub fence: u64,
 }
 
+/// What a block location handed out lets its holder do, and when it was
+/// handed out (this server's clock, ms): see [`MetaState::cap`].
+#[derive(Debug, Clone, Copy)]
+struct Grant {
+    rights: Rights,
+    now: u64,
+}
+
+impl Grant {
+    /// The metadata server's own: claims and copies.
+    const MANAGE: Grant = Grant {
+        rights: Rights::MANAGE,
+        now: 0,
+    };
+
+    /// A reader's, or with `write` a writer's, at `now`.
+    fn new(write: bool, now: u64) -> Grant {
+        Grant {
+            rights: if write { Rights::WRITE } else { Rights::READ },
+            now,
+        }
+    }
+}
+
+/// The clock capabilities are minted by: this server's wall clock (in ms)
+/// when its `now` was 0, and how long a client's capability lives.
+#[derive(Debug, Clone, Copy)]
+struct CapClock {
+    base_ms: u64,
+    lifetime_s: u64,
+}
+
 /// A request carried out: its reply and the effects applied.
 #[derive(Debug)]
 pub struct Outcome {
@@ -235,6 +272,9 @@ pub struct MetaState {
     tier: Tiering,
     classes: Vec<ClassInfo>,
     local_socket: String,
+    /// The clock capabilities are minted by (set by the shell; the state
+    /// reads no clock).
+    cap_clock: CapClock,
     /// A deliberately injected bug, to show the simulation catches it.
     #[cfg(test)]
     pub(crate) bug: Option<crate::sim::Bug>,
@@ -260,6 +300,10 @@ impl MetaState {
             tier: Tiering::default(),
             classes: Vec::new(),
             local_socket: String::new(),
+            cap_clock: CapClock {
+                base_ms: 0,
+                lifetime_s: CAP_LIFETIME_SECS,
+            },
             #[cfg(test)]
             bug: None,
         }
@@ -308,6 +352,16 @@ impl MetaState {
     /// The configured storage classes.
     pub fn classes(&self) -> &[ClassInfo] {
         &self.classes
+    }
+
+    /// Sets the clock capabilities are minted by: the wall clock in
+    /// milliseconds when `now` was 0, and how long a capability handed to a
+    /// client lives (`docs/security.md`).
+    pub fn set_cap_clock(&mut self, base_ms: u64, lifetime_s: u64) {
+        self.cap_clock = CapClock {
+            base_ms,
+            lifetime_s,
+        };
     }
 
     /// Sets the abstract Unix socket name the server shell also listens on
@@ -380,6 +434,10 @@ impl MetaState {
         }
         if let Some(id) = d.suspect {
             self.alloc.suspect(id);
+        }
+        if let Some((id, seq)) = d.signed {
+            let wall_ms = self.cap_clock.base_ms.saturating_add(now);
+            self.alloc.accept_signed(id, seq, wall_ms);
         }
         if let Some(note) = d.snapshot {
             self.snapshots.apply(note, now);
@@ -672,7 +730,15 @@ impl MetaState {
                 clear_tag_at,
                 release: false,
                 scrub: false,
-                cap: Cap::mint(&key, b.block, b.gen, 0, self.alloc.block_size()),
+                cap: Cap::mint(
+                    &key,
+                    b.block,
+                    b.gen,
+                    0,
+                    self.alloc.block_size(),
+                    Rights::MANAGE,
+                    0,
+                ),
             });
         }
     }
@@ -821,13 +887,15 @@ impl MetaState {
                     Reply::Registered(id)
                 }
             },
-            MetaRequest::Heartbeat { server, .. } => {
+            MetaRequest::Heartbeat { server, signed, .. } => {
                 if self.alloc.server(*server).is_none() {
                     return Err(Error::unknown_server(format!(
                         "storage server {server} is not registered"
                     )));
                 }
+                self.check_signed(*server, req)?;
                 d.heartbeat = Some(*server);
+                d.signed = Some((*server, signed.seq));
                 Reply::Done
             }
             MetaRequest::Status => Reply::Status,
@@ -849,8 +917,14 @@ impl MetaState {
                 }
                 Reply::Policy
             }
-            MetaRequest::Resize { server, blocks } => {
+            MetaRequest::Resize {
+                server,
+                blocks,
+                signed,
+            } => {
                 let id = self.find_server(server)?;
+                self.check_signed(id, req)?;
+                d.signed = Some((id, signed.seq));
                 d.resize(id, *blocks)?;
                 Reply::Resized(id)
             }
@@ -881,7 +955,7 @@ impl MetaState {
                 server,
                 block,
             } => {
-                let loc = self.snapshot_locate(*id, *node, *index, *server, *block)?;
+                let loc = self.snapshot_locate(*id, *node, *index, *server, *block, now)?;
                 d.snapshot = Some(SnapshotNote::Renew(*id));
                 Reply::Located(loc)
             }
@@ -965,6 +1039,7 @@ impl MetaState {
         index: u64,
         server: u32,
         block: u32,
+        now: u64,
     ) -> Result<BlockLoc> {
         let s = self.snapshot(id)?;
         let key = (server, block);
@@ -993,7 +1068,7 @@ impl MetaState {
                 "storage server {server}, which holds block {block} of node {node}, is dead"
             )));
         }
-        Ok(self.loc(&BlockRef { server, block, gen }))
+        Ok(self.loc(&BlockRef { server, block, gen }, Grant::new(false, now)))
     }
 
     /// Ends the snapshots not used for [`SNAPSHOT_TTL_MS`]: their held
@@ -1316,8 +1391,8 @@ impl MetaState {
             to,
             fence,
         });
-        let src = self.loc(&BlockRef { gen: fence, ..old });
-        let dst = self.loc(&to);
+        let src = self.loc(&BlockRef { gen: fence, ..old }, Grant::MANAGE);
+        let dst = self.loc(&to, Grant::MANAGE);
         Ok((d.finish(Reply::Done), src, dst))
     }
 
@@ -1390,12 +1465,15 @@ impl MetaState {
             to,
             fence,
         });
-        let src = self.loc(&BlockRef {
-            server,
-            block,
-            gen: fence,
-        });
-        let dst = self.loc(&to);
+        let src = self.loc(
+            &BlockRef {
+                server,
+                block,
+                gen: fence,
+            },
+            Grant::MANAGE,
+        );
+        let dst = self.loc(&to, Grant::MANAGE);
         Ok((d.finish(Reply::Done), src, dst))
     }
 
@@ -1449,6 +1527,31 @@ impl MetaState {
     // ----- drains ------------------------------------------------------------
 
     /// The storage server registered with identity or address `name`.
+    /// Checks that `req`, a storage server's signed request about server
+    /// `id`, is signed with the key `id` registered and is not a replay
+    /// (its sequence number is above the last one taken).
+    fn check_signed(&self, id: u32, req: &MetaRequest) -> Result<()> {
+        let what = nodekernel_proto::meta::op::name(req.op());
+        let key = self.alloc.cap_key(id).ok_or_else(|| {
+            Error::unknown_server(format!("storage server {id} is not registered"))
+        })?;
+        if !req.signed_with(key) {
+            return Err(Error::unauthenticated(format!(
+                "a {what} for storage server {id} not signed with the key it registered: \
+                 only that server can send one"
+            )));
+        }
+        let seq = req.signature().map_or(0, |(_, s)| s.seq);
+        let last = self.alloc.last_seq(id);
+        if seq <= last {
+            return Err(Error::unauthenticated(format!(
+                "a {what} for storage server {id} with sequence number {seq}, not above the \
+                 last one taken ({last}): a replay"
+            )));
+        }
+        Ok(())
+    }
+
     fn find_server(&self, name: &str) -> Result<u32> {
         self.alloc.find_server(name).ok_or_else(|| {
             Error::unknown_server(format!(
@@ -1589,12 +1692,12 @@ impl MetaState {
     fn reply(&self, r: &Reply, now: u64) -> MetaReply {
         match r {
             Reply::Node { id, lease, record } => {
-                let mut info = self.info(*id, *lease);
-                info.record = record.and_then(|s| self.record_loc(s));
+                let mut info = self.info(*id, *lease, now);
+                info.record = record.and_then(|s| self.record_loc(s, now));
                 MetaReply::Node(info)
             }
             Reply::Done => MetaReply::Done,
-            Reply::Record(r) => MetaReply::Record(r.and_then(|s| self.record_loc(s))),
+            Reply::Record(r) => MetaReply::Record(r.and_then(|s| self.record_loc(s, now))),
             Reply::Moved {
                 ty,
                 clear,
@@ -1602,9 +1705,9 @@ impl MetaState {
                 replaced,
             } => MetaReply::Moved {
                 ty: *ty,
-                clear: clear.and_then(|s| self.record_loc(s)),
-                write: write.and_then(|s| self.record_loc(s)),
-                replaced: replaced.and_then(|s| self.record_loc(s)),
+                clear: clear.and_then(|s| self.record_loc(s, now)),
+                write: write.and_then(|s| self.record_loc(s, now)),
+                replaced: replaced.and_then(|s| self.record_loc(s, now)),
             },
             Reply::Listing(id) => {
                 let n = self.ns.get(*id);
@@ -1615,7 +1718,12 @@ impl MetaState {
                     live: n.map_or_else(Vec::new, |n| n.slots.live_bitmap()),
                 }
             }
-            Reply::Blocks { node, index, count } => self.blocks_reply(*node, *index, *count),
+            Reply::Blocks {
+                node,
+                index,
+                count,
+                write,
+            } => self.blocks_reply(*node, *index, *count, Grant::new(*write, now)),
             Reply::Names(names) => MetaReply::Names(names.clone()),
             Reply::Registered(id) => MetaReply::Registered { server: *id },
             Reply::Status => {
@@ -1646,7 +1754,9 @@ impl MetaState {
                 id: *id,
                 entries: *entries,
             },
-            Reply::SnapshotPage { id, entry, block } => self.snapshot_page(*id, *entry, *block),
+            Reply::SnapshotPage { id, entry, block } => {
+                self.snapshot_page(*id, *entry, *block, now)
+            }
             Reply::Located(loc) => MetaReply::Located(loc.clone()),
         }
     }
@@ -1654,7 +1764,8 @@ impl MetaState {
     /// A page of snapshot `id`'s listing from entry `entry` (its block
     /// `block` on): about [`PAGE_BYTES`] of entries, a node with many
     /// blocks split over pages.
-    fn snapshot_page(&self, id: u64, entry: u64, block: u64) -> MetaReply {
+    fn snapshot_page(&self, id: u64, entry: u64, block: u64, now: u64) -> MetaReply {
+        let g = Grant::new(false, now);
         let mut entries = Vec::new();
         let (mut e, mut b) = (
             usize::try_from(entry).unwrap_or(usize::MAX),
@@ -1694,9 +1805,9 @@ impl MetaState {
                     Some(p) => BlockLoc {
                         offset: p.value_offset(),
                         tag: l.node,
-                        ..self.loc_of_range(r, p.offset(), p.offset() + p.size)
+                        ..self.loc_of_range(r, p.offset(), p.offset() + p.size, g)
                     },
-                    None => self.loc(r),
+                    None => self.loc(r, g),
                 };
                 bytes += 64 + loc.addr.len();
                 en.blocks.push(loc);
@@ -1730,7 +1841,7 @@ impl MetaState {
     /// The published size and the locations of blocks `[index, index +
     /// count)` that exist, stopping before a block on a dead server or one
     /// being moved (the decision refused the first one already).
-    fn blocks_reply(&self, node: NodeId, index: u64, count: u64) -> MetaReply {
+    fn blocks_reply(&self, node: NodeId, index: u64, count: u64, g: Grant) -> MetaReply {
         let Some(n) = self.ns.get(node) else {
             return MetaReply::Blocks {
                 size: 0,
@@ -1744,7 +1855,7 @@ impl MetaState {
         };
         if let Some(p) = &n.piece {
             let blocks = (index == 0)
-                .then(|| self.piece_loc(node, p))
+                .then(|| self.piece_loc(node, p, g))
                 .flatten()
                 .into_iter()
                 .collect();
@@ -1757,7 +1868,7 @@ impl MetaState {
             if !self.alloc.is_alive(b.server) || self.moves.contains_key(&(node, i)) {
                 break;
             }
-            blocks.push(self.loc(b));
+            blocks.push(self.loc(b, g));
         }
         MetaReply::Blocks { size, blocks }
     }
@@ -1767,7 +1878,8 @@ impl MetaState {
     /// copy would be lost, and a lost clear could let a reused slot show
     /// its old name): the record is then missing, enumeration asks the
     /// metadata server for the name, and an uncleared slot stays out of use.
-    fn record_loc(&self, (container, slot): SlotRef) -> Option<RecordLoc> {
+    /// Its capability allows writing that one record only.
+    fn record_loc(&self, (container, slot): SlotRef, now: u64) -> Option<RecordLoc> {
         let bs = self.alloc.block_size() as u64;
         let at = slot as u64 * RECORD_SIZE as u64;
         let n = self.ns.get(container)?;
@@ -1775,24 +1887,46 @@ impl MetaState {
             return None;
         }
         let b = n.blocks.get((at / bs) as usize)?;
+        let offset = (at % bs) as u32;
         Some(RecordLoc {
             container,
             slot,
-            block: self.loc(b),
-            offset: (at % bs) as u32,
+            block: self.loc_of_range(
+                b,
+                offset,
+                offset + RECORD_SIZE as u32,
+                Grant::new(true, now),
+            ),
+            offset,
         })
     }
 
-    /// Where block `b` is, with the capability for all of it.
-    fn loc(&self, b: &BlockRef) -> BlockLoc {
-        self.loc_of_range(b, 0, self.alloc.block_size())
+    /// Where block `b` is, with the capability `g` grants for all of it.
+    fn loc(&self, b: &BlockRef, g: Grant) -> BlockLoc {
+        self.loc_of_range(b, 0, self.alloc.block_size(), g)
     }
 
-    /// Where block `b` is, with the capability for bytes `lo..hi` of it.
-    fn loc_of_range(&self, b: &BlockRef, lo: u32, hi: u32) -> BlockLoc {
+    /// The capability `g` grants for bytes `lo..hi` of block `b`: the
+    /// metadata server's own (claims, copies) never expire; one handed to
+    /// a client expires after the capability lifetime, in the clock of
+    /// the block's storage server.
+    fn cap(&self, b: &BlockRef, lo: u32, hi: u32, g: Grant) -> Cap {
         let key = self.alloc.cap_key(b.server).copied().unwrap_or_default();
+        let expires = if g.rights == Rights::MANAGE {
+            0
+        } else {
+            let wall_s = (self.cap_clock.base_ms.saturating_add(g.now) / 1000) as i64;
+            let theirs = wall_s.saturating_add(self.alloc.clock_offset_s(b.server));
+            (theirs.saturating_add(self.cap_clock.lifetime_s as i64)).max(1) as u64
+        };
+        Cap::mint(&key, b.block, b.gen, lo, hi, g.rights, expires)
+    }
+
+    /// Where block `b` is, with the capability `g` grants for bytes
+    /// `lo..hi` of it.
+    fn loc_of_range(&self, b: &BlockRef, lo: u32, hi: u32, g: Grant) -> BlockLoc {
         BlockLoc {
-            cap: Cap::mint(&key, b.block, b.gen, lo, hi),
+            cap: self.cap(b, lo, hi, g),
             server: b.server,
             addr: self
                 .alloc
@@ -1810,7 +1944,7 @@ impl MetaState {
     /// Where `node`'s piece is: its slab's block at the slab's generation,
     /// past the tag that names `node`; `None` when its server is dead or
     /// gone.
-    fn piece_loc(&self, node: NodeId, p: &Piece) -> Option<BlockLoc> {
+    fn piece_loc(&self, node: NodeId, p: &Piece, g: Grant) -> Option<BlockLoc> {
         let slab = self.slabs.get(p.server, p.block)?;
         if !self.alloc.is_alive(p.server) {
             return None;
@@ -1823,7 +1957,7 @@ impl MetaState {
         Some(BlockLoc {
             offset: p.value_offset(),
             tag: node,
-            ..self.loc_of_range(&b, p.offset(), p.offset() + p.size)
+            ..self.loc_of_range(&b, p.offset(), p.offset() + p.size, g)
         })
     }
 
@@ -1855,7 +1989,9 @@ impl MetaState {
         }
     }
 
-    fn info(&self, id: NodeId, lease: u64) -> NodeInfo {
+    /// Under a write lease (`lease` not 0), its locations allow writing.
+    fn info(&self, id: NodeId, lease: u64, now: u64) -> NodeInfo {
+        let g = Grant::new(lease != 0, now);
         let Some(n) = self.ns.get(id) else {
             return NodeInfo {
                 id,
@@ -1879,7 +2015,7 @@ impl MetaState {
             n.size
         };
         let first_block = match &n.piece {
-            Some(p) => self.piece_loc(id, p),
+            Some(p) => self.piece_loc(id, p, g),
             None => n
                 .blocks
                 .first()
@@ -1888,7 +2024,7 @@ impl MetaState {
                         && !n.ty.is_container()
                         && !self.moves.contains_key(&(id, 0))
                 })
-                .map(|b| self.loc(b)),
+                .map(|b| self.loc(b, g)),
         };
         NodeInfo {
             id,
@@ -2136,6 +2272,7 @@ struct Draft<'a> {
     drain: Option<(u32, bool)>,
     policy: Option<Box<TierSettings>>,
     resize: Option<(u32, u32)>,
+    signed: Option<(u32, u64)>,
 }
 
 impl<'a> Draft<'a> {
@@ -2155,6 +2292,7 @@ impl<'a> Draft<'a> {
             drain: None,
             policy: None,
             resize: None,
+            signed: None,
         }
     }
 
@@ -2168,6 +2306,7 @@ impl<'a> Draft<'a> {
             drain: self.drain,
             policy: self.policy,
             resize: self.resize,
+            signed: self.signed,
         }
     }
 
@@ -2933,7 +3072,12 @@ impl<'a> Draft<'a> {
                 }
                 self.renew(node, lease, now);
                 self.check_first_block(node, index)?;
-                return Ok(Reply::Blocks { node, index, count });
+                return Ok(Reply::Blocks {
+                    node,
+                    index,
+                    count,
+                    write: true,
+                });
             }
             let have = n.blocks.len() as u64;
             if index > have {
@@ -2965,7 +3109,12 @@ impl<'a> Draft<'a> {
         } else {
             self.check_first_block(node, index)?;
         }
-        Ok(Reply::Blocks { node, index, count })
+        Ok(Reply::Blocks {
+            node,
+            index,
+            count,
+            write: lease.is_some(),
+        })
     }
 
     fn open_write(&mut self, path: &str, now: u64) -> Result<Reply> {
@@ -3161,6 +3310,7 @@ impl<'a> Draft<'a> {
             node,
             index,
             count: 1,
+            write: true,
         })
     }
 }
@@ -3211,6 +3361,7 @@ impl Draft<'_> {
             node,
             index,
             count: 1,
+            write: true,
         })
     }
 }

@@ -2,6 +2,7 @@
 //! (create, lookup, remove, move, map, register) plus enumerate, write
 //! leases, heartbeat and status.
 
+use crate::cap::{CapKey, Signed, SIGNED_LEN};
 use crate::codec::{Dec, Enc};
 use crate::error::{Error, Result};
 use crate::types::{
@@ -247,10 +248,11 @@ pub enum MetaRequest {
     /// A storage server announces its blocks.
     Register(ServerSpec),
     /// A registered storage server is alive; it reports its cumulative
-    /// counters.
+    /// counters. Signed with its capability key.
     Heartbeat {
         server: u32,
         traffic: Traffic,
+        signed: Signed,
     },
     Status,
     /// The caller cleared the record in `slot` of `container` (after a
@@ -332,9 +334,11 @@ pub enum MetaRequest {
     /// exports only `blocks` of its blocks in this partition (dynamic
     /// capacity, `docs/tiering.md`): free blocks leave at once, blocks in
     /// use move to other servers first. Asked again, reports the progress.
+    /// Sent by the storage server itself, signed with its capability key.
     Resize {
         server: String,
         blocks: u32,
+        signed: Signed,
     },
     /// The writer shrinks its node to `size` bytes (at most its published
     /// size): the size is published at once and the blocks past it are
@@ -360,6 +364,40 @@ pub enum MetaRequest {
 pub const MAX_MODE: u32 = 0o7777;
 
 impl MetaRequest {
+    /// A storage server's signed request (`Heartbeat`, `Resize`): the
+    /// bytes its signature covers (the payload before it) and the
+    /// signature. `None` for every other request.
+    pub fn signature(&self) -> Option<(BytesMut, Signed)> {
+        let signed = match self {
+            MetaRequest::Heartbeat { signed, .. } | MetaRequest::Resize { signed, .. } => *signed,
+            _ => return None,
+        };
+        let mut buf = BytesMut::new();
+        self.encode(&mut buf);
+        buf.truncate(buf.len() - SIGNED_LEN);
+        Some((buf, signed))
+    }
+
+    /// Signs a storage server's request with its capability key `key` and
+    /// the sequence number `seq` (see [`Signed`]); other requests are left
+    /// alone.
+    pub fn sign(&mut self, key: &CapKey, seq: u64) {
+        let op = self.op();
+        let Some((fields, _)) = self.signature() else {
+            return;
+        };
+        let new = Signed::sign(key, op, &fields, seq);
+        if let MetaRequest::Heartbeat { signed, .. } | MetaRequest::Resize { signed, .. } = self {
+            *signed = new;
+        }
+    }
+
+    /// Whether this is a storage server's request signed with `key`.
+    pub fn signed_with(&self, key: &CapKey) -> bool {
+        self.signature()
+            .is_some_and(|(fields, s)| s.verify(key, self.op(), &fields))
+    }
+
     pub fn op(&self) -> u16 {
         match self {
             MetaRequest::Create { .. } => op::CREATE,
@@ -452,9 +490,14 @@ impl MetaRequest {
                 e.u64(*node).u64(*lease).u64(*size).bool(*close).u64(*mtime);
             }
             MetaRequest::Register(spec) => spec.encode(e),
-            MetaRequest::Heartbeat { server, traffic } => {
+            MetaRequest::Heartbeat {
+                server,
+                traffic,
+                signed,
+            } => {
                 e.u32(*server);
                 traffic.encode(e);
+                signed.encode(e);
             }
             MetaRequest::Status | MetaRequest::LocalSocket => {}
             MetaRequest::ReleaseSlot { container, slot } => {
@@ -501,8 +544,13 @@ impl MetaRequest {
                     e.str(k).str(v);
                 }
             }
-            MetaRequest::Resize { server, blocks } => {
+            MetaRequest::Resize {
+                server,
+                blocks,
+                signed,
+            } => {
                 e.str(server).u32(*blocks);
+                signed.encode(e);
             }
             MetaRequest::Truncate {
                 node,
@@ -573,6 +621,7 @@ impl MetaRequest {
             op::HEARTBEAT => MetaRequest::Heartbeat {
                 server: d.u32()?,
                 traffic: Traffic::decode(d)?,
+                signed: Signed::decode(d)?,
             },
             op::STATUS => MetaRequest::Status,
             op::LOCAL_SOCKET => MetaRequest::LocalSocket,
@@ -633,6 +682,7 @@ impl MetaRequest {
             op::RESIZE => MetaRequest::Resize {
                 server: d.string()?,
                 blocks: d.u32()?,
+                signed: Signed::decode(d)?,
             },
             op::TRUNCATE => MetaRequest::Truncate {
                 node: d.u64()?,
@@ -967,6 +1017,7 @@ mod tests {
                     read_ops: 3,
                     write_ops: u64::MAX,
                 },
+                signed: Signed::sign(&[5; 32], op::HEARTBEAT, b"x", 9),
             },
             MetaRequest::Status,
             MetaRequest::ReleaseSlot {
@@ -994,6 +1045,7 @@ mod tests {
             MetaRequest::Resize {
                 server: "id-1".into(),
                 blocks: 300,
+                signed: Signed::default(),
             },
             MetaRequest::Policy {
                 set: vec![("high_watermark".into(), "80".into())],
@@ -1046,7 +1098,7 @@ mod tests {
             class: 0,
             offset: 4096,
             tag: 0,
-            cap: crate::cap::Cap::mint(&[1; 32], 2, 3, 0, 1 << 20),
+            cap: crate::cap::Cap::mint(&[1; 32], 2, 3, 0, 1 << 20, crate::cap::Rights::READ, 9),
         };
         let small = BlockLoc {
             offset: 120,

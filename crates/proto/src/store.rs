@@ -18,6 +18,7 @@ pub mod op {
     pub const CLAIM: u16 = 5;
     pub const COPY: u16 = 6;
     pub const RESIZE: u16 = 7;
+    pub const IDENTIFY: u16 = 8;
 
     /// The request's name in metrics and logs (`"other"` for a number
     /// this build does not know).
@@ -183,6 +184,44 @@ pub enum StoreRequest<'a> {
     Resize {
         bytes: u64,
     },
+    /// Who are you? The server answers its identity, incarnation and
+    /// [`identify_proof`](crate::cap::identify_proof) of `nonce` under its
+    /// capability key ([`Identity`]): a metadata server asks before a
+    /// registration may replace or move a server it believes alive.
+    Identify {
+        nonce: [u8; IDENTIFY_NONCE_LEN],
+    },
+}
+
+/// Bytes of an `Identify` challenge.
+pub const IDENTIFY_NONCE_LEN: usize = 32;
+
+/// A storage server's answer to `Identify`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub identity: String,
+    pub incarnation: u64,
+    pub proof: [u8; crate::auth::MAC_LEN],
+}
+
+impl Identity {
+    pub fn encode(&self, buf: &mut BytesMut) {
+        Enc(buf)
+            .str(&self.identity)
+            .u64(self.incarnation)
+            .fixed(&self.proof);
+    }
+
+    pub fn decode(payload: &[u8]) -> Result<Identity> {
+        let mut d = Dec::new(payload, "identify reply");
+        let r = Identity {
+            identity: d.string()?,
+            incarnation: d.u64()?,
+            proof: d.array()?,
+        };
+        d.finish()?;
+        Ok(r)
+    }
 }
 
 impl<'a> StoreRequest<'a> {
@@ -195,6 +234,7 @@ impl<'a> StoreRequest<'a> {
             StoreRequest::Claim { .. } => op::CLAIM,
             StoreRequest::Copy { .. } => op::COPY,
             StoreRequest::Resize { .. } => op::RESIZE,
+            StoreRequest::Identify { .. } => op::IDENTIFY,
         }
     }
 
@@ -230,6 +270,9 @@ impl<'a> StoreRequest<'a> {
             StoreRequest::Ping | StoreRequest::ShmInfo => {}
             StoreRequest::Resize { bytes } => {
                 Enc(buf).u64(*bytes);
+            }
+            StoreRequest::Identify { nonce } => {
+                Enc(buf).fixed(nonce);
             }
             StoreRequest::Claim { claims } => {
                 let e = &mut Enc(buf);
@@ -349,6 +392,11 @@ impl<'a> StoreRequest<'a> {
                 d.finish()?;
                 r
             }
+            op::IDENTIFY => {
+                let r = StoreRequest::Identify { nonce: d.array()? };
+                d.finish()?;
+                r
+            }
             other => return Err(Error::protocol(format!("unknown storage op {other}"))),
         };
         Ok(req)
@@ -403,6 +451,7 @@ pub(crate) fn check_socket_name(name: String, what: &str) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cap::Rights;
     use crate::ErrorCode;
 
     #[test]
@@ -439,8 +488,23 @@ mod tests {
     }
 
     #[test]
+    fn identify_replies_round_trip_and_are_checked() {
+        let id = Identity {
+            identity: "abc".into(),
+            incarnation: 9,
+            proof: crate::cap::identify_proof(&[1; 32], &[2; 32], "abc", 9),
+        };
+        let mut b = BytesMut::new();
+        id.encode(&mut b);
+        assert_eq!(Identity::decode(&b).unwrap(), id);
+        assert!(Identity::decode(&b[..b.len() - 1]).is_err());
+        b.extend_from_slice(&[0]);
+        assert!(Identity::decode(&b).is_err());
+    }
+
+    #[test]
     fn round_trip() {
-        let cap = || Cap::mint(&[9; 32], 1, 2, 0, 100);
+        let cap = || Cap::mint(&[9; 32], 1, 2, 0, 100, Rights::WRITE, 1);
         let data = [1u8, 2, 3];
         for r in [
             StoreRequest::Read {
@@ -475,6 +539,7 @@ mod tests {
             },
             StoreRequest::Ping,
             StoreRequest::Resize { bytes: 64 << 20 },
+            StoreRequest::Identify { nonce: [7; 32] },
             StoreRequest::ShmInfo,
             StoreRequest::Claim { claims: vec![] },
             StoreRequest::Claim {

@@ -11,11 +11,12 @@ use crate::share::Share;
 use crate::StoreError;
 use bytes::{BufMut, Bytes, BytesMut};
 use nodekernel_admin::status::StoreStatusOut;
-use nodekernel_proto::cap::{Cap, CapKey};
+use nodekernel_proto::cap::{identify_proof, unix_now, Cap, CapKey, Rights, Use};
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
 use nodekernel_proto::store::{
-    decode_write_prefix, encode_shm_info, op as store_op, read_reply_data, Claim, StoreRequest,
-    TagCheck, READ_CHANGED_HANDS, READ_OK, READ_TRAILER_LEN, TAG_LEN, WRITE_PREFIX_LEN,
+    decode_write_prefix, encode_shm_info, op as store_op, read_reply_data, Claim, Identity,
+    StoreRequest, TagCheck, READ_CHANGED_HANDS, READ_OK, READ_TRAILER_LEN, TAG_LEN,
+    WRITE_PREFIX_LEN,
 };
 use nodekernel_proto::{Error, ErrorCode, Result};
 use nodekernel_rpc::{
@@ -44,6 +45,9 @@ pub(crate) struct StoreHandler {
     /// What data-plane capabilities are checked with (drawn at start,
     /// given to the metadata servers at registration).
     pub(crate) cap_key: CapKey,
+    /// Who this server is, for `Identify`.
+    identity: String,
+    incarnation: u64,
     /// Writes whose data went from the socket straight into the region.
     in_place: Arc<AtomicU64>,
     metrics: Arc<StoreMetrics>,
@@ -149,7 +153,7 @@ impl Handler for StoreHandler {
         let (block, gen, offset, cap) = decode_write_prefix(prefix)?;
         let len = u32::try_from(data_len)
             .map_err(|_| Error::out_of_range(format!("a write of {data_len} bytes")))?;
-        cap.check(&self.cap_key, block, gen, offset, len)?;
+        self.check_cap(&cap, block, gen, offset, len, Rights::WRITE)?;
         let write = region.write_in_place(block, gen, offset, data_len).await?;
         self.in_place.fetch_add(1, Ordering::Relaxed);
         Ok(Some(Box::new(RegionSink {
@@ -224,7 +228,11 @@ impl Handler for StoreHandler {
                 let n = data.len();
                 let len = u32::try_from(n)
                     .map_err(|_| Error::out_of_range(format!("a write of {n} bytes")))?;
-                cap.check(&self.cap_key, block, gen, offset, len)?;
+                // A zero-length write only claims the block at the
+                // capability's generation, which a reader may do (see
+                // `StoreHandler::claim`): a reader catching up with a fence.
+                let needs = if n == 0 { Rights::READ } else { Rights::WRITE };
+                self.check_cap(&cap, block, gen, offset, len, needs)?;
                 self.store.write(block, gen, offset, data).await?;
                 self.metrics.written(n);
                 Ok(())
@@ -244,7 +252,7 @@ impl Handler for StoreHandler {
                 src_gen,
                 src_cap,
             } => {
-                cap.check(&self.cap_key, block, gen, 0, self.store.block_size())?;
+                self.check_cap(&cap, block, gen, 0, self.store.block_size(), Rights::MANAGE)?;
                 self.copy(block, gen, &src_addr, src_block, src_gen, src_cap)
                     .await
             }
@@ -254,6 +262,15 @@ impl Handler for StoreHandler {
                     "asked to export {bytes} bytes: exporting {exported} (blocks in use move away first)"
                 );
                 out.put_u64_le(exported);
+                Ok(())
+            }
+            StoreRequest::Identify { nonce } => {
+                Identity {
+                    identity: self.identity.clone(),
+                    incarnation: self.incarnation,
+                    proof: identify_proof(&self.cap_key, &nonce, &self.identity, self.incarnation),
+                }
+                .encode(out);
                 Ok(())
             }
         }
@@ -307,7 +324,31 @@ impl StoreHandler {
         }
         let span = u32::try_from(end - start)
             .map_err(|_| Error::out_of_range(format!("a read of {len} bytes at {offset}")))?;
-        cap.check(&self.cap_key, block, gen, start as u32, span)
+        self.check_cap(cap, block, gen, start as u32, span, Rights::READ)
+    }
+
+    /// Checks that `cap` allows `needs` on `len` bytes at `offset` of
+    /// `block` at `gen`, now.
+    fn check_cap(
+        &self,
+        cap: &Cap,
+        block: u32,
+        gen: u64,
+        offset: u32,
+        len: u32,
+        needs: Rights,
+    ) -> Result<()> {
+        cap.check(
+            &self.cap_key,
+            Use {
+                block,
+                gen,
+                offset,
+                len,
+                needs,
+                now: unix_now(),
+            },
+        )
     }
 
     /// A read from the DRAM region, sent from it without a copy: the
@@ -354,13 +395,25 @@ impl StoreHandler {
         let mut first_err = None;
         for c in claims {
             let (block, gen) = (c.block, c.gen);
+            // A plain claim only catches the block up with the generation
+            // its capability names: any holder may make it. Clearing a tag,
+            // scrubbing or releasing destroys bytes: the metadata server's.
+            let needs = if c.release {
+                Rights::MANAGE
+            } else {
+                Rights::READ
+            };
             let checked = match c.clear_tag_at {
-                Some(at) => c.cap.check(&self.cap_key, block, gen, at, TAG_LEN),
-                None if c.scrub => {
-                    c.cap
-                        .check(&self.cap_key, block, gen, 0, self.store.block_size())
-                }
-                None => c.cap.check(&self.cap_key, block, gen, 0, 0),
+                Some(at) => self.check_cap(&c.cap, block, gen, at, TAG_LEN, Rights::MANAGE),
+                None if c.scrub => self.check_cap(
+                    &c.cap,
+                    block,
+                    gen,
+                    0,
+                    self.store.block_size(),
+                    Rights::MANAGE,
+                ),
+                None => self.check_cap(&c.cap, block, gen, 0, 0, needs),
             };
             if let Err(e) = checked {
                 first_err.get_or_insert(e);
@@ -445,9 +498,30 @@ pub(crate) struct Registrar {
     metrics: Arc<StoreMetrics>,
     /// The exported size each partition is told at every heartbeat.
     capacity: Arc<Capacity>,
+    /// Signs heartbeats and resizes.
+    cap_key: CapKey,
+    /// The last sequence number signed (see [`Registrar::signed`]).
+    seq: AtomicU64,
 }
 
 impl Registrar {
+    /// `req` signed with this server's key and a sequence number greater
+    /// than every earlier one: the clock in milliseconds, or one more than
+    /// the last if the clock did not move on (or went back).
+    fn signed(&self, mut req: MetaRequest) -> MetaRequest {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let prev = self
+            .seq
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |last| {
+                Some(now.max(last + 1))
+            })
+            .unwrap_or_else(|last| last);
+        req.sign(&self.cap_key, now.max(prev + 1));
+        req
+    }
+
     fn set_id(&self, i: usize, id: Option<u32>) {
         self.ids.lock().unwrap_or_else(|p| p.into_inner())[i] = id;
     }
@@ -534,10 +608,11 @@ impl Registrar {
         let MetaRequest::Register(spec) = &self.requests[i] else {
             return;
         };
-        let req = MetaRequest::Resize {
+        let req = self.signed(MetaRequest::Resize {
             server: spec.identity.clone(),
             blocks,
-        };
+            signed: Default::default(),
+        });
         match self.call(i, &req).await {
             Ok(MetaReply::Resized(r)) if news => tracing::info!(
                 "metadata server {}: exporting {} of {} blocks, asked for {blocks}",
@@ -562,10 +637,11 @@ impl Registrar {
             Some(id) => match self
                 .call(
                     i,
-                    &MetaRequest::Heartbeat {
+                    &self.signed(MetaRequest::Heartbeat {
                         server: id,
                         traffic: self.metrics.traffic(),
-                    },
+                        signed: Default::default(),
+                    }),
                 )
                 .await
             {
@@ -962,6 +1038,8 @@ impl StorageServer {
                     .pool(Role::StorageServer, ConnOptions::new(cfg.rpc_timeout)),
                 handshake: cfg.security.handshake(Role::StorageServer),
                 cap_key,
+                identity: identity.clone(),
+                incarnation,
                 in_place: in_place.clone(),
                 metrics: metrics.clone(),
                 capacity: capacity.clone(),
@@ -1014,6 +1092,8 @@ impl StorageServer {
             ids: Mutex::new(vec![None; k]),
             metrics: metrics.clone(),
             capacity,
+            cap_key,
+            seq: AtomicU64::new(0),
         });
 
         let mut srv = StorageServer {

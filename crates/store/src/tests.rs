@@ -3,7 +3,7 @@
 
 use crate::{FileIoConfig, MediumKind, StorageServer, StoreConfig, StoreError};
 use bytes::{Bytes, BytesMut};
-use nodekernel_proto::cap::{Cap, CapKey};
+use nodekernel_proto::cap::{Cap, CapKey, Rights};
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
 use nodekernel_proto::store::{
     op, read_reply_data, Claim, StoreRequest, TagCheck, READ_CHANGED_HANDS, READ_OK,
@@ -54,7 +54,7 @@ fn cap(c: &Connection, block: u32, gen: u64) -> Cap {
         .get(c.peer())
         .copied()
         .expect("a server these tests started");
-    Cap::mint(&key, block, gen, 0, u32::MAX)
+    Cap::mint(&key, block, gen, 0, u32::MAX, Rights::MANAGE, 0)
 }
 
 async fn call(c: &Connection, req: StoreRequest<'_>) -> Result<Bytes> {
@@ -1103,7 +1103,7 @@ async fn scrubs(medium: MediumKind) {
     let key = *cap_keys().get(c.peer()).unwrap();
     let claims = vec![Claim {
         scrub: true,
-        cap: Cap::mint(&key, 1, 7, 0, 8),
+        cap: Cap::mint(&key, 1, 7, 0, 8, Rights::MANAGE, 0),
         ..claim(&c, 1, 7)
     }];
     assert!(call(&c, StoreRequest::Claim { claims }).await.is_err());

@@ -1,5 +1,7 @@
 use super::*;
-use nodekernel_proto::{ErrorCode, NodeType, ServerSpec, NO_CLASS};
+use nodekernel_proto::cap::{Rights, Use};
+use nodekernel_proto::store::TAG_LEN;
+use nodekernel_proto::{BlockLoc, ErrorCode, NodeType, ServerSpec, NO_CLASS};
 use NodeType::*;
 
 const BS: u32 = 4096;
@@ -797,17 +799,24 @@ fn before_any_storage_server_registers_the_error_says_so() {
     create(&mut s, "/d", Directory, 0).unwrap();
 }
 
+/// `req`, a storage server's request about server `id`, signed as that
+/// server signs it (with the key it registered and a fresh sequence
+/// number).
+fn signed(s: &MetaState, id: u32, mut req: MetaRequest) -> MetaRequest {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let key = *s.alloc().cap_key(id).expect("a registered server");
+    req.sign(&key, SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    req
+}
+
 /// At `now`, every storage server but `alive` has been silent too long.
 fn only_alive(s: &mut MetaState, alive: u32, now: u64) {
-    let traffic = Default::default();
-    s.apply(
-        MetaRequest::Heartbeat {
-            server: alive,
-            traffic,
-        },
-        now,
-    )
-    .unwrap();
+    let beat = MetaRequest::Heartbeat {
+        server: alive,
+        traffic: Default::default(),
+        signed: Default::default(),
+    };
+    s.apply(signed(s, alive, beat), now).unwrap();
     s.alloc_soft().expire(now, 1000);
 }
 
@@ -880,6 +889,26 @@ fn registration_is_idempotent_and_a_restarted_server_replaces_its_old_self() {
     s.check_invariants().unwrap();
 }
 
+/// A write of `len` bytes from the start of `l`'s block, now.
+fn whole(l: &BlockLoc, len: u32) -> Use {
+    Use {
+        block: l.block,
+        gen: l.gen,
+        offset: 0,
+        len,
+        needs: Rights::WRITE,
+        now: 0,
+    }
+}
+
+/// [`whole`] as a read.
+fn read(l: &BlockLoc, len: u32) -> Use {
+    Use {
+        needs: Rights::READ,
+        ..whole(l, len)
+    }
+}
+
 /// Every location carries a capability under its server's key; a server
 /// that kept its blocks and comes back with a new key (every process draws
 /// one) keeps its id and blocks, and locations carry the new key's
@@ -891,8 +920,8 @@ fn locations_carry_capabilities_under_the_servers_current_key() {
     let (_, b) = map(&mut s, f.id, 0, 1, f.lease).unwrap();
     let l = &b[0];
     assert_eq!(l.server, 1);
-    l.cap.check(&[7; 32], l.block, l.gen, 0, BS).unwrap();
-    assert!(l.cap.check(&[7; 32], l.block, l.gen, 0, BS + 1).is_err());
+    l.cap.check(&[7; 32], whole(l, BS)).unwrap();
+    assert!(l.cap.check(&[7; 32], whole(l, BS + 1)).is_err());
     close(&mut s, &f, 10).unwrap();
 
     let rekeyed = ServerSpec {
@@ -907,12 +936,9 @@ fn locations_carry_capabilities_under_the_servers_current_key() {
     let (_, b) = map(&mut s, f.id, 0, 1, 0).unwrap();
     let l = &b[0];
     assert_eq!(l.server, 1, "its blocks are kept");
-    l.cap.check(&[9; 32], l.block, l.gen, 0, BS).unwrap();
+    l.cap.check(&[9; 32], read(l, BS)).unwrap();
     assert_eq!(
-        l.cap
-            .check(&[7; 32], l.block, l.gen, 0, BS)
-            .unwrap_err()
-            .code,
+        l.cap.check(&[7; 32], read(l, BS)).unwrap_err().code,
         ErrorCode::Stale
     );
     let back = through_checkpoint(&s);
@@ -1095,7 +1121,11 @@ fn a_block_moves_while_its_node_stays_put() {
         (now[0].server, now[0].block, now[0].gen),
         (dst.server, dst.block, dst.gen)
     );
-    assert_eq!(now[1], b[1]);
+    assert_eq!(
+        (now[1].server, now[1].block, now[1].gen),
+        (b[1].server, b[1].block, b[1].gen),
+        "block 1 stays"
+    );
     s.check_invariants().unwrap();
     // A failed copy leaves the block where it was (fenced).
     let (d, src, _) = s.decide_move_start(f.id, 1, from_class).unwrap();
@@ -2442,13 +2472,16 @@ fn resize(
     server: &str,
     blocks: u32,
 ) -> Result<nodekernel_proto::types::ResizeStatus> {
-    match s.apply(
-        MetaRequest::Resize {
-            server: server.into(),
-            blocks,
-        },
-        0,
-    )? {
+    let req = MetaRequest::Resize {
+        server: server.into(),
+        blocks,
+        signed: Default::default(),
+    };
+    let req = match s.alloc().find_server(server) {
+        Some(id) => signed(s, id, req),
+        None => req,
+    };
+    match s.apply(req, 0)? {
         MetaReply::Resized(r) => Ok(r),
         r => panic!("{r:?}"),
     }
@@ -2999,4 +3032,175 @@ fn encryption_is_decided_at_create_and_plain_data_stays_out_of_encrypted_classes
     assert_eq!(back.dump(), s.dump());
     assert!(back.ns().get(ke.id).unwrap().encrypted);
     assert!(back.slabs().get(le.server, le.block).unwrap().encrypted);
+}
+
+/// What `cap` allows on bytes `offset..offset + len` of `l`'s block with
+/// key [7; 32] at the storage server's time `now` (seconds).
+fn allows(l: &BlockLoc, offset: u32, len: u32, needs: Rights, now: u64) -> bool {
+    l.cap
+        .check(
+            &[7; 32],
+            Use {
+                block: l.block,
+                gen: l.gen,
+                offset,
+                len,
+                needs,
+                now,
+            },
+        )
+        .is_ok()
+}
+
+/// A reader's location only reads; a writer's (handed out under its
+/// lease: the create, a map that allocates) reads and writes; a child
+/// record's location writes that one record only. Every location a client
+/// gets expires after the capability lifetime, counted in its storage
+/// server's clock (learned from its signed heartbeats); the metadata
+/// server's own claims never expire and alone may clear tags.
+#[test]
+fn locations_allow_their_holders_only_what_they_were_given_for_a_while() {
+    let mut s = state();
+    // This server's wall clock reads 1,000 s at `now` 0; capabilities live
+    // 60 s.
+    s.set_cap_clock(1_000_000, 60);
+    let f = create(&mut s, "/f", File, 0).unwrap();
+    let (_, b) = map(&mut s, f.id, 0, 1, f.lease).unwrap();
+    let w = &b[0];
+    assert!(allows(w, 0, BS, Rights::WRITE, 1_000));
+    assert!(
+        allows(w, 0, BS, Rights::WRITE, 1_060),
+        "good through its last second"
+    );
+    assert!(!allows(w, 0, BS, Rights::WRITE, 1_061), "expired");
+    assert!(
+        !allows(w, 0, 0, Rights::MANAGE, 1_000),
+        "a client never manages"
+    );
+    close(&mut s, &f, BS as u64).unwrap();
+
+    // A reader's locations (lookup, a map without a lease) only read.
+    let l = lookup(&mut s, "/f").unwrap().first_block.unwrap();
+    assert_eq!((l.block, l.gen), (w.block, w.gen));
+    assert!(allows(&l, 0, BS, Rights::READ, 1_000));
+    assert!(
+        !allows(&l, 0, 1, Rights::WRITE, 1_000),
+        "a reader cannot write"
+    );
+    let (_, b) = map(&mut s, f.id, 0, 1, 0).unwrap();
+    assert!(!allows(&b[0], 0, 1, Rights::WRITE, 1_000));
+    // A small value's reader reads its piece only.
+    create(&mut s, "/t", Table, 0).unwrap();
+    let k = put_small(&mut s, "/t/k", 100).unwrap();
+    let kl = lookup(&mut s, "/t/k").unwrap().first_block.unwrap();
+    assert_eq!(kl.tag, k.id);
+    let piece = kl.offset - TAG_LEN;
+    assert!(allows(&kl, piece, TAG_LEN + 100, Rights::READ, 1_000));
+    assert!(!allows(&kl, piece, TAG_LEN, Rights::WRITE, 1_000));
+
+    // A child record's location writes that record and nothing else.
+    let d = create(&mut s, "/d", Directory, 0).unwrap();
+    let c = create(&mut s, "/d/c", Directory, 0).unwrap();
+    let r = c.record.expect("a record to write");
+    assert_eq!(r.container, d.id);
+    let rec = RECORD_SIZE as u32;
+    assert!(allows(&r.block, r.offset, rec, Rights::WRITE, 1_000));
+    assert!(!allows(&r.block, r.offset + rec, rec, Rights::WRITE, 1_000));
+    assert!(!allows(&r.block, 0, BS, Rights::WRITE, 1_000));
+
+    // A storage server whose clock runs 500 s ahead: its capabilities
+    // expire in its own clock.
+    let beat = MetaRequest::Heartbeat {
+        server: w.server,
+        traffic: Default::default(),
+        signed: Default::default(),
+    };
+    let mut beat = beat;
+    beat.sign(&[7; 32], (1_000 + 500) * 1000);
+    s.apply(beat, 0).unwrap();
+    let (_, b) = map(&mut s, f.id, 0, 1, 0).unwrap();
+    assert!(allows(&b[0], 0, 1, Rights::READ, 1_560));
+    assert!(!allows(&b[0], 0, 1, Rights::READ, 1_561));
+
+    // The metadata server's own claims: never expire, clear tags.
+    remove(&mut s, "/t/k", false).unwrap();
+    let claims = s.take_claims();
+    let clear = claims
+        .iter()
+        .find(|c| c.clear_tag_at.is_some())
+        .expect("the freed piece's tag is cleared");
+    assert_eq!(clear.cap.rights, Rights::MANAGE);
+    assert_eq!(clear.cap.expires, 0);
+    s.check_invariants().unwrap();
+}
+
+/// A heartbeat or resize counts only when signed with the key its server
+/// registered, and only once: an unsigned, forged or replayed one is
+/// refused and changes nothing.
+#[test]
+fn heartbeats_and_resizes_count_only_signed_by_their_server_and_once() {
+    let mut s = state();
+    let beat = |seq: u64, key: [u8; 32]| {
+        let mut b = MetaRequest::Heartbeat {
+            server: 1,
+            traffic: Default::default(),
+            signed: Default::default(),
+        };
+        b.sign(&key, seq);
+        b
+    };
+    s.alloc_soft().expire(10_000, 1000);
+    assert!(!s.alloc().is_alive(1));
+    let unsigned = MetaRequest::Heartbeat {
+        server: 1,
+        traffic: Default::default(),
+        signed: Default::default(),
+    };
+    for (what, req) in [("unsigned", unsigned), ("forged", beat(5, [8; 32]))] {
+        let e = s.apply(req, 10_000).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Unauthenticated, "{what}: {e}");
+        assert!(!s.alloc().is_alive(1), "{what} revived the server");
+    }
+    s.apply(beat(5, [7; 32]), 10_000).unwrap();
+    assert!(s.alloc().is_alive(1));
+    for seq in [5, 4] {
+        let e = s.apply(beat(seq, [7; 32]), 10_000).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Unauthenticated, "{e}");
+        assert!(e.message.contains("replay"), "{e}");
+    }
+    s.apply(beat(6, [7; 32]), 10_000).unwrap();
+
+    // A resize: forged ones leave the server's size alone.
+    let id = s.alloc().server(1).unwrap().spec.identity.clone();
+    let resize = |seq: u64, key: [u8; 32]| {
+        let mut r = MetaRequest::Resize {
+            server: id.clone(),
+            blocks: 0,
+            signed: Default::default(),
+        };
+        r.sign(&key, seq);
+        r
+    };
+    let capacity = |s: &MetaState| s.alloc().server(1).unwrap().free.len();
+    let before = capacity(&s);
+    for req in [resize(7, [8; 32]), resize(6, [7; 32])] {
+        let e = s.apply(req, 10_000).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Unauthenticated, "{e}");
+        assert_eq!(capacity(&s), before);
+    }
+    s.apply(resize(7, [7; 32]), 10_000).unwrap();
+    assert!(capacity(&s) < before, "the server's own resize is taken");
+    // Registering a new key starts its numbers anew.
+    let rekeyed = ServerSpec {
+        cap_key: [9; 32],
+        ..spec("h:0", 0, 4)
+    };
+    s.apply(MetaRequest::Register(rekeyed), 10_000).unwrap();
+    s.apply(beat(1, [9; 32]), 10_000).unwrap();
+    assert_eq!(
+        s.apply(beat(2, [7; 32]), 10_000).unwrap_err().code,
+        ErrorCode::Unauthenticated,
+        "the old key no longer signs"
+    );
+    s.check_invariants().unwrap();
 }
