@@ -524,10 +524,10 @@ fn log_files_are_private_whatever_the_umask() {
         assert_eq!(mode(f), 0o600, "{}", f.display());
     }
     // A segment someone opened to others is made private again.
-    let seg = &files
+    let seg = files
         .iter()
-        .find(|f| f.ends_with("journal-00000000000000000001.log"));
-    let seg = seg.expect("the first segment");
+        .find(|f| f.ends_with("journal-00000000000000000001.log"))
+        .expect("the first segment");
     std::fs::set_permissions(seg, std::fs::Permissions::from_mode(0o644)).unwrap();
     let (_, got) = open(&dir, Fsync::Never).unwrap();
     assert_eq!(got.len(), 2);
