@@ -10,6 +10,15 @@
 //! it hold: [`MAX_CONNECTIONS`] connections, [`MAX_HEADER_BYTES`] of
 //! request head each, [`HEADER_TIMEOUT`] to send it, and
 //! [`MAX_CONNECTION_AGE`] per connection.
+//!
+//! It proves no token, so it keeps web pages out (`docs/security.md`, *The
+//! admin endpoint*): every request must name in its `Host` an address
+//! literal, `localhost`, this machine's host name or the name in the
+//! configured address (a page that got its own name to
+//! resolve to this host, DNS rebinding, is answered 421), and a `POST
+//! /policy` must carry [`REQUEST_HEADER`]`: 1`, no form content type, and
+//! no `Origin` but the endpoint's own (else 403): a browser sends none of
+//! that from another site without a preflight, which is never answered.
 
 pub mod metrics;
 pub mod status;
@@ -19,7 +28,7 @@ pub use prometheus_client;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, ALLOW, CACHE_CONTROL, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ALLOW, CACHE_CONTROL, CONTENT_TYPE, HOST, ORIGIN};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::net::SocketAddr;
@@ -89,6 +98,71 @@ pub fn pairs_json(pairs: &[(String, String)]) -> String {
     serde_json::Value::Object(obj).to_string()
 }
 
+/// The header a `POST /policy` must carry, with the value `1`: a browser
+/// sends a custom header to another origin only after a preflight
+/// (`OPTIONS`), which this endpoint never answers.
+pub const REQUEST_HEADER: &str = "x-nodekernel-request";
+
+/// The content types a web page may send to any site without a preflight
+/// (an HTML form's, or `fetch`'s `no-cors`): a `POST` with one is refused.
+const FORM_TYPES: [&str; 3] = [
+    "application/x-www-form-urlencoded",
+    "multipart/form-data",
+    "text/plain",
+];
+
+/// The names a request's `Host` may give (DNS rebinding: a page of another
+/// site whose name was made to resolve to this host still sends its own
+/// name). Any address literal passes: a page served from that address
+/// is this origin or another server's, never a renamed one.
+#[derive(Debug)]
+struct HostCheck {
+    names: Vec<String>,
+}
+
+impl HostCheck {
+    /// `localhost`, this machine's host name, and the host in `addr` (the
+    /// configured listen address) when it is a name.
+    fn new(addr: &str) -> HostCheck {
+        let mut names = vec!["localhost".to_string()];
+        if let Ok(a) = addr.parse::<hyper::http::uri::Authority>() {
+            names.push(a.host().to_ascii_lowercase());
+        }
+        if let Ok(h) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
+            names.push(h.trim().to_ascii_lowercase());
+        }
+        names.retain(|n| !n.is_empty());
+        HostCheck { names }
+    }
+
+    /// Whether a `Host` header (`host[:port]`) names this endpoint.
+    fn allows(&self, host: &str) -> bool {
+        let Ok(a) = host.parse::<hyper::http::uri::Authority>() else {
+            return false;
+        };
+        if host.contains('@') {
+            return false; // user information: no browser sends it
+        }
+        let h = a.host();
+        // `http` takes any port text; only a number is a port.
+        let port_ok = match host.get(h.len()..) {
+            Some("") => true,
+            Some(p) => p
+                .strip_prefix(':')
+                .is_some_and(|p| p.parse::<u16>().is_ok()),
+            None => false,
+        };
+        if !port_ok {
+            return false;
+        }
+        let literal = h.parse::<std::net::Ipv4Addr>().is_ok()
+            || h.strip_prefix('[')
+                .and_then(|v6| v6.strip_suffix(']'))
+                .is_some_and(|v6| v6.parse::<std::net::Ipv6Addr>().is_ok());
+        literal || self.names.iter().any(|n| n.eq_ignore_ascii_case(h))
+    }
+}
+
 /// Most `key=value` pairs one `POST /policy` may carry.
 pub const MAX_POLICY_PAIRS: usize = 64;
 
@@ -134,7 +208,7 @@ impl AdminServer {
             addr: addr.to_string(),
             error,
         })?;
-        let task = tokio::spawn(accept_loop(listener, source));
+        let task = tokio::spawn(accept_loop(listener, source, HostCheck::new(addr)));
         Ok(AdminServer { addr: local, task })
     }
 
@@ -160,7 +234,8 @@ impl Drop for AdminServer {
     }
 }
 
-async fn accept_loop(listener: TcpListener, source: Arc<dyn Source>) {
+async fn accept_loop(listener: TcpListener, source: Arc<dyn Source>, hosts: HostCheck) {
+    let hosts = Arc::new(hosts);
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -176,12 +251,12 @@ async fn accept_loop(listener: TcpListener, source: Arc<dyn Source>) {
             tracing::debug!("admin endpoint: {MAX_CONNECTIONS} connections open, closing {peer}");
             continue;
         };
-        let source = source.clone();
+        let (source, hosts) = (source.clone(), hosts.clone());
         tokio::spawn(async move {
             let _permit = permit;
             let service = hyper::service::service_fn(move |req| {
-                let source = source.clone();
-                async move { Ok::<_, std::convert::Infallible>(route(&*source, &req)) }
+                let (source, hosts) = (source.clone(), hosts.clone());
+                async move { Ok::<_, std::convert::Infallible>(route(&*source, &hosts, &req)) }
             });
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
@@ -228,15 +303,61 @@ fn check(r: Result<(), String>) -> Response<Full<Bytes>> {
     }
 }
 
+/// Why a `POST` may not change anything from where it came: `Err` for a
+/// request a web page could have sent (see the crate docs).
+fn same_site_post(req: &Request<Incoming>) -> Result<(), String> {
+    let h = req.headers();
+    if h.get(REQUEST_HEADER).map(|v| v.as_bytes()) != Some(b"1") {
+        return Err(format!(
+            "a POST needs the header {REQUEST_HEADER}: 1 (web pages of other sites cannot send it)"
+        ));
+    }
+    if let Some(t) = h.get(CONTENT_TYPE) {
+        let t = t.to_str().unwrap_or_default();
+        let essence = t.split(';').next().unwrap_or_default().trim();
+        if FORM_TYPES.iter().any(|f| f.eq_ignore_ascii_case(essence)) {
+            return Err(format!(
+                "a POST with content type {essence} (a web form's) changes nothing: send the settings in the query string"
+            ));
+        }
+    }
+    if let Some(origin) = h.get(ORIGIN) {
+        let host = h
+            .get(HOST)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        if origin.as_bytes() != format!("http://{host}").as_bytes() {
+            return Err(format!(
+                "a POST from origin {} (another site) changes nothing",
+                String::from_utf8_lossy(origin.as_bytes())
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Answers one request. The body is never read (GET and HEAD; a `POST
 /// /policy` carries its settings in the query string).
-fn route(source: &dyn Source, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+fn route(source: &dyn Source, hosts: &HostCheck, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     const TEXT: &str = "text/plain; charset=utf-8";
+    // HTTP/1.1 requires a Host; none comes from a browser.
+    if let Some(host) = req.headers().get(HOST) {
+        let host = host.to_str().unwrap_or_default();
+        if !hosts.allows(host) {
+            return reply(
+                StatusCode::MISDIRECTED_REQUEST,
+                TEXT,
+                format!(
+                    "Host {host:?} is not this endpoint: use its address, localhost or the configured name\n"
+                ),
+            );
+        }
+    }
     if req.uri().path() == "/policy"
         && (req.method() == Method::GET || req.method() == Method::POST)
     {
         let set = if req.method() == Method::POST {
-            if let Err(why) = source.changes_allowed() {
+            if let Err(why) = source.changes_allowed().and_then(|()| same_site_post(req)) {
                 return reply(StatusCode::FORBIDDEN, TEXT, format!("{why}\n"));
             }
             match query_pairs(req.uri().query().unwrap_or_default()) {
@@ -270,5 +391,44 @@ fn route(source: &dyn Source, req: &Request<Incoming>) -> Response<Full<Bytes>> 
             TEXT,
             "not found: try /, /metrics, /status, /healthz, /readyz or /policy\n",
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HostCheck;
+
+    #[test]
+    fn only_addresses_and_this_endpoints_names_pass_the_host_check() {
+        let named = HostCheck::new("nk-admin.internal:9070");
+        let plain = HostCheck::new("127.0.0.1:0");
+        for host in [
+            "127.0.0.1",
+            "127.0.0.1:9070",
+            "10.1.2.3:1",
+            "[::1]:9070",
+            "[::1]",
+            "localhost",
+            "LOCALHOST:80",
+        ] {
+            assert!(named.allows(host) && plain.allows(host), "{host}");
+        }
+        assert!(named.allows("nk-admin.internal:9070"));
+        assert!(named.allows("NK-Admin.Internal"));
+        assert!(!plain.allows("nk-admin.internal:9070"));
+        for host in [
+            "attacker.example",
+            "attacker.example:9070",
+            "localhost.attacker.example",
+            "127.0.0.1.attacker.example",
+            "localhost:notaport",
+            "[::1",
+            "::1",
+            "",
+            "user@localhost",
+            "localhost/x",
+        ] {
+            assert!(!named.allows(host) && !plain.allows(host), "{host:?}");
+        }
     }
 }

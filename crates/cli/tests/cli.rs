@@ -1337,3 +1337,119 @@ fn nk_tls_new_makes_certificates_a_tls_cluster_serves_and_plain_clients_are_told
     let err = fails(&mut nk(&["ls", "/"], &plain));
     assert!(err.contains("requires TLS"), "{err}");
 }
+
+/// Every file and directory under `dir` (itself included) whose mode is
+/// not `0600` (files) or `0700` (directories): (path, mode in octal).
+fn not_private(dir: &std::path::Path) -> Vec<(std::path::PathBuf, String)> {
+    let mut wrong = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(p) = todo.pop() {
+        let m = std::fs::symlink_metadata(&p).unwrap();
+        let mode = m.permissions().mode() & 0o7777;
+        if m.is_dir() {
+            todo.extend(std::fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
+        }
+        if mode != if m.is_dir() { 0o700 } else { 0o600 } {
+            wrong.push((p, format!("{mode:o}")));
+        }
+    }
+    wrong
+}
+
+/// Under umask 000, a persistent `nk up` (operation log, checkpoint, log
+/// floor, locks, the stores' state, block and generation files, the DRAM
+/// tier's file) and `nk snapshot` (packs, manifest) write every file 0600
+/// and every directory 0700: they hold every store's capability key, the
+/// whole namespace and the data.
+#[test]
+fn every_file_with_the_namespace_or_data_is_private_under_umask_000() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("nk.toml");
+    // A small checkpoint threshold and a fast ticker, so a checkpoint is
+    // written; hang-only client bounds.
+    std::fs::write(
+        &config,
+        "[meta]\npersistence = true\ncheckpoint_after = \"16KiB\"\ndead_after_ms = 2000\n\
+         retire_after_ms = 600000\n[up]\ndram = \"16MiB\"\nfile = \"64MiB\"\n\
+         [client]\ntimeout_ms = 120000\n",
+    )
+    .unwrap();
+    let data = dir.path().join("up");
+    let umask_000 = |args: &[&std::ffi::OsStr]| {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "umask 000 && exec \"$@\"", "sh", NK])
+            .args(args)
+            .env_remove("NK_META")
+            .env("NK_CONFIG", &config);
+        cmd
+    };
+    let mut up = umask_000(&[
+        "up".as_ref(),
+        "--port".as_ref(),
+        "0".as_ref(),
+        "--data-dir".as_ref(),
+        data.as_os_str(),
+    ]);
+    let mut child = up
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().expect("a first line").unwrap();
+    assert!(first.contains("NodeKernel is up"), "{first}");
+    std::thread::spawn(move || for _ in lines {});
+    let meta = first.rsplit(' ').next().unwrap().to_string();
+    let up = common::Proc(child);
+
+    let src = dir.path().join("src.bin");
+    std::fs::write(&src, vec![7u8; 3 << 20]).unwrap();
+    nk_ok(&meta, &["put", src.to_str().unwrap(), "/big"]);
+    nk_ok(
+        &meta,
+        &["bench", "create", "-k", "300", "-w", "0", "--json"],
+    );
+    // Only a hang catcher: the ticker writes one within a few periods.
+    let start = Instant::now();
+    while !std::fs::read_dir(data.join("meta"))
+        .unwrap()
+        .any(|e| e.unwrap().file_name().to_string_lossy().ends_with(".redb"))
+    {
+        assert!(start.elapsed() < Duration::from_secs(120), "no checkpoint");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let snap = dir.path().join("snap").join("inner");
+    let mut cmd = umask_000(&["snapshot".as_ref(), "/".as_ref(), snap.as_os_str()]);
+    succeeds(cmd.env("NK_META", &meta));
+    drop(up);
+
+    assert_eq!(not_private(&dir.path().join("snap")), [], "the snapshot");
+    assert_eq!(not_private(&data), [], "the cluster's data directory");
+    // What was checked: every kind of file was there.
+    let mut seen: Vec<String> = Vec::new();
+    let mut todo = vec![data.clone(), dir.path().join("snap")];
+    while let Some(p) = todo.pop() {
+        if p.is_dir() {
+            todo.extend(std::fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
+        } else {
+            seen.push(p.file_name().unwrap().to_string_lossy().into_owned());
+        }
+    }
+    for want in [
+        "LOCK",
+        "log-floor",
+        "store-state",
+        "blocks",
+        "gens",
+        "dram",
+        "identity",
+    ] {
+        assert!(seen.iter().any(|s| s == want), "no {want} in {seen:?}");
+    }
+    assert!(seen.iter().any(|s| s.starts_with("journal-")), "{seen:?}");
+    assert!(
+        seen.iter().any(|s| s.starts_with("checkpoint-")),
+        "{seen:?}"
+    );
+    assert!(seen.iter().any(|s| s.starts_with("pack-")), "{seen:?}");
+}

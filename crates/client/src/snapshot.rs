@@ -530,9 +530,31 @@ impl Client {
     }
 }
 
-/// Creates `dir` if needed; refuses one that is not empty.
+/// Mode of the files a snapshot writes (they hold the nodes' data), and of
+/// the directories it creates: the owner's only, whatever the umask.
+const FILE_MODE: u32 = 0o600;
+const DIR_MODE: u32 = 0o700;
+
+/// Creates `path` for writing with [`FILE_MODE`]; `new`: it must not
+/// exist, else it is truncated.
+fn create_private(path: &Path, new: bool) -> Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .create_new(new)
+        .truncate(true)
+        .mode(FILE_MODE)
+        .open(path)
+        .map_err(|e| io_err(path, e))
+}
+
+/// Creates `dir` if needed (with its missing parents, [`DIR_MODE`]);
+/// refuses one that is not empty.
 fn prepare_dir(dir: &Path) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
+    std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), DIR_MODE)
+        .create(dir)
+        .map_err(|e| io_err(dir, e))?;
     let mut it = std::fs::read_dir(dir).map_err(|e| io_err(dir, e))?;
     if it.next().is_some() {
         return Err(Error::already_exists(format!(
@@ -757,7 +779,7 @@ impl Snapshot {
 fn write_durably(dir: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = dir.join(MANIFEST_TMP);
     let fin = dir.join(MANIFEST);
-    let mut f = std::fs::File::create(&tmp).map_err(|e| io_err(&tmp, e))?;
+    let mut f = create_private(&tmp, false)?;
     f.write_all(bytes).map_err(|e| io_err(&tmp, e))?;
     f.sync_all().map_err(|e| io_err(&tmp, e))?;
     std::fs::rename(&tmp, &fin).map_err(|e| io_err(&fin, e))?;
@@ -807,7 +829,7 @@ impl PackWriter {
                 )));
             }
             let path = self.file(i);
-            let f = std::fs::File::create_new(&path).map_err(|e| io_err(&path, e))?;
+            let f = create_private(&path, true)?;
             let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
             w.write_all(&pack_header(i as u32))
                 .map_err(|e| io_err(&path, e))?;

@@ -1,7 +1,8 @@
 //! The admin HTTP endpoints of a running cluster: `/metrics` parses as
 //! Prometheus text and its counters move with traffic, `/status` is the
 //! status JSON, `/healthz` and `/readyz` answer, `/` is the dashboard, and
-//! anything but GET/HEAD is refused.
+//! anything but GET/HEAD is refused; requests a web page of another site
+//! could make (another `Host`, a form `POST`) are refused.
 
 mod common;
 
@@ -15,15 +16,18 @@ use std::time::Duration;
 /// Every wait here only catches a hang.
 const HANG: Duration = Duration::from_secs(120);
 
-/// One HTTP/1.1 request (`Connection: close`): status code and body.
-fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+/// One raw HTTP/1.1 request with the header lines `headers`
+/// (`Connection: close` added): status code, head and body.
+fn http_raw(addr: SocketAddr, method: &str, path: &str, headers: &[&str]) -> (u16, String, String) {
     let mut s = std::net::TcpStream::connect(addr).expect("connect to the admin endpoint");
     s.set_read_timeout(Some(HANG)).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\n");
+    for h in headers {
+        req.push_str(h);
+        req.push_str("\r\n");
+    }
+    req.push_str("Connection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).unwrap();
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).expect("read the answer");
     let text = String::from_utf8(raw).expect("UTF-8 answer");
@@ -33,7 +37,19 @@ fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .expect("a status line");
-    (code, body.to_string())
+    (code, head.to_string(), body.to_string())
+}
+
+/// One request as a script makes it: `Host` is the endpoint's address, and
+/// a `POST` says it is no web form (`X-NodeKernel-Request: 1`).
+fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+    let host = format!("Host: {addr}");
+    let mut headers = vec![host.as_str()];
+    if method == "POST" {
+        headers.push("X-NodeKernel-Request: 1");
+    }
+    let (code, _, body) = http_raw(addr, method, path, &headers);
+    (code, body)
 }
 
 async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
@@ -304,6 +320,131 @@ async fn with_a_token_the_admin_endpoint_only_reads() {
         .policy(&[("high_watermark".into(), "95".into())])
         .await
         .unwrap();
+    let policy: serde_json::Value = serde_json::from_str(&get(meta, "/policy").await.1).unwrap();
+    assert_eq!(policy["high_watermark"], "95");
+}
+
+/// DNS rebinding: a page of another site whose name was made to resolve
+/// to this host sends its own name as `Host`; no route answers it (421),
+/// on the metadata and the storage servers alike. The address, loopback
+/// literals and `localhost` are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_naming_another_host_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = start_with(config(8 << 20, 8 << 20, &dir), dir).await;
+    let meta = t.cluster.meta.admin_addr().unwrap();
+    let store = t.cluster.stores[0].admin_addr().unwrap();
+    for addr in [meta, store] {
+        let port = addr.port();
+        for path in ["/status", "/metrics", "/", "/policy"] {
+            for host in [
+                format!("rebind.attacker.example:{port}"),
+                "rebind.attacker.example".to_string(),
+                format!("localhost.attacker.example:{port}"),
+            ] {
+                let (code, _, body) = tokio::task::spawn_blocking({
+                    let h = format!("Host: {host}");
+                    move || http_raw(addr, "GET", path, &[&h])
+                })
+                .await
+                .unwrap();
+                assert_eq!(code, 421, "{addr}{path} for {host}: {body}");
+                assert!(!body.contains("\"servers\""), "{body}");
+            }
+        }
+        for host in [
+            addr.to_string(),
+            format!("localhost:{port}"),
+            format!("LocalHost:{port}"),
+            format!("127.0.0.1:{port}"),
+            format!("[::1]:{port}"),
+        ] {
+            let (code, _, body) = tokio::task::spawn_blocking({
+                let h = format!("Host: {host}");
+                move || http_raw(addr, "GET", "/status", &[&h])
+            })
+            .await
+            .unwrap();
+            assert_eq!(code, 200, "{addr} for {host}: {body}");
+        }
+    }
+}
+
+/// Cross-site request forgery on a cluster without a token: a web page can
+/// make a browser `POST` a form (three content types), with or without its
+/// `Origin`, but cannot add a custom header without a preflight, which is
+/// never answered. Each such `POST /policy` is refused (403) and changes
+/// nothing; a script's, with `X-NodeKernel-Request: 1` and no `Origin` or
+/// the endpoint's own, is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_post_a_web_page_could_send_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = start_with(config(8 << 20, 8 << 20, &dir), dir).await;
+    let meta = t.cluster.meta.admin_addr().unwrap();
+    let host = format!("Host: {meta}");
+    let own = format!("Origin: http://{meta}");
+    let custom = "X-NodeKernel-Request: 1";
+    let forged: Vec<Vec<String>> = [
+        vec![],
+        vec!["Content-Type: application/x-www-form-urlencoded", custom],
+        vec!["Content-Type: multipart/form-data; boundary=x", custom],
+        vec!["Content-Type: text/plain;charset=UTF-8", custom],
+        vec!["Origin: http://attacker.example", custom],
+        vec!["Origin: null", custom],
+        vec![own.as_str(), "Content-Type: text/plain"],
+        vec!["Origin: http://attacker.example"],
+        vec!["X-NodeKernel-Request: yes"],
+    ]
+    .into_iter()
+    .map(|extra| {
+        let mut h = vec![host.clone()];
+        h.extend(extra.into_iter().map(String::from));
+        h
+    })
+    .collect();
+    let post = |headers: Vec<String>| {
+        tokio::task::spawn_blocking(move || {
+            let h: Vec<&str> = headers.iter().map(String::as_str).collect();
+            http_raw(meta, "POST", "/policy?high_watermark=95", &h)
+        })
+    };
+    for headers in forged {
+        let (code, _, body) = post(headers.clone()).await.unwrap();
+        assert_eq!(code, 403, "{headers:?}: {body}");
+    }
+    // The browser's preflight for the custom header gets no permission.
+    let (code, head, _) = tokio::task::spawn_blocking({
+        let h = host.clone();
+        move || {
+            http_raw(
+                meta,
+                "OPTIONS",
+                "/policy",
+                &[
+                    &h,
+                    "Origin: http://attacker.example",
+                    "Access-Control-Request-Method: POST",
+                    "Access-Control-Request-Headers: x-nodekernel-request",
+                ],
+            )
+        }
+    })
+    .await
+    .unwrap();
+    assert!(code >= 400, "{head}");
+    assert!(
+        !head.to_ascii_lowercase().contains("access-control-allow"),
+        "{head}"
+    );
+    let policy: serde_json::Value = serde_json::from_str(&get(meta, "/policy").await.1).unwrap();
+    assert_eq!(policy["high_watermark"], "90", "unchanged");
+    // A script's POST, and one from the dashboard's own origin, are served.
+    for extra in [vec![custom], vec![custom, own.as_str()]] {
+        let mut headers = vec![host.clone()];
+        headers.extend(extra.iter().map(|s| s.to_string()));
+        let (code, _, body) = post(headers).await.unwrap();
+        assert_eq!(code, 200, "{body}");
+    }
     let policy: serde_json::Value = serde_json::from_str(&get(meta, "/policy").await.1).unwrap();
     assert_eq!(policy["high_watermark"], "95");
 }

@@ -293,3 +293,128 @@ async fn checkpoints_are_written_as_the_log_grows() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// A log that lost its records: its only segment cut to its header,
+/// emptied, cut to 10 bytes, or removed. The start is refused, naming the
+/// file, the damage and the way out, and changes no file (a second start
+/// is refused the same way); removing `log-floor`, the documented way to
+/// accept the loss, lets it start with what is left. A fresh directory
+/// starts and a normal restart keeps everything, as always.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_that_lost_its_records_stops_the_start() {
+    type Damage = fn(&Path);
+    fn cut_to(seg: &Path, n: u64) {
+        let f = std::fs::OpenOptions::new().write(true).open(seg).unwrap();
+        f.set_len(n).unwrap();
+    }
+    let damages: [(&str, Damage, &str); 4] = [
+        ("header only", |s| cut_to(s, 24), "holds only its header"),
+        ("empty", |s| cut_to(s, 0), "is empty"),
+        ("10 bytes", |s| cut_to(s, 10), "is 10 bytes long"),
+        (
+            "removed",
+            |s| std::fs::remove_file(s).unwrap(),
+            "holds no segment",
+        ),
+    ];
+    for (name, damage, says) in damages {
+        // A fresh directory starts.
+        let mut t = persistent(16 * BS, |_| {}).await;
+        for i in 0..5 {
+            t.client.mkdir(&format!("/d{i}"), false).await.unwrap();
+        }
+        let nodes = t.cluster.meta.with_state(|st| st.ns().len());
+        // A normal restart keeps everything.
+        restart_meta(&mut t, FsyncMode::Always).await;
+        assert_eq!(t.cluster.meta.with_state(|st| st.ns().len()), nodes);
+        let c = t.cluster.client().await.unwrap();
+        assert_eq!(sorted(&c, "/").await, ["d0", "d1", "d2", "d3", "d4"]);
+
+        let cfg = stop_meta(&t);
+        let data = t.cluster.data_dir().to_path_buf();
+        let seg = segments(&data).pop().unwrap();
+        damage(&seg);
+        let listing = |p: &Path| {
+            let mut v: Vec<_> = std::fs::read_dir(p)
+                .unwrap()
+                .map(|e| {
+                    let e = e.unwrap();
+                    (e.file_name(), e.metadata().unwrap().len())
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        let before = listing(&data.join("meta/journal"));
+        for _ in 0..2 {
+            let err = MetaServer::start(cfg.clone())
+                .await
+                .err()
+                .unwrap_or_else(|| panic!("{name}: a log without its records started"));
+            let msg = err.to_string();
+            let file = if name == "removed" {
+                data.join("meta/journal")
+            } else {
+                seg.clone()
+            };
+            for part in [
+                file.display().to_string(),
+                says.to_string(),
+                data.join("meta/log-floor").display().to_string(),
+            ] {
+                assert!(msg.contains(&part), "{name}: {part:?} not in {msg}");
+            }
+            assert_eq!(listing(&data.join("meta/journal")), before, "{name}");
+        }
+        // The way out: accept the loss.
+        std::fs::remove_file(data.join("meta/log-floor")).unwrap();
+        t.cluster.meta = MetaServer::start(cfg)
+            .await
+            .expect("starts with what is left");
+        assert!(
+            t.cluster.meta.with_state(|st| st.ns().len()) < nodes,
+            "{name}"
+        );
+        t.cluster.shutdown();
+    }
+}
+
+/// The floor follows the synced log (the ticker writes it): records
+/// acknowledged after a checkpoint are demanded too, so a log cut back to
+/// the checkpoint, losing the changes after it, is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_after_a_checkpoint_are_demanded_too() {
+    let t = persistent(16 * BS, |c| {
+        // The ticker runs every dead_after_ms / 4.
+        c.meta.dead_after_ms = 2_000;
+    })
+    .await;
+    let data = t.cluster.data_dir().to_path_buf();
+    for i in 0..10 {
+        t.client.mkdir(&format!("/a{i}"), false).await.unwrap();
+    }
+    let stats = t.cluster.meta.checkpoint().await.unwrap().expect("written");
+    for i in 0..10 {
+        t.client.mkdir(&format!("/b{i}"), false).await.unwrap();
+    }
+    // Only a hang catcher: the ticker writes the floor within a few periods.
+    let start = std::time::Instant::now();
+    while nodekernel_meta::floor::read(&data.join("meta")) < stats.covered + 10 {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(120),
+            "the floor never followed the log"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let cfg = stop_meta(&t);
+    let seg = segments(&data).pop().unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
+    f.set_len(24).unwrap();
+    let err = MetaServer::start(cfg).await.err().expect("refused");
+    let msg = err.to_string();
+    assert!(msg.contains(&seg.display().to_string()), "{msg}");
+    assert!(
+        msg.contains(&format!("ends at record {}", stats.covered)),
+        "{msg}"
+    );
+}

@@ -42,7 +42,13 @@
 //! valid records follow is not a torn tail but damage in the middle of the
 //! log: cutting it would silently drop acknowledged changes, so the open
 //! fails with an error naming the file and offset, as does any damage in
-//! an earlier segment.
+//! an earlier segment. A log that ends before a record it is known to have
+//! held on stable storage (the caller's `floor`) lost records no crash
+//! tears: its segment was emptied, cut to its header or removed. The open
+//! fails ([`JournalError::Lost`]) without changing any file.
+//!
+//! Every file is created with mode 0600 ([`FILE_MODE`]), whatever the
+//! umask, and one found open to others is set to it at open.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -102,6 +108,16 @@ pub enum JournalError {
     TooLarge(usize),
     #[error("operation log {} is in use by another process (its LOCK is held)", path.display())]
     Locked { path: PathBuf },
+    /// The log ends before a record it is known to have held on stable
+    /// storage (the `floor` of [`Journal::open`]): records were lost, not
+    /// torn by a crash. Nothing was changed.
+    #[error("operation log {} {damage}: the log ends at record {ends}, but records up to {floor} were on stable storage before; records were lost, not torn by a crash", path.display())]
+    Lost {
+        path: PathBuf,
+        damage: String,
+        ends: u64,
+        floor: u64,
+    },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> JournalError + '_ {
@@ -169,16 +185,49 @@ pub struct Journal {
     lock_file: File,
 }
 
+/// The mode of every file the journal creates: the log holds the whole
+/// namespace (and the storage servers' capability keys), for its owner
+/// only. Given at creation (so no umask can widen it) and set again on
+/// files found wider.
+pub const FILE_MODE: u32 = 0o600;
+
+/// Sets [`FILE_MODE`] on the file at `path` if others may read or write
+/// it, with a warning: a file created by an older build under a lax umask,
+/// or changed by hand. One that cannot be changed is only warned about.
+pub fn make_private(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(meta) = std::fs::metadata(path) else {
+        return;
+    };
+    let mode = meta.permissions().mode() & 0o7777;
+    if mode & 0o077 == 0 {
+        return;
+    }
+    match std::fs::set_permissions(path, std::fs::Permissions::from_mode(FILE_MODE)) {
+        Ok(()) => tracing::warn!(
+            "{}: its mode was {mode:o}, open to others; set it to {FILE_MODE:o}",
+            path.display()
+        ),
+        Err(e) => tracing::warn!(
+            "{}: its mode is {mode:o}, open to others, and cannot be set to {FILE_MODE:o}: {e}",
+            path.display()
+        ),
+    }
+}
+
 /// Takes `dir/LOCK` for this process, or says who has it.
 fn lock_dir(dir: &Path) -> Result<File, JournalError> {
     use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
     let path = dir.join("LOCK");
     let f = OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
+        .mode(FILE_MODE)
         .open(&path)
         .map_err(io_err(&path))?;
+    make_private(&path);
     // SAFETY: flock on a descriptor we own.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let e = io::Error::last_os_error();
@@ -360,13 +409,33 @@ fn scan(
     })
 }
 
+/// What is wrong with a segment `len` bytes long, first record `first`,
+/// that ends too early.
+fn damage(len: u64, scanned: &Scanned, first: u64) -> String {
+    match *scanned {
+        _ if len == 0 => "is empty".into(),
+        _ if len < SEGMENT_HEADER as u64 => {
+            format!("is {len} bytes long, shorter than a segment header ({SEGMENT_HEADER} bytes)")
+        }
+        Scanned::DamagedTail { next_seq, offset } => {
+            format!("has a damaged record {next_seq} at byte {offset}")
+        }
+        Scanned::Clean { next_seq, .. } if next_seq == first => {
+            "holds only its header, no record".into()
+        }
+        Scanned::Clean { next_seq, .. } => format!("ends after record {}", next_seq - 1),
+    }
+}
+
 /// Creates segment `first_seq` in `dir` (header written and synced, and
 /// the directory entry too).
 fn create_segment(dir: &Path, first_seq: u64) -> Result<(File, PathBuf), JournalError> {
+    use std::os::unix::fs::OpenOptionsExt;
     let path = dir.join(segment_name(first_seq));
     let mut file = OpenOptions::new()
         .create_new(true)
         .append(true)
+        .mode(FILE_MODE)
         .open(&path)
         .map_err(io_err(&path))?;
     let mut head = Vec::with_capacity(SEGMENT_HEADER);
@@ -442,11 +511,17 @@ impl Journal {
     /// (see the crate docs). New records continue the numbering. `after`
     /// is what a checkpoint already holds (0: none): segments may still
     /// hold records up to it (a crash before they were removed), which are
-    /// skipped, but the log must go on right after it.
+    /// skipped, but the log must go on right after it. `floor` is a record
+    /// the log is known to have held on stable storage (0: none, a new
+    /// log; see [`Journal::synced`]): a log that ends before it lost
+    /// records that no crash can tear (its only segment emptied, cut to its
+    /// header or removed), and the open fails with [`JournalError::Lost`]
+    /// before changing any file.
     pub fn open(
         dir: &Path,
         policy: Fsync,
         after: u64,
+        floor: u64,
         mut each: impl FnMut(u64, &[u8]) -> Result<(), String>,
     ) -> Result<(Journal, Recovery), JournalError> {
         // Private (0700), like every directory NodeKernel creates.
@@ -459,6 +534,14 @@ impl Journal {
             records: 0,
             cut: None,
         };
+        if segs.is_empty() && floor > after {
+            return Err(JournalError::Lost {
+                path: dir.to_path_buf(),
+                damage: "holds no segment".into(),
+                ends: after,
+                floor,
+            });
+        }
         let mut next = segs.first().map_or(after + 1, |(s, _)| *s);
         if next > after + 1 {
             return Err(JournalError::Corrupt {
@@ -488,6 +571,7 @@ impl Journal {
                     ),
                 });
             }
+            make_private(path);
             let file = File::open(path).map_err(io_err(path))?;
             let len = file.metadata().map_err(io_err(path))?.len();
             // SAFETY: the journal's own files, which nothing else writes
@@ -498,7 +582,20 @@ impl Journal {
             };
             let data: &[u8] = map.as_deref().unwrap_or(&[]);
             let last = i + 1 == segs.len();
-            match scan(path, data, *first, &mut each, &mut rec.records)? {
+            let scanned = scan(path, data, *first, &mut each, &mut rec.records)?;
+            if last {
+                let (Scanned::Clean { next_seq, .. } | Scanned::DamagedTail { next_seq, .. }) =
+                    scanned;
+                if next_seq <= floor {
+                    return Err(JournalError::Lost {
+                        path: path.clone(),
+                        damage: damage(len, &scanned, *first),
+                        ends: next_seq - 1,
+                        floor,
+                    });
+                }
+            }
+            match scanned {
                 Scanned::Clean { next_seq, end } => {
                     next = next_seq;
                     if last && end as u64 != len {
@@ -720,6 +817,13 @@ impl Journal {
     /// The seq of the last record written (0 when none).
     pub fn last(&self) -> u64 {
         self.inner.written.load(Ordering::Acquire)
+    }
+
+    /// The seq of the last record known to be on stable storage (synced by
+    /// the policy or by [`Journal::sync`]; 0 when none): what a later
+    /// [`Journal::open`] may demand as its `floor`.
+    pub fn synced(&self) -> u64 {
+        self.inner.synced.borrow().upto
     }
 
     /// Waits until record `seq` is as durable as the policy promises: on

@@ -9,7 +9,7 @@ use nodekernel_journal::{Fsync, Journal, JournalError};
 #[tokio::test]
 async fn a_failed_write_stops_the_journal() {
     let dir = tempfile::tempdir().unwrap();
-    let (j, _) = Journal::open(dir.path(), Fsync::Always, 0, |_, _| Ok(())).unwrap();
+    let (j, _) = Journal::open(dir.path(), Fsync::Always, 0, 0, |_, _| Ok(())).unwrap();
     let seq = j.append(&[1u8; 100]).unwrap();
     j.durable(seq).await.unwrap();
     let seg = std::fs::read_dir(dir.path())

@@ -21,7 +21,7 @@ type Records = Vec<(u64, Vec<u8>)>;
 /// Opens `dir`, returning the journal and every record replayed.
 fn open(dir: &Path, policy: Fsync) -> Result<(Journal, Records), JournalError> {
     let mut got = Vec::new();
-    let (j, rec) = Journal::open(dir, policy, 0, |seq, p| {
+    let (j, rec) = Journal::open(dir, policy, 0, 0, |seq, p| {
         got.push((seq, p.to_vec()));
         Ok(())
     })?;
@@ -83,7 +83,7 @@ fn a_torn_write_is_cut_with_a_report_and_writing_goes_on() {
         .set_len(torn)
         .unwrap();
     let mut got = Vec::new();
-    let (j, rec) = Journal::open(dir.path(), Fsync::Never, 0, |s, p| {
+    let (j, rec) = Journal::open(dir.path(), Fsync::Never, 0, 0, |s, p| {
         got.push((s, p.to_vec()));
         Ok(())
     })
@@ -184,7 +184,7 @@ fn a_bad_header_is_refused() {
 fn a_replay_callback_can_refuse_a_record() {
     let dir = tempfile::tempdir().unwrap();
     write(dir.path(), Fsync::Never, 5);
-    let err = Journal::open(dir.path(), Fsync::Never, 0, |seq, _| {
+    let err = Journal::open(dir.path(), Fsync::Never, 0, 0, |seq, _| {
         if seq == 4 {
             Err("nonsense".into())
         } else {
@@ -303,7 +303,7 @@ fn rotation_and_removal_keep_the_records_a_checkpoint_does_not_hold() {
     // records the checkpoint holds are skipped.
     drop(j);
     let mut got = Vec::new();
-    let (j, _) = Journal::open(dir.path(), Fsync::Always, 10, |seq, p| {
+    let (j, _) = Journal::open(dir.path(), Fsync::Always, 10, 0, |seq, p| {
         got.push((seq, p.to_vec()));
         Ok(())
     })
@@ -315,7 +315,7 @@ fn rotation_and_removal_keep_the_records_a_checkpoint_does_not_hold() {
     j.append(&record(16)).unwrap();
     drop(j);
     let mut got = Vec::new();
-    Journal::open(dir.path(), Fsync::Never, 10, |seq, p| {
+    Journal::open(dir.path(), Fsync::Never, 10, 0, |seq, p| {
         got.push((seq, p.to_vec()));
         Ok(())
     })
@@ -334,13 +334,13 @@ fn a_log_that_does_not_follow_its_checkpoint_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     write(dir.path(), Fsync::Never, 5);
     // Records 6.. would be missing: the checkpoint says it holds up to 9.
-    let err = Journal::open(dir.path(), Fsync::Never, 9, |_, _| Ok(()))
+    let err = Journal::open(dir.path(), Fsync::Never, 9, 0, |_, _| Ok(()))
         .err()
         .unwrap();
     assert!(err.to_string().contains("older state"), "{err}");
     // An empty log after a checkpoint starts right after it.
     let empty = tempfile::tempdir().unwrap();
-    let (j, _) = Journal::open(empty.path(), Fsync::Never, 41, |_, _| Ok(())).unwrap();
+    let (j, _) = Journal::open(empty.path(), Fsync::Never, 41, 0, |_, _| Ok(())).unwrap();
     assert_eq!(j.append(b"x").unwrap(), 42);
 }
 
@@ -390,4 +390,146 @@ fn a_new_journal_directory_is_private() {
         let mode = std::fs::metadata(d).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o700, "{} is {mode:o}", d.display());
     }
+}
+
+/// A log that ends before a record it held on stable storage (the opener's
+/// `floor`) lost records no crash tears. Each way its only segment can lose
+/// them — cut to its header, emptied, cut inside its header, removed — is
+/// refused, naming the file and the damage, and nothing is changed (no cut,
+/// no new segment), so the next open sees the same.
+#[test]
+fn a_log_that_lost_durable_records_is_refused_and_left_as_it_is() {
+    type Damage = fn(&Path);
+    fn cut_to(seg: &Path, n: u64) {
+        let f = std::fs::OpenOptions::new().write(true).open(seg).unwrap();
+        f.set_len(n).unwrap();
+    }
+    let damages: [(&str, Damage, &str); 4] = [
+        (
+            "header only",
+            |s| cut_to(s, SEGMENT_HEADER as u64),
+            "holds only its header",
+        ),
+        ("empty", |s| cut_to(s, 0), "is empty"),
+        ("10 bytes", |s| cut_to(s, 10), "is 10 bytes long"),
+        (
+            "removed",
+            |s| std::fs::remove_file(s).unwrap(),
+            "holds no segment",
+        ),
+    ];
+    for (name, damage, says) in damages {
+        let dir = tempfile::tempdir().unwrap();
+        let (j, _) = open(dir.path(), Fsync::Always).unwrap();
+        for i in 1..=10 {
+            j.append(&record(i)).unwrap();
+        }
+        j.sync().unwrap();
+        let floor = j.synced();
+        assert_eq!(floor, 10);
+        drop(j);
+        let seg = only_segment(dir.path());
+        damage(&seg);
+        let before = std::fs::metadata(&seg).ok().map(|m| m.len());
+        for _ in 0..2 {
+            let err = Journal::open(dir.path(), Fsync::Never, 0, floor, |_, _| Ok(()))
+                .err()
+                .unwrap_or_else(|| panic!("{name}: opened"));
+            let msg = err.to_string();
+            match &err {
+                JournalError::Lost {
+                    path,
+                    ends,
+                    floor: f,
+                    ..
+                } => {
+                    let want = if before.is_some() { &seg } else { dir.path() };
+                    assert_eq!(path, want, "{name}: {msg}");
+                    assert_eq!((*ends, *f), (0, 10), "{name}: {msg}");
+                }
+                e => panic!("{name}: {e}"),
+            }
+            assert!(
+                msg.contains(says) && msg.contains("up to 10"),
+                "{name}: {msg}"
+            );
+            assert_eq!(
+                std::fs::metadata(&seg).ok().map(|m| m.len()),
+                before,
+                "{name}: changed"
+            );
+            assert_eq!(segment_count(dir.path()), usize::from(before.is_some()));
+        }
+    }
+}
+
+/// Past the floor, a torn tail is still a crash's tear and cut; a damaged
+/// record at or below it is refused.
+#[test]
+fn a_torn_tail_past_the_floor_is_cut_and_one_below_it_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let seg = write(dir.path(), Fsync::Always, 20);
+    let full = std::fs::metadata(&seg).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
+    f.set_len(full - 5).unwrap(); // record 20 torn
+    drop(f);
+    let err = Journal::open(dir.path(), Fsync::Never, 0, 20, |_, _| Ok(()))
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("damaged record 20"), "{err}");
+    assert_eq!(std::fs::metadata(&seg).unwrap().len(), full - 5, "not cut");
+    let mut got = Vec::new();
+    let (j, rec) = Journal::open(dir.path(), Fsync::Never, 0, 19, |s, p| {
+        got.push((s, p.to_vec()));
+        Ok(())
+    })
+    .unwrap();
+    expect(&got, 19);
+    assert!(rec.cut.is_some());
+    assert_eq!(j.append(&record(20)).unwrap(), 20);
+}
+
+/// Every file of the log is created 0600 even under umask 000, and one
+/// found open to others is made 0600 at open. Run in a child process (the
+/// test binary again), since the umask is the whole process's.
+#[test]
+fn log_files_are_private_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    if let Ok(dir) = std::env::var("NK_JOURNAL_UMASK_CHILD") {
+        // SAFETY: umask only sets the process's file creation mask.
+        unsafe { libc::umask(0) };
+        let dir = Path::new(&dir);
+        let (j, _) = open(dir, Fsync::Always).unwrap();
+        j.append(b"one").unwrap();
+        j.rotate().unwrap();
+        j.append(b"two").unwrap();
+        j.sync().unwrap();
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("journal");
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["log_files_are_private_whatever_the_umask", "--exact"])
+        .env("NK_JOURNAL_UMASK_CHILD", &dir)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 3, "LOCK and two segments: {files:?}");
+    for f in &files {
+        assert_eq!(mode(f), 0o600, "{}", f.display());
+    }
+    // A segment someone opened to others is made private again.
+    let seg = files
+        .iter()
+        .find(|f| f.ends_with("journal-00000000000000000001.log"))
+        .expect("the first segment");
+    std::fs::set_permissions(seg, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (_, got) = open(&dir, Fsync::Never).unwrap();
+    assert_eq!(got.len(), 2);
+    assert_eq!(mode(seg), 0o600);
 }

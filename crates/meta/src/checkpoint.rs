@@ -12,7 +12,9 @@
 //! 2, without ballooned ones, 3, without the storage servers'
 //! capability keys, and 4, without slabs' encryption flags, are read
 //! too). It is
-//! written whole to `checkpoint.tmp`, committed (redb syncs it), and only
+//! written whole to `checkpoint.tmp` (created with mode 0600 whatever the
+//! umask; a checkpoint found open to others is set to 0600 when read),
+//! committed (redb syncs it), and only
 //! then renamed to its name, which makes it the newest; older ones are
 //! deleted after. A crash leaves either checkpoint intact.
 //!
@@ -140,8 +142,10 @@ pub fn newest(dir: &Path) -> Option<PathBuf> {
 pub fn write(dir: &Path, mut image: Image, covered: u64) -> Result<(), CheckpointError> {
     let tmp = dir.join(TMP_FILE);
     let e = err(&tmp);
-    let _ = std::fs::remove_file(&tmp);
     image.nodes.sort_unstable_by_key(|n| n.0);
+    // Created here, empty, with mode 0600 whatever the umask (redb would
+    // create it with the umask's mode), then initialised by redb.
+    drop(crate::floor::create_private(&tmp).map_err(|x| e(x.to_string()))?);
     let db = Database::create(&tmp).map_err(|x| e(x.to_string()))?;
     let tx = db.begin_write().map_err(|x| e(x.to_string()))?;
     {
@@ -181,6 +185,7 @@ pub fn read(
         return Ok(None);
     };
     let e = err(&path);
+    nodekernel_journal::make_private(&path);
     let got = file_crc(&path).map_err(|x| e(x.to_string()))?;
     if got != crc {
         return Err(e(format!(

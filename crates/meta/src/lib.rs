@@ -5,6 +5,8 @@
 //! - [`slab`]: small values in pieces of shared blocks;
 //! - [`effect`]: the changes a decision makes, the only way state changes;
 //! - [`state`]: all of it plus write leases, decided request by request;
+//! - [`floor`]: the last log record known on stable storage, which a
+//!   restart demands;
 //! - [`server`]: the thin async shell (decode, lock, decide and apply,
 //!   send block claims, encode), the ticker and the reaper;
 //! - `admin`: what the admin HTTP endpoint serves (metrics, status).
@@ -20,6 +22,7 @@ pub mod alloc;
 pub mod checkpoint;
 pub mod codec;
 pub mod effect;
+pub mod floor;
 pub mod namespace;
 pub mod server;
 pub mod slab;

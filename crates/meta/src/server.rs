@@ -161,6 +161,15 @@ pub enum MetaError {
     Rpc(#[from] nodekernel_proto::Error),
     #[error(transparent)]
     Journal(#[from] JournalError),
+    /// The log lost records it held on stable storage
+    /// ([`JournalError::Lost`]; `dir` is the server's directory): the
+    /// server does not start.
+    #[error("{error}. Refusing to start with part of the namespace in {}: restore the log from a backup; or, to go on with the records that are left, remove {} (every change after record {ends} is lost); or move {} away to start an empty namespace", dir.display(), dir.join(crate::floor::FILE).display(), dir.display())]
+    LogLost {
+        error: Box<JournalError>,
+        ends: u64,
+        dir: PathBuf,
+    },
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
@@ -1079,8 +1088,17 @@ fn recover(state: &mut MetaState, p: &Persistence) -> Result<(Journal, u64), Met
         None => (0, 0),
     };
     let dir = p.dir.join("journal");
-    let (journal, rec) = Journal::open(&dir, p.fsync, covered, |_, record| {
+    let floor = crate::floor::read(&p.dir);
+    let (journal, rec) = Journal::open(&dir, p.fsync, covered, floor, |_, record| {
         state.replay(record).map_err(|e| e.to_string())
+    })
+    .map_err(|error| match error {
+        JournalError::Lost { ends, .. } => MetaError::LogLost {
+            error: Box::new(error),
+            ends,
+            dir: p.dir.clone(),
+        },
+        e => e.into(),
     })?;
     if let Some((_, s)) = state
         .alloc()
@@ -1108,6 +1126,15 @@ fn recover(state: &mut MetaState, p: &Persistence) -> Result<(Journal, u64), Met
         state.take_claims();
     }
     journal.sync()?;
+    // From now on this directory holds a namespace: a log found without
+    // these records is refused.
+    crate::floor::write(&p.dir, journal.synced()).map_err(|e| MetaError::Config {
+        key: "data_dir",
+        reason: format!(
+            "cannot write {}: {e}",
+            p.dir.join(crate::floor::FILE).display()
+        ),
+    })?;
     if covered > 0 || rec.records > 0 {
         tracing::info!(
             "restored {} nodes from {} ({checkpointed} nodes, to log record {covered}) and {} later log records ({:.1} ms)",
@@ -1127,6 +1154,11 @@ async fn ticker(h: Arc<MetaHandler>, cfg: MetaConfig) {
     let lease_ms = cfg.lease_timeout.as_millis() as u64;
     let period = (cfg.dead_after / 4).max(Duration::from_millis(10));
     let mut tick = tokio::time::interval(period);
+    // The log's floor as last written (at start) and when.
+    let mut floor = (
+        h.journal.as_ref().map_or(0, Journal::synced),
+        Instant::now(),
+    );
     loop {
         tick.tick().await;
         let now = h.now_ms();
@@ -1179,6 +1211,21 @@ async fn ticker(h: Arc<MetaHandler>, cfg: MetaConfig) {
         h.send_claims(claims).await;
         h.retry_pending().await;
         if let (Some(j), Some(p)) = (&h.journal, &h.persistence) {
+            let synced = j.synced();
+            if synced > floor.0 && floor.1.elapsed() >= crate::floor::UPDATE_EVERY {
+                let dir = p.dir.clone();
+                let written =
+                    tokio::task::spawn_blocking(move || crate::floor::write(&dir, synced)).await;
+                floor.1 = Instant::now();
+                match written {
+                    Ok(Ok(())) => floor.0 = synced,
+                    Ok(Err(e)) => tracing::warn!(
+                        "cannot write {}: {e}",
+                        p.dir.join(crate::floor::FILE).display()
+                    ),
+                    Err(e) => tracing::warn!("writing the log's floor: {e}"),
+                }
+            }
             if j.segment_bytes() >= p.checkpoint_bytes {
                 let h = h.clone();
                 // In the background: a big one must not hold up the ticker.
