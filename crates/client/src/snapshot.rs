@@ -9,8 +9,8 @@
 //! listing and checksums into a manifest written last (so a directory
 //! without a valid manifest is an incomplete snapshot, which restore
 //! refuses). Restore checks the manifest whole and every checksum before
-//! it creates anything, and builds the tree beside its target, moving it
-//! into place once whole.
+//! it creates anything, reads only regular files, and builds the tree
+//! beside its target, moving it into place once whole.
 
 use crate::blockio::Locate;
 use crate::client::{unexpected, Client, CreateOptions};
@@ -19,7 +19,7 @@ use nodekernel_proto::codec::{Dec, Enc};
 use nodekernel_proto::meta::{MetaReply, MetaRequest, SnapshotEntry};
 use nodekernel_proto::{path, BlockLoc, Error, ErrorCode, NodeType, Result};
 use std::collections::HashMap;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -414,8 +414,8 @@ fn check_entries(entries: &[ManifestEntry], packs: &[u64]) -> Result<()> {
 /// Reads and checks the manifest of the snapshot in `dir`.
 pub fn read_manifest(dir: &Path) -> Result<Manifest> {
     let file = dir.join(MANIFEST);
-    let meta = match std::fs::metadata(&file) {
-        Ok(m) => m,
+    match std::fs::symlink_metadata(&file) {
+        Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let why = if dir.is_dir() {
                 "the snapshot is incomplete (it was interrupted before its manifest was written) or this is not a snapshot directory"
@@ -428,16 +428,72 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
             )));
         }
         Err(e) => return Err(io_err(&file, e)),
-    };
-    if meta.len() > MAX_MANIFEST_BYTES {
+    }
+    let (f, len) = open_regular(&file, "snapshot manifest", |e| io_err(&file, e))?;
+    if len > MAX_MANIFEST_BYTES {
         return Err(Error::invalid_argument(format!(
-            "snapshot manifest {} is {} bytes, the limit is {MAX_MANIFEST_BYTES}",
+            "snapshot manifest {} is {len} bytes, the limit is {MAX_MANIFEST_BYTES}",
             file.display(),
-            meta.len()
         )));
     }
-    let bytes = std::fs::read(&file).map_err(|e| io_err(&file, e))?;
+    // No more than the length it had when opened (a file still growing
+    // fails its checksum).
+    let mut bytes = Vec::with_capacity(len as usize);
+    f.take(len)
+        .read_to_end(&mut bytes)
+        .map_err(|e| io_err(&file, e))?;
     Manifest::decode(&bytes, &file)
+}
+
+/// Opens `file` (`what` names it in errors) to read it, and its length:
+/// a regular file only, a symbolic link followed to one. A FIFO would
+/// block the restore forever and a device such as `/dev/zero` never ends,
+/// so anything else is refused, naming what it is: checked before
+/// opening (opening a device can have effects of its own), and again on
+/// the descriptor, opened without blocking, in case the file was replaced
+/// meanwhile; the length is the descriptor's. `io` maps I/O errors.
+fn open_regular(
+    file: &Path,
+    what: &str,
+    io: impl Fn(std::io::Error) -> Error,
+) -> Result<(std::fs::File, u64)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let regular = |meta: std::fs::Metadata| {
+        if meta.is_file() {
+            return Ok(meta.len());
+        }
+        Err(Error::invalid_argument(format!(
+            "{what} {} is {}, not a regular file",
+            file.display(),
+            kind_of(meta.file_type())
+        )))
+    };
+    regular(std::fs::metadata(file).map_err(&io)?)?;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(file)
+        .map_err(&io)?;
+    let len = regular(f.metadata().map_err(&io)?)?;
+    Ok((f, len))
+}
+
+/// What a file that is not a regular file is, in words.
+fn kind_of(ft: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_dir() {
+        "a directory"
+    } else if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_char_device() {
+        "a character device"
+    } else if ft.is_block_device() {
+        "a block device"
+    } else if ft.is_socket() {
+        "a socket"
+    } else {
+        "of an unknown kind"
+    }
 }
 
 fn io_err(file: &Path, e: std::io::Error) -> Error {
@@ -1324,14 +1380,13 @@ fn open_packs(dir: &Path, m: &Manifest) -> Result<Vec<std::fs::File>> {
     let mut out = Vec::with_capacity(m.packs.len());
     for (i, len) in m.packs.iter().enumerate() {
         let path = dir.join(pack_name(i as u32));
-        let f = std::fs::File::open(&path).map_err(|e| {
+        let (f, actual) = open_regular(&path, "snapshot pack file", |e| {
             Error::data_lost(format!(
                 "snapshot {}: {}: {e}",
                 dir.display(),
                 pack_name(i as u32)
             ))
         })?;
-        let actual = f.metadata().map_err(|e| io_err(&path, e))?.len();
         let mut h = [0u8; PACK_HEADER_LEN as usize];
         let header_ok = actual >= PACK_HEADER_LEN
             && f.read_exact_at(&mut h, 0).is_ok()

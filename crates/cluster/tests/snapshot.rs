@@ -661,3 +661,76 @@ async fn restore_with_overwrite_replaces_all_of_root_and_a_single_value() {
         "nothing else is left in the table"
     );
 }
+
+/// Replaces `path` with a symbolic link to `to`.
+fn symlink_over(path: &Path, to: &Path) {
+    std::fs::remove_file(path).unwrap();
+    std::os::unix::fs::symlink(to, path).unwrap();
+}
+
+/// Replaces `path` with a FIFO nobody writes to.
+fn fifo_over(path: &Path) {
+    std::fs::remove_file(path).unwrap();
+    let st = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn special_files_in_a_snapshot_are_refused_naming_them() {
+    let t = common::start(32 * MIB, 32 * MIB).await;
+    let c = &t.client;
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("s");
+    let want = small_snapshot(c, &snap).await;
+    let manifest = snap.join(MANIFEST);
+    let pack = snap.join(pack_name(0));
+    let saved = dir.path().join("saved");
+    std::fs::create_dir(&saved).unwrap();
+    std::fs::copy(&manifest, saved.join(MANIFEST)).unwrap();
+    std::fs::copy(&pack, saved.join(pack_name(0))).unwrap();
+    let put_back = || {
+        for f in [MANIFEST.to_string(), pack_name(0)] {
+            let _ = std::fs::remove_file(snap.join(&f));
+            std::fs::copy(saved.join(&f), snap.join(&f)).unwrap();
+        }
+    };
+    let refused = |file: &Path, why: &str| {
+        let (snap, file, why) = (snap.clone(), file.to_path_buf(), why.to_string());
+        async move {
+            let e = c
+                .restore(&snap, "/r", &RestoreOptions::default(), &())
+                .await
+                .unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidArgument, "{e}");
+            assert!(
+                e.message.contains(&file.display().to_string())
+                    && e.message.contains("not a regular file")
+                    && e.message.contains(&why),
+                "{e}"
+            );
+            assert_eq!(c.lookup("/r").await.unwrap_err().code, ErrorCode::NotFound);
+        }
+    };
+    // A manifest that reads forever, and one that never answers.
+    symlink_over(&manifest, Path::new("/dev/zero"));
+    refused(&manifest, "character device").await;
+    fifo_over(&manifest);
+    refused(&manifest, "FIFO").await;
+    put_back();
+    // Packs likewise.
+    fifo_over(&pack);
+    refused(&pack, "FIFO").await;
+    symlink_over(&pack, Path::new("/dev/zero"));
+    refused(&pack, "character device").await;
+    put_back();
+    // A link to a regular file is followed.
+    symlink_over(&pack, &saved.join(pack_name(0)));
+    symlink_over(&manifest, &saved.join(MANIFEST));
+    c.restore(&snap, "/r", &RestoreOptions::default(), &())
+        .await
+        .unwrap();
+    check_tree(c, "/src", &want, "/r").await;
+}
