@@ -29,17 +29,24 @@ pub fn norm(path: &str) -> String {
     }
 }
 
+/// A progress bar on stderr (drawn only on a terminal) for a copy of
+/// `total` bytes; with no total (stdin), the bytes so far and the rate
+/// only: no bar, total or time left it cannot know.
 fn progress(total: Option<u64>, what: &str) -> ProgressBar {
-    let pb = match total {
-        Some(t) => ProgressBar::new(t),
-        None => ProgressBar::new_spinner(),
+    let (pb, template) = match total {
+        Some(t) => (
+            ProgressBar::new(t),
+            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        ),
+        None => (
+            ProgressBar::new_spinner(),
+            "{msg} {spinner} {bytes} {bytes_per_sec}",
+        ),
     };
     pb.set_draw_target(indicatif::ProgressDrawTarget::stderr());
-    let style = ProgressStyle::with_template(
-        "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-    )
-    .expect("static template")
-    .progress_chars("=> ");
+    let style = ProgressStyle::with_template(template)
+        .expect("static template")
+        .progress_chars("=> ");
     pb.set_style(style);
     pb.set_message(what.to_string());
     pb
@@ -228,7 +235,14 @@ pub async fn put(
     };
     let node = client.create(&path, NodeType::File, opts).await?;
     let pb = progress(total, "put");
-    let copied = copy_in(node, &mut input, local, &pb).await;
+    let copied = async {
+        let mut out = BufferedWriter::new(node, STREAM)?;
+        let mut buf = vec![0u8; STREAM.slice_size];
+        let n = copy_in(&mut out, &mut input, &mut buf, 0, local, &pb).await?;
+        out.close().await?;
+        anyhow::Ok(n)
+    }
+    .await;
     pb.finish_and_clear();
     let written = match copied {
         Ok(n) => n,
@@ -251,31 +265,29 @@ pub async fn put(
     Ok(())
 }
 
-/// Streams `input` into the new file `node` and closes it; returns the
-/// bytes written.
+/// Streams into `out` the `filled` bytes already in `buf`, then the rest of
+/// `input` (read into `buf`, a slice at a time); returns the bytes taken.
 async fn copy_in(
-    node: nodekernel_client::Node,
+    out: &mut BufferedWriter,
     input: &mut dyn Read,
+    buf: &mut [u8],
+    filled: usize,
     local: &Path,
     pb: &ProgressBar,
 ) -> anyhow::Result<u64> {
-    let mut out = BufferedWriter::new(node, STREAM)?;
     // The slices already taken are written in the background while the
-    // next piece is read from the local file.
-    let mut buf = vec![0u8; STREAM.slice_size];
+    // next piece is read.
+    let mut n = filled;
     let mut written = 0u64;
     loop {
-        let n =
-            read_full(input, &mut buf).with_context(|| format!("reading {}", local.display()))?;
-        if n == 0 {
-            break;
-        }
         out.write_all(&buf[..n]).await?;
         written += n as u64;
         pb.set_position(written);
+        n = read_full(input, buf).with_context(|| format!("reading {}", local.display()))?;
+        if n == 0 {
+            return Ok(written);
+        }
     }
-    out.close().await?;
-    Ok(written)
 }
 
 /// Reads until `buf` is full or the input ends.
@@ -626,20 +638,46 @@ pub async fn stat(client: &Client, path: &str, json: bool, blocks: bool) -> anyh
     Ok(())
 }
 
+/// `nk kv put KEY [VALUE]`; without VALUE or with `-`, the value is
+/// stdin, streamed (see [`kv_put_stream`]).
 pub async fn kv_put(client: &Client, key: &str, value: Option<String>) -> anyhow::Result<()> {
     let key = norm(key);
-    let bytes = match value.as_deref() {
-        Some("-") | None => {
-            let mut v = Vec::new();
-            std::io::stdin()
-                .read_to_end(&mut v)
-                .context("reading the value from stdin")?;
-            v
+    match value.as_deref() {
+        Some("-") | None => kv_put_stream(client, &key, &mut std::io::stdin().lock()).await,
+        Some(v) => Ok(client.put(&key, v.as_bytes()).await?),
+    }
+}
+
+/// Puts all of `input` as the value of `key`, all or nothing, in bounded
+/// memory. A value that ends within the first slice is put whole (its size
+/// known, a small one shares a block with others); a longer one streams
+/// into a new KeyValue that is published only by its close, so readers see
+/// the old value until then. A put that fails is aborted; one interrupted
+/// never closes, and the metadata server drops it when its lease lapses.
+async fn kv_put_stream(client: &Client, key: &str, input: &mut dyn Read) -> anyhow::Result<()> {
+    let what = Path::new("stdin");
+    let mut buf = vec![0u8; STREAM.slice_size];
+    let first = read_full(input, &mut buf).context("reading the value from stdin")?;
+    if first < buf.len() {
+        return Ok(client.put(key, &buf[..first]).await?);
+    }
+    let node = client
+        .create(key, NodeType::KeyValue, CreateOptions::default())
+        .await?;
+    let mut out = BufferedWriter::new(node, STREAM)?;
+    let pb = progress(None, "kv put");
+    let copied = copy_in(&mut out, input, &mut buf, first, what, &pb).await;
+    pb.finish_and_clear();
+    match copied {
+        Ok(_) => Ok(out.close().await?),
+        Err(e) => {
+            if let Err(a) = out.abort().await {
+                // The metadata server drops the put once its lease lapses.
+                tracing::debug!("{key}: could not abort the failed put: {a}");
+            }
+            Err(e)
         }
-        Some(v) => v.as_bytes().to_vec(),
-    };
-    client.put(&key, &bytes).await?;
-    Ok(())
+    }
 }
 
 use nodekernel_admin::status::StatusOut;
@@ -993,6 +1031,77 @@ mod time_tests {
         assert_eq!(
             super::utc(1_700_000_000_123_456_789),
             "2023-11-14 22:13:20.123 UTC"
+        );
+    }
+}
+
+#[cfg(test)]
+mod progress_tests {
+    use std::sync::{Arc, Mutex};
+
+    /// A terminal that keeps what is drawn on it.
+    #[derive(Debug, Default, Clone)]
+    struct Screen(Arc<Mutex<String>>);
+
+    impl indicatif::TermLike for Screen {
+        fn width(&self) -> u16 {
+            120
+        }
+        fn move_cursor_up(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_down(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_right(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_left(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn write_line(&self, s: &str) -> std::io::Result<()> {
+            self.write_str(&format!("{s}\n"))
+        }
+        fn write_str(&self, s: &str) -> std::io::Result<()> {
+            self.0.lock().unwrap().push_str(s);
+            Ok(())
+        }
+        fn clear_line(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What the progress of a copy of `total` bytes shows 3 MiB in.
+    fn drawn(total: Option<u64>) -> String {
+        let screen = Screen::default();
+        let pb = super::progress(total, "put");
+        pb.set_draw_target(indicatif::ProgressDrawTarget::term_like(Box::new(
+            screen.clone(),
+        )));
+        pb.set_position(3 << 20);
+        pb.abandon();
+        let shown = screen.0.lock().unwrap().clone();
+        shown
+    }
+
+    #[test]
+    fn the_progress_of_stdin_does_not_pretend_to_know_its_size() {
+        let known = drawn(Some(10 << 20));
+        assert!(
+            known.contains("3.00 MiB/10.00 MiB") && known.contains("eta"),
+            "{known}"
+        );
+        let unknown = drawn(None);
+        assert!(
+            unknown.contains("put") && unknown.contains("3.00 MiB"),
+            "{unknown}"
+        );
+        assert!(
+            !unknown.contains("MiB/3") && !unknown.contains("eta") && !unknown.contains('['),
+            "no total, time left or bar for a size not known: {unknown}"
         );
     }
 }

@@ -201,7 +201,8 @@ enum Cmd {
     Restore {
         dir: PathBuf,
         path: String,
-        /// Replace PATH if it exists (for /: everything in it)
+        /// Replace PATH if it exists (for /: everything in it), once the
+        /// snapshot is restored whole beside it
         #[arg(long)]
         force: bool,
         /// Print a JSON summary
@@ -283,7 +284,8 @@ enum Cmd {
 
 #[derive(Subcommand)]
 enum KvCmd {
-    /// Store a value under TABLE/KEY (VALUE, or - / nothing for stdin); replaces any old value
+    /// Store a value under TABLE/KEY (VALUE, or - / nothing for stdin, streamed);
+    /// replaces any old value once the new one is whole
     Put { key: String, value: Option<String> },
     /// Print the value of TABLE/KEY
     Get { key: String },

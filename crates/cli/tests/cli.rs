@@ -1453,3 +1453,142 @@ fn every_file_with_the_namespace_or_data_is_private_under_umask_000() {
     );
     assert!(seen.iter().any(|s| s.starts_with("pack-")), "{seen:?}");
 }
+
+/// `len` bytes of a xorshift stream from `seed`: incompressible, and cheap
+/// to make again for the comparison.
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut data = vec![0u8; len];
+    let mut x = seed | 1;
+    for chunk in data.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+    }
+    data
+}
+
+/// The peak resident memory (VmHWM) of the running process `pid` so far,
+/// in bytes; `None` once it has exited. (Not `wait4`'s `ru_maxrss`: it
+/// counts the memory of this test process, which the child was spawned
+/// from.)
+fn peak_rss(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    Some(kib << 10)
+}
+
+/// `nk kv put KEY -` with stdin piped, its stderr in `err`. Its blocks go
+/// over the network: mapping the co-located DRAM server's memory would
+/// count the blocks it writes as its resident memory.
+fn kv_put_stdin(meta: &str, key: &str, err: &std::path::Path) -> Child {
+    let config = err.with_extension("toml");
+    std::fs::write(
+        &config,
+        "[client]\ntimeout_ms = 120000\nshared_memory = false\n",
+    )
+    .unwrap();
+    client(meta)
+        .env("NK_CONFIG", &config)
+        .args(["kv", "put", key, "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(err).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+/// `nk kv put KEY -` streams stdin into the value: a value much larger
+/// than the memory it may take goes through a pipe (its size unknown),
+/// the old value is what readers see until the put ends, and the new one
+/// reads back byte for byte.
+#[test]
+fn kv_put_from_stdin_streams_in_bounded_memory() {
+    const VALUE: usize = 256 << 20;
+    const BOUND: u64 = 96 << 20;
+    let (meta, addr, store) = start_meta_and_store(&[], "512MiB");
+    let (_meta, _store) = (common::Proc(meta), common::Proc(store));
+    nk_ok(&addr, &["mkdir", "--type", "table", "/t"]);
+    nk_ok(&addr, &["kv", "put", "/t/k", "old"]);
+    let dir = tempfile::tempdir().unwrap();
+    let err = dir.path().join("stderr");
+    let data = noise(7, VALUE);
+    let mut child = kv_put_stdin(&addr, "/t/k", &err);
+    let mut stdin = child.stdin.take().unwrap();
+    for chunk in data.chunks(1 << 20) {
+        stdin.write_all(chunk).unwrap();
+    }
+    // Everything was taken; the put ends only with its input.
+    let mut peak = peak_rss(child.id()).expect("nk waits for the end of its input");
+    assert_eq!(nk_ok(&addr, &["kv", "get", "/t/k"]), b"old");
+    drop(stdin);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        peak = peak.max(peak_rss(child.id()).unwrap_or(0));
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert!(
+        status.success(),
+        "nk kv put: {}",
+        std::fs::read_to_string(&err).unwrap()
+    );
+    assert!(
+        peak < BOUND,
+        "nk kv put held {} MiB resident for a {} MiB value from stdin (bound {} MiB)",
+        peak >> 20,
+        VALUE >> 20,
+        BOUND >> 20
+    );
+    let back = nk_ok(&addr, &["kv", "get", "/t/k"]);
+    assert_eq!(back.len(), VALUE);
+    assert!(back == data, "the value reads back byte for byte");
+}
+
+/// A put from stdin is all or nothing: one killed midway or one that runs
+/// out of space leaves the old value; a small or empty one is stored.
+#[test]
+fn kv_put_from_stdin_is_all_or_nothing() {
+    let (meta, addr, store) = start_meta_and_store(&[], "64MiB");
+    let (_meta, _store) = (common::Proc(meta), common::Proc(store));
+    nk_ok(&addr, &["mkdir", "--type", "table", "/t"]);
+    nk_ok(&addr, &["kv", "put", "/t/k", "old"]);
+    let dir = tempfile::tempdir().unwrap();
+    let err = dir.path().join("stderr");
+
+    // Killed with its value half sent.
+    let mut child = kv_put_stdin(&addr, "/t/k", &err);
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(&noise(1, 16 << 20)).unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(stdin);
+    assert_eq!(nk_ok(&addr, &["kv", "get", "/t/k"]), b"old");
+
+    // More than the cluster holds.
+    let mut child = kv_put_stdin(&addr, "/t/k", &err);
+    let mut stdin = child.stdin.take().unwrap();
+    // nk stops reading once it fails: a broken pipe is expected.
+    let _ = stdin.write_all(&noise(2, 128 << 20));
+    drop(stdin);
+    assert!(!child.wait().unwrap().success());
+    let stderr = std::fs::read_to_string(&err).unwrap();
+    assert!(stderr.contains("NoSpace"), "{stderr}");
+    assert_eq!(nk_ok(&addr, &["kv", "get", "/t/k"]), b"old");
+
+    // Small and empty values from stdin.
+    for value in [&b"new"[..], b""] {
+        let mut child = kv_put_stdin(&addr, "/t/k", &err);
+        child.stdin.take().unwrap().write_all(value).unwrap();
+        assert!(child.wait().unwrap().success());
+        assert_eq!(nk_ok(&addr, &["kv", "get", "/t/k"]), value);
+    }
+}

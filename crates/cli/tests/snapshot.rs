@@ -7,7 +7,7 @@ use std::process::{Child, Output};
 
 mod common;
 
-use common::{client, start_meta_and_store};
+use common::{client, nk_ok, start_meta_and_store, start_role, Proc};
 
 fn stop(mut c: Child) {
     let _ = c.kill();
@@ -92,4 +92,87 @@ fn snapshot_and_restore_print_a_summary_and_refuse_what_they_must() {
     );
     stop(store);
     stop(meta);
+}
+
+/// With two metadata partitions, a restore builds each top-level name on
+/// the partition that owns it, so `--force` replaces top-level targets and
+/// all of `/` (moving within a partition, never `CrossPartition`).
+#[test]
+fn restore_with_force_over_top_level_names_of_two_partitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut procs = Vec::new();
+    let mut addrs = Vec::new();
+    for p in 0..2 {
+        let cfg = dir.path().join(format!("meta-{p}.toml"));
+        std::fs::write(
+            &cfg,
+            format!("[meta]\npartition = {p}\npartitions = 2\nexpect_servers = 1\n"),
+        )
+        .unwrap();
+        let (m, addr) = start_role(
+            &["meta", "--listen", "127.0.0.1:0"],
+            &[("NK_CONFIG", cfg.to_str().unwrap())],
+            "metadata server listening on",
+        );
+        procs.push(Proc(m));
+        addrs.push(addr);
+    }
+    let metas = addrs.join(",");
+    let (store, _) = start_role(
+        &[
+            "store", "--class", "0", "--medium", "dram", "--size", "64MiB",
+        ],
+        &[("NK_META", &metas)],
+        "storage server",
+    );
+    procs.push(Proc(store));
+    let ok = |args: &[&str]| text(&nk_ok(&metas, args));
+    ok(&["status", "--wait", "--timeout", "120"]);
+    // A table on each partition.
+    let names: Vec<String> = (0..2)
+        .map(|p| {
+            (0..)
+                .map(|i| format!("t{i}"))
+                .find(|n| nodekernel_proto::path::partition_of(&format!("/{n}"), 2) == p)
+                .unwrap()
+        })
+        .collect();
+    for n in &names {
+        ok(&["mkdir", "--type", "table", &format!("/{n}")]);
+        ok(&["kv", "put", &format!("/{n}/k"), n]);
+    }
+    let whole = dir.path().join("whole");
+    ok(&["snapshot", "/", whole.to_str().unwrap()]);
+    let one = dir.path().join("one");
+    ok(&["snapshot", &format!("/{}", names[0]), one.to_str().unwrap()]);
+
+    // Each table replaced by the other's snapshot (any restore name would
+    // be owned by one of the partitions only).
+    for n in &names {
+        ok(&["kv", "put", &format!("/{n}/k"), "changed"]);
+        ok(&[
+            "restore",
+            one.to_str().unwrap(),
+            &format!("/{n}"),
+            "--force",
+        ]);
+        assert_eq!(ok(&["kv", "get", &format!("/{n}/k")]), names[0]);
+    }
+    // All of `/`: both tables back as they were, a later name gone.
+    ok(&["mkdir", "/later"]);
+    ok(&["restore", whole.to_str().unwrap(), "/", "--force"]);
+    for n in &names {
+        assert_eq!(ok(&["kv", "get", &format!("/{n}/k")]), *n);
+    }
+    let listed: Value = serde_json::from_str(&ok(&["ls", "/", "--json"])).unwrap();
+    let mut listed: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    listed.sort();
+    let mut want: Vec<&str> = names.iter().map(String::as_str).collect();
+    want.sort();
+    assert_eq!(listed, want, "nothing else is left in /");
 }

@@ -8,15 +8,18 @@
 //! values still get `Stale` at once. The data goes into pack files, the
 //! listing and checksums into a manifest written last (so a directory
 //! without a valid manifest is an incomplete snapshot, which restore
-//! refuses). Restore checks every checksum before it creates anything.
+//! refuses). Restore checks the manifest whole and every checksum before
+//! it creates anything, reads only regular files, and builds the tree
+//! beside its target, moving it into place once whole.
 
 use crate::blockio::Locate;
 use crate::client::{unexpected, Client, CreateOptions};
-use futures::stream::{self, StreamExt, TryStreamExt};
+use futures::stream::{self, StreamExt};
 use nodekernel_proto::codec::{Dec, Enc};
 use nodekernel_proto::meta::{MetaReply, MetaRequest, SnapshotEntry};
 use nodekernel_proto::{path, BlockLoc, Error, ErrorCode, NodeType, Result};
-use std::io::Write;
+use std::collections::HashMap;
+use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -74,9 +77,9 @@ impl Default for SnapshotOptions {
 /// How [`Client::restore`] works.
 #[derive(Debug, Clone)]
 pub struct RestoreOptions {
-    /// Replace an existing target (deleted first, recursively; for `/`,
-    /// everything in it). Without it an existing target is refused with
-    /// `AlreadyExists`.
+    /// Replace an existing target (for `/`, everything in it): moved aside
+    /// once the restored tree is whole, then removed. Without it an
+    /// existing target is refused with `AlreadyExists`.
     pub overwrite: bool,
     /// Nodes written at once (at least 1).
     pub writes_in_flight: usize,
@@ -294,62 +297,17 @@ impl Manifest {
             }
             let ne = d.count(ENTRY_MIN_LEN)?;
             let mut entries = Vec::with_capacity(ne);
-            let mut containers: std::collections::HashMap<String, NodeType> =
-                std::collections::HashMap::new();
-            for i in 0..ne {
+            for _ in 0..ne {
                 let ty = NodeType::from_u8(d.u8()?)?;
                 let enumerable = d.bool()?;
                 let storage_class = d.u8()?;
-                let p = d.string()?;
+                let path = d.string()?;
                 let size = d.u64()?;
                 let pack = d.u32()?;
                 let offset = d.u64()?;
                 let crc = d.u32()?;
-                if (i == 0) != p.is_empty() {
-                    return Err(Error::invalid_argument(format!(
-                        "entry {i} ({p:?}): only the first entry, the root, has an empty path"
-                    )));
-                }
-                if i > 0 {
-                    path::components(&format!("/{p}"))?;
-                    let parent = p.rsplit_once('/').map_or("", |(a, _)| a);
-                    match containers.get(parent) {
-                        Some(pt) if pt.accepts(ty) => {}
-                        Some(pt) => {
-                            return Err(Error::invalid_argument(format!(
-                                "entry {p:?}: a {pt} cannot hold a {ty}"
-                            )))
-                        }
-                        None => {
-                            return Err(Error::invalid_argument(format!(
-                                "entry {p:?}: its parent is not listed before it"
-                            )))
-                        }
-                    }
-                }
-                if ty.is_container() {
-                    if size != 0 {
-                        return Err(Error::invalid_argument(format!(
-                            "container {p:?} has {size} bytes of data"
-                        )));
-                    }
-                    if containers.insert(p.clone(), ty).is_some() {
-                        return Err(Error::invalid_argument(format!("{p:?} is listed twice")));
-                    }
-                } else if size > 0 {
-                    let len = packs.get(pack as usize).copied().ok_or_else(|| {
-                        Error::invalid_argument(format!("node {p:?} is in pack {pack}, of {np}"))
-                    })?;
-                    let end = offset.checked_add(size);
-                    if offset < PACK_HEADER_LEN || end.is_none_or(|end| end > len) {
-                        return Err(Error::invalid_argument(format!(
-                            "node {p:?}: {size} bytes at {offset} are outside {} ({len} bytes)",
-                            pack_name(pack)
-                        )));
-                    }
-                }
                 entries.push(ManifestEntry {
-                    path: p,
+                    path,
                     ty,
                     enumerable,
                     storage_class,
@@ -359,9 +317,7 @@ impl Manifest {
                     crc,
                 });
             }
-            if entries.is_empty() {
-                return Err(Error::invalid_argument("no entries (not even the root)"));
-            }
+            check_entries(&entries, &packs)?;
             Ok(Manifest {
                 created_ms,
                 source,
@@ -376,11 +332,90 @@ impl Manifest {
     }
 }
 
+/// The rules a manifest's entries keep beyond their encoding, checked
+/// whole before a restore touches anything: the root first (and only it
+/// with an empty path); every path valid and listed once; every parent
+/// listed before its children, a container accepting their type;
+/// containers without bytes; the bytes of each data node inside its pack
+/// and after those of the data node listed before it (a snapshot writes
+/// them back to back, so no two nodes share bytes and a restore never
+/// writes more than the packs hold).
+fn check_entries(entries: &[ManifestEntry], packs: &[u64]) -> Result<()> {
+    if entries.is_empty() {
+        return Err(Error::invalid_argument("no entries (not even the root)"));
+    }
+    let mut types: HashMap<&str, NodeType> = HashMap::with_capacity(entries.len());
+    // Where the bytes of the last data node end: (pack, offset).
+    let mut end = (0, PACK_HEADER_LEN);
+    for (i, e) in entries.iter().enumerate() {
+        let (p, ty, size) = (e.path.as_str(), e.ty, e.size);
+        if (i == 0) != p.is_empty() {
+            return Err(Error::invalid_argument(format!(
+                "entry {i} ({p:?}): only the first entry, the root, has an empty path"
+            )));
+        }
+        if i > 0 {
+            path::components(&format!("/{p}"))?;
+            let parent = p.rsplit_once('/').map_or("", |(a, _)| a);
+            match types.get(parent) {
+                Some(pt) if pt.accepts(ty) => {}
+                Some(pt) => {
+                    return Err(Error::invalid_argument(format!(
+                        "entry {p:?}: a {pt} cannot hold a {ty}"
+                    )))
+                }
+                None => {
+                    return Err(Error::invalid_argument(format!(
+                        "entry {p:?}: its parent is not listed before it"
+                    )))
+                }
+            }
+        }
+        if types.insert(p, ty).is_some() {
+            return Err(Error::invalid_argument(format!("{p:?} is listed twice")));
+        }
+        if ty.is_container() {
+            if size != 0 {
+                return Err(Error::invalid_argument(format!(
+                    "container {p:?} has {size} bytes of data"
+                )));
+            }
+        } else if size > 0 {
+            let len = packs.get(e.pack as usize).copied().ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "node {p:?} is in pack {}, of {}",
+                    e.pack,
+                    packs.len()
+                ))
+            })?;
+            let stop = match e.offset.checked_add(size) {
+                Some(stop) if e.offset >= PACK_HEADER_LEN && stop <= len => stop,
+                _ => {
+                    return Err(Error::invalid_argument(format!(
+                        "node {p:?}: {size} bytes at {} are outside {} ({len} bytes)",
+                        e.offset,
+                        pack_name(e.pack)
+                    )))
+                }
+            };
+            if (e.pack, e.offset) < end {
+                return Err(Error::invalid_argument(format!(
+                    "node {p:?}: its {size} bytes at {} in {} overlap those of a node listed before it (a snapshot writes them back to back)",
+                    e.offset,
+                    pack_name(e.pack)
+                )));
+            }
+            end = (e.pack, stop);
+        }
+    }
+    Ok(())
+}
+
 /// Reads and checks the manifest of the snapshot in `dir`.
 pub fn read_manifest(dir: &Path) -> Result<Manifest> {
     let file = dir.join(MANIFEST);
-    let meta = match std::fs::metadata(&file) {
-        Ok(m) => m,
+    match std::fs::symlink_metadata(&file) {
+        Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let why = if dir.is_dir() {
                 "the snapshot is incomplete (it was interrupted before its manifest was written) or this is not a snapshot directory"
@@ -393,16 +428,72 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
             )));
         }
         Err(e) => return Err(io_err(&file, e)),
-    };
-    if meta.len() > MAX_MANIFEST_BYTES {
+    }
+    let (f, len) = open_regular(&file, "snapshot manifest", |e| io_err(&file, e))?;
+    if len > MAX_MANIFEST_BYTES {
         return Err(Error::invalid_argument(format!(
-            "snapshot manifest {} is {} bytes, the limit is {MAX_MANIFEST_BYTES}",
+            "snapshot manifest {} is {len} bytes, the limit is {MAX_MANIFEST_BYTES}",
             file.display(),
-            meta.len()
         )));
     }
-    let bytes = std::fs::read(&file).map_err(|e| io_err(&file, e))?;
+    // No more than the length it had when opened (a file still growing
+    // fails its checksum).
+    let mut bytes = Vec::with_capacity(len as usize);
+    f.take(len)
+        .read_to_end(&mut bytes)
+        .map_err(|e| io_err(&file, e))?;
     Manifest::decode(&bytes, &file)
+}
+
+/// Opens `file` (`what` names it in errors) to read it, and its length:
+/// a regular file only, a symbolic link followed to one. A FIFO would
+/// block the restore forever and a device such as `/dev/zero` never ends,
+/// so anything else is refused, naming what it is: checked before
+/// opening (opening a device can have effects of its own), and again on
+/// the descriptor, opened without blocking, in case the file was replaced
+/// meanwhile; the length is the descriptor's. `io` maps I/O errors.
+fn open_regular(
+    file: &Path,
+    what: &str,
+    io: impl Fn(std::io::Error) -> Error,
+) -> Result<(std::fs::File, u64)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let regular = |meta: std::fs::Metadata| {
+        if meta.is_file() {
+            return Ok(meta.len());
+        }
+        Err(Error::invalid_argument(format!(
+            "{what} {} is {}, not a regular file",
+            file.display(),
+            kind_of(meta.file_type())
+        )))
+    };
+    regular(std::fs::metadata(file).map_err(&io)?)?;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(file)
+        .map_err(&io)?;
+    let len = regular(f.metadata().map_err(&io)?)?;
+    Ok((f, len))
+}
+
+/// What a file that is not a regular file is, in words.
+fn kind_of(ft: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_dir() {
+        "a directory"
+    } else if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_char_device() {
+        "a character device"
+    } else if ft.is_block_device() {
+        "a block device"
+    } else if ft.is_socket() {
+        "a socket"
+    } else {
+        "of an unknown kind"
+    }
 }
 
 fn io_err(file: &Path, e: std::io::Error) -> Error {
@@ -910,11 +1001,48 @@ impl Locate for SnapshotLocator<'_> {
 
 // ----- restoring ----------------------------------------------------------------
 
+/// Where a restore builds its tree before moving it into place: under
+/// names of its own (`.nk-restore-…`) beside the target, so that a
+/// restore that fails leaves nothing behind and an existing target is
+/// replaced only once its replacement is whole.
+struct Staging {
+    /// For a target other than `/`: where the snapshot's root is built,
+    /// in `moves[0].0` (which takes the place of the highest node on the
+    /// way to the target that is missing, or of the target).
+    root: Option<String>,
+    /// Each staged node and the path it moves to at the end: one for a
+    /// target other than `/`; for `/`, one per top-level name of the
+    /// snapshot.
+    moves: Vec<(String, String)>,
+    /// For `/`: where each top-level name of the snapshot is built.
+    tops: HashMap<String, String>,
+    /// For `/` with overwrite: its names the snapshot does not have,
+    /// removed once the new tree is in place.
+    remove: Vec<String>,
+    /// Tells this restore's names from any other's.
+    key: u64,
+}
+
+impl Staging {
+    /// Where the node at `rel` in the snapshot is built; `None` for the
+    /// root of a restore to `/` (which exists).
+    fn path(&self, rel: &str) -> Option<String> {
+        if let Some(root) = &self.root {
+            return Some(target(root, rel));
+        }
+        let (top, rest) = rel.split_once('/').unwrap_or((rel, ""));
+        self.tops.get(top).map(|staged| target(staged, rest))
+    }
+}
+
 impl Client {
-    /// Restores the snapshot in `dir` to `dst` (`/` too): checks the
-    /// manifest and every checksum first, then creates the nodes. An
-    /// existing `dst` (for `/`: one with children) is refused with
-    /// `AlreadyExists` unless `opts.overwrite`.
+    /// Restores the snapshot in `dir` to `dst` (`/` too). The manifest and
+    /// every checksum are checked first; the tree is then built under a
+    /// name of its own beside `dst` and moved into place once whole, so a
+    /// restore that fails leaves nothing behind (missing parents of `dst`
+    /// included). An existing `dst` (for `/`: one with children) is
+    /// refused with `AlreadyExists` unless `opts.overwrite`; then it is
+    /// replaced only once the new tree is in place.
     pub async fn restore(
         &self,
         dir: &Path,
@@ -942,89 +1070,275 @@ impl Client {
             path::components(&target(dst, &e.path))
                 .map_err(|err| ctx(&format!("restoring {:?} to {dst}", e.path), err))?;
         }
+        let staging = self.staging(dst, &m, opts.overwrite).await?;
         let packs = open_packs(dir, &m)?;
         verify(dir, &m, &packs, progress)?;
-        self.clear_target(dst, opts.overwrite).await?;
         for e in &m.entries {
             summary.counts.add(e.ty, e.size);
         }
-        progress.phase(Phase::Writing, summary.counts.nodes, summary.counts.bytes);
+        let built = self
+            .build(
+                dir,
+                dst,
+                &m,
+                &packs,
+                &staging,
+                opts,
+                progress,
+                &summary.counts,
+            )
+            .await;
+        let placed = match built {
+            Ok(()) => self.move_into_place(&staging, opts.overwrite).await,
+            Err(e) => Err(e),
+        };
+        let aside = match placed {
+            Ok(aside) => aside,
+            Err(e) => {
+                self.discard(&staging).await;
+                return Err(e);
+            }
+        };
+        for old in aside.iter().chain(&staging.remove) {
+            match self.delete(old, true).await {
+                Ok(()) => {}
+                Err(e) if e.code == ErrorCode::NotFound => {}
+                Err(e) => {
+                    return Err(ctx(
+                        &format!("restored {dst}, but could not remove the old {old}"),
+                        e,
+                    ))
+                }
+            }
+        }
+        Ok(summary)
+    }
+
+    /// Checks the target (an existing one is refused without
+    /// `overwrite`) and names the nodes the restore is built under.
+    async fn staging(&self, dst: &str, m: &Manifest, overwrite: bool) -> Result<Staging> {
+        use std::hash::BuildHasher;
+        let key = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
+        let mut st = Staging {
+            root: None,
+            moves: Vec::new(),
+            tops: HashMap::new(),
+            remove: Vec::new(),
+            key,
+        };
+        if dst == "/" {
+            let existing = self.enumerate("/").await?;
+            if !existing.is_empty() && !overwrite {
+                return Err(Error::already_exists(format!(
+                    "/ is not empty ({} entries): restore into an empty cluster, or ask to overwrite",
+                    existing.len()
+                )));
+            }
+            for e in m.entries.iter().skip(1).filter(|e| !e.path.contains('/')) {
+                let top = format!("/{}", e.path);
+                let staged = self.beside(&top, &format!("restore-{key:016x}-{}", st.moves.len()));
+                st.tops.insert(e.path.clone(), staged.clone());
+                st.moves.push((staged, top));
+            }
+            if overwrite {
+                st.remove = existing
+                    .into_iter()
+                    .filter(|name| !st.tops.contains_key(name))
+                    .map(|name| format!("/{name}"))
+                    .collect();
+            }
+            return Ok(st);
+        }
+        // The restore creates the highest node on the way to `dst` that
+        // is missing (missing parents become Directories), or replaces
+        // `dst`.
+        let mut missing = None;
+        let mut at = String::new();
+        for c in path::components(dst)? {
+            at = format!("{at}/{c}");
+            match self.lookup(&at).await {
+                Ok(_) => {}
+                Err(e) if e.code == ErrorCode::NotFound => {
+                    missing = Some(at);
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let top = match missing {
+            Some(top) => top,
+            None if overwrite => dst.to_string(),
+            None => {
+                return Err(Error::already_exists(format!(
+                    "{dst} exists: restore to a new path, or ask to overwrite"
+                )))
+            }
+        };
+        let staged = self.beside(&top, &format!("restore-{key:016x}"));
+        st.root = Some(format!("{staged}{}", dst.get(top.len()..).unwrap_or("")));
+        st.moves.push((staged, top));
+        Ok(st)
+    }
+
+    /// A name for the restore's own use (`.nk-{tag}-N`) beside `path`, on
+    /// the metadata partition that owns `path`, so that moving between
+    /// the two is never `CrossPartition`. A path's partition is that of
+    /// its top-level name: beside a deeper path any name will do, beside a
+    /// top-level one a few are tried (about as many as there are
+    /// partitions).
+    fn beside(&self, path: &str, tag: &str) -> String {
+        let parent = path.rsplit_once('/').map_or("", |(p, _)| p);
+        let owner = self.partition(path);
+        (0u64..)
+            .map(|n| format!("{parent}/.nk-{tag}-{n}"))
+            .find(|p| self.partition(p) == owner)
+            .unwrap_or_default()
+    }
+
+    /// Creates the snapshot's nodes where `st` builds them: the containers
+    /// in order, then the data nodes `opts.writes_in_flight` at a time.
+    /// After a failure no more are started, and those being written are
+    /// aborted.
+    #[allow(clippy::too_many_arguments)]
+    async fn build(
+        &self,
+        dir: &Path,
+        dst: &str,
+        m: &Manifest,
+        packs: &[std::fs::File],
+        st: &Staging,
+        opts: &RestoreOptions,
+        progress: &dyn Progress,
+        counts: &NodeCounts,
+    ) -> Result<()> {
+        let staged = |e: &ManifestEntry| {
+            st.path(&e.path)
+                .ok_or_else(|| Error::internal(format!("restoring {:?}: no staging path", e.path)))
+        };
+        // The staging paths must be valid too before anything is created.
+        for e in m.entries.iter().skip(usize::from(st.root.is_none())) {
+            let p = staged(e)?;
+            path::components(&p).map_err(|err| {
+                ctx(
+                    &format!("restoring {} (built at {p} first)", target(dst, &e.path)),
+                    err,
+                )
+            })?;
+        }
+        progress.phase(Phase::Writing, counts.nodes, counts.bytes);
+        if let (Some(root), Some((first, _))) = (&st.root, st.moves.first()) {
+            if root != first {
+                // Missing parents of the target.
+                let (parent, _) = path::split_parent(root)?;
+                self.mkdir(parent, true).await?;
+            }
+        }
         for e in m.entries.iter().filter(|e| e.ty.is_container()) {
             progress.advance(1, 0);
-            if dst == "/" && e.path.is_empty() {
+            if st.root.is_none() && e.path.is_empty() {
                 continue;
             }
             let opts = CreateOptions {
                 enumerable: e.enumerable,
                 ..CreateOptions::default()
             };
-            let p = target(dst, &e.path);
-            self.create(&p, e.ty, opts)
+            self.create(&staged(e)?, e.ty, opts)
                 .await
-                .map_err(|err| ctx(&format!("restoring {p}"), err))?;
+                .map_err(|err| ctx(&format!("restoring {}", target(dst, &e.path)), err))?;
         }
-        let data: Vec<&ManifestEntry> = m.entries.iter().filter(|e| !e.ty.is_container()).collect();
-        let packs = &packs;
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        let failed = &failed;
+        let data = m.entries.iter().filter(|e| !e.ty.is_container());
         stream::iter(data)
             .map(|e| async move {
-                let p = target(dst, &e.path);
-                self.restore_node(dir, packs, e, &p)
-                    .await
-                    .map_err(|err| ctx(&format!("restoring {p}"), err))?;
-                progress.advance(1, e.size);
-                Ok::<(), Error>(())
+                if failed.load(std::sync::atomic::Ordering::Relaxed) {
+                    return Ok(());
+                }
+                let written = match staged(e) {
+                    Ok(p) => self.restore_node(dir, packs, e, &p).await,
+                    Err(err) => Err(err),
+                };
+                match written {
+                    Ok(()) => progress.advance(1, e.size),
+                    Err(_) => failed.store(true, std::sync::atomic::Ordering::Relaxed),
+                }
+                written.map_err(|err| ctx(&format!("restoring {}", target(dst, &e.path)), err))
             })
             .buffer_unordered(opts.writes_in_flight.max(1))
-            .try_collect::<Vec<()>>()
-            .await?;
-        Ok(summary)
+            .fold(Ok(()), |first, r| async move { first.and(r) })
+            .await
     }
 
-    /// Makes room for the restore at `dst`.
-    async fn clear_target(&self, dst: &str, overwrite: bool) -> Result<()> {
-        if dst == "/" {
-            let children = self.enumerate("/").await?;
-            if children.is_empty() {
-                return Ok(());
-            }
-            if !overwrite {
-                return Err(Error::already_exists(format!(
-                    "/ is not empty ({} entries): restore into an empty cluster, or ask to overwrite",
-                    children.len()
-                )));
-            }
-            for c in children {
-                match self.delete(&format!("/{c}"), true).await {
-                    Ok(()) => {}
-                    Err(e) if e.code == ErrorCode::NotFound => {}
-                    Err(e) => return Err(e),
+    /// Moves every staged node to its target; with `overwrite`, an
+    /// existing target is first moved aside (beside it), to be put back
+    /// should a later move fail. The paths moved aside, to be removed.
+    async fn move_into_place(&self, st: &Staging, overwrite: bool) -> Result<Vec<String>> {
+        let mut done: Vec<(&str, &str, Option<String>)> = Vec::new();
+        for (i, (staged, to)) in st.moves.iter().enumerate() {
+            let tag = format!("replaced-{:016x}-{i}", st.key);
+            match self.move_one(staged, to, overwrite, &tag).await {
+                Ok(aside) => done.push((staged, to, aside)),
+                Err(e) => {
+                    for (staged, to, aside) in done.into_iter().rev() {
+                        self.move_back(staged, to, aside).await;
+                    }
+                    return Err(e);
                 }
             }
-            return Ok(());
         }
-        match self.lookup(dst).await {
-            Ok(_) if !overwrite => {
-                return Err(Error::already_exists(format!(
-                    "{dst} exists: restore to a new path, or ask to overwrite"
-                )))
+        Ok(done.into_iter().filter_map(|(_, _, aside)| aside).collect())
+    }
+
+    async fn move_one(
+        &self,
+        staged: &str,
+        to: &str,
+        overwrite: bool,
+        tag: &str,
+    ) -> Result<Option<String>> {
+        let mut aside = None;
+        if overwrite {
+            let a = self.beside(to, tag);
+            match self.rename(to, &a).await {
+                Ok(()) => aside = Some(a),
+                Err(e) if e.code == ErrorCode::NotFound => {}
+                Err(e) => return Err(ctx(&format!("moving {to} aside"), e)),
             }
-            Ok(_) => match self.delete(dst, true).await {
+        }
+        if let Err(e) = self.rename(staged, to).await {
+            if let Some(a) = &aside {
+                if let Err(b) = self.rename(a, to).await {
+                    tracing::warn!("could not put {to} back from {a}: {b}");
+                }
+            }
+            return Err(ctx(&format!("moving the restored tree to {to}"), e));
+        }
+        Ok(aside)
+    }
+
+    /// Undoes a move after a later one failed: the restored node goes back
+    /// to where it was built (to be discarded), the old one to its place.
+    async fn move_back(&self, staged: &str, to: &str, aside: Option<String>) {
+        if let Err(e) = self.rename(to, staged).await {
+            tracing::warn!("could not move the restored {to} back to {staged}: {e}");
+            return;
+        }
+        if let Some(a) = aside {
+            if let Err(e) = self.rename(&a, to).await {
+                tracing::warn!("could not put {to} back from {a}: {e}");
+            }
+        }
+    }
+
+    /// Removes what a failed restore built.
+    async fn discard(&self, st: &Staging) {
+        for (staged, _) in &st.moves {
+            match self.delete(staged, true).await {
                 Ok(()) => {}
                 Err(e) if e.code == ErrorCode::NotFound => {}
-                Err(e) => return Err(e),
-            },
-            Err(e) if e.code == ErrorCode::NotFound => {}
-            Err(e) => return Err(e),
-        }
-        let (parent, _) = path::split_parent(dst)?;
-        if parent != "/" {
-            match self.lookup(parent).await {
-                Ok(_) => {}
-                Err(e) if e.code == ErrorCode::NotFound => self.mkdir(parent, true).await?,
-                Err(e) => return Err(e),
+                Err(e) => tracing::warn!("could not remove the partial restore at {staged}: {e}"),
             }
         }
-        Ok(())
     }
 
     /// Creates one data node with its bytes, checking them again on the
@@ -1088,14 +1402,13 @@ fn open_packs(dir: &Path, m: &Manifest) -> Result<Vec<std::fs::File>> {
     let mut out = Vec::with_capacity(m.packs.len());
     for (i, len) in m.packs.iter().enumerate() {
         let path = dir.join(pack_name(i as u32));
-        let f = std::fs::File::open(&path).map_err(|e| {
+        let (f, actual) = open_regular(&path, "snapshot pack file", |e| {
             Error::data_lost(format!(
                 "snapshot {}: {}: {e}",
                 dir.display(),
                 pack_name(i as u32)
             ))
         })?;
-        let actual = f.metadata().map_err(|e| io_err(&path, e))?.len();
         let mut h = [0u8; PACK_HEADER_LEN as usize];
         let header_ok = actual >= PACK_HEADER_LEN
             && f.read_exact_at(&mut h, 0).is_ok()
@@ -1248,6 +1561,51 @@ mod tests {
         let mut m = sample();
         m.entries[0].path = "r".into();
         assert!(refused(&m).contains("root"));
+    }
+
+    #[test]
+    fn a_manifest_listing_a_path_twice_is_refused() {
+        let dup = |extra: ManifestEntry| {
+            let mut m = sample();
+            m.entries.push(extra);
+            refused(&m)
+        };
+        let s = sample();
+        // A File twice, a Table and a Directory, a Bag and a File, a
+        // KeyValue twice.
+        let mut dir = s.entries[1].clone();
+        dir.ty = NodeType::Directory;
+        let mut file = s.entries[5].clone();
+        file.path = "b".into();
+        for (what, extra) in [
+            ("file", s.entries[4].clone()),
+            ("table and directory", dir),
+            ("bag and file", file),
+            ("key-value", s.entries[2].clone()),
+        ] {
+            let e = dup(extra);
+            assert!(e.contains("twice"), "{what}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_manifest_whose_nodes_share_bytes_is_refused() {
+        // Two nodes over the same bytes (a snapshot writes them back to
+        // back): a small snapshot must not restore as a big tree.
+        let mut m = sample();
+        m.packs[0] = PACK_HEADER_LEN + 20;
+        let mut twin = m.entries[2].clone();
+        twin.path = "t/k2".into();
+        m.entries.insert(3, twin.clone());
+        assert!(refused(&m).contains("overlap"), "{}", refused(&m));
+        // Back to back is fine.
+        m.entries[3].offset = PACK_HEADER_LEN + 10;
+        Manifest::decode(&m.encode(), Path::new("m")).unwrap();
+        // And so is an empty node anywhere.
+        twin.size = 0;
+        twin.path = "t/k3".into();
+        m.entries.insert(4, twin);
+        Manifest::decode(&m.encode(), Path::new("m")).unwrap();
     }
 
     #[test]

@@ -465,3 +465,272 @@ async fn a_damaged_or_incomplete_snapshot_is_refused_naming_the_file() {
         .await
         .unwrap();
 }
+
+/// Every name directly under `/`, sorted.
+async fn top_level(c: &Client) -> Vec<String> {
+    let mut names = c.enumerate("/").await.unwrap();
+    names.sort();
+    names
+}
+
+/// A Directory `/precious` holding a File: a target a failed restore must
+/// leave as it was.
+async fn precious(c: &Client) -> Vec<u8> {
+    c.create("/precious", NodeType::Directory, opts(true))
+        .await
+        .unwrap();
+    let keep = pattern(99, 3 * BS + 5);
+    file(c, "/precious/keep", &keep).await;
+    keep
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manifest_listing_a_node_twice_is_refused_before_anything_changes() {
+    use nodekernel_client::snapshot::{read_manifest, Manifest, ManifestEntry};
+    let t = common::start(32 * MIB, 32 * MIB).await;
+    let c = &t.client;
+    c.create("/src", NodeType::Directory, opts(true))
+        .await
+        .unwrap();
+    file(c, "/src/f", &pattern(1, 1000)).await;
+    c.create("/src/b", NodeType::Bag, opts(true)).await.unwrap();
+    file(c, "/src/b/g", &pattern(2, BS + 3)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("s");
+    c.snapshot("/src", &snap, &SnapshotOptions::default(), &())
+        .await
+        .unwrap();
+    let good = read_manifest(&snap).unwrap();
+    let keep = precious(c).await;
+    let before = top_level(c).await;
+
+    let entry = |path: &str| good.entries.iter().find(|e| e.path == path).unwrap();
+    let empty = |path: &str, ty| ManifestEntry {
+        path: path.into(),
+        ty,
+        size: 0,
+        crc: 0,
+        ..entry("f").clone()
+    };
+    let crafted: [(&str, ManifestEntry); 4] = [
+        ("a File twice", entry("f").clone()),
+        ("a File and a Directory", empty("f", NodeType::Directory)),
+        ("a Bag and a File", empty("b", NodeType::File)),
+        ("a File in a Bag twice", entry("b/g").clone()),
+    ];
+    let force = RestoreOptions {
+        overwrite: true,
+        ..RestoreOptions::default()
+    };
+    for (what, extra) in crafted {
+        let mut m: Manifest = good.clone();
+        m.entries.push(extra);
+        // The checksum is valid: only the content is hostile.
+        std::fs::write(snap.join(MANIFEST), m.encode()).unwrap();
+        for to in ["/precious", "/fresh/copy"] {
+            let e = c.restore(&snap, to, &force, &()).await.unwrap_err();
+            assert_eq!(e.code, ErrorCode::DataLost, "{what} to {to}: {e}");
+            assert!(
+                e.message.contains(MANIFEST) && e.message.contains("twice"),
+                "{what} to {to}: {e}"
+            );
+            assert_eq!(top_level(c).await, before, "{what} to {to}");
+            assert_eq!(c.get("/precious/keep").await.unwrap(), keep, "{what}");
+        }
+    }
+    // The snapshot as written still restores, over the target too.
+    std::fs::write(snap.join(MANIFEST), good.encode()).unwrap();
+    c.restore(&snap, "/precious", &force, &()).await.unwrap();
+    assert_eq!(c.get("/precious/f").await.unwrap(), pattern(1, 1000));
+    assert_eq!(
+        c.lookup("/precious/keep").await.unwrap_err().code,
+        ErrorCode::NotFound
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_that_fails_midway_leaves_no_partial_tree_and_keeps_the_target() {
+    // A snapshot of 3 MiB of Files and KeyValues, taken in a big cluster...
+    let src = common::start(32 * MIB, 0).await;
+    let c = &src.client;
+    c.create("/src", NodeType::Directory, opts(true))
+        .await
+        .unwrap();
+    c.create("/src/t", NodeType::Table, opts(true))
+        .await
+        .unwrap();
+    for i in 0..12u64 {
+        file(c, &format!("/src/f{i}"), &pattern(i, 4 * BS)).await;
+        c.put(&format!("/src/t/k{i}"), &pattern(100 + i, 100))
+            .await
+            .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("s");
+    c.snapshot("/src", &snap, &SnapshotOptions::default(), &())
+        .await
+        .unwrap();
+    // ... restored into a small one: it runs out of space partway.
+    let small = common::start(32 * common::BS, 0).await;
+    let c = &small.client;
+    let keep = precious(c).await;
+    let force = RestoreOptions {
+        overwrite: true,
+        ..RestoreOptions::default()
+    };
+    let e = c
+        .restore(&snap, "/precious", &force, &())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::NoSpace, "{e}");
+    // The target was not touched, and nothing of the restore is left.
+    assert_eq!(top_level(c).await, ["precious"]);
+    assert_eq!(c.get("/precious/keep").await.unwrap(), keep);
+    assert_eq!(c.enumerate("/precious").await.unwrap(), ["keep"]);
+    // Into a new path with missing parents: none of them is left either.
+    let e = c
+        .restore(&snap, "/new/deeper/copy", &RestoreOptions::default(), &())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::NoSpace, "{e}");
+    assert_eq!(top_level(c).await, ["precious"]);
+    let e = c
+        .restore(&snap, "/precious/copy", &RestoreOptions::default(), &())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::NoSpace, "{e}");
+    assert_eq!(c.enumerate("/precious").await.unwrap(), ["keep"]);
+    // The space the failed restores took is free again: a restore that
+    // fits once the old tree is gone succeeds.
+    c.delete("/precious", true).await.unwrap();
+    let smaller = common::start(32 * MIB, 0).await;
+    smaller
+        .client
+        .create("/s", NodeType::Directory, opts(true))
+        .await
+        .unwrap();
+    file(&smaller.client, "/s/f", &pattern(5, 20 * BS)).await;
+    let snap2 = dir.path().join("s2");
+    smaller
+        .client
+        .snapshot("/s", &snap2, &SnapshotOptions::default(), &())
+        .await
+        .unwrap();
+    c.restore(&snap2, "/s", &RestoreOptions::default(), &())
+        .await
+        .unwrap();
+    assert_eq!(c.get("/s/f").await.unwrap(), pattern(5, 20 * BS));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restore_with_overwrite_replaces_all_of_root_and_a_single_value() {
+    let t = common::start(32 * MIB, 32 * MIB).await;
+    let c = &t.client;
+    let dir = tempfile::tempdir().unwrap();
+    let want = small_snapshot(c, &dir.path().join("s")).await;
+    c.create("/other", NodeType::Directory, opts(true))
+        .await
+        .unwrap();
+    let whole = dir.path().join("whole");
+    c.snapshot("/", &whole, &SnapshotOptions::default(), &())
+        .await
+        .unwrap();
+    // Changed after the snapshot: replaced, removed, added.
+    c.put("/src/k0", b"changed").await.unwrap();
+    c.delete("/other", false).await.unwrap();
+    c.create("/later", NodeType::Directory, opts(true))
+        .await
+        .unwrap();
+    let force = RestoreOptions {
+        overwrite: true,
+        ..RestoreOptions::default()
+    };
+    c.restore(&whole, "/", &force, &()).await.unwrap();
+    assert_eq!(top_level(c).await, ["other", "src"]);
+    check_tree(c, "/src", &want, "/src").await;
+    // A snapshot of one value over an existing value.
+    let one = dir.path().join("one");
+    c.snapshot("/src/k1", &one, &SnapshotOptions::default(), &())
+        .await
+        .unwrap();
+    c.restore(&one, "/src/k0", &force, &()).await.unwrap();
+    assert_eq!(c.get("/src/k0").await.unwrap(), want["/src/k1"].1);
+    assert_eq!(
+        c.enumerate("/src").await.unwrap().len(),
+        3,
+        "nothing else is left in the table"
+    );
+}
+
+/// Replaces `path` with a symbolic link to `to`.
+fn symlink_over(path: &Path, to: &Path) {
+    std::fs::remove_file(path).unwrap();
+    std::os::unix::fs::symlink(to, path).unwrap();
+}
+
+/// Replaces `path` with a FIFO nobody writes to.
+fn fifo_over(path: &Path) {
+    std::fs::remove_file(path).unwrap();
+    let st = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn special_files_in_a_snapshot_are_refused_naming_them() {
+    let t = common::start(32 * MIB, 32 * MIB).await;
+    let c = &t.client;
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("s");
+    let want = small_snapshot(c, &snap).await;
+    let manifest = snap.join(MANIFEST);
+    let pack = snap.join(pack_name(0));
+    let saved = dir.path().join("saved");
+    std::fs::create_dir(&saved).unwrap();
+    std::fs::copy(&manifest, saved.join(MANIFEST)).unwrap();
+    std::fs::copy(&pack, saved.join(pack_name(0))).unwrap();
+    let put_back = || {
+        for f in [MANIFEST.to_string(), pack_name(0)] {
+            let _ = std::fs::remove_file(snap.join(&f));
+            std::fs::copy(saved.join(&f), snap.join(&f)).unwrap();
+        }
+    };
+    let refused = |file: &Path, why: &str| {
+        let (snap, file, why) = (snap.clone(), file.to_path_buf(), why.to_string());
+        async move {
+            let e = c
+                .restore(&snap, "/r", &RestoreOptions::default(), &())
+                .await
+                .unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidArgument, "{e}");
+            assert!(
+                e.message.contains(&file.display().to_string())
+                    && e.message.contains("not a regular file")
+                    && e.message.contains(&why),
+                "{e}"
+            );
+            assert_eq!(c.lookup("/r").await.unwrap_err().code, ErrorCode::NotFound);
+        }
+    };
+    // A manifest that reads forever, and one that never answers.
+    symlink_over(&manifest, Path::new("/dev/zero"));
+    refused(&manifest, "character device").await;
+    fifo_over(&manifest);
+    refused(&manifest, "FIFO").await;
+    put_back();
+    // Packs likewise.
+    fifo_over(&pack);
+    refused(&pack, "FIFO").await;
+    symlink_over(&pack, Path::new("/dev/zero"));
+    refused(&pack, "character device").await;
+    put_back();
+    // A link to a regular file is followed.
+    symlink_over(&pack, &saved.join(pack_name(0)));
+    symlink_over(&manifest, &saved.join(MANIFEST));
+    c.restore(&snap, "/r", &RestoreOptions::default(), &())
+        .await
+        .unwrap();
+    check_tree(c, "/src", &want, "/r").await;
+}
