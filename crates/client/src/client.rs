@@ -916,7 +916,7 @@ struct UnfinishedPut {
 
 enum PutState {
     Creating(BoxFuture<'static, Result<Node>>),
-    Writing(Node),
+    Writing(Box<Node>),
     Done,
 }
 
@@ -937,7 +937,7 @@ impl UnfinishedPut {
         if let PutState::Creating(create) = &mut self.state {
             let created = create.await;
             self.state = match created {
-                Ok(node) => PutState::Writing(node),
+                Ok(node) => PutState::Writing(Box::new(node)),
                 Err(e) => {
                     self.state = PutState::Done;
                     return Err(e);
