@@ -935,14 +935,14 @@ impl UnfinishedPut {
     /// The new value's node, once created. Cancel safe.
     async fn node(&mut self) -> Result<&mut Node> {
         if let PutState::Creating(create) = &mut self.state {
-            let created = create.await;
-            self.state = match created {
-                Ok(node) => PutState::Writing(Box::new(node)),
+            match create.await {
+                Ok(node) => self.state = PutState::Writing(Box::new(node)),
                 Err(e) => {
+                    // Nothing was created: nothing to abort.
                     self.state = PutState::Done;
                     return Err(e);
                 }
-            };
+            }
         }
         match &mut self.state {
             PutState::Writing(node) => Ok(node),
