@@ -1,7 +1,8 @@
 use crate::blockio::{AccessHook, BlockIo};
 use crate::node::Node;
 use bytes::BytesMut;
-use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
 use nodekernel_proto::record::{self, RECORD_SIZE};
 use nodekernel_proto::{
@@ -828,24 +829,40 @@ impl Client {
     /// KeyValue put: create (replacing any old value), append, close. A
     /// put that fails leaves nothing behind: the new value is dropped and
     /// its blocks freed at once (the old value, if any, stays).
+    ///
+    /// Cancel safe: a put whose future is dropped before it finished (a
+    /// timeout, `select!`, a cancelled Python task) is aborted in the
+    /// background on the current tokio runtime, the same way. A create
+    /// still in flight is finished first, so even a put dropped before it
+    /// learnt its node leaves nothing behind; the value's blocks are freed
+    /// as soon as that abort is answered, not when the metadata server
+    /// sweeps abandoned puts. A put dropped during its close either
+    /// stored the whole new value or left the old one. The bytes of
+    /// `value` are not used after the future is dropped.
     pub async fn put(&self, p: &str, value: &[u8]) -> Result<()> {
         let opts = CreateOptions {
             size_hint: value.len() as u64,
             ..CreateOptions::default()
         };
-        let mut node = self.create(p, NodeType::KeyValue, opts).await?;
+        let mut put = UnfinishedPut::create(self, p, opts);
+        let node = put.node().await?;
         let written = match node.append(value).await {
             Ok(()) => node.close_in_place().await,
             Err(e) => Err(e),
         };
-        if let Err(e) = written {
-            if let Err(a) = node.abort().await {
-                // The metadata server drops the put once its lease expires.
-                tracing::debug!("{p}: could not abort the failed put: {a}");
+        match written {
+            Ok(()) => {
+                put.finished();
+                Ok(())
             }
-            return Err(e);
+            Err(e) => {
+                // Awaited, so the space is free when the error is seen.
+                if let Some(abort) = put.abort() {
+                    let _ = abort.await;
+                }
+                Err(e)
+            }
         }
-        Ok(())
     }
 
     /// KeyValue get (works for Files too): lookup, then read everything.
@@ -886,6 +903,96 @@ impl Client {
             .buffered(in_flight.max(1))
             .collect()
             .await)
+    }
+}
+
+/// A [`Client::put`] that has not finished: its create, boxed so that a
+/// dropped put can finish it, or its node. Dropped before
+/// [`UnfinishedPut::finished`], it aborts the put in the background.
+struct UnfinishedPut {
+    path: String,
+    state: PutState,
+}
+
+enum PutState {
+    Creating(BoxFuture<'static, Result<Node>>),
+    Writing(Box<Node>),
+    Done,
+}
+
+impl UnfinishedPut {
+    /// Starts creating the new value (the create runs when awaited).
+    fn create(client: &Client, p: &str, opts: CreateOptions) -> UnfinishedPut {
+        let (client, path) = (client.clone(), p.to_string());
+        UnfinishedPut {
+            path: p.to_string(),
+            state: PutState::Creating(
+                async move { client.create(&path, NodeType::KeyValue, opts).await }.boxed(),
+            ),
+        }
+    }
+
+    /// The new value's node, once created. Cancel safe.
+    async fn node(&mut self) -> Result<&mut Node> {
+        if let PutState::Creating(create) = &mut self.state {
+            match create.await {
+                Ok(node) => self.state = PutState::Writing(Box::new(node)),
+                Err(e) => {
+                    // Nothing was created: nothing to abort.
+                    self.state = PutState::Done;
+                    return Err(e);
+                }
+            }
+        }
+        match &mut self.state {
+            PutState::Writing(node) => Ok(node),
+            _ => Err(Error::internal(format!(
+                "{}: the put has no node to write",
+                self.path
+            ))),
+        }
+    }
+
+    /// The put is closed: nothing to abort.
+    fn finished(&mut self) {
+        self.state = PutState::Done;
+    }
+
+    /// Aborts the put in a task of its own (so that it runs to its end
+    /// whatever happens to the caller), finishing its create first; `None`
+    /// if there is nothing to abort or no runtime to run it on (the
+    /// metadata server then drops the value once its lease lapses).
+    fn abort(&mut self) -> Option<tokio::task::JoinHandle<()>> {
+        let abort = match std::mem::replace(&mut self.state, PutState::Done) {
+            PutState::Done => return None,
+            PutState::Writing(node) => node.abort().boxed(),
+            PutState::Creating(create) => async move {
+                match create.await {
+                    Ok(node) => node.abort().await,
+                    // Never created: nothing to abort.
+                    Err(_) => Ok(()),
+                }
+            }
+            .boxed(),
+        };
+        let path = std::mem::take(&mut self.path);
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!("{path}: a put dropped outside a tokio runtime is left to the sweep");
+            return None;
+        };
+        Some(rt.spawn(async move {
+            if let Err(e) = abort.await {
+                // The metadata server drops the put once its lease lapses.
+                tracing::debug!("{path}: could not abort the unfinished put: {e}");
+            }
+        }))
+    }
+}
+
+impl Drop for UnfinishedPut {
+    fn drop(&mut self) {
+        // Not awaited: the put's future is gone.
+        drop(self.abort());
     }
 }
 

@@ -4,10 +4,19 @@
 //! over the Rust client ([`nodekernel_client`], the only protocol
 //! implementation). The synchronous classes (`Client`, `File`) run it
 //! with the GIL released on the module's tokio runtime; the asyncio classes
-//! (`AsyncClient`, `AsyncFile`) hand it to the event loop through
-//! `pyo3-async-runtimes`, so many calls can be in flight from one loop.
-//! The client's calls are cancel safe, so a cancelled asyncio task leaves
-//! its connection usable.
+//! (`AsyncClient`, `AsyncFile`) run it as a task there and hand the loop
+//! a future for it (`nodekernel._future.NativeFuture`, see [`spawn`]), so
+//! many calls can be in flight from one loop.
+//!
+//! Cancellation: a cancelled asyncio call stops its task, and the
+//! CancelledError reaches the caller only once the task has stopped, so a
+//! cancelled call never touches the caller's buffer afterwards. The
+//! client's calls are cancel safe, so the connection stays usable, and a
+//! cancelled put is aborted (`Client::put`). What takes or gives back a
+//! write lease (open, create, close, abort) runs to its end regardless
+//! ([`detached`]), and a cancelled file write poisons its file and aborts
+//! the writer ([`spawn_write`]): no cancellation leaves space held until
+//! the metadata server's sweep.
 //!
 //! Values come back as `bytes` allocated once at their final size and
 //! filled in place with the GIL released (on the co-located path that is
@@ -25,6 +34,7 @@ use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::IntoPyObjectExt;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -38,9 +48,6 @@ use tokio::runtime::Runtime;
 /// (the parent's threads do not exist in the child); clients made before
 /// the fork refuse to work there (see [`Core::check`]).
 static RUNTIME: Mutex<Option<(u32, &'static Runtime)>> = Mutex::new(None);
-/// The process (pid) whose runtime pyo3-async-runtimes drives asyncio calls on.
-static ASYNC_PID: Mutex<Option<u32>> = Mutex::new(None);
-
 fn runtime() -> PyResult<&'static Runtime> {
     let pid = std::process::id();
     let mut rt = RUNTIME.lock().unwrap_or_else(|p| p.into_inner());
@@ -59,27 +66,6 @@ fn runtime() -> PyResult<&'static Runtime> {
     let r: &'static Runtime = Box::leak(Box::new(r));
     *rt = Some((pid, r));
     Ok(r)
-}
-
-/// Makes pyo3-async-runtimes use this process's runtime; fails in a process
-/// forked after the parent used asyncio (its runtime's threads are gone).
-fn async_runtime() -> PyResult<()> {
-    let pid = std::process::id();
-    let mut owner = ASYNC_PID.lock().unwrap_or_else(|p| p.into_inner());
-    match *owner {
-        Some(p) if p == pid => Ok(()),
-        Some(_) => Err(PyRuntimeError::new_err(
-            "the asyncio API cannot be used in a process forked after its parent used it; \
-             start worker processes with the 'spawn' or 'forkserver' method",
-        )),
-        None => {
-            let rt = runtime()?;
-            // Fails only if someone else set it first; either way it runs.
-            let _ = pyo3_async_runtimes::tokio::init_with_runtime(rt);
-            *owner = Some(pid);
-            Ok(())
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -178,7 +164,19 @@ fn block<T: Send>(py: Python<'_>, fut: impl Future<Output = Out<T>> + Send) -> P
     py.detach(|| rt.block_on(fut)).map_err(|f| f.into_pyerr(py))
 }
 
-/// Hands `fut` to the running asyncio event loop as an awaitable.
+static NATIVE_FUTURE: PyOnceLock<(Py<PyAny>, Py<PyAny>)> = PyOnceLock::new();
+
+/// Hands `fut` to the running asyncio event loop as an awaitable: a
+/// `nodekernel._future.NativeFuture`, resolved when the task running `fut`
+/// on the runtime ends.
+///
+/// Cancel safe for the caller's memory: cancelling the awaitable aborts
+/// that task, and the awaitable ends (cancelled) only once the task has
+/// stopped, so `fut` has been dropped, with every borrow of a caller's
+/// buffer in it (`Target`, `Input`), before CancelledError reaches the
+/// caller. What a dropped operation leaves behind is the operation's own
+/// concern: a put aborts itself (`Client::put`), a file write poisons its
+/// file ([`spawn_write`]).
 fn spawn<'py, T>(
     py: Python<'py>,
     fut: impl Future<Output = Out<T>> + Send + 'static,
@@ -186,10 +184,105 @@ fn spawn<'py, T>(
 where
     T: for<'a> IntoPyObject<'a> + Send + 'static,
 {
-    async_runtime()?;
-    pyo3_async_runtimes::tokio::future_into_py(py, async move {
-        fut.await.map_err(|f| Python::attach(|py| f.into_pyerr(py)))
-    })
+    spawn_stoppable(py, fut, None)
+}
+
+/// [`spawn`] for a write to `file`: cancelling it poisons the file
+/// ([`FileCore::poison`]), whether the write had started, was under way
+/// or had just finished, so a write that raised CancelledError always
+/// left the file poisoned.
+fn spawn_write<'py>(
+    py: Python<'py>,
+    file: Arc<FileCore>,
+    fut: impl Future<Output = Out<Value>> + Send + 'static,
+) -> PyResult<Bound<'py, PyAny>> {
+    spawn_stoppable(py, fut, Some(file))
+}
+
+fn spawn_stoppable<'py, T>(
+    py: Python<'py>,
+    fut: impl Future<Output = Out<T>> + Send + 'static,
+    poisons: Option<Arc<FileCore>>,
+) -> PyResult<Bound<'py, PyAny>>
+where
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    let rt = runtime()?;
+    let (class, get_running_loop) = NATIVE_FUTURE.get_or_try_init(py, || {
+        Ok::<_, PyErr>((
+            py.import("nodekernel._future")?
+                .getattr("NativeFuture")?
+                .unbind(),
+            py.import("asyncio")?.getattr("get_running_loop")?.unbind(),
+        ))
+    })?;
+    let event_loop = get_running_loop.bind(py).call0()?;
+    let task = rt.spawn(fut);
+    let abort = task.abort_handle();
+    let py_fut = class
+        .bind(py)
+        .call1((
+            &event_loop,
+            Stop {
+                task: abort.clone(),
+                poisons,
+            },
+        ))
+        .inspect_err(|_| abort.abort())?;
+    let (event_loop, target) = (event_loop.unbind(), py_fut.clone().unbind());
+    rt.spawn(async move {
+        let ended = task.await;
+        // The GIL is taken off the runtime's workers, which must not block.
+        tokio::task::spawn_blocking(move || {
+            Python::attach(|py| resolve(py, &event_loop, &target, ended))
+        });
+    });
+    Ok(py_fut)
+}
+
+/// Stops the task of a [`spawn`]ed call (`NativeFuture.cancel` calls it),
+/// poisoning the file a cancelled write was for.
+#[pyclass(module = "nodekernel._native", frozen)]
+struct Stop {
+    task: tokio::task::AbortHandle,
+    poisons: Option<Arc<FileCore>>,
+}
+
+#[pymethods]
+impl Stop {
+    fn __call__(&self) {
+        self.task.abort();
+        if let Some(file) = &self.poisons {
+            file.poison();
+        }
+    }
+}
+
+/// Hands the end of a [`spawn`]ed task to its future, on the loop's thread.
+fn resolve<T>(
+    py: Python<'_>,
+    event_loop: &Py<PyAny>,
+    fut: &Py<PyAny>,
+    ended: std::result::Result<Out<T>, tokio::task::JoinError>,
+) where
+    T: for<'a> IntoPyObject<'a>,
+{
+    let (ok, value) = match ended {
+        Ok(Ok(v)) => match v.into_py_any(py) {
+            Ok(v) => (true, v),
+            Err(e) => (false, e.into_value(py).into_any()),
+        },
+        Ok(Err(f)) => (false, f.into_pyerr(py).into_value(py).into_any()),
+        // Stopped: the future was cancelled and ends so.
+        Err(e) if e.is_cancelled() => (true, py.None()),
+        Err(e) => (false, panicked(e).into_value(py).into_any()),
+    };
+    let delivered = fut
+        .bind(py)
+        .getattr("_nk_resolve")
+        .and_then(|r| event_loop.call_method1(py, "call_soon_threadsafe", (r, ok, value)));
+    // Fails only if the loop is closed: nobody awaits the result then.
+    drop(delivered);
 }
 
 // ---------------------------------------------------------------------------
@@ -848,11 +941,44 @@ mod ops {
 // ---------------------------------------------------------------------------
 // Files
 
+/// What a file is; `Cancelled` is a writer poisoned by a cancelled write
+/// (`FileCore::write`): its abort, running in the background (`None`
+/// without a runtime).
 enum FileState {
     Read { node: Box<nk::Node> },
     Bag { reader: Box<nk::BagReader> },
     Write { writer: Box<nk::BufferedWriter> },
+    Cancelled(Option<Background>),
     Closed,
+}
+
+/// A writer's close or abort, run in a task of its own.
+type Background = tokio::task::JoinHandle<nk::Result<()>>;
+
+/// Runs `fut` in a task of its own, so that it runs to its end even if
+/// the call awaiting it is cancelled: for calls that take or give back a
+/// write lease (open, create, close, abort), which must not be left
+/// half done. A cancelled call's result is dropped, which gives back what
+/// it took (a dropped writer is closed or aborted, see `FileCore::drop`).
+async fn detached<T: Send + 'static>(fut: impl Future<Output = Out<T>> + Send + 'static) -> Out<T> {
+    let task = runtime()?.spawn(fut);
+    task.await.unwrap_or_else(|e| Err(panicked(e).into()))
+}
+
+/// Starts a writer's close or abort in a task of its own: it runs to its
+/// end even if the call awaiting it is cancelled.
+fn background(fut: impl Future<Output = nk::Result<()>> + Send + 'static) -> PyResult<Background> {
+    Ok(runtime()?.spawn(fut))
+}
+
+/// Waits for the end of a [`background`] close or abort.
+async fn joined(task: Background) -> nk::Result<()> {
+    task.await
+        .unwrap_or_else(|e| Err(nk::Error::internal(format!("{e}"))))
+}
+
+fn panicked(e: tokio::task::JoinError) -> PyErr {
+    PyRuntimeError::new_err(format!("a nodekernel call panicked: {e}"))
 }
 
 struct FileCore {
@@ -868,6 +994,8 @@ struct FileCore {
     /// A KeyValue being written (a put in steps): dropping or leaving a
     /// `with` block on an exception aborts it instead of publishing.
     kv: bool,
+    /// A write was cancelled: the writer is (or is about to be) aborted.
+    write_cancelled: AtomicBool,
     state: tokio::sync::Mutex<FileState>,
 }
 
@@ -882,6 +1010,7 @@ impl FileCore {
             closed: AtomicBool::new(false),
             files: Vec::new(),
             kv: false,
+            write_cancelled: AtomicBool::new(false),
             state: tokio::sync::Mutex::new(st),
         }
     }
@@ -958,7 +1087,7 @@ impl FileCore {
     /// Reads up to `want` bytes (all that is left if `None`) into a new
     /// `bytes`.
     async fn read(self: Arc<Self>, want: Option<u64>) -> Out<Value> {
-        let mut st = self.state.lock().await;
+        let mut st = self.lock().await;
         let pos = self.pos.load(Ordering::Acquire);
         let left = self.size.load(Ordering::Acquire).saturating_sub(pos);
         let n = want.map_or(left, |w| w.min(left));
@@ -976,7 +1105,7 @@ impl FileCore {
     }
 
     async fn readinto(self: Arc<Self>, mut target: Target) -> Out<Value> {
-        let mut st = self.state.lock().await;
+        let mut st = self.lock().await;
         let pos = self.pos.load(Ordering::Acquire);
         let left = self.size.load(Ordering::Acquire).saturating_sub(pos);
         let n = (target.len as u64).min(left) as usize;
@@ -1003,63 +1132,142 @@ impl FileCore {
                         break;
                     }
                     got += n;
+                    // The stream has moved on: a read cancelled later
+                    // leaves the position where the stream is.
+                    self.pos.store(pos + got as u64, Ordering::Release);
                 }
                 got
             }
-            FileState::Write { .. } => return Err(self.unsupported("reading")),
+            FileState::Write { .. } | FileState::Cancelled(_) => {
+                return Err(self.unsupported("reading"))
+            }
             FileState::Closed => return Err(self.check().unwrap_err().into()),
         };
         self.pos.store(pos + got as u64, Ordering::Release);
         Ok(got)
     }
 
+    /// Writes all of `data`. A cancelled write poisons the file
+    /// ([`spawn_write`]), however far it got (it may have taken an unknown
+    /// prefix of `data`): the writer is aborted at once, in the background
+    /// (nothing since the last flush is published, a put in steps leaves
+    /// no value, the unpublished blocks are freed), and every later call
+    /// but `close` and `abort` raises.
     async fn write(self: Arc<Self>, data: Input) -> Out<Value> {
-        let mut st = self.state.lock().await;
-        match &mut *st {
+        let mut st = self.lock().await;
+        let pos = match &mut *st {
             FileState::Write { writer } => {
                 writer.write_all(data.data()).await.at(&self.name)?;
-                let pos = writer.position();
-                self.pos.store(pos, Ordering::Release);
-                self.size.store(pos, Ordering::Release);
-                Ok(Value::Int(data.len as u64))
+                writer.position()
             }
-            FileState::Closed => Err(self.check().unwrap_err().into()),
-            _ => Err(self.unsupported("writing")),
-        }
+            FileState::Cancelled(_) => return Err(self.cancelled()),
+            FileState::Closed => return Err(self.check().unwrap_err().into()),
+            _ => return Err(self.unsupported("writing")),
+        };
+        self.pos.store(pos, Ordering::Release);
+        self.size.store(pos, Ordering::Release);
+        Ok(Value::Int(data.len as u64))
     }
 
     async fn flush(self: Arc<Self>) -> Out<Value> {
-        let mut st = self.state.lock().await;
-        if let FileState::Write { writer } = &mut *st {
-            writer.sync().await.at(&self.name)?;
+        let mut st = self.lock().await;
+        match &mut *st {
+            // Cancel safe: a cancelled flush leaves the writer usable.
+            FileState::Write { writer } => writer.sync().await.at(&self.name)?,
+            FileState::Cancelled(_) => return Err(self.cancelled()),
+            _ => {}
         }
         Ok(Value::None)
     }
 
+    /// Closes the file; a writer publishes everything and releases its
+    /// lease (to the end even if this call is cancelled). A writer
+    /// poisoned by a cancelled write raises, once its abort has ended.
     async fn close(self: Arc<Self>) -> Out<Value> {
-        let mut st = self.state.lock().await;
+        let mut st = self.lock().await;
         self.closed.store(true, Ordering::Release);
-        if let FileState::Write { writer } = std::mem::replace(&mut *st, FileState::Closed) {
-            writer.close().await.at(&self.name)?;
+        match std::mem::replace(&mut *st, FileState::Closed) {
+            FileState::Write { writer } => {
+                joined(background(writer.close())?).await.at(&self.name)?;
+            }
+            FileState::Cancelled(abort) => {
+                if let Some(abort) = abort {
+                    let _ = joined(abort).await;
+                }
+                return Err(self.cancelled());
+            }
+            _ => {}
         }
         Ok(Value::None)
     }
 
-    /// Writers: gives up without publishing (see `BufferedWriter::abort`).
+    /// Writers: gives up without publishing (see `BufferedWriter::abort`),
+    /// to the end even if this call is cancelled.
     async fn abort(self: Arc<Self>) -> Out<Value> {
-        let mut st = self.state.lock().await;
+        let mut st = self.lock().await;
         self.closed.store(true, Ordering::Release);
-        if let FileState::Write { writer } = std::mem::replace(&mut *st, FileState::Closed) {
-            writer.abort().await.at(&self.name)?;
-        }
+        let abort = match std::mem::replace(&mut *st, FileState::Closed) {
+            FileState::Write { writer } => background(writer.abort())?,
+            FileState::Cancelled(Some(abort)) => abort,
+            _ => return Ok(Value::None),
+        };
+        joined(abort).await.at(&self.name)?;
         Ok(Value::None)
+    }
+
+    /// The state, locked, with a cancelled write's poisoning applied.
+    async fn lock(&self) -> tokio::sync::MutexGuard<'_, FileState> {
+        let mut st = self.state.lock().await;
+        self.settle(&mut st);
+        st
+    }
+
+    /// A write to this file was cancelled: poisons it, at once if no call
+    /// holds the state, else as soon as that call lets go of it.
+    fn poison(self: &Arc<Self>) {
+        self.write_cancelled.store(true, Ordering::Release);
+        match self.state.try_lock() {
+            Ok(mut st) => self.settle(&mut st),
+            Err(_) => {
+                if let Ok(rt) = runtime() {
+                    let file = self.clone();
+                    rt.spawn(async move { drop(file.lock().await) });
+                }
+            }
+        }
+    }
+
+    /// Aborts the writer, in the background, if a write was cancelled.
+    fn settle(&self, st: &mut FileState) {
+        if !self.write_cancelled.load(Ordering::Acquire) {
+            return;
+        }
+        match std::mem::replace(st, FileState::Closed) {
+            FileState::Write { writer } => {
+                // Without a runtime the writer is dropped: its lease lapses.
+                *st = FileState::Cancelled(background(writer.abort()).ok());
+            }
+            other => *st = other,
+        }
+    }
+
+    /// The error of every call on a writer poisoned by a cancelled write.
+    fn cancelled(&self) -> Fail {
+        let name = &self.name;
+        let msg = format!(
+            "{name}: a write was cancelled, so the writer was aborted: nothing written \
+             since the last flush is published (a KeyValue written in steps is not \
+             stored); open it again to write"
+        );
+        pyo3::exceptions::PyOSError::new_err((libc::ECANCELED, msg)).into()
     }
 
     /// What leaving a `with` block does: a put in steps that failed is
     /// aborted; everything else is closed (a File keeps what was written,
     /// as Python's own files do).
     async fn exit(self: Arc<Self>, failed: bool) -> Out<Value> {
-        if failed && self.kv {
+        let poisoned = matches!(&*self.lock().await, FileState::Cancelled(_));
+        if failed && (self.kv || poisoned) {
             self.abort().await
         } else {
             self.close().await
@@ -1101,8 +1309,8 @@ impl FileCore {
 impl Drop for FileCore {
     /// A writer dropped without `close` (garbage collected) is closed in
     /// the background, as Python closes its files, so its write lease does
-    /// not block the path; a put in steps is aborted instead (a value is
-    /// all or nothing).
+    /// not block the path; a put in steps, or a writer whose write was
+    /// cancelled, is aborted instead (a value is all or nothing).
     fn drop(&mut self) {
         let st = std::mem::replace(self.state.get_mut(), FileState::Closed);
         let FileState::Write { writer } = st else {
@@ -1114,10 +1322,10 @@ impl Drop for FileCore {
         let Ok(rt) = runtime() else {
             return;
         };
-        let kv = self.kv;
+        let abort = self.kv || self.write_cancelled.load(Ordering::Acquire);
         rt.spawn(async move {
             // Nobody is left to tell; the lease lapses if this fails.
-            let _ = if kv {
+            let _ = if abort {
                 writer.abort().await
             } else {
                 writer.close().await
@@ -1174,20 +1382,20 @@ macro_rules! client_methods {
                 self.core.check()?;
                 check_path(path)?;
                 let ty = parse_type(r#type, &[NodeType::File, NodeType::KeyValue])?;
-                $run(py, ops::create(self.core.clone(), path.into(), ty, $aio))
+                $run(py, detached(ops::create(self.core.clone(), path.into(), ty, $aio)))
             }
 
             fn lookup<'py>(&self, py: Python<'py>, path: &str) -> PyResult<$ret> {
                 self.core.check()?;
                 check_path(path)?;
-                $run(py, ops::lookup(self.core.clone(), path.into(), $aio))
+                $run(py, detached(ops::lookup(self.core.clone(), path.into(), $aio)))
             }
 
             #[pyo3(signature = (path, mode = "rb"))]
             fn open<'py>(&self, py: Python<'py>, path: &str, mode: &str) -> PyResult<$ret> {
                 self.core.check()?;
                 check_path(path)?;
-                $run(py, ops::open(self.core.clone(), path.into(), mode.into(), $aio))
+                $run(py, detached(ops::open(self.core.clone(), path.into(), mode.into(), $aio)))
             }
 
             fn stat<'py>(&self, py: Python<'py>, path: &str) -> PyResult<$ret> {
@@ -1506,7 +1714,7 @@ file_attrs!(AsyncFile, {
     fn write<'py>(&self, py: Python<'py>, data: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         self.f.check()?;
         let input = Input::new(data)?;
-        spawn(py, self.f.clone().write(input))
+        spawn_write(py, self.f.clone(), self.f.clone().write(input))
     }
 
     fn flush<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {

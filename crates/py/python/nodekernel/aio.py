@@ -3,7 +3,10 @@
 Same methods as `nodekernel.Client`, each a coroutine (`await
 client.get(path)`); any number of calls may be in flight from one event
 loop. Cancelling a call (a timeout, a cancelled task) leaves the client
-usable.
+usable, and the call has stopped by the time CancelledError reaches the
+caller: it no longer touches the caller's buffers (`get_into`,
+`AsyncFile.readinto`), a cancelled put leaves nothing behind, and a
+cancelled `AsyncFile.write` aborts the writer (see `AsyncFile.write`).
 """
 
 from __future__ import annotations
