@@ -90,13 +90,16 @@ pub const SMALL_PAYLOAD: usize = 4 * 1024;
 
 /// Default of [`crate::ServeOptions::max_request_bytes`]: bytes of request
 /// payloads larger than [`SMALL_PAYLOAD`] a server holds at once, across
-/// its connections, from the moment a frame's header arrives until its
-/// request has been handled. A frame reserves
-/// `max(its length, RECV_BUF_INITIAL) + RECV_READ_MIN` bytes (the buffer
-/// it is received into) before more of it is read; a connection whose
-/// frame does not fit waits, reading nothing, without its frame timeout
-/// running (those holding the bytes must finish their frames within it).
-/// Frames a handler receives in place (a DRAM server's writes) take none.
+/// its connections, until their requests have been handled. A frame
+/// reserves `max(its length, RECV_BUF_INITIAL) + RECV_READ_MIN` bytes
+/// before it is taken, or, if it is larger than its connection's receive
+/// buffer, before the buffer grows for it (then to the whole frame at once;
+/// its pages become resident as its bytes arrive). A connection whose frame
+/// does not fit waits, reading nothing, without its frame timeout running
+/// (those holding the bytes must finish their frames within theirs). A
+/// frame that announces more than it sends holds nothing until its bytes
+/// fill the receive buffer. Frames a handler receives in place (a DRAM
+/// server's writes) take none.
 pub const MAX_REQUEST_BYTES: usize = 128 << 20;
 
 /// Default of [`crate::ServeOptions::max_reply_bytes`]: bytes of replies a
@@ -130,14 +133,6 @@ pub const RECV_BUF_INITIAL: usize = 64 * 1024;
 /// A server receive buffer never offers a read less room than this (it grows
 /// first).
 pub const RECV_READ_MIN: usize = 16 * 1024;
-
-/// A server receive buffer grows as bytes arrive, never from a declared
-/// frame length alone: each growth asks for at most
-/// `max(RECV_GROW_STEP, bytes buffered)` more, never for more than the
-/// frame still needs, and only for a frame whose bytes are reserved
-/// ([`MAX_REQUEST_BYTES`]). A peer that sends only a header declaring a
-/// 16 MiB frame pins [`RECV_BUF_INITIAL`], not 16 MiB.
-pub const RECV_GROW_STEP: usize = 256 * 1024;
 
 /// A server receive buffer larger than [`RECV_BUF_INITIAL`] shrinks back to
 /// it once its connection has been idle (nothing buffered beyond a small

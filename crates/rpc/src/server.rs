@@ -18,8 +18,7 @@ use crate::limits::{
     FRAME_TIMEOUT, HANDSHAKE_GRACE, HANDSHAKE_TIMEOUT, LIMIT_WARN_INTERVAL, MAX_CONNECTIONS,
     MAX_CONNECTIONS_PER_PEER, MAX_CONNECTION_REPLY_BYTES, MAX_ERROR_MESSAGE, MAX_HANDSHAKES,
     MAX_IN_FLIGHT, MAX_REPLY_BYTES, MAX_REQUESTS, MAX_REQUEST_BYTES, RECV_BUF_INITIAL,
-    RECV_GROW_STEP, RECV_READ_MIN, RECV_SHRINK_AFTER, REPLY_BUF, SMALL_PAYLOAD, TRIM_AFTER,
-    TRIM_INTERVAL,
+    RECV_READ_MIN, RECV_SHRINK_AFTER, REPLY_BUF, SMALL_PAYLOAD, TRIM_AFTER, TRIM_INTERVAL,
 };
 use crate::spin::{Spin, SpinStats};
 use crate::transport::{Listener, LocalPeers, ReadHalf, Stream};
@@ -1002,9 +1001,9 @@ fn take_frame(buf: &mut BytesMut, header: FrameHeader) -> Bytes {
 }
 
 /// A connection's receive buffer, counted in the server's total. It grows
-/// only as bytes arrive (see [`RECV_GROW_STEP`]), never from a declared frame
-/// length alone, and beyond [`RECV_BUF_INITIAL`] only for a frame whose
-/// bytes are reserved.
+/// beyond [`RECV_BUF_INITIAL`] only for a frame whose bytes have filled it
+/// and are reserved ([`MAX_REQUEST_BYTES`]), never from a declared frame
+/// length alone.
 struct RecvBuf<'a> {
     buf: BytesMut,
     counted: usize,
@@ -1045,24 +1044,29 @@ impl<'a> RecvBuf<'a> {
         self.counted = cap;
     }
 
-    /// Makes room for the next read, when less than [`RECV_READ_MIN`] is
-    /// free: room for `RECV_READ_MIN` bytes, or for a reserved frame at the
-    /// front at most `max(RECV_GROW_STEP, bytes buffered)` more, and no
-    /// more than it still needs. The bytes move to the start of the buffer
-    /// if they can; a new buffer is exactly that large (never doubled), at
-    /// least [`RECV_BUF_INITIAL`].
+    /// The room the next read needs: the rest of a reserved frame at the
+    /// front, or else [`RECV_READ_MIN`] bytes (or what the frame at the
+    /// front still needs, if less).
+    fn wanted(&self) -> usize {
+        match front(&self.buf) {
+            Front::Partial(_, missing) if self.reserved => missing,
+            Front::Partial(_, missing) => missing.min(RECV_READ_MIN),
+            _ => RECV_READ_MIN,
+        }
+    }
+
+    /// Whether the next read needs a larger buffer (the bytes buffered
+    /// move to its start first, if that makes room).
+    fn full(&mut self) -> bool {
+        let want = self.wanted();
+        self.buf.capacity() - self.buf.len() < want && !self.buf.try_reclaim(want)
+    }
+
+    /// Makes room for the next read ([`RecvBuf::wanted`]): a new buffer is
+    /// exactly that large (never doubled), at least [`RECV_BUF_INITIAL`].
     fn prepare(&mut self) {
-        let len = self.buf.len();
-        if self.buf.capacity() - len >= RECV_READ_MIN {
-            return;
-        }
-        let want = match front(&self.buf) {
-            Front::Partial(_, missing) if self.reserved => missing.min(RECV_GROW_STEP.max(len)),
-            _ => 0,
-        }
-        .max(RECV_READ_MIN);
-        if !self.buf.try_reclaim(want) {
-            self.move_to((len + want).max(RECV_BUF_INITIAL));
+        if self.full() {
+            self.move_to((self.buf.len() + self.wanted()).max(RECV_BUF_INITIAL));
         }
     }
 
@@ -1458,9 +1462,11 @@ async fn serve_requests<H: Handler>(
             match at_front {
                 Front::Short => break,
                 Front::Partial(header, _) => {
-                    // Its bytes are reserved before more of it is read.
+                    // Its bytes are reserved before the buffer grows for it.
                     if let Some(n) = frame_reservation(header.payload_len) {
-                        blocked = !holds.get(Hold::Frame, state, n);
+                        if rbuf.full() {
+                            blocked = !holds.get(Hold::Frame, state, n);
+                        }
                     }
                     break;
                 }
