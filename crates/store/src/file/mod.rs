@@ -418,11 +418,7 @@ impl FileMedium {
         if len == 0 {
             return Ok(());
         }
-        let (kind, (start, end)) = match self.stream_reads && len >= STREAM_READ_MIN {
-            // Buffered: any offset and length will do.
-            true => (OpKind::StreamRead, (off, off + len as u64)),
-            false => (OpKind::Read, self.cover(off, len as u64)),
-        };
+        let (kind, (start, end)) = self.read_span(off, len);
         let buf = self.pool.get((end - start) as usize);
         let buf = self.engine.run(kind, start, buf, keep).await?;
         let skip = (off - start) as usize;
@@ -506,6 +502,15 @@ impl FileMedium {
 
     /// The aligned range covering `off..off+len` (inside the file, whose
     /// length is a multiple of [`ALIGN`]).
+    /// How a read of `len` bytes at `off` is done, and the range it reads.
+    fn read_span(&self, off: u64, len: usize) -> (OpKind, (u64, u64)) {
+        match self.stream_reads && len >= STREAM_READ_MIN {
+            // Buffered: any offset and length will do.
+            true => (OpKind::StreamRead, (off, off + len as u64)),
+            false => (OpKind::Read, self.cover(off, len as u64)),
+        }
+    }
+
     fn cover(&self, off: u64, len: u64) -> (u64, u64) {
         let a = self.align;
         (off / a * a, (off + len).div_ceil(a) * a)
@@ -634,6 +639,12 @@ impl Medium for FileMedium {
 
     fn kind(&self) -> &'static str {
         "file"
+    }
+
+    /// The aligned buffer a read goes through.
+    fn read_buffer_len(&self, off: u64, len: usize) -> usize {
+        let (start, end) = self.read_span(off, len).1;
+        BufPool::capacity(end.saturating_sub(start) as usize)
     }
 
     fn size(&self) -> u64 {
