@@ -440,16 +440,6 @@ enum Room {
     Full,
 }
 
-impl Room {
-    /// `Crowded`'s `due`, when `keep(due)`.
-    fn filter(self, keep: impl Fn(Instant) -> bool) -> Option<Instant> {
-        match self {
-            Room::Crowded { due, .. } if keep(due) => Some(due),
-            _ => None,
-        }
-    }
-}
-
 impl Registry {
     /// Room for one more connection (see [`ServeOptions::max_handshakes`]).
     fn room(&self, opts: &ServeOptions) -> Room {
@@ -535,7 +525,7 @@ impl Drop for Registered {
     fn drop(&mut self) {
         let sockets = &self.state.sockets;
         let gone = sockets.conns.lock().expect("sockets lock").remove(self.id);
-        drop(gone);
+        drop(gone); // its duplicate descriptor, closed outside the lock
         sockets.room.notify_one();
     }
 }
@@ -727,16 +717,19 @@ fn serve_listener<H: Handler>(
             // ones wait in the listen queue (see `max_handshakes`).
             let now = Instant::now();
             let room = st.sockets.conns.lock().expect("sockets lock").room(&opts);
-            if let Some(due) = room.filter(|due| due > now) {
-                tokio::select! {
-                    biased;
-                    () = st.sockets.stop.notified() => return,
-                    () = tokio::time::sleep_until(due.into()) => {}
-                    () = st.sockets.room.notified() => {}
-                    Some(_) = conns.join_next(), if !conns.is_empty() => {}
-                    _ = trim.tick() => st.trim_if_freed(),
+            match room {
+                Room::Crowded { due, .. } if due > now => {
+                    tokio::select! {
+                        biased;
+                        () = st.sockets.stop.notified() => return,
+                        () = tokio::time::sleep_until(due.into()) => {}
+                        () = st.sockets.room.notified() => {}
+                        Some(_) = conns.join_next(), if !conns.is_empty() => {}
+                        _ = trim.tick() => st.trim_if_freed(),
+                    }
+                    continue;
                 }
-                continue;
+                _ => {}
             }
             tokio::select! {
                 biased;
@@ -788,23 +781,21 @@ fn serve_listener<H: Handler>(
                             // handshake has had its grace.
                             Room::Crowded { oldest, due } if due <= now => {
                                 if let Some(victim) = reg.remove(oldest) {
-                                shutdown_fd(&victim.fd);
-                                st.evicted.fetch_add(1, Ordering::Relaxed);
-                                if let Some(suppressed) = evictions.allow() {
-                                    tracing::warn!(
-                                        "closed the connection from {} still in its handshake \
-                                         after {:?} to make room ({} in their handshake, \
-                                         max_handshakes {}; {} open, max_connections {}); \
-                                         {suppressed} more since the last warning",
-                                        victim.peer,
-                                        now.saturating_duration_since(due)
-                                            + HANDSHAKE_GRACE.min(opts.handshake_timeout),
-                                        reg.handshaking.len() + 1,
-                                        opts.max_handshakes,
-                                        reg.open.len() + 1,
-                                        opts.max_connections,
-                                    );
-                                }
+                                    shutdown_fd(&victim.fd);
+                                    st.evicted.fetch_add(1, Ordering::Relaxed);
+                                    if let Some(suppressed) = evictions.allow() {
+                                        tracing::warn!(
+                                            "closed the connection from {} still in its \
+                                             handshake after {:?} to make room (max_handshakes \
+                                             {}, max_connections {}); {suppressed} more since \
+                                             the last warning",
+                                            victim.peer,
+                                            now.saturating_duration_since(due)
+                                                + HANDSHAKE_GRACE.min(opts.handshake_timeout),
+                                            opts.max_handshakes,
+                                            opts.max_connections,
+                                        );
+                                    }
                                 }
                             }
                             // Every connection is past its handshake (or, in
