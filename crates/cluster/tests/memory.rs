@@ -97,6 +97,27 @@ async fn raw(addr: &str) -> TcpStream {
     s
 }
 
+/// Sends the header of a frame of `kind` announcing `payload` bytes and
+/// expects it refused at once, from the header alone: a `Protocol` error
+/// naming the limit, then the connection closed.
+async fn refused_from_its_header(addr: &str, kind: u16, payload: usize, limit: usize) {
+    let mut s = raw(addr).await;
+    s.write_all(&frame_header(9, kind, payload)).await.unwrap();
+    let mut h = [0u8; HEADER_LEN];
+    s.read_exact(&mut h).await.unwrap();
+    let hdr = FrameHeader::parse(&h).unwrap();
+    let mut msg = vec![0u8; hdr.payload_len];
+    s.read_exact(&mut msg).await.unwrap();
+    let msg = String::from_utf8_lossy(&msg);
+    assert_eq!(
+        (hdr.id, hdr.kind),
+        (9, nodekernel_proto::ErrorCode::Protocol as u16),
+        "{msg}"
+    );
+    assert!(msg.contains(&format!("at most {limit} bytes")), "{msg}");
+    assert_eq!(s.read(&mut [0u8; 1]).await.unwrap(), 0, "closed");
+}
+
 /// Samples the memory while an attack runs: fails at the first sample
 /// more than `bound` bytes over `base`, and returns the highest growth
 /// once `done` holds or nothing (`progress` and memory) changed for a
@@ -247,6 +268,8 @@ fn frames_stalled_on_the_metadata_port_hold_no_memory() {
         let t = cluster(MIB).await;
         let meta = t.cluster.meta_addr().to_string();
         warm_up(&t).await;
+        let limit = nodekernel_proto::meta::max_request_len(meta_op::LOOKUP);
+        refused_from_its_header(&meta, meta_op::LOOKUP, limit + 1, limit).await;
         let base = rss_anon();
         let (conns, finished) = stalled_frames(&meta, 64, meta_op::LOOKUP, MAX_PAYLOAD_LEN, |_| {});
         let most = watch(
@@ -280,6 +303,9 @@ fn stalled_writes_on_both_stores_stay_within_the_request_budget() {
         warm_up(&t).await;
         for dram in [true, false] {
             let addr = store_addr(&t, dram);
+            // More than a block is refused before any of it is read.
+            let most = nodekernel_proto::store::WRITE_PREFIX_LEN + block;
+            refused_from_its_header(&addr, store_op::WRITE, most + 1, most).await;
             let base = rss_anon();
             let prefix = |f: &mut Vec<u8>| {
                 let mut p = BytesMut::new();

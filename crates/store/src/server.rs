@@ -144,15 +144,21 @@ impl Handler for StoreHandler {
 
     /// A read from a file holds its data twice until its reply is sent:
     /// in the reply, and, while the disk reads it, in an aligned buffer.
-    /// (A DRAM server sends its reads from the region.)
+    /// (A DRAM server sends its reads from the region.) A read its
+    /// capability does not cover is refused and reserves nothing.
     fn reply_len(&self, op: u16, payload: &[u8]) -> usize {
         if op != store_op::READ || self.store.shared_region().is_some() {
             return 0;
         }
         match StoreRequest::decode(op, payload) {
             Ok(StoreRequest::Read {
-                block, offset, len, ..
-            }) => {
+                block,
+                gen,
+                offset,
+                len,
+                tag,
+                cap,
+            }) if self.check_read(&cap, block, gen, offset, len, tag).is_ok() => {
                 // A small value's tag may be read with its bytes.
                 let (at, span) = (offset.saturating_sub(TAG_LEN), len.saturating_add(TAG_LEN));
                 READ_REPLY_OVERHEAD + span as usize + self.store.read_buffer_len(block, at, span)

@@ -500,8 +500,6 @@ impl FileMedium {
         Ok(())
     }
 
-    /// The aligned range covering `off..off+len` (inside the file, whose
-    /// length is a multiple of [`ALIGN`]).
     /// How a read of `len` bytes at `off` is done, and the range it reads.
     fn read_span(&self, off: u64, len: usize) -> (OpKind, (u64, u64)) {
         match self.stream_reads && len >= STREAM_READ_MIN {
@@ -511,6 +509,8 @@ impl FileMedium {
         }
     }
 
+    /// The aligned range covering `off..off+len` (inside the file, whose
+    /// length is a multiple of [`ALIGN`]).
     fn cover(&self, off: u64, len: u64) -> (u64, u64) {
         let a = self.align;
         (off / a * a, (off + len).div_ceil(a) * a)
