@@ -656,13 +656,15 @@ impl Client {
                 }
             }
             if !missing.is_empty() {
-                let req = MetaRequest::RecordNames {
-                    container,
-                    slots: missing,
-                };
-                match self.meta_at(idx, &req).await? {
-                    MetaReply::Names(found) => entries.extend(found),
-                    other => return Err(unexpected(other)),
+                for slots in missing.chunks(nodekernel_proto::meta::MAX_RECORD_NAMES) {
+                    let req = MetaRequest::RecordNames {
+                        container,
+                        slots: slots.to_vec(),
+                    };
+                    match self.meta_at(idx, &req).await? {
+                        MetaReply::Names(found) => entries.extend(found),
+                        other => return Err(unexpected(other)),
+                    }
                 }
                 entries.sort_by_key(|e| e.0);
             }

@@ -666,6 +666,12 @@ impl Handler for MetaHandler {
         self.handshake.clone()
     }
 
+    /// No metadata request needs more than a few KiB: a larger frame is
+    /// refused from its header, before any of it is buffered.
+    fn max_payload(&self, op: u16) -> usize {
+        nodekernel_proto::meta::max_request_len(op)
+    }
+
     async fn handle(&self, op: u16, payload: Bytes, out: &mut BytesMut) -> Result<()> {
         let started = Instant::now();
         let result = self.serve(op, payload, out).await;

@@ -79,6 +79,42 @@ pub const MAX_POLICY_SETS: usize = 64;
 /// Most blocks one map request may ask for.
 pub const MAX_MAP_COUNT: u32 = 1024;
 
+/// Most record slots one `RecordNames` request may name (a client asks
+/// in batches).
+pub const MAX_RECORD_NAMES: usize = 16 * 1024;
+
+/// Largest payload of a metadata request that names paths: two paths of
+/// [`MAX_PATH_LEN`](crate::path::MAX_PATH_LEN) (a move's source and
+/// destination; a create's path and location), and room for the rest.
+pub const PATH_REQUEST_MAX: usize = 2 * (4 + crate::path::MAX_PATH_LEN) + 1024;
+
+/// Largest payload of a metadata request that names no path: numbers, a
+/// server's identity or address.
+pub const SMALL_REQUEST_MAX: usize = 4 * 1024;
+
+/// Largest payload of a registration or a policy change.
+pub const LARGE_REQUEST_MAX: usize = 64 * 1024;
+
+/// The largest payload a metadata server takes for a request of kind
+/// `op`: no request needs more than a few KiB, so a larger frame is
+/// refused from its header, before any of it is buffered
+/// (`docs/security.md`, *Limits*).
+pub fn max_request_len(op: u16) -> usize {
+    match op {
+        op::CREATE
+        | op::LOOKUP
+        | op::REMOVE
+        | op::MOVE
+        | op::ENUMERATE
+        | op::OPEN_WRITE
+        | op::SNAPSHOT_BEGIN
+        | op::SET_ATTRS => PATH_REQUEST_MAX,
+        op::REGISTER | op::POLICY => LARGE_REQUEST_MAX,
+        op::RECORD_NAMES => 8 + 4 + 4 * MAX_RECORD_NAMES,
+        _ => SMALL_REQUEST_MAX,
+    }
+}
+
 /// One node of a snapshot's frozen listing (`docs/snapshots.md`), as a
 /// [`MetaReply::SnapshotPage`] carries it. A node with many blocks is
 /// split over several entries with the same `index` (and increasing
@@ -632,6 +668,12 @@ impl MetaRequest {
             op::RECORD_NAMES => {
                 let container = d.u64()?;
                 let n = d.count(4)?;
+                if n > MAX_RECORD_NAMES {
+                    return Err(Error::protocol(format!(
+                        "names of {n} record slots asked in one request (at most \
+                         {MAX_RECORD_NAMES})"
+                    )));
+                }
                 let mut slots = Vec::with_capacity(n);
                 for _ in 0..n {
                     slots.push(d.u32()?);
@@ -1086,6 +1128,84 @@ mod tests {
             );
         }
         assert!(MetaRequest::decode(999, &[]).is_err());
+    }
+
+    /// Every request fits its kind's limit on a metadata server, also at
+    /// its largest: paths of `MAX_PATH_LEN`, the most record slots and
+    /// policy settings, long names. Beyond the most record slots, a
+    /// request is refused.
+    #[test]
+    fn every_request_at_its_largest_fits_its_kinds_limit() {
+        let path = format!("/{}", "p".repeat(crate::path::MAX_PATH_LEN - 1));
+        let name = "n".repeat(255);
+        let mut largest = samples();
+        largest.extend([
+            MetaRequest::Create {
+                path: path.clone(),
+                ty: NodeType::File,
+                storage_class: 0,
+                location: "l".repeat(1000),
+                enumerable: true,
+                size_hint: u64::MAX,
+                pinned: true,
+                mode: MAX_MODE,
+                mtime: u64::MAX,
+                open_existing: true,
+            },
+            MetaRequest::Move {
+                src: path.clone(),
+                dst: path.clone(),
+                replace: true,
+            },
+            MetaRequest::SetAttrs {
+                path: path.clone(),
+                mode: Some(MAX_MODE),
+                mtime: Some(u64::MAX),
+            },
+            MetaRequest::RecordNames {
+                container: u64::MAX,
+                slots: vec![u32::MAX; MAX_RECORD_NAMES],
+            },
+            MetaRequest::Policy {
+                set: vec![(name.clone(), name.clone()); MAX_POLICY_SETS],
+            },
+            MetaRequest::Register(ServerSpec {
+                addr: name.clone(),
+                class: 0,
+                class_name: name.clone(),
+                medium: name.clone(),
+                location: name.clone(),
+                block_size: 1 << 24,
+                first_block: 0,
+                num_blocks: u32::MAX,
+                identity: name.clone(),
+                incarnation: 7,
+                cap_key: [5; 32],
+            }),
+            MetaRequest::Drain {
+                server: name.clone(),
+                cancel: true,
+            },
+            MetaRequest::Resize {
+                server: name.clone(),
+                blocks: 300,
+            },
+        ]);
+        for r in largest {
+            let mut b = BytesMut::new();
+            r.encode(&mut b);
+            let limit = max_request_len(r.op());
+            assert!(b.len() <= limit, "{} bytes, limit {limit}: {r:?}", b.len());
+            assert!(limit < 128 << 10);
+        }
+        let mut b = BytesMut::new();
+        MetaRequest::RecordNames {
+            container: 1,
+            slots: vec![0; MAX_RECORD_NAMES + 1],
+        }
+        .encode(&mut b);
+        let e = MetaRequest::decode(op::RECORD_NAMES, &b).unwrap_err();
+        assert!(e.message.contains("at most 16384"), "{e}");
     }
 
     #[test]

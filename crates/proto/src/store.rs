@@ -76,6 +76,26 @@ pub fn read_reply_data(mut payload: Bytes, block: u32, gen: u64, len: usize) -> 
 /// Most blocks one `Claim` request may carry.
 pub const MAX_CLAIM_BATCH: usize = 4096;
 
+/// Bytes of one block of a `Claim` request.
+pub const CLAIM_LEN: usize = 4 + 8 + 4 + 1 + CAP_LEN;
+
+/// Largest payload of a storage request other than a write or a claim (a
+/// read, a copy: numbers, capabilities and an address).
+pub const SMALL_REQUEST_MAX: usize = 4 * 1024;
+
+/// The largest payload a storage server with blocks of `block_size` bytes
+/// takes for a request of kind `op`: a write carries at most one block, a
+/// claim at most [`MAX_CLAIM_BATCH`] blocks, the others a few hundred
+/// bytes; a larger frame is refused from its header, before any of it is
+/// buffered (`docs/security.md`, *Limits*).
+pub fn max_request_len(op: u16, block_size: u32) -> usize {
+    match op {
+        op::WRITE => WRITE_PREFIX_LEN + block_size as usize,
+        op::CLAIM => 4 + MAX_CLAIM_BATCH * CLAIM_LEN,
+        _ => SMALL_REQUEST_MAX,
+    }
+}
+
 /// Bytes of a small value's tag: the first bytes of its piece hold its
 /// node id (little-endian), written by its put and cleared when the value
 /// is freed, so a handle to a replaced or deleted value gets `Stale` on
@@ -348,7 +368,7 @@ impl<'a> StoreRequest<'a> {
                 StoreRequest::ShmInfo
             }
             op::CLAIM => {
-                let n = d.count(4 + 8 + 4 + 1 + CAP_LEN)?;
+                let n = d.count(CLAIM_LEN)?;
                 if n > MAX_CLAIM_BATCH {
                     return Err(Error::protocol(format!(
                         "claim batch of {n} blocks exceeds the limit of {MAX_CLAIM_BATCH}"
@@ -484,6 +504,65 @@ mod tests {
             let e = t.check(found.to_le_bytes(), 3).unwrap_err();
             assert_eq!(e.code, ErrorCode::Stale);
             assert!(e.message.contains("node 42"), "{e}");
+        }
+    }
+
+    /// Every request fits its kind's limit on a storage server, also at
+    /// its largest (a write of a whole block, the most claims, a long
+    /// address), and a write of more than a block does not.
+    #[test]
+    fn every_request_at_its_largest_fits_its_kinds_limit() {
+        let cap = Cap::mint(&[9; 32], 1, 2, 0, 100);
+        for block_size in [4096u32, 1 << 20, crate::MAX_BLOCK_SIZE] {
+            let data = vec![7u8; block_size as usize];
+            let claim = Claim {
+                block: u32::MAX,
+                gen: u64::MAX,
+                clear_tag_at: Some(7),
+                release: true,
+                scrub: true,
+                cap,
+            };
+            for r in [
+                StoreRequest::Read {
+                    block: u32::MAX,
+                    gen: u64::MAX,
+                    offset: u32::MAX,
+                    len: u32::MAX,
+                    tag: Some(TagCheck { at: 3, expect: 77 }),
+                    cap,
+                },
+                StoreRequest::Write {
+                    block: 1,
+                    gen: 2,
+                    offset: 0,
+                    cap,
+                    data: &data,
+                },
+                StoreRequest::Ping,
+                StoreRequest::ShmInfo,
+                StoreRequest::Resize { bytes: u64::MAX },
+                StoreRequest::Claim {
+                    claims: vec![claim; MAX_CLAIM_BATCH],
+                },
+                StoreRequest::Copy {
+                    block: 1,
+                    gen: 2,
+                    cap,
+                    src_addr: "a".repeat(255),
+                    src_block: 3,
+                    src_gen: 4,
+                    src_cap: cap,
+                },
+            ] {
+                let mut b = BytesMut::new();
+                r.encode(&mut b);
+                let limit = max_request_len(r.op(), block_size);
+                assert!(b.len() <= limit, "{} bytes, limit {limit}", b.len());
+                assert!(limit <= crate::MAX_PAYLOAD_LEN);
+            }
+            let over = WRITE_PREFIX_LEN + block_size as usize + 1;
+            assert!(over > max_request_len(op::WRITE, block_size));
         }
     }
 

@@ -140,6 +140,18 @@ unsafe fn recv_raw(
     }
 }
 
+/// Hands the heap memory the allocator keeps free back to the system
+/// (glibc's `malloc_trim`, which also releases free pages inside its
+/// arenas); nothing with other C libraries. Blocking: run it off the
+/// runtime's worker threads.
+pub(crate) fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only works on the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Maps an I/O error on a connection to the shared error vocabulary.
 pub(crate) fn io_error(what: &str, e: std::io::Error) -> Error {
     Error::unavailable(format!("{what}: {e}"))

@@ -6,7 +6,15 @@
 //! deployment may want to change are fields of [`crate::ServeOptions`] with
 //! the defaults below; the others are fixed here. The largest frame is fixed
 //! by the wire protocol ([`nodekernel_proto::MAX_PAYLOAD_LEN`]: one 16 MiB
-//! block plus 64 KiB).
+//! block plus 64 KiB); a handler lowers it per request kind
+//! ([`crate::Handler::max_payload`]).
+//!
+//! What a server's connections hold, at most: a receive buffer of
+//! [`RECV_BUF_INITIAL`] (+ [`RECV_READ_MIN`]) each, plus
+//! [`MAX_REQUEST_BYTES`] of larger frames and their payloads,
+//! [`MAX_REQUESTS`] x [`SMALL_PAYLOAD`] of small payloads,
+//! [`MAX_REPLY_BYTES`] of declared replies, and [`MAX_IN_FLIGHT`] small
+//! (undeclared) replies per connection.
 
 use std::time::Duration;
 
@@ -21,6 +29,32 @@ pub const MAX_CONNECTIONS: usize = 1024;
 /// shared memory); a quarter of [`MAX_CONNECTIONS`] leaves room for many
 /// processes behind one address while no single one takes every slot.
 pub const MAX_CONNECTIONS_PER_PEER: usize = 256;
+
+/// Default of [`crate::ServeOptions::max_handshakes`]: connections in their
+/// handshake (which have proved nothing yet) per server, a quarter of
+/// [`MAX_CONNECTIONS`]. When they are all taken, or every connection slot
+/// is, the oldest connection still in its handshake is closed to make room
+/// for the next one, once it has had [`HANDSHAKE_GRACE`]; until then new
+/// connections wait in the listen queue ([`LISTEN_BACKLOG`]), in the order
+/// they came. So peers that open connections and never finish their
+/// handshake (from any number of addresses) cannot keep out those that do:
+/// they hold at most this many slots, and a new client waits at most about
+/// (connections queued before it / `MAX_HANDSHAKES`) x `HANDSHAKE_GRACE`
+/// (4 s behind a full queue of 4,096).
+pub const MAX_HANDSHAKES: usize = 256;
+
+/// A connection in its handshake is not closed to make room for another
+/// before it has had this long (or the handshake timeout, if shorter): a
+/// client that is not stuck finishes its handshake well within it (a
+/// handshake takes a few round trips).
+pub const HANDSHAKE_GRACE: Duration = Duration::from_millis(250);
+
+/// Connections the kernel keeps waiting to be accepted (the listen
+/// backlog; capped by `net.core.somaxconn`, 4,096 on current kernels).
+/// While [`MAX_HANDSHAKES`] are taken, new connections wait there in the
+/// order they came: a queue that overflows drops connection attempts,
+/// which then retry with growing pauses and lose their place.
+pub const LISTEN_BACKLOG: i32 = 4096;
 
 /// Default of [`crate::ServeOptions::max_requests`]: requests handled at
 /// once by one server, across all its connections. A request beyond it
@@ -48,6 +82,50 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// for authentication exchanges.
 pub const MAX_HANDSHAKE_PAYLOAD: usize = 64 * 1024;
 
+/// Request payloads of at most this many bytes are copied out of their
+/// connection's receive buffer for the handler (a copy of a few KiB costs
+/// less than keeping the buffer alive for the request). At most
+/// [`MAX_REQUESTS`] of them are held at once.
+pub const SMALL_PAYLOAD: usize = 4 * 1024;
+
+/// Default of [`crate::ServeOptions::max_request_bytes`]: bytes of request
+/// payloads larger than [`SMALL_PAYLOAD`] a server holds at once, across
+/// its connections, until their requests have been handled. A frame
+/// reserves `max(its length, RECV_BUF_INITIAL) + RECV_READ_MIN` bytes
+/// before it is taken, or, if it is larger than its connection's receive
+/// buffer, before the buffer grows for it (then to the whole frame at once;
+/// its pages become resident as its bytes arrive). A connection whose frame
+/// does not fit waits, reading nothing, without its frame timeout running
+/// (those holding the bytes must finish their frames within theirs). A
+/// frame that announces more than it sends holds nothing until its bytes
+/// fill the receive buffer. Frames a handler receives in place (a DRAM
+/// server's writes) take none.
+pub const MAX_REQUEST_BYTES: usize = 128 << 20;
+
+/// Default of [`crate::ServeOptions::max_reply_bytes`]: bytes of replies a
+/// server holds at once, across its connections, for the requests whose
+/// handler declares them in advance ([`crate::Handler::reply_len`]: a file
+/// server's reads), from before the request is handled until its reply
+/// has been handed to the socket. A request whose reply does not fit
+/// waits (its connection reads nothing meanwhile).
+pub const MAX_REPLY_BYTES: usize = 128 << 20;
+
+/// Default of [`crate::ServeOptions::max_connection_reply_bytes`]: the same
+/// per connection (a connection may always have one reply, however
+/// large): a connection whose peer does not read its replies stops having
+/// its requests read once this much waits, so it holds no more.
+pub const MAX_CONNECTION_REPLY_BYTES: usize = 32 << 20;
+
+/// Once the bytes a server holds for frames, replies and receive buffers
+/// have fallen this far below their peak, it hands the freed heap memory
+/// back to the system (glibc's `malloc_trim`; other allocators give it
+/// back themselves or keep it), checked every [`TRIM_INTERVAL`]. Without
+/// it, memory freed after a burst of large buffers stays with the process.
+pub const TRIM_AFTER: usize = 32 << 20;
+
+/// How often a server checks whether to hand memory back ([`TRIM_AFTER`]).
+pub const TRIM_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Capacity of a server connection's receive buffer when it starts and after
 /// it shrinks back.
 pub const RECV_BUF_INITIAL: usize = 64 * 1024;
@@ -55,13 +133,6 @@ pub const RECV_BUF_INITIAL: usize = 64 * 1024;
 /// A server receive buffer never offers a read less room than this (it grows
 /// first).
 pub const RECV_READ_MIN: usize = 16 * 1024;
-
-/// A server receive buffer grows as bytes arrive, never from a declared
-/// frame length alone: each growth asks for at most
-/// `max(RECV_GROW_STEP, bytes buffered)` more, and never for more than the
-/// frame still needs. A peer that sends only a header declaring a 16 MiB
-/// frame pins [`RECV_BUF_INITIAL`], not 16 MiB.
-pub const RECV_GROW_STEP: usize = 256 * 1024;
 
 /// A server receive buffer larger than [`RECV_BUF_INITIAL`] shrinks back to
 /// it once its connection has been idle (nothing buffered beyond a small

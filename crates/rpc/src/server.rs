@@ -3,16 +3,22 @@
 //! writes the replies.
 //!
 //! Every resource a peer can make the server hold is bounded (see
-//! [`crate::limits`]): open connections ([`ServeOptions::max_connections`]),
-//! requests being handled per connection and per server, bytes buffered for
-//! an unfinished frame (receive buffers grow only as bytes arrive, and shrink
-//! back when idle), and the time a handshake or a frame may take.
+//! [`crate::limits`]): open connections ([`ServeOptions::max_connections`])
+//! and those still in their handshake ([`ServeOptions::max_handshakes`]),
+//! requests being handled per connection and per server, the payload each
+//! request kind may have ([`Handler::max_payload`]), the bytes held for
+//! frames being received or handled ([`ServeOptions::max_request_bytes`];
+//! receive buffers grow only as bytes arrive, and shrink back when idle),
+//! the bytes of replies waiting for their peer
+//! ([`ServeOptions::max_reply_bytes`]), and the time a handshake or a frame
+//! may take.
 
 use crate::handshake::{HandshakeIo, ServerHandshake, VersionHandshake};
 use crate::limits::{
-    FRAME_TIMEOUT, HANDSHAKE_TIMEOUT, LIMIT_WARN_INTERVAL, MAX_CONNECTIONS,
-    MAX_CONNECTIONS_PER_PEER, MAX_ERROR_MESSAGE, MAX_IN_FLIGHT, MAX_REQUESTS, RECV_BUF_INITIAL,
-    RECV_GROW_STEP, RECV_READ_MIN, RECV_SHRINK_AFTER, REPLY_BUF,
+    FRAME_TIMEOUT, HANDSHAKE_GRACE, HANDSHAKE_TIMEOUT, LIMIT_WARN_INTERVAL, MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_PEER, MAX_CONNECTION_REPLY_BYTES, MAX_ERROR_MESSAGE, MAX_HANDSHAKES,
+    MAX_IN_FLIGHT, MAX_REPLY_BYTES, MAX_REQUESTS, MAX_REQUEST_BYTES, RECV_BUF_INITIAL,
+    RECV_READ_MIN, RECV_SHRINK_AFTER, REPLY_BUF, SMALL_PAYLOAD, TRIM_AFTER, TRIM_INTERVAL,
 };
 use crate::spin::{Spin, SpinStats};
 use crate::transport::{Listener, LocalPeers, ReadHalf, Stream};
@@ -22,7 +28,8 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
 use nodekernel_proto::frame::STATUS_OK;
 use nodekernel_proto::hello::Role;
-use nodekernel_proto::{Error, ErrorCode, FrameHeader, Result, HEADER_LEN};
+use nodekernel_proto::{Error, ErrorCode, FrameHeader, Result, HEADER_LEN, MAX_PAYLOAD_LEN};
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -53,6 +60,31 @@ pub trait Handler: Send + Sync + 'static {
     /// require authentication.
     fn handshake(&self) -> Arc<dyn ServerHandshake> {
         Arc::new(VersionHandshake::new(Role::Unspecified))
+    }
+
+    /// The largest payload a request of kind `op` may have on this server.
+    /// A frame over it is refused from its header alone, before any of its
+    /// payload is buffered: it is answered with a `Protocol` error naming
+    /// the limit, and the connection closes (the stream cannot be followed
+    /// past a frame that is not read). The default: the wire's limit,
+    /// [`MAX_PAYLOAD_LEN`].
+    fn max_payload(&self, _op: u16) -> usize {
+        MAX_PAYLOAD_LEN
+    }
+
+    /// The bytes of memory the reply to request `op` with `payload` will
+    /// hold while it is built and until it is sent, when they are large and
+    /// known in advance (a file server's read: its data, and the buffer it
+    /// is read through). The server reserves them before the request is
+    /// handled ([`ServeOptions::max_reply_bytes`],
+    /// [`ServeOptions::max_connection_reply_bytes`]), so replies that their
+    /// peer does not read hold a bounded amount of memory. 0 (the default):
+    /// a small reply, or one sent from elsewhere ([`SharedBody`]); a
+    /// connection holds at most [`ServeOptions::max_in_flight`] of those.
+    /// Called for every request before it is handled: it must be cheap, and
+    /// must not fail (a malformed payload: 0, and the handler refuses it).
+    fn reply_len(&self, _op: u16, _payload: &[u8]) -> usize {
+        0
     }
 
     /// For requests whose payload is a fixed prefix followed by bulk data
@@ -151,16 +183,21 @@ pub unsafe trait SharedBody: Send + 'static {
 pub struct Reply {
     out: BytesMut,
     body: Option<Box<dyn SharedBody>>,
+    /// The bytes reserved for it ([`Handler::reply_len`]), given back once
+    /// it was sent (or dropped).
+    reserved: Option<OwnedSemaphorePermit>,
 }
 
 impl Reply {
     /// An empty reply (the server makes one per request; for tests of
     /// handlers).
     pub fn new() -> Reply {
-        Reply {
-            out: BytesMut::new(),
-            body: None,
-        }
+        Reply::default()
+    }
+
+    /// Bytes reserved for this reply.
+    fn reserved_bytes(&self) -> usize {
+        self.reserved.as_ref().map_or(0, |p| p.num_permits())
     }
 
     /// Takes the shared body out (for tests of handlers).
@@ -193,8 +230,15 @@ pub struct ServeOptions {
     pub max_in_flight: usize,
     /// Open connections (including those still in their handshake). A
     /// connection beyond it is answered with an `Unavailable` error frame
-    /// and closed at once.
+    /// and closed at once, unless a connection in its handshake can make
+    /// room (see `max_handshakes`).
     pub max_connections: usize,
+    /// Connections in their handshake. When they are all taken (or every
+    /// connection is), the oldest connection in its handshake is closed to
+    /// make room once it has had [`HANDSHAKE_GRACE`] (or the handshake
+    /// timeout, if shorter); until then new connections wait in the listen
+    /// queue. See [`MAX_HANDSHAKES`].
+    pub max_handshakes: usize,
     /// Open connections of one peer (an IP address, or a local user on a
     /// Unix socket), so one client cannot take them all; refused like
     /// those beyond `max_connections`.
@@ -202,6 +246,18 @@ pub struct ServeOptions {
     /// Requests handled at once across all connections of this server; a
     /// request beyond it waits for another to finish.
     pub max_requests: usize,
+    /// Bytes of request payloads larger than [`SMALL_PAYLOAD`] held at
+    /// once, being received or handled, across all connections; a frame
+    /// beyond it waits, unread. See [`MAX_REQUEST_BYTES`].
+    pub max_request_bytes: usize,
+    /// Bytes of replies declared by the handler ([`Handler::reply_len`])
+    /// held at once, being built or waiting to be sent, across all
+    /// connections; a request beyond it waits. See [`MAX_REPLY_BYTES`].
+    pub max_reply_bytes: usize,
+    /// The same for one connection (which may always have one reply): a
+    /// connection whose replies are not read stops having its requests
+    /// read. See [`MAX_CONNECTION_REPLY_BYTES`].
+    pub max_connection_reply_bytes: usize,
     /// Once a frame's first byte has arrived, the rest must arrive within
     /// this time, or the connection is closed (time the server spends not
     /// reading, because of the bounds above, does not count). Also the
@@ -222,7 +278,11 @@ impl Default for ServeOptions {
             max_in_flight: MAX_IN_FLIGHT,
             max_connections: MAX_CONNECTIONS,
             max_connections_per_peer: MAX_CONNECTIONS_PER_PEER,
+            max_handshakes: MAX_HANDSHAKES,
             max_requests: MAX_REQUESTS,
+            max_request_bytes: MAX_REQUEST_BYTES,
+            max_reply_bytes: MAX_REPLY_BYTES,
+            max_connection_reply_bytes: MAX_CONNECTION_REPLY_BYTES,
             frame_timeout: FRAME_TIMEOUT,
             handshake_timeout: HANDSHAKE_TIMEOUT,
             local_peers: LocalPeers::owner(),
@@ -245,16 +305,90 @@ struct ServerState {
     sockets: Sockets,
     /// Permits for requests being handled ([`ServeOptions::max_requests`]).
     requests: Arc<Semaphore>,
+    /// Bytes of larger request frames being received or handled
+    /// ([`ServeOptions::max_request_bytes`]).
+    request_bytes: Budget,
+    /// Bytes of declared replies being built or waiting to be sent
+    /// ([`ServeOptions::max_reply_bytes`]).
+    reply_bytes: Budget,
     /// Capacity of every connection's receive buffer, summed.
     recv_bytes: AtomicUsize,
     /// The largest value `recv_bytes` has had.
     recv_bytes_peak: AtomicUsize,
+    /// The most bytes [`ServerState::held`] since memory was last handed
+    /// back to the system ([`TRIM_AFTER`]).
+    held_peak: AtomicUsize,
     /// Connections closed because of a frame that could not be parsed.
     malformed: AtomicU64,
     /// Connections refused because `max_connections` were open.
     refused: AtomicU64,
+    /// Connections in their handshake closed to make room for new ones.
+    evicted: AtomicU64,
     /// Idle connections that busy-polled for their next request.
     idle_spins: AtomicU64,
+}
+
+impl ServerState {
+    /// Bytes reserved for frames and replies, and of receive buffers.
+    fn held(&self) -> usize {
+        self.request_bytes.used()
+            + self.reply_bytes.used()
+            + self.recv_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Notes what is held now in the peak since the last trim.
+    fn note_held(&self) {
+        self.held_peak.fetch_max(self.held(), Ordering::Relaxed);
+    }
+
+    /// Hands freed heap memory back to the system when what the server
+    /// holds fell [`TRIM_AFTER`] below its peak since the last time.
+    fn trim_if_freed(&self) {
+        let now = self.held();
+        if self.held_peak.load(Ordering::Relaxed).saturating_sub(now) < TRIM_AFTER {
+            return;
+        }
+        self.held_peak.store(now, Ordering::Relaxed);
+        tokio::task::spawn_blocking(crate::trim_heap);
+    }
+}
+
+/// A server-wide budget of bytes, taken in reservations that give their
+/// bytes back when dropped.
+struct Budget {
+    sem: Arc<Semaphore>,
+    limit: usize,
+}
+
+impl Budget {
+    fn new(limit: usize) -> Budget {
+        let limit = limit.clamp(1, Semaphore::MAX_PERMITS);
+        Budget {
+            sem: Arc::new(Semaphore::new(limit)),
+            limit,
+        }
+    }
+
+    /// A reservation of `n` bytes (at most the whole budget, so that any
+    /// one request can be served), if they are free now.
+    fn try_take(&self, n: usize) -> Option<OwnedSemaphorePermit> {
+        self.sem.clone().try_acquire_many_owned(self.clamp(n)).ok()
+    }
+
+    /// Waits for a reservation of `n` bytes, in turn with the others
+    /// waiting.
+    fn take(&self, n: usize) -> PermitWait {
+        Box::pin(self.sem.clone().acquire_many_owned(self.clamp(n)))
+    }
+
+    fn clamp(&self, n: usize) -> u32 {
+        n.clamp(1, self.limit).min(u32::MAX as usize) as u32
+    }
+
+    /// Bytes reserved now.
+    fn used(&self) -> usize {
+        self.limit.saturating_sub(self.sem.available_permits())
+    }
 }
 
 /// Duplicates of the listening socket and of every open connection, so
@@ -264,38 +398,120 @@ struct ServerState {
 #[derive(Default)]
 struct Sockets {
     listener: std::sync::Mutex<Option<OwnedFd>>,
-    conns: std::sync::Mutex<std::collections::HashMap<u64, OwnedFd>>,
-    /// Open connections by peer (IP address, or local user).
-    per_peer: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+    conns: std::sync::Mutex<Registry>,
     stopped: AtomicBool,
     /// Wakes the accept loop: a shut-down Unix listener keeps reporting
     /// readiness while `accept` finds nothing, so the loop must not rely on
     /// an accept error to notice the end.
     stop: tokio::sync::Notify,
+    /// Wakes the accept loop waiting for room for a connection in its
+    /// handshake: one finished its handshake or closed.
+    room: tokio::sync::Notify,
+}
+
+/// The open connections of a server.
+#[derive(Default)]
+struct Registry {
+    /// Every open connection: a duplicate of its socket, the peer it counts
+    /// against, and its address (for logs).
+    open: HashMap<u64, Conn>,
+    /// Open connections by peer (IP address, or local user).
+    per_peer: HashMap<String, usize>,
+    /// The connections still in their handshake, oldest first, with when
+    /// they were accepted.
+    handshaking: BTreeMap<u64, Instant>,
+}
+
+struct Conn {
+    fd: OwnedFd,
+    peer_key: String,
+    peer: String,
+}
+
+/// Whether a server can take one more connection now.
+#[derive(Clone, Copy)]
+enum Room {
+    /// There is room.
+    Free,
+    /// The connection in its handshake with id `oldest` must make room;
+    /// it may from `due` on (see [`ServeOptions::max_handshakes`]).
+    Crowded { oldest: u64, due: Instant },
+    /// Every connection is past its handshake: refuse.
+    Full,
+}
+
+impl Registry {
+    /// Room for one more connection (see [`ServeOptions::max_handshakes`]).
+    fn room(&self, opts: &ServeOptions) -> Room {
+        let crowded = self.handshaking.len() >= opts.max_handshakes
+            || self.open.len() >= opts.max_connections;
+        if !crowded {
+            return Room::Free;
+        }
+        match self.handshaking.first_key_value() {
+            None => Room::Full,
+            Some((&oldest, &since)) => Room::Crowded {
+                oldest,
+                due: since + HANDSHAKE_GRACE.min(opts.handshake_timeout),
+            },
+        }
+    }
+
+    /// Registers a new connection, in its handshake.
+    fn add(&mut self, id: u64, conn: Conn, now: Instant) {
+        *self.per_peer.entry(conn.peer_key.clone()).or_insert(0) += 1;
+        self.handshaking.insert(id, now);
+        self.open.insert(id, conn);
+    }
+
+    /// Forgets a connection (closed, or closed to make room); returns it if
+    /// it was still registered.
+    fn remove(&mut self, id: u64) -> Option<Conn> {
+        self.handshaking.remove(&id);
+        let conn = self.open.remove(&id)?;
+        if let Some(n) = self.per_peer.get_mut(&conn.peer_key) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_peer.remove(&conn.peer_key);
+            }
+        }
+        Some(conn)
+    }
+}
+
+fn shutdown_fd(fd: &OwnedFd) {
+    // shutdown(2) ends a listener's accepting and a connection's traffic at
+    // once. SAFETY: a plain system call on a descriptor we own.
+    unsafe {
+        libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR);
+    }
 }
 
 impl Sockets {
     fn shutdown_all(&self) {
         self.stopped.store(true, Ordering::SeqCst);
         self.stop.notify_one();
-        let close = |fd: &OwnedFd| {
-            // shutdown(2) ends a listener's accepting and a connection's
-            // traffic at once. SAFETY: a plain system call on a descriptor
-            // we own.
-            unsafe {
-                libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR);
-            }
-        };
         if let Some(fd) = self.listener.lock().expect("sockets lock").as_ref() {
-            close(fd);
+            shutdown_fd(fd);
         }
-        for fd in self.conns.lock().expect("sockets lock").values() {
-            close(fd);
+        for c in self.conns.lock().expect("sockets lock").open.values() {
+            shutdown_fd(&c.fd);
         }
     }
 
     fn open(&self) -> usize {
-        self.conns.lock().expect("sockets lock").len()
+        self.conns.lock().expect("sockets lock").open.len()
+    }
+
+    /// Connection `id` finished its handshake; `false` if it was closed to
+    /// make room meanwhile.
+    fn established(&self, id: u64) -> bool {
+        let mut reg = self.conns.lock().expect("sockets lock");
+        let present = reg.open.contains_key(&id);
+        reg.handshaking.remove(&id);
+        drop(reg);
+        self.room.notify_one();
+        present
     }
 }
 
@@ -303,20 +519,14 @@ impl Sockets {
 struct Registered {
     state: Arc<ServerState>,
     id: u64,
-    peer: String,
 }
 
 impl Drop for Registered {
     fn drop(&mut self) {
         let sockets = &self.state.sockets;
-        sockets.conns.lock().expect("sockets lock").remove(&self.id);
-        let mut per_peer = sockets.per_peer.lock().expect("sockets lock");
-        if let Some(n) = per_peer.get_mut(&self.peer) {
-            *n -= 1;
-            if *n == 0 {
-                per_peer.remove(&self.peer);
-            }
-        }
+        let gone = sockets.conns.lock().expect("sockets lock").remove(self.id);
+        drop(gone); // its duplicate descriptor, closed outside the lock
+        sockets.room.notify_one();
     }
 }
 
@@ -344,6 +554,22 @@ impl ServerHandle {
     /// [`ServeOptions::max_connections`] were open.
     pub fn refused_connections(&self) -> u64 {
         self.state.refused.load(Ordering::Relaxed)
+    }
+
+    /// Connections closed while still in their handshake to make room
+    /// for new ones ([`ServeOptions::max_handshakes`]).
+    pub fn evicted_handshakes(&self) -> u64 {
+        self.state.evicted.load(Ordering::Relaxed)
+    }
+
+    /// Bytes reserved right now for request frames and for replies
+    /// ([`ServeOptions::max_request_bytes`], [`ServeOptions::max_reply_bytes`]).
+    #[doc(hidden)]
+    pub fn reserved_bytes(&self) -> (usize, usize) {
+        (
+            self.state.request_bytes.used(),
+            self.state.reply_bytes.used(),
+        )
     }
 
     /// Requests being handled right now, across all connections.
@@ -446,20 +672,26 @@ fn serve_listener<H: Handler>(
     opts: ServeOptions,
 ) -> Result<ServerHandle> {
     crate::transport::raise_nofile_limit();
+    listener.widen_backlog();
     let opts = ServeOptions {
         max_in_flight: opts.max_in_flight.max(1),
         max_connections: opts.max_connections.max(1),
         max_connections_per_peer: opts.max_connections_per_peer.max(1),
+        max_handshakes: opts.max_handshakes.max(1),
         max_requests: opts.max_requests.clamp(1, Semaphore::MAX_PERMITS),
         ..opts
     };
     let state = Arc::new(ServerState {
         sockets: Sockets::default(),
         requests: Arc::new(Semaphore::new(opts.max_requests)),
+        request_bytes: Budget::new(opts.max_request_bytes),
+        reply_bytes: Budget::new(opts.max_reply_bytes),
         recv_bytes: AtomicUsize::new(0),
         recv_bytes_peak: AtomicUsize::new(0),
+        held_peak: AtomicUsize::new(0),
         malformed: AtomicU64::new(0),
         refused: AtomicU64::new(0),
+        evicted: AtomicU64::new(0),
         idle_spins: AtomicU64::new(0),
     });
     *state.sockets.listener.lock().expect("sockets lock") = Some(
@@ -476,29 +708,34 @@ fn serve_listener<H: Handler>(
         let mut next_id = 0u64;
         let mut refusals = RateLimited::default();
         let mut local_refusals = RateLimited::default();
+        let mut evictions = RateLimited::default();
         let mut accept_errors = RateLimited::default();
+        let mut trim = tokio::time::interval(TRIM_INTERVAL);
+        trim.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            // While the connections in their handshake are all young, new
+            // ones wait in the listen queue (see `max_handshakes`).
+            let now = Instant::now();
+            let room = st.sockets.conns.lock().expect("sockets lock").room(&opts);
+            match room {
+                Room::Crowded { due, .. } if due > now => {
+                    tokio::select! {
+                        biased;
+                        () = st.sockets.stop.notified() => return,
+                        () = tokio::time::sleep_until(due.into()) => {}
+                        () = st.sockets.room.notified() => {}
+                        Some(_) = conns.join_next(), if !conns.is_empty() => {}
+                        _ = trim.tick() => st.trim_if_freed(),
+                    }
+                    continue;
+                }
+                _ => {}
+            }
             tokio::select! {
                 biased;
                 () = st.sockets.stop.notified() => return,
                 accepted = listener.accept() => match accepted {
                     Ok((stream, peer, peer_key)) => {
-                        let open = st.sockets.open();
-                        if open >= opts.max_connections {
-                            st.refused.fetch_add(1, Ordering::Relaxed);
-                            if let Some(suppressed) = refusals.allow() {
-                                tracing::warn!(
-                                    "refused a connection from {peer}: {open} connections are \
-                                     open, the limit (max_connections); {suppressed} more \
-                                     refused since the last warning"
-                                );
-                            }
-                            refuse_at_once(&stream, &Error::unavailable(format!(
-                                "the server has {} open connections, its limit; try again later",
-                                opts.max_connections
-                            )));
-                            continue;
-                        }
                         if let Stream::Unix(_) = stream {
                             if let Err(why) = opts.local_peers.check(stream.raw_fd()) {
                                 st.refused.fetch_add(1, Ordering::Relaxed);
@@ -517,41 +754,84 @@ fn serve_listener<H: Handler>(
                         let Ok(dup) = stream.dup() else {
                             continue; // out of descriptors: drop this connection
                         };
-                        {
-                            let mut per_peer = st.sockets.per_peer.lock().expect("sockets lock");
-                            let n = per_peer.entry(peer_key.clone()).or_insert(0);
-                            if *n >= opts.max_connections_per_peer {
+                        let now = Instant::now();
+                        let mut reg = st.sockets.conns.lock().expect("sockets lock");
+                        let n = reg.per_peer.get(&peer_key).copied().unwrap_or(0);
+                        if n >= opts.max_connections_per_peer {
+                            drop(reg);
+                            st.refused.fetch_add(1, Ordering::Relaxed);
+                            if let Some(suppressed) = refusals.allow() {
+                                tracing::warn!(
+                                    "refused a connection from {peer}: {peer_key} has {n} \
+                                     connections open, the limit per peer \
+                                     (max_connections_per_peer); {suppressed} more refused \
+                                     since the last warning"
+                                );
+                            }
+                            refuse_at_once(&stream, &Error::unavailable(format!(
+                                "{peer_key} has {} connections open to this server, the \
+                                 limit per peer; close some or try again later",
+                                opts.max_connections_per_peer
+                            )));
+                            continue;
+                        }
+                        match reg.room(&opts) {
+                            Room::Free => {}
+                            // Waited for above: the oldest connection in its
+                            // handshake has had its grace.
+                            Room::Crowded { oldest, due } if due <= now => {
+                                if let Some(victim) = reg.remove(oldest) {
+                                    shutdown_fd(&victim.fd);
+                                    st.evicted.fetch_add(1, Ordering::Relaxed);
+                                    if let Some(suppressed) = evictions.allow() {
+                                        tracing::warn!(
+                                            "closed the connection from {} still in its \
+                                             handshake after {:?} to make room (max_handshakes \
+                                             {}, max_connections {}); {suppressed} more since \
+                                             the last warning",
+                                            victim.peer,
+                                            now.saturating_duration_since(due)
+                                                + HANDSHAKE_GRACE.min(opts.handshake_timeout),
+                                            opts.max_handshakes,
+                                            opts.max_connections,
+                                        );
+                                    }
+                                }
+                            }
+                            // Every connection is past its handshake (or, in
+                            // a race, the one that was old enough finished it).
+                            _ => {
+                                let open = reg.open.len();
+                                drop(reg);
                                 st.refused.fetch_add(1, Ordering::Relaxed);
                                 if let Some(suppressed) = refusals.allow() {
                                     tracing::warn!(
-                                        "refused a connection from {peer}: {peer_key} has {n} \
-                                         connections open, the limit per peer \
-                                         (max_connections_per_peer); {suppressed} more refused \
-                                         since the last warning"
+                                        "refused a connection from {peer}: {open} connections \
+                                         are open, the limit (max_connections); {suppressed} \
+                                         more refused since the last warning"
                                     );
                                 }
                                 refuse_at_once(&stream, &Error::unavailable(format!(
-                                    "{peer_key} has {} connections open to this server, the \
-                                     limit per peer; close some or try again later",
-                                    opts.max_connections_per_peer
+                                    "the server has {} open connections, its limit; try again \
+                                     later",
+                                    opts.max_connections
                                 )));
                                 continue;
                             }
-                            *n += 1;
                         }
                         next_id += 1;
-                        st.sockets.conns.lock().expect("sockets lock").insert(next_id, dup);
+                        reg.add(next_id, Conn { fd: dup, peer_key, peer: peer.clone() }, now);
+                        drop(reg);
                         if st.sockets.stopped.load(Ordering::SeqCst) {
                             st.sockets.shutdown_all();
                         }
-                        let guard = Registered { state: st.clone(), id: next_id, peer: peer_key };
+                        let guard = Registered { state: st.clone(), id: next_id };
                         let handler = handler.clone();
                         let handshake = handshake.clone();
                         let state = st.clone();
-                        conns.spawn(async move {
-                            let _guard = guard;
-                            connection(stream, peer, handler, handshake, state, opts).await
-                        });
+                        conns.spawn(connection(
+                            stream, peer, guard, handler, handshake, state, opts,
+                        ));
                     }
                     // A listener shut down by `ServerHandle::shutdown`.
                     Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => return,
@@ -567,6 +847,7 @@ fn serve_listener<H: Handler>(
                     }
                 },
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
+                _ = trim.tick() => st.trim_if_freed(),
             }
         }
     });
@@ -602,6 +883,7 @@ fn refuse_at_once(stream: &Stream, why: &Error) {
 async fn connection<H: Handler>(
     stream: Stream,
     peer: String,
+    registered: Registered,
     handler: Arc<H>,
     handshake: Arc<dyn ServerHandshake>,
     state: Arc<ServerState>,
@@ -632,6 +914,9 @@ async fn connection<H: Handler>(
             return;
         }
     }
+    if !state.sockets.established(registered.id) {
+        return; // closed meanwhile to make room
+    }
     let peer: Arc<str> = io.peer().into();
     let (stream, leftover) = io.into_parts();
     serve_requests(stream, leftover, peer, handler, &state, opts).await;
@@ -639,41 +924,83 @@ async fn connection<H: Handler>(
 
 /// What the front of a receive buffer holds.
 enum Front {
-    /// Less than a header, or a header and part of its payload (with the
-    /// number of bytes still missing).
-    Partial(Option<usize>),
+    /// Less than a header.
+    Short,
+    /// A header and part of its payload, with the number of bytes still
+    /// missing.
+    Partial(FrameHeader, usize),
     /// A complete frame.
-    Frame,
-    /// A header that cannot be parsed: the request id (as read) and why.
+    Frame(FrameHeader),
+    /// A header that cannot be parsed, or announcing more than the request
+    /// kind may have: the request id (as read) and why.
     Bad(u64, Error),
 }
 
 fn front(buf: &[u8]) -> Front {
     if buf.len() < HEADER_LEN {
-        return Front::Partial(None);
+        return Front::Short;
     }
     let h: [u8; HEADER_LEN] = buf[..HEADER_LEN].try_into().expect("length checked");
     match FrameHeader::parse(&h) {
-        Ok(hdr) if buf.len() >= HEADER_LEN + hdr.payload_len => Front::Frame,
-        Ok(hdr) => Front::Partial(Some(HEADER_LEN + hdr.payload_len - buf.len())),
+        Ok(hdr) if buf.len() >= HEADER_LEN + hdr.payload_len => Front::Frame(hdr),
+        Ok(hdr) => Front::Partial(hdr, HEADER_LEN + hdr.payload_len - buf.len()),
         Err(e) => Front::Bad(u64::from_le_bytes(h[4..12].try_into().expect("8 bytes")), e),
     }
 }
 
-/// Takes the complete frame at the front of `buf` (see [`front`]).
-fn take_frame(buf: &mut BytesMut) -> (FrameHeader, Bytes) {
-    let h: [u8; HEADER_LEN] = buf[..HEADER_LEN].try_into().expect("length checked");
-    let header = FrameHeader::parse(&h).expect("checked by front()");
+/// [`front`], with the handler's limit on each request kind's payload
+/// ([`Handler::max_payload`]) applied from the header.
+fn front_for<H: Handler>(buf: &[u8], handler: &H) -> Front {
+    match front(buf) {
+        Front::Partial(h, _) | Front::Frame(h) if h.payload_len > handler.max_payload(h.kind) => {
+            Front::Bad(
+                h.id,
+                Error::protocol(format!(
+                    "a request of kind {} with a payload of {} bytes: this server takes at \
+                     most {} bytes for that kind",
+                    h.kind,
+                    h.payload_len,
+                    handler.max_payload(h.kind)
+                )),
+            )
+        }
+        f => f,
+    }
+}
+
+/// Bytes a frame of `payload_len` takes from [`ServeOptions::max_request_bytes`]:
+/// the receive buffer it arrives in (see [`MAX_REQUEST_BYTES`]). `None`: a
+/// small frame, copied out, which takes none.
+fn frame_reservation(payload_len: usize) -> Option<usize> {
+    (payload_len > SMALL_PAYLOAD)
+        .then(|| (HEADER_LEN + payload_len).max(RECV_BUF_INITIAL) + RECV_READ_MIN)
+}
+
+/// Takes the payload of the complete frame with `header` at the front of
+/// `buf` (see [`front`]). A small one is copied out, so that it keeps no
+/// receive buffer alive; a larger one is handed over as it is (its buffer
+/// is reserved, see [`frame_reservation`]).
+fn take_frame(buf: &mut BytesMut, header: FrameHeader) -> Bytes {
     buf.advance(HEADER_LEN);
-    (header, buf.split_to(header.payload_len).freeze())
+    if header.payload_len <= SMALL_PAYLOAD {
+        let payload = Bytes::copy_from_slice(&buf[..header.payload_len]);
+        buf.advance(header.payload_len);
+        payload
+    } else {
+        buf.split_to(header.payload_len).freeze()
+    }
 }
 
 /// A connection's receive buffer, counted in the server's total. It grows
-/// only as bytes arrive (see [`RECV_GROW_STEP`]), never from a declared frame
+/// beyond [`RECV_BUF_INITIAL`] only for a frame whose bytes have filled it
+/// and are reserved ([`MAX_REQUEST_BYTES`]), never from a declared frame
 /// length alone.
 struct RecvBuf<'a> {
     buf: BytesMut,
     counted: usize,
+    /// The frame at the front has its bytes reserved: the buffer may grow
+    /// to hold it.
+    reserved: bool,
     /// The server's total, and its high-water mark.
     total: &'a AtomicUsize,
     peak: &'a AtomicUsize,
@@ -687,6 +1014,7 @@ impl<'a> RecvBuf<'a> {
         let mut b = RecvBuf {
             buf,
             counted: 0,
+            reserved: false,
             total,
             peak,
         };
@@ -707,20 +1035,45 @@ impl<'a> RecvBuf<'a> {
         self.counted = cap;
     }
 
-    /// Makes room for the next read: when less than [`RECV_READ_MIN`] is
-    /// free, grows by at most `max(RECV_GROW_STEP, bytes buffered)`, and by
-    /// no more than the frame at the front still needs.
-    fn prepare(&mut self) {
-        let len = self.buf.len();
-        if self.buf.capacity() - len >= RECV_READ_MIN {
-            return;
+    /// The room the next read needs: the rest of a reserved frame at the
+    /// front, or else [`RECV_READ_MIN`] bytes (or what the frame at the
+    /// front still needs, if less).
+    fn wanted(&self) -> usize {
+        match front(&self.buf) {
+            Front::Partial(_, missing) if self.reserved => missing,
+            Front::Partial(_, missing) => missing.min(RECV_READ_MIN),
+            _ => RECV_READ_MIN,
         }
-        let step = RECV_GROW_STEP.max(len);
-        let want = match front(&self.buf) {
-            Front::Partial(Some(missing)) => missing.min(step),
-            _ => RECV_GROW_STEP,
-        };
-        self.buf.reserve(want.max(RECV_READ_MIN));
+    }
+
+    /// Whether the next read needs a larger buffer (the bytes buffered
+    /// move to its start first, if that makes room).
+    fn full(&mut self) -> bool {
+        let want = self.wanted();
+        self.buf.capacity() - self.buf.len() < want && !self.buf.try_reclaim(want)
+    }
+
+    /// Makes room for the next read ([`RecvBuf::wanted`]): a new buffer is
+    /// exactly that large (never doubled), at least [`RECV_BUF_INITIAL`].
+    fn prepare(&mut self) {
+        if self.full() {
+            self.move_to((self.buf.len() + self.wanted()).max(RECV_BUF_INITIAL));
+        }
+    }
+
+    /// Moves the bytes buffered to a new buffer of `cap` bytes.
+    fn move_to(&mut self, cap: usize) {
+        let mut fresh = BytesMut::with_capacity(cap);
+        fresh.extend_from_slice(&self.buf);
+        self.buf = fresh;
+        self.sync();
+    }
+
+    /// After a frame larger than [`RECV_BUF_INITIAL`] was taken: the bytes
+    /// after it move to a buffer of their own, so that no later request
+    /// keeps that frame's (reserved) buffer alive once it was handled.
+    fn detach(&mut self) {
+        self.move_to(RECV_BUF_INITIAL.max(self.buf.len()));
     }
 
     /// Reads what the socket has (see [`crate::recv_now`]).
@@ -739,10 +1092,7 @@ impl<'a> RecvBuf<'a> {
     /// Goes back to a buffer of [`RECV_BUF_INITIAL`] (keeping what is
     /// buffered).
     fn shrink(&mut self) {
-        let mut fresh = BytesMut::with_capacity(RECV_BUF_INITIAL);
-        fresh.extend_from_slice(&self.buf);
-        self.buf = fresh;
-        self.sync();
+        self.move_to(RECV_BUF_INITIAL);
     }
 }
 
@@ -752,39 +1102,17 @@ impl Drop for RecvBuf<'_> {
     }
 }
 
-/// A permit of the server-wide request bound for the next request: the
-/// one held, or a free one. `None` when there is none, or when a queued
-/// wait for one is pending (it may hold a permit handed to it).
-fn take_permit(
-    held: &mut Option<OwnedSemaphorePermit>,
-    waiting: &Option<PermitWait>,
-    requests: &Arc<Semaphore>,
-) -> Option<OwnedSemaphorePermit> {
-    match held.take() {
-        Some(p) => Some(p),
-        None if waiting.is_some() => None,
-        None => requests.clone().try_acquire_owned().ok(),
-    }
-}
-
-/// The frame at the front of `buf`, if it should be received in place:
-/// its header and the length of its prefix, once the prefix is buffered
-/// (see [`Handler::direct_prefix`]). Not the frame `declined` by the
-/// handler before.
-fn direct_front<H: Handler>(
-    buf: &[u8],
+/// The length of the prefix of the frame with `header`, if its data
+/// should be received in place (see [`Handler::direct_prefix`]). Not the
+/// frame `declined` by the handler before.
+fn direct_len<H: Handler>(
+    header: &FrameHeader,
     handler: &H,
     declined: Option<u64>,
-) -> Option<(FrameHeader, usize)> {
-    let h: [u8; HEADER_LEN] = buf.get(..HEADER_LEN)?.try_into().ok()?;
-    let header = FrameHeader::parse(&h).ok()?;
+) -> Option<usize> {
     let prefix = handler.direct_prefix(header.kind)?;
     let data = header.payload_len.checked_sub(prefix)?;
-    let wanted = data >= DIRECT_MIN
-        && declined != Some(header.id)
-        && buf.len() >= HEADER_LEN + prefix
-        && buf.len() < HEADER_LEN + header.payload_len;
-    wanted.then_some((header, prefix))
+    (data >= DIRECT_MIN && declined != Some(header.id)).then_some(prefix)
 }
 
 /// Receives the data of the frame at the front of `rbuf` (header and
@@ -866,18 +1194,25 @@ async fn receive_direct<H: Handler>(
     Ok(Some((prefix, sink)))
 }
 
-/// Handles one request, holding a permit of the server's request bound;
-/// returns its whole reply frame (with its shared body, if any).
+/// Handles one request, holding a permit of the server's request bound
+/// and its frame's bytes until it was handled, and its reply's bytes
+/// until the reply was sent; returns its whole reply frame (with its
+/// shared body, if any).
 async fn handle_one<H: Handler>(
     handler: Arc<H>,
     header: FrameHeader,
     payload: Bytes,
     peer: Arc<str>,
-    _permit: OwnedSemaphorePermit,
+    (_permit, _frame, reserved): (
+        OwnedSemaphorePermit,
+        Option<OwnedSemaphorePermit>,
+        Option<OwnedSemaphorePermit>,
+    ),
 ) -> Reply {
     let mut reply = Reply {
         out: BytesMut::with_capacity(256),
         body: None,
+        reserved,
     };
     let start = FrameHeader::begin(&mut reply.out, header.id, STATUS_OK);
     let result = handler.handle_reply(header.kind, payload, &mut reply).await;
@@ -965,6 +1300,93 @@ async fn spin_fill(
 
 type PermitWait = Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send>>;
 
+/// One of the reservations a request needs before it is handled.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Hold {
+    /// A permit of the server's request bound ([`ServeOptions::max_requests`]).
+    Request,
+    /// Its frame's bytes ([`ServeOptions::max_request_bytes`]).
+    Frame,
+    /// Its reply's bytes ([`ServeOptions::max_reply_bytes`]).
+    Reply,
+}
+
+/// What the frame at the front of a connection holds, and the one wait
+/// it may be in for more: kept across turns of the loop, so the
+/// connection keeps its place in each queue.
+#[derive(Default)]
+struct Holds {
+    request: Option<OwnedSemaphorePermit>,
+    frame: Option<OwnedSemaphorePermit>,
+    reply: Option<OwnedSemaphorePermit>,
+    wait: Option<(Hold, PermitWait)>,
+}
+
+impl Holds {
+    fn slot(&mut self, which: Hold) -> &mut Option<OwnedSemaphorePermit> {
+        match which {
+            Hold::Request => &mut self.request,
+            Hold::Frame => &mut self.frame,
+            Hold::Reply => &mut self.reply,
+        }
+    }
+
+    /// Whether `which` is held, taking it now if it is free; otherwise the
+    /// connection waits for it (unless it waits for something else
+    /// already).
+    fn get(&mut self, which: Hold, state: &ServerState, bytes: usize) -> bool {
+        if self.slot(which).is_some() {
+            return true;
+        }
+        if self.wait.is_some() {
+            return false;
+        }
+        let now = match which {
+            Hold::Request => state.requests.clone().try_acquire_owned().ok(),
+            Hold::Frame => state.request_bytes.try_take(bytes),
+            Hold::Reply => state.reply_bytes.try_take(bytes),
+        };
+        match now {
+            Some(p) => {
+                if which != Hold::Request {
+                    state.note_held();
+                }
+                *self.slot(which) = Some(p);
+                true
+            }
+            None => {
+                let wait = match which {
+                    Hold::Request => Box::pin(state.requests.clone().acquire_owned()),
+                    Hold::Frame => state.request_bytes.take(bytes),
+                    Hold::Reply => state.reply_bytes.take(bytes),
+                };
+                self.wait = Some((which, wait));
+                false
+            }
+        }
+    }
+
+    /// A permit of the request bound for the next request, if one is free
+    /// (otherwise the connection waits for one).
+    fn take_request(&mut self, state: &ServerState) -> Option<OwnedSemaphorePermit> {
+        if self.get(Hold::Request, state, 1) {
+            self.request.take()
+        } else {
+            None
+        }
+    }
+
+    /// The wait ended with `p`.
+    fn got(&mut self, p: OwnedSemaphorePermit, state: &ServerState) {
+        if let Some((which, _)) = self.wait.take() {
+            if which != Hold::Request {
+                state.note_held();
+            }
+            *self.slot(which) = Some(p);
+        }
+    }
+}
+
 /// Serves the requests of one connection whose handshake is done.
 async fn serve_requests<H: Handler>(
     stream: Stream,
@@ -979,11 +1401,10 @@ async fn serve_requests<H: Handler>(
     let mut rbuf = RecvBuf::new(leftover, &state.recv_bytes, &state.recv_bytes_peak);
     let mut pending = FuturesUnordered::new();
     let mut eof = false;
-    // A permit of the server-wide bound, taken for the next request while
-    // waiting for it; and the wait itself, kept across turns of the loop so
-    // the connection keeps its place in the semaphore's queue.
-    let mut permit: Option<OwnedSemaphorePermit> = None;
-    let mut permit_wait: Option<PermitWait> = None;
+    // What the next request holds and waits for.
+    let mut holds = Holds::default();
+    // Bytes reserved for this connection's replies not sent yet.
+    let mut replies_held = 0usize;
     // How soon this connection's requests come after it went idle.
     let mut spin_stats = SpinStats::default();
     let mut idle_since: Option<Instant> = None;
@@ -995,40 +1416,51 @@ async fn serve_requests<H: Handler>(
     loop {
         // Start every complete request, up to the bounds.
         let mut blocked = false;
+        // Blocked until this connection's replies go out.
+        let mut replies_wait = false;
         while pending.len() < opts.max_in_flight {
-            let at_front = front(&rbuf.buf);
-            let direct = match at_front {
-                Front::Partial(Some(_)) => direct_front(&rbuf.buf, &*handler, declined),
-                _ => None,
-            };
-            if let Some((header, prefix_len)) = direct {
-                let Some(p) = take_permit(&mut permit, &permit_wait, &state.requests) else {
-                    blocked = true;
-                    break;
-                };
-                let got = receive_direct(&rd, &mut rbuf, &*handler, header, prefix_len, &opts);
-                match got.await {
-                    Ok(Some((prefix, sink))) => {
-                        frame_deadline = None;
-                        let h = handler.clone();
-                        let done = handle_direct_one(h, header, prefix, sink, peer.clone(), p);
-                        pending.push(Either::Right(done));
-                        continue;
+            let at_front = front_for(&rbuf.buf, &*handler);
+            if let Front::Partial(header, _) = at_front {
+                if let Some(prefix_len) = direct_len(&header, &*handler, declined) {
+                    if rbuf.buf.len() < HEADER_LEN + prefix_len {
+                        break; // its prefix first
                     }
-                    Ok(None) => {
-                        // The usual path for this frame.
-                        declined = Some(header.id);
-                        permit = Some(p);
+                    let Some(p) = holds.take_request(state) else {
+                        blocked = true;
                         break;
-                    }
-                    Err(why) => {
-                        tracing::debug!("closing connection from {peer}: {why}");
-                        return;
+                    };
+                    let got = receive_direct(&rd, &mut rbuf, &*handler, header, prefix_len, &opts);
+                    match got.await {
+                        Ok(Some((prefix, sink))) => {
+                            frame_deadline = None;
+                            let h = handler.clone();
+                            let done = handle_direct_one(h, header, prefix, sink, peer.clone(), p);
+                            pending.push(Either::Right(done));
+                            continue;
+                        }
+                        Ok(None) => {
+                            // The usual path for this frame.
+                            declined = Some(header.id);
+                            holds.request = Some(p);
+                        }
+                        Err(why) => {
+                            tracing::debug!("closing connection from {peer}: {why}");
+                            return;
+                        }
                     }
                 }
             }
             match at_front {
-                Front::Partial(_) => break,
+                Front::Short => break,
+                Front::Partial(header, _) => {
+                    // Its bytes are reserved before the buffer grows for it.
+                    if let Some(n) = frame_reservation(header.payload_len) {
+                        if rbuf.full() {
+                            blocked = !holds.get(Hold::Frame, state, n);
+                        }
+                    }
+                    break;
+                }
                 Front::Bad(id, e) => {
                     // The stream is unsynchronised: answer, then close.
                     state.malformed.fetch_add(1, Ordering::Relaxed);
@@ -1043,21 +1475,55 @@ async fn serve_requests<H: Handler>(
                     }
                     return;
                 }
-                Front::Frame => {
-                    let Some(p) = take_permit(&mut permit, &permit_wait, &state.requests) else {
+                Front::Frame(header) => {
+                    if let Some(n) = frame_reservation(header.payload_len) {
+                        if !holds.get(Hold::Frame, state, n) {
+                            blocked = true;
+                            break;
+                        }
+                    }
+                    let payload = &rbuf.buf[HEADER_LEN..HEADER_LEN + header.payload_len];
+                    let reply = handler.reply_len(header.kind, payload);
+                    if reply > 0 {
+                        // A connection whose replies wait for their peer
+                        // takes no more requests (it may always have one).
+                        if holds.reply.is_none()
+                            && replies_held > 0
+                            && replies_held + reply > opts.max_connection_reply_bytes
+                        {
+                            blocked = true;
+                            replies_wait = true;
+                            break;
+                        }
+                        if !holds.get(Hold::Reply, state, reply) {
+                            blocked = true;
+                            break;
+                        }
+                    }
+                    let Some(p) = holds.take_request(state) else {
                         blocked = true;
                         break;
                     };
-                    let (header, payload) = take_frame(&mut rbuf.buf);
+                    let payload = take_frame(&mut rbuf.buf, header);
+                    if header.payload_len > RECV_BUF_INITIAL {
+                        rbuf.detach();
+                    }
                     frame_deadline = None;
-                    let done = handle_one(handler.clone(), header, payload, peer.clone(), p);
+                    let reserved = holds.reply.take();
+                    replies_held += reserved.as_ref().map_or(0, |r| r.num_permits());
+                    let held = (p, holds.frame.take(), reserved);
+                    let done = handle_one(handler.clone(), header, payload, peer.clone(), held);
                     pending.push(Either::Left(done));
                 }
             }
         }
+        rbuf.reserved = holds.frame.is_some();
         rbuf.sync();
         // Send every reply that is already done.
+        let mut sent = false;
         while let Some(Some(reply)) = pending.next().now_or_never() {
+            replies_held -= reply.reserved_bytes();
+            sent = true;
             if write_reply(&mut wr, &rd, reply, opts.frame_timeout)
                 .await
                 .is_err()
@@ -1065,12 +1531,20 @@ async fn serve_requests<H: Handler>(
                 return;
             }
         }
+        if replies_wait && sent {
+            continue; // there may be room for the next request now
+        }
         if eof && pending.is_empty() && !blocked {
             let _ = flush_bounded(&mut wr, opts.frame_timeout).await;
             return; // the peer closed (a truncated frame is dropped)
         }
         let can_read = !eof && !blocked && pending.len() < opts.max_in_flight;
-        if can_read && matches!(front(&rbuf.buf), Front::Frame | Front::Bad(..)) {
+        if can_read
+            && matches!(
+                front_for(&rbuf.buf, &*handler),
+                Front::Frame(_) | Front::Bad(..)
+            )
+        {
             continue;
         }
         if !wr.buffer().is_empty() && flush_bounded(&mut wr, opts.frame_timeout).await.is_err() {
@@ -1088,9 +1562,6 @@ async fn serve_requests<H: Handler>(
             log_frame_timeout(&peer, opts.frame_timeout);
             let _ = flush_bounded(&mut wr, opts.frame_timeout).await;
             return;
-        }
-        if blocked && permit_wait.is_none() {
-            permit_wait = Some(Box::pin(state.requests.clone().acquire_owned()));
         }
         if pending.is_empty() && can_read && !opts.spin.is_zero() {
             // Idle: busy-poll briefly for the next request before parking,
@@ -1110,6 +1581,7 @@ async fn serve_requests<H: Handler>(
         let idle = can_read && pending.is_empty() && rbuf.oversized();
         tokio::select! {
             Some(reply) = pending.next(), if !pending.is_empty() => {
+                replies_held -= reply.reserved_bytes();
                 if write_reply(&mut wr, &rd, reply, opts.frame_timeout).await.is_err() {
                     return;
                 }
@@ -1129,11 +1601,10 @@ async fn serve_requests<H: Handler>(
                     Err(_) => return,
                 }
             }
-            p = async { permit_wait.as_mut().expect("set when blocked").await }, if blocked => {
-                permit_wait = None;
+            p = async { (&mut holds.wait.as_mut().expect("waiting").1).await }, if holds.wait.is_some() => {
                 match p {
-                    Ok(p) => permit = Some(p),
-                    Err(_) => return, // the semaphore is never closed
+                    Ok(p) => holds.got(p, state),
+                    Err(_) => return, // the semaphores are never closed
                 }
             }
             () = tokio::time::sleep_until(

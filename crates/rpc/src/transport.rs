@@ -7,6 +7,7 @@
 //! exists only inside one host's network namespace, so reaching it proves
 //! the peer is local).
 
+use crate::limits::LISTEN_BACKLOG;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -290,6 +291,23 @@ impl Listener {
         match self {
             Listener::Tcp(l) => l.as_fd().try_clone_to_owned(),
             Listener::Unix(l) => l.as_fd().try_clone_to_owned(),
+        }
+    }
+
+    /// Lets [`LISTEN_BACKLOG`] connections wait to be accepted (listening
+    /// again only changes the backlog; the kernel caps it at
+    /// `net.core.somaxconn`). Best effort: a failure is logged.
+    pub(crate) fn widen_backlog(&self) {
+        let fd = match self {
+            Listener::Tcp(l) => l.as_raw_fd(),
+            Listener::Unix(l) => l.as_raw_fd(),
+        };
+        // SAFETY: listen(2) on a socket we own, already listening.
+        if unsafe { libc::listen(fd, LISTEN_BACKLOG) } != 0 {
+            tracing::warn!(
+                "cannot widen the listen backlog to {LISTEN_BACKLOG}: {}",
+                io::Error::last_os_error()
+            );
         }
     }
 }

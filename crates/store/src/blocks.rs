@@ -217,6 +217,14 @@ impl BlockStore {
         }
     }
 
+    /// Bytes of memory a [`BlockStore::read`] of `len` bytes of `block` at
+    /// `offset` holds besides the bytes it appends (see
+    /// [`Medium::read_buffer_len`]).
+    pub fn read_buffer_len(&self, block: u32, offset: u32, len: u32) -> usize {
+        self.medium
+            .read_buffer_len(self.position(block, offset), len as usize)
+    }
+
     /// Appends `len` bytes of `block` starting at `offset` to `out`, if `gen`
     /// is the block's current generation. On any error nothing is appended.
     ///

@@ -54,6 +54,12 @@ pub trait Medium: Send + Sync {
     fn io_mode(&self) -> &'static str {
         "memory"
     }
+    /// Bytes of memory a read of `len` bytes at `off` holds besides the
+    /// bytes it appends, while it runs (a file's aligned read buffer); 0
+    /// by default.
+    fn read_buffer_len(&self, _off: u64, _len: usize) -> usize {
+        0
+    }
     /// The asynchronous interface of a medium whose I/O may block. When it
     /// is `Some`, the block store uses it instead of the synchronous
     /// methods, so connection tasks never block on the medium.

@@ -99,6 +99,10 @@ fn tag_bytes(b: &[u8]) -> Result<[u8; TAG_LEN as usize]> {
         .ok_or_else(|| Error::internal(format!("a tag read returned {} bytes", b.len())))
 }
 
+/// Bytes of a file read's reply besides its data: the frame header, the
+/// status byte, and room to spare.
+const READ_REPLY_OVERHEAD: usize = 64;
+
 /// How long a persistent server's stop waits for writes in flight before
 /// it gives up on a clean stop (see [`StorageServer::shutdown`]).
 pub const CLEAN_STOP_PATIENCE: Duration = Duration::from_secs(2);
@@ -133,6 +137,38 @@ unsafe impl DirectSink for RegionSink {
 impl Handler for StoreHandler {
     fn handshake(&self) -> Arc<dyn ServerHandshake> {
         self.handshake.clone()
+    }
+
+    /// A write carries at most one block, a claim a bounded batch, the
+    /// rest a few hundred bytes: a larger frame is refused from its
+    /// header, before any of it is buffered.
+    fn max_payload(&self, op: u16) -> usize {
+        nodekernel_proto::store::max_request_len(op, self.store.block_size())
+    }
+
+    /// A read from a file holds its data twice until its reply is sent:
+    /// in the reply, and, while the disk reads it, in an aligned buffer.
+    /// (A DRAM server sends its reads from the region.) A read its
+    /// capability does not cover is refused and reserves nothing.
+    fn reply_len(&self, op: u16, payload: &[u8]) -> usize {
+        if op != store_op::READ || self.store.shared_region().is_some() {
+            return 0;
+        }
+        match StoreRequest::decode(op, payload) {
+            Ok(StoreRequest::Read {
+                block,
+                gen,
+                offset,
+                len,
+                tag,
+                cap,
+            }) if self.check_read(&cap, block, gen, offset, len, tag).is_ok() => {
+                // A small value's tag may be read with its bytes.
+                let (at, span) = (offset.saturating_sub(TAG_LEN), len.saturating_add(TAG_LEN));
+                READ_REPLY_OVERHEAD + span as usize + self.store.read_buffer_len(block, at, span)
+            }
+            _ => 0,
+        }
     }
 
     /// Writes to a DRAM block take their data straight from the socket.
@@ -193,6 +229,9 @@ impl Handler for StoreHandler {
                 cap,
             } => {
                 self.check_read(&cap, block, gen, offset, len, tag)?;
+                // All of the reply at once (never grown, and so copied,
+                // as the bytes and the status byte come).
+                out.reserve(len as usize + (TAG_LEN as usize) + READ_TRAILER_LEN);
                 // Copied into the reply (the media other than DRAM; DRAM
                 // replies are sent from the region by `handle_reply`).
                 match tag {

@@ -109,9 +109,15 @@ impl BufPool {
         (cap.trailing_zeros() - ALIGN.trailing_zeros()) as usize
     }
 
+    /// The capacity of the buffer [`BufPool::get`] hands out for `len`
+    /// bytes.
+    pub fn capacity(len: usize) -> usize {
+        len.max(ALIGN as usize).next_power_of_two()
+    }
+
     /// A buffer of `len` bytes (contents unspecified but initialised).
     pub fn get(&self, len: usize) -> AlignedBuf {
-        let cap = len.max(ALIGN as usize).next_power_of_two();
+        let cap = Self::capacity(len);
         if cap <= MAX_POOLED {
             let free = self.classes[Self::class(cap)]
                 .lock()

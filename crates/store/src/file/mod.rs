@@ -418,11 +418,7 @@ impl FileMedium {
         if len == 0 {
             return Ok(());
         }
-        let (kind, (start, end)) = match self.stream_reads && len >= STREAM_READ_MIN {
-            // Buffered: any offset and length will do.
-            true => (OpKind::StreamRead, (off, off + len as u64)),
-            false => (OpKind::Read, self.cover(off, len as u64)),
-        };
+        let (kind, (start, end)) = self.read_span(off, len);
         let buf = self.pool.get((end - start) as usize);
         let buf = self.engine.run(kind, start, buf, keep).await?;
         let skip = (off - start) as usize;
@@ -502,6 +498,15 @@ impl FileMedium {
         let buf = self.engine.run(OpKind::Write, start, buf, keep).await?;
         self.pool.put(buf);
         Ok(())
+    }
+
+    /// How a read of `len` bytes at `off` is done, and the range it reads.
+    fn read_span(&self, off: u64, len: usize) -> (OpKind, (u64, u64)) {
+        match self.stream_reads && len >= STREAM_READ_MIN {
+            // Buffered: any offset and length will do.
+            true => (OpKind::StreamRead, (off, off + len as u64)),
+            false => (OpKind::Read, self.cover(off, len as u64)),
+        }
     }
 
     /// The aligned range covering `off..off+len` (inside the file, whose
@@ -634,6 +639,12 @@ impl Medium for FileMedium {
 
     fn kind(&self) -> &'static str {
         "file"
+    }
+
+    /// The aligned buffer a read goes through.
+    fn read_buffer_len(&self, off: u64, len: usize) -> usize {
+        let (start, end) = self.read_span(off, len).1;
+        BufPool::capacity(end.saturating_sub(start) as usize)
     }
 
     fn size(&self) -> u64 {
