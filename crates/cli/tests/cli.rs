@@ -1377,10 +1377,11 @@ fn every_file_with_the_namespace_or_data_is_private_under_umask_000() {
     let data = dir.path().join("up");
     let umask_000 = |args: &[&std::ffi::OsStr]| {
         let mut cmd = Command::new("sh");
-        cmd.args(["-c", "umask 000 && exec \"$@\"", "sh", NK])
+        cmd.args(["-c", "umask 000 && exec \"$@\"", "sh", common::NK])
             .args(args)
             .env_remove("NK_META")
-            .env("NK_CONFIG", &config);
+            .env("NK_CONFIG", &config)
+            .env("NK_RUNTIME_DIR", common::runtime_dir());
         cmd
     };
     let mut up = umask_000(&[

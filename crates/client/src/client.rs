@@ -39,8 +39,9 @@ pub struct ClientConfig {
     pub access_hook: Option<Arc<dyn AccessHook>>,
     /// The cluster token this client proves on every connection (to
     /// metadata and storage servers, and for shared memory); `None` by
-    /// default. [`crate::discover`] reads it from `NK_TOKEN_FILE` or the
-    /// `[security]` section.
+    /// default, when [`Client::connect`] uses one a server on this host
+    /// published for its address, if any. [`crate::discover`] reads it from
+    /// `NK_TOKEN_FILE` or the `[security]` section.
     pub token: Option<Arc<nodekernel_rpc::Token>>,
     /// TLS on TCP connections (the `[security.tls]` table); `None` by
     /// default.
@@ -185,9 +186,18 @@ impl Client {
     /// tried again by each request for its names (which get `Unavailable`
     /// or `Timeout` meanwhile), so the others keep serving; connecting
     /// fails only if none answers.
-    pub async fn connect(cfg: ClientConfig) -> Result<Client> {
+    ///
+    /// Without a token in `cfg`, it uses the one a server on this host
+    /// published for one of the metadata servers' addresses
+    /// ([`crate::settings::publish_token`]: `nk up` and `nk meta` do, for
+    /// clients of their user), so a default one-machine cluster needs no
+    /// setting (`docs/security.md`, *Secure by default*).
+    pub async fn connect(mut cfg: ClientConfig) -> Result<Client> {
         if cfg.metas.is_empty() {
             return Err(Error::invalid_argument("no metadata server address given"));
+        }
+        if cfg.token.is_none() {
+            cfg.token = crate::settings::published_token(&cfg.metas);
         }
         let opts = ConnOptions {
             timeout: cfg.timeout,

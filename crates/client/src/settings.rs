@@ -341,9 +341,6 @@ pub fn discover(meta: Option<&str>, config_file: Option<&Path>) -> Result<Client
         }
         c.metas = metas;
     }
-    if c.token.is_none() {
-        c.token = c.metas.iter().find_map(|m| published_token(m));
-    }
     Ok(c)
 }
 
@@ -405,12 +402,13 @@ struct Entry {
     token_file: PathBuf,
 }
 
-/// The token a server of this host published for `addr`
+/// The token a server of this host published for one of `addrs`
 /// ([`publish_token`]), if its process still runs and its token file can
 /// be read (by this user: the runtime directory and the file are the
 /// publisher's own).
-fn published_token(addr: &str) -> Option<Arc<Token>> {
-    published_token_in(&runtime_dir()?, addr)
+pub(crate) fn published_token(addrs: &[String]) -> Option<Arc<Token>> {
+    let dir = runtime_dir()?;
+    addrs.iter().find_map(|a| published_token_in(&dir, a))
 }
 
 /// [`published_token`] from runtime directory `dir`.

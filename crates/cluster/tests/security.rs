@@ -665,3 +665,57 @@ on_both_paths!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     capabilities_expire_and_clients_ask_again => capabilities_expire
 );
+
+/// Issue 36, defect 9: two unauthenticated `Resize` frames on the stores'
+/// data ports shrank both to nothing, and every write then failed, once
+/// with a misleading `Unavailable: no storage server is alive`. A default
+/// cluster has a token, so a stranger's `Resize` is refused at the
+/// handshake and changes nothing; and once every store exports nothing (a
+/// member may still ask for that), a write fails with `NoSpace` saying
+/// why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resizes_need_the_token_and_a_cluster_resized_to_nothing_says_so() {
+    use nodekernel_proto::store::StoreRequest;
+    let t = common::start(8 << 20, 8 << 20).await;
+    let c = &t.client;
+    let capacity = |s: &nodekernel_proto::ClusterStatus| -> Vec<u64> {
+        s.servers.iter().map(|v| v.capacity_blocks).collect()
+    };
+    let before = capacity(&c.status().await.unwrap());
+    let resize = |bytes| {
+        let mut b = BytesMut::new();
+        let req = StoreRequest::Resize { bytes };
+        req.encode(&mut b);
+        (req.op(), b)
+    };
+    for s in &t.cluster.stores {
+        let Err(e) = connect(&s.local_addr().to_string(), None).await else {
+            panic!("a stranger got in");
+        };
+        assert_eq!(e.code, ErrorCode::Unauthenticated, "{e}");
+    }
+    assert_eq!(capacity(&c.status().await.unwrap()), before);
+
+    // A member resizes every store to nothing.
+    for s in &t.cluster.stores {
+        let (op, b) = resize(0);
+        member(&t, &s.local_addr().to_string())
+            .await
+            .call(op, &[&b])
+            .await
+            .unwrap();
+    }
+    tokio::time::timeout(HANG, async {
+        while capacity(&c.status().await.unwrap()).iter().any(|b| *b > 0) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the stores export nothing");
+    c.create("/t", NodeType::Table, Default::default())
+        .await
+        .unwrap();
+    let e = c.put("/t/k", b"a value").await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::NoSpace, "{e}");
+    assert!(e.message.contains("resized to nothing"), "{e}");
+}

@@ -1011,6 +1011,10 @@ impl AllocPlan<'_> {
                  their blocks moved away",
             ),
             (
+                count(|s| !s.shrinking && s.ballooned >= s.spec.num_blocks),
+                "export no blocks (resized to nothing: `nk store resize`)",
+            ),
+            (
                 count(|s| s.live.suspect && !s.shrinking && !s.draining),
                 "could not be reached by a client and take no new blocks until their next \
                  heartbeat",

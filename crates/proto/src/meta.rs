@@ -1189,6 +1189,17 @@ mod tests {
             MetaRequest::Resize {
                 server: name.clone(),
                 blocks: 300,
+                signed: Signed::default(),
+            },
+            MetaRequest::Heartbeat {
+                server: u32::MAX,
+                traffic: Traffic {
+                    bytes_read: u64::MAX,
+                    bytes_written: u64::MAX,
+                    read_ops: u64::MAX,
+                    write_ops: u64::MAX,
+                },
+                signed: Signed::default(),
             },
         ]);
         for r in largest {

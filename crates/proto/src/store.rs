@@ -512,7 +512,7 @@ mod tests {
     /// address), and a write of more than a block does not.
     #[test]
     fn every_request_at_its_largest_fits_its_kinds_limit() {
-        let cap = Cap::mint(&[9; 32], 1, 2, 0, 100);
+        let cap = Cap::mint(&[9; 32], 1, 2, 0, 100, Rights::MANAGE, u64::MAX);
         for block_size in [4096u32, 1 << 20, crate::MAX_BLOCK_SIZE] {
             let data = vec![7u8; block_size as usize];
             let claim = Claim {
@@ -542,6 +542,7 @@ mod tests {
                 StoreRequest::Ping,
                 StoreRequest::ShmInfo,
                 StoreRequest::Resize { bytes: u64::MAX },
+                StoreRequest::Identify { nonce: [0xFF; 32] },
                 StoreRequest::Claim {
                     claims: vec![claim; MAX_CLAIM_BATCH],
                 },
