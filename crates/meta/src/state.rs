@@ -1861,12 +1861,6 @@ impl MetaState {
         })
     }
 
-    /// The bytes one block of `n` holds as its clients see them: a small
-    /// value's one block is its piece less the tag, any other node's a
-    /// whole block; an encrypted node's, the plaintext those stored bytes
-    /// hold ([`crypt::block_capacity`], [`crypt::plain_capacity`] for a
-    /// piece). Every size-to-blocks reckoning of a data node goes through
-    /// this.
     /// Blocks data node `n` needs for its published bytes (none for a
     /// small value, whose piece is not a block).
     fn blocks_published(&self, n: &crate::namespace::Node) -> u64 {
@@ -1876,6 +1870,12 @@ impl MetaState {
         n.size.div_ceil(u64::from(self.block_size_of(n)).max(1))
     }
 
+    /// The bytes one block of `n` holds as its clients see them: a small
+    /// value's one block is its piece less the tag, any other node's a
+    /// whole block; an encrypted node's, the plaintext those stored bytes
+    /// hold ([`crypt::block_capacity`], [`crypt::plain_capacity`] for a
+    /// piece). Every size-to-blocks reckoning of a data node goes through
+    /// this.
     pub(crate) fn block_size_of(&self, n: &crate::namespace::Node) -> u32 {
         match (n.piece, n.encrypted) {
             (Some(p), true) => crypt::plain_capacity(p.capacity()),
