@@ -1206,11 +1206,7 @@ fn a_keyvalue_unlinked_while_written_does_not_come_back() {
     let mut m = Mounted::start(Setup::default());
     m.nk_ok(&["mkdir", "--type", "table", "/m/t"]);
     m.nk_ok(&["kv", "put", "/m/t/k", "old"]);
-    let mut f = OpenOptions::new()
-        .write(true)
-        .append(true)
-        .open(m.path("t/k"))
-        .unwrap();
+    let mut f = OpenOptions::new().append(true).open(m.path("t/k")).unwrap();
     std::fs::remove_file(m.path("t/k")).unwrap();
     std::io::Write::write_all(&mut f, b" and new").unwrap();
     drop(f);

@@ -2079,6 +2079,25 @@ fn a_restart_keeps_what_was_closed_and_forgets_writers() {
         )));
 }
 
+/// A File whose lease an older build's restart cleared kept its blocks
+/// past the synced size: the next restart gives them back.
+#[test]
+fn a_restart_frees_what_an_older_restart_left_past_the_size() {
+    let mut s = state();
+    let used = total_used(&s);
+    let f = create(&mut s, "/f", File, 0).unwrap();
+    map(&mut s, f.id, 0, 3, f.lease).unwrap();
+    sync(&mut s, &f, 100, false).unwrap();
+    // What a restart of an older build did: the lease cleared, nothing else.
+    s.apply_effect(&Effect::LeaseCleared { node: f.id });
+    assert_eq!(total_used(&s), used + 3);
+    let d = s.decide_restart(0).expect("blocks to give back");
+    s.commit(d, 0);
+    s.check_invariants().unwrap();
+    assert_eq!(total_used(&s), used + 1);
+    assert_eq!(lookup(&mut s, "/f").unwrap().size, 100);
+}
+
 // ----- snapshots ------------------------------------------------------------
 
 fn snap_begin(s: &mut MetaState, path: &str, now: u64) -> Result<(u64, u64)> {
