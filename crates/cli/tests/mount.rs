@@ -71,6 +71,8 @@ struct Setup {
     stores: Vec<(u8, &'static str)>,
     client_timeout_ms: u64,
     root: &'static str,
+    /// `meta.lease_timeout_ms` (0: the default).
+    lease_ms: u64,
 }
 
 impl Default for Setup {
@@ -80,6 +82,7 @@ impl Default for Setup {
             stores: vec![(0, "256MiB")],
             client_timeout_ms: 120_000,
             root: "/m",
+            lease_ms: 0,
         }
     }
 }
@@ -98,12 +101,16 @@ impl Mounted {
         .unwrap();
         let mut metas = Vec::new();
         let mut addrs = Vec::new();
+        let lease = match s.lease_ms {
+            0 => String::new(),
+            ms => format!("lease_timeout_ms = {ms}\n"),
+        };
         for p in 0..s.partitions {
             let pc = dir.path().join(format!("meta-{p}.toml"));
             std::fs::write(
                 &pc,
                 format!(
-                    "[meta]\npartition = {p}\npartitions = {}\ndead_after_ms = 2000\nexpect_servers = {}\n",
+                    "[meta]\npartition = {p}\npartitions = {}\ndead_after_ms = 2000\nexpect_servers = {}\n{lease}",
                     s.partitions,
                     s.stores.len()
                 ),
@@ -173,7 +180,38 @@ impl Mounted {
     /// Mounts `root` with a foreground `nk mount`, returning once it says
     /// it is mounted.
     fn mount(&mut self, root: &str) {
-        let mnt = self.mnt.to_str().unwrap().to_string();
+        let child = self.spawn_mount(&self.mnt, root);
+        self.mount = Some(child);
+    }
+
+    /// One more mount of `root`, on a new mount point `name` next to the
+    /// first.
+    fn extra_mount(&self, name: &str, root: &str) -> ExtraMount {
+        let mnt = self.mnt.with_file_name(name);
+        std::fs::create_dir(&mnt).unwrap();
+        let child = self.spawn_mount(&mnt, root);
+        ExtraMount { mnt, child }
+    }
+
+    /// Blocks in use on every storage server.
+    fn used_blocks(&self) -> u64 {
+        let st: serde_json::Value =
+            serde_json::from_slice(&self.nk_ok(&["status", "--json"])).unwrap();
+        st["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["used_blocks"].as_u64().unwrap())
+            .sum()
+    }
+
+    /// Names in `dir` (hidden ones included: `nk ls` shows every node).
+    fn ls(&self, dir: &str) -> String {
+        String::from_utf8(self.nk_ok(&["ls", dir])).unwrap()
+    }
+
+    fn spawn_mount(&self, mnt: &Path, root: &str) -> Child {
+        let mnt = mnt.to_str().unwrap().to_string();
         let mut child = self
             .nk(&["mount", &mnt, "--root", root, "--foreground"])
             .stdout(Stdio::piped())
@@ -187,7 +225,7 @@ impl Mounted {
             .unwrap();
         assert!(line.starts_with("mounted "), "unexpected: {line}");
         std::thread::spawn(move || for _ in lines {});
-        self.mount = Some(child);
+        child
     }
 
     /// Files unlinked while open are gone once closed (the kernel closes
@@ -246,6 +284,32 @@ impl Drop for Mounted {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+/// A mount besides the first, unmounted (lazily) and ended when dropped.
+struct ExtraMount {
+    mnt: PathBuf,
+    child: Child,
+}
+
+impl Drop for ExtraMount {
+    fn drop(&mut self) {
+        let _ = Command::new(NK)
+            .args(["umount", "--lazy"])
+            .arg(&self.mnt)
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits for `cond`, polling; panics only on a hang.
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < HANG, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -1032,4 +1096,122 @@ fn sigterm_unmounts_cleanly_and_keeps_what_was_written() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a Directory"));
+}
+
+/// Issue 36, defect 8: files unlinked while open through a mount that is
+/// then killed (SIGKILL) are hidden there for good unless someone removes
+/// them. A live mount keeps its hidden files' write leases, so another
+/// mount of the same subtree leaves those alone (its start-up walk and its
+/// `rmdir`, for several leases); once the mount is dead, `rmdir` of their
+/// directory through another mount removes them (instead of `ENOTEMPTY`),
+/// so does the next mount of the subtree as it starts, and `nk rm -r`; and
+/// their blocks come back.
+#[test]
+fn hidden_files_of_a_killed_mount_are_removed_and_a_live_mounts_stay() {
+    if !fuse_available() {
+        return;
+    }
+    const LEASE_MS: u64 = 1000;
+    let mut m = Mounted::start(Setup {
+        lease_ms: LEASE_MS,
+        ..Setup::default()
+    });
+    // Another mount of the same subtree, up before anything is hidden.
+    let other = m.extra_mount("other", "/m");
+    m.nk_ok(&["mkdir", "--type", "table", "/m/t"]);
+    m.nk_ok(&["kv", "put", "/m/t/keep", "stays"]);
+    let before = m.used_blocks();
+    let data: Vec<u8> = (0..3 << 20).map(|i: u32| (i % 251) as u8).collect();
+    let mut open = Vec::new();
+    for d in ["d1", "d2", "d3"] {
+        std::fs::create_dir(m.path(d)).unwrap();
+        let p = m.path(&format!("{d}/f"));
+        let mut f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&p)
+            .unwrap();
+        std::io::Write::write_all(&mut f, &data).unwrap();
+        f.sync_all().unwrap();
+        std::fs::remove_file(&p).unwrap();
+        open.push(f);
+    }
+    // A KeyValue open only for reading, unlinked too.
+    std::fs::write(m.path("t/k"), b"a value").unwrap();
+    let k = File::open(m.path("t/k")).unwrap();
+    std::fs::remove_file(m.path("t/k")).unwrap();
+    open.push(k);
+    for d in ["/m/d1", "/m/d2", "/m/d3", "/m/t"] {
+        assert!(m.ls(d).contains(".nk-unlinked-"), "{d}: {}", m.ls(d));
+    }
+    // A third mount starts while they are open (its start-up walk meets
+    // them, and looks again after a lease), and the other mount's rmdir
+    // tries: for several leases, nothing of the live mount goes.
+    let third = m.extra_mount("third", "/m");
+    std::thread::sleep(Duration::from_millis(4 * LEASE_MS));
+    let e = std::fs::remove_dir(other.mnt.join("d1")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY), "{e}");
+    for d in ["/m/d1", "/m/d2", "/m/d3", "/m/t"] {
+        assert!(m.ls(d).contains(".nk-unlinked-"), "{d}: {}", m.ls(d));
+    }
+    for f in &open[..3] {
+        let mut buf = vec![0u8; data.len()];
+        f.read_exact_at(&mut buf, 0).unwrap();
+        assert!(buf == data, "an unlinked open file reads back");
+    }
+    drop(third);
+    // The mount dies.
+    let mut child = m.mount.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(open);
+    m.nk_ok(&["umount", "--lazy", m.mnt.to_str().unwrap()]);
+    // rmdir through the other mount (its start-up walk long done) removes
+    // d1 once the dead mount's lease ran out.
+    eventually(
+        "rmdir to remove d1 and the dead mount's hidden file",
+        || match std::fs::remove_dir(other.mnt.join("d1")) {
+            Ok(()) => true,
+            Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => false,
+            Err(e) => panic!("rmdir d1: {e}"),
+        },
+    );
+    assert!(!m.ls("/m").contains("d1"), "{}", m.ls("/m"));
+    // `nk rm -r` removes a directory with one.
+    assert!(m.ls("/m/d3").contains(".nk-unlinked-"));
+    m.nk_ok(&["rm", "-r", "/m/d3"]);
+    // The next mount of the subtree removes d2's and t's as it starts.
+    m.mount("/m");
+    eventually("the next mount to remove the hidden files", || {
+        !m.ls("/m/d2").contains(".nk-unlinked-") && !m.ls("/m/t").contains(".nk-unlinked-")
+    });
+    std::fs::remove_dir(m.path("d2")).unwrap();
+    eventually("every block of the hidden files to come back", || {
+        m.used_blocks() == before
+    });
+    drop(other);
+    m.unmount();
+}
+
+/// A file of a Table (a KeyValue) unlinked while open for writing stays
+/// unlinked: its new value is dropped at the last close instead of being
+/// put back under the name.
+#[test]
+fn a_keyvalue_unlinked_while_written_does_not_come_back() {
+    if !fuse_available() {
+        return;
+    }
+    let mut m = Mounted::start(Setup::default());
+    m.nk_ok(&["mkdir", "--type", "table", "/m/t"]);
+    m.nk_ok(&["kv", "put", "/m/t/k", "old"]);
+    let mut f = OpenOptions::new().append(true).open(m.path("t/k")).unwrap();
+    std::fs::remove_file(m.path("t/k")).unwrap();
+    std::io::Write::write_all(&mut f, b" and new").unwrap();
+    drop(f);
+    m.no_unlinked_files_left("/m/t");
+    assert_eq!(m.ls("/m/t"), "", "the unlinked key stays gone");
+    assert!(std::fs::metadata(m.path("t/k")).is_err());
+    m.unmount();
 }

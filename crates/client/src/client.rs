@@ -774,6 +774,7 @@ impl Client {
                 None => merged = Some(st),
                 Some(m) => {
                     m.nodes += st.nodes;
+                    m.lease_ms = m.lease_ms.min(st.lease_ms);
                     m.expected_servers = m.expected_servers.max(st.expected_servers);
                     m.puts_in_progress += st.puts_in_progress;
                     m.reclaiming += st.reclaiming;

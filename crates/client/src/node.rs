@@ -650,6 +650,28 @@ impl Node {
         self.publish(false).await
     }
 
+    /// Renews the write lease without publishing anything (the size
+    /// published last is sent again): for a writer that keeps a node open
+    /// for longer than the metadata server's lease (`meta.lease_timeout_ms`,
+    /// [`ClusterStatus::lease_ms`](crate::ClusterStatus::lease_ms)) without
+    /// writing, which would otherwise lose the lease to the sweep (what it
+    /// wrote past its last sync dropped). `LeaseExpired` if it was lost.
+    pub async fn renew(&self) -> Result<()> {
+        let w = self.write_state()?;
+        let req = MetaRequest::Sync {
+            node: self.info.id,
+            lease: w.lease,
+            size: self.size.load(Ordering::Acquire),
+            close: false,
+            mtime: 0,
+        };
+        match self.client.meta_at(self.part, &req).await {
+            Ok(MetaReply::Record(_)) => Ok(()),
+            Ok(other) => Err(unexpected(other)),
+            Err(e) => Err(self.ctx(e)),
+        }
+    }
+
     /// Publishes everything written and releases the write lease.
     pub async fn close(mut self) -> Result<()> {
         self.close_in_place().await

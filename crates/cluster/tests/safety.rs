@@ -450,3 +450,115 @@ async fn the_access_hook_sees_mapped_reads() {
         stats.mapped_writes + stats.network_writes
     );
 }
+
+/// Marks the line the killed writer prints once its bytes are written.
+const WRITTEN: &str = "nk-test-writer: written";
+
+/// Run in a child process by the test below (it is skipped otherwise):
+/// creates `/f` on the cluster named by `NK_TEST_META`, writes and syncs
+/// `NK_TEST_PUBLISH` bytes, writes `NK_TEST_MORE` bytes more without
+/// syncing, says so, and waits to be killed.
+#[test]
+#[ignore = "the writer process of a_killed_writers_unpublished_blocks_come_back_once_its_lease_lapses"]
+fn killed_writer_process() {
+    let Ok(meta) = std::env::var("NK_TEST_META") else {
+        return;
+    };
+    let size = |var: &str| std::env::var(var).unwrap().parse::<usize>().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let c = Client::connect(nodekernel_client::ClientConfig::new(vec![meta]))
+            .await
+            .unwrap();
+        let mut f = c
+            .create("/f", NodeType::File, CreateOptions::default())
+            .await
+            .unwrap();
+        f.append(&pattern(7, size("NK_TEST_PUBLISH")))
+            .await
+            .unwrap();
+        f.sync().await.unwrap();
+        f.append(&pattern(8, size("NK_TEST_MORE"))).await.unwrap();
+        println!("{WRITTEN}");
+        std::future::pending::<()>().await;
+    });
+}
+
+/// Issue 36, defect 7: a process writing a File is killed (SIGKILL) after
+/// 20 MiB, of which it synced the first 2.5 MiB. Once its lease lapses,
+/// the sweep gives back every block past the published size (before the
+/// fix they stayed used until the File was deleted); the published bytes
+/// read back, and a new writer appends after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_writers_unpublished_blocks_come_back_once_its_lease_lapses() {
+    use std::io::BufRead;
+    const MIB: usize = 1 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = common::config(64 << 20, 0, &dir);
+    cfg.meta.block_size = ByteSize(MIB as u64);
+    cfg.meta.lease_timeout_ms = 500;
+    // The ticker, which sweeps, runs every quarter of this.
+    cfg.meta.dead_after_ms = 4000;
+    let t = start_with(cfg, dir).await;
+    let c = &t.client;
+    let used = || async {
+        let st = c.status().await.unwrap();
+        st.servers.iter().map(|s| s.used_blocks).sum::<u64>()
+    };
+    // The root's first record block, taken now.
+    c.create("/warm", NodeType::Directory, CreateOptions::default())
+        .await
+        .unwrap();
+    let before = used().await;
+    let (published, more) = (5 * MIB / 2, 20 * MIB - 5 * MIB / 2);
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "killed_writer_process",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env("NK_TEST_META", t.cluster.client_config().metas.join(","))
+        .env("NK_TEST_PUBLISH", published.to_string())
+        .env("NK_TEST_MORE", more.to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, said) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let mut lines = std::io::BufReader::new(out).lines();
+        let written = lines.any(|l| l.is_ok_and(|l| l.contains(WRITTEN)));
+        let _ = tx.send(written);
+        for _ in lines {} // until it is killed
+    });
+    assert!(
+        tokio::time::timeout(HANG, said).await.unwrap().unwrap(),
+        "the writer process ended before writing"
+    );
+    assert_eq!(used().await, before + 20, "20 blocks written");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let kept = before + published.div_ceil(MIB) as u64;
+    let deadline = tokio::time::Instant::now() + HANG;
+    loop {
+        let now = used().await;
+        if now == kept {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the killed writer's unpublished blocks never came back: {now} used, {kept} expected"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut want = pattern(7, published);
+    assert_eq!(c.get("/f").await.unwrap(), want, "the published bytes stay");
+    let mut w = c.open_write("/f").await.unwrap();
+    let tail = pattern(9, MIB);
+    w.append(&tail).await.unwrap();
+    w.close().await.unwrap();
+    want.extend_from_slice(&tail);
+    assert_eq!(c.get("/f").await.unwrap(), want, "a new writer appends");
+    assert_eq!(used().await, before + (want.len().div_ceil(MIB)) as u64);
+}

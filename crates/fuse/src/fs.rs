@@ -16,12 +16,19 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Names the mount gives files unlinked while open (hidden from listings
 /// and lookups; removed at the file's last close).
 pub const HIDDEN_PREFIX: &str = ".nk-unlinked-";
+
+/// How often the lease keeper renews, as a fraction of the lease: a mount
+/// that stalls for up to two thirds of a lease keeps its files.
+const RENEWS_PER_LEASE: u32 = 3;
+
+/// The lease keeper's period until the metadata server told the lease.
+const RENEW_FALLBACK: Duration = Duration::from_secs(1);
 
 /// Longest name a component may have (as NodeKernel paths allow).
 const NAME_MAX: usize = 255;
@@ -121,6 +128,7 @@ pub(crate) fn mount(
             ttl: opts.attr_ttl,
             partitions,
             mount_id: std::process::id() as u64 ^ now_ns().rotate_left(17),
+            lease_ms: AtomicU64::new(0),
             names: Mutex::new(Inodes::new(&opts.root)),
             files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
@@ -139,7 +147,11 @@ pub(crate) fn mount(
         config.acl = SessionACL::All;
     }
     config.n_threads = Some(opts.threads.max(1));
+    let inner = Arc::downgrade(&fs.inner);
+    let rt = fs.inner.rt.clone();
     let session = fuser::Session::new(fs, mountpoint, &config)?.spawn()?;
+    rt.spawn(keep_leases(inner.clone()));
+    rt.spawn(remove_dead_hidden(inner, opts.root));
     Ok(Mounted { session })
 }
 
@@ -170,6 +182,8 @@ struct Inner {
     ttl: Duration,
     partitions: usize,
     mount_id: u64,
+    /// The metadata servers' write lease, in ms (0 until known).
+    lease_ms: AtomicU64,
     names: Mutex<Inodes>,
     /// Files open through the mount, by inode: one state per file however
     /// many descriptors have it open.
@@ -200,11 +214,19 @@ struct FileState {
     /// The mount's write handle (the node's write lease), shared by every
     /// descriptor open for writing.
     writer: Option<Node>,
+    /// The node's write lease, taken when it was unlinked while open and
+    /// `writer` does not hold it (opened only for reading, or a KeyValue,
+    /// whose writer is a new value): the lease keeper renews it, which is
+    /// how other mounts tell this hidden file from one of a mount that died.
+    hold: Option<Node>,
     /// When this mount last wrote it (not published yet).
     written_at: Option<u64>,
     /// Unlinked while open: `path` (a hidden name) is removed at the last
     /// close.
     hidden: bool,
+    /// A write lease of it was taken over or its node removed: the lease
+    /// keeper leaves it alone.
+    lease_lost: bool,
     /// The last close is done.
     closed: bool,
 }
@@ -217,10 +239,23 @@ impl FileState {
             path,
             reader: Some(reader),
             writer: None,
+            hold: None,
             written_at: None,
             hidden: false,
+            lease_lost: false,
             closed: false,
         }
+    }
+
+    /// The handles holding the node's write lease (or a new value's).
+    fn leases(&self) -> impl Iterator<Item = &Node> {
+        self.writer.iter().chain(self.hold.iter())
+    }
+
+    /// Whether the mount holds the write lease of the node itself (a
+    /// File's writer does; a KeyValue's writer is a new value).
+    fn holds_lease(&self) -> bool {
+        self.hold.is_some() || (self.writer.is_some() && self.info.ty == NodeType::File)
     }
 
     fn size(&self) -> u64 {
@@ -459,11 +494,20 @@ impl Inner {
         st.closed = true;
         let mut result = Ok(());
         if let Some(w) = st.writer.take() {
-            if let Err(e) = w.close().await {
+            // A new value of a KeyValue unlinked meanwhile would be put
+            // back under its name: it is dropped instead.
+            let done = if st.hidden && st.info.ty == NodeType::KeyValue {
+                w.abort().await
+            } else {
+                w.close().await
+            };
+            if let Err(e) = done {
                 tracing::warn!("closing {}: {e}", st.path);
                 result = Err(err(e));
             }
         }
+        // (Removed below with the node, if hidden; otherwise none.)
+        st.hold = None;
         if st.hidden {
             if let Err(e) = self.client.delete(&st.path, false).await {
                 tracing::warn!("removing {} (unlinked while open): {e}", st.path);
@@ -508,6 +552,25 @@ impl Inner {
             }
             _ => Err(libc::EISDIR),
         }
+    }
+
+    /// Gives an open file its write handle if it has none: a File kept
+    /// while hidden already holds its lease.
+    async fn ensure_writer(&self, st: &mut FileState, truncate: bool) -> Res<()> {
+        if st.writer.is_some() {
+            return Ok(());
+        }
+        if st.info.ty == NodeType::File {
+            if let Some(mut w) = st.hold.take() {
+                if truncate {
+                    w.truncate(0).await.map_err(err)?;
+                }
+                st.writer = Some(w);
+                return Ok(());
+            }
+        }
+        st.writer = Some(self.writer(st, truncate).await?);
+        Ok(())
     }
 
     /// A hidden name for `path` in its directory and metadata partition.
@@ -555,6 +618,11 @@ impl Inner {
             st = file.state.write().await;
         }
         let hidden = self.hidden_path(path, ino)?;
+        // The lease goes first: a hidden file nobody keeps a lease on is
+        // one a dead mount left, which others remove.
+        if !st.holds_lease() {
+            st.hold = self.try_hold(path).await;
+        }
         self.client.rename(path, &hidden).await.map_err(err)?;
         self.names.lock().expect("names lock").rename(path, &hidden);
         st.path = hidden;
@@ -587,8 +655,7 @@ impl Inner {
                 return Ok(());
             }
             if st.writer.is_none() {
-                let w = self.writer(&st, truncate).await?;
-                st.writer = Some(w);
+                self.ensure_writer(&mut st, truncate).await?;
             } else if truncate {
                 st.writer
                     .as_mut()
@@ -640,8 +707,10 @@ impl Inner {
             path: path.clone(),
             reader: None,
             writer: Some(w),
+            hold: None,
             written_at: None,
             hidden: false,
+            lease_lost: false,
             closed: false,
         };
         match self.bump(ino) {
@@ -699,10 +768,7 @@ impl Inner {
             match &open {
                 Some(f) => {
                     let mut st = f.state.write().await;
-                    if st.writer.is_none() {
-                        let w = self.writer(&st, false).await?;
-                        st.writer = Some(w);
-                    }
+                    self.ensure_writer(&mut st, false).await?;
                     let w = st.writer.as_mut().expect("set above");
                     w.truncate(size).await.map_err(err)?;
                     st.written_at = Some(now_ns());
@@ -772,9 +838,170 @@ impl Inner {
                 return Ok(());
             }
         }
-        self.client.delete(&path, false).await.map_err(err)?;
+        match self.client.delete(&path, false).await {
+            Ok(()) => {}
+            // What keeps it from being empty may be hidden files of mounts
+            // that died: those go, and it is removed after all.
+            Err(e) if dir && e.code == ErrorCode::NotEmpty => {
+                if !self.remove_dead_hidden_in(&path).await {
+                    return Err(libc::ENOTEMPTY);
+                }
+                self.client.delete(&path, false).await.map_err(err)?;
+            }
+            Err(e) => return Err(err(e)),
+        }
         self.names.lock().expect("names lock").detach(&path);
         Ok(())
+    }
+
+    /// The write lease of the file at `path`, for keeping a hidden file:
+    /// `None` while another client writes it, or if it cannot be had now
+    /// (the lease keeper tries again).
+    async fn try_hold(&self, path: &str) -> Option<Node> {
+        match self.client.open_write(path).await {
+            Ok(n) => Some(n),
+            Err(e) => {
+                if e.code != ErrorCode::Busy {
+                    tracing::warn!("taking the write lease of {path} (unlinked while open): {e}");
+                }
+                None
+            }
+        }
+    }
+
+    /// Whether the file at `path` is open here.
+    fn open_here(&self, path: &str) -> bool {
+        let ino = self.names.lock().expect("names lock").ino(path);
+        ino.is_some_and(|i| self.open_file(i).is_some())
+    }
+
+    /// Removes the hidden file at `path` if the mount that hid it is gone:
+    /// nobody keeps its write lease (a live mount renews it), so this
+    /// mount can take it. False when it stays (a live mount's, or open
+    /// here).
+    async fn remove_if_dead(&self, path: &str) -> bool {
+        if self.open_here(path) {
+            return false;
+        }
+        let taken = match self.client.open_write(path).await {
+            Ok(n) => n,
+            Err(e) if e.code == ErrorCode::NotFound => return true,
+            Err(e) => {
+                if e.code != ErrorCode::Busy {
+                    tracing::warn!("checking {path} (a file unlinked while open): {e}");
+                }
+                return false;
+            }
+        };
+        let r = self.client.delete(path, false).await;
+        drop(taken);
+        match r {
+            Ok(()) => {
+                tracing::info!("removed {path}, left unlinked while open by a mount that is gone");
+                true
+            }
+            Err(e) if e.code == ErrorCode::NotFound => true,
+            Err(e) => {
+                tracing::warn!("removing {path} (left by a mount that is gone): {e}");
+                false
+            }
+        }
+    }
+
+    /// Removes the hidden files of dead mounts in directory `dir`; true
+    /// if it holds nothing else any more (no visible name, no hidden file
+    /// still kept).
+    async fn remove_dead_hidden_in(&self, dir: &str) -> bool {
+        let Ok(list) = self.client.enumerate_typed(dir).await else {
+            return false;
+        };
+        if list.iter().any(|(name, _)| !is_hidden(name)) {
+            return false;
+        }
+        let mut empty = true;
+        for (name, _) in list {
+            empty &= self.remove_if_dead(&child_path(dir, &name)).await;
+        }
+        empty
+    }
+
+    /// How long the metadata servers' write leases last (the shortest), as
+    /// their status says; `None` if none answers.
+    async fn lease(&self) -> Option<Duration> {
+        let mut ms = self.lease_ms.load(Ordering::Relaxed);
+        if ms == 0 {
+            ms = self.client.status().await.ok()?.lease_ms;
+            self.lease_ms.store(ms, Ordering::Relaxed);
+        }
+        (ms > 0).then(|| Duration::from_millis(ms))
+    }
+
+    /// Walks the subtree at `root`, removing the hidden files of dead
+    /// mounts; returns those that stay (their lease is held).
+    async fn walk_hidden(&self, root: &str) -> Vec<String> {
+        let mut dirs = vec![root.to_string()];
+        let (mut kept, mut removed) = (Vec::new(), 0usize);
+        while let Some(dir) = dirs.pop() {
+            let Ok(list) = self.client.enumerate_typed(&dir).await else {
+                continue; // removed meanwhile, or unreachable
+            };
+            for (name, ty) in list {
+                let p = child_path(&dir, &name);
+                if ty.is_container() {
+                    dirs.push(p);
+                } else if is_hidden(&name) {
+                    if self.remove_if_dead(&p).await {
+                        removed += 1;
+                    } else {
+                        kept.push(p);
+                    }
+                }
+            }
+        }
+        if removed > 0 {
+            tracing::info!(
+                "removed {removed} file(s) left unlinked while open by mounts that are gone"
+            );
+        }
+        kept
+    }
+
+    /// Renews every write lease the mount holds: its open files' and its
+    /// hidden files'. A hidden file whose lease another client held gets
+    /// it now, if that one is done.
+    async fn renew_leases(&self) {
+        let files: Vec<Arc<OpenFile>> = self
+            .files
+            .lock()
+            .expect("files lock")
+            .values()
+            .map(|o| o.file.clone())
+            .collect();
+        for f in files {
+            let (lost, missing) = {
+                let st = f.state.read().await;
+                if st.closed || st.lease_lost {
+                    continue;
+                }
+                let mut lost = false;
+                for w in st.leases() {
+                    if let Err(e) = w.renew().await {
+                        // Taken over or removed: renewing is over (its
+                        // writes fail from now on); anything else may pass.
+                        lost |= matches!(e.code, ErrorCode::LeaseExpired | ErrorCode::Stale);
+                        tracing::warn!("renewing the write lease of {}: {e}", st.path);
+                    }
+                }
+                (lost, st.hidden && !st.holds_lease())
+            };
+            if lost || missing {
+                let mut st = f.state.write().await;
+                st.lease_lost |= lost;
+                if !lost && !st.closed && !st.holds_lease() {
+                    st.hold = self.try_hold(&st.path).await;
+                }
+            }
+        }
     }
 
     async fn do_rename(
@@ -922,6 +1149,47 @@ impl Inner {
                 self.finish(&mut st).await
             });
         }
+    }
+}
+
+/// Renews the mount's write leases while it runs ([`Inner::renew_leases`]),
+/// a few times per lease (as long as the metadata servers say it lasts).
+async fn keep_leases(fs: Weak<Inner>) {
+    loop {
+        let Some(inner) = fs.upgrade() else {
+            return;
+        };
+        inner.renew_leases().await;
+        let period = match inner.lease().await {
+            Some(lease) => lease / RENEWS_PER_LEASE,
+            None => RENEW_FALLBACK,
+        };
+        drop(inner);
+        tokio::time::sleep(period.max(Duration::from_millis(10))).await;
+    }
+}
+
+/// At the start of a mount: removes the files that mounts which died left
+/// unlinked while open under `root` (hidden, so no listing shows them and
+/// no `rmdir` could remove their directory). One whose lease is still
+/// held is tried again once that lease would have run out: a mount
+/// killed just now leaves it held for up to a lease.
+async fn remove_dead_hidden(fs: Weak<Inner>, root: String) {
+    let Some(inner) = fs.upgrade() else {
+        return;
+    };
+    let kept = inner.walk_hidden(&root).await;
+    if kept.is_empty() {
+        return;
+    }
+    let wait = inner.lease().await.unwrap_or(RENEW_FALLBACK);
+    drop(inner);
+    tokio::time::sleep(wait + wait / RENEWS_PER_LEASE).await;
+    let Some(inner) = fs.upgrade() else {
+        return;
+    };
+    for p in kept {
+        inner.remove_if_dead(&p).await;
     }
 }
 

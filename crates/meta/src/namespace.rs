@@ -234,6 +234,9 @@ pub struct Namespace {
     shadows: BTreeSet<(NodeId, NodeId)>,
     /// Roots of removed subtrees whose nodes are not dropped yet.
     graveyard: BTreeSet<NodeId>,
+    /// Write leases by (expiry, node), so the sweep finds lapsed ones
+    /// without walking every node.
+    leases: BTreeSet<(u64, NodeId)>,
 }
 
 impl Default for Namespace {
@@ -308,6 +311,7 @@ impl Namespace {
             next_id: ROOT + 1,
             shadows: BTreeSet::new(),
             graveyard: BTreeSet::new(),
+            leases: BTreeSet::new(),
         }
     }
 
@@ -357,6 +361,23 @@ impl Namespace {
         self.shadows
             .range((table, 0)..=(table, NodeId::MAX))
             .map(|(_, id)| *id)
+    }
+
+    /// Nodes whose write lease expired at or before `at` (ms), soonest
+    /// expired first.
+    pub fn leases_expired_by(&self, at: u64) -> impl Iterator<Item = NodeId> + '_ {
+        self.leases.range(..=(at, NodeId::MAX)).map(|(_, id)| *id)
+    }
+
+    /// Whether the lease index names exactly the nodes' leases.
+    pub(crate) fn leases_indexed(&self) -> bool {
+        let held = self.nodes.values().filter(|n| n.lease.is_some()).count();
+        held == self.leases.len()
+            && self.leases.iter().all(|(at, id)| {
+                self.get(*id)
+                    .and_then(|n| n.lease)
+                    .is_some_and(|l| l.expires_ms == *at)
+            })
     }
 
     /// Roots of removed subtrees not reaped yet.
@@ -656,6 +677,19 @@ impl Namespace {
         }
     }
 
+    /// `id`'s write lease (`None`: no writer).
+    pub(crate) fn set_lease(&mut self, id: NodeId, lease: Option<Lease>) {
+        let Some(n) = self.nodes.get_mut(&id) else {
+            return;
+        };
+        if let Some(old) = std::mem::replace(&mut n.lease, lease) {
+            self.leases.remove(&(old.expires_ms, id));
+        }
+        if let Some(l) = lease {
+            self.leases.insert((l.expires_ms, id));
+        }
+    }
+
     /// Links `id` into its parent under its name, with record `slot`.
     pub(crate) fn link(&mut self, id: NodeId, slot: Option<u32>) {
         let Some(n) = self.nodes.get_mut(&id) else {
@@ -680,6 +714,9 @@ impl Namespace {
         let Some(o) = self.nodes.remove(&old) else {
             return;
         };
+        if let Some(l) = o.lease {
+            self.leases.remove(&(l.expires_ms, old));
+        }
         let Some(n) = self.nodes.get_mut(&new) else {
             return;
         };
@@ -723,6 +760,9 @@ impl Namespace {
         };
         debug_assert!(n.children.is_empty(), "children are dropped first");
         self.graveyard.remove(&id);
+        if let Some(l) = n.lease {
+            self.leases.remove(&(l.expires_ms, id));
+        }
         self.shadows.remove(&(n.parent, id));
         if let Some(p) = self.nodes.get_mut(&n.parent) {
             if p.children.get(&n.name) == Some(&id) {
@@ -857,6 +897,7 @@ impl Namespace {
             next_id,
             shadows: BTreeSet::new(),
             graveyard: BTreeSet::new(),
+            leases: BTreeSet::new(),
         };
         for r in records {
             let (id, rec) = r?;
@@ -969,6 +1010,9 @@ impl Namespace {
                 lease,
                 mtime,
             };
+            if let Some(l) = lease {
+                ns.leases.insert((l.expires_ms, id));
+            }
             if ns.nodes.insert(id, Box::new(node)).is_some() {
                 return Err(Error::protocol(format!("node {id} appears twice")));
             }

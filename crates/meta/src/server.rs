@@ -1,7 +1,7 @@
 //! The async shell around [`MetaState`]: decodes requests, decides and
 //! applies them under a lock, sends the block claims their effects need,
 //! encodes replies, and runs the ticker (liveness, retirement, sweeping
-//! abandoned puts, reaping removed subtrees, retrying claims).
+//! after vanished writers, reaping removed subtrees, retrying claims).
 //!
 //! With persistence ([`MetaConfig::persistence`]), every decision's effects
 //! are appended to the operation log under the same lock that applies them
@@ -1153,7 +1153,7 @@ fn recover(state: &mut MetaState, p: &Persistence) -> Result<(Journal, u64), Met
     Ok((journal, covered))
 }
 
-/// Liveness, retirement, sweeping abandoned puts, retrying claims.
+/// Liveness, retirement, sweeping after vanished writers, retrying claims.
 async fn ticker(h: Arc<MetaHandler>, cfg: MetaConfig) {
     let dead_after = cfg.dead_after.as_millis() as u64;
     let retire_after = cfg.retire_after.as_millis() as u64;
@@ -1189,15 +1189,23 @@ async fn ticker(h: Arc<MetaHandler>, cfg: MetaConfig) {
             }
             let swept = match st.decide_sweep(now, lease_ms) {
                 Some(d) => {
-                    let n = d
+                    let dropped: usize = d
                         .effects
                         .iter()
-                        .filter(|e| matches!(e, crate::Effect::Dropped { .. }))
+                        .map(|e| match e {
+                            crate::Effect::Dropped { ids } => ids.len(),
+                            _ => 0,
+                        })
+                        .sum();
+                    let lapsed = d
+                        .effects
+                        .iter()
+                        .filter(|e| matches!(e, crate::Effect::LeaseCleared { .. }))
                         .count();
                     claims.extend(h.commit(&mut st, d, now));
-                    n
+                    (dropped, lapsed)
                 }
-                None => 0,
+                None => (0, 0),
             };
             (dead, retired, swept, claims)
         };
@@ -1211,8 +1219,12 @@ async fn ticker(h: Arc<MetaHandler>, cfg: MetaConfig) {
                 "retired {retired} storage server(s) dead for over {retire_after} ms; their blocks are lost"
             );
         }
-        if swept > 0 {
-            tracing::info!("dropped KeyValue puts abandoned by their writers");
+        let (dropped, lapsed) = swept;
+        if dropped + lapsed > 0 {
+            tracing::info!(
+                "writers gone for over {} ms: dropped {dropped} unclosed put(s); {lapsed} write lease(s) lapsed, the blocks past their published sizes freed",
+                2 * lease_ms
+            );
         }
         h.send_claims(claims).await;
         h.retry_pending().await;

@@ -60,6 +60,13 @@ pub(crate) enum Bug {
     /// A block a snapshot pins is given back to the free list when its
     /// node frees it, instead of being held.
     PinnedBlockFreed,
+    /// A lapsed write lease is released without freeing the blocks past
+    /// the node's published size (they stay allocated until it is
+    /// deleted).
+    LapseKeepsBlocks,
+    /// A lapsed write lease frees the node's last published block too
+    /// (its published bytes lose their block).
+    LapseFreesPublished,
 }
 
 const BS: u32 = 4096;
@@ -278,6 +285,9 @@ pub(crate) struct Stats {
     /// Stores that restarted keeping their blocks, at a new address.
     pub store_moves: u64,
     pub takeovers: u64,
+    /// Write leases of linked nodes (Files, KeyValues opened for writing)
+    /// that lapsed and were released by the sweep, their writer gone.
+    pub lapses: u64,
     pub small_puts: u64,
     pub small_reads: u64,
     pub old_handle_reads: u64,
@@ -689,7 +699,7 @@ impl Sim {
             self.commit(d)?;
         }
         if let Some(d) = self.st.decide_sweep(self.now, LEASE_MS) {
-            self.commit(d)?;
+            self.sweep(d)?;
         }
         if let Some(d) = self.st.decide_reap() {
             self.commit(d)?;
@@ -705,6 +715,47 @@ impl Sim {
             if let Ok(d) = self.st.decide_resize(id, target) {
                 self.commit(d)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Commits a sweep and checks what it left of the writers that
+    /// vanished: no lease lapsed longer ago than the grace is still held,
+    /// and a node whose lease lapsed kept every block its published bytes
+    /// need (reads check those bytes are still its own) and nothing past
+    /// them (`check_invariants`).
+    fn sweep(&mut self, d: crate::state::Decision) -> Result<(), String> {
+        let lapsed: Vec<(NodeId, usize, u64)> = d
+            .effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::LeaseCleared { node } => self.st.ns().get(*node),
+                _ => None,
+            })
+            .map(|n| (n.id, n.blocks.len(), n.size))
+            .collect();
+        self.stats.lapses += lapsed.len() as u64;
+        self.commit(d)?;
+        for (id, before, size) in lapsed {
+            let Some(n) = self.st.ns().get(id) else {
+                continue;
+            };
+            let need = size.div_ceil(self.st.block_size_of(n) as u64) as usize;
+            if n.piece.is_none() && n.blocks.len() < need.min(before) {
+                return Err(format!(
+                    "node {id}'s lease lapsed and it kept {} of the {need} blocks its {size} published bytes need",
+                    n.blocks.len()
+                ));
+            }
+        }
+        let late = self.now.saturating_sub(LEASE_MS);
+        if let Some(n) = self.st.ns().nodes().find(|n| {
+            n.linked && !n.ty.is_container() && n.lease.is_some_and(|l| l.expires_ms <= late)
+        }) {
+            return Err(format!(
+                "node {} still holds a write lease that expired at {:?}, after the sweep at {}",
+                n.id, n.lease, self.now
+            ));
         }
         Ok(())
     }
@@ -906,7 +957,9 @@ impl Sim {
                 end,
             } => {
                 if self.rng.chance(4) {
-                    // The client dies: its put is swept once its lease expires.
+                    // The client dies: its put is swept once its lease
+                    // expires, and so is what a File writer had not
+                    // published.
                     self.clients[c] = Task::Idle;
                     return Ok(());
                 }
@@ -1580,6 +1633,7 @@ fn simulation_keeps_every_invariant() {
         total.store_deaths += s.store_deaths;
         total.store_moves += s.store_moves;
         total.takeovers += s.takeovers;
+        total.lapses += s.lapses;
         total.small_puts += s.small_puts;
         total.small_reads += s.small_reads;
         total.old_handle_reads += s.old_handle_reads;
@@ -1609,6 +1663,7 @@ fn simulation_keeps_every_invariant() {
         ("resizes", total.resizes),
         ("store deaths", total.store_deaths),
         ("stores back at a new address", total.store_moves),
+        ("write leases lapsed by the sweep", total.lapses),
         ("metadata server restarts", total.restarts),
         ("restarts from a checkpoint", total.checkpoint_restarts),
         ("snapshots", total.snapshots),
@@ -1676,6 +1731,26 @@ fn simulation_catches_a_pinned_block_given_back() {
     let e = catch(Bug::PinnedBlockFreed);
     assert!(
         e.contains("not the node's bytes"),
+        "caught for the wrong reason: {e}"
+    );
+}
+
+#[test]
+fn simulation_catches_blocks_kept_past_a_lapsed_lease() {
+    // A vanished writer's unpublished blocks must come back when its lease
+    // lapses, not when the File is deleted.
+    let e = catch(Bug::LapseKeepsBlocks);
+    assert!(
+        e.contains("has no writer but holds"),
+        "caught for the wrong reason: {e}"
+    );
+}
+
+#[test]
+fn simulation_catches_a_lapse_that_frees_published_bytes() {
+    let e = catch(Bug::LapseFreesPublished);
+    assert!(
+        e.contains("blocks its") || e.contains("holds none of its published bytes"),
         "caught for the wrong reason: {e}"
     );
 }

@@ -579,15 +579,9 @@ impl MetaState {
             }
             Effect::LeaseSet { node, lease } => {
                 self.next_lease = self.next_lease.max(lease.id + 1);
-                if let Some(n) = self.ns.get_mut(*node) {
-                    n.lease = Some(*lease);
-                }
+                self.ns.set_lease(*node, Some(*lease));
             }
-            Effect::LeaseCleared { node } => {
-                if let Some(n) = self.ns.get_mut(*node) {
-                    n.lease = None;
-                }
-            }
+            Effect::LeaseCleared { node } => self.ns.set_lease(*node, None),
             Effect::ServerAdded { id, spec } => self.alloc.add_server(*id, spec, 0),
             Effect::ServerRetired { id } => {
                 self.alloc.retire(*id);
@@ -1104,8 +1098,12 @@ impl MetaState {
         Ok(())
     }
 
-    /// Drops puts that never closed and whose lease expired `grace_ms` ago,
-    /// freeing their blocks. `None` when there are none.
+    /// Cleans up after writers that vanished, once their lease expired
+    /// `grace_ms` ago: puts that never closed are dropped with their
+    /// blocks, and every other node's lease *lapses* ([`Draft::lapse`]:
+    /// the blocks past its published size are freed, the rest fenced, the
+    /// lease released). At most about [`REAP_BLOCKS`] blocks per decision;
+    /// the next sweep goes on. `None` when there is nothing to do.
     pub fn decide_sweep(&self, now: u64, grace_ms: u64) -> Option<Decision> {
         let dead: Vec<NodeId> = self
             .ns
@@ -1113,15 +1111,33 @@ impl MetaState {
             .filter(|n| n.lease.is_none_or(|l| l.expires_ms + grace_ms <= now))
             .map(|n| n.id)
             .collect();
-        if dead.is_empty() {
-            return None;
-        }
         let mut d = Draft::new(self);
         for id in &dead {
             d.free_node_blocks(*id);
         }
-        d.push(Effect::Dropped { ids: dead });
-        Some(d.finish(Reply::Done))
+        if !dead.is_empty() {
+            d.push(Effect::Dropped { ids: dead });
+        }
+        let mut budget = REAP_BLOCKS;
+        let lapsed = now
+            .checked_sub(grace_ms)
+            .into_iter()
+            .flat_map(|at| self.ns.leases_expired_by(at));
+        for id in lapsed {
+            let Some(n) = self.ns.get(id).filter(|n| n.linked) else {
+                // A put (dropped above), or the root of a removed subtree
+                // (the reaper frees it).
+                continue;
+            };
+            let cost = n.blocks.len().max(1);
+            if cost > budget && budget < REAP_BLOCKS {
+                break;
+            }
+            budget = budget.saturating_sub(cost);
+            d.lapse(n);
+            d.push(Effect::LeaseCleared { node: id });
+        }
+        (!d.effects.is_empty()).then(|| d.finish(Reply::Done))
     }
 
     // ----- persistence -------------------------------------------------------
@@ -1257,8 +1273,9 @@ impl MetaState {
     }
 
     /// What a restart changes, decided once the log is replayed (PRODUCT.md
-    /// §5): the writers of the old process are gone, so every lease is
-    /// cleared (a File open for writing keeps its last synced size), puts
+    /// §5): the writers of the old process are gone, so every lease lapses
+    /// ([`Draft::lapse`]: a File open for writing keeps its last synced
+    /// size and the blocks it needs, fenced), puts
     /// that never closed are dropped with their blocks, and block moves in
     /// flight are given up. Node ids, lease ids and generations are raised
     /// to `floor` (the server passes wall-clock microseconds): with
@@ -1279,14 +1296,30 @@ impl MetaState {
                 ids: unclosed.iter().copied().collect(),
             });
         }
-        for n in self.ns.nodes() {
-            if n.lease.is_some() && !unclosed.contains(&n.id) {
+        // Every other writer's lease lapses. A node without a lease that
+        // still holds blocks past its size (a restart of an older build
+        // cleared its lease and kept them) gives them back too. In node
+        // order: the generations drawn must not depend on hash order.
+        let mut lapsed: Vec<NodeId> = self
+            .ns
+            .nodes()
+            .filter(|n| !unclosed.contains(&n.id) && !n.ty.is_container())
+            .filter(|n| n.lease.is_some() || n.blocks.len() as u64 > self.blocks_published(n))
+            .map(|n| n.id)
+            .collect();
+        lapsed.sort_unstable();
+        for id in &lapsed {
+            let n = self.ns.get(*id).expect("listed above");
+            d.lapse(n);
+            if n.lease.is_some() {
                 d.push(Effect::LeaseCleared { node: n.id });
             }
         }
         let moving: BTreeSet<NodeId> = self.moves.keys().map(|(n, _)| *n).collect();
         for node in moving.difference(&unclosed) {
-            d.end_moves(*node, 0);
+            if lapsed.binary_search(node).is_err() {
+                d.end_moves(*node, 0);
+            }
         }
         // Snapshots do not survive a restart: what they held is freed.
         for ((server, block), gen) in &self.held {
@@ -1744,6 +1777,7 @@ impl MetaState {
                     logs: Vec::new(),
                     unreachable: Vec::new(),
                     moves: self.tier.moves.values().copied().collect(),
+                    lease_ms: self.lease_ms,
                 })
             }
             Reply::LocalSocket => MetaReply::LocalSocket(self.local_socket.clone()),
@@ -1961,6 +1995,15 @@ impl MetaState {
         })
     }
 
+    /// Blocks data node `n` needs for its published bytes (none for a
+    /// small value, whose piece is not a block).
+    fn blocks_published(&self, n: &crate::namespace::Node) -> u64 {
+        if n.piece.is_some() {
+            return 0;
+        }
+        n.size.div_ceil(u64::from(self.block_size_of(n)).max(1))
+    }
+
     /// The bytes one block of `n` holds as its clients see them: a small
     /// value's one block is its piece less the tag, any other node's a
     /// whole block; an encrypted node's, the plaintext those stored bytes
@@ -2068,7 +2111,11 @@ impl MetaState {
     /// - every generation in use is below the next one to hand out, and
     ///   no two blocks in use share one;
     /// - the record slot tables agree with the children;
-    /// - leases are unique and below the next lease id;
+    /// - leases are unique and below the next lease id, and indexed by
+    ///   expiry;
+    /// - a linked data node without a write lease holds no block wholly
+    ///   past its published size (closes, aborts, lapsed leases and
+    ///   restarts give them back);
     /// - puts in progress are unlinked KeyValues, the graveyard holds only
     ///   unlinked roots.
     ///
@@ -2113,6 +2160,16 @@ impl MetaState {
                 if l.id >= self.next_lease || !leases.insert(l.id) {
                     return Err(format!("lease {} of node {} is not unique", l.id, n.id));
                 }
+            } else if n.linked
+                && !n.ty.is_container()
+                && n.blocks.len() as u64 > self.blocks_published(n)
+            {
+                return Err(format!(
+                    "node {} has no writer but holds {} blocks for its {} published bytes",
+                    n.id,
+                    n.blocks.len(),
+                    n.size
+                ));
             }
             if n.ty.is_container() {
                 if !n.slots.is_consistent() {
@@ -2247,6 +2304,9 @@ impl MetaState {
             if self.ns.get(r).is_none_or(|n| n.linked) {
                 return Err(format!("graveyard root {r} is missing or linked"));
             }
+        }
+        if !self.ns.leases_indexed() {
+            return Err("the lease index disagrees with the nodes' leases".into());
         }
         Ok(())
     }
@@ -2615,6 +2675,47 @@ impl<'a> Draft<'a> {
             };
             self.push(Effect::SlabStamped { server, block, gen });
         }
+    }
+
+    /// The writer of `n` is gone (its lease expired, or the metadata
+    /// server restarted): what it wrote past the published size is
+    /// dropped, its blocks freed (fenced, or held for a snapshot), and
+    /// the blocks that stay (or a small value's slab) get a new
+    /// generation, so the old writer's late writes get `Stale` and its
+    /// re-map `LeaseExpired` (once the caller clears or replaces the
+    /// lease); moves of its blocks are given up. Readers of the published
+    /// bytes re-map and read on.
+    fn lapse(&mut self, n: &crate::namespace::Node) {
+        let keep = self.st.blocks_published(n) as usize;
+        #[cfg(test)]
+        let keep = match self.st.bug {
+            Some(crate::sim::Bug::LapseKeepsBlocks) => n.blocks.len(),
+            Some(crate::sim::Bug::LapseFreesPublished) => keep.saturating_sub(1),
+            _ => keep,
+        };
+        for (i, _) in n.blocks.iter().enumerate().take(keep) {
+            let gen = self.plan.gen();
+            self.push(Effect::BlockStamped {
+                node: n.id,
+                index: i as u64,
+                gen,
+            });
+        }
+        if n.blocks.len() > keep {
+            for b in &n.blocks[keep..] {
+                self.free(*b);
+            }
+            self.push(Effect::BlocksTruncated {
+                node: n.id,
+                len: keep as u64,
+            });
+        }
+        if let Some(p) = n.piece {
+            if self.st.slabs.get(p.server, p.block).is_some() {
+                self.stamp_slab((p.server, p.block));
+            }
+        }
+        self.end_moves(n.id, 0);
     }
 
     /// Frees the blocks of `n` from block `keep` on (and their moves).
@@ -3134,22 +3235,9 @@ impl<'a> Draft<'a> {
                 )));
             }
             // The lease expired without a close: its writer may still be
-            // alive and writing. Fence it out at the storage layer: every
-            // block gets a new generation, so its late writes get `Stale`.
-            for (i, _) in n.blocks.iter().enumerate() {
-                let gen = self.plan.gen();
-                self.push(Effect::BlockStamped {
-                    node: id,
-                    index: i as u64,
-                    gen,
-                });
-            }
-            if let Some(p) = n.piece {
-                if self.st.slabs.get(p.server, p.block).is_some() {
-                    self.stamp_slab((p.server, p.block));
-                }
-            }
-            self.end_moves(id, 0);
+            // alive and writing. It lapses: fenced out at the storage
+            // layer, its unpublished blocks freed.
+            self.lapse(n);
         }
         let lease = self.grant(id, now);
         Ok(Reply::Node {

@@ -1303,6 +1303,7 @@ mod tests {
                 demoted: 9,
                 promoted: 2,
             }],
+            lease_ms: 30_000,
             logs: vec![crate::types::LogStatus {
                 partition: 1,
                 fsync: "interval 100ms".into(),

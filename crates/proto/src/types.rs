@@ -542,6 +542,11 @@ pub struct ClusterStatus {
     pub unreachable: Vec<PartitionDown>,
     /// Blocks tier migration moved, per class they left.
     pub moves: Vec<ClassMoves>,
+    /// How long a write lease lasts without a renewal
+    /// (`meta.lease_timeout_ms`; merged: the shortest of the partitions),
+    /// so a client that keeps files open for long (`nk mount`) renews in
+    /// time.
+    pub lease_ms: u64,
 }
 
 /// Where a storage server's resize stands in one metadata partition
@@ -752,6 +757,7 @@ impl ClusterStatus {
         for m in &self.moves {
             e.u8(m.class).u64(m.demoted).u64(m.promoted);
         }
+        e.u64(self.lease_ms);
     }
     pub(crate) fn decode(d: &mut Dec) -> Result<ClusterStatus> {
         let block_size = d.u32()?;
@@ -785,6 +791,7 @@ impl ClusterStatus {
                 promoted: d.u64()?,
             });
         }
+        let lease_ms = d.u64()?;
         Ok(ClusterStatus {
             block_size,
             nodes,
@@ -798,6 +805,7 @@ impl ClusterStatus {
             logs,
             unreachable: Vec::new(),
             moves,
+            lease_ms,
         })
     }
 }
