@@ -295,7 +295,7 @@ struct ExtraMount {
 
 impl Drop for ExtraMount {
     fn drop(&mut self) {
-        let _ = Command::new(NK)
+        let _ = common::nk()
             .args(["umount", "--lazy"])
             .arg(&self.mnt)
             .status();

@@ -52,6 +52,12 @@ pub struct ClientConfig {
     /// [`crate::discover`] reads it from `NK_ENCRYPTION_KEY_FILE` or
     /// `[security] encryption_key_file`.
     pub encryption_key: Option<Arc<crate::EncryptionKey>>,
+    /// Renew the write leases of this client's open writers a few times
+    /// per lease, so a writer that pauses keeps its node (default `true`).
+    /// Without it, a writer silent for about two leases
+    /// (`meta.lease_timeout_ms`) loses what it wrote since its last sync,
+    /// as a writer that vanished does: for tests of lease expiry.
+    pub renew_leases: bool,
 }
 
 impl ClientConfig {
@@ -68,6 +74,7 @@ impl ClientConfig {
             token: None,
             tls: None,
             encryption_key: None,
+            renew_leases: true,
         }
     }
 }
@@ -171,6 +178,15 @@ pub(crate) struct Inner {
     pub(crate) pool: ConnectionPool,
     /// Every block transfer goes through here.
     pub(crate) io: BlockIo,
+    /// The write leases of this client's open writers, renewed by its
+    /// lease keeper (`crate::leases`).
+    pub(crate) leases: Arc<crate::leases::Leases>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.leases.client_gone();
+    }
 }
 
 /// An asynchronous NodeKernel client. Cheap to clone; clones share
@@ -225,6 +241,7 @@ impl Client {
                     .collect(),
                 cfg,
                 io,
+                leases: Arc::default(),
             }),
         };
         let n = client.inner.cfg.metas.len();
@@ -235,6 +252,7 @@ impl Client {
         for (i, answer) in answers.into_iter().enumerate() {
             match answer {
                 Ok(MetaReply::Status(st)) => {
+                    client.inner.leases.note_lease(st.lease_ms);
                     if st.partition != i as u32 || st.partitions != n as u32 {
                         return Err(Error::invalid_argument(format!(
                             "metadata server {} is partition {} of {}, but it is listed as partition {i} of {n}: list the metadata servers in partition order, the same everywhere",
@@ -265,6 +283,12 @@ impl Client {
                     format!("no metadata partition answers ({n} listed): {first}"),
                 )
             });
+        }
+        if client.inner.cfg.renew_leases {
+            tokio::spawn(crate::leases::keep(
+                Arc::downgrade(&client.inner),
+                client.inner.leases.clone(),
+            ));
         }
         Ok(client)
     }

@@ -34,6 +34,7 @@ pub mod blocking;
 mod blockio;
 mod client;
 mod crypt;
+mod leases;
 mod local;
 mod node;
 pub mod settings;

@@ -27,6 +27,10 @@ pub struct Node {
     /// Highest published size seen.
     size: AtomicU64,
     writer: Option<WriteState>,
+    /// The client's lease keeper renews the writer's lease while this is
+    /// held (dropped with the writer: at close, abort, or when the handle
+    /// is dropped unclosed, so a writer that vanished lets its lease lapse).
+    hold: Option<crate::leases::LeaseHold>,
 }
 
 impl std::fmt::Debug for Node {
@@ -72,6 +76,7 @@ impl Node {
         if let Some(b) = &info.first_block {
             locs.push(Some(b.clone()));
         }
+        let hold = writer.map(|w| client.inner.leases.hold(part, info.id, w.lease));
         Node {
             client,
             path,
@@ -80,6 +85,7 @@ impl Node {
             locs: Mutex::new(locs),
             info,
             writer,
+            hold,
         }
     }
 
@@ -650,23 +656,22 @@ impl Node {
         self.publish(false).await
     }
 
-    /// Renews the write lease without publishing anything (the size
-    /// published last is sent again): for a writer that keeps a node open
-    /// for longer than the metadata server's lease (`meta.lease_timeout_ms`,
-    /// [`ClusterStatus::lease_ms`](crate::ClusterStatus::lease_ms)) without
-    /// writing, which would otherwise lose the lease to the sweep (what it
-    /// wrote past its last sync dropped). `LeaseExpired` if it was lost.
+    /// Renews the write lease now, publishing nothing; `LeaseExpired` if
+    /// it was lost (taken over, or lapsed). The client's lease keeper
+    /// already renews every open writer's lease a few times per lease
+    /// (`meta.lease_timeout_ms`), so a writer that pauses keeps its node;
+    /// this tells at once whether the lease is still held.
     pub async fn renew(&self) -> Result<()> {
         let w = self.write_state()?;
-        let req = MetaRequest::Sync {
-            node: self.info.id,
-            lease: w.lease,
-            size: self.size.load(Ordering::Acquire),
-            close: false,
-            mtime: 0,
+        let req = MetaRequest::Renew {
+            leases: vec![(self.info.id, w.lease)],
         };
         match self.client.meta_at(self.part, &req).await {
-            Ok(MetaReply::Record(_)) => Ok(()),
+            Ok(MetaReply::Renewed { lost, .. }) if lost.is_empty() => Ok(()),
+            Ok(MetaReply::Renewed { .. }) => Err(Error::lease_expired(format!(
+                "{}: write lease {} is no longer held (taken over, or lapsed)",
+                self.path, w.lease
+            ))),
             Ok(other) => Err(unexpected(other)),
             Err(e) => Err(self.ctx(e)),
         }
@@ -682,6 +687,7 @@ impl Node {
         if self.writer.is_some() {
             self.publish(true).await?;
             self.writer = None;
+            self.hold = None;
         }
         Ok(())
     }
@@ -694,6 +700,7 @@ impl Node {
         let Some(w) = self.writer.take() else {
             return Ok(());
         };
+        self.hold = None;
         let req = MetaRequest::Abort {
             node: self.info.id,
             lease: w.lease,

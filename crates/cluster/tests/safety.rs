@@ -370,7 +370,15 @@ async fn a_writer_whose_lease_was_taken_over_is_fenced() {
     cfg.meta.lease_timeout_ms = 200;
     let t = start_with(cfg, dir).await;
     let c = &t.client;
-    let mut a = c
+    // The first writer's client stops renewing its lease (a client that
+    // stalls, or is cut off).
+    let stalled = Client::connect(nodekernel_client::ClientConfig {
+        renew_leases: false,
+        ..t.cluster.client_config()
+    })
+    .await
+    .unwrap();
+    let mut a = stalled
         .create("/f", NodeType::File, CreateOptions::default())
         .await
         .unwrap();
@@ -455,7 +463,8 @@ async fn the_access_hook_sees_mapped_reads() {
 const WRITTEN: &str = "nk-test-writer: written";
 
 /// Run in a child process by the test below (it is skipped otherwise):
-/// creates `/f` on the cluster named by `NK_TEST_META`, writes and syncs
+/// creates `/f` on the cluster named by `NK_TEST_META` (with the token of
+/// `NK_TOKEN_FILE`), writes and syncs
 /// `NK_TEST_PUBLISH` bytes, writes `NK_TEST_MORE` bytes more without
 /// syncing, says so, and waits to be killed.
 #[test]
@@ -467,9 +476,9 @@ fn killed_writer_process() {
     let size = |var: &str| std::env::var(var).unwrap().parse::<usize>().unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let c = Client::connect(nodekernel_client::ClientConfig::new(vec![meta]))
-            .await
-            .unwrap();
+        // NK_TOKEN_FILE: the cluster's token (`discover` reads it).
+        let cfg = nodekernel_client::discover(Some(&meta), None).unwrap();
+        let c = Client::connect(cfg).await.unwrap();
         let mut f = c
             .create("/f", NodeType::File, CreateOptions::default())
             .await
@@ -482,6 +491,65 @@ fn killed_writer_process() {
         println!("{WRITTEN}");
         std::future::pending::<()>().await;
     });
+}
+
+/// A writer that pauses keeps what it wrote: its client's lease keeper
+/// renews the lease a few times per lease, so the sweep, which lapses the
+/// leases of writers that vanished, never lapses a live writer's (before
+/// the keeper, a File writer silent for two leases lost everything past
+/// its last sync). A handle dropped unclosed stops being renewed, and its
+/// unpublished blocks come back like those of a killed process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_that_pauses_keeps_its_node_and_a_dropped_one_lets_go() {
+    const MIB: usize = 1 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = common::config(64 << 20, 0, &dir);
+    cfg.meta.block_size = ByteSize(MIB as u64);
+    cfg.meta.lease_timeout_ms = 300;
+    // The ticker, which sweeps, runs every quarter of this.
+    cfg.meta.dead_after_ms = 1200;
+    let t = start_with(cfg, dir).await;
+    let c = &t.client;
+    let used = || async {
+        let st = c.status().await.unwrap();
+        st.servers.iter().map(|s| s.used_blocks).sum::<u64>()
+    };
+    c.create("/warm", NodeType::Directory, CreateOptions::default())
+        .await
+        .unwrap();
+    let before = used().await;
+    let mut w = c
+        .create("/f", NodeType::File, CreateOptions::default())
+        .await
+        .unwrap();
+    let first = pattern(3, 2 * MIB);
+    w.append(&first).await.unwrap();
+    // Ten leases of silence, unsynced.
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    w.renew().await.expect("the lease is still held");
+    let second = pattern(4, MIB);
+    w.append(&second).await.expect("the writer goes on");
+    w.close().await.unwrap();
+    assert_eq!(c.get("/f").await.unwrap(), [first, second].concat());
+
+    // A handle dropped unclosed: renewed no more, so its lease lapses and
+    // what it never published comes back.
+    let mut g = c
+        .create("/g", NodeType::File, CreateOptions::default())
+        .await
+        .unwrap();
+    g.append(&pattern(5, 2 * MIB)).await.unwrap();
+    assert_eq!(used().await, before + 5);
+    drop(g);
+    let deadline = tokio::time::Instant::now() + HANG;
+    while used().await != before + 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the dropped writer's blocks never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(c.get("/g").await.unwrap(), b"", "nothing was published");
 }
 
 /// Issue 36, defect 7: a process writing a File is killed (SIGKILL) after
@@ -519,6 +587,7 @@ async fn a_killed_writers_unpublished_blocks_come_back_once_its_lease_lapses() {
             "--nocapture",
         ])
         .env("NK_TEST_META", t.cluster.client_config().metas.join(","))
+        .env("NK_TOKEN_FILE", t.cluster.token_file().unwrap())
         .env("NK_TEST_PUBLISH", published.to_string())
         .env("NK_TEST_MORE", more.to_string())
         .stdout(std::process::Stdio::piped())

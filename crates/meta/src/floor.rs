@@ -38,8 +38,17 @@ pub fn read(dir: &Path) -> u64 {
     let path = dir.join(FILE);
     // At most one byte more than a floor holds: whatever the file is.
     let mut bytes = Vec::with_capacity(LEN + 1);
-    let read =
-        std::fs::File::open(&path).and_then(|f| f.take(LEN as u64 + 1).read_to_end(&mut bytes));
+    // Not blocking on a FIFO put there; only a regular file is read.
+    let read = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&path)
+        .and_then(|f| {
+            if !f.metadata()?.is_file() {
+                return Err(std::io::Error::other("not a regular file"));
+            }
+            f.take(LEN as u64 + 1).read_to_end(&mut bytes)
+        });
     match read {
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return 0,
@@ -126,5 +135,12 @@ mod tests {
         }
         assert_eq!(decode(&good[..LEN - 1]), None);
         assert_eq!(decode(&[good.clone(), vec![0]].concat()), None);
+        // A FIFO in its place is not waited on: it says a namespace was
+        // here.
+        std::fs::remove_file(&path).unwrap();
+        let fifo = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo reads the NUL-terminated path only.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        assert_eq!(read(dir.path()), 1);
     }
 }

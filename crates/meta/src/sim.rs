@@ -288,6 +288,8 @@ pub(crate) struct Stats {
     /// Write leases of linked nodes (Files, KeyValues opened for writing)
     /// that lapsed and were released by the sweep, their writer gone.
     pub lapses: u64,
+    /// Leases renewed by a client's lease keeper (publishing nothing).
+    pub renewals: u64,
     pub small_puts: u64,
     pub small_reads: u64,
     pub old_handle_reads: u64,
@@ -1107,6 +1109,28 @@ impl Sim {
         lease: u64,
         size: u64,
     ) -> Result<(), String> {
+        if self.rng.chance(10) {
+            // The client's lease keeper renews the lease, publishing
+            // nothing: it says whether the lease is still held.
+            let held = self
+                .st
+                .ns()
+                .get(node)
+                .and_then(|n| n.lease)
+                .is_some_and(|l| l.id == lease);
+            match self.exec(MetaRequest::Renew {
+                leases: vec![(node, lease)],
+            })? {
+                Ok(MetaReply::Renewed { lost, .. }) if lost.contains(&node) != held => {
+                    self.stats.renewals += u64::from(held);
+                }
+                r => {
+                    return Err(format!(
+                        "renewal of node {node} (held: {held}) answered {r:?}"
+                    ))
+                }
+            }
+        }
         let close = self.rng.chance(85);
         if !close && self.rng.chance(30) {
             // The writer cuts its node short (to at most what it has
@@ -1634,6 +1658,7 @@ fn simulation_keeps_every_invariant() {
         total.store_moves += s.store_moves;
         total.takeovers += s.takeovers;
         total.lapses += s.lapses;
+        total.renewals += s.renewals;
         total.small_puts += s.small_puts;
         total.small_reads += s.small_reads;
         total.old_handle_reads += s.old_handle_reads;
@@ -1664,6 +1689,7 @@ fn simulation_keeps_every_invariant() {
         ("store deaths", total.store_deaths),
         ("stores back at a new address", total.store_moves),
         ("write leases lapsed by the sweep", total.lapses),
+        ("write leases renewed without publishing", total.renewals),
         ("metadata server restarts", total.restarts),
         ("restarts from a checkpoint", total.checkpoint_restarts),
         ("snapshots", total.snapshots),

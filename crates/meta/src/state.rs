@@ -130,6 +130,8 @@ enum Reply {
     Drain(u32),
     Policy,
     Resized(u32),
+    /// The nodes whose leases a renewal found no longer held.
+    Renewed(Vec<NodeId>),
 }
 
 /// The outcome of [`MetaState::decide`]: what to change, and what to reply
@@ -923,6 +925,16 @@ impl MetaState {
                 Reply::Resized(id)
             }
             MetaRequest::LocalSocket => Reply::LocalSocket,
+            MetaRequest::Renew { leases } => {
+                let mut lost = Vec::new();
+                for &(node, lease) in leases {
+                    match d.writable(node, lease) {
+                        Ok(_) => d.renew(node, lease, now),
+                        Err(_) => lost.push(node),
+                    }
+                }
+                Reply::Renewed(lost)
+            }
             MetaRequest::Abort { node, lease } => d.abort(*node, *lease)?,
             MetaRequest::ReplaceBlock {
                 node,
@@ -1615,11 +1627,15 @@ impl MetaState {
                 if self.emptying(b.server) && !self.moves.contains_key(&(n.id, i as u64)) {
                     let class = self.alloc.server_class(b.server).unwrap_or(NO_CLASS);
                     out.push((n.id, i as u64, class, b.server));
-                    if out.len() >= limit {
-                        return out;
-                    }
                 }
             }
+        }
+        // In node order, not the namespace's hash order: the same state
+        // picks the same blocks (the simulation replays a seed exactly).
+        out.sort_unstable();
+        if out.len() >= limit {
+            out.truncate(limit);
+            return out;
         }
         for ((server, block), slab) in self.slabs.iter() {
             let index = slab_move_index(server, block);
@@ -1784,6 +1800,10 @@ impl MetaState {
             Reply::Drain(id) => MetaReply::Drain(self.drain_status(*id)),
             Reply::Policy => MetaReply::Policy(self.tier.settings.show()),
             Reply::Resized(id) => MetaReply::Resized(self.resize_status(*id)),
+            Reply::Renewed(lost) => MetaReply::Renewed {
+                lease_ms: self.lease_ms,
+                lost: lost.clone(),
+            },
             Reply::SnapshotBegun { id, entries } => MetaReply::SnapshotBegun {
                 id: *id,
                 entries: *entries,

@@ -38,6 +38,7 @@ pub mod op {
     pub const RESIZE: u16 = 23;
     pub const TRUNCATE: u16 = 24;
     pub const SET_ATTRS: u16 = 25;
+    pub const RENEW: u16 = 26;
 
     /// The request's name in metrics and logs (`"other"` for a number
     /// this build does not know).
@@ -68,6 +69,7 @@ pub mod op {
             RESIZE => "resize",
             TRUNCATE => "truncate",
             SET_ATTRS => "set_attrs",
+            RENEW => "renew",
             _ => "other",
         }
     }
@@ -99,6 +101,9 @@ pub const LARGE_REQUEST_MAX: usize = 64 * 1024;
 /// `op`: no request needs more than a few KiB, so a larger frame is
 /// refused from its header, before any of it is buffered
 /// (`docs/security.md`, *Limits*).
+/// Most write leases one `Renew` request renews.
+pub const MAX_RENEW_BATCH: usize = 1024;
+
 pub fn max_request_len(op: u16) -> usize {
     match op {
         op::CREATE
@@ -111,6 +116,7 @@ pub fn max_request_len(op: u16) -> usize {
         | op::SET_ATTRS => PATH_REQUEST_MAX,
         op::REGISTER | op::POLICY => LARGE_REQUEST_MAX,
         op::RECORD_NAMES => 8 + 4 + 4 * MAX_RECORD_NAMES,
+        op::RENEW => 4 + 16 * MAX_RENEW_BATCH,
         _ => SMALL_REQUEST_MAX,
     }
 }
@@ -352,6 +358,13 @@ pub enum MetaRequest {
     SnapshotEnd {
         id: u64,
     },
+    /// Renews write leases (node, lease id) that their client still holds,
+    /// publishing nothing (a client renews the leases of its open writers
+    /// a few times per lease, so a writer that pauses keeps its node). At
+    /// most [`MAX_RENEW_BATCH`].
+    Renew {
+        leases: Vec<(u64, u64)>,
+    },
     /// Starts draining storage server `server` (its identity or its
     /// registered address): it gets no new blocks, and every block it holds
     /// in this partition is moved to other servers. Asked again, reports the
@@ -461,6 +474,7 @@ impl MetaRequest {
             MetaRequest::Resize { .. } => op::RESIZE,
             MetaRequest::Truncate { .. } => op::TRUNCATE,
             MetaRequest::SetAttrs { .. } => op::SET_ATTRS,
+            MetaRequest::Renew { .. } => op::RENEW,
         }
     }
 
@@ -570,6 +584,12 @@ impl MetaRequest {
             }
             MetaRequest::SnapshotEnd { id } => {
                 e.u64(*id);
+            }
+            MetaRequest::Renew { leases } => {
+                e.u32(leases.len() as u32);
+                for (node, lease) in leases {
+                    e.u64(*node).u64(*lease);
+                }
             }
             MetaRequest::Drain { server, cancel } => {
                 e.str(server).bool(*cancel);
@@ -737,6 +757,19 @@ impl MetaRequest {
                 mode: if d.bool()? { Some(d.u32()?) } else { None },
                 mtime: if d.bool()? { Some(d.u64()?) } else { None },
             },
+            op::RENEW => {
+                let n = d.count(16)?;
+                if n > MAX_RENEW_BATCH {
+                    return Err(Error::protocol(format!(
+                        "a renewal of {n} leases exceeds the limit of {MAX_RENEW_BATCH}"
+                    )));
+                }
+                let mut leases = Vec::with_capacity(n);
+                for _ in 0..n {
+                    leases.push((d.u64()?, d.u64()?));
+                }
+                MetaRequest::Renew { leases }
+            }
 
             other => return Err(Error::protocol(format!("unknown metadata op {other}"))),
         };
@@ -805,6 +838,9 @@ pub enum MetaReply {
     Policy(Vec<(String, String)>),
     /// Resize: where the resize stands in this partition.
     Resized(ResizeStatus),
+    /// Renew: how long a lease lasts (ms), and the nodes of the leases
+    /// that are no longer held (taken over, lapsed, closed).
+    Renewed { lease_ms: u64, lost: Vec<u64> },
 }
 
 impl MetaReply {
@@ -876,6 +912,12 @@ impl MetaReply {
                 }
             }
             MetaReply::Resized(s) => s.encode(e),
+            MetaReply::Renewed { lease_ms, lost } => {
+                e.u64(*lease_ms).u32(lost.len() as u32);
+                for n in lost {
+                    e.u64(*n);
+                }
+            }
         }
     }
 
@@ -956,6 +998,15 @@ impl MetaReply {
                 }
             }
             op::SNAPSHOT_LOCATE => MetaReply::Located(BlockLoc::decode(&mut d)?),
+            op::RENEW => {
+                let lease_ms = d.u64()?;
+                let n = d.count(8)?;
+                let mut lost = Vec::with_capacity(n);
+                for _ in 0..n {
+                    lost.push(d.u64()?);
+                }
+                MetaReply::Renewed { lease_ms, lost }
+            }
             op::DRAIN => MetaReply::Drain(DrainStatus::decode(&mut d)?),
             op::POLICY => {
                 let n = d.count(8)?;
@@ -1105,6 +1156,10 @@ mod tests {
                 block: 77,
             },
             MetaRequest::SnapshotEnd { id: 4 },
+            MetaRequest::Renew { leases: vec![] },
+            MetaRequest::Renew {
+                leases: vec![(1, 2), (u64::MAX, 7)],
+            },
         ]
     }
 
@@ -1185,6 +1240,9 @@ mod tests {
             MetaRequest::Drain {
                 server: name.clone(),
                 cancel: true,
+            },
+            MetaRequest::Renew {
+                leases: vec![(u64::MAX, u64::MAX); MAX_RENEW_BATCH],
             },
             MetaRequest::Resize {
                 server: name.clone(),
@@ -1343,6 +1401,13 @@ mod tests {
                 },
             ),
             (op::REGISTER, MetaReply::Registered { server: 3 }),
+            (
+                op::RENEW,
+                MetaReply::Renewed {
+                    lease_ms: 30_000,
+                    lost: vec![4, 9],
+                },
+            ),
             (
                 op::RECORD_NAMES,
                 MetaReply::Names(vec![

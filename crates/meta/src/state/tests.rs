@@ -3394,3 +3394,61 @@ fn heartbeats_and_resizes_count_only_signed_by_their_server_and_once() {
     );
     s.check_invariants().unwrap();
 }
+
+/// A writer that pauses keeps its node: its client renews the lease
+/// (`Renew`, publishing nothing), so the sweep never lapses it and what it
+/// wrote past its last sync stays; a renewal of a lease that is gone says
+/// so, and renews nothing.
+#[test]
+fn a_renewed_lease_never_lapses_and_a_lost_one_is_reported() {
+    let mut s = state();
+    let f = create(&mut s, "/f", File, 0).unwrap();
+    map(&mut s, f.id, 0, 3, f.lease).unwrap();
+    sync(&mut s, &f, 100, false).unwrap();
+    let used = total_used(&s);
+    let renew = |s: &mut MetaState, now: u64| match s
+        .apply(
+            MetaRequest::Renew {
+                leases: vec![(f.id, f.lease), (f.id, f.lease + 99), (9999, 1)],
+            },
+            now,
+        )
+        .unwrap()
+    {
+        MetaReply::Renewed { lease_ms, lost } => (lease_ms, lost),
+        r => panic!("{r:?}"),
+    };
+    // Renewed every 400 ms (of a 1000 ms lease) for a long while.
+    for now in (400..20_000).step_by(400) {
+        let (lease_ms, lost) = renew(&mut s, now);
+        assert_eq!(lease_ms, 1000);
+        assert_eq!(
+            lost,
+            vec![f.id, 9999],
+            "only the wrong lease and node are lost"
+        );
+        assert!(s.decide_sweep(now, 1000).is_none(), "at {now}: swept");
+    }
+    assert_eq!(total_used(&s), used, "nothing was freed");
+    assert_eq!(s.ns().get(f.id).unwrap().size, 100, "nothing was published");
+    // The writer goes on where it was.
+    map(&mut s, f.id, 3, 1, f.lease).unwrap();
+    close(&mut s, &f, 3 * BS as u64 + 1).unwrap();
+    // Once closed, a renewal finds the lease gone.
+    let reply = s
+        .apply(
+            MetaRequest::Renew {
+                leases: vec![(f.id, f.lease)],
+            },
+            20_000,
+        )
+        .unwrap();
+    assert_eq!(
+        reply,
+        MetaReply::Renewed {
+            lease_ms: 1000,
+            lost: vec![f.id]
+        }
+    );
+    s.check_invariants().unwrap();
+}
