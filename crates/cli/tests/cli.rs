@@ -1405,11 +1405,10 @@ fn every_file_with_the_namespace_or_data_is_private_under_umask_000() {
 
     let src = dir.path().join("src.bin");
     std::fs::write(&src, vec![7u8; 3 << 20]).unwrap();
-    nk_ok(&meta, &["put", src.to_str().unwrap(), "/big"]);
-    nk_ok(
-        &meta,
-        &["bench", "create", "-k", "300", "-w", "0", "--json"],
-    );
+    // Clients find the token `nk up` made (its own, under umask 000 too).
+    let own_token = |args: &[&str]| succeeds(client(&meta).args(args).env_remove("NK_TOKEN_FILE"));
+    own_token(&["put", src.to_str().unwrap(), "/big"]);
+    own_token(&["bench", "create", "-k", "300", "-w", "0", "--json"]);
     // Only a hang catcher: the ticker writes one within a few periods.
     let start = Instant::now();
     while !std::fs::read_dir(data.join("meta"))
@@ -1453,6 +1452,7 @@ fn every_file_with_the_namespace_or_data_is_private_under_umask_000() {
         "{seen:?}"
     );
     assert!(seen.iter().any(|s| s.starts_with("pack-")), "{seen:?}");
+    assert!(seen.iter().any(|s| s == "token"), "{seen:?}");
 }
 
 /// `len` bytes of a xorshift stream from `seed`: incompressible, and cheap

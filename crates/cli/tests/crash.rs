@@ -22,7 +22,7 @@
 mod common;
 
 use common::{start_meta_and_store, start_role};
-use nodekernel_client::{Client, ClientConfig, CreateOptions, ErrorCode, NodeType};
+use nodekernel_client::{Client, CreateOptions, ErrorCode, NodeType};
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Child;
 use std::time::Duration;
@@ -101,7 +101,7 @@ fn value(rng: &mut Rng) -> Vec<u8> {
 }
 
 async fn client(addr: &str, timeout: Duration) -> Client {
-    let mut cfg = ClientConfig::new(vec![addr.to_string()]);
+    let mut cfg = common::client_config(addr);
     cfg.timeout = timeout;
     Client::connect(cfg).await.expect("connects")
 }

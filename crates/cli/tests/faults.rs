@@ -312,10 +312,7 @@ fn a_client_killed_mid_write_leaks_nothing() {
     // The lease expires: another writer may take the node over.
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let client =
-            nodekernel_client::Client::connect(nodekernel_client::ClientConfig::new(vec![c
-                .meta
-                .clone()]))
+        let client = nodekernel_client::Client::connect(common::client_config(&c.meta))
             .await
             .unwrap();
         let deadline = Instant::now() + HANG;

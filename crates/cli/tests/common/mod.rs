@@ -39,6 +39,19 @@ pub fn runtime_dir() -> &'static std::path::Path {
     })
 }
 
+/// Settings of a Rust client (in the test process) of the cluster at
+/// `meta`, with the tests' token ([`token_file`]).
+#[allow(dead_code)] // not every test binary has a client of its own
+pub fn client_config(meta: &str) -> nodekernel_client::ClientConfig {
+    let mut c = nodekernel_client::ClientConfig::new(vec![meta.to_string()]);
+    let security = nodekernel_client::SecuritySection {
+        token_file: Some(token_file().to_path_buf()),
+        ..Default::default()
+    };
+    c.token = security.token().expect("the tests' token");
+    c
+}
+
 /// `nk`, with the tests' token ([`token_file`]) and runtime directory.
 pub fn nk() -> Command {
     let mut cmd = Command::new(NK);
