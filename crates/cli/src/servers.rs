@@ -27,7 +27,7 @@ pub struct UpArgs {
     /// The metadata server's admin HTTP endpoint (metrics, status, dashboard); "" turns it off [default: meta.admin, 127.0.0.1:0]
     #[arg(long, value_name = "ADDR")]
     admin: Option<String>,
-    /// Run without a cluster token, trusting every peer that reaches a port ([security] insecure) [default: the configured token, else a new one in DIR/token]
+    /// Run without a cluster token, trusting every peer that reaches a port (`[security] insecure`) [default: the configured token, else a new one in DIR/token]
     #[arg(long)]
     insecure: bool,
 }
@@ -43,7 +43,7 @@ pub struct MetaArgs {
     /// Admin HTTP endpoint (metrics, status, dashboard); "" turns it off [default: meta.admin, 127.0.0.1:0]
     #[arg(long, value_name = "ADDR")]
     admin: Option<String>,
-    /// Run without a cluster token, trusting every peer that reaches a port ([security] insecure); without a token and without this, the server refuses to start
+    /// Run without a cluster token, trusting every peer that reaches a port (`[security] insecure`); without a token and without this, the server refuses to start
     #[arg(long)]
     insecure: bool,
 }
@@ -83,7 +83,7 @@ pub struct StoreArgs {
     /// Admin HTTP endpoint (metrics, status, dashboard) of every server started; "" turns it off [default: the section's admin, 127.0.0.1:0]
     #[arg(long, value_name = "ADDR")]
     admin: Option<String>,
-    /// Run without a cluster token, trusting every peer that reaches a port ([security] insecure); without a token and without this, the server refuses to start
+    /// Run without a cluster token, trusting every peer that reaches a port (`[security] insecure`); without a token and without this, the server refuses to start
     #[arg(long)]
     insecure: bool,
 }

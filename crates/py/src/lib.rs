@@ -5,7 +5,7 @@
 //! implementation). The synchronous classes (`Client`, `File`) run it
 //! with the GIL released on the module's tokio runtime; the asyncio classes
 //! (`AsyncClient`, `AsyncFile`) run it as a task there and hand the loop
-//! a future for it (`nodekernel._future.NativeFuture`, see [`spawn`]), so
+//! a future for it (`nodekernel._future.NativeFuture`, see `spawn`), so
 //! many calls can be in flight from one loop.
 //!
 //! Cancellation: a cancelled asyncio call stops its task, and the
@@ -14,8 +14,8 @@
 //! client's calls are cancel safe, so the connection stays usable, and a
 //! cancelled put is aborted (`Client::put`). What takes or gives back a
 //! write lease (open, create, close, abort) runs to its end regardless
-//! ([`detached`]), and a cancelled file write poisons its file and aborts
-//! the writer ([`spawn_write`]): no cancellation leaves space held until
+//! (`detached`), and a cancelled file write poisons its file and aborts
+//! the writer (`spawn_write`): no cancellation leaves space held until
 //! the metadata server's sweep.
 //!
 //! Values come back as `bytes` allocated once at their final size and
