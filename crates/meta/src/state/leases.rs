@@ -56,10 +56,10 @@ impl MetaState {
     }
 
     /// What a restart changes, decided once the log is replayed
-    /// (`docs/persistence.md`, *Restart*): the writers of the old process are gone, so every lease lapses
-    /// ([`Draft::lapse`]: a File open for writing keeps its last synced
-    /// size and the blocks it needs, fenced), puts
-    /// that never closed are dropped with their blocks, and block moves in
+    /// (`docs/persistence.md`, *Restart*): the writers of the old process
+    /// are gone, so every lease lapses ([`Draft::lapse`]: a File open for
+    /// writing keeps its last synced size and the blocks it needs,
+    /// fenced), puts that never closed are dropped with their blocks, and block moves in
     /// flight are given up. Node ids, lease ids and generations are raised
     /// to `floor` (the server passes wall-clock microseconds): with
     /// `fsync` `interval` or `never`, a machine crash may lose the log's

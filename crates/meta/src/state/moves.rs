@@ -53,9 +53,11 @@ impl MetaState {
         self.moves.iter().map(|(k, v)| (*k, *v))
     }
 
-    /// Starts moving block `index` of `node` to another server (of `class`,
-    /// or of any class when [`NO_CLASS`](nodekernel_proto::NO_CLASS)). Returns the decision and the move:
-    /// (source location at the fence generation, target location).
+    /// Starts moving block `index` of `node` to another server (of
+    /// `class`, or of any class when
+    /// [`NO_CLASS`](nodekernel_proto::NO_CLASS)). Returns the decision and
+    /// the move: (source location at the fence generation, target
+    /// location).
     pub fn decide_move_start(
         &self,
         node: NodeId,
