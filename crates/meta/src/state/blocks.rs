@@ -20,7 +20,7 @@ impl Draft<'_> {
             && self.st.alloc.server(b.server).is_some()
         {
             #[cfg(test)]
-            if self.st.bug == Some(crate::sim::Bug::PinnedBlockFreed) {
+            if self.st.bug == Some(super::Bug::PinnedBlockFreed) {
                 return self.release_block(b);
             }
             let gen = self.plan.gen();

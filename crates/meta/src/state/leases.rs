@@ -59,12 +59,13 @@ impl MetaState {
     /// (`docs/persistence.md`, *Restart*): the writers of the old process
     /// are gone, so every lease lapses ([`Draft::lapse`]: a File open for
     /// writing keeps its last synced size and the blocks it needs,
-    /// fenced), puts that never closed are dropped with their blocks, and block moves in
-    /// flight are given up. Node ids, lease ids and generations are raised
-    /// to `floor` (the server passes wall-clock microseconds): with
-    /// `fsync` `interval` or `never`, a machine crash may lose the log's
-    /// last records, and what they handed out to clients must never be
-    /// handed out again. `None` when there is nothing to change.
+    /// fenced), puts that never closed are dropped with their blocks, and
+    /// block moves in flight are given up. Node ids, lease ids and
+    /// generations are raised to `floor` (the server passes wall-clock
+    /// microseconds): with `fsync` `interval` or `never`, a machine crash
+    /// may lose the log's last records, and what they handed out to
+    /// clients must never be handed out again. `None` when there is
+    /// nothing to change.
     pub fn decide_restart(&self, floor: u64) -> Option<Decision> {
         let mut d = Draft::new(self);
         if self.ns.next_id() < floor || self.next_lease < floor || self.alloc.next_gen() < floor {
@@ -192,8 +193,8 @@ impl<'a> Draft<'a> {
         let keep = self.st.blocks_published(n) as usize;
         #[cfg(test)]
         let keep = match self.st.bug {
-            Some(crate::sim::Bug::LapseKeepsBlocks) => n.blocks.len(),
-            Some(crate::sim::Bug::LapseFreesPublished) => keep.saturating_sub(1),
+            Some(super::Bug::LapseKeepsBlocks) => n.blocks.len(),
+            Some(super::Bug::LapseFreesPublished) => keep.saturating_sub(1),
             _ => keep,
         };
         for (i, _) in n.blocks.iter().enumerate().take(keep) {

@@ -163,7 +163,7 @@ pub struct MetaState {
     cap_clock: CapClock,
     /// A deliberately injected bug, to show the simulation catches it.
     #[cfg(test)]
-    pub(crate) bug: Option<crate::sim::Bug>,
+    pub(crate) bug: Option<Bug>,
 }
 
 impl MetaState {
@@ -526,6 +526,29 @@ impl<'a> Draft<'a> {
     fn bs_of(&self, n: &crate::namespace::Node) -> u64 {
         u64::from(self.st.block_size_of(n))
     }
+}
+
+/// A deliberately injected bug, to show the simulation (`crate::sim`)
+/// catches it: each one is tested there.
+#[cfg(test)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bug {
+    /// Replacing a KeyValue drops the old value without freeing its blocks.
+    LeakOnReplace,
+    /// Reusing a freed piece does not fence its slab (the stamp keeps the
+    /// generation), so the piece is reused under the generation old handles
+    /// still carry.
+    PieceReusedUnfenced,
+    /// A block a snapshot pins is given back to the free list when its
+    /// node frees it, instead of being held.
+    PinnedBlockFreed,
+    /// A lapsed write lease is released without freeing the blocks past
+    /// the node's published size (they stay allocated until it is
+    /// deleted).
+    LapseKeepsBlocks,
+    /// A lapsed write lease frees the node's last published block too
+    /// (its published bytes lose their block).
+    LapseFreesPublished,
 }
 
 #[cfg(test)]

@@ -175,7 +175,7 @@ impl Draft<'_> {
             #[cfg(test)]
             let gen = match self.st.slabs.get(server, block) {
                 // The injected bug: quarantined pieces freed, not fenced.
-                Some(s) if self.st.bug == Some(crate::sim::Bug::PieceReusedUnfenced) => s.gen,
+                Some(s) if self.st.bug == Some(super::Bug::PieceReusedUnfenced) => s.gen,
                 _ => gen,
             };
             self.push(Effect::SlabStamped { server, block, gen });

@@ -155,7 +155,7 @@ impl<'a> Draft<'a> {
             None => None,
             Some(Link::Replace(old)) => {
                 #[cfg(test)]
-                let leak = self.st.bug == Some(crate::sim::Bug::LeakOnReplace);
+                let leak = self.st.bug == Some(super::Bug::LeakOnReplace);
                 #[cfg(not(test))]
                 let leak = false;
                 if !leak {
