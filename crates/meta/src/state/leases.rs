@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 impl MetaState {
     /// Cleans up after writers that vanished, once their lease expired
     /// `grace_ms` ago: puts that never closed are dropped with their
-    /// blocks, and every other node's lease *lapses* ([`Draft::lapse`]:
+    /// blocks, and every other node's lease *lapses* (`Draft::lapse`:
     /// the blocks past its published size are freed, the rest fenced, the
     /// lease released). At most about [`REAP_BLOCKS`] blocks per decision;
     /// the next sweep goes on. `None` when there is nothing to do.
@@ -57,7 +57,7 @@ impl MetaState {
 
     /// What a restart changes, decided once the log is replayed
     /// (`docs/persistence.md`, *Restart*): the writers of the old process
-    /// are gone, so every lease lapses ([`Draft::lapse`]: a File open for
+    /// are gone, so every lease lapses (`Draft::lapse`: a File open for
     /// writing keeps its last synced size and the blocks it needs,
     /// fenced), puts that never closed are dropped with their blocks, and
     /// block moves in flight are given up. Node ids, lease ids and
