@@ -28,7 +28,7 @@ use crate::alloc::BlockClaim;
 use crate::checkpoint::{self, CheckpointError};
 use crate::config::{CheckpointStats, MetaConfig, MetaError, Persistence};
 use crate::effect::Effect;
-use crate::state::{Decision, MetaState};
+use crate::state::{Decision, MetaState, Notes};
 use bytes::{Bytes, BytesMut};
 use nodekernel_journal::{Fsync, Journal, JournalError};
 use nodekernel_proto::cap::verify_identify;
@@ -193,7 +193,9 @@ impl MetaHandler {
     pub(crate) fn policy(&self, set: &[(String, String)]) -> Result<Vec<(String, String)>> {
         let req = MetaRequest::Policy { set: set.to_vec() };
         let reply = self.state().execute(&req, self.now_ms())?;
-        log_policy_change(set);
+        if let Some(changes) = reply.notes.policy_changes() {
+            log_policy_change(changes);
+        }
         match reply.reply {
             MetaReply::Policy(v) => Ok(v),
             other => Err(Error::internal(format!("policy answered {other:?}"))),
@@ -605,26 +607,20 @@ impl MetaHandler {
             self.vet_registration(spec).await?;
         }
         let now = self.now_ms();
-        let (reply, claims, reap, seq) = {
+        let (reply, notes, claims, reap, seq) = {
             let mut st = self.state();
             match st.execute(&req, now) {
                 Ok(o) => {
-                    if let MetaRequest::Heartbeat {
-                        server, traffic, ..
-                    } = &req
-                    {
-                        st.alloc_soft().set_traffic(*server, *traffic);
-                    }
                     let seq = match &self.journal {
                         Some(j) => log_effects(j, &o.effects).map_err(log_failed)?,
                         None => 0,
                     };
                     let reap = !st.ns().graveyard_is_empty();
-                    (Ok(o.reply), st.take_claims(), reap, seq)
+                    (Ok(o.reply), o.notes, st.take_claims(), reap, seq)
                 }
                 Err(e) => {
                     let seen = self.journal.as_ref().map_or(0, Journal::last);
-                    (Err(e), Vec::new(), false, seen)
+                    (Err(e), Notes::default(), Vec::new(), false, seen)
                 }
             }
         };
@@ -637,14 +633,11 @@ impl MetaHandler {
         // put returns, old handles get Stale.
         self.send_claims(claims).await;
         let reply = reply.map(|r| self.with_log(r));
-        if matches!(
-            req,
-            MetaRequest::Drain { cancel: false, .. } | MetaRequest::Resize { .. }
-        ) {
+        if notes.wakes_drainer() {
             self.drain.notify_one();
         }
-        if let (MetaRequest::Policy { set }, Ok(_)) = (&req, &reply) {
-            log_policy_change(set);
+        if let Some(changes) = notes.policy_changes() {
+            log_policy_change(changes);
         }
         if reap {
             // A big removal: reap a while now, the rest in the background.

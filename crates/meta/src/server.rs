@@ -333,8 +333,15 @@ async fn ticker(h: Arc<MetaHandler>, cfg: MetaConfig) {
         let now = h.now_ms();
         let (dead, retired, swept, claims) = {
             let mut st = h.state();
-            let dead = st.alloc_soft().expire(now, dead_after);
             let mut claims = Vec::new();
+            let dead = match st.decide_liveness(now, dead_after) {
+                Some(d) => {
+                    let dead = d.notes().dead().to_vec();
+                    claims.extend(h.commit(&mut st, d, now));
+                    dead
+                }
+                None => Vec::new(),
+            };
             let retired = match st.decide_retire(now, retire_after) {
                 Some(d) => {
                     let n = d.effects.len();

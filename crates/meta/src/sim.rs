@@ -675,7 +675,9 @@ impl Sim {
     /// The ticker of the server shell: liveness, retirement, sweeping
     /// abandoned puts, one reaping step.
     fn tick(&mut self) -> Result<(), String> {
-        self.st.alloc_soft().expire(self.now, DEAD_AFTER_MS);
+        if let Some(d) = self.st.decide_liveness(self.now, DEAD_AFTER_MS) {
+            self.commit(d)?;
+        }
         if let Some(d) = self.st.decide_retire(self.now, RETIRE_AFTER_MS) {
             self.commit(d)?;
         }

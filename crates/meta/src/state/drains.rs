@@ -30,7 +30,7 @@ impl Draft<'_> {
                 "storage server {server} is dead: its blocks are lost and cannot be moved; it leaves the cluster after meta.retire_after_ms"
             )));
         }
-        self.drain = Some((id, !cancel));
+        self.notes.drain = Some((id, !cancel));
         Ok(Reply::Drain(id))
     }
 }

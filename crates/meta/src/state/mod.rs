@@ -44,8 +44,7 @@ use crate::alloc::{BlockAllocator, BlockClaim};
 use crate::effect::Effect;
 use crate::namespace::{Namespace, NodeId};
 use crate::slab::Slabs;
-use crate::snapshot::{SnapshotNote, Snapshots};
-use crate::tier::{PlacementPolicy, TierSettings};
+use crate::snapshot::Snapshots;
 use nodekernel_proto::cap::CAP_LIFETIME_SECS;
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
 use nodekernel_proto::path;
@@ -60,6 +59,7 @@ mod leases;
 mod migrate;
 mod moves;
 mod names;
+mod notes;
 mod pieces;
 mod replies;
 mod resize;
@@ -74,6 +74,7 @@ use moves::slab_of;
 pub use moves::{move_name, slab_move_index, Move, SLAB_MOVE};
 use names::NodeFlags;
 pub use names::{REAP_BLOCKS, REAP_NODES};
+pub use notes::Notes;
 use replies::{CapClock, Reply};
 
 /// Where this metadata server sits among the partitions, and what it waits
@@ -103,28 +104,24 @@ impl Default for Placement {
 pub struct Decision {
     pub effects: Vec<Effect>,
     reply: Reply,
-    /// Soft state to record along: a heartbeat from a (re-)registering
-    /// server, or a server a client could not reach.
-    heartbeat: Option<u32>,
-    suspect: Option<u32>,
-    /// A snapshot begun, used or ended (`crate::snapshot`).
-    snapshot: Option<SnapshotNote>,
-    /// A drain started (`true`) or cancelled (`false`).
-    drain: Option<(u32, bool)>,
-    /// New tiering and placement settings (`MetaRequest::Policy`).
-    policy: Option<Box<TierSettings>>,
-    /// A server's resize target, in blocks (`MetaRequest::Resize`).
-    resize: Option<(u32, u32)>,
-    /// A storage server's signed request taken: the server and its
-    /// sequence number (`nodekernel_proto::cap::Signed`).
-    signed: Option<(u32, u64)>,
+    /// The soft state it changes besides its effects.
+    notes: Notes,
 }
 
-/// A request carried out: its reply and the effects applied.
+impl Decision {
+    /// What the decision changes of the soft state.
+    pub fn notes(&self) -> &Notes {
+        &self.notes
+    }
+}
+
+/// A request carried out: its reply, the effects applied, and its notes
+/// for the shell.
 #[derive(Debug)]
 pub struct Outcome {
     pub reply: MetaReply,
     pub effects: Vec<Effect>,
+    pub notes: Notes,
 }
 
 #[derive(Debug)]
@@ -218,11 +215,6 @@ impl MetaState {
         self.held.iter().map(|(k, g)| (*k, *g))
     }
 
-    /// Liveness (soft state) of the storage servers.
-    pub fn alloc_soft(&mut self) -> &mut BlockAllocator {
-        &mut self.alloc
-    }
-
     pub fn set_placement(&mut self, p: Placement) {
         self.placement = p;
     }
@@ -286,47 +278,19 @@ impl MetaState {
 
     /// Applies a decision's effects and soft-state notes, and builds its
     /// reply.
-    pub fn commit(&mut self, d: Decision, now: u64) -> Outcome {
+    pub fn commit(&mut self, mut d: Decision, now: u64) -> Outcome {
         for e in &d.effects {
             self.apply_effect(e);
         }
-        if let Some(id) = d.heartbeat {
-            let _ = self.alloc.heartbeat(id, now);
-        }
-        if let Some(id) = d.suspect {
-            self.alloc.suspect(id);
-        }
-        if let Some((id, seq)) = d.signed {
-            let wall_ms = self.cap_clock.base_ms.saturating_add(now);
-            self.alloc.accept_signed(id, seq, wall_ms);
-        }
-        if let Some(note) = d.snapshot {
-            self.snapshots.apply(note, now);
-        }
-        if let Some(p) = d.policy {
-            self.alloc
-                .set_round_robin(p.placement == PlacementPolicy::RoundRobin);
-            self.tier.settings = *p;
-        }
+        self.apply_notes(&mut d.notes, now);
         match &d.reply {
             Reply::Node { id, .. } | Reply::Blocks { node: id, .. } => self.touch(*id, now),
             _ => {}
         }
-        if let Some((id, target)) = d.resize {
-            self.resize.insert(id, target);
-            self.note_shrinking(id);
-        }
-        if let Some((id, on)) = d.drain {
-            self.alloc.set_draining(id, on);
-            let dr = self.drains.entry(id).or_default();
-            if on && dr.cancelled {
-                *dr = Drain::default();
-            }
-            dr.cancelled = !on;
-        }
         Outcome {
             reply: self.reply(&d.reply, now),
             effects: d.effects,
+            notes: d.notes,
         }
     }
 
@@ -402,9 +366,11 @@ impl MetaState {
             MetaRequest::Renew { leases } => d.renew_leases(leases, now),
             // servers.rs, drains.rs, resize.rs
             MetaRequest::Register(spec) => d.register(spec)?,
-            MetaRequest::Heartbeat { server, signed, .. } => {
-                d.heartbeat(req, *server, signed.seq)?
-            }
+            MetaRequest::Heartbeat {
+                server,
+                traffic,
+                signed,
+            } => d.heartbeat(req, *server, *traffic, signed.seq)?,
             MetaRequest::Status => Reply::Status,
             MetaRequest::LocalSocket => Reply::LocalSocket,
             MetaRequest::Policy { set } => d.policy(set)?,
@@ -466,13 +432,8 @@ struct Draft<'a> {
     pieces_freed: BTreeMap<(u32, u32), u32>,
     /// Slabs stamped by this draft.
     stamped: BTreeSet<(u32, u32)>,
-    heartbeat: Option<u32>,
-    suspect: Option<u32>,
-    snapshot: Option<SnapshotNote>,
-    drain: Option<(u32, bool)>,
-    policy: Option<Box<TierSettings>>,
-    resize: Option<(u32, u32)>,
-    signed: Option<(u32, u64)>,
+    /// The soft state the decision changes.
+    notes: Notes,
 }
 
 impl<'a> Draft<'a> {
@@ -486,13 +447,7 @@ impl<'a> Draft<'a> {
             added: BTreeMap::new(),
             pieces_freed: BTreeMap::new(),
             stamped: BTreeSet::new(),
-            heartbeat: None,
-            suspect: None,
-            snapshot: None,
-            drain: None,
-            policy: None,
-            resize: None,
-            signed: None,
+            notes: Notes::default(),
         }
     }
 
@@ -500,13 +455,7 @@ impl<'a> Draft<'a> {
         Decision {
             effects: self.effects,
             reply,
-            heartbeat: self.heartbeat,
-            suspect: self.suspect,
-            snapshot: self.snapshot,
-            drain: self.drain,
-            policy: self.policy,
-            resize: self.resize,
-            signed: self.signed,
+            notes: self.notes,
         }
     }
 

@@ -25,7 +25,7 @@ impl Draft<'_> {
     ) -> Result<Reply> {
         let id = self.st.find_server(server)?;
         self.st.check_signed(id, req)?;
-        self.signed = Some((id, seq));
+        self.notes.signed = Some((id, seq));
         self.resize(id, blocks)?;
         Ok(Reply::Resized(id))
     }
@@ -68,7 +68,7 @@ impl Draft<'_> {
                 });
             }
         }
-        self.resize = Some((id, target));
+        self.notes.resize = Some((id, target));
         Ok(())
     }
 }

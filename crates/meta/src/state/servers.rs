@@ -2,11 +2,12 @@
 //! retirement of dead ones, the policy, and the configured classes.
 //! Liveness is soft state (`crate::alloc`).
 
+use super::notes::PolicyChange;
 use super::{Decision, Draft, MetaState, Reply};
 use crate::alloc::Registration;
 use crate::effect::Effect;
 use nodekernel_proto::meta::MetaRequest;
-use nodekernel_proto::{ClassInfo, Error, Result, ServerSpec};
+use nodekernel_proto::{ClassInfo, Error, Result, ServerSpec, Traffic};
 
 impl Draft<'_> {
     /// A storage server registers (again, after a restart, or from a new
@@ -16,7 +17,7 @@ impl Draft<'_> {
     pub(super) fn register(&mut self, spec: &ServerSpec) -> Result<Reply> {
         Ok(match self.st.alloc.decide_register(spec)? {
             Registration::Known(id) => {
-                self.heartbeat = Some(id);
+                self.notes.heartbeat = Some((id, None));
                 Reply::Registered(id)
             }
             Registration::New { id, replaces } => {
@@ -27,7 +28,7 @@ impl Draft<'_> {
                     id,
                     spec: spec.clone(),
                 });
-                self.heartbeat = Some(id);
+                self.notes.heartbeat = Some((id, None));
                 Reply::Registered(id)
             }
             Registration::Readdressed { id, replaces } => {
@@ -39,23 +40,29 @@ impl Draft<'_> {
                     addr: spec.addr.clone(),
                     cap_key: Some(spec.cap_key),
                 });
-                self.heartbeat = Some(id);
+                self.notes.heartbeat = Some((id, None));
                 Reply::Registered(id)
             }
         })
     }
 
-    /// A heartbeat of storage server `server`, signed with its key
-    /// (`req`), with sequence number `seq`.
-    pub(super) fn heartbeat(&mut self, req: &MetaRequest, server: u32, seq: u64) -> Result<Reply> {
+    /// A heartbeat of storage server `server`, reporting its `traffic`,
+    /// signed with its key (`req`), with sequence number `seq`.
+    pub(super) fn heartbeat(
+        &mut self,
+        req: &MetaRequest,
+        server: u32,
+        traffic: Traffic,
+        seq: u64,
+    ) -> Result<Reply> {
         if self.st.alloc.server(server).is_none() {
             return Err(Error::unknown_server(format!(
                 "storage server {server} is not registered"
             )));
         }
         self.st.check_signed(server, req)?;
-        self.heartbeat = Some(server);
-        self.signed = Some((server, seq));
+        self.notes.heartbeat = Some((server, Some(traffic)));
+        self.notes.signed = Some((server, seq));
         Ok(Reply::Done)
     }
 
@@ -65,13 +72,29 @@ impl Draft<'_> {
         if !set.is_empty() {
             let mut next = self.st.tier.settings.clone();
             next.apply(set).map_err(Error::invalid_argument)?;
-            self.policy = Some(Box::new(next));
+            self.notes.policy = Some(PolicyChange {
+                settings: Box::new(next),
+                changes: set.to_vec(),
+            });
         }
         Ok(Reply::Policy)
     }
 }
 
 impl MetaState {
+    /// Declares dead the storage servers silent for longer than
+    /// `dead_after_ms` (the ticker's liveness step): soft state, so the
+    /// decision has notes and no effects. `None` when none is newly dead.
+    pub fn decide_liveness(&self, now: u64, dead_after_ms: u64) -> Option<Decision> {
+        let dead = self.alloc.silent(now, dead_after_ms);
+        if dead.is_empty() {
+            return None;
+        }
+        let mut d = Draft::new(self);
+        d.notes.dead = dead;
+        Some(d.finish(Reply::Done))
+    }
+
     /// The storage server registered with identity or address `name`.
     /// Checks that `req`, a storage server's signed request about server
     /// `id`, is signed with the key `id` registered and is not a replay

@@ -129,7 +129,7 @@ impl MetaState {
         }
         let mut d = Draft::new(self);
         d.release_snapshots(&ids);
-        d.snapshot = Some(SnapshotNote::End(ids));
+        d.notes.snapshot = Some(SnapshotNote::End(ids));
         Some(d.finish(Reply::Done))
     }
 
@@ -218,7 +218,7 @@ impl Draft<'_> {
         let entries = self.st.snapshot_listing(root)?;
         let id = self.st.snapshots.next_id().max(self.st.alloc.next_gen());
         let n = entries.len() as u64;
-        self.snapshot = Some(SnapshotNote::Begin(
+        self.notes.snapshot = Some(SnapshotNote::Begin(
             id,
             Box::new(Snapshot::new(entries, now + SNAPSHOT_TTL_MS)),
         ));
@@ -230,7 +230,7 @@ impl Draft<'_> {
     /// to keep the snapshot alive).
     pub(super) fn snapshot_list(&mut self, id: u64, entry: u64, block: u64) -> Result<Reply> {
         self.st.snapshot(id)?;
-        self.snapshot = Some(SnapshotNote::Renew(id));
+        self.notes.snapshot = Some(SnapshotNote::Renew(id));
         Ok(Reply::SnapshotPage { id, entry, block })
     }
 
@@ -247,7 +247,7 @@ impl Draft<'_> {
         let loc = self
             .st
             .snapshot_locate(id, node, index, server, block, now)?;
-        self.snapshot = Some(SnapshotNote::Renew(id));
+        self.notes.snapshot = Some(SnapshotNote::Renew(id));
         Ok(Reply::Located(loc))
     }
 
@@ -256,7 +256,7 @@ impl Draft<'_> {
     pub(super) fn snapshot_end(&mut self, id: u64) -> Result<Reply> {
         self.st.snapshot(id)?;
         self.release_snapshots(&[id]);
-        self.snapshot = Some(SnapshotNote::End(vec![id]));
+        self.notes.snapshot = Some(SnapshotNote::End(vec![id]));
         Ok(Reply::Done)
     }
 

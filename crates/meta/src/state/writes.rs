@@ -338,7 +338,7 @@ impl<'a> Draft<'a> {
             });
             self.free(old);
             self.renew(node, lease, now);
-            self.suspect = Some(old.server);
+            self.notes.suspect = Some(old.server);
         }
         // Otherwise the caller's location was outdated: it gets the current
         // one and tries that.
@@ -389,7 +389,7 @@ impl<'a> Draft<'a> {
                 )));
             }
             self.renew(node, lease, now);
-            self.suspect = Some(p.server);
+            self.notes.suspect = Some(p.server);
         }
         Ok(Reply::Blocks {
             node,

@@ -101,7 +101,7 @@ fn a_drained_server_gets_no_new_blocks_and_ends_empty() {
         drain(&mut s, "nobody", false).unwrap_err().code,
         ErrorCode::UnknownServer
     );
-    s.alloc_soft().expire(1_000_000, 1);
+    expire(&mut s, 1_000_000, 1);
     assert_eq!(
         drain(&mut s, "h:2", false).unwrap_err().code,
         ErrorCode::DataLost
@@ -120,7 +120,7 @@ fn a_drained_server_that_stops_is_retired_at_once() {
     assert_eq!(d.state, DrainState::Done, "it held nothing");
     // Both silent: the drained one and the file server (which holds the
     // root's records) are declared dead.
-    s.alloc_soft().expire(5_000, 1_000);
+    expire(&mut s, 5_000, 1_000);
     let d = s.decide_retire(5_000, 60_000).unwrap();
     let retired: Vec<u32> = d
         .effects

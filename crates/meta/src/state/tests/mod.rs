@@ -191,6 +191,14 @@ fn signed(s: &MetaState, id: u32, mut req: MetaRequest) -> MetaRequest {
 }
 
 /// At `now`, every storage server but `alive` has been silent too long.
+/// The ticker's liveness step: servers silent for longer than `after` ms
+/// at `now` are declared dead.
+fn expire(s: &mut MetaState, now: u64, after: u64) {
+    if let Some(d) = s.decide_liveness(now, after) {
+        s.commit(d, now);
+    }
+}
+
 fn only_alive(s: &mut MetaState, alive: u32, now: u64) {
     let beat = MetaRequest::Heartbeat {
         server: alive,
@@ -198,7 +206,7 @@ fn only_alive(s: &mut MetaState, alive: u32, now: u64) {
         signed: Default::default(),
     };
     s.apply(signed(s, alive, beat), now).unwrap();
-    s.alloc_soft().expire(now, 1000);
+    expire(s, now, 1000);
 }
 
 /// A write of `len` bytes from the start of `l`'s block, now.

@@ -123,7 +123,7 @@ fn heartbeats_and_resizes_count_only_signed_by_their_server_and_once() {
         b.sign(&key, seq);
         b
     };
-    s.alloc_soft().expire(10_000, 1000);
+    expire(&mut s, 10_000, 1000);
     assert!(!s.alloc().is_alive(1));
     let unsigned = MetaRequest::Heartbeat {
         server: 1,
