@@ -153,6 +153,12 @@ pub(crate) fn log_effects(journal: &Journal, effects: &[Effect]) -> Result<u64, 
     }
     let mut rec = BytesMut::new();
     crate::codec::encode_effects(effects, &mut rec);
+    // What a replay will read back is exactly what was decided.
+    debug_assert_eq!(
+        crate::codec::decode_effects(&rec).as_deref().ok(),
+        Some(effects),
+        "a log record decodes to the effects it was made of"
+    );
     journal.append(&rec)
 }
 

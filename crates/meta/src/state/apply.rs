@@ -311,6 +311,10 @@ impl MetaState {
         for e in crate::codec::decode_effects(record)? {
             self.apply_effect(&e);
         }
+        #[cfg(debug_assertions)]
+        {
+            self.applied += 1;
+        }
         self.claims.clear();
         Ok(())
     }

@@ -106,6 +106,10 @@ pub struct Decision {
     reply: Reply,
     /// The soft state it changes besides its effects.
     notes: Notes,
+    /// How many decisions (and log records) the state had applied when
+    /// this one was decided: it must be applied to exactly that state.
+    #[cfg(debug_assertions)]
+    basis: u64,
 }
 
 impl Decision {
@@ -158,6 +162,11 @@ pub struct MetaState {
     /// The clock capabilities are minted by (set by the shell; the state
     /// reads no clock).
     cap_clock: CapClock,
+    /// Decisions committed and log records replayed so far (debug
+    /// builds: a decision must be committed to the state it was decided
+    /// on, see [`Decision`]).
+    #[cfg(debug_assertions)]
+    applied: u64,
     /// A deliberately injected bug, to show the simulation catches it.
     #[cfg(test)]
     pub(crate) bug: Option<Bug>,
@@ -187,6 +196,8 @@ impl MetaState {
                 base_ms: 0,
                 lifetime_s: CAP_LIFETIME_SECS,
             },
+            #[cfg(debug_assertions)]
+            applied: 0,
             #[cfg(test)]
             bug: None,
         }
@@ -277,8 +288,19 @@ impl MetaState {
     }
 
     /// Applies a decision's effects and soft-state notes, and builds its
-    /// reply.
+    /// reply. In debug builds, asserts that the decision was made on this
+    /// very state (nothing was applied since), and afterwards that the
+    /// invariants hold where it acted (all of them while the state is
+    /// small; see `invariants.rs`).
     pub fn commit(&mut self, mut d: Decision, now: u64) -> Outcome {
+        #[cfg(debug_assertions)]
+        {
+            assert_eq!(
+                d.basis, self.applied,
+                "a decision must be committed to the state it was decided on"
+            );
+            self.applied += 1;
+        }
         for e in &d.effects {
             self.apply_effect(e);
         }
@@ -287,6 +309,8 @@ impl MetaState {
             Reply::Node { id, .. } | Reply::Blocks { node: id, .. } => self.touch(*id, now),
             _ => {}
         }
+        #[cfg(debug_assertions)]
+        self.debug_check(&d.effects);
         Outcome {
             reply: self.reply(&d.reply, now),
             effects: d.effects,
@@ -452,10 +476,14 @@ impl<'a> Draft<'a> {
     }
 
     fn finish(self, reply: Reply) -> Decision {
+        #[cfg(debug_assertions)]
+        self.check_fresh();
         Decision {
             effects: self.effects,
             reply,
             notes: self.notes,
+            #[cfg(debug_assertions)]
+            basis: self.st.applied,
         }
     }
 

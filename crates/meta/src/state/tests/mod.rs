@@ -16,6 +16,7 @@ use NodeType::*;
 mod apply;
 mod drains;
 mod encryption;
+mod invariants;
 mod leases;
 mod moves;
 mod names;
