@@ -2,7 +2,7 @@
 //! (`nodekernel_meta_*`), its partition's status as `nk status --json`
 //! prints it, and its health.
 
-use crate::server::MetaHandler;
+use crate::handler::MetaHandler;
 use nodekernel_admin::metrics::{counters, encode, gauge, gauges, Labels};
 use nodekernel_admin::prometheus_client::registry::Registry;
 use nodekernel_admin::status::StatusOut;

@@ -563,14 +563,29 @@ impl BlockAllocator {
     /// Marks servers silent for longer than `dead_after_ms` as dead; returns
     /// the ids newly declared dead.
     pub fn expire(&mut self, now_ms: u64, dead_after_ms: u64) -> Vec<u32> {
-        let mut dead = Vec::new();
-        for (id, s) in &mut self.servers {
-            if s.live.alive && now_ms.saturating_sub(s.live.last_seen_ms) > dead_after_ms {
-                s.live.alive = false;
-                dead.push(*id);
-            }
+        let dead = self.silent(now_ms, dead_after_ms);
+        for id in &dead {
+            self.declare_dead(*id);
         }
         dead
+    }
+
+    /// The servers alive but silent for longer than `dead_after_ms`.
+    pub fn silent(&self, now_ms: u64, dead_after_ms: u64) -> Vec<u32> {
+        self.servers
+            .iter()
+            .filter(|(_, s)| {
+                s.live.alive && now_ms.saturating_sub(s.live.last_seen_ms) > dead_after_ms
+            })
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Declares server `id` dead, until its next heartbeat.
+    pub fn declare_dead(&mut self, id: u32) {
+        if let Some(s) = self.servers.get_mut(&id) {
+            s.live.alive = false;
+        }
     }
 
     /// Servers dead and silent for longer than `retire_after_ms`, and dead

@@ -25,12 +25,17 @@
 //! start with an error naming the file: it is never silently skipped, since
 //! the log before it is gone.
 
-use crate::namespace::NodeId;
-use crate::state::MetaState;
+use crate::alloc::{BlockAllocator, BlockRef};
+use crate::namespace::{Namespace, NodeId};
+use crate::slab::Slabs;
+use crate::state::{MetaState, Move, Parts};
+use nodekernel_proto::codec::{Dec, Enc};
+use nodekernel_proto::{Error, Result as ProtoResult};
 use redb::{
     Database, ReadOnlyDatabase, ReadableDatabase, ReadableTable, ReadableTableMetadata,
     TableDefinition,
 };
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// The format of the `state` part written; the only one read.
@@ -87,6 +92,116 @@ impl Image {
         self.nodes
             .iter()
             .map(|&(id, s, end)| (id, &self.buf[s..end]))
+    }
+}
+
+impl MetaState {
+    /// The whole durable state as a checkpoint image: one record per node,
+    /// and the rest (counters, allocator, slabs, moves, held and ballooned
+    /// blocks) in one part. Leases are kept (a replayed log tail may renew
+    /// them), liveness and pending claims are not.
+    pub fn checkpoint_image(&self) -> Image {
+        let mut image = Image::default();
+        let next_id = self
+            .ns()
+            .checkpoint_nodes(|id, rec| image.push_node(id, rec));
+        let mut buf = bytes::BytesMut::new();
+        let e = &mut Enc(&mut buf);
+        e.u8(FORMAT)
+            .u32(self.alloc().block_size())
+            .u64(next_id)
+            .u64(self.next_lease());
+        self.alloc().checkpoint(e);
+        self.slabs().checkpoint(e);
+        let moves: Vec<_> = self.moves().collect();
+        e.u32(moves.len() as u32);
+        for ((node, index), m) in &moves {
+            e.u64(*node)
+                .u64(*index)
+                .u32(m.to.server)
+                .u32(m.to.block)
+                .u64(m.to.gen)
+                .u64(m.fence);
+        }
+        let held: Vec<_> = self.held_blocks().collect();
+        let ballooned: Vec<_> = self.ballooned_blocks().collect();
+        for blocks in [held, ballooned] {
+            e.u32(blocks.len() as u32);
+            for ((server, block), gen) in blocks {
+                e.u32(server).u32(block).u64(gen);
+            }
+        }
+        image.state = buf.to_vec();
+        image
+    }
+
+    /// The state of a checkpoint: `state` and the node records as
+    /// [`MetaState::checkpoint_image`] made them. Every storage server
+    /// counts as seen at `now`.
+    pub fn from_checkpoint(
+        lease_ms: u64,
+        state: &[u8],
+        nodes: impl Iterator<Item = ProtoResult<(NodeId, Vec<u8>)>>,
+        now: u64,
+    ) -> ProtoResult<MetaState> {
+        let mut dec = Dec::new(state, "checkpointed state");
+        let d = &mut dec;
+        let format = d.u8()?;
+        // Format 1 had no held blocks (no snapshots), format 2 no
+        // ballooned ones (no dynamic capacity), format 3 no capability
+        // keys, format 4 no slab encryption flags.
+        if !(1..=FORMAT).contains(&format) {
+            return Err(Error::protocol(format!(
+                "checkpoint format {format}; this build reads format {FORMAT}"
+            )));
+        }
+        let block_size = d.u32()?;
+        let next_id = d.u64()?;
+        let next_lease = d.u64()?;
+        let alloc = BlockAllocator::from_checkpoint(block_size, d, now, format >= 4)?;
+        let slabs = Slabs::from_checkpoint(d, format >= 5)?;
+        let n = d.count(40)?;
+        let mut moves = BTreeMap::new();
+        for _ in 0..n {
+            let key = (d.u64()?, d.u64()?);
+            let to = BlockRef {
+                server: d.u32()?,
+                block: d.u32()?,
+                gen: d.u64()?,
+            };
+            moves.insert(
+                key,
+                Move {
+                    to,
+                    fence: d.u64()?,
+                },
+            );
+        }
+        let mut blocks = |since: u8| -> ProtoResult<BTreeMap<(u32, u32), u64>> {
+            let mut out = BTreeMap::new();
+            if format >= since {
+                let n = d.count(16)?;
+                for _ in 0..n {
+                    out.insert((d.u32()?, d.u32()?), d.u64()?);
+                }
+            }
+            Ok(out)
+        };
+        let held = blocks(2)?;
+        let ballooned = blocks(3)?;
+        dec.finish()?;
+        Ok(MetaState::from_parts(
+            lease_ms,
+            Parts {
+                ns: Namespace::from_checkpoint(next_id, nodes)?,
+                alloc,
+                slabs,
+                next_lease,
+                moves,
+                held,
+                ballooned,
+            },
+        ))
     }
 }
 

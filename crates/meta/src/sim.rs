@@ -42,32 +42,11 @@ use crate::alloc::BlockClaim;
 use crate::effect::Effect;
 use crate::namespace::NodeId;
 use crate::slab::TAG_LEN;
-use crate::state::MetaState;
+use crate::state::{Bug, MetaState};
 use nodekernel_proto::cap::{Cap, CapKey, Rights, Use};
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
 use nodekernel_proto::{BlockLoc, ErrorCode, NodeType, ServerSpec, NO_CLASS};
 use std::collections::{BTreeMap, BTreeSet};
-
-/// A deliberately injected bug, to show the simulation catches it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Bug {
-    /// Replacing a KeyValue drops the old value without freeing its blocks.
-    LeakOnReplace,
-    /// Reusing a freed piece does not fence its slab (the stamp keeps the
-    /// generation), so the piece is reused under the generation old handles
-    /// still carry.
-    PieceReusedUnfenced,
-    /// A block a snapshot pins is given back to the free list when its
-    /// node frees it, instead of being held.
-    PinnedBlockFreed,
-    /// A lapsed write lease is released without freeing the blocks past
-    /// the node's published size (they stay allocated until it is
-    /// deleted).
-    LapseKeepsBlocks,
-    /// A lapsed write lease frees the node's last published block too
-    /// (its published bytes lose their block).
-    LapseFreesPublished,
-}
 
 const BS: u32 = 4096;
 const LEASE_MS: u64 = 1_000;
@@ -696,7 +675,9 @@ impl Sim {
     /// The ticker of the server shell: liveness, retirement, sweeping
     /// abandoned puts, one reaping step.
     fn tick(&mut self) -> Result<(), String> {
-        self.st.alloc_soft().expire(self.now, DEAD_AFTER_MS);
+        if let Some(d) = self.st.decide_liveness(self.now, DEAD_AFTER_MS) {
+            self.commit(d)?;
+        }
         if let Some(d) = self.st.decide_retire(self.now, RETIRE_AFTER_MS) {
             self.commit(d)?;
         }

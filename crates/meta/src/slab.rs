@@ -20,11 +20,14 @@
 //! value's node id ([`TAG_LEN`] bytes), cleared when the piece is freed.
 
 use crate::alloc::BlockRef;
-use crate::namespace::NodeId;
 use nodekernel_proto::codec::{Dec, Enc};
 pub use nodekernel_proto::store::TAG_LEN;
 use nodekernel_proto::{Error, Result};
 use std::collections::{BTreeMap, BTreeSet};
+
+/// A piece's owner: the id of the node whose value it holds (a
+/// [`NodeId`](crate::namespace::NodeId)), or [`HELD`].
+pub type Owner = u64;
 
 /// Smallest piece size.
 pub const MIN_PIECE: u32 = 64;
@@ -32,7 +35,7 @@ pub const MIN_PIECE: u32 = 64;
 /// The owner recorded for a piece that was freed while a snapshot still
 /// has to read it (`Effect::PieceHeld`): in use, but by no node. Node ids
 /// never get this high.
-pub const HELD: NodeId = u64::MAX;
+pub const HELD: Owner = u64::MAX;
 
 /// Largest piece for a block size: values above it get blocks of their own.
 pub fn max_piece(block_size: u32) -> u32 {
@@ -110,7 +113,7 @@ pub struct Slab {
     /// encrypted class (`docs/encryption.md`).
     pub encrypted: bool,
     /// Owner of each piece (0: free).
-    owners: Vec<NodeId>,
+    owners: Vec<Owner>,
     /// Freed pieces whose old owners' handles are fenced (by a stamp since
     /// they were freed), reused last-freed first.
     freed: Vec<u32>,
@@ -151,12 +154,12 @@ impl Slab {
         self.quarantined.len()
     }
 
-    pub fn owner(&self, index: u32) -> Option<NodeId> {
+    pub fn owner(&self, index: u32) -> Option<Owner> {
         self.owners.get(index as usize).copied().filter(|o| *o != 0)
     }
 
     /// (piece index, owner) of every used piece.
-    pub fn owned(&self) -> impl Iterator<Item = (u32, NodeId)> + '_ {
+    pub fn owned(&self) -> impl Iterator<Item = (u32, Owner)> + '_ {
         self.owners
             .iter()
             .enumerate()
@@ -202,7 +205,7 @@ impl Slabs {
     }
 
     /// Whether `piece` is used by `node`.
-    pub fn is_owner(&self, piece: &Piece, node: NodeId) -> bool {
+    pub fn is_owner(&self, piece: &Piece, node: Owner) -> bool {
         self.slabs
             .get(&piece.slab())
             .is_some_and(|s| s.piece_size == piece.size && s.owner(piece.index) == Some(node))
@@ -314,7 +317,7 @@ impl Slabs {
     }
 
     /// `node` takes `piece`, which must be the slab's next free one.
-    pub(crate) fn take(&mut self, piece: &Piece, node: NodeId) {
+    pub(crate) fn take(&mut self, piece: &Piece, node: Owner) {
         let Some(s) = self.slabs.get_mut(&piece.slab()) else {
             return;
         };
@@ -383,7 +386,7 @@ impl Slabs {
         block: u32,
         to: BlockRef,
         class: u8,
-    ) -> Vec<(u32, NodeId)> {
+    ) -> Vec<(u32, Owner)> {
         let Some(mut s) = self.slabs.remove(&(server, block)) else {
             return Vec::new();
         };

@@ -11,68 +11,91 @@ use crate::types::{
 };
 use bytes::BytesMut;
 
-/// Operation codes of metadata requests (the `kind` of a request frame).
-pub mod op {
-    pub const CREATE: u16 = 1;
-    pub const LOOKUP: u16 = 2;
-    pub const REMOVE: u16 = 3;
-    pub const MOVE: u16 = 4;
-    pub const ENUMERATE: u16 = 5;
-    pub const MAP: u16 = 6;
-    pub const OPEN_WRITE: u16 = 7;
-    pub const SYNC: u16 = 8;
-    pub const REGISTER: u16 = 9;
-    pub const HEARTBEAT: u16 = 10;
-    pub const STATUS: u16 = 11;
-    pub const RELEASE_SLOT: u16 = 12;
-    pub const RECORD_NAMES: u16 = 13;
-    pub const LOCAL_SOCKET: u16 = 14;
-    pub const ABORT: u16 = 15;
-    pub const REPLACE_BLOCK: u16 = 16;
-    pub const SNAPSHOT_BEGIN: u16 = 17;
-    pub const SNAPSHOT_LIST: u16 = 18;
-    pub const SNAPSHOT_LOCATE: u16 = 19;
-    pub const SNAPSHOT_END: u16 = 20;
-    pub const DRAIN: u16 = 21;
-    pub const POLICY: u16 = 22;
-    pub const RESIZE: u16 = 23;
-    pub const TRUNCATE: u16 = 24;
-    pub const SET_ATTRS: u16 = 25;
-    pub const RENEW: u16 = 26;
+/// Every metadata request, one row each: its op code (the `kind` of a
+/// request frame; append-only, never reused), its constant in [`op`], its
+/// [`MetaRequest`] variant, its name in metrics and logs, the largest
+/// payload a metadata server takes for it, and the [`MetaReply`] variant
+/// that answers it. [`op`], [`op::name`], [`MetaRequest::op`],
+/// [`max_request_len`] and the choice of reply decoder in
+/// [`MetaReply::decode`] are all derived from this one table, so a new
+/// request is one row here plus its variant, its encoding and its
+/// decoding (ARCHITECTURE.md, *Adding a metadata request*).
+macro_rules! meta_ops {
+    ($($CONST:ident = $code:literal, $Variant:ident, $name:literal, $max:expr => $Reply:ident;)*) => {
+        /// Operation codes of metadata requests (the `kind` of a request
+        /// frame), from the table of `meta_ops!`.
+        pub mod op {
+            $(pub const $CONST: u16 = $code;)*
 
-    /// The request's name in metrics and logs (`"other"` for a number
-    /// this build does not know).
-    pub fn name(op: u16) -> &'static str {
-        match op {
-            CREATE => "create",
-            LOOKUP => "lookup",
-            REMOVE => "remove",
-            MOVE => "move",
-            ENUMERATE => "enumerate",
-            MAP => "map",
-            OPEN_WRITE => "open_write",
-            SYNC => "sync",
-            REGISTER => "register",
-            HEARTBEAT => "heartbeat",
-            STATUS => "status",
-            RELEASE_SLOT => "release_slot",
-            RECORD_NAMES => "record_names",
-            LOCAL_SOCKET => "local_socket",
-            ABORT => "abort",
-            REPLACE_BLOCK => "replace_block",
-            SNAPSHOT_BEGIN => "snapshot_begin",
-            SNAPSHOT_LIST => "snapshot_list",
-            SNAPSHOT_LOCATE => "snapshot_locate",
-            SNAPSHOT_END => "snapshot_end",
-            DRAIN => "drain",
-            POLICY => "policy",
-            RESIZE => "resize",
-            TRUNCATE => "truncate",
-            SET_ATTRS => "set_attrs",
-            RENEW => "renew",
-            _ => "other",
+            /// Every op code this build knows, in the table's order.
+            pub const ALL: &[u16] = &[$($CONST),*];
+
+            /// The request's name in metrics and logs (`"other"` for a
+            /// number this build does not know).
+            pub fn name(op: u16) -> &'static str {
+                match op {
+                    $($CONST => $name,)*
+                    _ => "other",
+                }
+            }
         }
-    }
+
+        /// The largest payload a metadata server takes for a request of
+        /// kind `op`: no request needs more than a few KiB, so a larger
+        /// frame is refused from its header, before any of it is buffered
+        /// (`docs/security.md`, *Limits*).
+        pub fn max_request_len(op: u16) -> usize {
+            match op {
+                $(op::$CONST => $max,)*
+                _ => SMALL_REQUEST_MAX,
+            }
+        }
+
+        impl MetaRequest {
+            pub fn op(&self) -> u16 {
+                match self {
+                    $(MetaRequest::$Variant { .. } => op::$CONST,)*
+                }
+            }
+        }
+
+        /// Which reply variant answers a request of kind `op`.
+        fn reply_kind(op: u16) -> Option<ReplyKind> {
+            match op {
+                $(op::$CONST => Some(ReplyKind::$Reply),)*
+                _ => None,
+            }
+        }
+    };
+}
+
+meta_ops! {
+    CREATE = 1, Create, "create", PATH_REQUEST_MAX => Node;
+    LOOKUP = 2, Lookup, "lookup", PATH_REQUEST_MAX => Node;
+    REMOVE = 3, Remove, "remove", PATH_REQUEST_MAX => Record;
+    MOVE = 4, Move, "move", PATH_REQUEST_MAX => Moved;
+    ENUMERATE = 5, Enumerate, "enumerate", PATH_REQUEST_MAX => Listing;
+    MAP = 6, Map, "map", SMALL_REQUEST_MAX => Blocks;
+    OPEN_WRITE = 7, OpenWrite, "open_write", PATH_REQUEST_MAX => Node;
+    SYNC = 8, Sync, "sync", SMALL_REQUEST_MAX => Record;
+    REGISTER = 9, Register, "register", LARGE_REQUEST_MAX => Registered;
+    HEARTBEAT = 10, Heartbeat, "heartbeat", SMALL_REQUEST_MAX => Done;
+    STATUS = 11, Status, "status", SMALL_REQUEST_MAX => Status;
+    RELEASE_SLOT = 12, ReleaseSlot, "release_slot", SMALL_REQUEST_MAX => Done;
+    RECORD_NAMES = 13, RecordNames, "record_names", 8 + 4 + 4 * MAX_RECORD_NAMES => Names;
+    LOCAL_SOCKET = 14, LocalSocket, "local_socket", SMALL_REQUEST_MAX => LocalSocket;
+    ABORT = 15, Abort, "abort", SMALL_REQUEST_MAX => Done;
+    REPLACE_BLOCK = 16, ReplaceBlock, "replace_block", SMALL_REQUEST_MAX => Blocks;
+    SNAPSHOT_BEGIN = 17, SnapshotBegin, "snapshot_begin", PATH_REQUEST_MAX => SnapshotBegun;
+    SNAPSHOT_LIST = 18, SnapshotList, "snapshot_list", SMALL_REQUEST_MAX => SnapshotPage;
+    SNAPSHOT_LOCATE = 19, SnapshotLocate, "snapshot_locate", SMALL_REQUEST_MAX => Located;
+    SNAPSHOT_END = 20, SnapshotEnd, "snapshot_end", SMALL_REQUEST_MAX => Done;
+    DRAIN = 21, Drain, "drain", SMALL_REQUEST_MAX => Drain;
+    POLICY = 22, Policy, "policy", LARGE_REQUEST_MAX => Policy;
+    RESIZE = 23, Resize, "resize", SMALL_REQUEST_MAX => Resized;
+    TRUNCATE = 24, Truncate, "truncate", SMALL_REQUEST_MAX => Done;
+    SET_ATTRS = 25, SetAttrs, "set_attrs", PATH_REQUEST_MAX => Node;
+    RENEW = 26, Renew, "renew", 4 + 16 * MAX_RENEW_BATCH => Renewed;
 }
 
 /// Most policy settings one request may change.
@@ -97,29 +120,8 @@ pub const SMALL_REQUEST_MAX: usize = 4 * 1024;
 /// Largest payload of a registration or a policy change.
 pub const LARGE_REQUEST_MAX: usize = 64 * 1024;
 
-/// The largest payload a metadata server takes for a request of kind
-/// `op`: no request needs more than a few KiB, so a larger frame is
-/// refused from its header, before any of it is buffered
-/// (`docs/security.md`, *Limits*).
 /// Most write leases one `Renew` request renews.
 pub const MAX_RENEW_BATCH: usize = 1024;
-
-pub fn max_request_len(op: u16) -> usize {
-    match op {
-        op::CREATE
-        | op::LOOKUP
-        | op::REMOVE
-        | op::MOVE
-        | op::ENUMERATE
-        | op::OPEN_WRITE
-        | op::SNAPSHOT_BEGIN
-        | op::SET_ATTRS => PATH_REQUEST_MAX,
-        op::REGISTER | op::POLICY => LARGE_REQUEST_MAX,
-        op::RECORD_NAMES => 8 + 4 + 4 * MAX_RECORD_NAMES,
-        op::RENEW => 4 + 16 * MAX_RENEW_BATCH,
-        _ => SMALL_REQUEST_MAX,
-    }
-}
 
 /// One node of a snapshot's frozen listing (`docs/snapshots.md`), as a
 /// [`MetaReply::SnapshotPage`] carries it. A node with many blocks is
@@ -447,37 +449,6 @@ impl MetaRequest {
             .is_some_and(|(fields, s)| s.verify(key, self.op(), &fields))
     }
 
-    pub fn op(&self) -> u16 {
-        match self {
-            MetaRequest::Create { .. } => op::CREATE,
-            MetaRequest::Lookup { .. } => op::LOOKUP,
-            MetaRequest::Remove { .. } => op::REMOVE,
-            MetaRequest::Move { .. } => op::MOVE,
-            MetaRequest::Enumerate { .. } => op::ENUMERATE,
-            MetaRequest::Map { .. } => op::MAP,
-            MetaRequest::OpenWrite { .. } => op::OPEN_WRITE,
-            MetaRequest::Sync { .. } => op::SYNC,
-            MetaRequest::Register(_) => op::REGISTER,
-            MetaRequest::Heartbeat { .. } => op::HEARTBEAT,
-            MetaRequest::Status => op::STATUS,
-            MetaRequest::ReleaseSlot { .. } => op::RELEASE_SLOT,
-            MetaRequest::RecordNames { .. } => op::RECORD_NAMES,
-            MetaRequest::LocalSocket => op::LOCAL_SOCKET,
-            MetaRequest::Abort { .. } => op::ABORT,
-            MetaRequest::ReplaceBlock { .. } => op::REPLACE_BLOCK,
-            MetaRequest::SnapshotBegin { .. } => op::SNAPSHOT_BEGIN,
-            MetaRequest::SnapshotList { .. } => op::SNAPSHOT_LIST,
-            MetaRequest::SnapshotLocate { .. } => op::SNAPSHOT_LOCATE,
-            MetaRequest::SnapshotEnd { .. } => op::SNAPSHOT_END,
-            MetaRequest::Drain { .. } => op::DRAIN,
-            MetaRequest::Policy { .. } => op::POLICY,
-            MetaRequest::Resize { .. } => op::RESIZE,
-            MetaRequest::Truncate { .. } => op::TRUNCATE,
-            MetaRequest::SetAttrs { .. } => op::SET_ATTRS,
-            MetaRequest::Renew { .. } => op::RENEW,
-        }
-    }
-
     /// Appends the payload (not the frame header).
     pub fn encode(&self, buf: &mut BytesMut) {
         let e = &mut Enc(buf);
@@ -783,12 +754,13 @@ impl MetaRequest {
     }
 }
 
-/// Successful replies; which variant answers which op is fixed.
+/// Successful replies; which variant answers which op is fixed by the
+/// table of `meta_ops!` (its last column).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MetaReply {
-    /// Create, Lookup, OpenWrite, SetAttrs.
+    /// The node (a create, lookup, open or attribute change).
     Node(NodeInfo),
-    /// Heartbeat, ReleaseSlot, Abort, Truncate.
+    /// Nothing to report.
     Done,
     /// Remove: the record to clear; Sync: the record to write (a closed
     /// KeyValue that took a new slot).
@@ -924,21 +896,22 @@ impl MetaReply {
     /// Decodes the successful reply to a request with op code `opcode`.
     pub fn decode(opcode: u16, payload: &[u8]) -> Result<MetaReply> {
         let mut d = Dec::new(payload, "metadata reply");
-        let reply = match opcode {
-            op::CREATE | op::LOOKUP | op::OPEN_WRITE | op::SET_ATTRS => {
-                MetaReply::Node(NodeInfo::decode(&mut d)?)
-            }
-            op::HEARTBEAT | op::RELEASE_SLOT | op::ABORT | op::SNAPSHOT_END | op::TRUNCATE => {
-                MetaReply::Done
-            }
-            op::REMOVE | op::SYNC => MetaReply::Record(RecordLoc::decode_opt(&mut d)?),
-            op::MOVE => MetaReply::Moved {
+        let Some(kind) = reply_kind(opcode) else {
+            return Err(Error::protocol(format!(
+                "reply to unknown metadata op {opcode}"
+            )));
+        };
+        let reply = match kind {
+            ReplyKind::Node => MetaReply::Node(NodeInfo::decode(&mut d)?),
+            ReplyKind::Done => MetaReply::Done,
+            ReplyKind::Record => MetaReply::Record(RecordLoc::decode_opt(&mut d)?),
+            ReplyKind::Moved => MetaReply::Moved {
                 ty: NodeType::from_u8(d.u8()?)?,
                 clear: RecordLoc::decode_opt(&mut d)?,
                 write: RecordLoc::decode_opt(&mut d)?,
                 replaced: RecordLoc::decode_opt(&mut d)?,
             },
-            op::ENUMERATE => {
+            ReplyKind::Listing => {
                 let container = d.u64()?;
                 let block_size = d.u32()?;
                 let slots = d.u32()?;
@@ -956,7 +929,7 @@ impl MetaReply {
                     live,
                 }
             }
-            op::MAP | op::REPLACE_BLOCK => {
+            ReplyKind::Blocks => {
                 let size = d.u64()?;
                 let n = d.count(BlockLoc::MIN_LEN)?;
                 let mut blocks = Vec::with_capacity(n);
@@ -965,7 +938,7 @@ impl MetaReply {
                 }
                 MetaReply::Blocks { size, blocks }
             }
-            op::RECORD_NAMES => {
+            ReplyKind::Names => {
                 let n = d.count(4 + 1 + 4)?;
                 let mut names = Vec::with_capacity(n);
                 for _ in 0..n {
@@ -973,17 +946,17 @@ impl MetaReply {
                 }
                 MetaReply::Names(names)
             }
-            op::REGISTER => MetaReply::Registered { server: d.u32()? },
-            op::STATUS => MetaReply::Status(ClusterStatus::decode(&mut d)?),
-            op::LOCAL_SOCKET => MetaReply::LocalSocket(crate::store::check_socket_name(
+            ReplyKind::Registered => MetaReply::Registered { server: d.u32()? },
+            ReplyKind::Status => MetaReply::Status(ClusterStatus::decode(&mut d)?),
+            ReplyKind::LocalSocket => MetaReply::LocalSocket(crate::store::check_socket_name(
                 d.string()?,
                 "local socket",
             )?),
-            op::SNAPSHOT_BEGIN => MetaReply::SnapshotBegun {
+            ReplyKind::SnapshotBegun => MetaReply::SnapshotBegun {
                 id: d.u64()?,
                 entries: d.u64()?,
             },
-            op::SNAPSHOT_LIST => {
+            ReplyKind::SnapshotPage => {
                 let next_entry = d.u64()?;
                 let next_block = d.u64()?;
                 let n = d.count(SnapshotEntry::MIN_LEN)?;
@@ -997,8 +970,8 @@ impl MetaReply {
                     next_block,
                 }
             }
-            op::SNAPSHOT_LOCATE => MetaReply::Located(BlockLoc::decode(&mut d)?),
-            op::RENEW => {
+            ReplyKind::Located => MetaReply::Located(BlockLoc::decode(&mut d)?),
+            ReplyKind::Renewed => {
                 let lease_ms = d.u64()?;
                 let n = d.count(8)?;
                 let mut lost = Vec::with_capacity(n);
@@ -1007,8 +980,8 @@ impl MetaReply {
                 }
                 MetaReply::Renewed { lease_ms, lost }
             }
-            op::DRAIN => MetaReply::Drain(DrainStatus::decode(&mut d)?),
-            op::POLICY => {
+            ReplyKind::Drain => MetaReply::Drain(DrainStatus::decode(&mut d)?),
+            ReplyKind::Policy => {
                 let n = d.count(8)?;
                 let mut set = Vec::with_capacity(n);
                 for _ in 0..n {
@@ -1016,16 +989,34 @@ impl MetaReply {
                 }
                 MetaReply::Policy(set)
             }
-            op::RESIZE => MetaReply::Resized(ResizeStatus::decode(&mut d)?),
-            other => {
-                return Err(Error::protocol(format!(
-                    "reply to unknown metadata op {other}"
-                )))
-            }
+            ReplyKind::Resized => MetaReply::Resized(ResizeStatus::decode(&mut d)?),
         };
         d.finish()?;
         Ok(reply)
     }
+}
+
+/// The [`MetaReply`] variants without their data: the last column of the
+/// table of `meta_ops!`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReplyKind {
+    Node,
+    Done,
+    Record,
+    Moved,
+    Listing,
+    Blocks,
+    Names,
+    Registered,
+    Status,
+    LocalSocket,
+    SnapshotBegun,
+    SnapshotPage,
+    Located,
+    Drain,
+    Policy,
+    Resized,
+    Renewed,
 }
 
 #[cfg(test)]
@@ -1161,6 +1152,27 @@ mod tests {
                 leases: vec![(1, 2), (u64::MAX, 7)],
             },
         ]
+    }
+
+    /// Every request of the table has a sample above (so its encoding is
+    /// round-tripped), a name and a reply decoder; op codes are unique.
+    #[test]
+    fn every_op_of_the_table_has_a_sample_a_name_and_a_reply() {
+        let sampled: std::collections::BTreeSet<u16> =
+            samples().iter().map(MetaRequest::op).collect();
+        let codes: std::collections::BTreeSet<u16> = op::ALL.iter().copied().collect();
+        assert_eq!(codes.len(), op::ALL.len(), "an op code is used twice");
+        for &o in op::ALL {
+            assert!(
+                sampled.contains(&o),
+                "no sample of op {o} ({})",
+                op::name(o)
+            );
+            assert_ne!(op::name(o), "other");
+            assert!(reply_kind(o).is_some());
+        }
+        assert_eq!(op::name(999), "other");
+        assert_eq!(reply_kind(999), None);
     }
 
     #[test]

@@ -5,13 +5,31 @@
 //! away, and each free block it gets back joins the balloon, until it
 //! exports what it asked for. Growing gives ballooned blocks back.
 
-use super::{Draft, MetaState};
+use super::{Draft, MetaState, Reply};
 use crate::alloc::BlockRef;
 use crate::effect::Effect;
+use nodekernel_proto::meta::MetaRequest;
 use nodekernel_proto::types::ResizeStatus;
 use nodekernel_proto::{Error, Result};
 
 impl Draft<'_> {
+    /// Storage server `server` (its identity or address) asks to export
+    /// `blocks` of its blocks: a request signed with its key (`req`), with
+    /// sequence number `seq`.
+    pub(super) fn resize_asked(
+        &mut self,
+        req: &MetaRequest,
+        server: &str,
+        blocks: u32,
+        seq: u64,
+    ) -> Result<Reply> {
+        let id = self.st.find_server(server)?;
+        self.st.check_signed(id, req)?;
+        self.notes.signed = Some((id, seq));
+        self.resize(id, blocks)?;
+        Ok(Reply::Resized(id))
+    }
+
     /// Resizes server `id` to export `target` of its blocks: balloons as
     /// many free blocks as it takes (or has), or gives ballooned ones back.
     pub(super) fn resize(&mut self, id: u32, target: u32) -> Result<()> {
@@ -50,7 +68,7 @@ impl Draft<'_> {
                 });
             }
         }
-        self.resize = Some((id, target));
+        self.notes.resize = Some((id, target));
         Ok(())
     }
 }

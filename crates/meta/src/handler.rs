@@ -1,0 +1,798 @@
+//! The request handler, the async shell around [`MetaState`]: decodes
+//! requests, decides and applies them under a lock, logs their effects,
+//! sends the block claims they need, encodes replies; and the block mover
+//! and the background steps the tasks of [`crate::server`] run (reaping,
+//! claims retried, checkpoints).
+//!
+//! With persistence ([`MetaConfig::persistence`]), every decision's effects
+//! are appended to the operation log under the same lock that applies them
+//! (so the log has the state's order), and a reply waits until the log is
+//! durable up to the last record written when its request was decided —
+//! its own, or the ones whose changes it saw — as the fsync policy
+//! promises. A failed log write stops the server from taking requests
+//! (`Unavailable`): its memory is then ahead of its log. At start the log
+//! is replayed, and the restart decision (leases cleared, unclosed puts
+//! dropped, moves given up; [`MetaState::decide_restart`]) is logged like
+//! any other.
+//!
+//! Claims are sent before the reply (so that once a delete or a replacing
+//! put returns, old handles get `Stale`), batched per storage server, but a
+//! reply never waits longer than `claim_timeout` for them: a claim that a
+//! storage server does not acknowledge by then (it is dead, hung or cut
+//! off) is kept and retried by the ticker until it lands or the server is
+//! retired. Until then a reader of the old handle that can still reach that
+//! server may read the old bytes of the node it holds — never another
+//! node's: a block is only reused under a newer generation.
+
+use crate::alloc::BlockClaim;
+use crate::checkpoint::{self, CheckpointError};
+use crate::config::{CheckpointStats, MetaConfig, MetaError, Persistence};
+use crate::effect::Effect;
+use crate::state::{Decision, MetaState, Notes};
+use bytes::{Bytes, BytesMut};
+use nodekernel_journal::{Fsync, Journal, JournalError};
+use nodekernel_proto::cap::verify_identify;
+use nodekernel_proto::meta::{MetaReply, MetaRequest};
+use nodekernel_proto::store::{Claim, Identity, StoreRequest, IDENTIFY_NONCE_LEN, MAX_CLAIM_BATCH};
+use nodekernel_proto::Result;
+use nodekernel_proto::ServerSpec;
+use nodekernel_proto::{Error, LogStatus};
+use nodekernel_rpc::{
+    ConnOptions, ConnectionPool, Handler, Role, ServerHandshake, VersionHandshake,
+};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+
+/// Most claims kept for storage servers that did not acknowledge them; the
+/// oldest are dropped beyond it (with a warning: their blocks stay safe,
+/// only the early `Stale` of old handles is lost).
+pub const MAX_PENDING_CLAIMS: usize = 1 << 20;
+
+pub(crate) struct MetaHandler {
+    state: Mutex<MetaState>,
+    epoch: Instant,
+    /// Connections to storage servers for claims: every call (connect
+    /// included) is bounded by the claim timeout, so no extra timer runs
+    /// per claim (arming one costs a wake-up of the timer thread).
+    stores: ConnectionPool,
+    /// Connections to storage servers for block copies (longer bound).
+    copies: ConnectionPool,
+    /// Every connection's handshake (the token, when there is one).
+    handshake: Arc<VersionHandshake>,
+    /// A cluster token is configured: the unauthenticated admin endpoint
+    /// only reads.
+    pub(crate) authenticated: bool,
+    claim_timeout: Duration,
+    /// Claims not acknowledged yet, by storage server address.
+    pending: Mutex<BTreeMap<String, Vec<BlockClaim>>>,
+    /// Wakes the reaper.
+    pub(crate) reap: Notify,
+    /// Wakes the drainer (a drain was asked for).
+    pub(crate) drain: Notify,
+    /// When the block mover may start its next copy: drains and
+    /// migration share `move_rate`.
+    next_move: std::sync::Mutex<Instant>,
+    /// The operation log, when persistent.
+    pub(crate) journal: Option<Journal>,
+    pub(crate) persistence: Option<Persistence>,
+    /// A checkpoint is being written.
+    checkpointing: std::sync::atomic::AtomicBool,
+    /// The last log record the newest checkpoint holds.
+    checkpointed: std::sync::atomic::AtomicU64,
+    /// Requests handled, by type (the admin endpoint's metrics).
+    pub(crate) requests: nodekernel_admin::metrics::RequestMetrics,
+}
+
+impl MetaHandler {
+    /// The handler of a server configured by `cfg`, over `state` (restored
+    /// from `journal` up to the checkpoint's record `covered`, when
+    /// persistent); `epoch` is its clock's zero.
+    pub(crate) fn new(
+        cfg: &MetaConfig,
+        state: MetaState,
+        epoch: Instant,
+        journal: Option<Journal>,
+        covered: u64,
+    ) -> MetaHandler {
+        MetaHandler {
+            state: Mutex::new(state),
+            epoch,
+            stores: cfg.security.pool(
+                Role::MetaServer,
+                ConnOptions {
+                    spin: claim_spin(),
+                    ..ConnOptions::new(cfg.claim_timeout)
+                },
+            ),
+            copies: cfg.security.pool(
+                Role::MetaServer,
+                ConnOptions::new(cfg.dead_after.min(Duration::from_secs(5))),
+            ),
+            handshake: cfg.security.handshake(Role::MetaServer),
+            authenticated: cfg.security.token.is_some(),
+            claim_timeout: cfg.claim_timeout,
+            pending: Mutex::new(BTreeMap::new()),
+            reap: Notify::new(),
+            drain: Notify::new(),
+            next_move: std::sync::Mutex::new(Instant::now()),
+            journal,
+            persistence: cfg.persistence.clone(),
+            checkpointing: Default::default(),
+            checkpointed: covered.into(),
+            requests: Default::default(),
+        }
+    }
+}
+
+/// What a client gets once the log cannot be written.
+fn log_failed(e: JournalError) -> Error {
+    Error::unavailable(format!(
+        "the metadata server cannot write its operation log and stopped taking requests: {e}"
+    ))
+}
+
+/// Whether the reply to `req` waits for the log. The create of a put (a
+/// KeyValue, linked only by its close) does not: a crash that loses its
+/// record loses only a put that had not closed, which a restart drops
+/// anyway, and the restart raises node ids, lease ids and generations past
+/// anything the reply handed out. The put's close waits, and so makes the
+/// create's record durable too (the log is synced in order). A put then
+/// waits for one sync, not two.
+fn reply_waits(req: &MetaRequest) -> bool {
+    !matches!(req, MetaRequest::Create { ty, .. } if ty.replaces_on_create())
+}
+
+/// Appends the record of `effects` (if any) to `journal`, and returns the
+/// seq a reply must wait for: this record's, or the last one written,
+/// whose changes the decision may have seen.
+pub(crate) fn log_effects(journal: &Journal, effects: &[Effect]) -> Result<u64, JournalError> {
+    if effects.is_empty() {
+        return Ok(journal.last());
+    }
+    let mut rec = BytesMut::new();
+    crate::codec::encode_effects(effects, &mut rec);
+    // What a replay will read back is exactly what was decided.
+    debug_assert_eq!(
+        crate::codec::decode_effects(&rec).as_deref().ok(),
+        Some(effects),
+        "a log record decodes to the effects it was made of"
+    );
+    journal.append(&rec)
+}
+
+impl MetaHandler {
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    pub(crate) fn state(&self) -> std::sync::MutexGuard<'_, MetaState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies a decision taken under the same lock, logs it, and returns
+    /// its claims. Nobody waits for these decisions (the ticker's, the
+    /// reaper's), so nobody waits for the log either: a restart decides
+    /// them again; a failed write stops the server (see [`log_failed`]).
+    pub(crate) fn commit(&self, st: &mut MetaState, d: Decision, now: u64) -> Vec<BlockClaim> {
+        self.commit_logged(st, d, now).0
+    }
+
+    /// [`MetaHandler::commit`], also returning the log record to wait for
+    /// before the claims go out, where a claim delivered but lost from the
+    /// log would leave a live block fenced beyond what a restart knows.
+    fn commit_logged(&self, st: &mut MetaState, d: Decision, now: u64) -> (Vec<BlockClaim>, u64) {
+        let o = st.commit(d, now);
+        let seq = match &self.journal {
+            // A failed write is logged by the journal itself, which
+            // refuses all later writes (and `durable` then fails).
+            Some(j) => log_effects(j, &o.effects).unwrap_or_else(|_| j.last()),
+            None => 0,
+        };
+        (st.take_claims(), seq)
+    }
+
+    /// Changes the tiering policy (`set`, all or none; empty: only read)
+    /// and returns every setting, as a `Policy` request does (the admin
+    /// endpoint's `/policy`).
+    pub(crate) fn policy(&self, set: &[(String, String)]) -> Result<Vec<(String, String)>> {
+        let req = MetaRequest::Policy { set: set.to_vec() };
+        let reply = self.state().execute(&req, self.now_ms())?;
+        if let Some(changes) = reply.notes.policy_changes() {
+            log_policy_change(changes);
+        }
+        match reply.reply {
+            MetaReply::Policy(v) => Ok(v),
+            other => Err(Error::internal(format!("policy answered {other:?}"))),
+        }
+    }
+
+    /// This partition's status, as a `Status` request gets it.
+    pub(crate) fn status(&self) -> Result<nodekernel_proto::ClusterStatus> {
+        let reply = self.state().execute(&MetaRequest::Status, self.now_ms())?;
+        match self.with_log(reply.reply) {
+            MetaReply::Status(s) => Ok(s),
+            other => Err(Error::internal(format!("status answered {other:?}"))),
+        }
+    }
+
+    /// A status reply completed with the log's part; other replies as they
+    /// are.
+    fn with_log(&self, reply: MetaReply) -> MetaReply {
+        match reply {
+            MetaReply::Status(mut s) => {
+                s.logs.extend(self.log_status(s.partition));
+                MetaReply::Status(s)
+            }
+            r => r,
+        }
+    }
+
+    /// Whether the operation log still takes records (always, when
+    /// volatile).
+    pub(crate) fn log_ok(&self) -> Result<()> {
+        match &self.journal {
+            Some(j) => j.check().map_err(log_failed),
+            None => Ok(()),
+        }
+    }
+
+    /// The log's part of a status reply, when persistent.
+    fn log_status(&self, partition: u32) -> Option<LogStatus> {
+        let (j, p) = (self.journal.as_ref()?, self.persistence.as_ref()?);
+        Some(LogStatus {
+            partition,
+            fsync: match p.fsync {
+                Fsync::Always => "always".into(),
+                Fsync::Interval(d) => format!("interval {}ms", d.as_millis()),
+                Fsync::Never => "never".into(),
+            },
+            records: j.last(),
+            checkpoint: self.checkpointed.load(std::sync::atomic::Ordering::Relaxed),
+            log_bytes: j.segment_bytes(),
+        })
+    }
+
+    /// Waits until the log is durable up to `seq`.
+    async fn durable(&self, seq: u64) -> Result<()> {
+        match &self.journal {
+            Some(j) => j.durable(seq).await.map_err(log_failed),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes a checkpoint of the state as of now and deletes the log
+    /// segments it makes unnecessary; `None` without persistence, or while
+    /// another checkpoint is being written. The live state is not touched:
+    /// the log starts a new segment, and in the background the previous
+    /// checkpoint is loaded, the records up to the new segment are replayed
+    /// onto it, and the result is written (requests never wait for it; it
+    /// costs a second copy of the state in memory meanwhile).
+    pub(crate) async fn checkpoint(&self) -> Result<Option<CheckpointStats>, MetaError> {
+        let (Some(j), Some(p)) = (&self.journal, &self.persistence) else {
+            return Ok(None);
+        };
+        use std::sync::atomic::Ordering;
+        if self.checkpointing.swap(true, Ordering::AcqRel) {
+            return Ok(None);
+        }
+        let started = Instant::now();
+        let (bs, lease_ms) = {
+            let st = self.state();
+            (st.alloc().block_size(), st.lease_ms())
+        };
+        let result = async {
+            // Every record before `first` is in the older segments.
+            let first = j.rotate()?;
+            let dir = p.dir.clone();
+            let build = move || -> Result<CheckpointStats, MetaError> {
+                let (mut st, after) = checkpoint::read(&dir, lease_ms, 0)?
+                    .unwrap_or_else(|| (MetaState::new(bs, lease_ms, 1), 0));
+                let covered = first - 1;
+                let journal = dir.join("journal");
+                let replayed = nodekernel_journal::read_records(&journal, after, covered, |_, r| {
+                    st.replay(r).map_err(|e| e.to_string())
+                })?;
+                let image = st.checkpoint_image();
+                drop(st);
+                let stats = CheckpointStats {
+                    nodes: image.nodes() as u64,
+                    bytes: image.bytes() as u64,
+                    covered,
+                    replayed,
+                    took: Duration::ZERO,
+                };
+                checkpoint::write(&dir, image, covered)?;
+                Ok(stats)
+            };
+            let stats = tokio::task::spawn_blocking(build)
+                .await
+                .map_err(|e| CheckpointError {
+                    path: p.dir.clone(),
+                    reason: format!("the writer stopped: {e}"),
+                })??;
+            self.checkpointed
+                .fetch_max(stats.covered, std::sync::atomic::Ordering::Relaxed);
+            let removed = j.remove_before(first)?;
+            let stats = CheckpointStats {
+                took: started.elapsed(),
+                ..stats
+            };
+            tracing::info!(
+                "checkpoint of {} nodes ({} bytes) to log record {} ({} records replayed onto the previous one) in {:.1} ms; {removed} log segment(s) removed",
+                stats.nodes,
+                stats.bytes,
+                stats.covered,
+                stats.replayed,
+                stats.took.as_secs_f64() * 1e3,
+            );
+            Ok(Some(stats))
+        }
+        .await;
+        self.checkpointing.store(false, Ordering::Release);
+        result
+    }
+
+    /// Sends claims, batched per storage server, waiting at most
+    /// `claim_timeout`; what does not land is kept for the ticker.
+    pub(crate) async fn send_claims(&self, claims: Vec<BlockClaim>) {
+        if claims.is_empty() {
+            return;
+        }
+        let mut by_addr: BTreeMap<String, Vec<BlockClaim>> = BTreeMap::new();
+        for c in claims {
+            by_addr.entry(c.addr.clone()).or_default().push(c);
+        }
+        let sends = by_addr.into_iter().map(|(addr, claims)| async move {
+            if let Err(e) = deliver(&self.stores, &addr, &claims).await {
+                tracing::warn!(
+                    "could not claim {} block(s) on storage server {addr} within {:?} ({e}); retrying in the background",
+                    claims.len(),
+                    self.claim_timeout
+                );
+                self.keep_pending(addr, claims);
+            }
+        });
+        futures::future::join_all(sends).await;
+    }
+
+    fn keep_pending(&self, addr: String, claims: Vec<BlockClaim>) {
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let list = pending.entry(addr).or_default();
+        list.extend(claims);
+        let total: usize = pending.values().map(Vec::len).sum();
+        if total > MAX_PENDING_CLAIMS {
+            tracing::warn!(
+                "{total} claims are waiting for unreachable storage servers; dropping the oldest"
+            );
+            let mut excess = total - MAX_PENDING_CLAIMS;
+            for list in pending.values_mut() {
+                let n = excess.min(list.len());
+                list.drain(..n);
+                excess -= n;
+            }
+        }
+    }
+
+    /// Retries the claims storage servers have not acknowledged, at each
+    /// server's current address (a server that kept its blocks may have
+    /// come back at another one); claims for servers that were retired are
+    /// dropped (their blocks are gone).
+    pub(crate) async fn retry_pending(&self) {
+        let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
+        if pending.is_empty() {
+            return;
+        }
+        let claims: Vec<BlockClaim> = {
+            let st = self.state();
+            pending
+                .into_values()
+                .flatten()
+                .filter_map(|mut c| {
+                    c.addr = st.alloc().server_addr(c.server)?.to_string();
+                    Some(c)
+                })
+                .collect()
+        };
+        self.send_claims(claims).await;
+    }
+
+    /// Waits for the block mover's turn to copy one block: all moves
+    /// (drains and migration) together copy at most `move_rate` bytes per
+    /// second.
+    async fn pace(&self) {
+        let (rate, bs) = {
+            let st = self.state();
+            (st.tier_settings().move_rate, st.alloc().block_size() as u64)
+        };
+        if rate == 0 {
+            return;
+        }
+        let start = {
+            let mut next = self.next_move.lock().unwrap_or_else(|e| e.into_inner());
+            let now = Instant::now();
+            let start = (*next).max(now);
+            *next = start + Duration::from_secs_f64(bs as f64 / rate as f64);
+            start
+        };
+        tokio::time::sleep_until(start.into()).await;
+    }
+
+    /// Servers shrinking (dynamic capacity) take the blocks that moves
+    /// freed into their balloon.
+    pub(crate) async fn balloon_freed(&self) {
+        let (claims, seq) = {
+            let mut st = self.state();
+            let mut claims = Vec::new();
+            let mut seq = 0;
+            for (id, target) in st.shrinking() {
+                if let Ok(d) = st.decide_resize(id, target) {
+                    let (c, s) = self.commit_logged(&mut st, d, self.now_ms());
+                    claims.extend(c);
+                    seq = s;
+                }
+            }
+            (claims, seq)
+        };
+        if self.durable(seq).await.is_ok() {
+            self.send_claims(claims).await;
+        }
+    }
+
+    /// See [`MetaServer::move_block`].
+    pub async fn move_block(&self, node: u64, index: u64, class: u8) -> Result<()> {
+        self.move_block_to(node, index, class, false).await
+    }
+
+    /// [`MetaHandler::move_block`]; with `exact`, into `class` only.
+    async fn move_block_to(&self, node: u64, index: u64, class: u8, exact: bool) -> Result<()> {
+        let h = self;
+        let (src, dst, fence_claims, seq) = {
+            let mut st = h.state();
+            let (d, src, dst) = st.decide_move_start_to(node, index, class, exact)?;
+            let (claims, seq) = h.commit_logged(&mut st, d, h.now_ms());
+            (src, dst, claims, seq)
+        };
+        // The fence goes out once the move is in the log (a restart that
+        // forgot the move would serve the block at its old generation,
+        // which the source then refuses), and it must land before the
+        // copy: once acknowledged, no write with an older generation can
+        // reach the source block.
+        let fenced = async {
+            h.durable(seq).await?;
+            let mut by: BTreeMap<String, Vec<BlockClaim>> = BTreeMap::new();
+            for c in fence_claims {
+                by.entry(c.addr.clone()).or_default().push(c);
+            }
+            let mut ok = Ok(());
+            for (addr, claims) in by {
+                if let Err(e) = deliver(&h.stores, &addr, &claims).await {
+                    ok = Err(e);
+                }
+            }
+            ok
+        }
+        .await;
+        let copied = match fenced {
+            Ok(()) => {
+                let req = StoreRequest::Copy {
+                    block: dst.block,
+                    gen: dst.gen,
+                    cap: dst.cap,
+                    src_addr: src.addr.clone(),
+                    src_block: src.block,
+                    src_gen: src.gen,
+                    src_cap: src.cap,
+                };
+                let mut buf = BytesMut::new();
+                req.encode(&mut buf);
+                h.copies.call(&dst.addr, req.op(), &[&buf]).await.map(drop)
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = &copied {
+            tracing::warn!(
+                "moving {} failed: {e}",
+                crate::state::move_name(node, index)
+            );
+        }
+        let (claims, seq) = {
+            let mut st = h.state();
+            match st.decide_move_end(node, index, copied.is_ok()) {
+                Some(d) => h.commit_logged(&mut st, d, h.now_ms()),
+                None => (Vec::new(), 0),
+            }
+        };
+        // Likewise: the freed block's claim only once the switch is logged.
+        h.durable(seq).await?;
+        h.send_claims(claims).await;
+        copied
+    }
+
+    /// Reaps removed subtrees, a bounded step per lock hold, until none is
+    /// left or `budget` has passed; returns whether some are left.
+    pub(crate) async fn reap_for(&self, budget: Duration) -> bool {
+        let started = Instant::now();
+        loop {
+            let claims = {
+                let mut st = self.state();
+                let Some(d) = st.decide_reap() else {
+                    return false;
+                };
+                self.commit(&mut st, d, self.now_ms())
+            };
+            self.send_claims(claims).await;
+            if started.elapsed() >= budget {
+                return true;
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+/// Logs a policy change that was applied.
+fn log_policy_change(set: &[(String, String)]) {
+    if !set.is_empty() {
+        let changes: Vec<String> = set.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        tracing::info!("policy changed: {}", changes.join(" "));
+    }
+}
+
+/// Busy-poll budget of the metadata server waiting for a storage server's
+/// answer to its claims: `NK_POLL_SPIN_US` if set, else the callers'
+/// default on a machine of four CPUs or more, else none.
+///
+/// A replacing put's close waits on that answer inside the request, while
+/// its client spins on its own reply: with the storage server on the same
+/// host, the chain has three threads that want a CPU at once. On two CPUs
+/// a spinning metadata server took the CPU the storage server needed to
+/// answer, and about a third of puts paid 150-250 µs more (`nk bench
+/// putkey --keys 1000`, 1 KiB: p90 212-285 µs spinning, 100-158 µs
+/// parked; 9.3-9.6 k against 10.0-12.3 k puts/s; docs/benchmarks.md,
+/// the YCSB section).
+fn claim_spin() -> Duration {
+    if std::env::var_os("NK_POLL_SPIN_US").is_some() {
+        return nodekernel_rpc::default_call_spin();
+    }
+    match std::thread::available_parallelism() {
+        Ok(n) if n.get() >= 4 => nodekernel_rpc::default_call_spin(),
+        _ => Duration::ZERO,
+    }
+}
+
+/// Sends one server's claims in batches of at most [`MAX_CLAIM_BATCH`].
+async fn deliver(pool: &ConnectionPool, addr: &str, claims: &[BlockClaim]) -> Result<()> {
+    for chunk in claims.chunks(MAX_CLAIM_BATCH) {
+        let req = StoreRequest::Claim {
+            claims: chunk
+                .iter()
+                .map(|c| Claim {
+                    block: c.block,
+                    gen: c.gen,
+                    clear_tag_at: c.clear_tag_at,
+                    release: c.release,
+                    scrub: c.scrub,
+                    cap: c.cap,
+                })
+                .collect(),
+        };
+        let mut buf = BytesMut::with_capacity(4 + 16 * chunk.len());
+        req.encode(&mut buf);
+        pool.call(addr, req.op(), &[&buf]).await?;
+    }
+    Ok(())
+}
+
+impl Handler for MetaHandler {
+    fn handshake(&self) -> Arc<dyn ServerHandshake> {
+        self.handshake.clone()
+    }
+
+    /// No metadata request needs more than a few KiB: a larger frame is
+    /// refused from its header, before any of it is buffered.
+    fn max_payload(&self, op: u16) -> usize {
+        nodekernel_proto::meta::max_request_len(op)
+    }
+
+    async fn handle(&self, op: u16, payload: Bytes, out: &mut BytesMut) -> Result<()> {
+        let started = Instant::now();
+        let result = self.serve(op, payload, out).await;
+        let name = nodekernel_proto::meta::op::name(op);
+        self.requests.observe(name, started.elapsed());
+        result
+    }
+}
+
+impl MetaHandler {
+    /// Handles one request (see [`Handler::handle`]).
+    async fn serve(&self, op: u16, payload: Bytes, out: &mut BytesMut) -> Result<()> {
+        let req = MetaRequest::decode(op, &payload)?;
+        self.log_ok()?;
+        if let MetaRequest::Register(spec) = &req {
+            self.vet_registration(spec).await?;
+        }
+        let now = self.now_ms();
+        let (reply, notes, claims, reap, seq) = {
+            let mut st = self.state();
+            match st.execute(&req, now) {
+                Ok(o) => {
+                    let seq = match &self.journal {
+                        Some(j) => log_effects(j, &o.effects).map_err(log_failed)?,
+                        None => 0,
+                    };
+                    let reap = !st.ns().graveyard_is_empty();
+                    (Ok(o.reply), o.notes, st.take_claims(), reap, seq)
+                }
+                Err(e) => {
+                    let seen = self.journal.as_ref().map_or(0, Journal::last);
+                    (Err(e), Notes::default(), Vec::new(), false, seen)
+                }
+            }
+        };
+        // Nothing is answered, not even a refusal, before what it saw is
+        // durable — except the create of a put.
+        if reply_waits(&req) {
+            self.durable(seq).await?;
+        }
+        // Claims go out before the reply, so once a delete or a replacing
+        // put returns, old handles get Stale.
+        self.send_claims(claims).await;
+        let reply = reply.map(|r| self.with_log(r));
+        if notes.wakes_drainer() {
+            self.drain.notify_one();
+        }
+        if let Some(changes) = notes.policy_changes() {
+            log_policy_change(changes);
+        }
+        if reap {
+            // A big removal: reap a while now, the rest in the background.
+            if self.reap_for(Duration::from_millis(200)).await {
+                self.reap.notify_one();
+            }
+        }
+        reply?.encode(out);
+        Ok(())
+    }
+}
+
+impl MetaHandler {
+    /// The checks a registration of `spec` passes before it is decided,
+    /// unless it only repeats the registration in force: the server
+    /// registering proves that it serves at the address it registers,
+    /// under the key it registers; and no server that the registration
+    /// would retire or move (the same identity, or the same address)
+    /// proves that it still serves at its registered address under its
+    /// key. So no request, authenticated or not, can retire a live server
+    /// or take over its blocks (`docs/security.md`). A server that cannot
+    /// be reached counts as gone: a new process on its address, or on its
+    /// identity after a restart, takes its place as before.
+    async fn vet_registration(&self, spec: &ServerSpec) -> Result<()> {
+        let displaced = {
+            let st = self.state();
+            if st.alloc().is_registered(spec) {
+                return Ok(());
+            }
+            st.alloc().displaced_by(spec)
+        };
+        let addr = &spec.addr;
+        let theirs = self.identify(addr).await.map_err(|e| {
+            Error::unavailable(format!(
+                "cannot reach the storage server registering at {addr} to check that it \
+                 serves there: {e}"
+            ))
+        })?;
+        if !theirs.proves(spec) {
+            tracing::warn!(
+                "refused the registration of identity {} at {addr}: the server answering there \
+                 did not prove the key it registers",
+                spec.identity
+            );
+            return Err(Error::invalid_argument(format!(
+                "the server answering at {addr} is not the storage server registering there \
+                 (identity {}): a storage server registers the address it serves on (check its \
+                 advertised address)",
+                spec.identity
+            )));
+        }
+        for old in displaced {
+            let alive = match self.identify(&old.addr).await {
+                Ok(a) => a.proves(&old),
+                Err(_) => false,
+            };
+            if alive {
+                tracing::warn!(
+                    "refused the registration of identity {} (incarnation {}) at {addr}: the \
+                     storage server it would replace (identity {}, incarnation {}) still serves \
+                     at {}",
+                    spec.identity,
+                    spec.incarnation,
+                    old.identity,
+                    old.incarnation,
+                    old.addr
+                );
+                return Err(Error::already_exists(format!(
+                    "storage server {} (incarnation {}) still serves at {} and proved it: a \
+                     registration with its identity or address cannot replace it while it runs",
+                    old.identity, old.incarnation, old.addr
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Asks the storage server at `addr` who it is, with a fresh challenge.
+    async fn identify(&self, addr: &str) -> Result<Identified> {
+        let mut nonce = [0u8; IDENTIFY_NONCE_LEN];
+        nodekernel_rpc::random_bytes(&mut nonce)
+            .map_err(|e| Error::internal(format!("no random bytes from the kernel: {e}")))?;
+        let req = StoreRequest::Identify { nonce };
+        let mut buf = BytesMut::new();
+        req.encode(&mut buf);
+        let reply = self.stores.call(addr, req.op(), &[&buf]).await?;
+        Ok(Identified {
+            nonce,
+            answer: Identity::decode(&reply)?,
+        })
+    }
+}
+
+/// A storage server's answer to a challenge.
+struct Identified {
+    nonce: [u8; IDENTIFY_NONCE_LEN],
+    answer: Identity,
+}
+
+impl Identified {
+    /// Whether the answer came from the process that registered `spec`.
+    fn proves(&self, spec: &ServerSpec) -> bool {
+        let a = &self.answer;
+        a.identity == spec.identity
+            && a.incarnation == spec.incarnation
+            && verify_identify(
+                &spec.cap_key,
+                &self.nonce,
+                &a.identity,
+                a.incarnation,
+                &a.proof,
+            )
+    }
+}
+
+impl MetaHandler {
+    /// The moves of `batch` that still apply (`keep`, under the lock).
+    pub(crate) fn still<T: Copy>(
+        &self,
+        batch: &[T],
+        keep: impl Fn(&MetaState, &T) -> bool,
+    ) -> Vec<T> {
+        let st = self.state();
+        batch.iter().copied().filter(|m| keep(&st, m)).collect()
+    }
+
+    /// Runs the block moves of `batch` at once, each paced by `move_rate`;
+    /// `what` gives each one's (node, index, class, exact). Returns every
+    /// move with its outcome.
+    pub(crate) async fn run_moves<T: Copy + Send + 'static>(
+        self: &Arc<Self>,
+        batch: Vec<T>,
+        what: impl Fn(T) -> (u64, u64, u8, bool),
+    ) -> Vec<(T, Result<()>)> {
+        let mut moves = tokio::task::JoinSet::new();
+        for m in batch {
+            let (node, index, class, exact) = what(m);
+            let h = self.clone();
+            moves.spawn(async move {
+                h.pace().await;
+                (m, h.move_block_to(node, index, class, exact).await)
+            });
+        }
+        let mut done = Vec::new();
+        while let Some(r) = moves.join_next().await {
+            if let Ok(r) = r {
+                done.push(r);
+            }
+        }
+        done
+    }
+}

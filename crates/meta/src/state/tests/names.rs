@@ -1,0 +1,558 @@
+//! The namespace: create, lookup, remove and reaping, move, enumerate,
+//! record slots, partitions, attributes.
+
+use super::*;
+
+#[test]
+fn node_type_table() {
+    for parent in [Directory, Table, Bag] {
+        for child in NodeType::ALL {
+            let mut s = state();
+            create(&mut s, "/p", parent, 0).unwrap();
+            let r = create(&mut s, "/p/c", child, 0);
+            if parent.accepts(child) {
+                r.unwrap();
+            } else {
+                let e = r.unwrap_err();
+                assert_eq!(e.code, ErrorCode::TypeMismatch, "{parent} <- {child}");
+                assert!(e.message.contains("/p/c"), "{}", e.message);
+            }
+            s.check_invariants().unwrap();
+        }
+    }
+    let mut s = state();
+    create(&mut s, "/f", File, 0).unwrap();
+    create(&mut s, "/t", Table, 0).unwrap();
+    put(&mut s, "/t/k", 0).unwrap();
+    for p in ["/f/x", "/t/k/x"] {
+        assert_eq!(
+            create(&mut s, p, File, 0).unwrap_err().code,
+            ErrorCode::TypeMismatch
+        );
+    }
+}
+
+#[test]
+fn slots_are_cleared_before_reuse_and_moves_rewrite_records() {
+    let mut s = state();
+    let d = create(&mut s, "/d", Directory, 0).unwrap();
+    assert!(d.record.is_some(), "root is enumerable: /d needs a record");
+    let per_block = BS as u64 / RECORD_SIZE as u64;
+    for i in 0..per_block + 1 {
+        let f = create(&mut s, &format!("/d/f{i}"), File, 0).unwrap();
+        let r = f.record.unwrap();
+        assert_eq!((r.container, r.slot as u64), (d.id, i));
+        assert_eq!(r.offset as u64, (i % per_block) * RECORD_SIZE as u64);
+    }
+    let (size, blocks) = map(&mut s, d.id, 0, 10, 0).unwrap();
+    assert_eq!(size, (per_block + 1) * RECORD_SIZE as u64);
+    assert_eq!(blocks.len(), 2, "container data length");
+    let clear = remove(&mut s, "/d/f3", false).unwrap().unwrap();
+    assert_eq!(clear.slot, 3);
+    let next = create(&mut s, "/d/g", File, 0).unwrap();
+    assert_eq!(
+        next.record.unwrap().slot as u64,
+        per_block + 1,
+        "slot 3 is not reusable before its release"
+    );
+    s.apply(
+        MetaRequest::ReleaseSlot {
+            container: d.id,
+            slot: 3,
+        },
+        0,
+    )
+    .unwrap();
+    assert_eq!(
+        s.apply(
+            MetaRequest::ReleaseSlot {
+                container: d.id,
+                slot: 3
+            },
+            0
+        )
+        .unwrap_err()
+        .code,
+        ErrorCode::InvalidArgument
+    );
+    let again = create(&mut s, "/d/h", File, 0).unwrap();
+    assert_eq!(
+        again.record.unwrap().slot,
+        3,
+        "released slot reused, lowest first"
+    );
+    let e = create(&mut s, "/e", Directory, 0).unwrap();
+    let MetaReply::Moved {
+        ty,
+        clear,
+        write,
+        replaced: None,
+    } = s
+        .apply(
+            MetaRequest::Move {
+                src: "/d/f0".into(),
+                dst: "/e/g".into(),
+                replace: false,
+            },
+            0,
+        )
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(ty, File);
+    assert_eq!(clear.map(|r| (r.container, r.slot)), Some((d.id, 0)));
+    assert_eq!(write.map(|r| (r.container, r.slot)), Some((e.id, 0)));
+    let MetaReply::Listing { slots, live, .. } = s
+        .apply(MetaRequest::Enumerate { path: "/d".into() }, 0)
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(slots as u64, per_block + 2);
+    assert_eq!(
+        live.iter().map(|b| b.count_ones()).sum::<u32>() as u64,
+        per_block + 1
+    );
+    let e = s.apply(
+        MetaRequest::Map {
+            node: d.id,
+            index: 0,
+            count: 1,
+            alloc: true,
+            lease: 1,
+        },
+        0,
+    );
+    assert_eq!(
+        e.unwrap_err().code,
+        ErrorCode::TypeMismatch,
+        "containers are not client-written"
+    );
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn lookup_remove_move() {
+    let mut s = state();
+    assert_eq!(
+        lookup(&mut s, "/nope").unwrap_err().code,
+        ErrorCode::NotFound
+    );
+    let e = create(&mut s, "/a/b", File, 0).unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotFound);
+    assert!(e.message.contains("parent /a"), "{}", e.message);
+    create(&mut s, "/a", Directory, 0).unwrap();
+    create(&mut s, "/a/b", Directory, 0).unwrap();
+    let f = create(&mut s, "/a/b/f", File, 0).unwrap();
+    assert_eq!(
+        remove(&mut s, "/a", false).unwrap_err().code,
+        ErrorCode::NotEmpty
+    );
+    s.apply(
+        MetaRequest::Move {
+            src: "/a/b".into(),
+            dst: "/c".into(),
+            replace: false,
+        },
+        0,
+    )
+    .unwrap();
+    assert_eq!(lookup(&mut s, "/c/f").unwrap().id, f.id);
+    assert_eq!(
+        lookup(&mut s, "/a/b").unwrap_err().code,
+        ErrorCode::NotFound
+    );
+    for (dst, code) in [
+        ("/c/f2", ErrorCode::InvalidArgument),
+        ("/a", ErrorCode::AlreadyExists),
+    ] {
+        let e = s
+            .apply(
+                MetaRequest::Move {
+                    src: "/c".into(),
+                    dst: dst.into(),
+                    replace: false,
+                },
+                0,
+            )
+            .unwrap_err();
+        assert_eq!(e.code, code, "{dst}");
+    }
+    remove(&mut s, "/c", true).unwrap();
+    assert_eq!(
+        lookup(&mut s, "/c/f").unwrap_err().code,
+        ErrorCode::NotFound
+    );
+    assert_eq!(
+        map(&mut s, f.id, 0, 1, 0).unwrap_err().code,
+        ErrorCode::Stale,
+        "a removed node is stale"
+    );
+    assert_eq!(
+        remove(&mut s, "/", true).unwrap_err().code,
+        ErrorCode::InvalidArgument
+    );
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn class_is_inherited_and_non_enumerable_tables_list_nothing() {
+    let mut s = state();
+    create_with(&mut s, "/d", Directory, 1, true, 0).unwrap();
+    let f = create(&mut s, "/d/f", File, 0).unwrap();
+    assert_eq!(f.storage_class, 1);
+    let t = create_with(&mut s, "/t", Table, NO_CLASS, false, 0).unwrap();
+    assert!(!t.enumerable);
+    let k = put(&mut s, "/t/k", 1).unwrap();
+    assert!(children(&s, "/t").is_empty());
+    assert_eq!(lookup(&mut s, "/t/k").unwrap().id, k.id);
+    assert_eq!(
+        s.ns().get(k.id).unwrap().slot,
+        None,
+        "no record in a non-enumerable table"
+    );
+    assert!(s.ns().get(t.id).unwrap().slots.is_empty());
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn a_big_delete_unlinks_at_once_and_reaps_in_bounded_steps() {
+    let mut s = MetaState::new(BS, 1000, 1);
+    s.apply(MetaRequest::Register(spec("h:0", 0, 100_000)), 0)
+        .unwrap();
+    create(&mut s, "/big", Directory, 0).unwrap();
+    create(&mut s, "/big/sub", Directory, 0).unwrap();
+    let n = REAP_NODES * 2 + 10;
+    for i in 0..n {
+        let f = create(&mut s, &format!("/big/sub/f{i}"), File, 0).unwrap();
+        map(&mut s, f.id, 0, 2, f.lease).unwrap();
+        close(&mut s, &f, 2 * BS as u64).unwrap();
+    }
+    let free = s.alloc().free_blocks();
+    let d = s
+        .decide(
+            &MetaRequest::Remove {
+                path: "/big".into(),
+                recursive: true,
+            },
+            0,
+        )
+        .unwrap();
+    assert!(
+        d.effects.len() < 4,
+        "a big subtree is only unlinked: {}",
+        d.effects.len()
+    );
+    s.commit(d, 0);
+    assert_eq!(
+        lookup(&mut s, "/big").unwrap_err().code,
+        ErrorCode::NotFound
+    );
+    s.check_invariants().unwrap();
+    let mut steps = 0;
+    while let Some(d) = s.decide_reap() {
+        let freed = d
+            .effects
+            .iter()
+            .filter(|e| matches!(e, Effect::BlockFreed { .. }))
+            .count();
+        assert!(
+            freed <= REAP_BLOCKS,
+            "a step frees at most {REAP_BLOCKS} blocks"
+        );
+        s.commit(d, 0);
+        s.check_invariants().unwrap();
+        steps += 1;
+        assert!(steps < 1000, "reaping ends");
+    }
+    assert!(steps >= 3, "{steps} steps");
+    assert_eq!(s.ns().len(), 1, "only the root is left");
+    let root_records = s.ns().get(ROOT).unwrap().blocks.len() as u64;
+    assert!(s.alloc().free_blocks() > free + 2 * n as u64);
+    assert_eq!(
+        s.alloc().free_blocks(),
+        100_000 - root_records,
+        "every block but the root's records is free again"
+    );
+}
+
+#[test]
+fn a_metadata_server_serves_only_its_own_partition() {
+    let mut s = state();
+    s.set_placement(Placement {
+        partition: 0,
+        partitions: 2,
+        expected_servers: 1,
+    });
+    let (mine, theirs): (Vec<String>, Vec<String>) = (0..20)
+        .map(|i| format!("/top{i}"))
+        .partition(|p| path::partition_of(p, 2) == 0);
+    let e = create(&mut s, &theirs[0], Directory, 0).unwrap_err();
+    assert_eq!(e.code, ErrorCode::WrongPartition);
+    assert!(e.message.contains("partition 1 of 2"), "{e}");
+    assert_eq!(
+        lookup(&mut s, &theirs[0]).unwrap_err().code,
+        ErrorCode::WrongPartition
+    );
+    create(&mut s, &mine[0], Directory, 0).unwrap();
+    let e = s
+        .apply(
+            MetaRequest::Move {
+                src: mine[0].clone(),
+                dst: theirs[0].clone(),
+                replace: false,
+            },
+            0,
+        )
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::CrossPartition);
+    lookup(&mut s, "/").unwrap();
+    s.apply(MetaRequest::Enumerate { path: "/".into() }, 0)
+        .unwrap();
+}
+
+fn set_attrs(
+    s: &mut MetaState,
+    path: &str,
+    mode: Option<u32>,
+    mtime: Option<u64>,
+) -> Result<NodeInfo> {
+    match s.apply(
+        MetaRequest::SetAttrs {
+            path: path.into(),
+            mode,
+            mtime,
+        },
+        0,
+    )? {
+        MetaReply::Node(n) => Ok(n),
+        r => panic!("unexpected {r:?}"),
+    }
+}
+
+fn rename(s: &mut MetaState, src: &str, dst: &str, replace: bool) -> Result<MetaReply> {
+    s.apply(
+        MetaRequest::Move {
+            src: src.into(),
+            dst: dst.into(),
+            replace,
+        },
+        0,
+    )
+}
+
+#[test]
+fn modes_and_times_are_kept_through_the_log_and_a_checkpoint() {
+    let mut s = MetaState::new(BS, 1000, 1);
+    let mut log = Vec::new();
+    let l = &mut log;
+    logged(&mut s, l, MetaRequest::Register(spec("h:0", 0, 16))).unwrap();
+    let mk = |path: &str, ty, mode, mtime| MetaRequest::Create {
+        path: path.into(),
+        ty,
+        storage_class: NO_CLASS,
+        location: String::new(),
+        enumerable: true,
+        size_hint: 0,
+        pinned: false,
+        mode,
+        mtime,
+        open_existing: false,
+    };
+    let MetaReply::Node(d) = logged(&mut s, l, mk("/d", Directory, 0o700, 11)).unwrap() else {
+        panic!()
+    };
+    assert_eq!(
+        (d.mode, d.mtime),
+        (0o700, 11),
+        "a create keeps what it was given"
+    );
+    let MetaReply::Node(f) = logged(&mut s, l, mk("/d/f", File, 0o4640, 12)).unwrap() else {
+        panic!()
+    };
+    assert_eq!((f.mode, f.mtime), (0o4640, 12));
+    // A sync with a time stamps it; one without keeps the old one.
+    logged(
+        &mut s,
+        l,
+        MetaRequest::Map {
+            node: f.id,
+            index: 0,
+            count: 1,
+            alloc: true,
+            lease: f.lease,
+        },
+    )
+    .unwrap();
+    for (mtime, expect) in [(99, 99), (0, 99)] {
+        logged(
+            &mut s,
+            l,
+            MetaRequest::Sync {
+                node: f.id,
+                lease: f.lease,
+                size: 10,
+                close: false,
+                mtime,
+            },
+        )
+        .unwrap();
+        assert_eq!(lookup(&mut s, "/d/f").unwrap().mtime, expect);
+    }
+    // SetAttrs changes what it is given and nothing else.
+    let r = logged(
+        &mut s,
+        l,
+        MetaRequest::SetAttrs {
+            path: "/d/f".into(),
+            mode: Some(0o600),
+            mtime: None,
+        },
+    )
+    .unwrap();
+    let MetaReply::Node(n) = r else { panic!() };
+    assert_eq!((n.mode, n.mtime, n.size), (0o600, 99, 10));
+    let MetaReply::Node(n) = logged(
+        &mut s,
+        l,
+        MetaRequest::SetAttrs {
+            path: "/d".into(),
+            mode: None,
+            mtime: Some(5),
+        },
+    )
+    .unwrap() else {
+        panic!()
+    };
+    assert_eq!((n.mode, n.mtime), (0o700, 5));
+    // Bits beyond the permission bits are refused, on create and after.
+    for req in [
+        mk("/d/g", File, 0o10644, 1),
+        MetaRequest::SetAttrs {
+            path: "/d/f".into(),
+            mode: Some(0o170000),
+            mtime: None,
+        },
+    ] {
+        let before = s.dump();
+        assert_eq!(
+            s.apply(req, 0).unwrap_err().code,
+            ErrorCode::InvalidArgument
+        );
+        assert_eq!(s.dump(), before, "a refused request changes nothing");
+    }
+    assert_eq!(
+        set_attrs(&mut s, "/d/none", Some(0o644), None)
+            .unwrap_err()
+            .code,
+        ErrorCode::NotFound
+    );
+    // The log and a checkpoint both keep them.
+    let back = restart(&mut s, &log);
+    assert_eq!(
+        back.ns().get(f.id).map(|n| (n.mode, n.mtime)),
+        Some((0o600, 99))
+    );
+    let cp = through_checkpoint(&s);
+    assert_eq!(cp.dump(), s.dump(), "a checkpoint keeps modes and times");
+}
+
+#[test]
+fn a_replacing_move_removes_the_target_in_the_same_step() {
+    let mut s = state();
+    create(&mut s, "/d", Directory, 0).unwrap();
+    let a = file(&mut s, "/d/a", 1);
+    let b = file(&mut s, "/d/b", 2);
+    let b_locs = {
+        let (_, l) = map(&mut s, b.id, 0, 2, 0).unwrap();
+        l
+    };
+    s.take_claims();
+    let free = s.alloc().free_blocks();
+    // Without `replace`, an existing target is refused.
+    let before = s.dump();
+    assert_eq!(
+        rename(&mut s, "/d/a", "/d/b", false).unwrap_err().code,
+        ErrorCode::AlreadyExists
+    );
+    assert_eq!(s.dump(), before);
+    // With it, /d/a takes /d/b's place and b's blocks are freed and fenced.
+    let MetaReply::Moved {
+        ty,
+        clear,
+        write,
+        replaced,
+    } = rename(&mut s, "/d/a", "/d/b", true).unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(ty, File);
+    assert!(clear.is_some() && write.is_some());
+    let replaced = replaced.expect("the replaced node's record is to be cleared");
+    assert_ne!(Some(replaced.slot), write.map(|w| w.slot));
+    assert_eq!(lookup(&mut s, "/d/b").unwrap().id, a.id);
+    assert_eq!(
+        lookup(&mut s, "/d/a").unwrap_err().code,
+        ErrorCode::NotFound
+    );
+    assert!(s.ns().get(b.id).is_none(), "the old node is gone");
+    assert_eq!(s.alloc().free_blocks(), free + 2);
+    for l in &b_locs {
+        assert!(is_free(&s, l));
+    }
+    assert_eq!(s.take_claims().len(), 2, "both freed blocks are fenced");
+    assert_eq!(
+        s.apply(
+            MetaRequest::Map {
+                node: b.id,
+                index: 0,
+                count: 1,
+                alloc: false,
+                lease: 0
+            },
+            0
+        )
+        .unwrap_err()
+        .code,
+        ErrorCode::Stale,
+        "a handle to the replaced node is stale"
+    );
+    assert_eq!(children(&s, "/d"), vec!["b"]);
+    s.check_invariants().unwrap();
+    // A rename onto itself changes nothing.
+    let before = s.dump();
+    rename(&mut s, "/d/b", "/d/b", true).unwrap();
+    assert_eq!(s.dump(), before);
+}
+
+#[test]
+fn a_replacing_move_of_containers_needs_an_empty_target_of_the_same_type() {
+    let mut s = state();
+    for p in ["/x", "/y", "/z", "/x/f"] {
+        let ty = if p == "/x/f" { File } else { Directory };
+        create(&mut s, p, ty, 0).unwrap();
+    }
+    create(&mut s, "/z/g", Directory, 0).unwrap();
+    create(&mut s, "/bag", Bag, 0).unwrap();
+    let file_over_dir = rename(&mut s, "/x/f", "/y", true).unwrap_err();
+    assert_eq!(file_over_dir.code, ErrorCode::TypeMismatch);
+    let dir_over_bag = rename(&mut s, "/y", "/bag", true).unwrap_err();
+    assert_eq!(dir_over_bag.code, ErrorCode::TypeMismatch);
+    assert_eq!(
+        rename(&mut s, "/x", "/z", true).unwrap_err().code,
+        ErrorCode::NotEmpty
+    );
+    // Over an empty directory: it goes, /x (with its file) takes its name.
+    let x = lookup(&mut s, "/x").unwrap();
+    rename(&mut s, "/x", "/y", true).unwrap();
+    assert_eq!(lookup(&mut s, "/y").unwrap().id, x.id);
+    assert!(lookup(&mut s, "/y/f").is_ok());
+    // A directory cannot replace one of its own ancestors' children that
+    // contains it.
+    assert_eq!(
+        rename(&mut s, "/z/g", "/z", true).unwrap_err().code,
+        ErrorCode::NotEmpty
+    );
+    s.check_invariants().unwrap();
+}
