@@ -49,8 +49,10 @@
 //! frame could not go out anyway. Every pending call fails at once, the
 //! socket is shut down, and [`ConnectionPool`] connects afresh on next use.
 
-use crate::handshake::{ClientHandshake, HandshakeIo, PeerInfo, VersionHandshake};
+use crate::handshake::{ClientHandshake, HandshakeIo, PeerInfo};
+use crate::hello::VersionHandshake;
 use crate::limits::CLIENT_RECV_BUF;
+use crate::sock::{io_error, recv_into, recv_now};
 use crate::spin::{Spin, SpinStats};
 use crate::transport::{ReadHalf, Stream, WriteHalf};
 use bytes::{Buf, Bytes, BytesMut};
@@ -81,7 +83,7 @@ impl ConnOptions {
     pub fn new(timeout: Duration) -> Self {
         ConnOptions {
             timeout,
-            spin: crate::default_call_spin(),
+            spin: crate::spin::default_call_spin(),
         }
     }
 }
@@ -353,7 +355,7 @@ impl Shared {
         }
         while got < rest.len() {
             // Inside `try_io`, so a WouldBlock clears the readiness.
-            let r = rd.try_io(|| match crate::recv_into(fd, &mut rest[got..]) {
+            let r = rd.try_io(|| match recv_into(fd, &mut rest[got..]) {
                 Ok(None) => Err(std::io::ErrorKind::WouldBlock.into()),
                 other => other,
             });
@@ -369,7 +371,7 @@ impl Shared {
                 // `Ok(None)` is turned into WouldBlock above.
                 Ok(None) => break,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) => crate::io_error(&format!("connection to {}", self.peer), e),
+                Err(e) => io_error(&format!("connection to {}", self.peer), e),
             };
             drop(st);
             self.fail_all(&e);
@@ -399,7 +401,7 @@ impl Shared {
                 st.buf.reserve(CLIENT_RECV_BUF);
             }
             let max = self.read_limit(&st);
-            match crate::recv_now(fd, &mut st.buf, max) {
+            match recv_now(fd, &mut st.buf, max) {
                 Ok(Some(0)) => {
                     return Err(Error::unavailable(format!(
                         "connection to {} closed by the peer",
@@ -414,7 +416,7 @@ impl Shared {
                     }
                 }
                 Ok(None) => break,
-                Err(e) => return Err(crate::io_error(&format!("connection to {}", self.peer), e)),
+                Err(e) => return Err(io_error(&format!("connection to {}", self.peer), e)),
             }
         }
         Ok(if progress { Pump::Progress } else { Pump::Idle })
@@ -601,7 +603,7 @@ async fn flush_tail(st: &mut WriterState, deadline: tokio::time::Instant) -> Res
 fn fail_sending(shared: &Shared, st: &mut WriterState, e: SendError, timeout: Duration) -> Error {
     let (mine, others) = match e {
         SendError::Io(e) => {
-            let err = crate::io_error(&format!("sending to {}", shared.peer), e);
+            let err = io_error(&format!("sending to {}", shared.peer), e);
             (err.clone(), err)
         }
         SendError::Stalled => {
@@ -1091,7 +1093,7 @@ impl Connection {
             match tokio::time::timeout_at(deadline, shared.inbound.rd.readable()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
-                    let e = crate::io_error(&format!("connection to {}", shared.peer), e);
+                    let e = io_error(&format!("connection to {}", shared.peer), e);
                     shared.fail_all(&e);
                     return Err(e);
                 }
@@ -1147,7 +1149,7 @@ unsafe fn init_as_uninit(buf: &mut [u8]) -> &mut [MaybeUninit<u8>] {
 async fn read_loop(shared: Arc<Shared>) {
     let err = loop {
         if let Err(e) = shared.inbound.rd.readable().await {
-            break crate::io_error(&format!("connection to {}", shared.peer), e);
+            break io_error(&format!("connection to {}", shared.peer), e);
         }
         // `pump` reads to EAGAIN; reporting WouldBlock through `try_io` makes
         // the reactor clear its readiness and wait for new data.
