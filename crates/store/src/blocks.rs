@@ -439,7 +439,8 @@ fn medium_error(what: &str, block: u32, offset: u32, len: u64, e: std::io::Error
 mod tests {
     use super::*;
     use crate::file::block_on;
-    use crate::medium::{DramMedium, FileMedium};
+    use crate::file::FileMedium;
+    use crate::medium::DramMedium;
     use crate::FileIoConfig;
     use nodekernel_proto::ErrorCode;
     use nodekernel_shm::testing::busy_thread;

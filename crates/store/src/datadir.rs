@@ -288,17 +288,6 @@ fn recorded_pid(file: &File) -> Option<u32> {
     std::str::from_utf8(&buf[..n]).ok()?.trim().parse().ok()
 }
 
-/// Whom a lock is held by, for [`StoreError::Locked`].
-pub(crate) fn holder_text(holder: &Option<u32>) -> String {
-    match *holder {
-        Some(pid) if pid == std::process::id() => {
-            format!("another storage server of this process (pid {pid})")
-        }
-        Some(pid) => format!("another NodeKernel process (pid {pid})"),
-        None => "another process".into(),
-    }
-}
-
 /// Opens and locks a block file (creating it and its parent directories,
 /// mode 0700/0600, if missing) without changing its contents.
 pub(crate) fn lock_block_file(path: &Path) -> Result<BlockFile, StoreError> {

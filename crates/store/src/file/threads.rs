@@ -4,7 +4,7 @@
 //! `kernel.io_uring_disabled`). Each thread takes one request at a time, so
 //! the pool size bounds the I/Os in flight.
 
-use super::engine::{gone, pio, Request};
+use super::request::{gone, pio, Request};
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
