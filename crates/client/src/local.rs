@@ -24,7 +24,7 @@
 use nodekernel_proto::store::{decode_shm_info, op as store_op};
 use nodekernel_proto::{ErrorCode, Result};
 use nodekernel_rpc::{ConnectionPool, Token};
-use nodekernel_shm::Region;
+use nodekernel_shm::ClientRegion;
 use std::collections::HashMap;
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,7 +34,7 @@ use tokio::sync::OnceCell;
 
 /// A mapped storage server.
 pub(crate) struct Mapped {
-    region: Region,
+    region: ClientRegion,
     /// Set by the watcher when the hand-over connection closes.
     gone: Arc<AtomicBool>,
     /// The hand-over connection (the watcher thread reads a clone of it).
@@ -63,7 +63,7 @@ impl Mapped {
         !self.gone.load(Ordering::Acquire) && !self.region.is_closed()
     }
 
-    pub(crate) fn region(&self) -> &Region {
+    pub(crate) fn region(&self) -> &ClientRegion {
         &self.region
     }
 }
@@ -196,7 +196,7 @@ fn connect(
     name: &str,
     timeout: Duration,
     token: Option<&Token>,
-) -> std::io::Result<(Region, std::os::unix::net::UnixStream)> {
+) -> std::io::Result<(ClientRegion, std::os::unix::net::UnixStream)> {
     use std::os::linux::net::SocketAddrExt;
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
     let sock = std::os::unix::net::UnixStream::connect_addr(&addr)?;

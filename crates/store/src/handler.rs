@@ -18,7 +18,7 @@ use nodekernel_proto::{Error, ErrorCode, Result};
 use nodekernel_rpc::{
     ConnectionPool, DirectSink, Handler, Reply, ServerHandshake, SharedBody, VersionHandshake,
 };
-use nodekernel_shm::{InPlaceWrite, Region};
+use nodekernel_shm::{InPlaceWrite, ServerRegion};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -49,7 +49,7 @@ pub(crate) struct StoreHandler {
 /// (see [`StoreHandler::read_from_region`]).
 struct RegionBody {
     /// Keeps the mapping `ptr` points into alive.
-    region: Arc<Region>,
+    region: Arc<ServerRegion>,
     block: u32,
     gen: u64,
     ptr: *const u8,
@@ -380,7 +380,7 @@ impl StoreHandler {
     /// generation is checked before, and again after the bytes went out
     /// (the trailer says whether it held).
     pub(crate) fn read_from_region(
-        region: &Arc<Region>,
+        region: &Arc<ServerRegion>,
         block: u32,
         gen: u64,
         offset: u32,

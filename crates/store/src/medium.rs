@@ -15,7 +15,7 @@
 //! methods block the calling thread and exist for tools and tests.
 
 use bytes::BytesMut;
-use nodekernel_shm::Region;
+use nodekernel_shm::ServerRegion;
 use std::fs::File;
 use std::future::Future;
 use std::io;
@@ -71,7 +71,7 @@ pub trait Medium: Send + Sync {
     }
     /// The shared region of a DRAM medium, whose generations live in shared
     /// memory; `None` for media whose generations the block store keeps.
-    fn shared_region(&self) -> Option<&Arc<Region>> {
+    fn shared_region(&self) -> Option<&Arc<ServerRegion>> {
         None
     }
     /// Writes everything written so far back to the device and waits for
@@ -147,7 +147,7 @@ pub(crate) fn check_range(off: u64, len: usize, size: u64) -> io::Result<usize> 
     }
 }
 
-/// DRAM medium: the data part of a shared [`Region`], a sealed memfd mapped
+/// DRAM medium: the data part of a shared [`ServerRegion`], a sealed memfd mapped
 /// shared into this process that also holds the per-block generations and
 /// the writer slots.
 ///
@@ -157,7 +157,7 @@ pub(crate) fn check_range(off: u64, len: usize, size: u64) -> io::Result<usize> 
 /// tools and tests. The memfd can be handed to co-located clients, which
 /// map it and run the same protocol.
 pub struct DramMedium {
-    region: Arc<Region>,
+    region: Arc<ServerRegion>,
     size: u64,
 }
 
@@ -172,7 +172,7 @@ impl DramMedium {
                 "DRAM medium must not be empty",
             ));
         }
-        let region = Region::create(block_size, num_blocks)
+        let region = ServerRegion::create(block_size, num_blocks)
             .map_err(|e| StoreError::io("create", &path, e))?;
         let size = region.layout().data_len();
         Ok(DramMedium {
@@ -182,7 +182,7 @@ impl DramMedium {
     }
 
     /// A region in the regular file at `path` (a persistent server's
-    /// DRAM tier, see [`Region::open_file`]): with `keep`, the blocks and
+    /// DRAM tier, see [`ServerRegion::open_file`]): with `keep`, the blocks and
     /// generations it holds are kept (the file must hold a region of this
     /// layout); without, it is created or emptied.
     pub fn open_file(
@@ -197,7 +197,7 @@ impl DramMedium {
                 "DRAM medium must not be empty",
             ));
         }
-        let region = Region::open_file(path, block_size, num_blocks, keep)
+        let region = ServerRegion::open_file(path, block_size, num_blocks, keep)
             .map_err(|e| StoreError::io(if keep { "reuse" } else { "create" }, path, e))?;
         let size = region.layout().data_len();
         Ok(DramMedium {
@@ -207,7 +207,7 @@ impl DramMedium {
     }
 
     /// The shared region (control words and data).
-    pub fn region(&self) -> &Arc<Region> {
+    pub fn region(&self) -> &Arc<ServerRegion> {
         &self.region
     }
 
@@ -277,7 +277,7 @@ impl Medium for DramMedium {
         self.size
     }
 
-    fn shared_region(&self) -> Option<&Arc<Region>> {
+    fn shared_region(&self) -> Option<&Arc<ServerRegion>> {
         Some(&self.region)
     }
 

@@ -9,7 +9,7 @@ use crate::file::FileMedium;
 use crate::medium::{DramMedium, Medium};
 use crate::persist::{self, Discarded, GenFile, StoreState};
 use crate::StoreError;
-use nodekernel_shm::Region;
+use nodekernel_shm::ServerRegion;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -125,7 +125,7 @@ pub(crate) fn prepare(
     let state_path = dir.join(persist::STATE_FILE);
     let kept = persist::decide(&dir, settings, boot).and_then(|incarnation| {
         let files = match &block_path {
-            None => Region::check_file(&dram_path, block_size, num_blocks),
+            None => ServerRegion::check_file(&dram_path, block_size, num_blocks),
             Some(path) => persist::check_size(path, bytes.next_multiple_of(crate::file::ALIGN))
                 .and_then(|()| persist::check_size(&gens_path, u64::from(num_blocks) * 8)),
         };
