@@ -22,6 +22,7 @@
 //! are mapped for all, and a large region's page tables exist once.
 
 use nodekernel_proto::store::{decode_shm_info, op as store_op};
+use nodekernel_proto::sync;
 use nodekernel_proto::{ErrorCode, Result};
 use nodekernel_rpc::{ConnectionPool, Token};
 use nodekernel_shm::ClientRegion;
@@ -51,10 +52,7 @@ impl Drop for Mapped {
 /// Mappings of this process by server socket name (see the module docs).
 fn process_mappings() -> std::sync::MutexGuard<'static, HashMap<String, Weak<Mapped>>> {
     static MAPPINGS: OnceLock<Mutex<HashMap<String, Weak<Mapped>>>> = OnceLock::new();
-    MAPPINGS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+    sync::lock(MAPPINGS.get_or_init(Default::default))
 }
 
 impl Mapped {
@@ -80,7 +78,7 @@ pub(crate) struct Local {
 
 impl Local {
     fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<String, Slot>> {
-        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+        sync::lock(&self.slots)
     }
 
     /// The mapping of `addr`'s memory, probing on first use; `None` for the

@@ -58,6 +58,7 @@ use crate::transport::{ReadHalf, Stream, WriteHalf};
 use bytes::{Buf, Bytes, BytesMut};
 use nodekernel_proto::frame::STATUS_OK;
 use nodekernel_proto::hello::Role;
+use nodekernel_proto::sync;
 use nodekernel_proto::{Error, FrameHeader, Result, HEADER_LEN, MAX_PAYLOAD_LEN};
 use std::collections::HashMap;
 use std::io::IoSlice;
@@ -233,7 +234,7 @@ impl Shared {
     /// socket down (so the server, and our reader, see the end at once).
     fn fail_all(&self, err: &Error) {
         let waiters: Vec<_> = {
-            let mut w = self.waiters.lock().expect("waiters lock");
+            let mut w = sync::lock(&self.waiters);
             self.closed.store(true, Ordering::Release);
             w.direct = 0;
             self.direct_waiters.store(0, Ordering::Relaxed);
@@ -257,7 +258,7 @@ impl Shared {
     /// failed (checked under the same lock `fail_all` drains, so a waiter
     /// is never left behind by a failure).
     fn register(&self, id: u64, waiter: Waiter) -> Result<WaiterGuard<'_>> {
-        let mut w = self.waiters.lock().expect("waiters lock");
+        let mut w = sync::lock(&self.waiters);
         if self.closed.load(Ordering::Acquire) {
             return Err(self.closed_error());
         }
@@ -276,7 +277,7 @@ impl Shared {
     }
 
     fn remove_waiter(&self, id: u64) -> Option<Waiter> {
-        let mut w = self.waiters.lock().expect("waiters lock");
+        let mut w = sync::lock(&self.waiters);
         let waiter = w.remove(id);
         self.direct_waiters.store(w.direct, Ordering::SeqCst);
         waiter
@@ -319,7 +320,7 @@ impl Shared {
     /// The caller of direct reply `id` went away: if the stream is parked
     /// for it, the rest of its payload is skipped.
     fn abandon_direct(&self, id: u64) {
-        let mut st = self.inbound.state.lock().expect("inbound lock");
+        let mut st = sync::lock(&self.inbound.state);
         let left = match st.parked {
             Some(p) if p.id == id => p.left,
             _ => return,
@@ -338,7 +339,7 @@ impl Shared {
     fn receive_now(&self, id: u64, rest: &mut [MaybeUninit<u8>]) -> Result<usize> {
         let rd = &self.inbound.rd;
         let fd = rd.fd();
-        let mut st = self.inbound.state.lock().expect("inbound lock");
+        let mut st = sync::lock(&self.inbound.state);
         debug_assert!(matches!(st.parked, Some(p) if p.id == id && p.left >= rest.len()));
         // Bytes read together with the header (before the call was
         // registered as direct, or by a read not yet frame by frame):
@@ -479,7 +480,7 @@ impl Shared {
     /// buffer, skips the payload). Returns whether it was a direct reply.
     fn park_for_direct(&self, st: &mut InState, header: &FrameHeader) -> bool {
         let waiter = {
-            let mut w = self.waiters.lock().expect("waiters lock");
+            let mut w = sync::lock(&self.waiters);
             if !matches!(w.map.get(&header.id), Some(Waiter::Direct { .. })) {
                 return false;
             }
@@ -835,7 +836,7 @@ impl Connection {
     /// must not leave its waiter behind).
     #[doc(hidden)]
     pub fn pending_calls(&self) -> usize {
-        self.shared.waiters.lock().expect("waiters lock").map.len()
+        sync::lock(&self.shared.waiters).map.len()
     }
 
     /// How the payloads of this connection's direct replies
@@ -1216,7 +1217,7 @@ impl ConnectionPool {
     /// Cancel safe: dropping the future abandons a connection attempt in
     /// progress and leaves the pool as it was.
     pub async fn get(&self, addr: &str) -> Result<Arc<Connection>> {
-        if let Some(c) = self.conns.lock().expect("pool lock").get(addr) {
+        if let Some(c) = sync::lock(&self.conns).get(addr) {
             if !c.is_closed() {
                 return Ok(c.clone());
             }
@@ -1230,7 +1231,7 @@ impl ConnectionPool {
             )
             .await?,
         );
-        let mut map = self.conns.lock().expect("pool lock");
+        let mut map = sync::lock(&self.conns);
         // Another task may have connected meanwhile; keep the first live one.
         match map.get(addr) {
             Some(existing) if !existing.is_closed() => Ok(existing.clone()),

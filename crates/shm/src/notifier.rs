@@ -4,6 +4,7 @@
 //! *Waiting*).
 
 use memmap2::MmapRaw;
+use nodekernel_proto::sync;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -123,7 +124,7 @@ impl NotifierShared {
     }
 
     fn lock(&self) -> MutexGuard<'_, Sleepers> {
-        self.sleepers.lock().unwrap_or_else(|p| p.into_inner())
+        sync::lock(&self.sleepers)
     }
 
     /// The thread: wakes the waiters whose value is stale, sleeps on the
@@ -136,7 +137,7 @@ impl NotifierShared {
                 return;
             }
             if s.list.is_empty() {
-                s = self.registered.wait(s).unwrap_or_else(|p| p.into_inner());
+                s = sync::wait(&self.registered, s);
                 continue;
             }
             let current = self.word().load(Ordering::SeqCst);

@@ -8,6 +8,7 @@ use crate::layout::Layout;
 use crate::protocol::{self, Lanes, Memory};
 use crate::region::{sealed, slot_lanes, Region, Role, CLOSED, SETTLING};
 use memmap2::{MmapOptions, MmapRaw};
+use nodekernel_proto::sync;
 use nodekernel_proto::{Error, Result};
 use std::ffi::CStr;
 use std::fs::File;
@@ -386,7 +387,7 @@ impl Region<Server> {
     /// network). The slot is granted again only after
     /// [`SlotLease::reclaim`].
     pub fn lease_slot(self: &Arc<Self>) -> Option<SlotLease> {
-        let mut t = self.role.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let mut t = sync::lock(&self.role.slots);
         let i = t.iter().position(|s| *s == SlotState::Free)?;
         t[i] = SlotState::Leased;
         Some(SlotLease {
@@ -398,12 +399,12 @@ impl Region<Server> {
 
     /// Client slots not granted now.
     pub fn free_slots(&self) -> usize {
-        let t = self.role.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let t = sync::lock(&self.role.slots);
         t.iter().filter(|s| **s == SlotState::Free).count()
     }
 
     fn set_slot_state(&self, slot: u32, state: SlotState) {
-        let mut t = self.role.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let mut t = sync::lock(&self.role.slots);
         if let Some(s) = t.get_mut((slot - self.layout.server_slots) as usize) {
             *s = state;
         }

@@ -11,6 +11,7 @@ use crate::StoreError;
 use bytes::BytesMut;
 use nodekernel_proto::cap::CapKey;
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
+use nodekernel_proto::sync;
 use nodekernel_proto::{Error, ErrorCode, Result, ServerSpec};
 use nodekernel_rpc::{ConnOptions, ConnectionPool, Role};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -148,16 +149,16 @@ impl Registrar {
     }
 
     fn set_id(&self, i: usize, id: Option<u32>) {
-        self.ids.lock().unwrap_or_else(|p| p.into_inner())[i] = id;
+        sync::lock(&self.ids)[i] = id;
     }
 
     fn id(&self, i: usize) -> Option<u32> {
-        self.ids.lock().unwrap_or_else(|p| p.into_inner())[i]
+        sync::lock(&self.ids)[i]
     }
 
     /// The id with each metadata server.
     pub(crate) fn ids(&self) -> Vec<Option<u32>> {
-        self.ids.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        sync::lock(&self.ids).clone()
     }
 
     async fn call(&self, i: usize, req: &MetaRequest) -> Result<MetaReply> {

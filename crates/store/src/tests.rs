@@ -8,6 +8,7 @@ use nodekernel_proto::meta::{MetaReply, MetaRequest};
 use nodekernel_proto::store::{
     op, read_reply_data, Claim, StoreRequest, TagCheck, READ_CHANGED_HANDS, READ_OK,
 };
+use nodekernel_proto::sync;
 use nodekernel_proto::{Error, ErrorCode, Result};
 use nodekernel_rpc::{Connection, Handler, ServerHandle};
 use std::collections::HashSet;
@@ -40,7 +41,7 @@ fn cfg(medium: MediumKind, blocks: u64) -> StoreConfig {
 fn cap_keys() -> std::sync::MutexGuard<'static, std::collections::HashMap<String, CapKey>> {
     static KEYS: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<String, CapKey>>> =
         std::sync::OnceLock::new();
-    KEYS.get_or_init(Default::default).lock().unwrap()
+    sync::lock(KEYS.get_or_init(Default::default))
 }
 
 /// [`StorageServer::start`], noting the server's capability key for
@@ -452,11 +453,11 @@ impl FakeMeta {
     }
 
     fn registrations(&self) -> Vec<MetaRequest> {
-        self.registrations.lock().unwrap().clone()
+        sync::lock(&self.registrations).clone()
     }
 
     fn heartbeats(&self) -> Vec<u32> {
-        self.heartbeats.lock().unwrap().clone()
+        sync::lock(&self.heartbeats).clone()
     }
 }
 
@@ -465,24 +466,24 @@ impl Handler for FakeMeta {
         let req = MetaRequest::decode(op, &payload)?;
         let reply = match &req {
             MetaRequest::Register(_) => {
-                self.registrations.lock().unwrap().push(req.clone());
+                sync::lock(&self.registrations).push(req.clone());
                 if let Some(e) = &self.refuse {
                     return Err(e.clone());
                 }
                 let id = self.next_id.fetch_add(1, Ordering::SeqCst);
-                self.known.lock().unwrap().insert(id);
+                sync::lock(&self.known).insert(id);
                 MetaReply::Registered { server: id }
             }
             MetaRequest::Heartbeat { server, .. } => {
                 if self.forget_first_heartbeat && !self.forgot.swap(true, Ordering::SeqCst) {
-                    self.known.lock().unwrap().remove(server);
+                    sync::lock(&self.known).remove(server);
                 }
-                if !self.known.lock().unwrap().contains(server) {
+                if !sync::lock(&self.known).contains(server) {
                     return Err(Error::unknown_server(format!(
                         "storage server {server} is not registered"
                     )));
                 }
-                self.heartbeats.lock().unwrap().push(*server);
+                sync::lock(&self.heartbeats).push(*server);
                 MetaReply::Done
             }
             other => {

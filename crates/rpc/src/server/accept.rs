@@ -15,6 +15,7 @@ use crate::server::state::{shutdown_fd, Conn, Registered, Registry, Room, Server
 use crate::sock::push_error;
 use crate::transport::{Listener, Stream};
 use bytes::BytesMut;
+use nodekernel_proto::sync;
 use nodekernel_proto::Error;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -97,13 +98,7 @@ impl<H: Handler> Acceptor<H> {
     /// room, if there is no room before then.
     fn crowded_until(&self) -> Option<Instant> {
         let now = Instant::now();
-        let room = self
-            .state
-            .sockets
-            .conns
-            .lock()
-            .expect("sockets lock")
-            .room(&self.opts);
+        let room = sync::lock(&self.state.sockets.conns).room(&self.opts);
         match room {
             Room::Crowded { due, .. } if due > now => Some(due),
             _ => None,
@@ -140,7 +135,7 @@ impl<H: Handler> Acceptor<H> {
         };
         let now = Instant::now();
         let state = self.state.clone();
-        let mut reg = state.sockets.conns.lock().expect("sockets lock");
+        let mut reg = sync::lock(&state.sockets.conns);
         let n = reg.per_peer.get(&peer_key).copied().unwrap_or(0);
         if n >= self.opts.max_connections_per_peer {
             drop(reg);

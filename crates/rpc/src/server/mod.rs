@@ -36,6 +36,7 @@ pub use options::ServeOptions;
 
 use crate::transport::Listener;
 use accept::Acceptor;
+use nodekernel_proto::sync;
 use nodekernel_proto::Result;
 use state::ServerState;
 use std::net::SocketAddr;
@@ -174,7 +175,7 @@ fn serve_listener<H: Handler>(
     listener.widen_backlog();
     let opts = opts.bounded();
     let state = Arc::new(ServerState::new(&opts));
-    *state.sockets.listener.lock().expect("sockets lock") = Some(
+    *sync::lock(&state.sockets.listener) = Some(
         listener
             .dup()
             .map_err(|e| crate::sock::io_error("duplicating the listening socket", e))?,

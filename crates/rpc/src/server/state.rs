@@ -5,6 +5,7 @@
 use crate::limits::HANDSHAKE_GRACE;
 use crate::server::budget::Budgets;
 use crate::server::options::ServeOptions;
+use nodekernel_proto::sync;
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -141,22 +142,22 @@ impl Sockets {
     pub(super) fn shutdown_all(&self) {
         self.stopped.store(true, Ordering::SeqCst);
         self.stop.notify_one();
-        if let Some(fd) = self.listener.lock().expect("sockets lock").as_ref() {
+        if let Some(fd) = sync::lock(&self.listener).as_ref() {
             shutdown_fd(fd);
         }
-        for c in self.conns.lock().expect("sockets lock").open.values() {
+        for c in sync::lock(&self.conns).open.values() {
             shutdown_fd(&c.fd);
         }
     }
 
     pub(super) fn open(&self) -> usize {
-        self.conns.lock().expect("sockets lock").open.len()
+        sync::lock(&self.conns).open.len()
     }
 
     /// Connection `id` finished its handshake; `false` if it was closed to
     /// make room meanwhile.
     pub(super) fn established(&self, id: u64) -> bool {
-        let mut reg = self.conns.lock().expect("sockets lock");
+        let mut reg = sync::lock(&self.conns);
         let present = reg.open.contains_key(&id);
         reg.handshaking.remove(&id);
         drop(reg);
@@ -174,7 +175,7 @@ pub(super) struct Registered {
 impl Drop for Registered {
     fn drop(&mut self) {
         let sockets = &self.state.sockets;
-        let gone = sockets.conns.lock().expect("sockets lock").remove(self.id);
+        let gone = sync::lock(&sockets.conns).remove(self.id);
         drop(gone); // its duplicate descriptor, closed outside the lock
         sockets.room.notify_one();
     }
