@@ -97,14 +97,15 @@ async fn serve_requests<H: Handler>(
             let Ok(admitted) = conn.admit().await else {
                 return;
             };
-            let (handler, peer) = (conn.handler.clone(), conn.peer.clone());
             match admitted {
                 Admit::Request(header, payload, held) => {
-                    let done = handle_one(handler, header, payload, peer, held);
+                    let (h, peer) = (conn.handler.clone(), conn.peer.clone());
+                    let done = handle_one(h, header, payload, peer, held);
                     pending.push(Either::Left(done));
                 }
                 Admit::Direct(header, prefix, sink, permit) => {
-                    let done = handle_direct_one(handler, header, prefix, sink, peer, permit);
+                    let (h, peer) = (conn.handler.clone(), conn.peer.clone());
+                    let done = handle_direct_one(h, header, prefix, sink, peer, permit);
                     pending.push(Either::Right(done));
                 }
                 Admit::Stop(why) => {
