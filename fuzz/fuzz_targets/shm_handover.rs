@@ -1,7 +1,7 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use nodekernel_shm::handover::{decode_message, Challenge, CHALLENGE_LEN};
-use nodekernel_shm::{Layout, Region, HEADER_LEN, MESSAGE_LEN};
+use nodekernel_shm::{ClientRegion, Layout, HEADER_LEN, MESSAGE_LEN};
 use std::io::Write;
 use std::os::fd::{FromRawFd, OwnedFd};
 
@@ -37,7 +37,7 @@ fuzz_target!(|data: &[u8]| {
     if declared <= MAX_REGION && declared > (HEADER_LEN + region_bytes.len()) as u64 {
         file.set_len(declared).expect("extend the memfd");
     }
-    let Ok(region) = Region::open(fd, &header, slot) else {
+    let Ok(region) = ClientRegion::open(fd, &header, slot) else {
         return;
     };
     let mut buf = [0u8; 64];

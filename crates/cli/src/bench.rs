@@ -14,6 +14,7 @@ use futures::stream::{self, StreamExt, TryStreamExt};
 use hdrhistogram::Histogram;
 use nodekernel_client::{Client, ClientConfig, CreateOptions, DataPathStats, NodeType};
 use nodekernel_cluster::{human, ByteSize, Config, LocalCluster};
+use nodekernel_proto::sync;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use std::sync::Arc;
@@ -727,12 +728,12 @@ async fn one_client(
             let read = |off: u64| {
                 let (node, buffers) = (&node, &buffers);
                 async move {
-                    let reused = buffers.lock().expect("buffers").pop();
+                    let reused = sync::lock(buffers).pop();
                     let mut buf = reused.unwrap_or_else(|| vec![0u8; size as usize]);
                     let t = Instant::now();
                     node.read_at(off, &mut buf).await?;
                     let took = t.elapsed();
-                    buffers.lock().expect("buffers").push(buf);
+                    sync::lock(buffers).push(buf);
                     Ok::<_, nodekernel_client::Error>(took)
                 }
             };

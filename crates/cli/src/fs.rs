@@ -1037,6 +1037,7 @@ mod time_tests {
 
 #[cfg(test)]
 mod progress_tests {
+    use nodekernel_proto::sync;
     use std::sync::{Arc, Mutex};
 
     /// A terminal that keeps what is drawn on it.
@@ -1063,7 +1064,7 @@ mod progress_tests {
             self.write_str(&format!("{s}\n"))
         }
         fn write_str(&self, s: &str) -> std::io::Result<()> {
-            self.0.lock().unwrap().push_str(s);
+            sync::lock(&self.0).push_str(s);
             Ok(())
         }
         fn clear_line(&self) -> std::io::Result<()> {
@@ -1083,7 +1084,7 @@ mod progress_tests {
         )));
         pb.set_position(3 << 20);
         pb.abandon();
-        let shown = screen.0.lock().unwrap().clone();
+        let shown = sync::lock(&screen.0).clone();
         shown
     }
 

@@ -5,6 +5,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use nodekernel_client::snapshot::{Phase, Progress, RestoreOptions, SnapshotOptions};
 use nodekernel_client::Client;
 use nodekernel_cluster::human;
+use nodekernel_proto::sync;
 use std::io::IsTerminal;
 use std::path::Path;
 use std::time::Instant;
@@ -44,7 +45,7 @@ impl Bar {
 
     fn message(&self) {
         use std::sync::atomic::Ordering::Relaxed;
-        let phase = *self.phase.lock().unwrap_or_else(|p| p.into_inner());
+        let phase = *sync::lock(&self.phase);
         self.pb.set_message(format!(
             "{phase} {}/{} nodes",
             self.nodes.load(Relaxed),
@@ -56,7 +57,7 @@ impl Bar {
 impl Progress for Bar {
     fn phase(&self, phase: Phase, nodes: u64, bytes: u64) {
         use std::sync::atomic::Ordering::Relaxed;
-        *self.phase.lock().unwrap_or_else(|p| p.into_inner()) = match phase {
+        *sync::lock(&self.phase) = match phase {
             Phase::Reading => "reading",
             Phase::Verifying => "verifying",
             Phase::Writing => "writing",

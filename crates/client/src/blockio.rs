@@ -37,7 +37,7 @@ use nodekernel_proto::store::{
 };
 use nodekernel_proto::{BlockLoc, Error, ErrorCode, Result};
 use nodekernel_rpc::ConnectionPool;
-use nodekernel_shm::Region;
+use nodekernel_shm::ClientRegion;
 use std::future::Future;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -758,7 +758,7 @@ fn read_request(loc: &BlockLoc, offset: u32, len: usize) -> BytesMut {
 
 /// Checks a small value's tag in mapped memory, before its bytes are
 /// read: `Stale` once the value was replaced or deleted.
-fn check_mapped_tag(region: &Region, loc: &BlockLoc) -> Result<()> {
+fn check_mapped_tag(region: &ClientRegion, loc: &BlockLoc) -> Result<()> {
     let Some(t) = loc.tag_check() else {
         return Ok(());
     };

@@ -5,6 +5,7 @@ use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
 use nodekernel_proto::record::{self, RECORD_SIZE};
+use nodekernel_proto::sync;
 use nodekernel_proto::{
     path, ClusterStatus, Error, ErrorCode, NodeInfo, NodeType, RecordLoc, Result, NO_CLASS,
 };
@@ -307,7 +308,7 @@ impl Client {
         };
         let addr = nodekernel_rpc::abstract_unix_addr(&name);
         match self.inner.pool.get(&addr).await {
-            Ok(_) => *self.route(idx).write().unwrap_or_else(|p| p.into_inner()) = addr.into(),
+            Ok(_) => *sync::write(self.route(idx)) = addr.into(),
             Err(e) => tracing::debug!("metadata server {idx} is not on this host: {e}"),
         }
     }
@@ -320,7 +321,7 @@ impl Client {
     /// configured address, or `unix:@name` when the server is on this host.
     pub fn meta_route(&self, idx: usize) -> Option<String> {
         let r = self.inner.routes.get(idx)?;
-        Some(r.read().unwrap_or_else(|p| p.into_inner()).to_string())
+        Some(sync::read(r).to_string())
     }
 
     pub fn config(&self) -> &ClientConfig {
@@ -345,11 +346,7 @@ impl Client {
 
     /// Sends a metadata request to partition `idx`.
     pub(crate) async fn meta_at(&self, idx: usize, req: &MetaRequest) -> Result<MetaReply> {
-        let addr = self
-            .route(idx)
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let addr = sync::read(self.route(idx)).clone();
         let mut buf = BytesMut::with_capacity(128);
         req.encode(&mut buf);
         let reply = match self.inner.pool.call(&addr, req.op(), &[&buf]).await {
@@ -360,8 +357,7 @@ impl Client {
                     // The local socket is gone (the server stopped); later
                     // requests go to the configured address.
                     tracing::debug!("metadata server {idx}: {e}; back to {tcp}");
-                    *self.route(idx).write().unwrap_or_else(|p| p.into_inner()) =
-                        Arc::from(tcp.as_str());
+                    *sync::write(self.route(idx)) = Arc::from(tcp.as_str());
                 }
                 return Err(e);
             }

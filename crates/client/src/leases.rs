@@ -13,6 +13,7 @@
 
 use crate::client::Inner;
 use nodekernel_proto::meta::{MetaReply, MetaRequest, MAX_RENEW_BATCH};
+use nodekernel_proto::sync;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -52,7 +53,7 @@ pub(crate) struct LeaseHold {
 
 impl Drop for LeaseHold {
     fn drop(&mut self) {
-        let mut held = self.leases.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut held = sync::lock(&self.leases.held);
         if let Some(n) = held.get_mut(&self.key) {
             *n -= 1;
             if *n == 0 {
@@ -67,12 +68,7 @@ impl Leases {
     /// dropped.
     pub(crate) fn hold(self: &Arc<Self>, part: usize, node: u64, lease: u64) -> LeaseHold {
         let key = (part, node, lease);
-        *self
-            .held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(key)
-            .or_insert(0) += 1;
+        *sync::lock(&self.held).entry(key).or_insert(0) += 1;
         self.wake.notify_one();
         LeaseHold {
             leases: self.clone(),
@@ -88,7 +84,7 @@ impl Leases {
     /// The held leases by partition.
     fn by_partition(&self) -> BTreeMap<usize, Vec<(u64, u64)>> {
         let mut out: BTreeMap<usize, Vec<(u64, u64)>> = BTreeMap::new();
-        for (part, node, lease) in self.held.lock().unwrap_or_else(|p| p.into_inner()).keys() {
+        for (part, node, lease) in sync::lock(&self.held).keys() {
             out.entry(*part).or_default().push((*node, *lease));
         }
         out
@@ -157,7 +153,7 @@ async fn renew(inner: &Arc<Inner>, leases: &Leases, part: usize, batch: Vec<(u64
             leases.note_lease(lease_ms);
             if !lost.is_empty() {
                 tracing::debug!("write leases of nodes {lost:?} are no longer held");
-                let mut held = leases.held.lock().unwrap_or_else(|p| p.into_inner());
+                let mut held = sync::lock(&leases.held);
                 for (node, lease) in batch.iter().filter(|(n, _)| lost.contains(n)) {
                     held.remove(&(part, *node, *lease));
                 }

@@ -52,11 +52,12 @@ pub use client::{
 };
 pub use crypt::EncryptionKey;
 pub use node::{Node, Reader};
+/// Prefix of Unix-socket addresses (see [`Client::meta_route`]).
+pub use nodekernel_proto::sync;
 pub use nodekernel_proto::types::{DrainState, DrainStatus, PartitionDown};
 pub use nodekernel_proto::{
     BlockLoc, ClassInfo, ClusterStatus, Error, ErrorCode, NodeInfo, NodeType, Result, ServerStatus,
 };
-/// Prefix of Unix-socket addresses (see [`Client::meta_route`]).
 pub use nodekernel_rpc::UNIX_PREFIX;
 pub use settings::{discover, ClientSection, SecuritySection, TlsSection, DEFAULT_META};
 pub use stream::{

@@ -22,9 +22,10 @@
 //! are mapped for all, and a large region's page tables exist once.
 
 use nodekernel_proto::store::{decode_shm_info, op as store_op};
+use nodekernel_proto::sync;
 use nodekernel_proto::{ErrorCode, Result};
 use nodekernel_rpc::{ConnectionPool, Token};
-use nodekernel_shm::Region;
+use nodekernel_shm::ClientRegion;
 use std::collections::HashMap;
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,7 +35,7 @@ use tokio::sync::OnceCell;
 
 /// A mapped storage server.
 pub(crate) struct Mapped {
-    region: Region,
+    region: ClientRegion,
     /// Set by the watcher when the hand-over connection closes.
     gone: Arc<AtomicBool>,
     /// The hand-over connection (the watcher thread reads a clone of it).
@@ -51,10 +52,7 @@ impl Drop for Mapped {
 /// Mappings of this process by server socket name (see the module docs).
 fn process_mappings() -> std::sync::MutexGuard<'static, HashMap<String, Weak<Mapped>>> {
     static MAPPINGS: OnceLock<Mutex<HashMap<String, Weak<Mapped>>>> = OnceLock::new();
-    MAPPINGS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+    sync::lock(MAPPINGS.get_or_init(Default::default))
 }
 
 impl Mapped {
@@ -63,7 +61,7 @@ impl Mapped {
         !self.gone.load(Ordering::Acquire) && !self.region.is_closed()
     }
 
-    pub(crate) fn region(&self) -> &Region {
+    pub(crate) fn region(&self) -> &ClientRegion {
         &self.region
     }
 }
@@ -80,7 +78,7 @@ pub(crate) struct Local {
 
 impl Local {
     fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<String, Slot>> {
-        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+        sync::lock(&self.slots)
     }
 
     /// The mapping of `addr`'s memory, probing on first use; `None` for the
@@ -196,7 +194,7 @@ fn connect(
     name: &str,
     timeout: Duration,
     token: Option<&Token>,
-) -> std::io::Result<(Region, std::os::unix::net::UnixStream)> {
+) -> std::io::Result<(ClientRegion, std::os::unix::net::UnixStream)> {
     use std::os::linux::net::SocketAddrExt;
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
     let sock = std::os::unix::net::UnixStream::connect_addr(&addr)?;

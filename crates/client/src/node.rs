@@ -4,6 +4,7 @@ use crate::crypt::Seal;
 use bytes::Bytes;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use nodekernel_proto::meta::{MetaReply, MetaRequest, MAX_MAP_COUNT};
+use nodekernel_proto::sync;
 use nodekernel_proto::{BlockLoc, Error, ErrorCode, NodeInfo, Result};
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -199,7 +200,7 @@ impl Node {
 
     /// Remembers the locations of blocks `index..`.
     fn cache(&self, index: u64, blocks: &[BlockLoc]) {
-        let mut locs = self.locs.lock().expect("locs lock");
+        let mut locs = sync::lock(&self.locs);
         let end = index as usize + blocks.len();
         if locs.len() < end {
             locs.resize(end, None);
@@ -214,7 +215,7 @@ impl Node {
     async fn ensure_locations(&self, first: u64, last: u64, lease: Option<u64>) -> Result<()> {
         loop {
             let missing = {
-                let locs = self.locs.lock().expect("locs lock");
+                let locs = sync::lock(&self.locs);
                 (first..=last).find(|i| locs.get(*i as usize).is_none_or(|l| l.is_none()))
             };
             let Some(m) = missing else { return Ok(()) };
@@ -237,7 +238,7 @@ impl Node {
 
     fn segments(&self, offset: u64, len: usize) -> Vec<Segment> {
         let bs = self.block_size();
-        let locs = self.locs.lock().expect("locs lock");
+        let locs = sync::lock(&self.locs);
         let mut out = Vec::new();
         let mut pos = offset;
         let end = offset + len as u64;
@@ -403,7 +404,7 @@ impl Node {
         let read = async {
             let seal = self.seal()?;
             self.ensure_locations(idx, idx, None).await?;
-            let loc = self.locs.lock().expect("locs lock")[idx as usize]
+            let loc = sync::lock(&self.locs)[idx as usize]
                 .clone()
                 .expect("ensured");
             self.client
@@ -497,7 +498,7 @@ impl Node {
             let bs = self.block_size();
             let (first, last) = (offset / bs, (offset + data.len() as u64 - 1) / bs);
             let start = {
-                let locs = self.locs.lock().expect("locs lock");
+                let locs = sync::lock(&self.locs);
                 let missing = |i: u64| locs.get(i as usize).is_none_or(|l| l.is_none());
                 match (first..=last).find(|i| missing(*i)) {
                     // Walk back over the missing blocks before it: a known
@@ -601,7 +602,7 @@ impl Node {
             w.dirty = false;
         }
         let keep = size.div_ceil(self.block_size()) as usize;
-        self.locs.lock().expect("locs lock").truncate(keep);
+        sync::lock(&self.locs).truncate(keep);
         Ok(())
     }
 
@@ -785,11 +786,7 @@ impl Reader<'_> {
             .map_err(|e| self.node.ctx(e))?;
         let next = idx + 1;
         let next_known = (next * bs >= size)
-            || self
-                .node
-                .locs
-                .lock()
-                .expect("locs lock")
+            || sync::lock(&self.node.locs)
                 .get(next as usize)
                 .is_some_and(|l| l.is_some());
         let read = self.node.read_at(self.pos, &mut buf[..n]);

@@ -12,6 +12,7 @@ use nodekernel_client::{
     now_ns, Client, CreateOptions, Error, ErrorCode, Node, NodeInfo, NodeType,
 };
 use nodekernel_proto::path::partition_of;
+use nodekernel_proto::sync;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::Path;
@@ -315,9 +316,7 @@ impl Inner {
     }
 
     fn path(&self, ino: INodeNo) -> Res<String> {
-        self.names
-            .lock()
-            .expect("names lock")
+        sync::lock(&self.names)
             .path(ino.0)
             .map(str::to_string)
             .ok_or(libc::ENOENT)
@@ -329,13 +328,13 @@ impl Inner {
     }
 
     fn note_kind(&self, ino: u64, ty: NodeType) {
-        self.names.lock().expect("names lock").set_kind(ino, ty);
+        sync::lock(&self.names).set_kind(ino, ty);
     }
 
     /// The type of the node at `path` (inode `ino`, if the kernel has one),
     /// without a lookup when the mount knows it already.
     async fn kind_of(&self, ino: Option<u64>, path: &str) -> Res<NodeType> {
-        let known = ino.and_then(|i| self.names.lock().expect("names lock").kind(i));
+        let known = ino.and_then(|i| sync::lock(&self.names).kind(i));
         match known {
             Some(t) => Ok(t),
             None => {
@@ -349,11 +348,7 @@ impl Inner {
     }
 
     fn open_file(&self, ino: u64) -> Option<Arc<OpenFile>> {
-        self.files
-            .lock()
-            .expect("files lock")
-            .get(&ino)
-            .map(|o| o.file.clone())
+        sync::lock(&self.files).get(&ino).map(|o| o.file.clone())
     }
 
     fn attr(&self, ino: u64, info: &NodeInfo, size: u64, mtime: u64, unlinked: bool) -> FileAttr {
@@ -404,14 +399,14 @@ impl Inner {
     async fn entry(&self, path: &str) -> Res<FileAttr> {
         // A file created here and still being written (a KeyValue put is
         // invisible until its close) is known only to this mount.
-        let known = self.names.lock().expect("names lock").ino(path);
+        let known = sync::lock(&self.names).ino(path);
         if let Some(ino) = known.filter(|i| self.open_file(*i).is_some()) {
             let a = self.stat(ino, path).await?;
-            self.names.lock().expect("names lock").intern(path, true);
+            sync::lock(&self.names).intern(path, true);
             return Ok(a);
         }
         let n = self.client.lookup(path).await.map_err(err)?;
-        let ino = self.names.lock().expect("names lock").intern(path, true);
+        let ino = sync::lock(&self.names).intern(path, true);
         let info = n.info();
         self.note_kind(ino, info.ty);
         Ok(self.attr(ino, info, info.size, info.mtime, false))
@@ -427,7 +422,7 @@ impl Inner {
             return Ok(f);
         }
         let st = make.await?;
-        let mut files = self.files.lock().expect("files lock");
+        let mut files = sync::lock(&self.files);
         let o = files.entry(ino).or_insert_with(|| Open {
             opens: 0,
             file: Arc::new(OpenFile {
@@ -439,7 +434,7 @@ impl Inner {
     }
 
     fn bump(&self, ino: u64) -> Option<Arc<OpenFile>> {
-        let mut files = self.files.lock().expect("files lock");
+        let mut files = sync::lock(&self.files);
         let o = files.get_mut(&ino)?;
         o.opens += 1;
         Some(o.file.clone())
@@ -447,9 +442,7 @@ impl Inner {
 
     /// Opens of `ino` now (0 while its last close is under way).
     fn opens(&self, ino: u64, file: &Arc<OpenFile>) -> Option<usize> {
-        self.files
-            .lock()
-            .expect("files lock")
+        sync::lock(&self.files)
             .get(&ino)
             .filter(|o| Arc::ptr_eq(&o.file, file))
             .map(|o| o.opens)
@@ -462,7 +455,7 @@ impl Inner {
     /// starts afresh) instead of finding the write lease still held.
     async fn release(&self, ino: u64) -> Res<()> {
         let file = {
-            let mut files = self.files.lock().expect("files lock");
+            let mut files = sync::lock(&self.files);
             let Some(o) = files.get_mut(&ino) else {
                 return Ok(());
             };
@@ -478,7 +471,7 @@ impl Inner {
             return Ok(());
         }
         let result = self.finish(&mut st).await;
-        let mut files = self.files.lock().expect("files lock");
+        let mut files = sync::lock(&self.files);
         if files
             .get(&ino)
             .is_some_and(|o| o.opens == 0 && Arc::ptr_eq(&o.file, &file))
@@ -512,7 +505,7 @@ impl Inner {
             if let Err(e) = self.client.delete(&st.path, false).await {
                 tracing::warn!("removing {} (unlinked while open): {e}", st.path);
             }
-            self.names.lock().expect("names lock").detach(&st.path);
+            sync::lock(&self.names).detach(&st.path);
         }
         result
     }
@@ -624,7 +617,7 @@ impl Inner {
             st.hold = self.try_hold(path).await;
         }
         self.client.rename(path, &hidden).await.map_err(err)?;
-        self.names.lock().expect("names lock").rename(path, &hidden);
+        sync::lock(&self.names).rename(path, &hidden);
         st.path = hidden;
         st.hidden = true;
         Ok(true)
@@ -699,7 +692,7 @@ impl Inner {
         };
         let w = self.client.create(&path, ty, opts).await.map_err(err)?;
         let info = w.info().clone();
-        let ino = self.names.lock().expect("names lock").intern(&path, true);
+        let ino = sync::lock(&self.names).intern(&path, true);
         self.note_kind(ino, ty);
         let attr = self.attr(ino, &info, 0, info.mtime, false);
         let fresh = FileState {
@@ -827,7 +820,7 @@ impl Inner {
             return Err(libc::ENOENT);
         }
         let path = child_path(&self.path(parent)?, name);
-        let ino = self.names.lock().expect("names lock").ino(&path);
+        let ino = sync::lock(&self.names).ino(&path);
         match (self.kind_of(ino, &path).await?.is_container(), dir) {
             (true, false) => return Err(libc::EISDIR),
             (false, true) => return Err(libc::ENOTDIR),
@@ -850,7 +843,7 @@ impl Inner {
             }
             Err(e) => return Err(err(e)),
         }
-        self.names.lock().expect("names lock").detach(&path);
+        sync::lock(&self.names).detach(&path);
         Ok(())
     }
 
@@ -871,7 +864,7 @@ impl Inner {
 
     /// Whether the file at `path` is open here.
     fn open_here(&self, path: &str) -> bool {
-        let ino = self.names.lock().expect("names lock").ino(path);
+        let ino = sync::lock(&self.names).ino(path);
         ino.is_some_and(|i| self.open_file(i).is_some())
     }
 
@@ -970,10 +963,7 @@ impl Inner {
     /// hidden files'. A hidden file whose lease another client held gets
     /// it now, if that one is done.
     async fn renew_leases(&self) {
-        let files: Vec<Arc<OpenFile>> = self
-            .files
-            .lock()
-            .expect("files lock")
+        let files: Vec<Arc<OpenFile>> = sync::lock(&self.files)
             .values()
             .map(|o| o.file.clone())
             .collect();
@@ -1029,7 +1019,7 @@ impl Inner {
         let replace = !flags.contains(RenameFlags::RENAME_NOREPLACE);
         // A target open here stays usable by its descriptors: it is moved
         // out of sight first, as an unlink would.
-        let target = self.names.lock().expect("names lock").ino(&to);
+        let target = sync::lock(&self.names).ino(&to);
         if let Some(ino) = target.filter(|i| self.open_file(*i).is_some()) {
             if from != to && replace {
                 let src = self.client.lookup(&from).await.map_err(err)?;
@@ -1061,9 +1051,9 @@ impl Inner {
                 });
             }
         }
-        self.names.lock().expect("names lock").rename(&from, &to);
+        sync::lock(&self.names).rename(&from, &to);
         // An open file keeps its path current.
-        let moved = self.names.lock().expect("names lock").ino(&to);
+        let moved = sync::lock(&self.names).ino(&to);
         if let Some(f) = moved.and_then(|i| self.open_file(i)) {
             f.state.write().await.path = to.clone();
         }
@@ -1093,16 +1083,13 @@ impl Inner {
         let path = self.path(INodeNo(ino))?;
         let list = self.client.enumerate_typed(&path).await.map_err(err)?;
         let mut entries = Vec::with_capacity(list.len() + 2);
-        let parent = self
-            .names
-            .lock()
-            .expect("names lock")
+        let parent = sync::lock(&self.names)
             .ino(parent_of(&path))
             .unwrap_or(ROOT_INO);
         entries.push((ino, FileType::Directory, ".".to_string()));
         entries.push((parent, FileType::Directory, "..".to_string()));
         {
-            let mut names = self.names.lock().expect("names lock");
+            let mut names = sync::lock(&self.names);
             for (name, ty) in list {
                 if is_hidden(&name) {
                     continue;
@@ -1113,10 +1100,7 @@ impl Inner {
             }
         }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.dirs
-            .lock()
-            .expect("dirs lock")
-            .insert(fh, Arc::new(entries));
+        sync::lock(&self.dirs).insert(fh, Arc::new(entries));
         Ok(fh)
     }
 
@@ -1132,10 +1116,7 @@ impl Inner {
 
     /// Closes every file still open for writing (at unmount).
     fn close_all(&self) {
-        let files: Vec<Arc<OpenFile>> = self
-            .files
-            .lock()
-            .expect("files lock")
+        let files: Vec<Arc<OpenFile>> = sync::lock(&self.files)
             .drain()
             .map(|(_, o)| o.file)
             .collect();
@@ -1250,11 +1231,7 @@ impl Filesystem for NkFs {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        self.inner
-            .names
-            .lock()
-            .expect("names lock")
-            .forget(ino.0, nlookup);
+        sync::lock(&self.inner.names).forget(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -1540,14 +1517,7 @@ impl Filesystem for NkFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let Some(list) = self
-            .inner
-            .dirs
-            .lock()
-            .expect("dirs lock")
-            .get(&fh.0)
-            .cloned()
-        else {
+        let Some(list) = sync::lock(&self.inner.dirs).get(&fh.0).cloned() else {
             return reply.error(Errno::EBADF);
         };
         for (i, (ino, kind, name)) in list.iter().enumerate().skip(offset as usize) {
@@ -1566,7 +1536,7 @@ impl Filesystem for NkFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        self.inner.dirs.lock().expect("dirs lock").remove(&fh.0);
+        sync::lock(&self.inner.dirs).remove(&fh.0);
         reply.ok();
     }
 

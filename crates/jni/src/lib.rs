@@ -32,6 +32,7 @@ use jni::sys::{jboolean, jint, jlong, jobject};
 use jni::JNIEnv;
 use nk::{ErrorCode, NodeType};
 use nodekernel_client as nk;
+use nodekernel_client::sync;
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -191,7 +192,7 @@ impl<T> Table<T> {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<jlong, Arc<T>>> {
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
+        sync::lock(&self.map)
     }
 
     fn missing(&self) -> Fail {
@@ -226,10 +227,6 @@ type Writer = Option<nk::BufferedWriter>;
 static CLIENTS: Table<nk::Client> = Table::new("NodeKernel client");
 static READERS: Table<Mutex<Reader>> = Table::new("input stream");
 static WRITERS: Table<Mutex<Writer>> = Table::new("output stream");
-
-fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 // ---------------------------------------------------------------------------
 // Arguments and results
@@ -1006,7 +1003,7 @@ pub extern "system" fn Java_io_nodekernel_Native_read<'l>(
         if out.is_empty() {
             return Ok(0);
         }
-        let mut reader = locked(&reader);
+        let mut reader = sync::lock(&reader);
         let n = match &mut *reader {
             Reader::File { node, stream, pos } => {
                 if stream.is_none() {
@@ -1048,7 +1045,7 @@ pub extern "system" fn Java_io_nodekernel_Native_pread<'l>(
         let pos = u64::try_from(pos).map_err(|_| Fail::Arg(format!("negative position {pos}")))?;
         // SAFETY: used only during this call (see `buffer`).
         let out = unsafe { buffer(env, &buf, off, len)? };
-        let node = match &*locked(&reader) {
+        let node = match &*sync::lock(&reader) {
             Reader::File { node, .. } => node.clone(),
             Reader::Bag { .. } => {
                 return Err(Fail::Nk(nk::Error::new(
@@ -1077,7 +1074,7 @@ pub extern "system" fn Java_io_nodekernel_Native_seek<'l>(
     call(&mut env, (), |_| {
         let reader = READERS.get(r)?;
         let to = u64::try_from(to).map_err(|_| Fail::Arg(format!("negative position {to}")))?;
-        let mut guard = locked(&reader);
+        let mut guard = sync::lock(&reader);
         match &mut *guard {
             Reader::File { stream, pos, .. } => {
                 // Also drops the read-ahead at the same position (unbuffer).
@@ -1108,7 +1105,7 @@ pub extern "system" fn Java_io_nodekernel_Native_closeReader<'l>(
 
 fn with_writer<T>(w: jlong, f: impl FnOnce(&mut nk::BufferedWriter) -> R<T>) -> R<T> {
     let writer = WRITERS.get(w)?;
-    let mut writer = locked(&writer);
+    let mut writer = sync::lock(&writer);
     match writer.as_mut() {
         Some(wr) => f(wr),
         None => Err(WRITERS.missing()),
@@ -1175,7 +1172,7 @@ pub extern "system" fn Java_io_nodekernel_Native_closeWriter<'l>(
 ) {
     call(&mut env, (), |_| {
         let writer = WRITERS.remove(w)?;
-        let Some(wr) = locked(&writer).take() else {
+        let Some(wr) = sync::lock(&writer).take() else {
             return Err(WRITERS.missing());
         };
         if abort != 0 {

@@ -242,6 +242,9 @@ fn lock_dir(dir: &Path) -> Result<File, JournalError> {
     Ok(f)
 }
 
+/// Locks `m`, also when a thread panicked while holding it: the
+/// workspace's one policy for a poisoned lock (`nodekernel_proto::sync`,
+/// ARCHITECTURE.md), here in a crate that depends on no other of ours.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }

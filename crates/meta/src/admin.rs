@@ -7,6 +7,7 @@ use nodekernel_admin::metrics::{counters, encode, gauge, gauges, Labels};
 use nodekernel_admin::prometheus_client::registry::Registry;
 use nodekernel_admin::status::StatusOut;
 use nodekernel_admin::Source;
+use nodekernel_proto::sync;
 use nodekernel_proto::ClusterStatus;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -35,7 +36,7 @@ impl MetaAdmin {
     /// Write leases held (File and KeyValue writers), at most
     /// [`LEASE_COUNT_TTL`] old.
     fn leases(&self) -> u64 {
-        let mut cached = self.leases.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cached = sync::lock(&self.leases);
         if let Some((at, n)) = *cached {
             if at.elapsed() < LEASE_COUNT_TTL {
                 return n;

@@ -34,6 +34,7 @@ use nodekernel_journal::{Fsync, Journal, JournalError};
 use nodekernel_proto::cap::verify_identify;
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
 use nodekernel_proto::store::{Claim, Identity, StoreRequest, IDENTIFY_NONCE_LEN, MAX_CLAIM_BATCH};
+use nodekernel_proto::sync;
 use nodekernel_proto::Result;
 use nodekernel_proto::ServerSpec;
 use nodekernel_proto::{Error, LogStatus};
@@ -168,7 +169,7 @@ impl MetaHandler {
     }
 
     pub(crate) fn state(&self) -> std::sync::MutexGuard<'_, MetaState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        sync::lock(&self.state)
     }
 
     /// Applies a decision taken under the same lock, logs it, and returns
@@ -358,7 +359,7 @@ impl MetaHandler {
     }
 
     fn keep_pending(&self, addr: String, claims: Vec<BlockClaim>) {
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pending = sync::lock(&self.pending);
         let list = pending.entry(addr).or_default();
         list.extend(claims);
         let total: usize = pending.values().map(Vec::len).sum();
@@ -380,7 +381,7 @@ impl MetaHandler {
     /// come back at another one); claims for servers that were retired are
     /// dropped (their blocks are gone).
     pub(crate) async fn retry_pending(&self) {
-        let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
+        let pending = std::mem::take(&mut *sync::lock(&self.pending));
         if pending.is_empty() {
             return;
         }
@@ -410,7 +411,7 @@ impl MetaHandler {
             return;
         }
         let start = {
-            let mut next = self.next_move.lock().unwrap_or_else(|e| e.into_inner());
+            let mut next = sync::lock(&self.next_move);
             let now = Instant::now();
             let start = (*next).max(now);
             *next = start + Duration::from_secs_f64(bs as f64 / rate as f64);

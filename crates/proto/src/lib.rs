@@ -17,6 +17,7 @@ pub mod meta;
 pub mod path;
 pub mod record;
 pub mod store;
+pub mod sync;
 pub mod types;
 
 pub use error::{Error, ErrorCode, Result};

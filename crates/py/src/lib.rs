@@ -30,6 +30,7 @@
 
 use nk::{ErrorCode, NodeInfo, NodeType};
 use nodekernel_client as nk;
+use nodekernel_client::sync;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -50,7 +51,7 @@ use tokio::runtime::Runtime;
 static RUNTIME: Mutex<Option<(u32, &'static Runtime)>> = Mutex::new(None);
 fn runtime() -> PyResult<&'static Runtime> {
     let pid = std::process::id();
-    let mut rt = RUNTIME.lock().unwrap_or_else(|p| p.into_inner());
+    let mut rt = sync::lock(&RUNTIME);
     if let Some((p, r)) = *rt {
         if p == pid {
             return Ok(r);

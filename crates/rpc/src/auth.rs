@@ -25,11 +25,9 @@
 //! with a token refuses a server whose HELLO carries none (it cannot prove
 //! it belongs to the cluster). Both refusals are `Unauthenticated`.
 
-use crate::{ConnOptions, ConnectionPool, LocalPeers, Role, VersionHandshake};
 use nodekernel_proto::auth::{mac, verify, MAC_LEN};
 use nodekernel_proto::hello::NONCE_LEN;
 use nodekernel_proto::{Error, Result};
-use std::sync::Arc;
 
 /// Fewest bytes a token may have: a shorter one could be guessed.
 pub const MIN_TOKEN_LEN: usize = 16;
@@ -86,7 +84,7 @@ impl Token {
     /// A fresh random nonce.
     pub fn nonce() -> Result<[u8; NONCE_LEN]> {
         let mut n = [0; NONCE_LEN];
-        crate::random_bytes(&mut n)
+        crate::random::random_bytes(&mut n)
             .map_err(|e| Error::internal(format!("no random nonce from the kernel: {e}")))?;
         Ok(n)
     }
@@ -147,44 +145,6 @@ impl Token {
         proof: &[u8],
     ) -> bool {
         proof.len() == MAC_LEN && verify(&self.keys[0], SERVER_LABEL, &[client, server], proof)
-    }
-}
-
-/// Who a server lets in: peers proving its cluster token (when it has
-/// one), and over its Unix sockets only [`LocalPeers`]. The default: no
-/// token, local peers of the server's own user.
-#[derive(Debug, Clone)]
-pub struct Security {
-    pub token: Option<Arc<Token>>,
-    pub local_peers: LocalPeers,
-    /// TLS on TCP connections, made and (with a certificate) served.
-    pub tls: Option<Arc<crate::Tls>>,
-}
-
-impl Default for Security {
-    fn default() -> Self {
-        Security {
-            token: None,
-            local_peers: LocalPeers::owner(),
-            tls: None,
-        }
-    }
-}
-
-impl Security {
-    /// The handshake of a connection made or served as `role`.
-    pub fn handshake(&self, role: Role) -> Arc<VersionHandshake> {
-        Arc::new(
-            VersionHandshake::new(role)
-                .with_token(self.token.clone())
-                .with_tls(self.tls.clone()),
-        )
-    }
-
-    /// A pool whose connections introduce themselves as `role` and prove
-    /// the token.
-    pub fn pool(&self, role: Role, opts: ConnOptions) -> ConnectionPool {
-        ConnectionPool::with_handshake(opts, self.handshake(role))
     }
 }
 

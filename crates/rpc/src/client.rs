@@ -49,13 +49,16 @@
 //! frame could not go out anyway. Every pending call fails at once, the
 //! socket is shut down, and [`ConnectionPool`] connects afresh on next use.
 
-use crate::handshake::{ClientHandshake, HandshakeIo, PeerInfo, VersionHandshake};
+use crate::handshake::{ClientHandshake, HandshakeIo, PeerInfo};
+use crate::hello::VersionHandshake;
 use crate::limits::CLIENT_RECV_BUF;
+use crate::sock::{io_error, recv_into, recv_now};
 use crate::spin::{Spin, SpinStats};
 use crate::transport::{ReadHalf, Stream, WriteHalf};
 use bytes::{Buf, Bytes, BytesMut};
 use nodekernel_proto::frame::STATUS_OK;
 use nodekernel_proto::hello::Role;
+use nodekernel_proto::sync;
 use nodekernel_proto::{Error, FrameHeader, Result, HEADER_LEN, MAX_PAYLOAD_LEN};
 use std::collections::HashMap;
 use std::io::IoSlice;
@@ -81,7 +84,7 @@ impl ConnOptions {
     pub fn new(timeout: Duration) -> Self {
         ConnOptions {
             timeout,
-            spin: crate::default_call_spin(),
+            spin: crate::spin::default_call_spin(),
         }
     }
 }
@@ -231,7 +234,7 @@ impl Shared {
     /// socket down (so the server, and our reader, see the end at once).
     fn fail_all(&self, err: &Error) {
         let waiters: Vec<_> = {
-            let mut w = self.waiters.lock().expect("waiters lock");
+            let mut w = sync::lock(&self.waiters);
             self.closed.store(true, Ordering::Release);
             w.direct = 0;
             self.direct_waiters.store(0, Ordering::Relaxed);
@@ -255,7 +258,7 @@ impl Shared {
     /// failed (checked under the same lock `fail_all` drains, so a waiter
     /// is never left behind by a failure).
     fn register(&self, id: u64, waiter: Waiter) -> Result<WaiterGuard<'_>> {
-        let mut w = self.waiters.lock().expect("waiters lock");
+        let mut w = sync::lock(&self.waiters);
         if self.closed.load(Ordering::Acquire) {
             return Err(self.closed_error());
         }
@@ -274,7 +277,7 @@ impl Shared {
     }
 
     fn remove_waiter(&self, id: u64) -> Option<Waiter> {
-        let mut w = self.waiters.lock().expect("waiters lock");
+        let mut w = sync::lock(&self.waiters);
         let waiter = w.remove(id);
         self.direct_waiters.store(w.direct, Ordering::SeqCst);
         waiter
@@ -317,7 +320,7 @@ impl Shared {
     /// The caller of direct reply `id` went away: if the stream is parked
     /// for it, the rest of its payload is skipped.
     fn abandon_direct(&self, id: u64) {
-        let mut st = self.inbound.state.lock().expect("inbound lock");
+        let mut st = sync::lock(&self.inbound.state);
         let left = match st.parked {
             Some(p) if p.id == id => p.left,
             _ => return,
@@ -336,7 +339,7 @@ impl Shared {
     fn receive_now(&self, id: u64, rest: &mut [MaybeUninit<u8>]) -> Result<usize> {
         let rd = &self.inbound.rd;
         let fd = rd.fd();
-        let mut st = self.inbound.state.lock().expect("inbound lock");
+        let mut st = sync::lock(&self.inbound.state);
         debug_assert!(matches!(st.parked, Some(p) if p.id == id && p.left >= rest.len()));
         // Bytes read together with the header (before the call was
         // registered as direct, or by a read not yet frame by frame):
@@ -353,7 +356,7 @@ impl Shared {
         }
         while got < rest.len() {
             // Inside `try_io`, so a WouldBlock clears the readiness.
-            let r = rd.try_io(|| match crate::recv_into(fd, &mut rest[got..]) {
+            let r = rd.try_io(|| match recv_into(fd, &mut rest[got..]) {
                 Ok(None) => Err(std::io::ErrorKind::WouldBlock.into()),
                 other => other,
             });
@@ -369,7 +372,7 @@ impl Shared {
                 // `Ok(None)` is turned into WouldBlock above.
                 Ok(None) => break,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) => crate::io_error(&format!("connection to {}", self.peer), e),
+                Err(e) => io_error(&format!("connection to {}", self.peer), e),
             };
             drop(st);
             self.fail_all(&e);
@@ -399,7 +402,7 @@ impl Shared {
                 st.buf.reserve(CLIENT_RECV_BUF);
             }
             let max = self.read_limit(&st);
-            match crate::recv_now(fd, &mut st.buf, max) {
+            match recv_now(fd, &mut st.buf, max) {
                 Ok(Some(0)) => {
                     return Err(Error::unavailable(format!(
                         "connection to {} closed by the peer",
@@ -414,7 +417,7 @@ impl Shared {
                     }
                 }
                 Ok(None) => break,
-                Err(e) => return Err(crate::io_error(&format!("connection to {}", self.peer), e)),
+                Err(e) => return Err(io_error(&format!("connection to {}", self.peer), e)),
             }
         }
         Ok(if progress { Pump::Progress } else { Pump::Idle })
@@ -477,7 +480,7 @@ impl Shared {
     /// buffer, skips the payload). Returns whether it was a direct reply.
     fn park_for_direct(&self, st: &mut InState, header: &FrameHeader) -> bool {
         let waiter = {
-            let mut w = self.waiters.lock().expect("waiters lock");
+            let mut w = sync::lock(&self.waiters);
             if !matches!(w.map.get(&header.id), Some(Waiter::Direct { .. })) {
                 return false;
             }
@@ -601,7 +604,7 @@ async fn flush_tail(st: &mut WriterState, deadline: tokio::time::Instant) -> Res
 fn fail_sending(shared: &Shared, st: &mut WriterState, e: SendError, timeout: Duration) -> Error {
     let (mine, others) = match e {
         SendError::Io(e) => {
-            let err = crate::io_error(&format!("sending to {}", shared.peer), e);
+            let err = io_error(&format!("sending to {}", shared.peer), e);
             (err.clone(), err)
         }
         SendError::Stalled => {
@@ -833,7 +836,7 @@ impl Connection {
     /// must not leave its waiter behind).
     #[doc(hidden)]
     pub fn pending_calls(&self) -> usize {
-        self.shared.waiters.lock().expect("waiters lock").map.len()
+        sync::lock(&self.shared.waiters).map.len()
     }
 
     /// How the payloads of this connection's direct replies
@@ -1091,7 +1094,7 @@ impl Connection {
             match tokio::time::timeout_at(deadline, shared.inbound.rd.readable()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
-                    let e = crate::io_error(&format!("connection to {}", shared.peer), e);
+                    let e = io_error(&format!("connection to {}", shared.peer), e);
                     shared.fail_all(&e);
                     return Err(e);
                 }
@@ -1147,7 +1150,7 @@ unsafe fn init_as_uninit(buf: &mut [u8]) -> &mut [MaybeUninit<u8>] {
 async fn read_loop(shared: Arc<Shared>) {
     let err = loop {
         if let Err(e) = shared.inbound.rd.readable().await {
-            break crate::io_error(&format!("connection to {}", shared.peer), e);
+            break io_error(&format!("connection to {}", shared.peer), e);
         }
         // `pump` reads to EAGAIN; reporting WouldBlock through `try_io` makes
         // the reactor clear its readiness and wait for new data.
@@ -1214,7 +1217,7 @@ impl ConnectionPool {
     /// Cancel safe: dropping the future abandons a connection attempt in
     /// progress and leaves the pool as it was.
     pub async fn get(&self, addr: &str) -> Result<Arc<Connection>> {
-        if let Some(c) = self.conns.lock().expect("pool lock").get(addr) {
+        if let Some(c) = sync::lock(&self.conns).get(addr) {
             if !c.is_closed() {
                 return Ok(c.clone());
             }
@@ -1228,7 +1231,7 @@ impl ConnectionPool {
             )
             .await?,
         );
-        let mut map = self.conns.lock().expect("pool lock");
+        let mut map = sync::lock(&self.conns);
         // Another task may have connected meanwhile; keep the first live one.
         match map.get(addr) {
             Some(existing) if !existing.is_closed() => Ok(existing.clone()),

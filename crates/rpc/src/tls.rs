@@ -205,13 +205,6 @@ impl Tls {
     }
 }
 
-/// Whether `b` starts like a TLS record (content type 20–23, version 3.1
-/// to 3.4): read as a frame header's length, those bytes give at least
-/// 66,324, beyond every handshake frame's bound, so no HELLO starts so.
-pub(crate) fn looks_like_tls(b: &[u8]) -> bool {
-    b.len() >= 3 && (0x14..=0x17).contains(&b[0]) && b[1] == 3 && (1..=4).contains(&b[2])
-}
-
 /// Moves bytes between `tls` and `theirs`, one end of the Unix socket
 /// pair whose other end the connection runs on; returns where the relay
 /// leaves the error that ended it (a TLS alert the peer sent, say), for
@@ -297,7 +290,7 @@ impl HandshakeIo {
         let n = tcp
             .peek(&mut first)
             .await
-            .map_err(|e| crate::io_error(&format!("handshake with {}", self.peer()), e))?;
+            .map_err(|e| crate::sock::io_error(&format!("handshake with {}", self.peer()), e))?;
         if n == 1 && first[0] != 0x16 {
             // A plain HELLO: answer it in the clear, where the client
             // can read why.
@@ -331,7 +324,7 @@ impl HandshakeIo {
             return Ok(None);
         }
         let (ours, theirs) =
-            UnixStream::pair().map_err(|e| crate::io_error("creating the TLS relay", e))?;
+            UnixStream::pair().map_err(|e| crate::sock::io_error("creating the TLS relay", e))?;
         match std::mem::replace(&mut self.stream, Stream::Unix(ours)) {
             Stream::Tcp(tcp) => Ok(Some((tcp, theirs))),
             Stream::Unix(_) => unreachable!("checked above"),
@@ -413,8 +406,9 @@ mod tests {
         use nodekernel_proto::HEADER_LEN;
         let smallest = u32::from_le_bytes([0x14, 3, 1, 0]) as usize;
         assert!(smallest > MAX_HANDSHAKE_PAYLOAD + HEADER_LEN);
-        assert!(super::looks_like_tls(&[0x16, 3, 1, 2, 0]));
-        assert!(!super::looks_like_tls(&[0x16, 3, 0, 0]));
-        assert!(!super::looks_like_tls(&[0x16, 3]));
+        use crate::handshake::looks_like_tls;
+        assert!(looks_like_tls(&[0x16, 3, 1, 2, 0]));
+        assert!(!looks_like_tls(&[0x16, 3, 0, 0]));
+        assert!(!looks_like_tls(&[0x16, 3]));
     }
 }

@@ -422,7 +422,7 @@ pub fn bind_abstract_unix(prefix: &str) -> io::Result<(String, UnixListener)> {
 
 fn random_u64() -> u64 {
     let mut r = [0u8; 8];
-    if crate::random_bytes(&mut r).is_ok() {
+    if crate::random::random_bytes(&mut r).is_ok() {
         return u64::from_le_bytes(r);
     }
     // No randomness at all: time and pid, mixed. Names only need to differ

@@ -13,7 +13,7 @@
 //! every client slot is taken) and 4 reserved zero bytes; the memfd is
 //! attached as `SCM_RIGHTS` ancillary data. The client validates the
 //! header, the slot and the descriptor before mapping anything
-//! ([`Region::open`]).
+//! ([`ClientRegion::open`]).
 //!
 //! The connection then stays open without traffic, and both ends watch it:
 //! when the server goes away the client sees end-of-file and stops using
@@ -28,7 +28,7 @@
 //! two short, contained functions do not justify a new dependency.
 
 use crate::layout::{Layout, HEADER_LEN};
-use crate::Region;
+use crate::{ClientRegion, ServerRegion};
 use std::io::{self, Read};
 use std::mem::{size_of, zeroed};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -127,7 +127,11 @@ struct Cmsg([u8; 128]);
 /// Sends `region`'s header, the grant of `slot` (`None`: no slot) and the
 /// memfd on the connected stream socket `sock`. On a non-blocking socket
 /// this may fail with `WouldBlock`; retry when it is writable.
-pub fn send_region(sock: BorrowedFd<'_>, region: &Region, slot: Option<u32>) -> io::Result<()> {
+pub fn send_region(
+    sock: BorrowedFd<'_>,
+    region: &ServerRegion,
+    slot: Option<u32>,
+) -> io::Result<()> {
     let mut message = [0u8; MESSAGE_LEN];
     message[..HEADER_LEN].copy_from_slice(&region.layout().encode());
     message[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&slot.unwrap_or(NO_SLOT).to_le_bytes());
@@ -180,11 +184,11 @@ pub fn send_region(sock: BorrowedFd<'_>, region: &Region, slot: Option<u32>) -> 
 /// timeout), validates it and maps it, writing with the granted slot.
 /// Fails when the server had no slot left: such a client
 /// uses the network. Keep `sock` open for as long as the mapping may be
-/// used (drop the [`Region`] first): closing it tells the server that this
+/// used (drop the [`ClientRegion`] first): closing it tells the server that this
 /// process's writes are over and lets it reclaim the slot.
-pub fn receive_region(sock: &UnixStream) -> io::Result<Region> {
+pub fn receive_region(sock: &UnixStream) -> io::Result<ClientRegion> {
     match receive_grant(sock)? {
-        (fd, header, Some(slot)) => Region::open(fd, &header, Some(slot)),
+        (fd, header, Some(slot)) => ClientRegion::open(fd, &header, Some(slot)),
         (_, _, None) => Err(io::Error::other(
             "the storage server has no writer slot left for this process",
         )),
@@ -192,10 +196,10 @@ pub fn receive_region(sock: &UnixStream) -> io::Result<Region> {
 }
 
 /// Receives a region that may come without a slot, and maps it read only
-/// in that case (see [`Region::can_write`]).
-pub fn receive_region_maybe_read_only(sock: &UnixStream) -> io::Result<Region> {
+/// in that case (see [`ClientRegion::can_write`]).
+pub fn receive_region_maybe_read_only(sock: &UnixStream) -> io::Result<ClientRegion> {
     let (fd, header, slot) = receive_grant(sock)?;
-    Region::open(fd, &header, slot)
+    ClientRegion::open(fd, &header, slot)
 }
 
 /// Receives the message and descriptor, and checks the grant's form.
@@ -207,7 +211,7 @@ fn receive_grant(sock: &UnixStream) -> io::Result<(OwnedFd, [u8; HEADER_LEN], Op
 
 /// Splits a hand-over message into the header and the granted slot
 /// (`None` for [`NO_SLOT`]); reserved bytes that are not zero are
-/// `InvalidData`. The header and the slot are checked by [`Region::open`].
+/// `InvalidData`. The header and the slot are checked by [`ClientRegion::open`].
 pub fn decode_message(message: &[u8; MESSAGE_LEN]) -> io::Result<([u8; HEADER_LEN], Option<u32>)> {
     let (header, grant) = message.split_at(HEADER_LEN);
     if grant[4..] != [0; 4] {
@@ -380,7 +384,7 @@ mod tests {
 
     #[test]
     fn hand_over_over_a_socket_pair() {
-        let r = Arc::new(Region::create(4096, 4).unwrap());
+        let r = Arc::new(ServerRegion::create(4096, 4).unwrap());
         block_on(r.write(1, 7, 10, b"shared")).unwrap();
         let (a, b) = UnixStream::pair().unwrap();
         let lease = r.lease_slot().unwrap();
@@ -426,7 +430,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("nk-shm-file-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("dram");
-        let r = Arc::new(Region::open_file(&path, 4096, 4, false).unwrap());
+        let r = Arc::new(ServerRegion::open_file(&path, 4096, 4, false).unwrap());
         block_on(r.write(2, 9, 0, b"in a file")).unwrap();
         let (a, b) = UnixStream::pair().unwrap();
         let lease = r.lease_slot().unwrap();
@@ -499,7 +503,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
 
         // A real region with a header that claims more than it holds.
-        let r = Region::create(4096, 1).unwrap();
+        let r = ServerRegion::create(4096, 1).unwrap();
         let lie = message(&crate::Layout::new(4096, 2).unwrap().encode(), 5);
         send_raw(&a, &lie, r.file().as_raw_fd());
         let e = receive_region(&b).unwrap_err();

@@ -3,8 +3,8 @@
 //!
 //! This is the NodeKernel analogue of RDMA one-sided operations. A DRAM
 //! storage server keeps its blocks *and* the authoritative per-block state
-//! (generations, writes in progress) in one memfd ([`Region`], layout in
-//! [`layout`]). A client process on the same host receives that memfd and
+//! (generations, writes in progress) in one memfd ([`ServerRegion`], layout
+//! in [`layout`]). A client process on the same host receives that memfd and
 //! a writer slot over an abstract Unix socket ([`handover`]), maps it, and
 //! reads and writes blocks with plain memory copies: the server's CPU does
 //! no work per operation. The server's own network path (`read`/`write`
@@ -77,19 +77,21 @@
 //! Every scenario ends with every lane free, every count back at zero and
 //! the block settled.
 
+mod client;
 pub mod handover;
 pub mod layout;
+mod notifier;
 pub mod protocol;
 mod region;
+mod server;
 
+pub use client::{Client, ClientRegion};
 pub use handover::{
     answer_challenge, receive_region, send_region, Challenge, MESSAGE_LEN, NAME_PREFIX, NO_SLOT,
 };
 pub use layout::{Layout, LayoutError, HEADER_LEN};
-pub use region::{
-    check_generation, check_range, stale_read, stale_write, InPlaceWrite, Region, SlotLease,
-    SETTLING,
-};
+pub use region::{check_generation, check_range, stale_read, stale_write, Region, Role, SETTLING};
+pub use server::{InPlaceWrite, Server, ServerRegion, SlotLease};
 
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

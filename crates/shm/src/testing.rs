@@ -2,7 +2,8 @@
 //! server (feature `testing`).
 
 use crate::protocol::{self, Write};
-use crate::{Region, SlotLease};
+use crate::region::Role;
+use crate::{ClientRegion, Region, ServerRegion, SlotLease};
 use nodekernel_proto::{Error, Result};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,17 +14,17 @@ use std::task::Poll;
 /// another process gets it, with a client slot of its own and the slot's
 /// lease (reclaim it once the mapping is dropped, or drop it to retire the
 /// slot).
-pub fn mapping_with_lease(r: &Arc<Region>) -> (Region, SlotLease) {
+pub fn mapping_with_lease(r: &Arc<ServerRegion>) -> (ClientRegion, SlotLease) {
     let lease = r.lease_slot().expect("a free client slot");
     let fd = OwnedFd::from(r.file().try_clone().expect("dup the memfd"));
-    let m = Region::open(fd, &r.layout().encode(), Some(lease.slot())).expect("map again");
+    let m = ClientRegion::open(fd, &r.layout().encode(), Some(lease.slot())).expect("map again");
     assert_ne!(m.data_ptr(), r.data_ptr(), "a separate mapping");
     (m, lease)
 }
 
 /// A second mapping (see [`mapping_with_lease`]) whose slot is never
 /// reclaimed.
-pub fn second_mapping(r: &Arc<Region>) -> Region {
+pub fn second_mapping(r: &Arc<ServerRegion>) -> ClientRegion {
     mapping_with_lease(r).0
 }
 
@@ -53,9 +54,9 @@ pub fn busy_thread(op: impl Fn() -> bool + Send + 'static) -> std::thread::JoinH
 /// A write that has taken its lane and may copy, stopped in the middle of
 /// its copy: a writer that is descheduled, stopped or paging. Claims of
 /// its block wait for it, however long it stays.
-pub struct StalledWrite<'a> {
-    region: &'a Region,
-    op: Write<'a, Region>,
+pub struct StalledWrite<'a, R: Role> {
+    region: &'a Region<R>,
+    op: Write<'a, Region<R>>,
     block: u32,
 }
 
@@ -63,7 +64,7 @@ pub struct StalledWrite<'a> {
 /// copy would begin. Waits (blocking the thread until a lane changes) while
 /// the protocol says to; `Stale` if the block belongs to a newer
 /// generation.
-pub fn stall_write(r: &Region, block: u32, gen: u64) -> Result<StalledWrite<'_>> {
+pub fn stall_write<R: Role>(r: &Region<R>, block: u32, gen: u64) -> Result<StalledWrite<'_, R>> {
     assert!(block < r.num_blocks());
     let lanes = r.lanes().expect("a mapping that can write");
     let mut op = Write::new(r, lanes, block, gen);
@@ -77,7 +78,7 @@ pub fn stall_write(r: &Region, block: u32, gen: u64) -> Result<StalledWrite<'_>>
     }
 }
 
-impl StalledWrite<'_> {
+impl<R: Role> StalledWrite<'_, R> {
     /// Resumes: copies `data` at `offset` (the late bytes) and finishes.
     pub fn land(self, offset: u32, data: &[u8]) {
         let bs = self.region.block_size() as usize;
@@ -105,13 +106,17 @@ impl StalledWrite<'_> {
 }
 
 /// A claim started and left waiting (for writers of an older generation).
-pub struct PendingClaim<'a> {
-    op: Write<'a, Region>,
+pub struct PendingClaim<'a, R: Role> {
+    op: Write<'a, Region<R>>,
 }
 
 /// Starts a pure claim of `block` by `gen` through `r` and polls it once:
 /// `Ok(None)` if it completed at once, `Ok(Some(_))` if it waits.
-pub fn start_claim(r: &Region, block: u32, gen: u64) -> Result<Option<PendingClaim<'_>>> {
+pub fn start_claim<R: Role>(
+    r: &Region<R>,
+    block: u32,
+    gen: u64,
+) -> Result<Option<PendingClaim<'_, R>>> {
     assert!(block < r.num_blocks());
     let lanes = r.lanes().expect("a mapping that can write");
     let mut op = Write::new(r, lanes, block, gen);
@@ -125,7 +130,7 @@ pub fn start_claim(r: &Region, block: u32, gen: u64) -> Result<Option<PendingCla
     }
 }
 
-impl PendingClaim<'_> {
+impl<R: Role> PendingClaim<'_, R> {
     /// Polls again: `true` once the claim has completed.
     pub fn poll(&mut self) -> std::result::Result<bool, Error> {
         match self.op.poll() {

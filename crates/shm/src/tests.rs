@@ -4,7 +4,7 @@
 use crate::testing::{
     block_on, busy_thread, mapping_with_lease, second_mapping, stall_write, start_claim,
 };
-use crate::{Region, SETTLING};
+use crate::{Region, Role, ServerRegion, SETTLING};
 use nodekernel_proto::{ErrorCode, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -13,15 +13,15 @@ use std::time::{Duration, Instant};
 const BS: u32 = 64 << 10;
 const N: u32 = 4;
 
-fn region() -> Region {
-    Region::create(BS, N).unwrap()
+fn region() -> ServerRegion {
+    ServerRegion::create(BS, N).unwrap()
 }
 
-fn write(r: &Region, block: u32, gen: u64, off: u32, data: &[u8]) -> Result<()> {
+fn write<R: Role>(r: &Region<R>, block: u32, gen: u64, off: u32, data: &[u8]) -> Result<()> {
     block_on(r.write(block, gen, off, data))
 }
 
-fn read(r: &Region, block: u32, gen: u64, off: u32, len: u32) -> Result<Vec<u8>> {
+fn read<R: Role>(r: &Region<R>, block: u32, gen: u64, off: u32, len: u32) -> Result<Vec<u8>> {
     let mut v = vec![0u8; len as usize];
     r.read(block, gen, off, &mut v)?;
     Ok(v)
@@ -94,7 +94,11 @@ fn generation_rules_across_mappings() {
 /// The old owner keeps writing full blocks through one mapping while the
 /// new owner claims through the other: none of the old bytes may land
 /// after the claim.
-fn old_owner_never_overwrites_new_owner(old_side: Arc<Region>, new_side: Arc<Region>, rounds: u64) {
+fn old_owner_never_overwrites_new_owner<A: Role, B: Role>(
+    old_side: Arc<Region<A>>,
+    new_side: Arc<Region<B>>,
+    rounds: u64,
+) {
     let base = old_side.generation(3).unwrap();
     for round in 0..rounds {
         let old = base + 2 * round + 1;
@@ -125,9 +129,9 @@ fn old_owner_never_overwrites_new_owner(old_side: Arc<Region>, new_side: Arc<Reg
 
 /// Readers on one mapping racing with claims on the other get exactly the
 /// old owner's bytes or `Stale` (with their buffer zeroed), never a mix.
-fn racing_reads_get_old_bytes_or_stale(
-    reader_side: Arc<Region>,
-    claim_side: Arc<Region>,
+fn racing_reads_get_old_bytes_or_stale<A: Role, B: Role>(
+    reader_side: Arc<Region<A>>,
+    claim_side: Arc<Region<B>>,
     rounds: u64,
 ) {
     let base = claim_side.generation(0).unwrap();
@@ -291,9 +295,9 @@ fn a_claim_waits_for_a_stalled_writer_however_long() {
 #[test]
 fn a_dead_writer_holds_claims_until_its_slot_is_reclaimed() {
     let a = Arc::new(region());
-    let free = a.free_slots().unwrap();
+    let free = a.free_slots();
     let (m, lease) = mapping_with_lease(&a);
-    assert_eq!(a.free_slots(), Some(free - 1));
+    assert_eq!(a.free_slots(), free - 1);
     block_on(m.write(0, 1, 0, b"old")).unwrap();
     stall_write(&m, 0, 1).unwrap().die();
     drop(m);
@@ -307,12 +311,12 @@ fn a_dead_writer_holds_claims_until_its_slot_is_reclaimed() {
         !done.load(Ordering::SeqCst),
         "a dead writer is never presumed"
     );
-    assert_eq!(a.free_slots(), Some(free - 1), "not granted before reclaim");
+    assert_eq!(a.free_slots(), free - 1, "not granted before reclaim");
     block_on(lease.reclaim());
     claim.join().unwrap().unwrap();
     assert_eq!(read(&a, 0, 2, 0, 3).unwrap(), b"new");
     assert_eq!(a.writers_in_flight(0), Some(0));
-    assert_eq!(a.free_slots(), Some(free), "granted again after reclaim");
+    assert_eq!(a.free_slots(), free, "granted again after reclaim");
 }
 
 /// A claimer killed mid-claim (the block left settling, its lane
@@ -506,7 +510,7 @@ fn client_slots_are_granted_once_and_reused_only_after_reclamation() {
     let a = Arc::new(region());
     let l = *a.layout();
     let clients = (l.slots - l.server_slots) as usize;
-    assert_eq!(a.free_slots(), Some(clients));
+    assert_eq!(a.free_slots(), clients);
     let mut leases: Vec<_> = (0..clients).map(|_| a.lease_slot().unwrap()).collect();
     let mut seen: Vec<u32> = leases.iter().map(|s| s.slot()).collect();
     seen.sort_unstable();
@@ -520,8 +524,8 @@ fn client_slots_are_granted_once_and_reused_only_after_reclamation() {
     let slot = last.slot();
     block_on(last.reclaim());
     assert_eq!(a.lease_slot().map(|s| s.slot()), Some(slot));
-    let m = second_mapping(&Arc::new(region()));
-    assert_eq!(m.free_slots(), None, "a client mapping grants nothing");
+    // A client mapping grants nothing: it has no `free_slots` or
+    // `lease_slot` (a `ClientRegion`).
 }
 
 /// Many threads on two mappings, each owning its own bytes of one block,
@@ -531,16 +535,22 @@ fn concurrent_writers_of_one_generation_keep_their_bytes() {
     let a = Arc::new(region());
     let b = Arc::new(second_mapping(&a));
     write(&a, 0, 1, 0, &[]).unwrap();
+    fn writer<R: Role>(r: Arc<Region<R>>, t: u32) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            for round in 0..2000u32 {
+                let v = vec![(t * 31 + round) as u8; 512];
+                write(&r, 0, 1, t * 512, &v).unwrap();
+                assert_eq!(read(&r, 0, 1, t * 512, 512).unwrap(), v);
+            }
+        })
+    }
     let threads: Vec<_> = (0..8u32)
         .map(|t| {
-            let r = if t % 2 == 0 { a.clone() } else { b.clone() };
-            std::thread::spawn(move || {
-                for round in 0..2000u32 {
-                    let v = vec![(t * 31 + round) as u8; 512];
-                    write(&r, 0, 1, t * 512, &v).unwrap();
-                    assert_eq!(read(&r, 0, 1, t * 512, 512).unwrap(), v);
-                }
-            })
+            if t % 2 == 0 {
+                writer(a.clone(), t)
+            } else {
+                writer(b.clone(), t)
+            }
         })
         .collect();
     for t in threads {
@@ -696,7 +706,7 @@ fn a_live_stalled_process_is_waited_for_and_a_killed_one_reclaimed() {
     use std::os::fd::AsFd;
     use std::os::linux::net::SocketAddrExt;
     let server = Arc::new(region());
-    let free = server.free_slots().unwrap();
+    let free = server.free_slots();
     let name = format!("nodekernel-shm-test-{}", std::process::id());
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
     let listener = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
@@ -719,7 +729,7 @@ fn a_live_stalled_process_is_waited_for_and_a_killed_one_reclaimed() {
     write(&server, 1, 1, 0, &[9u8; 200]).unwrap();
     let mut child = Child::start(&name);
     child.ask(None, "mapped");
-    assert_eq!(server.free_slots(), Some(free - 1));
+    assert_eq!(server.free_slots(), free - 1);
 
     // Alive but stalled for far longer than the old 100 ms.
     child.ask(Some("stall 1 1"), "stalled");
@@ -763,7 +773,7 @@ fn a_live_stalled_process_is_waited_for_and_a_killed_one_reclaimed() {
     claim.join().unwrap().unwrap();
     serve.join().unwrap();
     assert!(reclaimed.load(Ordering::SeqCst));
-    assert_eq!(server.free_slots(), Some(free), "the slot is free again");
+    assert_eq!(server.free_slots(), free, "the slot is free again");
     assert_eq!(server.writers_in_flight(1), Some(0));
     assert_eq!(&read(&server, 1, 3, 0, 50).unwrap()[..], &[3u8; 50][..]);
 }
@@ -867,7 +877,7 @@ fn a_file_backed_region_is_kept_and_its_transient_state_reset() {
     // Every client slot can be granted again.
     assert_eq!(
         a.free_slots(),
-        Some((a.layout().slots - a.layout().server_slots) as usize)
+        (a.layout().slots - a.layout().server_slots) as usize
     );
     drop(a);
 

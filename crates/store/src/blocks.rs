@@ -52,7 +52,7 @@ use crate::medium::{Keepalive, Medium};
 use crate::persist::GenFile;
 use bytes::BytesMut;
 use nodekernel_proto::{Error, Result};
-use nodekernel_shm::{check_generation, check_range, stale_read, stale_write, Region};
+use nodekernel_shm::{check_generation, check_range, stale_read, stale_write, ServerRegion};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
@@ -93,7 +93,7 @@ impl Locked {
 /// Where the generations live.
 enum Guards {
     /// In the medium's shared region (DRAM).
-    Shared(Arc<Region>),
+    Shared(Arc<ServerRegion>),
     /// In this process (or a file it maps), one lock per block (other
     /// media).
     Locked(Locked),
@@ -199,7 +199,7 @@ impl BlockStore {
 
     /// The shared region holding data and generations (DRAM), which can be
     /// handed to co-located clients.
-    pub fn shared_region(&self) -> Option<&Arc<Region>> {
+    pub fn shared_region(&self) -> Option<&Arc<ServerRegion>> {
         match &self.guards {
             Guards::Shared(r) => Some(r),
             Guards::Locked(_) => None,
@@ -439,7 +439,8 @@ fn medium_error(what: &str, block: u32, offset: u32, len: u64, e: std::io::Error
 mod tests {
     use super::*;
     use crate::file::block_on;
-    use crate::medium::{DramMedium, FileMedium};
+    use crate::file::FileMedium;
+    use crate::medium::DramMedium;
     use crate::FileIoConfig;
     use nodekernel_proto::ErrorCode;
     use nodekernel_shm::testing::busy_thread;
@@ -760,7 +761,7 @@ mod tests {
 
     /// A second, independent mapping of a DRAM store's memfd: what a
     /// co-located client in another process works on.
-    fn client_mapping(s: &BlockStore) -> Arc<nodekernel_shm::Region> {
+    fn client_mapping(s: &BlockStore) -> Arc<nodekernel_shm::ClientRegion> {
         let r = s.shared_region().expect("DRAM is shared");
         Arc::new(nodekernel_shm::testing::second_mapping(r))
     }

@@ -9,6 +9,7 @@
 //! once and moves blocks in use away first, so shrinking never loses data.
 //! The size decided here is the target; `nk status` shows what is exported.
 
+use nodekernel_proto::sync;
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -136,7 +137,7 @@ impl Capacity {
             return None;
         }
         let blocks = share(&self.slices, i, t);
-        let mut told = self.told.lock().unwrap_or_else(|p| p.into_inner());
+        let mut told = sync::lock(&self.told);
         let news = told.get(i).copied().flatten() != Some(blocks);
         if let Some(x) = told.get_mut(i) {
             *x = Some(blocks);

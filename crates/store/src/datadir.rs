@@ -74,6 +74,7 @@
 //! a private one).
 
 use crate::StoreError;
+use nodekernel_proto::sync;
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
@@ -288,17 +289,6 @@ fn recorded_pid(file: &File) -> Option<u32> {
     std::str::from_utf8(&buf[..n]).ok()?.trim().parse().ok()
 }
 
-/// Whom a lock is held by, for [`StoreError::Locked`].
-pub(crate) fn holder_text(holder: &Option<u32>) -> String {
-    match *holder {
-        Some(pid) if pid == std::process::id() => {
-            format!("another storage server of this process (pid {pid})")
-        }
-        Some(pid) => format!("another NodeKernel process (pid {pid})"),
-        None => "another process".into(),
-    }
-}
-
 /// Opens and locks a block file (creating it and its parent directories,
 /// mode 0700/0600, if missing) without changing its contents.
 pub(crate) fn lock_block_file(path: &Path) -> Result<BlockFile, StoreError> {
@@ -479,7 +469,7 @@ impl DirLock {
     /// Records that the start using this directory succeeded: from now on
     /// dropping it stops it instead of undoing it.
     pub fn started(&self) {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = sync::lock(&self.state);
         if *st == State::Starting {
             *st = State::Running;
         }
@@ -503,7 +493,7 @@ impl DirLock {
     }
 
     fn finish(&self, undo: bool) {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = sync::lock(&self.state);
         let undo = match *st {
             State::Done => return,
             State::Starting => true,
@@ -517,7 +507,7 @@ impl DirLock {
                 Err(e) => tracing::warn!("cannot remove {}: {e}", self.path.display()),
             }
         } else if undo {
-            let files = self.created_files.lock().unwrap_or_else(|p| p.into_inner());
+            let files = sync::lock(&self.created_files);
             for f in files.iter().rev() {
                 remove_file(f);
             }
@@ -533,10 +523,7 @@ impl DirLock {
     /// Notes a file created inside by the current start, for
     /// [`undo`](Self::undo).
     pub fn note_created(&self, path: PathBuf) {
-        self.created_files
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(path);
+        sync::lock(&self.created_files).push(path);
     }
 }
 
@@ -765,7 +752,7 @@ impl Footprint {
 
     /// The start succeeded.
     pub(crate) fn started(&self) {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = sync::lock(&self.state);
         if *st == State::Starting {
             *st = State::Running;
         }
@@ -782,7 +769,7 @@ impl Footprint {
     /// directory goes, any other data directory stays (with `LOCK` and
     /// `identity`). The lock is released. Idempotent.
     pub(crate) fn finish(&self, undo: bool) {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = sync::lock(&self.state);
         let undo = match *st {
             State::Done => return,
             State::Starting => true,

@@ -35,7 +35,7 @@ pub enum StoreError {
     #[error(
         "{what} {} is in use by {}; {hint}",
         .path.display(),
-        crate::datadir::holder_text(.holder)
+        holder_text(.holder)
     )]
     Locked {
         /// `"data directory"` or `"block file"`.
@@ -110,6 +110,17 @@ impl From<StoreError> for nodekernel_proto::Error {
             StoreError::Register { error, .. } => Error::new(error.code, message),
             StoreError::Rpc(error) => Error::new(error.code, message),
         }
+    }
+}
+
+/// Whom a lock is held by, for [`StoreError::Locked`].
+fn holder_text(holder: &Option<u32>) -> String {
+    match *holder {
+        Some(pid) if pid == std::process::id() => {
+            format!("another storage server of this process (pid {pid})")
+        }
+        Some(pid) => format!("another NodeKernel process (pid {pid})"),
+        None => "another process".into(),
     }
 }
 

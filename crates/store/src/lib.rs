@@ -59,7 +59,11 @@
 //!   exclusive locks on them and on block files, modes and clean-up;
 //! * [`persist`]: persistent servers: the state file, the keep-or-discard
 //!   rule ([`StorageServer::kept_blocks`]), the generation file;
-//! * [`StorageServer`]: the data port, registration and heartbeats, and the
+//! * [`StorageServer`]: its start in named steps and its stop
+//!   (`server.rs`), over the set-up of its directory and medium
+//!   (`prepare.rs`), the data port's request handler (`handler.rs`),
+//!   registration and heartbeats (`registrar.rs`), the data path's
+//!   counters (`metrics.rs`) and admin endpoint (`admin.rs`), and the
 //!   shared-memory hand-over socket (`share.rs`).
 
 mod admin;
@@ -69,8 +73,12 @@ mod config;
 pub mod datadir;
 mod error;
 pub mod file;
+mod handler;
 pub mod medium;
+mod metrics;
 pub mod persist;
+mod prepare;
+mod registrar;
 mod server;
 mod share;
 
@@ -80,8 +88,8 @@ pub use config::{
 };
 pub use datadir::DirLock;
 pub use error::StoreError;
-pub use file::IoMode;
-pub use medium::{AsyncMedium, DramMedium, FileMedium, Medium};
+pub use file::{FileMedium, IoMode};
+pub use medium::{AsyncMedium, DramMedium, Medium};
 pub use persist::Discarded;
 pub use server::{StorageServer, CLEAN_STOP_PATIENCE};
 

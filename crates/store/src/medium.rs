@@ -10,12 +10,12 @@
 //! Memory media ([`DramMedium`]) are accessed synchronously: an access is a
 //! memcpy, done right in the connection task. Their generations live in the
 //! shared region next to the data ([`Medium::shared_region`]). Media whose I/O can block
-//! ([`FileMedium`]) also offer an [`AsyncMedium`] interface through
+//! ([`FileMedium`](crate::FileMedium)) also offer an [`AsyncMedium`] interface through
 //! [`Medium::as_async`], which the block store prefers; their synchronous
 //! methods block the calling thread and exist for tools and tests.
 
 use bytes::BytesMut;
-use nodekernel_shm::Region;
+use nodekernel_shm::ServerRegion;
 use std::fs::File;
 use std::future::Future;
 use std::io;
@@ -26,7 +26,10 @@ use std::sync::Arc;
 
 use crate::StoreError;
 
-pub use crate::file::{FileMedium, IoMode, Keepalive};
+/// Something that must stay alive until the kernel has finished with a
+/// request, even if the future that started it is dropped: the block's
+/// generation guard and, for read-modify-writes, the sector locks.
+pub type Keepalive = Arc<dyn std::any::Any + Send + Sync>;
 
 /// A byte-addressed storage medium of fixed size.
 ///
@@ -50,7 +53,7 @@ pub trait Medium: Send + Sync {
     /// Size of the medium in bytes.
     fn size(&self) -> u64;
     /// How the medium moves bytes, for logs and status: `"memory"` for
-    /// DRAM, an [`IoMode`] string for files.
+    /// DRAM, an [`IoMode`](crate::IoMode) string for files.
     fn io_mode(&self) -> &'static str {
         "memory"
     }
@@ -68,7 +71,7 @@ pub trait Medium: Send + Sync {
     }
     /// The shared region of a DRAM medium, whose generations live in shared
     /// memory; `None` for media whose generations the block store keeps.
-    fn shared_region(&self) -> Option<&Arc<Region>> {
+    fn shared_region(&self) -> Option<&Arc<ServerRegion>> {
         None
     }
     /// Writes everything written so far back to the device and waits for
@@ -144,7 +147,7 @@ pub(crate) fn check_range(off: u64, len: usize, size: u64) -> io::Result<usize> 
     }
 }
 
-/// DRAM medium: the data part of a shared [`Region`], a sealed memfd mapped
+/// DRAM medium: the data part of a shared [`ServerRegion`], a sealed memfd mapped
 /// shared into this process that also holds the per-block generations and
 /// the writer slots.
 ///
@@ -154,7 +157,7 @@ pub(crate) fn check_range(off: u64, len: usize, size: u64) -> io::Result<usize> 
 /// tools and tests. The memfd can be handed to co-located clients, which
 /// map it and run the same protocol.
 pub struct DramMedium {
-    region: Arc<Region>,
+    region: Arc<ServerRegion>,
     size: u64,
 }
 
@@ -169,7 +172,7 @@ impl DramMedium {
                 "DRAM medium must not be empty",
             ));
         }
-        let region = Region::create(block_size, num_blocks)
+        let region = ServerRegion::create(block_size, num_blocks)
             .map_err(|e| StoreError::io("create", &path, e))?;
         let size = region.layout().data_len();
         Ok(DramMedium {
@@ -179,7 +182,7 @@ impl DramMedium {
     }
 
     /// A region in the regular file at `path` (a persistent server's
-    /// DRAM tier, see [`Region::open_file`]): with `keep`, the blocks and
+    /// DRAM tier, see [`ServerRegion::open_file`]): with `keep`, the blocks and
     /// generations it holds are kept (the file must hold a region of this
     /// layout); without, it is created or emptied.
     pub fn open_file(
@@ -194,7 +197,7 @@ impl DramMedium {
                 "DRAM medium must not be empty",
             ));
         }
-        let region = Region::open_file(path, block_size, num_blocks, keep)
+        let region = ServerRegion::open_file(path, block_size, num_blocks, keep)
             .map_err(|e| StoreError::io(if keep { "reuse" } else { "create" }, path, e))?;
         let size = region.layout().data_len();
         Ok(DramMedium {
@@ -204,7 +207,7 @@ impl DramMedium {
     }
 
     /// The shared region (control words and data).
-    pub fn region(&self) -> &Arc<Region> {
+    pub fn region(&self) -> &Arc<ServerRegion> {
         &self.region
     }
 
@@ -274,7 +277,7 @@ impl Medium for DramMedium {
         self.size
     }
 
-    fn shared_region(&self) -> Option<&Arc<Region>> {
+    fn shared_region(&self) -> Option<&Arc<ServerRegion>> {
         Some(&self.region)
     }
 
@@ -284,10 +287,11 @@ impl Medium for DramMedium {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn exercise(m: &dyn Medium) {
+    /// Round trips and the bounds of every access, on any medium.
+    pub(crate) fn exercise(m: &dyn Medium) {
         let size = m.size();
         m.write(0, b"abc").unwrap();
         m.write(size - 3, b"xyz").unwrap();
@@ -352,59 +356,5 @@ mod tests {
         m.read_into(0, bs as usize, &mut out).unwrap();
         assert!(out.iter().all(|b| *b == 7), "the block before is untouched");
         assert!(m.release(4 * u64::from(bs), 1).is_err(), "past the end");
-    }
-
-    #[test]
-    fn file_medium_bounds_round_trip_and_preallocation() {
-        for io_uring in [true, false] {
-            for direct in [true, false] {
-                let io = crate::FileIoConfig {
-                    io_uring,
-                    direct,
-                    queue_depth: 4,
-                    stream_reads: true,
-                };
-                let dir = tempfile::tempdir().unwrap();
-                let path = dir.path().join("a/b/blocks.dat");
-                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-                std::fs::write(&path, vec![0xEEu8; 200 << 10]).unwrap();
-                let m = FileMedium::create_with(&path, 64 << 10, &io).unwrap();
-                assert_eq!(m.kind(), "file");
-                assert_eq!(m.path(), path);
-                assert_eq!(std::fs::metadata(&path).unwrap().len(), 64 << 10);
-                let mut out = BytesMut::new();
-                m.read_into(1000, 16, &mut out).unwrap();
-                assert_eq!(&out[..], &[0u8; 16], "old contents are discarded");
-                exercise(&m);
-            }
-        }
-    }
-
-    #[test]
-    fn file_medium_of_unaligned_size() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("odd.dat");
-        let m = FileMedium::create(&path, 10_000).unwrap();
-        assert_eq!(m.size(), 10_000);
-        assert_eq!(
-            std::fs::metadata(&path).unwrap().len(),
-            12_288,
-            "the file is rounded up to whole sectors"
-        );
-        exercise(&m);
-    }
-
-    #[test]
-    fn file_medium_creates_parent_dirs_and_names_path_on_error() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("x/y/z.dat");
-        FileMedium::create(&path, 4096).unwrap();
-        assert!(path.exists());
-        // A regular file where a directory is needed.
-        let bad = path.join("under-a-file.dat");
-        let err = FileMedium::create(&bad, 4096)
-            .err()
-            .expect("cannot create under a file");
-        assert!(err.to_string().contains(path.to_str().unwrap()), "{err}");
     }
 }

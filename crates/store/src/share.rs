@@ -13,7 +13,7 @@
 //! ([`nodekernel_shm::Challenge`]).
 //!
 //! On each accepted connection the server grants the client process a
-//! writer slot ([`Region::lease_slot`]) and sends the region's header and
+//! writer slot ([`ServerRegion::lease_slot`]) and sends the region's header and
 //! the slot with the memfd attached ([`nodekernel_shm::send_region`]); it
 //! then keeps the connection open without traffic until the client closes
 //! it or the server stops: a client watching it learns that the server is
@@ -26,7 +26,7 @@
 
 use nodekernel_rpc::Token;
 use nodekernel_shm::handover::PROOF_LEN;
-use nodekernel_shm::{Challenge, Region};
+use nodekernel_shm::{Challenge, ServerRegion};
 use std::io;
 use std::os::fd::AsFd;
 use std::sync::Arc;
@@ -47,7 +47,7 @@ pub(crate) struct Share {
 impl Share {
     /// Binds a fresh abstract socket and starts serving `region` on it.
     /// With a `token`, only clients proving it get the memory.
-    pub(crate) fn start(region: Arc<Region>, token: Option<Arc<Token>>) -> io::Result<Share> {
+    pub(crate) fn start(region: Arc<ServerRegion>, token: Option<Arc<Token>>) -> io::Result<Share> {
         let (name, listener) = nodekernel_rpc::bind_abstract_unix(nodekernel_shm::NAME_PREFIX)?;
         let task = tokio::spawn(accept_loop(listener, region, token));
         Ok(Share { name, task })
@@ -69,7 +69,7 @@ impl Drop for Share {
     }
 }
 
-async fn accept_loop(listener: UnixListener, region: Arc<Region>, token: Option<Arc<Token>>) {
+async fn accept_loop(listener: UnixListener, region: Arc<ServerRegion>, token: Option<Arc<Token>>) {
     // Owned here, so aborting this task drops every connection task too.
     let mut conns = JoinSet::new();
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -92,7 +92,7 @@ async fn accept_loop(listener: UnixListener, region: Arc<Region>, token: Option<
 
 async fn hand_over(
     mut stream: UnixStream,
-    region: Arc<Region>,
+    region: Arc<ServerRegion>,
     uid: libc::uid_t,
     token: Option<Arc<Token>>,
 ) {

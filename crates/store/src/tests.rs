@@ -8,6 +8,7 @@ use nodekernel_proto::meta::{MetaReply, MetaRequest};
 use nodekernel_proto::store::{
     op, read_reply_data, Claim, StoreRequest, TagCheck, READ_CHANGED_HANDS, READ_OK,
 };
+use nodekernel_proto::sync;
 use nodekernel_proto::{Error, ErrorCode, Result};
 use nodekernel_rpc::{Connection, Handler, ServerHandle};
 use std::collections::HashSet;
@@ -40,11 +41,24 @@ fn cfg(medium: MediumKind, blocks: u64) -> StoreConfig {
 fn cap_keys() -> std::sync::MutexGuard<'static, std::collections::HashMap<String, CapKey>> {
     static KEYS: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<String, CapKey>>> =
         std::sync::OnceLock::new();
-    KEYS.get_or_init(Default::default).lock().unwrap()
+    sync::lock(KEYS.get_or_init(Default::default))
 }
 
-pub(crate) fn note_cap_key(addr: &str, key: CapKey) {
-    cap_keys().insert(addr.to_string(), key);
+/// [`StorageServer::start`], noting the server's capability key for
+/// [`cap`].
+async fn start(cfg: StoreConfig) -> std::result::Result<StorageServer, StoreError> {
+    start_with_file_io(cfg, FileIoConfig::default()).await
+}
+
+/// [`StorageServer::start_with_file_io`], noting the server's capability
+/// key for [`cap`].
+async fn start_with_file_io(
+    cfg: StoreConfig,
+    io: FileIoConfig,
+) -> std::result::Result<StorageServer, StoreError> {
+    let srv = StorageServer::start_with_file_io(cfg, io).await?;
+    cap_keys().insert(srv.local_addr().to_string(), *srv.cap_key());
+    Ok(srv)
 }
 
 /// A capability for all of `block` at `gen` on the server `c` is
@@ -137,7 +151,7 @@ async fn serve_over_network(medium: MediumKind) {
 
 async fn serve_over_network_with(medium: MediumKind, io: FileIoConfig) {
     let is_file = matches!(medium, MediumKind::File { .. });
-    let srv = StorageServer::start_with_file_io(cfg(medium, 4), io.clone())
+    let srv = start_with_file_io(cfg(medium, 4), io.clone())
         .await
         .unwrap();
     if is_file {
@@ -297,7 +311,7 @@ async fn bad_file_io_config_names_the_field() {
         queue_depth: 0,
         ..FileIoConfig::default()
     };
-    let e = StorageServer::start_with_file_io(c, io).await.unwrap_err();
+    let e = start_with_file_io(c, io).await.unwrap_err();
     assert!(
         matches!(
             e,
@@ -316,7 +330,7 @@ async fn bad_file_io_config_names_the_field() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_clients_on_the_file_tier() {
     let dir = tempfile::tempdir().unwrap();
-    let srv = StorageServer::start(cfg(
+    let srv = start(cfg(
         MediumKind::File {
             path: dir.path().join("b"),
         },
@@ -357,9 +371,7 @@ async fn concurrent_clients_on_the_file_tier() {
 
 #[tokio::test]
 async fn drop_stops_the_server() {
-    let srv = StorageServer::start(cfg(MediumKind::Dram, 1))
-        .await
-        .unwrap();
+    let srv = start(cfg(MediumKind::Dram, 1)).await.unwrap();
     let addr = srv.local_addr().to_string();
     Connection::connect(&addr, HANG).await.unwrap();
     drop(srv);
@@ -368,9 +380,7 @@ async fn drop_stops_the_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_clients_on_disjoint_blocks() {
-    let srv = StorageServer::start(cfg(MediumKind::Dram, 8))
-        .await
-        .unwrap();
+    let srv = start(cfg(MediumKind::Dram, 8)).await.unwrap();
     let addr = srv.local_addr().to_string();
     let tasks: Vec<_> = (0..8u32)
         .map(|b| {
@@ -395,7 +405,7 @@ async fn concurrent_clients_on_disjoint_blocks() {
 async fn bad_config_names_the_field() {
     let mut c = cfg(MediumKind::Dram, 1);
     c.block_size = 1000;
-    let e = StorageServer::start(c).await.unwrap_err();
+    let e = start(c).await.unwrap_err();
     assert!(
         matches!(
             e,
@@ -411,7 +421,7 @@ async fn bad_config_names_the_field() {
 
     let mut c = cfg(MediumKind::Dram, 1);
     c.listen = "not an address".into();
-    let e = StorageServer::start(c).await.unwrap_err();
+    let e = start(c).await.unwrap_err();
     assert!(e.to_string().contains("not an address"), "{e}");
 }
 
@@ -443,11 +453,11 @@ impl FakeMeta {
     }
 
     fn registrations(&self) -> Vec<MetaRequest> {
-        self.registrations.lock().unwrap().clone()
+        sync::lock(&self.registrations).clone()
     }
 
     fn heartbeats(&self) -> Vec<u32> {
-        self.heartbeats.lock().unwrap().clone()
+        sync::lock(&self.heartbeats).clone()
     }
 }
 
@@ -456,24 +466,24 @@ impl Handler for FakeMeta {
         let req = MetaRequest::decode(op, &payload)?;
         let reply = match &req {
             MetaRequest::Register(_) => {
-                self.registrations.lock().unwrap().push(req.clone());
+                sync::lock(&self.registrations).push(req.clone());
                 if let Some(e) = &self.refuse {
                     return Err(e.clone());
                 }
                 let id = self.next_id.fetch_add(1, Ordering::SeqCst);
-                self.known.lock().unwrap().insert(id);
+                sync::lock(&self.known).insert(id);
                 MetaReply::Registered { server: id }
             }
             MetaRequest::Heartbeat { server, .. } => {
                 if self.forget_first_heartbeat && !self.forgot.swap(true, Ordering::SeqCst) {
-                    self.known.lock().unwrap().remove(server);
+                    sync::lock(&self.known).remove(server);
                 }
-                if !self.known.lock().unwrap().contains(server) {
+                if !sync::lock(&self.known).contains(server) {
                     return Err(Error::unknown_server(format!(
                         "storage server {server} is not registered"
                     )));
                 }
-                self.heartbeats.lock().unwrap().push(*server);
+                sync::lock(&self.heartbeats).push(*server);
                 MetaReply::Done
             }
             other => {
@@ -506,7 +516,7 @@ async fn registers_and_heartbeats() {
     c.metas = vec![meta_addr];
     c.class = 2;
     c.class_name = "fast".into();
-    let srv = StorageServer::start(c).await.unwrap();
+    let srv = start(c).await.unwrap();
     assert_eq!(
         srv.server_ids(),
         vec![Some(7)],
@@ -553,7 +563,7 @@ async fn reregisters_when_the_meta_forgets_it() {
     .await;
     let mut c = cfg(MediumKind::Dram, 4);
     c.metas = vec![meta_addr];
-    let srv = StorageServer::start(c).await.unwrap();
+    let srv = start(c).await.unwrap();
     assert_eq!(srv.server_ids(), vec![Some(7)]);
     eventually("re-registration", || meta.registrations().len() == 2).await;
     eventually("the new id", || srv.server_ids() == vec![Some(8)]).await;
@@ -575,7 +585,7 @@ async fn survives_a_meta_restart() {
     let mut c = cfg(MediumKind::Dram, 4);
     c.metas = vec![meta_addr.clone()];
     c.rpc_timeout = Duration::from_millis(500);
-    let srv = StorageServer::start(c).await.unwrap();
+    let srv = start(c).await.unwrap();
     eventually("a heartbeat", || !meta1.heartbeats().is_empty()).await;
 
     // The metadata server dies: heartbeats fail, the storage server stays up.
@@ -617,7 +627,7 @@ async fn blocks_are_partitioned_across_metas() {
     }
     let mut c = cfg(MediumKind::Dram, 10);
     c.metas = addrs;
-    let srv = StorageServer::start(c).await.unwrap();
+    let srv = start(c).await.unwrap();
     assert_eq!(srv.server_ids(), vec![Some(10), Some(20), Some(30)]);
     let ranges: Vec<(u32, u32)> = metas
         .iter()
@@ -644,7 +654,7 @@ async fn unreachable_meta_fails_start_naming_it() {
     c.metas = vec![addr.clone()];
     c.rpc_timeout = Duration::from_millis(300);
     let started = std::time::Instant::now();
-    let e = tokio::time::timeout(HANG, StorageServer::start(c))
+    let e = tokio::time::timeout(HANG, start(c))
         .await
         .expect("gives up instead of hanging")
         .unwrap_err();
@@ -671,7 +681,7 @@ async fn refused_registration_fails_at_once() {
     .await;
     let mut c = cfg(MediumKind::Dram, 1);
     c.metas = vec![meta_addr.clone()];
-    let e = StorageServer::start(c).await.unwrap_err();
+    let e = start(c).await.unwrap_err();
     assert!(
         e.to_string().contains(&meta_addr) && e.to_string().contains("block size"),
         "{e}"
@@ -692,7 +702,7 @@ async fn shm_name(c: &Connection) -> String {
 /// co-located client does.
 pub(crate) fn map_region(
     name: &str,
-) -> std::io::Result<(nodekernel_shm::Region, std::os::unix::net::UnixStream)> {
+) -> std::io::Result<(nodekernel_shm::ClientRegion, std::os::unix::net::UnixStream)> {
     map_region_proving(name, None)
 }
 
@@ -700,7 +710,7 @@ pub(crate) fn map_region(
 fn map_region_proving(
     name: &str,
     token: Option<&nodekernel_rpc::Token>,
-) -> std::io::Result<(nodekernel_shm::Region, std::os::unix::net::UnixStream)> {
+) -> std::io::Result<(nodekernel_shm::ClientRegion, std::os::unix::net::UnixStream)> {
     use std::os::linux::net::SocketAddrExt;
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
     let sock = std::os::unix::net::UnixStream::connect_addr(&addr)?;
@@ -722,7 +732,7 @@ async fn the_memory_goes_only_to_the_owner_proving_the_token() {
         token: Some(token.clone()),
         ..Security::default()
     };
-    let srv = StorageServer::start(StoreConfig {
+    let srv = start(StoreConfig {
         security: security.clone(),
         ..StoreConfig::default()
     })
@@ -814,11 +824,9 @@ async fn the_memory_goes_only_to_the_owner_proving_the_token() {
 /// was still the reader's generation throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dram_reads_are_sent_from_the_region_and_checked_after() {
-    use crate::server::StoreHandler;
+    use crate::handler::StoreHandler;
     use nodekernel_rpc::Reply;
-    let srv = StorageServer::start(cfg(MediumKind::Dram, 4))
-        .await
-        .unwrap();
+    let srv = start(cfg(MediumKind::Dram, 4)).await.unwrap();
     let c = Connection::connect(&srv.local_addr().to_string(), HANG)
         .await
         .unwrap();
@@ -861,9 +869,7 @@ async fn dram_reads_are_sent_from_the_region_and_checked_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dram_memory_is_handed_to_colocated_clients() {
-    let srv = StorageServer::start(cfg(MediumKind::Dram, 4))
-        .await
-        .unwrap();
+    let srv = start(cfg(MediumKind::Dram, 4)).await.unwrap();
     let c = Connection::connect(&srv.local_addr().to_string(), HANG)
         .await
         .unwrap();
@@ -920,7 +926,7 @@ async fn dram_memory_is_handed_to_colocated_clients() {
 async fn only_shared_dram_answers_with_a_socket_name() {
     let mut c = cfg(MediumKind::Dram, 1);
     c.shared_memory = false;
-    let srv = StorageServer::start(c).await.unwrap();
+    let srv = start(c).await.unwrap();
     let conn = Connection::connect(&srv.local_addr().to_string(), HANG)
         .await
         .unwrap();
@@ -928,7 +934,7 @@ async fn only_shared_dram_answers_with_a_socket_name() {
     assert_eq!(srv.shared_memory_name(), None);
 
     let dir = tempfile::tempdir().unwrap();
-    let srv = StorageServer::start(cfg(
+    let srv = start(cfg(
         MediumKind::File {
             path: dir.path().join("b"),
         },
@@ -947,12 +953,8 @@ async fn only_shared_dram_answers_with_a_socket_name() {
 /// Each server has its own socket; many clients can map one server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_clients_map_one_server() {
-    let a = StorageServer::start(cfg(MediumKind::Dram, 2))
-        .await
-        .unwrap();
-    let b = StorageServer::start(cfg(MediumKind::Dram, 2))
-        .await
-        .unwrap();
+    let a = start(cfg(MediumKind::Dram, 2)).await.unwrap();
+    let b = start(cfg(MediumKind::Dram, 2)).await.unwrap();
     assert_ne!(a.shared_memory_name(), b.shared_memory_name());
     let name = a.shared_memory_name().unwrap().to_string();
     let maps = tokio::task::spawn_blocking(move || {
@@ -973,10 +975,8 @@ async fn many_clients_map_one_server() {
 /// newer owner; `Copy` pulls a whole block from another storage server,
 /// only at the source generation it names.
 async fn claims_and_copies(medium: MediumKind) {
-    let a = StorageServer::start(cfg(MediumKind::Dram, 4))
-        .await
-        .unwrap();
-    let b = StorageServer::start(cfg(medium, 4)).await.unwrap();
+    let a = start(cfg(MediumKind::Dram, 4)).await.unwrap();
+    let b = start(cfg(medium, 4)).await.unwrap();
     let ca = Connection::connect(&a.local_addr().to_string(), HANG)
         .await
         .unwrap();
@@ -1030,7 +1030,7 @@ async fn claims_and_copies(medium: MediumKind) {
 /// starts with, which a claim clears when the value is freed; a clear at
 /// an older generation (the piece reused since) changes nothing.
 async fn tags(medium: MediumKind) {
-    let s = StorageServer::start(cfg(medium, 2)).await.unwrap();
+    let s = start(cfg(medium, 2)).await.unwrap();
     let c = Connection::connect(&s.local_addr().to_string(), HANG)
         .await
         .unwrap();
@@ -1081,7 +1081,7 @@ async fn tags(medium: MediumKind) {
 /// generation; a late one, after the new owner wrote under a newer
 /// generation, is refused and leaves the owner's bytes alone.
 async fn scrubs(medium: MediumKind) {
-    let s = StorageServer::start(cfg(medium, 2)).await.unwrap();
+    let s = start(cfg(medium, 2)).await.unwrap();
     let c = Connection::connect(&s.local_addr().to_string(), HANG)
         .await
         .unwrap();
@@ -1136,22 +1136,20 @@ on_both_media!(scrub_claims_dram, scrub_claims_file => scrubs);
 /// because of time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_hand_over_connection_gives_its_slot_back() {
-    let srv = StorageServer::start(cfg(MediumKind::Dram, 2))
-        .await
-        .unwrap();
+    let srv = start(cfg(MediumKind::Dram, 2)).await.unwrap();
     let region = srv.store().shared_region().unwrap().clone();
-    let free = region.free_slots().unwrap();
+    let free = region.free_slots();
     let name = srv.shared_memory_name().unwrap().to_string();
     let (mapped, sock) = tokio::task::spawn_blocking(move || map_region(&name).unwrap())
         .await
         .unwrap();
-    assert_eq!(region.free_slots(), Some(free - 1));
+    assert_eq!(region.free_slots(), free - 1);
     mapped.write(0, 5, 0, b"mapped").await.unwrap();
     drop(mapped);
     drop(sock);
     // A generous bound that only catches hangs.
     let start = std::time::Instant::now();
-    while region.free_slots() != Some(free) {
+    while region.free_slots() != free {
         assert!(
             start.elapsed() < Duration::from_secs(60),
             "slot never reclaimed"
@@ -1210,7 +1208,7 @@ fn is_identity(s: &str) -> bool {
 async fn a_locked_data_dir_is_refused_naming_it_and_left_alone() {
     let t = tempfile::tempdir().unwrap();
     let dir = t.path().join("d");
-    let first = StorageServer::start(in_dir(&dir, 2)).await.unwrap();
+    let first = start(in_dir(&dir, 2)).await.unwrap();
     assert_eq!(first.data_dir(), Some(dir.as_path()));
     assert_eq!(first.block_file(), Some(dir.join("blocks").as_path()));
     let c = Connection::connect(&first.local_addr().to_string(), HANG)
@@ -1224,7 +1222,7 @@ async fn a_locked_data_dir_is_refused_naming_it_and_left_alone() {
             path: PathBuf::from("other-blocks"),
         },
     ] {
-        let e = StorageServer::start(StoreConfig {
+        let e = start(StoreConfig {
             data_dir: DataDirConfig::At(dir.clone()),
             ..cfg(medium, 2)
         })
@@ -1270,7 +1268,7 @@ async fn a_block_file_in_use_is_refused_and_not_truncated() {
     let t = tempfile::tempdir().unwrap();
     let path = t.path().join("shared.blocks");
     let file = |blocks| cfg(MediumKind::File { path: path.clone() }, blocks);
-    let first = StorageServer::start(file(2)).await.unwrap();
+    let first = start(file(2)).await.unwrap();
     assert_eq!(first.data_dir(), None);
     let c = Connection::connect(&first.local_addr().to_string(), HANG)
         .await
@@ -1280,7 +1278,7 @@ async fn a_block_file_in_use_is_refused_and_not_truncated() {
 
     // Another server (same or other size) must not truncate or resize it.
     for blocks in [2, 1] {
-        let e = StorageServer::start(file(blocks)).await.unwrap_err();
+        let e = start(file(blocks)).await.unwrap_err();
         let text = e.to_string();
         assert!(
             matches!(&e, StoreError::Locked { path: p, .. } if *p == path),
@@ -1300,7 +1298,7 @@ async fn a_block_file_in_use_is_refused_and_not_truncated() {
 async fn created_files_are_0600_and_directories_0700() {
     let t = tempfile::tempdir().unwrap();
     let dir = t.path().join("a/b");
-    let srv = StorageServer::start(in_dir(&dir, 1)).await.unwrap();
+    let srv = start(in_dir(&dir, 1)).await.unwrap();
     for d in [t.path().join("a"), dir.clone()] {
         assert_eq!(mode(&d), 0o700, "{}", d.display());
     }
@@ -1311,7 +1309,7 @@ async fn created_files_are_0600_and_directories_0700() {
 
     // A block file named by its path, in new directories.
     let path = t.path().join("x/y/blocks");
-    let _srv = StorageServer::start(cfg(MediumKind::File { path: path.clone() }, 1))
+    let _srv = start(cfg(MediumKind::File { path: path.clone() }, 1))
         .await
         .unwrap();
     assert_eq!(mode(&t.path().join("x")), 0o700);
@@ -1322,7 +1320,7 @@ async fn created_files_are_0600_and_directories_0700() {
     let old = t.path().join("old.blocks");
     std::fs::write(&old, b"x").unwrap();
     std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let srv = StorageServer::start(cfg(MediumKind::File { path: old.clone() }, 1))
+    let srv = start(cfg(MediumKind::File { path: old.clone() }, 1))
         .await
         .unwrap();
     assert_eq!(mode(&old), 0o600);
@@ -1341,8 +1339,8 @@ async fn private_data_dirs_are_unique_and_removed_at_shutdown() {
             1,
         )
     };
-    let a = StorageServer::start(private()).await.unwrap();
-    let b = StorageServer::start(private()).await.unwrap();
+    let a = start(private()).await.unwrap();
+    let b = start(private()).await.unwrap();
     let (da, db) = (
         a.data_dir().unwrap().to_path_buf(),
         b.data_dir().unwrap().to_path_buf(),
@@ -1368,7 +1366,7 @@ async fn private_data_dirs_are_unique_and_removed_at_shutdown() {
 async fn identity_is_kept_in_the_data_dir_and_the_lock_freed_at_shutdown() {
     let t = tempfile::tempdir().unwrap();
     let (d1, d2) = (t.path().join("one"), t.path().join("two"));
-    let first = StorageServer::start(in_dir(&d1, 1)).await.unwrap();
+    let first = start(in_dir(&d1, 1)).await.unwrap();
     let id = first.identity().to_string();
     assert!(is_identity(&id), "{id}");
     assert_eq!(
@@ -1384,25 +1382,21 @@ async fn identity_is_kept_in_the_data_dir_and_the_lock_freed_at_shutdown() {
         "the block file goes at shutdown"
     );
     assert!(d1.join(LOCK_FILE).exists() && d1.join(IDENTITY_FILE).exists());
-    let second = StorageServer::start(in_dir(&d1, 1)).await.unwrap();
+    let second = start(in_dir(&d1, 1)).await.unwrap();
     assert_eq!(second.identity(), id, "same directory, same identity");
     assert_ne!(second.incarnation(), incarnation, "a new incarnation");
     drop(second);
     drop(first);
-    let third = StorageServer::start(in_dir(&d1, 2)).await.unwrap();
+    let third = start(in_dir(&d1, 2)).await.unwrap();
     assert_eq!(third.identity(), id);
 
-    let other = StorageServer::start(in_dir(&d2, 1)).await.unwrap();
+    let other = start(in_dir(&d2, 1)).await.unwrap();
     assert!(is_identity(other.identity()));
     assert_ne!(other.identity(), id, "another directory, another identity");
 
     // Without a data directory: a fresh identity every start.
-    let a = StorageServer::start(cfg(MediumKind::Dram, 1))
-        .await
-        .unwrap();
-    let b = StorageServer::start(cfg(MediumKind::Dram, 1))
-        .await
-        .unwrap();
+    let a = start(cfg(MediumKind::Dram, 1)).await.unwrap();
+    let b = start(cfg(MediumKind::Dram, 1)).await.unwrap();
     assert!(is_identity(a.identity()) && is_identity(b.identity()));
     assert_ne!(a.identity(), b.identity());
     assert_eq!(a.data_dir(), None);
@@ -1410,7 +1404,7 @@ async fn identity_is_kept_in_the_data_dir_and_the_lock_freed_at_shutdown() {
     // A damaged identity refuses to start, naming the file, and is kept.
     drop(other);
     std::fs::write(d2.join(IDENTITY_FILE), b"not an identity\n").unwrap();
-    let e = StorageServer::start(in_dir(&d2, 1)).await.unwrap_err();
+    let e = start(in_dir(&d2, 1)).await.unwrap_err();
     let text = e.to_string();
     assert!(
         matches!(e, StoreError::Identity { .. })
@@ -1440,7 +1434,7 @@ async fn a_failed_start_leaves_nothing_behind() {
     let dir = t.path().join("new/data");
     let mut c = in_dir(&dir, 1);
     c.listen = busy.clone();
-    let e = StorageServer::start(c).await.unwrap_err();
+    let e = start(c).await.unwrap_err();
     assert!(matches!(e, StoreError::Listen { .. }), "{e}");
     assert!(
         !t.path().join("new").exists(),
@@ -1451,7 +1445,7 @@ async fn a_failed_start_leaves_nothing_behind() {
     let path = t.path().join("x/blocks");
     let mut c = cfg(MediumKind::File { path: path.clone() }, 1);
     c.listen = busy.clone();
-    StorageServer::start(c).await.unwrap_err();
+    start(c).await.unwrap_err();
     assert!(!t.path().join("x").exists(), "no block file is left");
 
     // A registration that fails: the same.
@@ -1459,18 +1453,18 @@ async fn a_failed_start_leaves_nothing_behind() {
     let mut c = in_dir(&dir, 1);
     c.metas = vec![unreachable];
     c.rpc_timeout = Duration::from_millis(50);
-    let e = StorageServer::start(c).await.unwrap_err();
+    let e = start(c).await.unwrap_err();
     assert!(matches!(e, StoreError::Register { .. }), "{e}");
     assert!(!t.path().join("new").exists());
 
     // An existing data directory keeps what it had, and only that.
-    let srv = StorageServer::start(in_dir(&dir, 1)).await.unwrap();
+    let srv = start(in_dir(&dir, 1)).await.unwrap();
     let id = srv.identity().to_string();
     drop(srv);
     std::fs::write(dir.join("blocks"), b"left by a crash").unwrap();
     let mut c = in_dir(&dir, 1);
     c.listen = busy;
-    StorageServer::start(c).await.unwrap_err();
+    start(c).await.unwrap_err();
     let mut left: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -1482,7 +1476,7 @@ async fn a_failed_start_leaves_nothing_behind() {
         format!("{id}\n")
     );
     // The next start reuses the directory.
-    let srv = StorageServer::start(in_dir(&dir, 1)).await.unwrap();
+    let srv = start(in_dir(&dir, 1)).await.unwrap();
     assert_eq!(srv.identity(), id);
 }
 
@@ -1490,7 +1484,7 @@ async fn a_failed_start_leaves_nothing_behind() {
 async fn discard_removes_what_the_start_created() {
     let t = tempfile::tempdir().unwrap();
     let dir = t.path().join("new");
-    let srv = StorageServer::start(in_dir(&dir, 1)).await.unwrap();
+    let srv = start(in_dir(&dir, 1)).await.unwrap();
     let addr = srv.local_addr().to_string();
     srv.discard();
     assert!(!dir.exists());
@@ -1518,7 +1512,7 @@ async fn os_errors_appear_once_in_the_message() {
         ),
         (listen, libc::EADDRINUSE),
     ] {
-        let e = StorageServer::start(c).await.unwrap_err();
+        let e = start(c).await.unwrap_err();
         let text = chain_text(&e);
         let os = std::io::Error::from_raw_os_error(errno).to_string();
         assert_eq!(text.matches(&os).count(), 1, "{text}");
@@ -1540,7 +1534,7 @@ async fn start_does_not_hold_the_async_thread() {
         let ran = Arc::new(AtomicBool::new(false));
         let r = ran.clone();
         tokio::spawn(async move { r.store(true, Ordering::SeqCst) });
-        let _srv = StorageServer::start(cfg(medium, 64)).await.unwrap();
+        let _srv = start(cfg(medium, 64)).await.unwrap();
         assert!(
             ran.load(Ordering::SeqCst),
             "another task ran during the start"
@@ -1555,7 +1549,7 @@ async fn start_does_not_hold_the_async_thread() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_dram_writes_are_received_in_place_with_their_generation_rules() {
     let bs = 4u32 << 20;
-    let srv = StorageServer::start(StoreConfig {
+    let srv = start(StoreConfig {
         capacity: 4 * u64::from(bs),
         block_size: bs,
         ..cfg(MediumKind::Dram, 4)

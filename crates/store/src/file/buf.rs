@@ -1,5 +1,6 @@
 //! Page-aligned heap buffers handed to the kernel.
 
+use nodekernel_proto::sync;
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
@@ -119,10 +120,7 @@ impl BufPool {
     pub fn get(&self, len: usize) -> AlignedBuf {
         let cap = Self::capacity(len);
         if cap <= MAX_POOLED {
-            let free = self.classes[Self::class(cap)]
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .pop();
+            let free = sync::lock(&self.classes[Self::class(cap)]).pop();
             if let Some(mut b) = free {
                 self.cached.fetch_sub(cap, Ordering::Relaxed);
                 b.len = len;
@@ -140,9 +138,7 @@ impl BufPool {
         if cap > MAX_POOLED || !cap.is_power_of_two() {
             return;
         }
-        let mut free = self.classes[Self::class(cap)]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut free = sync::lock(&self.classes[Self::class(cap)]);
         if free.len() < self.keep
             && self.cached.fetch_add(cap, Ordering::Relaxed) + cap <= POOL_BYTES
         {
@@ -192,7 +188,7 @@ mod tests {
         for b in many {
             pool.put(b);
         }
-        assert_eq!(pool.classes[0].lock().unwrap().len(), 4);
+        assert_eq!(sync::lock(&pool.classes[0]).len(), 4);
         // And the pool at most POOL_BYTES in all.
         let pool = BufPool::new(1000);
         let big: Vec<_> = (0..5).map(|_| pool.get(16 << 20)).collect();
@@ -202,13 +198,7 @@ mod tests {
         let kept: usize = pool
             .classes
             .iter()
-            .map(|c| {
-                c.lock()
-                    .unwrap()
-                    .iter()
-                    .map(|b| b.capacity())
-                    .sum::<usize>()
-            })
+            .map(|c| sync::lock(c).iter().map(|b| b.capacity()).sum::<usize>())
             .sum();
         assert_eq!(kept, POOL_BYTES);
         assert_eq!(pool.cached.load(Ordering::Relaxed), POOL_BYTES);

@@ -109,12 +109,18 @@
 
 mod buf;
 mod engine;
+mod request;
 mod threads;
 mod uring;
 
+pub use crate::medium::Keepalive;
 pub use buf::ALIGN;
-pub(crate) use engine::block_on;
-pub use engine::Keepalive;
+
+/// Drives `fut` to completion on the current thread, parking it while the
+/// future waits. Used by the synchronous [`Medium`](crate::Medium) methods of
+/// the file medium, whose futures only wait on `tokio::sync` primitives
+/// (which need no runtime) completed by the engine's own threads.
+pub(crate) use futures::executor::block_on;
 
 use crate::config::FileIoConfig;
 use crate::datadir::BlockFile;
@@ -122,7 +128,8 @@ use crate::medium::{check_range, AsyncMedium, IoFuture, Medium};
 use crate::StoreError;
 use buf::{AlignedBuf, BufPool};
 use bytes::BytesMut;
-use engine::{pio, Engine, OpKind};
+use engine::Engine;
+use request::{pio, OpKind};
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;

@@ -3,6 +3,7 @@
 //! accesses is in `tests/file_tier.rs`.
 
 use super::*;
+use crate::medium::tests::exercise;
 use std::time::Duration;
 
 /// Every combination of the two switches.
@@ -379,4 +380,58 @@ fn stream_reads_where_the_kernel_has_them_and_they_see_every_write() {
             }
         });
     }
+}
+
+#[test]
+fn file_medium_bounds_round_trip_and_preallocation() {
+    for io_uring in [true, false] {
+        for direct in [true, false] {
+            let io = crate::FileIoConfig {
+                io_uring,
+                direct,
+                queue_depth: 4,
+                stream_reads: true,
+            };
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("a/b/blocks.dat");
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, vec![0xEEu8; 200 << 10]).unwrap();
+            let m = FileMedium::create_with(&path, 64 << 10, &io).unwrap();
+            assert_eq!(m.kind(), "file");
+            assert_eq!(m.path(), path);
+            assert_eq!(std::fs::metadata(&path).unwrap().len(), 64 << 10);
+            let mut out = BytesMut::new();
+            m.read_into(1000, 16, &mut out).unwrap();
+            assert_eq!(&out[..], &[0u8; 16], "old contents are discarded");
+            exercise(&m);
+        }
+    }
+}
+
+#[test]
+fn file_medium_of_unaligned_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("odd.dat");
+    let m = FileMedium::create(&path, 10_000).unwrap();
+    assert_eq!(m.size(), 10_000);
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        12_288,
+        "the file is rounded up to whole sectors"
+    );
+    exercise(&m);
+}
+
+#[test]
+fn file_medium_creates_parent_dirs_and_names_path_on_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("x/y/z.dat");
+    FileMedium::create(&path, 4096).unwrap();
+    assert!(path.exists());
+    // A regular file where a directory is needed.
+    let bad = path.join("under-a-file.dat");
+    let err = FileMedium::create(&bad, 4096)
+        .err()
+        .expect("cannot create under a file");
+    assert!(err.to_string().contains(path.to_str().unwrap()), "{err}");
 }

@@ -4,7 +4,8 @@
 //! `kernel.io_uring_disabled`). Each thread takes one request at a time, so
 //! the pool size bounds the I/Os in flight.
 
-use super::engine::{gone, pio, Request};
+use super::request::{gone, pio, Request};
+use nodekernel_proto::sync;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -51,7 +52,7 @@ fn worker(file: &File, stream: Option<&File>, rx: &Mutex<mpsc::Receiver<Request>
     loop {
         // Holding the lock while blocked in `recv` is fine: the other idle
         // workers would wait for a request anyway.
-        let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+        let next = sync::lock(rx).recv();
         let Ok(mut req) = next else {
             return; // the medium is gone and the queue is drained
         };

@@ -16,7 +16,7 @@
 //! completion is reaped; on shutdown the thread drains the queue and waits
 //! for every in-flight I/O before it exits, and the medium joins it.
 
-use super::engine::{gone, short, OpKind, Request};
+use super::request::{gone, short, OpKind, Request};
 use io_uring::{opcode, squeue, types, IoUring};
 use std::fs::File;
 use std::io;

@@ -542,7 +542,7 @@ async fn damaged_medium_files_are_reinitialised() {
     check_empty(&s).await;
 }
 
-async fn map(s: &StorageServer) -> (nodekernel_shm::Region, std::os::unix::net::UnixStream) {
+async fn map(s: &StorageServer) -> (nodekernel_shm::ClientRegion, std::os::unix::net::UnixStream) {
     let name = s.shared_memory_name().expect("shared").to_string();
     tokio::task::spawn_blocking(move || map_region(&name))
         .await
