@@ -13,7 +13,8 @@
 //! beside its target, moving it into place once whole.
 
 use crate::blockio::Locate;
-use crate::client::{unexpected, Client, CreateOptions};
+use crate::client::{unexpected, Client};
+use crate::config::CreateOptions;
 use futures::stream::{self, StreamExt};
 use nodekernel_proto::codec::{Dec, Enc};
 use nodekernel_proto::meta::{MetaReply, MetaRequest, SnapshotEntry};
