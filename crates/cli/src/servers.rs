@@ -19,10 +19,10 @@ pub struct UpArgs {
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
     /// DRAM tier size (0 disables it), e.g. 512MiB
-    #[arg(long, value_parser = crate::parse_size)]
+    #[arg(long, value_parser = crate::common::parse_size)]
     dram: Option<ByteSize>,
     /// File tier size (0 disables it), e.g. 8GiB
-    #[arg(long, value_parser = crate::parse_size)]
+    #[arg(long, value_parser = crate::common::parse_size)]
     file: Option<ByteSize>,
     /// The metadata server's admin HTTP endpoint (metrics, status, dashboard); "" turns it off [default: meta.admin, 127.0.0.1:0]
     #[arg(long, value_name = "ADDR")]
@@ -61,7 +61,7 @@ pub struct StoreArgs {
     /// dram or file
     #[arg(long, default_value = "dram")]
     medium: String,
-    #[arg(long, value_parser = crate::parse_size, default_value = "512MiB")]
+    #[arg(long, value_parser = crate::common::parse_size, default_value = "512MiB")]
     size: ByteSize,
     /// Data directory of the server: LOCK, identity, and a file medium's block file [default: none for DRAM; a fresh private directory, removed at shutdown, for a file medium without --path]
     #[arg(long, value_name = "DIR")]
