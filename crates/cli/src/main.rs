@@ -374,7 +374,7 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match &cli.cmd {
         Cmd::Up(a) => return servers::up(cli.load_config()?, a).await,
-        Cmd::Meta(a) => return servers::meta(cli.load_config()?, a).await,
+        Cmd::Meta(a) => return servers::meta(cli.load_config()?, cli.meta.as_deref(), a).await,
         Cmd::Store(a) if a.action.is_none() => {
             let metas = cli.client_config()?.metas;
             return servers::store(cli.load_config()?, metas, a).await;

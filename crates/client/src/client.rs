@@ -6,6 +6,7 @@
 use crate::blockio::{BlockIo, DataPathStats};
 use crate::config::ClientConfig;
 use crate::leases::{self, Leases};
+use crate::start::Starting;
 use bytes::BytesMut;
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
 use nodekernel_proto::record;
@@ -47,20 +48,60 @@ impl Client {
     /// are listed in partition order. A partition that does not answer is
     /// tried again by each request for its names (which get `Unavailable`
     /// or `Timeout` meanwhile), so the others keep serving; connecting
-    /// fails only if none answers.
+    /// fails only if none answers. While nothing listens at any of the
+    /// addresses (a cluster that is starting), it asks again, for at most
+    /// the client timeout (`crate::start`).
     ///
     /// Without a token in `cfg`, it uses the one a server on this host
     /// published for one of the metadata servers' addresses
     /// ([`crate::settings::publish_token`]: `nk up` and `nk meta` do, for
     /// clients of their user), so a default one-machine cluster needs no
     /// setting (`docs/security.md`, *Secure by default*).
-    pub async fn connect(mut cfg: ClientConfig) -> Result<Client> {
+    pub async fn connect(cfg: ClientConfig) -> Result<Client> {
         if cfg.metas.is_empty() {
             return Err(Error::invalid_argument("no metadata server address given"));
         }
-        if cfg.token.is_none() {
-            cfg.token = crate::settings::published_token(&cfg.metas);
+        let cluster = cfg.metas.join(",");
+        let mut starting = Starting::new(&cluster, cfg.timeout);
+        loop {
+            let mut cfg = cfg.clone();
+            if cfg.token.is_none() {
+                cfg.token = crate::settings::published_token(&cfg.metas);
+            }
+            let tokenless = cfg.token.is_none();
+            let client = Client::new(cfg);
+            let n = client.inner.cfg.metas.len();
+            let answers =
+                futures::future::join_all((0..n).map(|i| client.meta_at(i, &MetaRequest::Status)))
+                    .await;
+            let failed = |code| {
+                answers
+                    .iter()
+                    .any(|a| matches!(a, Err(e) if e.code == code))
+            };
+            // A server that started listening after this client looked for
+            // its published token (`nk up` publishes it before it
+            // listens): look again.
+            if tokenless
+                && failed(ErrorCode::Unauthenticated)
+                && crate::settings::published_token(&client.inner.cfg.metas).is_some()
+            {
+                continue;
+            }
+            // Nothing listens yet at any address: the cluster may be
+            // starting (`crate::start`).
+            let none = answers
+                .iter()
+                .all(|a| matches!(a, Err(e) if e.code == ErrorCode::Unavailable));
+            match &answers[0] {
+                Err(e) if none && starting.pause(e).await => continue,
+                _ => return client.connected(answers, &starting).await,
+            }
         }
+    }
+
+    /// A client of `cfg`, connected to nothing yet.
+    fn new(cfg: ClientConfig) -> Client {
         let opts = ConnOptions {
             timeout: cfg.timeout,
             spin: cfg.poll_spin,
@@ -77,7 +118,7 @@ impl Client {
             cfg.access_hook.clone(),
             cfg.token.clone(),
         );
-        let client = Client {
+        Client {
             inner: Arc::new(Inner {
                 pool: ConnectionPool::with_handshake(opts, handshake),
                 routes: cfg
@@ -89,11 +130,18 @@ impl Client {
                 io,
                 leases: Arc::default(),
             }),
-        };
+        }
+    }
+
+    /// [`Client::connect`] once the partitions gave `answers` to a
+    /// `Status`: checks their order, and fails only if none answered.
+    async fn connected(
+        self,
+        answers: Vec<Result<MetaReply>>,
+        starting: &Starting<'_>,
+    ) -> Result<Client> {
+        let client = self;
         let n = client.inner.cfg.metas.len();
-        let answers =
-            futures::future::join_all((0..n).map(|i| client.meta_at(i, &MetaRequest::Status)))
-                .await;
         let mut errors = Vec::new();
         for (i, answer) in answers.into_iter().enumerate() {
             match answer {
@@ -120,7 +168,7 @@ impl Client {
             }
         }
         if errors.len() == n {
-            let first = errors.swap_remove(0);
+            let first = starting.gave_up(errors.swap_remove(0));
             return Err(if n == 1 {
                 first
             } else {
@@ -190,8 +238,59 @@ impl Client {
         path::partition_of(p, self.inner.cfg.metas.len())
     }
 
-    /// Sends a metadata request to partition `idx`.
+    /// Sends a metadata request to partition `idx`. A request refused
+    /// because no storage server has registered with the partition yet
+    /// is sent again once one has, within the client timeout
+    /// (`crate::start`).
     pub(crate) async fn meta_at(&self, idx: usize, req: &MetaRequest) -> Result<MetaReply> {
+        match self.meta_once(idx, req).await {
+            Err(e) if e.code == ErrorCode::Unavailable && self.starting(idx).await => {
+                self.meta_when_started(idx, req, e).await
+            }
+            r => r,
+        }
+    }
+
+    /// Whether partition `idx` answers and has no storage server yet: the
+    /// cluster is starting (or its metadata server restarting).
+    async fn starting(&self, idx: usize) -> bool {
+        matches!(
+            self.meta_once(idx, &MetaRequest::Status).await,
+            Ok(MetaReply::Status(st)) if st.servers.is_empty()
+        )
+    }
+
+    /// [`Client::meta_at`] for a request refused with `e` while partition
+    /// `idx` had no storage server: sent again once one registered.
+    async fn meta_when_started(
+        &self,
+        idx: usize,
+        req: &MetaRequest,
+        mut e: Error,
+    ) -> Result<MetaReply> {
+        let addr = &self.inner.cfg.metas[idx];
+        let mut starting = Starting::new(addr, self.inner.cfg.timeout);
+        loop {
+            if !starting
+                .pause(&"no storage server has registered yet")
+                .await
+            {
+                return Err(starting.gave_up(e));
+            }
+            if self.starting(idx).await {
+                continue;
+            }
+            match self.meta_once(idx, req).await {
+                Err(again) if again.code == ErrorCode::Unavailable && self.starting(idx).await => {
+                    e = again
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// Sends a metadata request to partition `idx` once.
+    async fn meta_once(&self, idx: usize, req: &MetaRequest) -> Result<MetaReply> {
         let addr = self
             .route(idx)
             .read()

@@ -42,6 +42,7 @@ mod node;
 mod open;
 pub mod settings;
 pub mod snapshot;
+mod start;
 mod stream;
 
 pub use admin::drain_finished;
