@@ -131,7 +131,7 @@ def crate_edges(src):
     for here, text in texts.items():
         if here == ():
             # The root's mod/pub use lines are its table of contents.
-            text = re.sub(r"\b(?:pub(?:\([^)]*\))?\s+)?use\s+[^;]+;", "", text)
+            text = re.sub(r"\bpub(?:\([^)]*\))?\s+use\s+[^;]+;", "", text)
             text = re.sub(r"\b(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*;", "", text)
         paths = list(use_trees(text))
         paths += re.findall(r"\b((?:crate|super|self)(?:::\w+)+)", text)

@@ -204,7 +204,9 @@ fn a_command_waits_for_a_storage_server_within_the_timeout() {
     // None comes: the error after the bound.
     let short = timeout_config(dir.path(), 1500);
     let t = Instant::now();
-    let out = client(&addr, &short, &["mkdir", "/never"]).output().unwrap();
+    let out = client(&addr, &short, &["mkdir", "/never"])
+        .output()
+        .unwrap();
     let err = stderr(&out);
     assert!(!out.status.success());
     assert!(t.elapsed() >= Duration::from_millis(1400), "{err}");
@@ -268,7 +270,9 @@ fn nk_meta_takes_its_partition_from_the_list() {
         let out = client(&list, &config, &["mkdir", name]).output().unwrap();
         assert!(out.status.success(), "{}", stderr(&out));
     }
-    let out = client(&list, &config, &["status", "--json"]).output().unwrap();
+    let out = client(&list, &config, &["status", "--json"])
+        .output()
+        .unwrap();
     let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(st["unreachable"].as_array().map(Vec::len), Some(0), "{st}");
     drop(metas);

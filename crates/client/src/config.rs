@@ -33,7 +33,7 @@ pub struct ClientConfig {
     pub access_hook: Option<Arc<dyn AccessHook>>,
     /// The cluster token this client proves on every connection (to
     /// metadata and storage servers, and for shared memory); `None` by
-    /// default, when [`Client::connect`] uses one a server on this host
+    /// default, when [`Client::connect`](crate::Client::connect) uses one a server on this host
     /// published for its address, if any. [`crate::discover`] reads it from
     /// `NK_TOKEN_FILE` or the `[security]` section.
     pub token: Option<Arc<nodekernel_rpc::Token>>,
@@ -103,7 +103,7 @@ pub struct CreateOptions {
     /// For a KeyValue: the size its writer will write, when known (0:
     /// unknown). A small value (up to a quarter block) is then stored in a
     /// piece of a block shared with other small values, and cannot grow
-    /// past that piece. [`Client::put`] sets it.
+    /// past that piece. [`Client::put`](crate::Client::put) sets it.
     pub size_hint: u64,
     /// Tier migration never moves the node's blocks (e.g. broadcast data
     /// that must stay in DRAM; `docs/tiering.md`).
