@@ -127,7 +127,7 @@ pub async fn up(mut cfg: Config, a: &UpArgs) -> anyhow::Result<()> {
     let stores = cfg.up_stores();
     // Clients of this user on this host find the token by the address:
     // published before the port opens when the address is known
-    // (`docs/deployment.md`, *Starting*), else once it is.
+    // (`docs/deployment.md`, *Start order and readiness*), else once it is.
     let listen = cfg.meta.listen.clone();
     let mut published = None;
     let cluster =
@@ -195,7 +195,7 @@ fn publish(
 
 /// [`publish`] for a server that will listen on `listen` and does not
 /// yet: before the port opens, so that a client connecting the moment it
-/// does finds the token (`docs/deployment.md`, *Starting*). `None` when
+/// does finds the token (`docs/deployment.md`, *Start order and readiness*). `None` when
 /// the port is not fixed (0) or a running server published the address
 /// already.
 fn publish_early(

@@ -1,4 +1,4 @@
-//! The first minute of a newcomer (`docs/deployment.md`, *Starting*):
+//! The first minute of a newcomer (`docs/deployment.md`, *Start order and readiness*):
 //! the README's quick start runs as written, a command that arrives
 //! while the cluster starts waits for it (bounded, saying so), and
 //! `nk meta --meta A,B` takes its partition from its place in the list.

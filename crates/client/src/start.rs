@@ -1,5 +1,5 @@
 //! The first minute: a client that meets a cluster while it starts waits
-//! for it instead of failing (`docs/deployment.md`, *Starting*). Two
+//! for it instead of failing (`docs/deployment.md`, *Start order and readiness*). Two
 //! moments need it, both right after `nk up … &` or a restart:
 //! - no metadata server answers yet (nothing listens on its port):
 //!   [`crate::Client::connect`] asks again;

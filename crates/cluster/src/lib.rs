@@ -112,7 +112,7 @@ impl LocalCluster {
     /// the cluster token ([`LocalCluster::token_file`]) once it is known,
     /// just before the metadata server listens: `nk up` publishes it there
     /// for local clients, so that a client which connects the moment the
-    /// port opens finds it (`docs/deployment.md`, *Starting*).
+    /// port opens finds it (`docs/deployment.md`, *Start order and readiness*).
     pub async fn start_with(
         mut config: Config,
         before_listen: impl FnOnce(Option<&Path>),
