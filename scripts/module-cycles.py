@@ -22,11 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent / "crates"
 
 def strip(text):
     """Source without comments, string literals and test modules."""
-    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
-    text = re.sub(r"//[^\n]*", "", text)
-    text = re.sub(r'b?r#*"(?:.|\n)*?"#*', '""', text)
-    text = re.sub(r'b?"(?:\\.|[^"\\])*"', '""', text)
-    text = re.sub(r"'(?:\\.|[^'\\])'", "' '", text)
+    text = blank(text)
     out, i = [], 0
     for m in re.finditer(r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*\{", text):
         if m.start() < i:
@@ -38,6 +34,49 @@ def strip(text):
             j += 1
         i = j
     out.append(text[i:])
+    return "".join(out)
+
+
+def blank(text):
+    """`text` with comments removed and string and char literals emptied,
+    scanned left to right (so `"/*"` or `// a/*b` start nothing)."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+        elif text.startswith("/*", i):
+            depth, i = 1, i + 2
+            while i < n and depth:
+                if text.startswith("/*", i):
+                    depth, i = depth + 1, i + 2
+                elif text.startswith("*/", i):
+                    depth, i = depth - 1, i + 2
+                else:
+                    i += 1
+        elif (
+            c == "r"
+            and re.match(r'r#*"', text[i:])
+            and not (i and (text[i - 1].isalnum() or text[i - 1] == "_"))
+        ):
+            hashes = re.match(r"r(#*)", text[i:]).group(1)
+            end = text.find('"' + hashes, i + 2 + len(hashes))
+            out.append('""')
+            i = n if end < 0 else end + 1 + len(hashes)
+        elif c == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+            out.append('""')
+            i += 1
+        elif c == "'" and re.match(r"'(?:\\.[^']*|[^'\\])'", text[i:]):
+            m = re.match(r"'(?:\\.[^']*|[^'\\])'", text[i:])
+            out.append("' '")
+            i += m.end()
+        else:
+            out.append(c)
+            i += 1
     return "".join(out)
 
 
@@ -55,7 +94,14 @@ def module_files(src):
         if "tests" in path or (path and path[-1].endswith("_tests")):
             continue
         mods[path] = f
-    return mods
+    # Modules declared for tests only (`#[cfg(test)] mod sim;`).
+    test_only = set()
+    for path, f in mods.items():
+        for m in re.finditer(
+            r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;", f.read_text()
+        ):
+            test_only.add((*path, m.group(1)))
+    return {p: f for p, f in mods.items() if not any(p[: len(t)] == t for t in test_only)}
 
 
 def use_trees(text):
@@ -102,8 +148,8 @@ def resolve(path, mods, reexports, here):
     # Longest module prefix.
     cur = base
     for s in segs:
-        if cur + (s,) in mods:
-            cur = cur + (s,)
+        if (*cur, s) in mods:
+            cur = (*cur, s)
         else:
             break
     rest = segs[len(cur) - len(base) :]
@@ -197,7 +243,9 @@ def main(argv):
         found = cycles(edges)
         if verbose:
             for m in sorted(edges):
-                print(f"  {crate.name}: {name(m)} -> {', '.join(sorted(map(name, edges[m]))) or '-'}")
+                print(
+                    f"  {crate.name}: {name(m)} -> {', '.join(sorted(map(name, edges[m]))) or '-'}"
+                )
         if found:
             bad += 1
             for comp in found:
