@@ -125,18 +125,10 @@ pub async fn up(mut cfg: Config, a: &UpArgs) -> anyhow::Result<()> {
     }
     cfg.security.insecure |= a.insecure;
     let stores = cfg.up_stores();
-    // Clients of this user on this host find the token by the address:
-    // published before the port opens when the address is known
-    // (`docs/deployment.md`, *Start order and readiness*), else once it is.
-    let listen = cfg.meta.listen.clone();
-    let mut published = None;
-    let cluster =
-        LocalCluster::start_with(cfg, |file| published = publish_early(&listen, file)).await?;
+    let cluster = LocalCluster::start(cfg).await?;
     let addr = cluster.meta_addr();
-    if published.is_none() {
-        published = publish(addr, cluster.token_file().as_deref());
-    }
-    let _published = published;
+    // Clients of this user on this host find the token by the address.
+    let _published = publish(addr, cluster.token_file().as_deref());
     println!("NodeKernel is up: metadata server at {addr}");
     if let Some(url) = cluster.admin_url() {
         println!("  admin endpoint and dashboard at {url}");
@@ -190,30 +182,7 @@ fn publish(
     token_file: Option<&std::path::Path>,
 ) -> Option<nodekernel_client::settings::PublishedToken> {
     let file = token_file?;
-    told(file, nodekernel_client::settings::publish_token(addr, file))
-}
-
-/// [`publish`] for a server that will listen on `listen` and does not
-/// yet: before the port opens, so that a client connecting the moment it
-/// does finds the token (`docs/deployment.md`, *Start order and readiness*). `None` when
-/// the port is not fixed (0) or a running server published the address
-/// already.
-fn publish_early(
-    listen: &str,
-    token_file: Option<&std::path::Path>,
-) -> Option<nodekernel_client::settings::PublishedToken> {
-    let addr: std::net::SocketAddr = listen.parse().ok()?;
-    let file = token_file.filter(|_| addr.port() != 0)?;
-    let published = nodekernel_client::settings::publish_token_before_listening(addr, file);
-    told(file, published.transpose()?)
-}
-
-/// The entries published for `file`, or a warning why there are none.
-fn told(
-    file: &std::path::Path,
-    published: std::io::Result<nodekernel_client::settings::PublishedToken>,
-) -> Option<nodekernel_client::settings::PublishedToken> {
-    match published {
+    match nodekernel_client::settings::publish_token(addr, file) {
         Ok(p) => Some(p),
         Err(e) => {
             tracing::warn!(
@@ -281,19 +250,13 @@ pub async fn meta(mut cfg: Config, metas: Option<&str>, a: &MetaArgs) -> anyhow:
     cfg.validate()?;
     cfg.require_token()?;
     cfg.check_meta_dir()?;
+    let server = MetaServer::start(cfg.meta_config()?).await?;
     let has_token = cfg.has_token()?;
     let token_file = std::env::var_os("NK_TOKEN_FILE")
         .map(PathBuf::from)
         .or_else(|| cfg.security.token_file.clone())
         .filter(|_| has_token);
-    // Published before the port opens when the address is known, as
-    // `nk up` does.
-    let mut published = publish_early(&cfg.meta.listen, token_file.as_deref());
-    let server = MetaServer::start(cfg.meta_config()?).await?;
-    if published.is_none() {
-        published = publish(server.local_addr(), token_file.as_deref());
-    }
-    let _published = published;
+    let _published = publish(server.local_addr(), token_file.as_deref());
     println!("metadata server listening on {}", server.local_addr());
     println!("{}", token_text(has_token, token_file.as_deref()));
     if let Some(a) = server.admin_addr() {

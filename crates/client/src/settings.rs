@@ -492,20 +492,6 @@ pub fn publish_token(
     publish_token_in(&dir, addr, token_file)
 }
 
-/// [`publish_token`] by a server about to listen on `addr`, so that a
-/// client connecting the moment the port opens finds the token: `None`
-/// (nothing published) while a running process's entry names `addr`
-/// (a server already there, whose port this one will not get).
-pub fn publish_token_before_listening(
-    addr: std::net::SocketAddr,
-    token_file: &Path,
-) -> std::io::Result<Option<PublishedToken>> {
-    match runtime_dir() {
-        Some(dir) if published_token_in(&dir, &addr.to_string()).is_some() => Ok(None),
-        _ => publish_token(addr, token_file).map(Some),
-    }
-}
-
 /// [`publish_token`] into runtime directory `dir`.
 fn publish_token_in(
     dir: &Path,

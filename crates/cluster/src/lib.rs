@@ -50,16 +50,6 @@ impl From<MetaError> for ClusterError {
 /// `docs/security.md`).
 pub const TOKEN_FILE: &str = "token";
 
-/// The file holding the cluster token of servers of `config`, if they
-/// have one (`has_token`) and it is in a file: see
-/// [`LocalCluster::token_file`].
-fn token_file_of(config: &Config, has_token: bool) -> Option<std::path::PathBuf> {
-    has_token.then_some(())?;
-    std::env::var_os("NK_TOKEN_FILE")
-        .map(std::path::PathBuf::from)
-        .or_else(|| config.security.token_file.clone())
-}
-
 /// The token file in data directory `dir`, made (32 random bytes, mode
 /// 0600) if it does not exist yet (and removed again if this start
 /// fails): a kept data directory keeps its token across restarts.
@@ -104,19 +94,7 @@ impl LocalCluster {
     /// stores already started are discarded
     /// ([`StorageServer::discard`]), and the data directory's `LOCK` (and
     /// the directory, if it did not exist) go.
-    pub async fn start(config: Config) -> Result<LocalCluster, ClusterError> {
-        Self::start_with(config, |_| ()).await
-    }
-
-    /// [`LocalCluster::start`], calling `before_listen` with the file of
-    /// the cluster token ([`LocalCluster::token_file`]) once it is known,
-    /// just before the metadata server listens: `nk up` publishes it there
-    /// for local clients, so that a client which connects the moment the
-    /// port opens finds it (`docs/deployment.md`, *Start order and readiness*).
-    pub async fn start_with(
-        mut config: Config,
-        before_listen: impl FnOnce(Option<&Path>),
-    ) -> Result<LocalCluster, ClusterError> {
+    pub async fn start(mut config: Config) -> Result<LocalCluster, ClusterError> {
         config.validate()?;
         config.check_up_dir()?;
         let dir = match &config.up.data_dir {
@@ -135,7 +113,6 @@ impl LocalCluster {
             meta_cfg.placement.expected_servers = config.up_stores().len() as u32;
         }
         let security = meta_cfg.security.clone();
-        before_listen(token_file_of(&config, security.token.is_some()).as_deref());
         let meta = MetaServer::start(meta_cfg).await?;
         let mut cluster = LocalCluster {
             config,
@@ -217,7 +194,10 @@ impl LocalCluster {
     /// (`[security] token_file`, `NK_TOKEN_FILE`, or the cluster's own,
     /// [`TOKEN_FILE`] in the data directory).
     pub fn token_file(&self) -> Option<std::path::PathBuf> {
-        token_file_of(&self.config, self.has_token())
+        self.security.token.as_ref()?;
+        std::env::var_os("NK_TOKEN_FILE")
+            .map(std::path::PathBuf::from)
+            .or_else(|| self.config.security.token_file.clone())
     }
 
     /// The cluster's locked data directory.
