@@ -42,6 +42,29 @@ fn client(meta: &str, config: &std::path::Path, args: &[&str]) -> Command {
     c
 }
 
+/// `nk args` against `meta` started in the background, waiting for the
+/// cluster: its stderr is piped (the notice), its stdout dropped.
+fn waiting(meta: &str, config: &std::path::Path, args: &[&str]) -> std::process::Child {
+    let child = client(meta, config, args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Long enough for the wait to say so.
+    std::thread::sleep(Duration::from_millis(1500));
+    child
+}
+
+/// A 16 MiB DRAM storage server registered with `meta`.
+fn start_store(meta: &str) -> Proc {
+    let (store, _) = start_role(
+        &["store", "--class", "0", "--size", "16MiB"],
+        &[("NK_META", meta)],
+        "storage server 0",
+    );
+    Proc(store)
+}
+
 /// The bash block under `## Quick start` in README.md.
 fn quick_start_block() -> String {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
@@ -148,25 +171,15 @@ fn a_command_waits_for_the_metadata_server_within_the_timeout() {
     let dir = tempfile::tempdir().unwrap();
     let addr = format!("127.0.0.1:{}", free_port());
     let long = timeout_config(dir.path(), 60_000);
-    let waiting = client(&addr, &long, &["mkdir", "/early"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    let early = waiting(&addr, &long, &["mkdir", "/early"]);
     let (meta, _) = start_role(
         &["meta", "--listen", &addr],
         &[],
         "metadata server listening on",
     );
     let _meta = Proc(meta);
-    let (store, _) = start_role(
-        &["store", "--class", "0", "--size", "16MiB"],
-        &[("NK_META", &addr)],
-        "storage server 0",
-    );
-    let _store = Proc(store);
-    let out = waiting.wait_with_output().unwrap();
+    let _store = start_store(&addr);
+    let out = early.wait_with_output().unwrap();
     let err = stderr(&out);
     assert!(out.status.success(), "{err}");
     assert!(
@@ -221,19 +234,9 @@ fn a_command_waits_for_a_storage_server_within_the_timeout() {
 
     // One comes while the command waits: it goes through.
     let long = timeout_config(dir.path(), 60_000);
-    let waiting = client(&addr, &long, &["mkdir", "/later"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
-    let (store, _) = start_role(
-        &["store", "--class", "0", "--size", "16MiB"],
-        &[("NK_META", &addr)],
-        "storage server 0",
-    );
-    let _store = Proc(store);
-    let out = waiting.wait_with_output().unwrap();
+    let later = waiting(&addr, &long, &["mkdir", "/later"]);
+    let _store = start_store(&addr);
+    let out = later.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let out = client(&addr, &long, &["ls", "/"]).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("later"));
@@ -258,12 +261,7 @@ fn nk_meta_takes_its_partition_from_the_list() {
             Proc(p)
         })
         .collect();
-    let (store, _) = start_role(
-        &["store", "--class", "0", "--size", "16MiB"],
-        &[("NK_META", &list)],
-        "storage server 0",
-    );
-    let _store = Proc(store);
+    let _store = start_store(&list);
     let dir = tempfile::tempdir().unwrap();
     let config = timeout_config(dir.path(), 60_000);
     for name in ["/a", "/b", "/c", "/d"] {

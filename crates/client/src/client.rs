@@ -50,7 +50,7 @@ impl Client {
     /// or `Timeout` meanwhile), so the others keep serving; connecting
     /// fails only if none answers. While nothing listens at any of the
     /// addresses (a cluster that is starting), it asks again, for at most
-    /// the client timeout (`crate::start`).
+    /// the client timeout and 10 s (`crate::start`).
     ///
     /// Without a token in `cfg`, it uses the one a server on this host
     /// published for one of the metadata servers' addresses
@@ -240,7 +240,7 @@ impl Client {
 
     /// Sends a metadata request to partition `idx`. A request refused
     /// because no storage server has registered with the partition yet
-    /// is sent again once one has, within the client timeout
+    /// is sent again once one has, within the client timeout and 10 s
     /// (`crate::start`).
     pub(crate) async fn meta_at(&self, idx: usize, req: &MetaRequest) -> Result<MetaReply> {
         match self.meta_once(idx, req).await {

@@ -9,11 +9,17 @@
 //!   nothing: a decision applies fully or not at all).
 //!
 //! Either wait is bounded by the client timeout ([`crate::ClientConfig`]
-//! `timeout`, `client.timeout_ms`), after which the last error stands;
-//! once it has waited [`NOTICE_AFTER`], it says so in a warning (the `nk`
-//! command prints it on stderr).
+//! `timeout`, `client.timeout_ms`) and by [`START_WAIT`], whichever is
+//! shorter (a client with a long timeout, set to ride out a slow machine,
+//! should not wait that long for a cluster that is gone), after which the
+//! last error stands; once it has waited [`NOTICE_AFTER`], it says so in a
+//! warning (the `nk` command prints it on stderr).
 
 use std::time::{Duration, Instant};
+
+/// The longest wait for a starting cluster: ample for `nk up` to listen
+/// and register its storage servers.
+pub(crate) const START_WAIT: Duration = Duration::from_secs(10);
 
 /// How long a wait goes on quietly before it says so.
 pub(crate) const NOTICE_AFTER: Duration = Duration::from_secs(1);
@@ -31,11 +37,13 @@ pub(crate) struct Starting<'a> {
 }
 
 impl<'a> Starting<'a> {
-    pub(crate) fn new(cluster: &'a str, bound: Duration) -> Self {
+    /// A wait for `cluster` of at most `timeout` (the client's) and
+    /// [`START_WAIT`].
+    pub(crate) fn new(cluster: &'a str, timeout: Duration) -> Self {
         Starting {
             cluster,
             since: Instant::now(),
-            bound,
+            bound: timeout.min(START_WAIT),
             told: false,
         }
     }
