@@ -124,11 +124,11 @@ pub async fn up(mut cfg: Config, a: &UpArgs) -> anyhow::Result<()> {
         cfg.meta.admin = admin.clone();
     }
     cfg.security.insecure |= a.insecure;
+    // Clients of this user on this host find the token by the address.
+    cfg.up.publish_token = true;
     let stores = cfg.up_stores();
     let cluster = LocalCluster::start(cfg).await?;
     let addr = cluster.meta_addr();
-    // Clients of this user on this host find the token by the address.
-    let _published = publish(addr, cluster.token_file().as_deref());
     println!("NodeKernel is up: metadata server at {addr}");
     if let Some(url) = cluster.admin_url() {
         println!("  admin endpoint and dashboard at {url}");
@@ -172,27 +172,6 @@ pub async fn up(mut cfg: Config, a: &UpArgs) -> anyhow::Result<()> {
     // keeps it; a private data directory goes entirely.
     cluster.shutdown();
     Ok(())
-}
-
-/// Publishes `token_file` (if the servers have one in a file) for clients
-/// of this user on this host, by the metadata server's address `addr`; a
-/// failure only costs those clients a setting, so it is a warning.
-fn publish(
-    addr: std::net::SocketAddr,
-    token_file: Option<&std::path::Path>,
-) -> Option<nodekernel_client::settings::PublishedToken> {
-    let file = token_file?;
-    match nodekernel_client::settings::publish_token(addr, file) {
-        Ok(p) => Some(p),
-        Err(e) => {
-            tracing::warn!(
-                "cannot tell local clients where the cluster token is ({e}); give them \
-                 NK_TOKEN_FILE={}",
-                file.display()
-            );
-            None
-        }
-    }
 }
 
 /// The start-up line about the cluster token.
@@ -250,15 +229,23 @@ pub async fn meta(mut cfg: Config, metas: Option<&str>, a: &MetaArgs) -> anyhow:
     cfg.validate()?;
     cfg.require_token()?;
     cfg.check_meta_dir()?;
+    // Clients of this user on this host find the token by the address:
+    // told before the server listens at a fixed one, so that a client that
+    // can connect finds it.
+    let fixed = nodekernel_cluster::fixed_addr(&cfg.meta.listen);
+    let mut published: Vec<_> = fixed
+        .and_then(|a| nodekernel_cluster::publish(&cfg, a))
+        .into_iter()
+        .collect();
     let server = MetaServer::start(cfg.meta_config()?).await?;
-    let has_token = cfg.has_token()?;
-    let token_file = std::env::var_os("NK_TOKEN_FILE")
-        .map(PathBuf::from)
-        .or_else(|| cfg.security.token_file.clone())
-        .filter(|_| has_token);
-    let _published = publish(server.local_addr(), token_file.as_deref());
+    if published.is_empty() {
+        published.extend(nodekernel_cluster::publish(&cfg, server.local_addr()));
+    }
     println!("metadata server listening on {}", server.local_addr());
-    println!("{}", token_text(has_token, token_file.as_deref()));
+    println!(
+        "{}",
+        token_text(cfg.has_token()?, cfg.token_file().as_deref())
+    );
     if let Some(a) = server.admin_addr() {
         println!("admin endpoint and dashboard at http://{a}/");
     }
@@ -272,6 +259,7 @@ pub async fn meta(mut cfg: Config, metas: Option<&str>, a: &MetaArgs) -> anyhow:
     let sig = wait_for_signal().await?;
     println!("{sig}: stopping the metadata server");
     server.shutdown();
+    drop(published);
     Ok(())
 }
 

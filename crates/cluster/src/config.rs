@@ -293,6 +293,12 @@ pub struct UpSection {
     pub data_dir: Option<PathBuf>,
     pub dram: ByteSize,
     pub file: ByteSize,
+    /// Tell clients of this user on this host which file holds the
+    /// cluster's token (`nk up` sets it; not a key of the file):
+    /// [`nodekernel_client::settings::publish_token`], before the metadata
+    /// server listens, so every client that can connect finds it.
+    #[serde(skip)]
+    pub publish_token: bool,
 }
 
 impl Default for UpSection {
@@ -301,6 +307,7 @@ impl Default for UpSection {
             data_dir: None,
             dram: ByteSize(512 << 20),
             file: ByteSize(2 << 30),
+            publish_token: false,
         }
     }
 }
@@ -505,6 +512,17 @@ impl Config {
              and client as [security] token_file (or NK_TOKEN_FILE); or, on a network where \
              every peer may be trusted, pass --insecure ([security] insecure = true)",
         ))
+    }
+
+    /// The file the servers' token comes from (`NK_TOKEN_FILE`, else
+    /// `security.token_file`), if they have a token and it is in a file.
+    pub fn token_file(&self) -> Option<PathBuf> {
+        if !self.has_token().unwrap_or(false) {
+            return None;
+        }
+        std::env::var_os("NK_TOKEN_FILE")
+            .map(PathBuf::from)
+            .or_else(|| self.security.token_file.clone())
     }
 
     /// Makes `file` the cluster token (`security.token_file`), read at

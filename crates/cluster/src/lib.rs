@@ -11,6 +11,7 @@ pub mod size;
 pub use config::{Config, ConfigError, Medium, StoreSection, DEFAULT_ADMIN, DEFAULT_META};
 pub use size::{human, ByteSize};
 
+use nodekernel_client::settings::PublishedToken;
 use nodekernel_client::{Client, ClientConfig};
 use nodekernel_meta::{MetaError, MetaServer};
 use nodekernel_store::{DirLock, StorageServer, StoreError};
@@ -68,6 +69,30 @@ fn own_token(dir: &DirLock) -> Result<std::path::PathBuf, ClusterError> {
     }
 }
 
+/// `listen` as an address with a fixed port (not 0, which the system picks
+/// at bind), if it is one.
+pub fn fixed_addr(listen: &str) -> Option<SocketAddr> {
+    listen.parse::<SocketAddr>().ok().filter(|a| a.port() != 0)
+}
+
+/// Tells clients of this user on this host that the cluster at `addr`
+/// takes the token in `config`'s token file, if it has one; a failure only
+/// costs those clients a setting, so it is a warning.
+pub fn publish(config: &Config, addr: SocketAddr) -> Option<PublishedToken> {
+    let file = config.token_file()?;
+    match nodekernel_client::settings::publish_token(addr, &file) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            tracing::warn!(
+                "cannot tell local clients where the cluster token is ({e}); give them \
+                 NK_TOKEN_FILE={}",
+                file.display()
+            );
+            None
+        }
+    }
+}
+
 /// A metadata server and its storage servers running in this process.
 pub struct LocalCluster {
     pub config: Config,
@@ -78,6 +103,9 @@ pub struct LocalCluster {
     security: nodekernel_rpc::Security,
     /// The section each of `stores` was started from.
     sections: Vec<StoreSection>,
+    /// Where clients of this user on this host find the token
+    /// (`up.publish_token`); withdrawn when the cluster is dropped.
+    _published: Vec<PublishedToken>,
     /// The locked data directory (`up.data_dir` or a fresh private one).
     /// Declared last: it is released after the stores.
     dir: DirLock,
@@ -107,6 +135,14 @@ impl LocalCluster {
             config.use_token_file(own_token(&dir)?);
             config.validate()?;
         }
+        // Before the metadata server listens (at a fixed address), so that
+        // a client that can connect also finds the token.
+        let mut published = Vec::new();
+        if config.up.publish_token {
+            if let Some(addr) = fixed_addr(&config.meta.listen) {
+                published.extend(publish(&config, addr));
+            }
+        }
         let mut meta_cfg = config.meta_config()?;
         meta_cfg.persistence = config.meta_persistence(Some(&dir.path().join("meta")));
         if config.meta.expect_servers.is_none() {
@@ -114,12 +150,16 @@ impl LocalCluster {
         }
         let security = meta_cfg.security.clone();
         let meta = MetaServer::start(meta_cfg).await?;
+        if config.up.publish_token && published.is_empty() {
+            published.extend(publish(&config, meta.local_addr()));
+        }
         let mut cluster = LocalCluster {
             config,
             meta,
             security,
             stores: Vec::new(),
             sections: Vec::new(),
+            _published: published,
             dir,
         };
         for s in cluster.config.up_stores() {
@@ -194,10 +234,7 @@ impl LocalCluster {
     /// (`[security] token_file`, `NK_TOKEN_FILE`, or the cluster's own,
     /// [`TOKEN_FILE`] in the data directory).
     pub fn token_file(&self) -> Option<std::path::PathBuf> {
-        self.security.token.as_ref()?;
-        std::env::var_os("NK_TOKEN_FILE")
-            .map(std::path::PathBuf::from)
-            .or_else(|| self.config.security.token_file.clone())
+        self.config.token_file()
     }
 
     /// The cluster's locked data directory.
