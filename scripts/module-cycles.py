@@ -1,219 +1,201 @@
 #!/usr/bin/env python3
-"""Lists the import cycles between the files of each crate.
+"""Import cycles between the files of each crate (ARCHITECTURE.md, code map).
 
-A file is a module (`lib.rs` the crate root, `a.rs` or `a/mod.rs` the module
-`a`, `a/b.rs` the module `a::b`). A file depends on another when it names a
-path into it: `crate::a::…`, `super::…`, `self::…` (in a `use` or anywhere in
-the code), or a name the crate root (or a `mod.rs`) re-exports from it with
-`pub use`, which is followed to the module that defines the name. A child
-module named in its parent's `mod` line is not a dependency (the tree is not
-an import); a parent that names its child's items (`pub use child::X`) is. Comments and string literals are ignored; `#[cfg(test)]` code is
-not (a test module that production code calls is a cycle like any other).
+A file depends on another when its non-test code names an item of it:
+`use crate::a::X`, `crate::a::f(...)`, `super::X` (the parent module), or
+`crate::X` where the crate root re-exports `X` from `a` (resolved to `a`).
+The crate root's `mod` and `pub use` lines are its table of contents, not
+dependencies; a root that defines items of its own (a binary's `main.rs`)
+is a node like any other. Test code (`#[cfg(test)] mod ... { }` and
+`tests.rs`/`tests/` files) is left out: a test may use anything.
 
-Usage: scripts/module-cycles.py [--root-as-facade] [CRATE_DIR...]
-(default: every crates/*). With --root-as-facade, edges to and from the
-crate root (`lib.rs`, which declares and re-exports the modules) are left
-out: only cycles among the other files are reported.
-Prints each crate's edges count and its cycles (strongly connected groups of
-files), and exits 1 if any crate has one.
+Usage: scripts/module-cycles.py [CRATE ...]   (default: every crate)
+Prints each crate's edges with -v; exits 1 when a crate has a cycle.
 """
 
-import os
 import re
 import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent / "crates"
 
 
-def strip(src):
-    """Source without comments, string and char literals (kept as blanks)."""
-    out = []
-    i, n = 0, len(src)
+def strip(text):
+    """Source without comments, string literals and test modules."""
+    text = blank(text)
+    out, i = [], 0
+    for m in re.finditer(r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*\{", text):
+        if m.start() < i:
+            continue
+        out.append(text[i : m.start()])
+        depth, j = 1, m.end()
+        while depth and j < len(text):
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            j += 1
+        i = j
+    out.append(text[i:])
+    return "".join(out)
+
+
+def blank(text):
+    """`text` with comments removed and string and char literals emptied,
+    scanned left to right (so `"/*"` or `// a/*b` start nothing)."""
+    out, i, n = [], 0, len(text)
     while i < n:
-        c = src[i]
-        if src.startswith("//", i):
-            j = src.find("\n", i)
+        c = text[i]
+        if text.startswith("//", i):
+            j = text.find("\n", i)
             i = n if j < 0 else j
-        elif src.startswith("/*", i):
+        elif text.startswith("/*", i):
             depth, i = 1, i + 2
             while i < n and depth:
-                if src.startswith("/*", i):
+                if text.startswith("/*", i):
                     depth, i = depth + 1, i + 2
-                elif src.startswith("*/", i):
+                elif text.startswith("*/", i):
                     depth, i = depth - 1, i + 2
                 else:
                     i += 1
-        elif c == "r" and re.match(r'r#*"', src[i:i + 10]) and not (i and (src[i - 1].isalnum() or src[i - 1] == "_")):
-            m = re.match(r'r(#*)"', src[i:])
-            end = src.find('"' + m.group(1), i + len(m.group(0)))
-            i = n if end < 0 else end + 1 + len(m.group(1))
+        elif (
+            c == "r"
+            and re.match(r'r#*"', text[i:])
+            and not (i and (text[i - 1].isalnum() or text[i - 1] == "_"))
+        ):
+            hashes = re.match(r"r(#*)", text[i:]).group(1)
+            end = text.find('"' + hashes, i + 2 + len(hashes))
             out.append('""')
+            i = n if end < 0 else end + 1 + len(hashes)
         elif c == '"':
             i += 1
-            while i < n and src[i] != '"':
-                i += 2 if src[i] == "\\" else 1
-            i += 1
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
             out.append('""')
-        elif c == "'" and re.match(r"'(\\.|[^\\'])'|'\\u\{[0-9a-fA-F]+\}'|'\\x..'", src[i:i + 12]):
-            m = re.match(r"'(\\.|[^\\'])'|'\\u\{[0-9a-fA-F]+\}'|'\\x..'", src[i:i + 12])
-            i += len(m.group(0))
+            i += 1
+        elif c == "'" and re.match(r"'(?:\\.[^']*|[^'\\])'", text[i:]):
+            m = re.match(r"'(?:\\.[^']*|[^'\\])'", text[i:])
             out.append("' '")
+            i += m.end()
         else:
             out.append(c)
             i += 1
     return "".join(out)
 
 
-def module_of(src_dir, path):
-    rel = os.path.relpath(path, src_dir)[:-3].split(os.sep)
-    if rel[-1] in ("lib", "main", "mod"):
-        rel = rel[:-1]
-    return tuple(rel)
+def module_files(src):
+    """Module path (tuple) -> file, for every file under src."""
+    mods = {}
+    for f in sorted(src.rglob("*.rs")):
+        rel = f.relative_to(src).with_suffix("").parts
+        if rel[-1] in ("lib", "main") and len(rel) == 1:
+            path = ()
+        elif rel[-1] == "mod":
+            path = rel[:-1]
+        else:
+            path = rel
+        if "tests" in path or (path and path[-1].endswith("_tests")):
+            continue
+        mods[path] = f
+    # Modules declared for tests only (`#[cfg(test)] mod sim;`).
+    test_only = set()
+    for path, f in mods.items():
+        for m in re.finditer(
+            r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;", f.read_text()
+        ):
+            test_only.add((*path, m.group(1)))
+    return {p: f for p, f in mods.items() if not any(p[: len(t)] == t for t in test_only)}
 
 
 def use_trees(text):
-    """Expands every `use` item into full paths (lists of segments)."""
-    paths = []
+    """Each `use` statement's paths, braces expanded."""
     for m in re.finditer(r"\buse\s+([^;]+);", text):
-        paths.extend(expand(m.group(1).replace("\n", " ")))
-    return paths
+        yield from expand(m.group(1).replace("\n", " ").replace(" ", ""))
 
 
 def expand(tree):
-    tree = tree.strip()
-    if not tree:
-        return []
-    depth, brace = 0, -1
-    for i, c in enumerate(tree):
-        if c == "{":
-            if depth == 0:
-                brace = i
-            depth += 1
-        elif c == "}":
-            depth -= 1
-    if brace < 0:
-        path = re.sub(r"\s+as\s+\w+$", "", tree).strip()
-        return [[s.strip() for s in path.split("::") if s.strip()]]
-    prefix = [s.strip() for s in tree[:brace].split("::") if s.strip()]
-    inner = tree[brace + 1:tree.rfind("}")]
-    parts, depth, cur = [], 0, ""
+    m = re.match(r"^(.*?)\{(.*)\}$", tree)
+    if not m:
+        yield re.sub(r"as\w+$", "", tree)
+        return
+    prefix, inner = m.group(1), m.group(2)
+    depth, part, parts = 0, "", []
     for c in inner:
         if c == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
+            parts.append(part)
+            part = ""
             continue
-        depth += c == "{"
-        depth -= c == "}"
-        cur += c
-    parts.append(cur)
-    out = []
+        depth += {"{": 1, "}": -1}.get(c, 0)
+        part += c
+    parts.append(part)
     for p in parts:
-        for sub in expand(p):
-            if sub == ["self"]:
-                out.append(prefix)
-            else:
-                out.append(prefix + sub)
-    return out
+        if p:
+            yield from expand(prefix + p)
 
 
-def crate_edges(crate_dir):
-    src_dir = os.path.join(crate_dir, "src")
-    files = {}
-    for root, _, names in os.walk(src_dir):
-        for name in names:
-            if name.endswith(".rs"):
-                path = os.path.join(root, name)
-                with open(path, encoding="utf-8") as f:
-                    files[module_of(src_dir, path)] = strip(f.read())
-    mods = set(files)
-    # Names each file re-exports (`pub use a::b::Name;`): (module, name) -> path.
+def resolve(path, mods, reexports, here):
+    """The module a `crate::`/`super::`/`self::` path lands in."""
+    segs = [s for s in path.split("::") if s]
+    if not segs:
+        return None
+    if segs[0] == "crate":
+        base, segs = (), segs[1:]
+    elif segs[0] in ("super", "self"):
+        base = here
+        while segs and segs[0] in ("super", "self"):
+            if segs[0] == "super":
+                base = base[:-1]
+            segs = segs[1:]
+    else:
+        return None
+    # Longest module prefix.
+    cur = base
+    for s in segs:
+        if (*cur, s) in mods:
+            cur = (*cur, s)
+        else:
+            break
+    rest = segs[len(cur) - len(base) :]
+    if cur == () and rest and rest[0] in reexports:
+        return reexports[rest[0]]
+    return cur
+
+
+def crate_edges(src):
+    mods = module_files(src)
+    texts = {p: strip(f.read_text()) for p, f in mods.items()}
+    # Names the root re-exports from its modules: `pub use a::{X, Y}`.
     reexports = {}
-    for mod, text in files.items():
-        for m in re.finditer(r"\bpub(?:\([^)]*\))?\s+use\s+([^;]+);", text):
-            for path in expand(m.group(1).replace("\n", " ")):
-                # None: a name another crate defines.
-                reexports[(mod, path[-1])] = absolute(mod, path, mods)
-
-    def target(mod, segs, seen=0):
-        """The file `segs` (absolute) lives in, following re-exports."""
-        best = ()
-        for k in range(len(segs), 0, -1):
-            if tuple(segs[:k]) in mods:
-                best = tuple(segs[:k])
-                break
-        rest = segs[len(best):]
-        if rest and (best, rest[0]) in reexports and seen < 8:
-            again = reexports[(best, rest[0])]
-            return None if again is None else target(mod, again, seen + 1)
-        return best
-
-    edges = {m: set() for m in mods}
-    for mod, text in files.items():
-        inline = inline_mods(text)
-
-        def scope(pos):
-            """The module a path at `pos` is written in: the file's module
-            and the inline `mod name { … }` blocks around it."""
-            return tuple(list(mod) + [n for (a, b, n) in inline if a < pos < b])
-
-        paths = []
-        for m in re.finditer(r"\buse\s+([^;]+);", text):
-            for path in expand(m.group(1).replace("\n", " ")):
-                full = absolute(scope(m.start()), path, mods)
-                if full is not None:
-                    paths.append(full)
-        # Paths written inline in the code (`crate::a::f()`, `super::X`).
-        body = re.sub(r"\buse\s+[^;]+;", lambda m: " " * len(m.group(0)), text)
-        for m in re.finditer(r"\b((?:crate|super|self)(?:\s*::\s*\w+)+)", body):
-            path = [s.strip() for s in m.group(1).split("::")]
-            full = absolute(scope(m.start()), path, mods)
-            if full is not None:
-                paths.append(full)
-        for full in paths:
-            t = target(mod, full)
-            if t is not None and t != mod:
-                edges[mod].add(t)
+    root_text = texts.get((), "")
+    for tree in use_trees(root_text):
+        segs = [s for s in tree.split("::") if s and s != "crate"]
+        if len(segs) >= 2 and (segs[0],) in mods:
+            name = segs[-1].split("as")[-1] if "as" in segs[-1] else segs[-1]
+            target = (segs[0],)
+            for k in range(2, len(segs)):
+                if tuple(segs[:k]) in mods:
+                    target = tuple(segs[:k])
+            reexports[name] = target
+    edges = {p: set() for p in mods}
+    for here, text in texts.items():
+        if here == ():
+            # The root's mod/pub use lines are its table of contents.
+            text = re.sub(r"\bpub(?:\([^)]*\))?\s+use\s+[^;]+;", "", text)
+            text = re.sub(r"\b(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*;", "", text)
+        paths = list(use_trees(text))
+        paths += re.findall(r"\b((?:crate|super|self)(?:::\w+)+)", text)
+        if here == ():
+            paths += ["crate::" + m for m in re.findall(r"\b(\w+)::\w+", text) if (m,) in mods]
+        for p in paths:
+            target = resolve(p, mods, reexports, here)
+            if target is None or target == here:
+                continue
+            # A module's own children are its parts, not its dependencies.
+            if target[: len(here)] == here and here != ():
+                continue
+            edges[here].add(target)
     return edges
 
 
-def inline_mods(text):
-    """(start, end, name) of every inline `mod name { … }` block."""
-    out = []
-    for m in re.finditer(r"\bmod\s+(\w+)\s*\{", text):
-        depth, i = 0, m.end() - 1
-        while i < len(text):
-            depth += text[i] == "{"
-            depth -= text[i] == "}"
-            if depth == 0:
-                break
-            i += 1
-        out.append((m.start(), i, m.group(1)))
-    return out
-
-
-def absolute(mod, path, mods):
-    """`path` as seen from module `mod`, made absolute; None if external."""
-    if not path:
-        return None
-    head = path[0]
-    if head == "crate":
-        return path[1:]
-    if head in ("super", "self"):
-        base = list(mod)
-        i = 0
-        while i < len(path) and path[i] in ("super", "self"):
-            if path[i] == "super":
-                if not base:
-                    return None
-                base.pop()
-            i += 1
-        return base + path[i:]
-    # A path relative to this module: a child module's name.
-    if tuple(list(mod) + [head]) in mods:
-        return list(mod) + path
-    return None
-
-
 def cycles(edges):
-    """Strongly connected components with more than one file (Tarjan)."""
+    """Strongly connected components with more than one module (Tarjan)."""
     index, low, stack, on, out = {}, {}, [], set(), []
     counter = [0]
 
@@ -239,41 +221,39 @@ def cycles(edges):
             if len(comp) > 1:
                 out.append(sorted(comp))
 
-    sys.setrecursionlimit(10000)
     for v in sorted(edges):
         if v not in index:
             visit(v)
     return out
 
 
-def name(mod):
-    return "::".join(mod) or "(root)"
+def name(path):
+    return "::".join(path) or "(root)"
 
 
-def main():
-    args = sys.argv[1:]
-    facade = "--root-as-facade" in args
-    args = [a for a in args if a != "--root-as-facade"]
-    dirs = args or sorted(
-        os.path.join("crates", d) for d in os.listdir("crates") if os.path.isdir(os.path.join("crates", d, "src"))
-    )
-    bad = False
-    for d in dirs:
-        edges = crate_edges(d)
-        if facade:
-            edges = {m: {t for t in ts if t} for m, ts in edges.items() if m}
+def main(argv):
+    verbose = "-v" in argv
+    wanted = [a for a in argv if a != "-v"]
+    crates = sorted(p for p in ROOT.iterdir() if (p / "src").is_dir())
+    if wanted:
+        crates = [c for c in crates if c.name in wanted]
+    bad = 0
+    for crate in crates:
+        edges = crate_edges(crate / "src")
         found = cycles(edges)
-        n = sum(len(v) for v in edges.values())
-        print(f"{os.path.basename(d.rstrip('/'))}: {len(edges)} files, {n} edges, {len(found)} cycles")
-        for comp in found:
-            bad = True
-            inside = set(comp)
-            print("  cycle: " + ", ".join(name(m) for m in comp))
-            for m in comp:
-                for t in sorted(edges[m] & inside):
-                    print(f"    {name(m)} -> {name(t)}")
-    sys.exit(1 if bad else 0)
+        if verbose:
+            for m in sorted(edges):
+                print(
+                    f"  {crate.name}: {name(m)} -> {', '.join(sorted(map(name, edges[m]))) or '-'}"
+                )
+        if found:
+            bad += 1
+            for comp in found:
+                print(f"{crate.name}: cycle among {', '.join(map(name, comp))}")
+        else:
+            print(f"{crate.name}: no cycles ({len(edges)} modules)")
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))

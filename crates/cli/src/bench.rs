@@ -68,7 +68,7 @@ pub struct BenchArgs {
     #[arg(short = 'k', long, default_value_t = 10_000)]
     count: u64,
     /// Buffer / value size
-    #[arg(short = 's', long, value_parser = crate::parse_size, default_value = "4")]
+    #[arg(short = 's', long, value_parser = crate::common::parse_size, default_value = "4")]
     size: ByteSize,
     /// Warm-up operations per client (not measured)
     #[arg(short = 'w', long, default_value_t = 1_000)]
@@ -108,7 +108,7 @@ pub struct BenchArgs {
     #[arg(long)]
     files: Option<u64>,
     /// zipf: total size of the files (--files of --size each)
-    #[arg(long, value_parser = crate::parse_size)]
+    #[arg(long, value_parser = crate::common::parse_size)]
     data: Option<ByteSize>,
     /// zipf: exponent of the Zipf distribution files are picked by
     #[arg(long, default_value_t = 0.99)]
@@ -125,10 +125,10 @@ pub struct BenchArgs {
     #[arg(long)]
     remote: bool,
     /// DRAM of the embedded cluster
-    #[arg(long, value_parser = crate::parse_size, default_value = "1GiB")]
+    #[arg(long, value_parser = crate::common::parse_size, default_value = "1GiB")]
     dram: ByteSize,
     /// Block size of the embedded cluster (every KeyValue takes at least one block)
-    #[arg(long, value_parser = crate::parse_size, default_value = "1MiB")]
+    #[arg(long, value_parser = crate::common::parse_size, default_value = "1MiB")]
     block_size: ByteSize,
     /// Data directory of the tiering runs' clusters (LOCK, store-N); default: a fresh private one per run
     #[arg(long)]

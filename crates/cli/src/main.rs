@@ -1,6 +1,7 @@
 //! `nk`: the NodeKernel command line.
 
 mod bench;
+mod common;
 mod drain;
 mod fs;
 mod mount;
@@ -11,7 +12,7 @@ mod snapshot;
 mod top;
 
 use clap::{Parser, Subcommand};
-use nodekernel_cluster::{ByteSize, Config};
+use nodekernel_cluster::Config;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -364,35 +365,16 @@ fn main() -> ExitCode {
     match rt.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("nk: {}", error_text(e.chain()));
+            eprintln!("nk: {}", common::error_text(e.chain()));
             ExitCode::FAILURE
         }
     }
 }
 
-/// An error and its causes on one line, `a: b: c`, like `anyhow`'s `{:#}`,
-/// but a cause whose text the line already contains is left out: many
-/// errors repeat their cause in their own message (an OS error would
-/// otherwise appear two or three times).
-fn error_text<'a>(chain: impl Iterator<Item = &'a (dyn std::error::Error + 'static)>) -> String {
-    let mut text = String::new();
-    for e in chain {
-        let part = e.to_string();
-        if text.contains(&part) {
-            continue;
-        }
-        if !text.is_empty() {
-            text.push_str(": ");
-        }
-        text.push_str(&part);
-    }
-    text
-}
-
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match &cli.cmd {
         Cmd::Up(a) => return servers::up(cli.load_config()?, a).await,
-        Cmd::Meta(a) => return servers::meta(cli.load_config()?, a).await,
+        Cmd::Meta(a) => return servers::meta(cli.load_config()?, cli.meta.as_deref(), a).await,
         Cmd::Store(a) if a.action.is_none() => {
             let metas = cli.client_config()?.metas;
             return servers::store(cli.load_config()?, metas, a).await;
@@ -528,42 +510,5 @@ async fn connect_within(
                     .context(format!("the cluster is not ready after {timeout:?}")))
             }
         }
-    }
-}
-
-/// Parses a size flag like `512MiB`.
-pub(crate) fn parse_size(s: &str) -> Result<ByteSize, String> {
-    ByteSize::parse(s)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::error_text;
-
-    #[test]
-    fn error_text_prints_each_cause_once() {
-        let os = std::io::Error::from_raw_os_error(libc::EADDRINUSE);
-        let os_text = os.to_string();
-        // A library error that repeats its source, with context on top.
-        #[derive(Debug)]
-        struct Bind(std::io::Error);
-        impl std::fmt::Display for Bind {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                write!(f, "cannot listen on 127.0.0.1:1: {}", self.0)
-            }
-        }
-        impl std::error::Error for Bind {
-            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-                Some(&self.0)
-            }
-        }
-        let e = anyhow::Error::new(Bind(os)).context("starting the server");
-        let text = error_text(e.chain());
-        assert_eq!(
-            text,
-            format!("starting the server: cannot listen on 127.0.0.1:1: {os_text}")
-        );
-        let e = anyhow::anyhow!("plain");
-        assert_eq!(error_text(e.chain()), "plain");
     }
 }

@@ -66,7 +66,7 @@ pub async fn mount(cfg: ClientConfig, a: &MountArgs) -> anyhow::Result<()> {
         Ok(()) => Ok(()),
         Err(e) => {
             if let Some(mut n) = notify {
-                let _ = writeln!(n, "error: {}", crate::error_text(e.chain()));
+                let _ = writeln!(n, "error: {}", crate::common::error_text(e.chain()));
             }
             Err(e)
         }

@@ -15,7 +15,7 @@ pub enum StoreAction {
     Resize {
         /// The server's data address, as `nk status` shows it
         addr: String,
-        #[arg(value_parser = crate::parse_size)]
+        #[arg(value_parser = crate::common::parse_size)]
         size: ByteSize,
         /// Return once the server took the new size, without waiting
         #[arg(long)]

@@ -19,10 +19,10 @@ pub struct UpArgs {
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
     /// DRAM tier size (0 disables it), e.g. 512MiB
-    #[arg(long, value_parser = crate::parse_size)]
+    #[arg(long, value_parser = crate::common::parse_size)]
     dram: Option<ByteSize>,
     /// File tier size (0 disables it), e.g. 8GiB
-    #[arg(long, value_parser = crate::parse_size)]
+    #[arg(long, value_parser = crate::common::parse_size)]
     file: Option<ByteSize>,
     /// The metadata server's admin HTTP endpoint (metrics, status, dashboard); "" turns it off [default: meta.admin, 127.0.0.1:0]
     #[arg(long, value_name = "ADDR")]
@@ -34,7 +34,7 @@ pub struct UpArgs {
 
 #[derive(Args)]
 pub struct MetaArgs {
-    /// Address to listen on [default: meta.listen, 127.0.0.1:9060]
+    /// Address to listen on; with --meta A,B,... (the metadata servers in partition order) its place in that list is this server's partition [default: meta.listen, 127.0.0.1:9060]
     #[arg(long)]
     listen: Option<String>,
     /// Keep the namespace in DIR across restarts (an operation log; turns on meta.persistence) [default: meta.data_dir when meta.persistence is set]
@@ -61,7 +61,7 @@ pub struct StoreArgs {
     /// dram or file
     #[arg(long, default_value = "dram")]
     medium: String,
-    #[arg(long, value_parser = crate::parse_size, default_value = "512MiB")]
+    #[arg(long, value_parser = crate::common::parse_size, default_value = "512MiB")]
     size: ByteSize,
     /// Data directory of the server: LOCK, identity, and a file medium's block file [default: none for DRAM; a fresh private directory, removed at shutdown, for a file medium without --path]
     #[arg(long, value_name = "DIR")]
@@ -205,9 +205,18 @@ fn kept_text(srv: &StorageServer) -> String {
     }
 }
 
-pub async fn meta(mut cfg: Config, a: &MetaArgs) -> anyhow::Result<()> {
+/// `nk meta`; `metas` is the `--meta` / `NK_META` list, which gives this
+/// server's partition (see [`partition_in`]).
+pub async fn meta(mut cfg: Config, metas: Option<&str>, a: &MetaArgs) -> anyhow::Result<()> {
     if let Some(l) = &a.listen {
         cfg.meta.listen = l.clone();
+    }
+    if let Some(list) = metas {
+        let list = nodekernel_client::settings::parse_meta_list(list);
+        if let Some((partition, partitions)) = partition_in(&cfg, &list)? {
+            cfg.meta.partition = partition;
+            cfg.meta.partitions = partitions;
+        }
     }
     if let Some(d) = &a.data_dir {
         cfg.meta.persistence = true;
@@ -330,4 +339,115 @@ pub async fn store(mut cfg: Config, metas: Vec<String>, a: &StoreArgs) -> anyhow
         s.shutdown();
     }
     Ok(())
+}
+
+/// This metadata server's place in `list`, the metadata servers in
+/// partition order (`--meta A,B,…`, as clients list them): `(partition,
+/// partitions)`. `None` for a list of one address (any lone server is
+/// partition 0 of 1; the config decides) ; an error when the list has
+/// several and the listen address is not one of them, or when the config
+/// gives this server another place (`meta.partition`, `meta.partitions`).
+fn partition_in(cfg: &Config, list: &[String]) -> anyhow::Result<Option<(u32, u32)>> {
+    if list.len() < 2 {
+        return Ok(None);
+    }
+    let listen = cfg.meta.listen.as_str();
+    let Some(i) = place_in(listen, list) else {
+        anyhow::bail!(
+            "the metadata servers are listed as {} (--meta / NK_META, in partition order), \
+             but this one listens on {listen}, which is not in that list (or matches more \
+             than one entry): give --listen as the list names this server, or leave \
+             --meta out and set meta.partition and meta.partitions in the config",
+            list.join(",")
+        );
+    };
+    let (partition, partitions) = (i as u32, list.len() as u32);
+    let (p, n) = (cfg.meta.partition, cfg.meta.partitions);
+    if (p, n) != (0, 1) && (p, n) != (partition, partitions) {
+        anyhow::bail!(
+            "the config makes this metadata server partition {p} of {n} (meta.partition, \
+             meta.partitions), but --meta / NK_META lists it as partition {partition} of \
+             {partitions}: make them agree, or leave one out"
+        );
+    }
+    Ok(Some((partition, partitions)))
+}
+
+/// The index of the entry of `list` that names the address `listen`: the
+/// same text, the same socket address once resolved (`localhost:9060` and
+/// `127.0.0.1:9060`), or, for a wildcard listen address (`0.0.0.0:9060`),
+/// the one entry with its port. `None` when no entry, or more than one,
+/// fits.
+fn place_in(listen: &str, list: &[String]) -> Option<usize> {
+    use std::net::{SocketAddr, ToSocketAddrs};
+    let only = |fits: &dyn Fn(&str) -> bool| {
+        let mut found = list.iter().enumerate().filter(|(_, a)| fits(a));
+        match (found.next(), found.next()) {
+            (Some((i, _)), None) => Some(i),
+            _ => None,
+        }
+    };
+    if let Some(i) = only(&|a| a == listen) {
+        return Some(i);
+    }
+    let resolve = |a: &str| -> Vec<SocketAddr> {
+        a.to_socket_addrs()
+            .map(|it| it.collect())
+            .unwrap_or_default()
+    };
+    let mine = resolve(listen);
+    if let Some(wild) = mine.iter().find(|a| a.ip().is_unspecified()) {
+        let port = wild.port();
+        return only(&|a| resolve(a).iter().any(|r| r.port() == port));
+    }
+    only(&|a| resolve(a).iter().any(|r| mine.contains(r)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(a: &str) -> Vec<String> {
+        nodekernel_client::settings::parse_meta_list(a)
+    }
+
+    #[test]
+    fn a_server_finds_its_place_in_the_list() {
+        let l = list("127.0.0.1:9060,127.0.0.1:9061,127.0.0.1:9062");
+        assert_eq!(place_in("127.0.0.1:9061", &l), Some(1));
+        assert_eq!(place_in("localhost:9062", &l), Some(2));
+        assert_eq!(place_in("0.0.0.0:9060", &l), Some(0));
+        assert_eq!(place_in("127.0.0.1:9063", &l), None);
+        // A wildcard address whose port several entries share is no place.
+        let hosts = list("10.0.0.1:9060,10.0.0.2:9060");
+        assert_eq!(place_in("0.0.0.0:9060", &hosts), None);
+        assert_eq!(place_in("10.0.0.2:9060", &hosts), Some(1));
+    }
+
+    #[test]
+    fn the_list_gives_the_partition_or_a_way_out() {
+        let mut cfg = Config::default();
+        cfg.meta.listen = "127.0.0.1:9061".into();
+        let l = list("127.0.0.1:9060,127.0.0.1:9061");
+        assert_eq!(partition_in(&cfg, &l).unwrap(), Some((1, 2)));
+        // One address: the config decides, as before.
+        assert_eq!(partition_in(&cfg, &list("127.0.0.1:9060")).unwrap(), None);
+        // Not in the list: refused, saying how.
+        cfg.meta.listen = "127.0.0.1:9070".into();
+        let e = partition_in(&cfg, &l).unwrap_err().to_string();
+        assert!(
+            e.contains("not in that list") && e.contains("meta.partition"),
+            "{e}"
+        );
+        // The config agrees, or it is refused.
+        cfg.meta.listen = "127.0.0.1:9061".into();
+        (cfg.meta.partition, cfg.meta.partitions) = (1, 2);
+        assert_eq!(partition_in(&cfg, &l).unwrap(), Some((1, 2)));
+        (cfg.meta.partition, cfg.meta.partitions) = (0, 2);
+        let e = partition_in(&cfg, &l).unwrap_err().to_string();
+        assert!(
+            e.contains("partition 0 of 2") && e.contains("partition 1 of 2"),
+            "{e}"
+        );
+    }
 }

@@ -1,4 +1,4 @@
-//! Crash loops (issue #13, PRODUCT.md §5 and §8 "metadata server restart"):
+//! Crash loops (issue #13, `docs/persistence.md`, *Restart*):
 //! a writer creates, puts, replaces, appends, renames and deletes at random;
 //! a server is killed with SIGKILL at a random moment and started again on
 //! the same address and directories; every change acknowledged before a

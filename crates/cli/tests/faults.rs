@@ -280,7 +280,8 @@ fn mkdir_p_checks_first_and_ls_escapes_names() {
     assert_eq!(json[0]["name"], "a\nb\u{1b}[31m", "JSON keeps the name");
 }
 
-/// PRODUCT.md §8, "client dies mid-write": a writer killed with SIGKILL
+/// A client that dies mid-write (`docs/security.md`, *Space held by
+/// writers that vanished*): a writer killed with SIGKILL
 /// loses its lease once it expires; the node keeps its last synced size
 /// (nothing was synced), and deleting it leaks no block.
 #[test]
@@ -333,7 +334,7 @@ fn a_client_killed_mid_write_leaks_nothing() {
     });
 }
 
-/// PRODUCT.md §8, "storage server killed": a store killed with SIGKILL
+/// A storage server killed (README.md, *Semantics in brief*, Faults): a store killed with SIGKILL
 /// has its blocks reported lost (after a bounded wait, never a hang),
 /// blocks elsewhere are unaffected.
 #[test]

@@ -1,4 +1,4 @@
-//! Multi-host behaviour (PRODUCT.md §3), end to end: several hosts on one
+//! Multi-host behaviour (`docs/deployment.md`), end to end: several hosts on one
 //! machine (network namespaces joined by a bridge, `common::netns`), each
 //! running `nk meta`, `nk store` and clients as separate processes, with
 //! a location class per host. Faults are real: `kill -9` of storage

@@ -26,7 +26,6 @@
 //! Invariant: no other module touches a mapped region or sends a data
 //! request (the `blockio_is_the_only_data_path` test greps for it).
 
-use crate::client::{DataPathStats, READ_CLASS_SLOTS};
 use crate::crypt::{ChunkPlace, Seal};
 use crate::local::{Local, Mapped};
 use bytes::{Bytes, BytesMut};
@@ -43,6 +42,40 @@ use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// How many block transfers went through mapped memory and how many over
+/// the network, since the client was created (one per block piece), and
+/// how the bytes of network reads reached the reader's buffer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DataPathStats {
+    pub mapped_reads: u64,
+    pub mapped_writes: u64,
+    pub network_reads: u64,
+    pub network_writes: u64,
+    /// Bytes of network reads (with each reply's one status byte) the
+    /// kernel received straight into the reader's buffer (no copy in the
+    /// client).
+    pub network_read_bytes_direct: u64,
+    /// Bytes of network reads received into a connection buffer first and
+    /// copied from there (read ahead together with another reply).
+    pub network_read_bytes_copied: u64,
+    /// Bytes read, by the storage class of the block that served them
+    /// (`BlockLoc::class`, either path), since the client was created:
+    /// classes 0 (DRAM), 1 and 2 each in their own slot, every class from
+    /// 3 up together in the last one.
+    pub read_bytes_by_class: [u64; READ_CLASS_SLOTS],
+}
+
+/// Slots of [`DataPathStats::read_bytes_by_class`].
+pub(crate) const READ_CLASS_SLOTS: usize = 4;
+
+impl DataPathStats {
+    /// The slot of [`DataPathStats::read_bytes_by_class`] that counts reads
+    /// from storage class `class`.
+    pub fn read_class_slot(class: u8) -> usize {
+        (class as usize).min(READ_CLASS_SLOTS - 1)
+    }
+}
 
 /// Re-maps one transfer may make after `Stale` before giving up (each one
 /// found the block at a new location, so this only stops a block that

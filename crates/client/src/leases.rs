@@ -11,10 +11,11 @@
 //! per metadata partition per period (at most [`MAX_RENEW_BATCH`] leases
 //! each).
 
-use crate::client::Inner;
 use nodekernel_proto::meta::{MetaReply, MetaRequest, MAX_RENEW_BATCH};
 use nodekernel_proto::sync;
+use nodekernel_proto::Result;
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -112,8 +113,14 @@ impl Leases {
     }
 }
 
-/// Renews the leases of the client behind `client` while it exists.
-pub(crate) async fn keep(client: Weak<Inner>, leases: Arc<Leases>) {
+/// Renews the leases of the client behind `client` while it exists,
+/// sending each `Renew` to its partition with `send` (the client's
+/// metadata request; the keeper knows nothing else of the client).
+pub(crate) async fn keep<C, F, Fut>(client: Weak<C>, leases: Arc<Leases>, send: F)
+where
+    F: Fn(Arc<C>, usize, MetaRequest) -> Fut,
+    Fut: Future<Output = Result<MetaReply>>,
+{
     loop {
         // Registered before looking, so a hold made meanwhile wakes it.
         let wake = leases.wake.notified();
@@ -130,7 +137,7 @@ pub(crate) async fn keep(client: Weak<Inner>, leases: Arc<Leases>) {
         }
         for (part, all) in held {
             for chunk in all.chunks(MAX_RENEW_BATCH) {
-                renew(&inner, &leases, part, chunk.to_vec()).await;
+                renew(&inner, &send, &leases, part, chunk.to_vec()).await;
             }
         }
         drop(inner);
@@ -141,14 +148,20 @@ pub(crate) async fn keep(client: Weak<Inner>, leases: Arc<Leases>) {
 /// One renewal of `batch` in partition `part`. A lease found lost is
 /// renewed no more (its writer learns at its next write); a failed renewal
 /// is tried again next period.
-async fn renew(inner: &Arc<Inner>, leases: &Leases, part: usize, batch: Vec<(u64, u64)>) {
-    let client = crate::Client {
-        inner: inner.clone(),
-    };
+async fn renew<C, F, Fut>(
+    inner: &Arc<C>,
+    send: &F,
+    leases: &Leases,
+    part: usize,
+    batch: Vec<(u64, u64)>,
+) where
+    F: Fn(Arc<C>, usize, MetaRequest) -> Fut,
+    Fut: Future<Output = Result<MetaReply>>,
+{
     let req = MetaRequest::Renew {
         leases: batch.clone(),
     };
-    match client.meta_at(part, &req).await {
+    match send(inner.clone(), part, req).await {
         Ok(MetaReply::Renewed { lease_ms, lost }) => {
             leases.note_lease(lease_ms);
             if !lost.is_empty() {

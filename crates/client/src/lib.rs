@@ -33,23 +33,25 @@ mod bag;
 pub mod blocking;
 mod blockio;
 mod client;
+mod config;
 mod crypt;
 mod leases;
+mod listing;
 mod local;
 mod node;
+mod open;
 pub mod settings;
 pub mod snapshot;
+mod start;
 mod stream;
 
 pub use admin::drain_finished;
 pub use bag::{
     BagEntry, BagReader, ByteRange, RangeError, DEFAULT_BAG_READS_IN_FLIGHT, MAX_RANGES,
 };
-pub use blockio::{Access, AccessHook, MAX_RELOCATIONS, OPEN_ATTEMPTS};
-pub use client::{
-    default_location, now_ns, Client, ClientConfig, CreateOptions, DataPathStats, GET_ATTEMPTS,
-    MAX_GET_MANY,
-};
+pub use blockio::{Access, AccessHook, DataPathStats, MAX_RELOCATIONS, OPEN_ATTEMPTS};
+pub use client::Client;
+pub use config::{default_location, now_ns, ClientConfig, CreateOptions};
 pub use crypt::EncryptionKey;
 pub use node::{Node, Reader};
 /// Prefix of Unix-socket addresses (see [`Client::meta_route`]).
@@ -59,6 +61,7 @@ pub use nodekernel_proto::{
     BlockLoc, ClassInfo, ClusterStatus, Error, ErrorCode, NodeInfo, NodeType, Result, ServerStatus,
 };
 pub use nodekernel_rpc::UNIX_PREFIX;
+pub use open::{GET_ATTEMPTS, MAX_GET_MANY};
 pub use settings::{discover, ClientSection, SecuritySection, TlsSection, DEFAULT_META};
 pub use stream::{
     BufferedReader, BufferedWriter, StreamOptions, DEFAULT_STREAM_BUFFER_SIZE,

@@ -589,7 +589,7 @@ impl Node {
             node: self.info.id,
             lease: w.lease,
             size,
-            mtime: crate::client::now_ns(),
+            mtime: crate::config::now_ns(),
         };
         match self.client.meta_at(self.part, &req).await {
             Ok(MetaReply::Done) => {}
@@ -629,7 +629,7 @@ impl Node {
             lease: w.lease,
             size: w.written,
             close,
-            mtime: if w.dirty { crate::client::now_ns() } else { 0 },
+            mtime: if w.dirty { crate::config::now_ns() } else { 0 },
         };
         let reply = self
             .client

@@ -3,7 +3,8 @@
 //! an explicit metadata address, then `NK_META`, then the config file
 //! (explicit, or `NK_CONFIG`), then [`DEFAULT_META`].
 
-use crate::{ClientConfig, EncryptionKey};
+use crate::config::ClientConfig;
+use crate::crypt::EncryptionKey;
 use nodekernel_proto::{Error, Result};
 use nodekernel_rpc::auth::MAX_TOKEN_LEN;
 use nodekernel_rpc::{LocalPeers, Security, Tls, TlsFiles, Token};

@@ -1,4 +1,4 @@
-//! Bad input and faults (PRODUCT.md §8): malformed frames on both server
+//! Bad input and faults (README.md, *Semantics in brief*; `docs/security.md`, *Limits*): malformed frames on both server
 //! ports, and a storage server that is killed.
 
 mod common;

@@ -1,4 +1,4 @@
-//! Namespace semantics through a real cluster (PRODUCT.md §1 table, §2).
+//! Namespace semantics through a real cluster (README.md, *Semantics in brief*).
 
 mod common;
 use common::PutFile;

@@ -1,5 +1,5 @@
 //! A persistent metadata server restarted under running storage servers
-//! (PRODUCT.md §5, `docs/persistence.md`): everything closed before the
+//! (`docs/persistence.md`): everything closed before the
 //! restart is back, byte for byte, enumeration is exact, writers are
 //! forgotten (a File open for writing keeps its last synced size; a put
 //! that never closed is gone), and the cluster takes new work at once.

@@ -1,4 +1,4 @@
-//! Storage tiers and placement (PRODUCT.md §2 "Placement"), through real
+//! Storage tiers and placement (README.md, *Semantics in brief*; `docs/tiering.md`), through real
 //! clusters with several storage servers per class.
 
 mod common;

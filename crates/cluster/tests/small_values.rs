@@ -251,7 +251,7 @@ on_both_paths!(
     out_of_space_small_values_get_no_space_and_earlier_ones_stay_intact => no_space
 );
 
-/// PRODUCT.md §8, "out of space in all classes": small values fill every
+/// Out of space in all classes (`NoSpace`, `docs/small-values.md`): small values fill every
 /// class, the next put gets `NoSpace` and leaves nothing behind, every
 /// earlier value reads back intact, and a delete makes room again.
 async fn no_space(shared_memory: bool) {

@@ -1,5 +1,5 @@
-//! A storage server restarted alone (issue #13 acceptance 3, PRODUCT.md §5
-//! and §3): a persistent one comes back with every block it held, under
+//! A storage server restarted alone (issue #13 acceptance 3,
+//! `docs/persistence.md`, *Storage servers*): a persistent one comes back with every block it held, under
 //! the same identity and incarnation, and the metadata server keeps every
 //! mapping; one that comes back empty turns exactly its own blocks into
 //! `DataLost`, and everything on the other servers stays readable.

@@ -1,13 +1,11 @@
-//! The FUSE file system: kernel requests as client calls.
+//! The FUSE file system's state and its operations, as client calls:
+//! inode numbers to paths, open files with the one writer each holds,
+//! files unlinked while open, write leases. `kernel.rs` answers the
+//! kernel's requests with these operations; `mount.rs` starts the mount.
 
 use crate::errno::errno_of;
 use crate::inodes::{child_path, Inodes, ROOT_INO};
-use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, MountOption, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
-};
+use fuser::{Errno, FileAttr, FileType, INodeNo, OpenAccMode, OpenFlags, RenameFlags, TimeOrNow};
 use nodekernel_client::{
     now_ns, Client, CreateOptions, Error, ErrorCode, Node, NodeInfo, NodeType,
 };
@@ -15,149 +13,25 @@ use nodekernel_proto::path::partition_of;
 use nodekernel_proto::sync;
 use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Names the mount gives files unlinked while open (hidden from listings
 /// and lookups; removed at the file's last close).
 pub const HIDDEN_PREFIX: &str = ".nk-unlinked-";
 
-/// How often the lease keeper renews, as a fraction of the lease: a mount
-/// that stalls for up to two thirds of a lease keeps its files.
-const RENEWS_PER_LEASE: u32 = 3;
-
-/// The lease keeper's period until the metadata server told the lease.
-const RENEW_FALLBACK: Duration = Duration::from_secs(1);
-
 /// Longest name a component may have (as NodeKernel paths allow).
-const NAME_MAX: usize = 255;
+pub(crate) const NAME_MAX: usize = 255;
 
 /// Largest read or write the kernel sends at once.
-const MAX_IO: u32 = 1 << 20;
+pub(crate) const MAX_IO: u32 = 1 << 20;
 
 /// `st_blksize`: the I/O size programs should use.
-const BLKSIZE: u32 = 1 << 17;
+pub(crate) const BLKSIZE: u32 = 1 << 17;
 
-#[derive(Debug, Clone)]
-pub struct MountOptions {
-    /// The NodeKernel directory (or Table, or Bag) shown at the mount point.
-    pub root: String,
-    /// Let users other than the one who mounted use the mount.
-    pub allow_other: bool,
-    /// FUSE worker threads.
-    pub threads: usize,
-    /// How long the kernel may cache attributes and names.
-    pub attr_ttl: Duration,
-}
-
-impl Default for MountOptions {
-    fn default() -> Self {
-        MountOptions {
-            root: "/".into(),
-            allow_other: false,
-            threads: 4,
-            attr_ttl: Duration::from_secs(1),
-        }
-    }
-}
-
-/// A live mount.
-pub struct Mounted {
-    session: fuser::BackgroundSession,
-}
-
-impl Mounted {
-    /// Waits until the mount ends (unmounted by [`unmount`] or from
-    /// outside): every file still open for writing is closed by then,
-    /// publishing what was written.
-    pub fn join(self) -> std::io::Result<()> {
-        self.session.join()
-    }
-}
-
-/// Unmounts the file system at `mountpoint`: as root directly, otherwise
-/// through `fusermount3 -u`. With `lazy`, detaches it even while files are
-/// open there (it ends when the last is closed); without, that is `EBUSY`.
-pub fn unmount(mountpoint: &Path, lazy: bool) -> std::io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-    let flags = if lazy { libc::MNT_DETACH } else { 0 };
-    // SAFETY: a valid C string.
-    if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
-        return Ok(());
-    }
-    let e = std::io::Error::last_os_error();
-    if e.raw_os_error() != Some(libc::EPERM) {
-        return Err(e);
-    }
-    // Not root: the set-user-id helper of fuse3 may.
-    let mut cmd = std::process::Command::new("fusermount3");
-    cmd.arg("-u");
-    if lazy {
-        cmd.arg("-z");
-    }
-    let out = cmd.arg(mountpoint).output()?;
-    if out.status.success() {
-        return Ok(());
-    }
-    let text = String::from_utf8_lossy(&out.stderr);
-    Err(if text.contains("busy") {
-        std::io::Error::from_raw_os_error(libc::EBUSY)
-    } else {
-        std::io::Error::other(format!("fusermount3 -u: {}", text.trim()))
-    })
-}
-
-pub(crate) fn mount(
-    client: Client,
-    rt: tokio::runtime::Handle,
-    mountpoint: &Path,
-    opts: MountOptions,
-) -> std::io::Result<Mounted> {
-    let partitions = client.config().metas.len();
-    // SAFETY: getuid/getgid cannot fail.
-    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    let fs = NkFs {
-        inner: Arc::new(Inner {
-            client,
-            rt,
-            uid,
-            gid,
-            ttl: opts.attr_ttl,
-            partitions,
-            mount_id: std::process::id() as u64 ^ now_ns().rotate_left(17),
-            lease_ms: AtomicU64::new(0),
-            names: Mutex::new(Inodes::new(&opts.root)),
-            files: Mutex::new(HashMap::new()),
-            dirs: Mutex::new(HashMap::new()),
-            next_fh: AtomicU64::new(1),
-        }),
-    };
-    let mut config = fuser::Config::default();
-    config.mount_options = vec![
-        MountOption::FSName("nodekernel".into()),
-        MountOption::Subtype("nk".into()),
-        MountOption::DefaultPermissions,
-        MountOption::NoDev,
-        MountOption::NoSuid,
-    ];
-    if opts.allow_other {
-        config.acl = SessionACL::All;
-    }
-    config.n_threads = Some(opts.threads.max(1));
-    let inner = Arc::downgrade(&fs.inner);
-    let rt = fs.inner.rt.clone();
-    let session = fuser::Session::new(fs, mountpoint, &config)?.spawn()?;
-    rt.spawn(keep_leases(inner.clone()));
-    rt.spawn(remove_dead_hidden(inner, opts.root));
-    Ok(Mounted { session })
-}
-
-struct NkFs {
-    inner: Arc<Inner>,
+pub(crate) struct NkFs {
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl NkFs {
@@ -166,7 +40,7 @@ impl NkFs {
     /// home (from a FUSE thread, a call's socket wait and timer wake a
     /// worker), and the FUSE thread goes back to reading requests at once.
     /// (Reads and writes stay on the FUSE thread: see `read`.)
-    fn spawn<F, Fut>(&self, f: F)
+    pub(crate) fn spawn<F, Fut>(&self, f: F)
     where
         F: FnOnce(Arc<Inner>) -> Fut,
         Fut: std::future::Future<Output = ()> + Send + 'static,
@@ -175,38 +49,38 @@ impl NkFs {
     }
 }
 
-struct Inner {
-    client: Client,
-    rt: tokio::runtime::Handle,
-    uid: u32,
-    gid: u32,
-    ttl: Duration,
-    partitions: usize,
-    mount_id: u64,
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    pub(crate) rt: tokio::runtime::Handle,
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+    pub(crate) ttl: Duration,
+    pub(crate) partitions: usize,
+    pub(crate) mount_id: u64,
     /// The metadata servers' write lease, in ms (0 until known).
-    lease_ms: AtomicU64,
-    names: Mutex<Inodes>,
+    pub(crate) lease_ms: AtomicU64,
+    pub(crate) names: Mutex<Inodes>,
     /// Files open through the mount, by inode: one state per file however
     /// many descriptors have it open.
-    files: Mutex<HashMap<u64, Open>>,
+    pub(crate) files: Mutex<HashMap<u64, Open>>,
     /// Listings of open directories, by handle.
-    dirs: Mutex<HashMap<u64, Arc<Listing>>>,
-    next_fh: AtomicU64,
+    pub(crate) dirs: Mutex<HashMap<u64, Arc<Listing>>>,
+    pub(crate) next_fh: AtomicU64,
 }
 
 /// An open directory's entries: (inode, kind, name), `.` and `..` first.
-type Listing = Vec<(u64, FileType, String)>;
+pub(crate) type Listing = Vec<(u64, FileType, String)>;
 
-struct Open {
+pub(crate) struct Open {
     opens: usize,
     file: Arc<OpenFile>,
 }
 
-struct OpenFile {
-    state: tokio::sync::RwLock<FileState>,
+pub(crate) struct OpenFile {
+    pub(crate) state: tokio::sync::RwLock<FileState>,
 }
 
-struct FileState {
+pub(crate) struct FileState {
     /// The node as last looked up, created or changed through the mount.
     info: NodeInfo,
     /// Its path now (the mount may rename it while it is open).
@@ -214,7 +88,7 @@ struct FileState {
     reader: Option<Node>,
     /// The mount's write handle (the node's write lease), shared by every
     /// descriptor open for writing.
-    writer: Option<Node>,
+    pub(crate) writer: Option<Node>,
     /// The node's write lease, taken when it was unlinked while open and
     /// `writer` does not hold it (opened only for reading, or a KeyValue,
     /// whose writer is a new value): the lease keeper renews it, which is
@@ -268,17 +142,17 @@ impl FileState {
     }
 }
 
-type Res<T> = std::result::Result<T, i32>;
+pub(crate) type Res<T> = std::result::Result<T, i32>;
 
-fn err(e: Error) -> i32 {
+pub(crate) fn err(e: Error) -> i32 {
     errno_of(&e)
 }
 
-fn reply_err(code: i32) -> Errno {
+pub(crate) fn reply_err(code: i32) -> Errno {
     Errno::from_i32(code)
 }
 
-fn name_str(name: &OsStr) -> Res<&str> {
+pub(crate) fn name_str(name: &OsStr) -> Res<&str> {
     let s = name.to_str().ok_or(libc::EINVAL)?;
     if s.len() > NAME_MAX {
         return Err(libc::ENAMETOOLONG);
@@ -286,18 +160,18 @@ fn name_str(name: &OsStr) -> Res<&str> {
     Ok(s)
 }
 
-fn is_hidden(name: &str) -> bool {
+pub(crate) fn is_hidden(name: &str) -> bool {
     name.starts_with(HIDDEN_PREFIX)
 }
 
-fn parent_of(path: &str) -> &str {
+pub(crate) fn parent_of(path: &str) -> &str {
     match path.rfind('/') {
         Some(0) | None => "/",
         Some(i) => &path[..i],
     }
 }
 
-fn kind(ty: NodeType) -> FileType {
+pub(crate) fn kind(ty: NodeType) -> FileType {
     if ty.is_container() {
         FileType::Directory
     } else {
@@ -305,24 +179,24 @@ fn kind(ty: NodeType) -> FileType {
     }
 }
 
-fn time_ns(t: SystemTime) -> u64 {
+pub(crate) fn time_ns(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
 impl Inner {
-    fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+    pub(crate) fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
         self.rt.block_on(f)
     }
 
-    fn path(&self, ino: INodeNo) -> Res<String> {
+    pub(crate) fn path(&self, ino: INodeNo) -> Res<String> {
         sync::lock(&self.names)
             .path(ino.0)
             .map(str::to_string)
             .ok_or(libc::ENOENT)
     }
 
-    fn child(&self, parent: INodeNo, name: &OsStr) -> Res<String> {
+    pub(crate) fn child(&self, parent: INodeNo, name: &OsStr) -> Res<String> {
         let name = name_str(name)?;
         Ok(child_path(&self.path(parent)?, name))
     }
@@ -347,7 +221,7 @@ impl Inner {
         }
     }
 
-    fn open_file(&self, ino: u64) -> Option<Arc<OpenFile>> {
+    pub(crate) fn open_file(&self, ino: u64) -> Option<Arc<OpenFile>> {
         sync::lock(&self.files).get(&ino).map(|o| o.file.clone())
     }
 
@@ -380,7 +254,7 @@ impl Inner {
     /// The attributes of `ino` at `path`: from its open state if it is
     /// open here (which knows what was written and not yet published),
     /// else from the metadata server.
-    async fn stat(&self, ino: u64, path: &str) -> Res<FileAttr> {
+    pub(crate) async fn stat(&self, ino: u64, path: &str) -> Res<FileAttr> {
         if let Some(f) = self.open_file(ino) {
             let st = f.state.read().await;
             // (A state whose last close is done knows less than the
@@ -396,7 +270,7 @@ impl Inner {
     }
 
     /// Looks `path` up and hands the kernel a number for it.
-    async fn entry(&self, path: &str) -> Res<FileAttr> {
+    pub(crate) async fn entry(&self, path: &str) -> Res<FileAttr> {
         // A file created here and still being written (a KeyValue put is
         // invisible until its close) is known only to this mount.
         let known = sync::lock(&self.names).ino(path);
@@ -453,7 +327,7 @@ impl Inner {
     /// a file unlinked while open is removed. The state stays registered
     /// until that is done, so an open meanwhile waits for it (and then
     /// starts afresh) instead of finding the write lease still held.
-    async fn release(&self, ino: u64) -> Res<()> {
+    pub(crate) async fn release(&self, ino: u64) -> Res<()> {
         let file = {
             let mut files = sync::lock(&self.files);
             let Some(o) = files.get_mut(&ino) else {
@@ -623,7 +497,7 @@ impl Inner {
         Ok(true)
     }
 
-    async fn do_open(&self, ino: u64, flags: OpenFlags) -> Res<()> {
+    pub(crate) async fn do_open(&self, ino: u64, flags: OpenFlags) -> Res<()> {
         let path = self.path(INodeNo(ino))?;
         let file = self
             .open_state(ino, async {
@@ -670,7 +544,12 @@ impl Inner {
         r
     }
 
-    async fn do_create(&self, parent: INodeNo, name: &OsStr, mode: u32) -> Res<(u64, FileAttr)> {
+    pub(crate) async fn do_create(
+        &self,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+    ) -> Res<(u64, FileAttr)> {
         let path = self.child(parent, name)?;
         if is_hidden(name_str(name)?) {
             return Err(libc::EINVAL);
@@ -717,7 +596,7 @@ impl Inner {
         Ok((ino, attr))
     }
 
-    async fn do_read(&self, ino: u64, offset: u64, size: u32) -> Res<Vec<u8>> {
+    pub(crate) async fn do_read(&self, ino: u64, offset: u64, size: u32) -> Res<Vec<u8>> {
         let file = self.open_file(ino).ok_or(libc::EBADF)?;
         let st = file.state.read().await;
         let node = st
@@ -739,7 +618,7 @@ impl Inner {
         Ok(buf)
     }
 
-    async fn do_write(&self, ino: u64, offset: u64, data: &[u8]) -> Res<u32> {
+    pub(crate) async fn do_write(&self, ino: u64, offset: u64, data: &[u8]) -> Res<u32> {
         let file = self.open_file(ino).ok_or(libc::EBADF)?;
         let mut st = file.state.write().await;
         let w = st.writer.as_mut().ok_or(libc::EBADF)?;
@@ -748,7 +627,7 @@ impl Inner {
         Ok(data.len() as u32)
     }
 
-    async fn do_setattr(
+    pub(crate) async fn do_setattr(
         &self,
         ino: u64,
         mode: Option<u32>,
@@ -814,7 +693,7 @@ impl Inner {
         self.stat(ino, &path).await
     }
 
-    async fn do_unlink(&self, parent: INodeNo, name: &OsStr, dir: bool) -> Res<()> {
+    pub(crate) async fn do_unlink(&self, parent: INodeNo, name: &OsStr, dir: bool) -> Res<()> {
         let name = name_str(name)?;
         if is_hidden(name) {
             return Err(libc::ENOENT);
@@ -872,7 +751,7 @@ impl Inner {
     /// nobody keeps its write lease (a live mount renews it), so this
     /// mount can take it. False when it stays (a live mount's, or open
     /// here).
-    async fn remove_if_dead(&self, path: &str) -> bool {
+    pub(crate) async fn remove_if_dead(&self, path: &str) -> bool {
         if self.open_here(path) {
             return false;
         }
@@ -920,7 +799,7 @@ impl Inner {
 
     /// How long the metadata servers' write leases last (the shortest), as
     /// their status says; `None` if none answers.
-    async fn lease(&self) -> Option<Duration> {
+    pub(crate) async fn lease(&self) -> Option<Duration> {
         let mut ms = self.lease_ms.load(Ordering::Relaxed);
         if ms == 0 {
             ms = self.client.status().await.ok()?.lease_ms;
@@ -931,7 +810,7 @@ impl Inner {
 
     /// Walks the subtree at `root`, removing the hidden files of dead
     /// mounts; returns those that stay (their lease is held).
-    async fn walk_hidden(&self, root: &str) -> Vec<String> {
+    pub(crate) async fn walk_hidden(&self, root: &str) -> Vec<String> {
         let mut dirs = vec![root.to_string()];
         let (mut kept, mut removed) = (Vec::new(), 0usize);
         while let Some(dir) = dirs.pop() {
@@ -962,7 +841,7 @@ impl Inner {
     /// Renews every write lease the mount holds: its open files' and its
     /// hidden files'. A hidden file whose lease another client held gets
     /// it now, if that one is done.
-    async fn renew_leases(&self) {
+    pub(crate) async fn renew_leases(&self) {
         let files: Vec<Arc<OpenFile>> = sync::lock(&self.files)
             .values()
             .map(|o| o.file.clone())
@@ -994,7 +873,7 @@ impl Inner {
         }
     }
 
-    async fn do_rename(
+    pub(crate) async fn do_rename(
         &self,
         parent: INodeNo,
         name: &OsStr,
@@ -1060,7 +939,7 @@ impl Inner {
         Ok(())
     }
 
-    async fn do_mkdir(&self, parent: INodeNo, name: &OsStr, mode: u32) -> Res<FileAttr> {
+    pub(crate) async fn do_mkdir(&self, parent: INodeNo, name: &OsStr, mode: u32) -> Res<FileAttr> {
         let n = name_str(name)?;
         if is_hidden(n) {
             return Err(libc::EINVAL);
@@ -1079,7 +958,7 @@ impl Inner {
         self.entry(&path).await
     }
 
-    async fn do_opendir(&self, ino: u64) -> Res<u64> {
+    pub(crate) async fn do_opendir(&self, ino: u64) -> Res<u64> {
         let path = self.path(INodeNo(ino))?;
         let list = self.client.enumerate_typed(&path).await.map_err(err)?;
         let mut entries = Vec::with_capacity(list.len() + 2);
@@ -1104,7 +983,7 @@ impl Inner {
         Ok(fh)
     }
 
-    async fn do_statfs(&self) -> Res<(u64, u64)> {
+    pub(crate) async fn do_statfs(&self) -> Res<(u64, u64)> {
         let s = self.client.status().await.map_err(err)?;
         let (mut cap, mut used) = (0u64, 0u64);
         for srv in s.servers.iter().filter(|s| s.alive) {
@@ -1115,7 +994,7 @@ impl Inner {
     }
 
     /// Closes every file still open for writing (at unmount).
-    fn close_all(&self) {
+    pub(crate) fn close_all(&self) {
         let files: Vec<Arc<OpenFile>> = sync::lock(&self.files)
             .drain()
             .map(|(_, o)| o.file)
@@ -1133,50 +1012,13 @@ impl Inner {
     }
 }
 
-/// Renews the mount's write leases while it runs ([`Inner::renew_leases`]),
-/// a few times per lease (as long as the metadata servers say it lasts).
-async fn keep_leases(fs: Weak<Inner>) {
-    loop {
-        let Some(inner) = fs.upgrade() else {
-            return;
-        };
-        inner.renew_leases().await;
-        let period = match inner.lease().await {
-            Some(lease) => lease / RENEWS_PER_LEASE,
-            None => RENEW_FALLBACK,
-        };
-        drop(inner);
-        tokio::time::sleep(period.max(Duration::from_millis(10))).await;
-    }
-}
-
-/// At the start of a mount: removes the files that mounts which died left
-/// unlinked while open under `root` (hidden, so no listing shows them and
-/// no `rmdir` could remove their directory). One whose lease is still
-/// held is tried again once that lease would have run out: a mount
-/// killed just now leaves it held for up to a lease.
-async fn remove_dead_hidden(fs: Weak<Inner>, root: String) {
-    let Some(inner) = fs.upgrade() else {
-        return;
-    };
-    let kept = inner.walk_hidden(&root).await;
-    if kept.is_empty() {
-        return;
-    }
-    let wait = inner.lease().await.unwrap_or(RENEW_FALLBACK);
-    drop(inner);
-    tokio::time::sleep(wait + wait / RENEWS_PER_LEASE).await;
-    let Some(inner) = fs.upgrade() else {
-        return;
-    };
-    for p in kept {
-        inner.remove_if_dead(&p).await;
-    }
-}
-
 /// Writes `data` at `offset` of a writer, wherever that is: bytes past the
 /// end are appended (zeros first up to `offset`: files have no holes).
-async fn write_at(w: &mut Node, offset: u64, data: &[u8]) -> nodekernel_client::Result<()> {
+pub(crate) async fn write_at(
+    w: &mut Node,
+    offset: u64,
+    data: &[u8],
+) -> nodekernel_client::Result<()> {
     w.zero_fill_to(offset).await?;
     let size = w.size();
     let inside = if offset < size {
@@ -1191,506 +1033,4 @@ async fn write_at(w: &mut Node, offset: u64, data: &[u8]) -> nodekernel_client::
         w.append(&data[inside..]).await?;
     }
     Ok(())
-}
-
-impl Filesystem for NkFs {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // O_TRUNC arrives with the open (so a KeyValue is replaced in one
-        // step, not emptied first).
-        let _ =
-            config.add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC | InitFlags::FUSE_BIG_WRITES);
-        let _ = config.add_capabilities(InitFlags::FUSE_MAX_PAGES);
-        let _ = config.add_capabilities(InitFlags::FUSE_AUTO_INVAL_DATA);
-        let _ = config.set_max_write(MAX_IO);
-        let _ = config.set_max_readahead(MAX_IO);
-        Ok(())
-    }
-
-    fn destroy(&mut self) {
-        self.inner.close_all();
-    }
-
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let path = match name_str(name) {
-            Ok(n) if is_hidden(n) => Err(libc::ENOENT),
-            // A name that is not UTF-8 cannot exist.
-            Err(libc::EINVAL) => Err(libc::ENOENT),
-            Err(e) => Err(e),
-            Ok(_) => self.inner.child(parent, name),
-        };
-        self.spawn(|fs| async move {
-            let r = match path {
-                Ok(p) => fs.entry(&p).await,
-                Err(e) => Err(e),
-            };
-            match r {
-                Ok(a) => reply.entry(&fs.ttl, &a, Generation(0)),
-                Err(e) => reply.error(reply_err(e)),
-            }
-        });
-    }
-
-    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        sync::lock(&self.inner.names).forget(ino.0, nlookup);
-    }
-
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.spawn(|fs| async move {
-            let r = match fs.path(ino) {
-                Ok(p) => fs.stat(ino.0, &p).await,
-                Err(e) => Err(e),
-            };
-            match r {
-                Ok(a) => reply.attr(&fs.ttl, &a),
-                Err(e) => reply.error(reply_err(e)),
-            }
-        });
-    }
-
-    fn setattr(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        _atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
-        // Every file belongs to the user who mounted; owners do not change.
-        if uid.is_some_and(|u| u != self.inner.uid) || gid.is_some_and(|g| g != self.inner.gid) {
-            return reply.error(Errno::EPERM);
-        }
-        self.spawn(|fs| async move {
-            match fs.do_setattr(ino.0, mode, size, mtime).await {
-                Ok(a) => reply.attr(&fs.ttl, &a),
-                Err(e) => reply.error(reply_err(e)),
-            }
-        });
-    }
-
-    fn mknod(
-        &self,
-        _req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        _rdev: u32,
-        reply: ReplyEntry,
-    ) {
-        // Only regular files; device nodes, FIFOs and sockets have no
-        // NodeKernel type.
-        if mode & libc::S_IFMT != libc::S_IFREG {
-            return reply.error(Errno::EPERM);
-        }
-        let name = name.to_os_string();
-        self.spawn(|fs| async move {
-            let r = async {
-                let (ino, attr) = fs.do_create(parent, &name, mode & !umask).await?;
-                fs.release(ino).await?;
-                Ok(attr)
-            };
-            match r.await {
-                Ok(a) => reply.entry(&fs.ttl, &a, Generation(0)),
-                Err(e) => reply.error(reply_err(e)),
-            }
-        });
-    }
-
-    fn mkdir(
-        &self,
-        _req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        reply: ReplyEntry,
-    ) {
-        let name = name.to_os_string();
-        self.spawn(|fs| async move {
-            match fs.do_mkdir(parent, &name, mode & !umask).await {
-                Ok(a) => reply.entry(&fs.ttl, &a, Generation(0)),
-                Err(e) => reply.error(reply_err(e)),
-            }
-        });
-    }
-
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let name = name.to_os_string();
-        self.spawn(|fs| async move {
-            match fs.do_unlink(parent, &name, false).await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(reply_err(e)),
-            }
-        });
-    }
-
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let name = name.to_os_string();
-        self.spawn(|fs| async move {
-            match fs.do_unlink(parent, &name, true).await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(reply_err(e)),
-            }
-        });
-    }
-
-    fn symlink(
-        &self,
-        _req: &Request,
-        _parent: INodeNo,
-        _link_name: &OsStr,
-        _target: &Path,
-        reply: ReplyEntry,
-    ) {
-        reply.error(Errno::EPERM);
-    }
-
-    fn readlink(&self, _req: &Request, _ino: INodeNo, reply: ReplyData) {
-        // Nothing here is a symbolic link.
-        reply.error(Errno::EINVAL);
-    }
-
-    fn rename(
-        &self,
-        _req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        newparent: INodeNo,
-        newname: &OsStr,
-        flags: RenameFlags,
-        reply: ReplyEmpty,
-    ) {
-        let (name, newname) = (name.to_os_string(), newname.to_os_string());
-        self.spawn(|fs| async move {
-            match fs
-                .do_rename(parent, &name, newparent, &newname, flags)
-                .await
-            {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(reply_err(e)),
-            }
-        });
-    }
-
-    fn link(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _newparent: INodeNo,
-        _newname: &OsStr,
-        reply: ReplyEntry,
-    ) {
-        // A node has exactly one path.
-        reply.error(Errno::EPERM);
-    }
-
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        self.spawn(|fs| async move {
-            match fs.do_open(ino.0, flags).await {
-                Ok(()) => reply.opened(FileHandle(ino.0), FopenFlags::empty()),
-                Err(e) => reply.error(reply_err(e)),
-            }
-        });
-    }
-
-    fn read(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
-        // Reads and writes run on this thread: on the shared-memory path
-        // they are memory copies that finish without waiting, and a
-        // hand-over to a worker would cost more than they do.
-        let fs = &self.inner;
-        match fs.block_on(fs.do_read(ino.0, offset, size)) {
-            Ok(b) => reply.data(&b),
-            Err(e) => reply.error(reply_err(e)),
-        }
-    }
-
-    fn write(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        data: &[u8],
-        _write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
-        let fs = &self.inner;
-        match fs.block_on(fs.do_write(ino.0, offset, data)) {
-            Ok(n) => reply.written(n),
-            Err(e) => reply.error(reply_err(e)),
-        }
-    }
-
-    fn flush(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _lock_owner: LockOwner,
-        reply: ReplyEmpty,
-    ) {
-        self.fsync(_req, ino, _fh, false, reply);
-    }
-
-    fn release(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
-        self.spawn(|fs| async move {
-            match fs.release(ino.0).await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(reply_err(e)),
-            }
-        });
-    }
-
-    fn fsync(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        // Publishes what was written: other clients see it from now on (a
-        // KeyValue only at its last close).
-        self.spawn(|fs| async move {
-            let r = async {
-                let Some(f) = fs.open_file(ino.0) else {
-                    return Ok(());
-                };
-                let mut st = f.state.write().await;
-                if let Some(w) = st.writer.as_mut() {
-                    w.sync().await.map_err(err)?;
-                }
-                Ok(())
-            };
-            match r.await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(reply_err(e)),
-            }
-        });
-    }
-
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        self.spawn(|fs| async move {
-            match fs.do_opendir(ino.0).await {
-                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
-                Err(e) => reply.error(reply_err(e)),
-            }
-        });
-    }
-
-    fn readdir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
-        let Some(list) = sync::lock(&self.inner.dirs).get(&fh.0).cloned() else {
-            return reply.error(Errno::EBADF);
-        };
-        for (i, (ino, kind, name)) in list.iter().enumerate().skip(offset as usize) {
-            if reply.add(INodeNo(*ino), i as u64 + 1, *kind, name) {
-                break;
-            }
-        }
-        reply.ok();
-    }
-
-    fn releasedir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        reply: ReplyEmpty,
-    ) {
-        sync::lock(&self.inner.dirs).remove(&fh.0);
-        reply.ok();
-    }
-
-    fn fsyncdir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        // Namespace changes are durable (as the cluster's persistence
-        // setting makes them) once their call returned.
-        reply.ok();
-    }
-
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        self.spawn(|fs| async move {
-            match fs.do_statfs().await {
-                Ok((cap, used)) => {
-                    let unit = 4096u64;
-                    let (blocks, free) = (cap / unit, (cap - used) / unit);
-                    let files = u64::MAX >> 1;
-                    reply.statfs(
-                        blocks,
-                        free,
-                        free,
-                        files,
-                        files,
-                        unit as u32,
-                        NAME_MAX as u32,
-                        unit as u32,
-                    )
-                }
-                Err(e) => reply.error(reply_err(e)),
-            }
-        });
-    }
-
-    fn setxattr(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _value: &[u8],
-        _flags: i32,
-        _position: u32,
-        reply: ReplyEmpty,
-    ) {
-        reply.error(Errno::ENOTSUP);
-    }
-
-    fn getxattr(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _size: u32,
-        reply: ReplyXattr,
-    ) {
-        reply.error(Errno::ENOTSUP);
-    }
-
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
-        reply.error(Errno::ENOTSUP);
-    }
-
-    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::ENOTSUP);
-    }
-
-    fn create(
-        &self,
-        _req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        _flags: i32,
-        reply: ReplyCreate,
-    ) {
-        let name = name.to_os_string();
-        self.spawn(|fs| async move {
-            match fs.do_create(parent, &name, mode & !umask).await {
-                Ok((ino, a)) => reply.created(
-                    &fs.ttl,
-                    &a,
-                    Generation(0),
-                    FileHandle(ino),
-                    FopenFlags::empty(),
-                ),
-                Err(e) => reply.error(reply_err(e)),
-            }
-        });
-    }
-
-    fn ioctl(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _flags: fuser::IoctlFlags,
-        _cmd: u32,
-        _in_data: &[u8],
-        _out_size: u32,
-        reply: fuser::ReplyIoctl,
-    ) {
-        // Not a terminal, nor anything else ioctls speak to.
-        reply.error(Errno::ENOTTY);
-    }
-
-    fn lseek(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: i64,
-        _whence: i32,
-        reply: fuser::ReplyLseek,
-    ) {
-        // SEEK_DATA / SEEK_HOLE: files have no holes; the kernel answers
-        // them itself (all data) after this.
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn copy_file_range(
-        &self,
-        _req: &Request,
-        _ino_in: INodeNo,
-        _fh_in: FileHandle,
-        _offset_in: u64,
-        _ino_out: INodeNo,
-        _fh_out: FileHandle,
-        _offset_out: u64,
-        _len: u64,
-        _flags: fuser::CopyFileRangeFlags,
-        reply: ReplyWrite,
-    ) {
-        // The kernel falls back to reads and writes.
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn fallocate(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: u64,
-        _length: u64,
-        _mode: i32,
-        reply: ReplyEmpty,
-    ) {
-        // Files have no holes and no reserved space (posix_fallocate falls
-        // back to writing zeros).
-        reply.error(Errno::EOPNOTSUPP);
-    }
 }

@@ -28,8 +28,11 @@
 mod errno;
 mod fs;
 mod inodes;
+mod kernel;
+mod mount;
 
-pub use fs::{unmount, MountOptions, Mounted, HIDDEN_PREFIX};
+pub use fs::HIDDEN_PREFIX;
+pub use mount::{unmount, MountOptions, Mounted};
 
 use nodekernel_client::Client;
 use std::path::Path;
@@ -44,5 +47,5 @@ pub fn mount(
     mountpoint: &Path,
     opts: MountOptions,
 ) -> std::io::Result<Mounted> {
-    fs::mount(client, rt, mountpoint, opts)
+    mount::mount(client, rt, mountpoint, opts)
 }

@@ -1,7 +1,7 @@
 //! Block allocator: storage servers, their free blocks and block generations.
 //!
 //! Pure state, no I/O, no clock: callers pass the current time in
-//! milliseconds. Placement rules (PRODUCT.md §2 "Placement"):
+//! milliseconds. Placement rules (README.md, *Semantics in brief*, and `docs/tiering.md`):
 //! - classes are tried in priority order (0 first); with a preferred class,
 //!   that class first, then the lower-priority classes after it, and only
 //!   then the higher-priority ones;

@@ -1,7 +1,7 @@
 package io.nodekernel;
 
 /**
- * NodeKernel's stable error codes, as on the wire (PRODUCT.md, section 8). Each has its exception
+ * NodeKernel's stable error codes, as on the wire (README.md, Semantics in brief). Each has its exception
  * class, nested in {@link NodeKernelException} under the code's {@link #wireName()}.
  */
 public enum ErrorCode {

@@ -1,6 +1,6 @@
 package io.nodekernel;
 
-/** The five node types (PRODUCT.md, section 2). */
+/** The five node types (README.md, Semantics in brief). */
 public enum NodeType {
   /** A container listed by name. */
   DIRECTORY(0),

@@ -1,0 +1,152 @@
+//! Enumeration through the data plane (`docs/records.md`): the metadata
+//! server answers with the live-slot bitmap, the client reads the child
+//! records from the container's blocks.
+
+use crate::client::{unexpected, Client};
+use crate::node::Node;
+use nodekernel_proto::meta::{MetaReply, MetaRequest};
+use nodekernel_proto::record::{self, RECORD_SIZE};
+use nodekernel_proto::{path, ErrorCode, NodeInfo, NodeType, Result, NO_CLASS};
+
+impl Client {
+    /// Names of the live children of a container, in record-slot order
+    /// (creation order, with freed slots reused lowest first). The names are
+    /// read from the container's data through the data plane; the metadata
+    /// server only contributes the live-slot bitmap, which is the authority:
+    /// a record whose child is gone is never returned. Listing `/` merges
+    /// every metadata partition, in partition order.
+    pub async fn enumerate(&self, p: &str) -> Result<Vec<String>> {
+        Ok(self
+            .enumerate_typed(p)
+            .await?
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect())
+    }
+
+    /// Like [`Client::enumerate`], with each child's type.
+    pub async fn enumerate_typed(&self, p: &str) -> Result<Vec<(String, NodeType)>> {
+        let comps = path::components(p)?;
+        let parts: Vec<usize> = if comps.is_empty() {
+            (0..self.inner.cfg.metas.len()).collect()
+        } else {
+            vec![self.partition(p)]
+        };
+        let mut out = Vec::new();
+        for idx in parts {
+            let listing = self
+                .meta_at(
+                    idx,
+                    &MetaRequest::Enumerate {
+                        path: p.to_string(),
+                    },
+                )
+                .await?;
+            let MetaReply::Listing {
+                container,
+                block_size,
+                slots,
+                live,
+            } = listing
+            else {
+                return Err(unexpected(listing));
+            };
+            if slots == 0 {
+                continue;
+            }
+            let is_live = |slot: usize| live[slot / 8] & (1 << (slot % 8)) != 0;
+            let data = match self
+                .read_container(p, idx, container, block_size, slots)
+                .await
+            {
+                Ok(d) => d,
+                // Records lost with a storage server: names come from the
+                // metadata server instead.
+                Err(e)
+                    if matches!(
+                        e.code,
+                        ErrorCode::Unavailable
+                            | ErrorCode::Timeout
+                            | ErrorCode::DataLost
+                            | ErrorCode::Stale
+                    ) =>
+                {
+                    tracing::warn!(
+                        "{p}: child records unreadable ({e}); asking the metadata server"
+                    );
+                    Vec::new()
+                }
+                Err(e) => return Err(e),
+            };
+            let mut entries: Vec<(u32, NodeType, String)> = Vec::new();
+            let mut missing = Vec::new();
+            for slot in (0..slots as usize).filter(|s| is_live(*s)) {
+                let bytes = data
+                    .get(slot * RECORD_SIZE..(slot + 1) * RECORD_SIZE)
+                    .unwrap_or(&[]);
+                match record::decode(bytes, container, slot as u32) {
+                    Some((ty, name)) => entries.push((slot as u32, ty, name)),
+                    None => missing.push(slot as u32),
+                }
+            }
+            if !missing.is_empty() {
+                for slots in missing.chunks(nodekernel_proto::meta::MAX_RECORD_NAMES) {
+                    let req = MetaRequest::RecordNames {
+                        container,
+                        slots: slots.to_vec(),
+                    };
+                    match self.meta_at(idx, &req).await? {
+                        MetaReply::Names(found) => entries.extend(found),
+                        other => return Err(unexpected(other)),
+                    }
+                }
+                entries.sort_by_key(|e| e.0);
+            }
+            out.extend(entries.into_iter().map(|(_, ty, name)| (name, ty)));
+        }
+        Ok(out)
+    }
+
+    /// Bytes of child-record data a container holds (its record slots times
+    /// the record size): what enumerating it reads.
+    pub async fn container_data_len(&self, p: &str) -> Result<u64> {
+        path::components(p)?;
+        let req = MetaRequest::Enumerate {
+            path: p.to_string(),
+        };
+        match self.meta_at(self.partition(p), &req).await? {
+            MetaReply::Listing { slots, .. } => Ok(slots as u64 * RECORD_SIZE as u64),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Reads a container's record array like a file.
+    async fn read_container(
+        &self,
+        p: &str,
+        idx: usize,
+        id: u64,
+        block_size: u32,
+        slots: u32,
+    ) -> Result<Vec<u8>> {
+        let len = slots as u64 * RECORD_SIZE as u64;
+        let info = NodeInfo {
+            id,
+            ty: NodeType::Directory,
+            size: len,
+            block_size,
+            storage_class: NO_CLASS,
+            location: String::new(),
+            enumerable: true,
+            mode: 0,
+            mtime: 0,
+            lease: 0,
+            encrypted: false,
+            first_block: None,
+            record: None,
+        };
+        Node::new(self.clone(), p.to_string(), idx, info)
+            .read(0, len)
+            .await
+    }
+}

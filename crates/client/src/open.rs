@@ -1,0 +1,296 @@
+//! Handing out nodes: create, open, lookup, `mkdir`, and whole values
+//! (`put`, `get`, `get_many`), whose unfinished puts abort themselves.
+
+use crate::client::{leaf, Client};
+use crate::config::{now_ns, CreateOptions};
+use crate::node::Node;
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
+use nodekernel_proto::meta::MetaRequest;
+use nodekernel_proto::{path, Error, ErrorCode, NodeType, Result, NO_CLASS};
+
+impl Client {
+    /// Creates a node. File and KeyValue handles come back open for writing
+    /// (the caller holds the write lease until [`Node::close`]).
+    pub async fn create(&self, p: &str, ty: NodeType, opts: CreateOptions) -> Result<Node> {
+        self.create_or_open(p, ty, opts, false).await
+    }
+
+    /// Opens the File at `p` for appending (as [`Client::open_write`]),
+    /// creating it with `opts` if there is none: one metadata call either
+    /// way. `opts` are ignored for an existing File. Another node type at
+    /// `p` is `AlreadyExists`; an existing File being written is `Busy`.
+    pub async fn open_append(&self, p: &str, opts: CreateOptions) -> Result<Node> {
+        self.create_or_open(p, NodeType::File, opts, true).await
+    }
+
+    async fn create_or_open(
+        &self,
+        p: &str,
+        ty: NodeType,
+        opts: CreateOptions,
+        open_existing: bool,
+    ) -> Result<Node> {
+        path::components(p)?;
+        let idx = self.partition(p);
+        let req = MetaRequest::Create {
+            path: p.to_string(),
+            ty,
+            storage_class: opts.storage_class.unwrap_or(NO_CLASS),
+            location: if opts.local {
+                self.inner.cfg.location.clone()
+            } else {
+                String::new()
+            },
+            enumerable: opts.enumerable,
+            size_hint: opts.size_hint,
+            pinned: opts.pinned,
+            mode: opts.mode.unwrap_or(ty.default_mode()),
+            mtime: opts.mtime.unwrap_or_else(now_ns),
+            open_existing,
+        };
+        let info = self.node_reply(idx, &req).await?;
+        if let Some(rec) = &info.record {
+            self.write_record(rec, ty, leaf(p)).await;
+        }
+        Ok(Node::new(self.clone(), p.to_string(), idx, info))
+    }
+
+    /// Creates a Directory (and, with `parents`, its missing ancestors).
+    pub async fn mkdir(&self, p: &str, parents: bool) -> Result<()> {
+        if !parents {
+            return self
+                .create(p, NodeType::Directory, CreateOptions::default())
+                .await
+                .map(drop);
+        }
+        let comps = path::components(p)?;
+        for i in 1..=comps.len() {
+            let sub = format!("/{}", comps[..i].join("/"));
+            match self
+                .create(&sub, NodeType::Directory, CreateOptions::default())
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if e.code == nodekernel_proto::ErrorCode::AlreadyExists => {
+                    let n = self.lookup(&sub).await?;
+                    if n.info().ty != NodeType::Directory {
+                        return Err(Error::type_mismatch(format!(
+                            "{sub} exists and is a {}, not a Directory",
+                            n.info().ty
+                        )));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Looks a node up; the handle can read (not write).
+    pub async fn lookup(&self, p: &str) -> Result<Node> {
+        path::components(p)?;
+        let idx = self.partition(p);
+        let info = self
+            .node_reply(
+                idx,
+                &MetaRequest::Lookup {
+                    path: p.to_string(),
+                },
+            )
+            .await?;
+        Ok(Node::new(self.clone(), p.to_string(), idx, info))
+    }
+
+    /// Opens an existing File or KeyValue for writing (append, overwrite).
+    /// Fails with `Busy` while another writer holds the node.
+    pub async fn open_write(&self, p: &str) -> Result<Node> {
+        path::components(p)?;
+        let idx = self.partition(p);
+        let info = self
+            .node_reply(
+                idx,
+                &MetaRequest::OpenWrite {
+                    path: p.to_string(),
+                },
+            )
+            .await?;
+        Ok(Node::new(self.clone(), p.to_string(), idx, info))
+    }
+
+    /// KeyValue put: create (replacing any old value), append, close. A
+    /// put that fails leaves nothing behind: the new value is dropped and
+    /// its blocks freed at once (the old value, if any, stays).
+    ///
+    /// Cancel safe: a put whose future is dropped before it finished (a
+    /// timeout, `select!`, a cancelled Python task) is aborted in the
+    /// background on the current tokio runtime, the same way. A create
+    /// still in flight is finished first, so even a put dropped before it
+    /// learnt its node leaves nothing behind; the value's blocks are freed
+    /// as soon as that abort is answered, not when the metadata server
+    /// sweeps abandoned puts. A put dropped during its close either
+    /// stored the whole new value or left the old one. The bytes of
+    /// `value` are not used after the future is dropped.
+    pub async fn put(&self, p: &str, value: &[u8]) -> Result<()> {
+        let opts = CreateOptions {
+            size_hint: value.len() as u64,
+            ..CreateOptions::default()
+        };
+        let mut put = UnfinishedPut::create(self, p, opts);
+        let node = put.node().await?;
+        let written = match node.append(value).await {
+            Ok(()) => node.close_in_place().await,
+            Err(e) => Err(e),
+        };
+        match written {
+            Ok(()) => {
+                put.finished();
+                Ok(())
+            }
+            Err(e) => {
+                // Awaited, so the space is free when the error is seen.
+                if let Some(abort) = put.abort() {
+                    let _ = abort.await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// KeyValue get (works for Files too): lookup, then read everything.
+    /// If the value is replaced between the lookup and the read (the read
+    /// gets `Stale`), the get looks the key up again, so it returns the
+    /// current value rather than failing; after [`GET_ATTEMPTS`] replaced
+    /// values in a row it gives up with `Stale`.
+    pub async fn get(&self, p: &str) -> Result<Vec<u8>> {
+        let mut attempt = 1;
+        loop {
+            let node = self.lookup(p).await?;
+            let len = node.info().size;
+            match node.read(0, len).await {
+                Err(e) if e.code == ErrorCode::Stale && attempt < GET_ATTEMPTS => attempt += 1,
+                r => return r,
+            }
+        }
+    }
+
+    /// Gets the values at `paths`, each as [`Client::get`], with up to
+    /// `in_flight` gets outstanding: one result per path, in the order
+    /// given, so a missing key is its own `NotFound` and fails none of the
+    /// others (a reducer fetching the indexes of many map outputs). More
+    /// than [`MAX_GET_MANY`] paths is `InvalidArgument`.
+    pub async fn get_many<S: AsRef<str>>(
+        &self,
+        paths: &[S],
+        in_flight: usize,
+    ) -> Result<Vec<Result<Vec<u8>>>> {
+        if paths.len() > MAX_GET_MANY {
+            return Err(Error::invalid_argument(format!(
+                "{} keys in one get; at most {MAX_GET_MANY}",
+                paths.len()
+            )));
+        }
+        Ok(futures::stream::iter(paths)
+            .map(|p| self.get(p.as_ref()))
+            .buffered(in_flight.max(1))
+            .collect()
+            .await)
+    }
+}
+
+/// A [`Client::put`] that has not finished: its create, boxed so that a
+/// dropped put can finish it, or its node. Dropped before
+/// [`UnfinishedPut::finished`], it aborts the put in the background.
+struct UnfinishedPut {
+    path: String,
+    state: PutState,
+}
+
+enum PutState {
+    Creating(BoxFuture<'static, Result<Node>>),
+    Writing(Box<Node>),
+    Done,
+}
+
+impl UnfinishedPut {
+    /// Starts creating the new value (the create runs when awaited).
+    fn create(client: &Client, p: &str, opts: CreateOptions) -> UnfinishedPut {
+        let (client, path) = (client.clone(), p.to_string());
+        UnfinishedPut {
+            path: p.to_string(),
+            state: PutState::Creating(
+                async move { client.create(&path, NodeType::KeyValue, opts).await }.boxed(),
+            ),
+        }
+    }
+
+    /// The new value's node, once created. Cancel safe.
+    async fn node(&mut self) -> Result<&mut Node> {
+        if let PutState::Creating(create) = &mut self.state {
+            match create.await {
+                Ok(node) => self.state = PutState::Writing(Box::new(node)),
+                Err(e) => {
+                    // Nothing was created: nothing to abort.
+                    self.state = PutState::Done;
+                    return Err(e);
+                }
+            }
+        }
+        match &mut self.state {
+            PutState::Writing(node) => Ok(node),
+            _ => Err(Error::internal(format!(
+                "{}: the put has no node to write",
+                self.path
+            ))),
+        }
+    }
+
+    /// The put is closed: nothing to abort.
+    fn finished(&mut self) {
+        self.state = PutState::Done;
+    }
+
+    /// Aborts the put in a task of its own (so that it runs to its end
+    /// whatever happens to the caller), finishing its create first; `None`
+    /// if there is nothing to abort or no runtime to run it on (the
+    /// metadata server then drops the value once its lease lapses).
+    fn abort(&mut self) -> Option<tokio::task::JoinHandle<()>> {
+        let abort = match std::mem::replace(&mut self.state, PutState::Done) {
+            PutState::Done => return None,
+            PutState::Writing(node) => node.abort().boxed(),
+            PutState::Creating(create) => async move {
+                match create.await {
+                    Ok(node) => node.abort().await,
+                    // Never created: nothing to abort.
+                    Err(_) => Ok(()),
+                }
+            }
+            .boxed(),
+        };
+        let path = std::mem::take(&mut self.path);
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!("{path}: a put dropped outside a tokio runtime is left to the sweep");
+            return None;
+        };
+        Some(rt.spawn(async move {
+            if let Err(e) = abort.await {
+                // The metadata server drops the put once its lease lapses.
+                tracing::debug!("{path}: could not abort the unfinished put: {e}");
+            }
+        }))
+    }
+}
+
+impl Drop for UnfinishedPut {
+    fn drop(&mut self) {
+        // Not awaited: the put's future is gone.
+        drop(self.abort());
+    }
+}
+
+/// Lookups a [`Client::get`] makes before giving up on a key that keeps
+/// being replaced under it.
+pub const GET_ATTEMPTS: u32 = 64;
+
+/// Most keys one [`Client::get_many`] takes.
+pub const MAX_GET_MANY: usize = 1 << 16;

@@ -1,0 +1,121 @@
+//! The client shared by a Python client's calls and its files, and the
+//! helpers of its operations.
+
+use crate::buffers::new_bytes;
+use crate::buffers::Target;
+use crate::errors::failure;
+use crate::errors::At;
+use crate::errors::Fail;
+use crate::errors::Failure;
+use crate::errors::Out;
+use nk::{ErrorCode, NodeType};
+use nodekernel_client as nk;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+pub(crate) struct Core {
+    pub(crate) client: nk::Client,
+    pub(crate) pid: u32,
+    pub(crate) closed: AtomicBool,
+}
+
+impl Core {
+    pub(crate) fn check(&self) -> PyResult<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(PyValueError::new_err("the client is closed"));
+        }
+        if self.pid != std::process::id() {
+            return Err(PyRuntimeError::new_err(
+                "this client was connected in another process (before a fork); \
+                 connect again in this process",
+            ));
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn check_path(path: &str) -> PyResult<()> {
+    if path.contains('\0') {
+        return Err(PyValueError::new_err("paths cannot contain NUL characters"));
+    }
+    Ok(())
+}
+
+pub(crate) async fn connect_core(meta: Option<String>, config: Option<PathBuf>) -> Out<Arc<Core>> {
+    let cfg = nk::discover(meta.as_deref(), config.as_deref())
+        .map_err(|err| Failure { err, path: None })?;
+    let client = nk::Client::connect(cfg)
+        .await
+        .map_err(|err| Failure { err, path: None })?;
+    Ok(Arc::new(Core {
+        client,
+        pid: std::process::id(),
+        closed: AtomicBool::new(false),
+    }))
+}
+
+/// Reads all of `node` into a new `bytes`; `Stale` if it was replaced.
+pub(crate) async fn read_whole(node: &nk::Node, path: &str) -> Out<Target> {
+    let len = node.info().size;
+    let mut t = Python::attach(|py| new_bytes(py, len))?;
+    // SAFETY: the bytes object is ours alone until returned.
+    node.read_at(0, unsafe { t.slice() }).await.at(path)?;
+    Ok(t)
+}
+
+/// Whether the parent of `path` is a Table.
+pub(crate) async fn in_table(c: &nk::Client, path: &str) -> bool {
+    let parent = match path.rfind('/') {
+        Some(0) | None => "/",
+        Some(i) => &path[..i],
+    };
+    matches!(c.lookup(parent).await, Ok(n) if n.info().ty == NodeType::Table)
+}
+
+pub(crate) fn is_data(t: NodeType) -> bool {
+    matches!(t, NodeType::File | NodeType::KeyValue)
+}
+
+pub(crate) fn not_data(path: &str, t: NodeType) -> Failure {
+    failure(
+        ErrorCode::TypeMismatch,
+        format!(
+            "{path} is a {}, not a File or KeyValue",
+            t.name().to_lowercase()
+        ),
+        path,
+    )
+}
+
+/// Looks up a data node, retrying a read that meets a replaced value.
+pub(crate) async fn with_value<T, F, Fut>(core: &Core, path: &str, mut read: F) -> Out<T>
+where
+    F: FnMut(nk::Node) -> Fut,
+    Fut: Future<Output = Out<T>>,
+{
+    let mut attempt = 1;
+    loop {
+        let node = core.client.lookup(path).await.at(path)?;
+        if !is_data(node.info().ty) {
+            return Err(not_data(path, node.info().ty).into());
+        }
+        match read(node).await {
+            Err(Fail::Nk(f)) if f.err.code == ErrorCode::Stale && attempt < nk::GET_ATTEMPTS => {
+                attempt += 1
+            }
+            r => return r,
+        }
+    }
+}
+
+pub(crate) fn child_path(dir: &str, name: &str) -> String {
+    if dir.ends_with('/') {
+        format!("{dir}{name}")
+    } else {
+        format!("{dir}/{name}")
+    }
+}

@@ -1,0 +1,238 @@
+//! The client operations, shared by [`Client`](crate::classes::Client)
+//! and [`AsyncClient`](crate::classes::AsyncClient).
+
+use crate::buffers::Input;
+use crate::buffers::Target;
+use crate::client::child_path;
+use crate::client::in_table;
+use crate::client::is_data;
+use crate::client::not_data;
+use crate::client::read_whole;
+use crate::client::with_value;
+use crate::client::Core;
+use crate::errors::At;
+use crate::errors::Fail;
+use crate::errors::Failure;
+use crate::errors::Out;
+use crate::file::FileCore;
+use crate::file::Opened;
+use crate::values::Stat;
+use crate::values::Status;
+use crate::values::Value;
+use nk::{ErrorCode, NodeType};
+use nodekernel_client as nk;
+use pyo3::exceptions::PyValueError;
+use std::sync::Arc;
+
+pub(crate) async fn mkdir(
+    core: Arc<Core>,
+    path: String,
+    ty: NodeType,
+    parents: bool,
+    enumerable: bool,
+) -> Out<Value> {
+    let c = &core.client;
+    if ty == NodeType::Directory && enumerable {
+        c.mkdir(&path, parents).await.at(&path)?;
+        return Ok(Value::None);
+    }
+    if parents {
+        if let Some(i) = path.rfind('/') {
+            if i > 0 {
+                c.mkdir(&path[..i], true).await.at(&path)?;
+            }
+        }
+    }
+    let opts = nk::CreateOptions {
+        enumerable,
+        ..Default::default()
+    };
+    c.create(&path, ty, opts).await.at(&path)?;
+    Ok(Value::None)
+}
+
+pub(crate) async fn create(core: Arc<Core>, path: String, ty: NodeType, aio: bool) -> Out<Opened> {
+    let node = core
+        .client
+        .create(&path, ty, nk::CreateOptions::default())
+        .await
+        .at(&path)?;
+    let f = FileCore::writer(core, path, "wb", node)?;
+    Ok(Opened {
+        f: Arc::new(f),
+        aio,
+    })
+}
+
+pub(crate) async fn open(core: Arc<Core>, path: String, mode: String, aio: bool) -> Out<Opened> {
+    let c = &core.client;
+    let f = match mode.as_str() {
+        "rb" | "r" => {
+            let node = c.lookup(&path).await.at(&path)?;
+            match node.info().ty {
+                t if is_data(t) => FileCore::reader(core.clone(), path, node),
+                NodeType::Bag => {
+                    let reader = c
+                        .read_bag(&path, nk::DEFAULT_BAG_READS_IN_FLIGHT)
+                        .await
+                        .at(&path)?;
+                    FileCore::bag(core.clone(), path, reader)
+                }
+                t => return Err(not_data(&path, t).into()),
+            }
+        }
+        "wb" | "w" => {
+            let opts = nk::CreateOptions::default();
+            let node = match c.create(&path, NodeType::File, opts.clone()).await {
+                // In a Table: a KeyValue (a put in steps, replacing).
+                Err(e) if e.code == ErrorCode::TypeMismatch && in_table(c, &path).await => {
+                    c.create(&path, NodeType::KeyValue, opts).await.at(&path)?
+                }
+                Err(e) if e.code == ErrorCode::AlreadyExists => {
+                    // Like open(..., "wb"): an existing File is replaced.
+                    let old = c.lookup(&path).await.at(&path)?;
+                    if !is_data(old.info().ty) {
+                        return Err(not_data(&path, old.info().ty).into());
+                    }
+                    c.delete(&path, false).await.at(&path)?;
+                    c.create(&path, NodeType::File, opts).await.at(&path)?
+                }
+                r => r.at(&path)?,
+            };
+            FileCore::writer(core.clone(), path, "wb", node)?
+        }
+        "ab" | "a" => {
+            let node = match c.open_write(&path).await {
+                Err(e) if e.code == ErrorCode::NotFound => c
+                    .create(&path, NodeType::File, nk::CreateOptions::default())
+                    .await
+                    .at(&path)?,
+                r => r.at(&path)?,
+            };
+            FileCore::writer(core.clone(), path, "ab", node)?
+        }
+        m => {
+            return Err(PyValueError::new_err(format!(
+                "mode must be 'rb', 'wb' or 'ab' (binary only), not {m:?}"
+            ))
+            .into())
+        }
+    };
+    Ok(Opened {
+        f: Arc::new(f),
+        aio,
+    })
+}
+
+pub(crate) async fn lookup(core: Arc<Core>, path: String, aio: bool) -> Out<Opened> {
+    open(core, path, "rb".into(), aio).await
+}
+
+pub(crate) async fn stat(core: Arc<Core>, path: String) -> Out<Value> {
+    Ok(Value::Stat(stat_of(&core, path).await?))
+}
+
+pub(crate) async fn exists(core: Arc<Core>, path: String) -> Out<Value> {
+    match core.client.lookup(&path).await {
+        Ok(_) => Ok(Value::Bool(true)),
+        // A path through a File or KeyValue names nothing either.
+        Err(e) if matches!(e.code, ErrorCode::NotFound | ErrorCode::TypeMismatch) => {
+            Ok(Value::Bool(false))
+        }
+        Err(e) => Err(Failure {
+            err: e,
+            path: Some(path),
+        }
+        .into()),
+    }
+}
+
+pub(crate) async fn ls(core: Arc<Core>, path: String, detail: bool) -> Out<Value> {
+    let mut names = core.client.enumerate(&path).await.at(&path)?;
+    names.sort();
+    if !detail {
+        return Ok(Value::Names(names));
+    }
+    // Children's attributes, a bounded number of lookups at a time.
+    use futures::StreamExt;
+    let stats: Vec<Out<Stat>> = futures::stream::iter(names)
+        .map(|n| stat_of(&core, child_path(&path, &n)))
+        .buffered(32)
+        .collect()
+        .await;
+    let mut out = Vec::with_capacity(stats.len());
+    for s in stats {
+        match s {
+            Ok(s) => out.push(s),
+            // Removed since the listing: not a child any more.
+            Err(Fail::Nk(f)) if f.err.code == ErrorCode::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Value::Stats(out))
+}
+
+pub(crate) async fn delete(core: Arc<Core>, path: String, recursive: bool) -> Out<Value> {
+    core.client.delete(&path, recursive).await.at(&path)?;
+    Ok(Value::None)
+}
+
+pub(crate) async fn rename(core: Arc<Core>, src: String, dst: String) -> Out<Value> {
+    core.client.rename(&src, &dst).await.at(&src)?;
+    Ok(Value::None)
+}
+
+pub(crate) async fn status(core: Arc<Core>) -> Out<Value> {
+    let s = core
+        .client
+        .status()
+        .await
+        .map_err(|err| Failure { err, path: None })?;
+    Ok(Value::Status(Status(s)))
+}
+
+pub(crate) async fn put(core: Arc<Core>, path: String, value: Input) -> Out<Value> {
+    core.client.put(&path, value.data()).await.at(&path)?;
+    Ok(Value::None)
+}
+
+pub(crate) async fn get(core: Arc<Core>, path: String) -> Out<Value> {
+    let p = path.as_str();
+    let t = with_value(&core, p, |node| async move { read_whole(&node, p).await }).await?;
+    Ok(Value::Bytes(t))
+}
+
+pub(crate) async fn get_into(core: Arc<Core>, path: String, mut target: Target) -> Out<Value> {
+    let mut attempt = 1;
+    loop {
+        let node = core.client.lookup(&path).await.at(&path)?;
+        if !is_data(node.info().ty) {
+            return Err(not_data(&path, node.info().ty).into());
+        }
+        let len = node.info().size;
+        if len > target.len as u64 {
+            return Err(PyValueError::new_err(format!(
+                "{path} holds {len} bytes; the buffer has room for {}",
+                target.len
+            ))
+            .into());
+        }
+        // SAFETY: the caller's buffer is pinned by the target.
+        let buf = unsafe { &mut target.slice()[..len as usize] };
+        match node.read_at(0, buf).await {
+            Err(e) if e.code == ErrorCode::Stale && attempt < nk::GET_ATTEMPTS => attempt += 1,
+            r => {
+                r.at(&path)?;
+                return Ok(Value::Int(len));
+            }
+        }
+    }
+}
+
+pub(crate) async fn stat_of(core: &Core, path: String) -> Out<Stat> {
+    let node = core.client.lookup(&path).await.at(&path)?;
+    Ok(Stat {
+        info: node.info().clone(),
+        name: path,
+    })
+}

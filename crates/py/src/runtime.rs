@@ -1,0 +1,164 @@
+//! The tokio runtime of this process and how calls run on it: with the
+//! GIL released ([`block`]) or as an asyncio awaitable ([`spawn`]), see
+//! the crate docs on cancellation.
+
+use crate::errors::Out;
+use nodekernel_client::sync;
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::IntoPyObjectExt;
+use std::future::Future;
+use std::sync::Mutex;
+use tokio::runtime::Runtime;
+
+/// The runtime of this process. A forked child gets a new one on first use
+/// (the parent's threads do not exist in the child); clients made before
+/// the fork refuse to work there (see [`Core::check`]).
+pub(crate) static RUNTIME: Mutex<Option<(u32, &'static Runtime)>> = Mutex::new(None);
+pub(crate) fn runtime() -> PyResult<&'static Runtime> {
+    let pid = std::process::id();
+    let mut rt = sync::lock(&RUNTIME);
+    if let Some((p, r)) = *rt {
+        if p == pid {
+            return Ok(r);
+        }
+    }
+    let r = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("nodekernel")
+        .enable_all()
+        .build()
+        .map_err(|e| PyRuntimeError::new_err(format!("cannot start the I/O runtime: {e}")))?;
+    // One per process, alive until the process ends.
+    let r: &'static Runtime = Box::leak(Box::new(r));
+    *rt = Some((pid, r));
+    Ok(r)
+}
+
+/// Runs `fut` to completion with the GIL released.
+pub(crate) fn block<T: Send>(
+    py: Python<'_>,
+    fut: impl Future<Output = Out<T>> + Send,
+) -> PyResult<T> {
+    let rt = runtime()?;
+    py.detach(|| rt.block_on(fut)).map_err(|f| f.into_pyerr(py))
+}
+
+pub(crate) static NATIVE_FUTURE: PyOnceLock<(Py<PyAny>, Py<PyAny>)> = PyOnceLock::new();
+
+/// Hands `fut` to the running asyncio event loop as an awaitable: a
+/// `nodekernel._future.NativeFuture`, resolved when the task running `fut`
+/// on the runtime ends.
+///
+/// Cancel safe for the caller's memory: cancelling the awaitable aborts
+/// that task, and the awaitable ends (cancelled) only once the task has
+/// stopped, so `fut` has been dropped, with every borrow of a caller's
+/// buffer in it (`Target`, `Input`), before CancelledError reaches the
+/// caller. What a dropped operation leaves behind is the operation's own
+/// concern: a put aborts itself (`Client::put`), a file write poisons its
+/// file (`file::spawn_write`).
+pub(crate) fn spawn<'py, T>(
+    py: Python<'py>,
+    fut: impl Future<Output = Out<T>> + Send + 'static,
+) -> PyResult<Bound<'py, PyAny>>
+where
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    spawn_stoppable(py, fut, None)
+}
+
+pub(crate) fn spawn_stoppable<'py, T>(
+    py: Python<'py>,
+    fut: impl Future<Output = Out<T>> + Send + 'static,
+    on_stop: Option<OnStop>,
+) -> PyResult<Bound<'py, PyAny>>
+where
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    let rt = runtime()?;
+    let (class, get_running_loop) = NATIVE_FUTURE.get_or_try_init(py, || {
+        Ok::<_, PyErr>((
+            py.import("nodekernel._future")?
+                .getattr("NativeFuture")?
+                .unbind(),
+            py.import("asyncio")?.getattr("get_running_loop")?.unbind(),
+        ))
+    })?;
+    let event_loop = get_running_loop.bind(py).call0()?;
+    let task = rt.spawn(fut);
+    let abort = task.abort_handle();
+    let py_fut = class
+        .bind(py)
+        .call1((
+            &event_loop,
+            Stop {
+                task: abort.clone(),
+                on_stop,
+            },
+        ))
+        .inspect_err(|_| abort.abort())?;
+    let (event_loop, target) = (event_loop.unbind(), py_fut.clone().unbind());
+    rt.spawn(async move {
+        let ended = task.await;
+        // The GIL is taken off the runtime's workers, which must not block.
+        tokio::task::spawn_blocking(move || {
+            Python::attach(|py| resolve(py, &event_loop, &target, ended))
+        });
+    });
+    Ok(py_fut)
+}
+
+/// What stopping a [`spawn_stoppable`]ed call also does: poisoning the
+/// file a cancelled write was for (`file::spawn_write`).
+pub(crate) type OnStop = Box<dyn Fn() + Send + Sync>;
+
+/// Stops the task of a [`spawn`]ed call (`NativeFuture.cancel` calls it),
+/// and does what its [`OnStop`] says.
+#[pyclass(module = "nodekernel._native", frozen)]
+pub(crate) struct Stop {
+    task: tokio::task::AbortHandle,
+    on_stop: Option<OnStop>,
+}
+
+#[pymethods]
+impl Stop {
+    fn __call__(&self) {
+        self.task.abort();
+        if let Some(stop) = &self.on_stop {
+            stop();
+        }
+    }
+}
+
+/// Hands the end of a [`spawn`]ed task to its future, on the loop's thread.
+pub(crate) fn resolve<T>(
+    py: Python<'_>,
+    event_loop: &Py<PyAny>,
+    fut: &Py<PyAny>,
+    ended: std::result::Result<Out<T>, tokio::task::JoinError>,
+) where
+    T: for<'a> IntoPyObject<'a>,
+{
+    let (ok, value) = match ended {
+        Ok(Ok(v)) => match v.into_py_any(py) {
+            Ok(v) => (true, v),
+            Err(e) => (false, e.into_value(py).into_any()),
+        },
+        Ok(Err(f)) => (false, f.into_pyerr(py).into_value(py).into_any()),
+        // Stopped: the future was cancelled and ends so.
+        Err(e) if e.is_cancelled() => (true, py.None()),
+        Err(e) => (false, panicked(e).into_value(py).into_any()),
+    };
+    let delivered = fut
+        .bind(py)
+        .getattr("_nk_resolve")
+        .and_then(|r| event_loop.call_method1(py, "call_soon_threadsafe", (r, ok, value)));
+    // Fails only if the loop is closed: nobody awaits the result then.
+    drop(delivered);
+}
+
+/// The exception for a call whose task panicked.
+pub(crate) fn panicked(e: tokio::task::JoinError) -> PyErr {
+    PyRuntimeError::new_err(format!("a nodekernel call panicked: {e}"))
+}
