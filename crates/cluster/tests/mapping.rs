@@ -2,6 +2,8 @@
 //! (one set of page tables, pages mapped in once for all). Alone in its own
 //! test binary, so no other test's mappings show in /proc/self/maps.
 
+#[path = "cluster/common/mod.rs"]
+#[macro_use]
 mod common;
 
 use nodekernel_client::{Client, CreateOptions, NodeType};

@@ -10,6 +10,7 @@
 //! nothing changed for a while: a pause only ends the sampling, so a slow
 //! machine can only make a test pass late, never fail).
 
+#[path = "cluster/common/mod.rs"]
 mod common;
 
 use bytes::BytesMut;

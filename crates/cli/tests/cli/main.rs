@@ -1,0 +1,13 @@
+//! The cli crate's integration tests, one binary (one link, one
+//! compilation of the shared helpers) with a module per subject.
+
+mod common;
+
+mod cli;
+mod crash;
+mod drain;
+mod faults;
+mod first_minute;
+mod mount;
+mod multihost;
+mod snapshot;

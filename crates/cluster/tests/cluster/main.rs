@@ -1,0 +1,26 @@
+//! The cluster crate's integration tests, one binary (one link, one
+//! compilation of the shared helpers) with a module per subject.
+
+#[macro_use]
+mod common;
+
+mod admin;
+mod colocated;
+mod data;
+mod datadir;
+mod deploy_examples;
+mod direct_reads;
+mod drain;
+mod encryption;
+mod faults;
+mod namespace;
+mod persistence;
+mod placement;
+mod safety;
+mod security;
+mod semantics;
+mod small_values;
+mod snapshot;
+mod store_restart;
+mod streams;
+mod tiering;
