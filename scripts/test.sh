@@ -1,12 +1,29 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, every test in the workspace, and
 # a bounded run of the fuzz targets.
+#
+#   scripts/test.sh           everything CI runs (.ci/run runs exactly this)
+#   scripts/test.sh --quick   the inner loop: fmt, clippy, the unit tests of
+#                             every crate (the metadata simulation among
+#                             them); a few minutes once target/ is warm
+#
+# Each step prints its time, and a table of all of them closes the run
+# (also when a step fails: the table says which).
 # Works on a fresh machine of the project's kind (Rust via rustup and CPython
 # are preinstalled; the Python packages go into .venv, see python-env.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # A test run builds once: incremental caches would only cost disk and time.
 export CARGO_INCREMENTAL=0
+
+quick=0
+for arg in "$@"; do
+    case $arg in
+        --quick) quick=1 ;;
+        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+        *) echo "test: unknown argument $arg (try --help)" >&2; exit 2 ;;
+    esac
+done
 
 if ! command -v cargo >/dev/null 2>&1; then
     echo "test: cargo not found; install Rust (https://rustup.rs) and retry" >&2
@@ -16,42 +33,78 @@ for c in rustfmt clippy; do
     rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
 done
 
-echo "== cargo fmt --check =="
-cargo fmt --all -- --check
-echo "== cargo clippy =="
-cargo clippy --workspace --all-targets --locked -- -D warnings
-echo "== cargo doc (broken links fail) =="
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
-source scripts/lib/system-deps.sh
-ensure_tools "network namespaces for the multi-host tests" ip=iproute2
-if ! [[ -x /usr/bin/chromium ]] && [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
-    echo "== apt-get install chromium (the dashboard test drives it headless) =="
-    apt-get install -y chromium || { apt-get update && apt-get install -y chromium; }
+# step NAME COMMAND...: runs one step and records its time.
+timings=()
+current=
+started=$SECONDS
+step() {
+    local name=$1 t0=$SECONDS
+    shift
+    current=$name
+    echo "== $name =="
+    "$@"
+    timings+=("$(printf '%6ds  %s' $((SECONDS - t0)) "$name")")
+    echo "-- $name: $((SECONDS - t0)) s"
+    current=
+}
+report() {
+    local rc=$?
+    echo
+    echo "== step times =="
+    for t in "${timings[@]}"; do echo "$t"; done
+    [[ -n $current ]] && echo "  (failed: $current)"
+    printf '%6ds  %s\n' $((SECONDS - started)) "total"
+    return $rc
+}
+trap report EXIT
+
+step "cargo fmt --check" cargo fmt --all -- --check
+step "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
+if ((quick)); then
+    # Unit tests only (each crate's src/): the state machines, codecs,
+    # limits and the deterministic simulation; the integration tests that
+    # start clusters, the ecosystems and fuzzing are the full run's.
+    step "cargo test --lib (unit tests, simulation)" cargo test --workspace --lib --locked
+    exit 0
 fi
-# nk mount (FUSE) and the unmodified programs its tests run on the mount.
-ensure_tools "nk mount and its tests" fusermount3=fuse3 git=git sqlite3=sqlite3 cc=gcc
-echo "== cargo test =="
+doc() { RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet; }
+step "cargo doc (broken links fail)" doc
+system_deps() {
+    source scripts/lib/system-deps.sh
+    ensure_tools "network namespaces for the multi-host tests" ip=iproute2
+    if ! [[ -x /usr/bin/chromium ]] && [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        echo "apt-get install chromium (the dashboard test drives it headless)"
+        apt-get install -y chromium || { apt-get update && apt-get install -y chromium; }
+    fi
+    # nk mount (FUSE) and the unmodified programs its tests run on the mount.
+    ensure_tools "nk mount and its tests" fusermount3=fuse3 git=git sqlite3=sqlite3 cc=gcc
+}
+step "system packages" system_deps
+# Built first and run next, so the times say how long each takes.
+step "cargo test: build" cargo test --workspace --locked --no-run
 # The multi-host tests build hosts from network namespaces and the mount
 # tests use FUSE (root, iproute2 and fuse3 needed): here they must run,
 # not skip.
-NK_REQUIRE_NETNS=1 NK_REQUIRE_FUSE=1 cargo test --workspace --locked
-echo "== loom model check of the shared-memory protocol (about a minute) =="
+step "cargo test: run" env NK_REQUIRE_NETNS=1 NK_REQUIRE_FUSE=1 cargo test --workspace --locked
 # Its own target directory: --cfg loom rebuilds every dependency.
-RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+step "loom model check of the shared-memory protocol" \
+    env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
     cargo test -p nodekernel-shm --release --locked --test loom
-echo "== fuzzing: every fuzz target for 10 s (nightly; fuzz/README.md) =="
 # Skipped with a notice without a nightly toolchain; NK_FUZZ_SECONDS sets
-# the seconds per target.
-./scripts/fuzz.sh
-echo "== Python package: build into .venv, ruff, pytest =="
-./scripts/python-env.sh
-.venv/bin/ruff check crates/py scripts
-.venv/bin/ruff format --check crates/py scripts
-# The tests start clusters with target/debug/nk (built by cargo test above).
-# test_dashboard.py loads the admin dashboard in /usr/bin/chromium through
-# playwright (never `playwright install`: Debian's Chromium is used).
-NK_REQUIRE_BROWSER=1 .venv/bin/python -m pytest crates/py/tests -q
-echo "== JVM modules: Java client, Hadoop contract suites, Spark local job, YCSB (java/) =="
-# Builds the JNI library (debug) and runs every module's tests with Maven,
-# against the nk that cargo test built.
-NK_BIN="$PWD/target/debug/nk" ./scripts/java.sh
+# the seconds per target (fuzz/README.md).
+step "fuzzing: every fuzz target for 10 s" ./scripts/fuzz.sh
+python_suite() {
+    ./scripts/python-env.sh
+    .venv/bin/ruff check crates/py scripts
+    .venv/bin/ruff format --check crates/py scripts
+    # The tests start clusters with target/debug/nk (built by cargo test
+    # above). test_dashboard.py loads the admin dashboard in
+    # /usr/bin/chromium through playwright (never `playwright install`:
+    # Debian's Chromium is used).
+    NK_REQUIRE_BROWSER=1 .venv/bin/python -m pytest crates/py/tests -q
+}
+step "Python package: build into .venv, ruff, pytest" python_suite
+# Builds the JNI library (debug) and runs every module's tests with Maven
+# (Java client, Hadoop contract suites, Spark local job, YCSB), against the
+# nk that cargo test built.
+step "JVM modules (java/)" env NK_BIN="$PWD/target/debug/nk" ./scripts/java.sh
