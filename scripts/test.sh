@@ -3,9 +3,10 @@
 # a bounded run of the fuzz targets.
 #
 #   scripts/test.sh           everything CI runs (.ci/run runs exactly this)
-#   scripts/test.sh --quick   the inner loop: fmt, clippy, the unit tests of
-#                             every crate (the metadata simulation among
-#                             them); a few minutes once target/ is warm
+#   scripts/test.sh --quick   the inner loop: fmt, the import-cycle check,
+#                             clippy, every crate's unit tests (the
+#                             metadata simulation among them); about a
+#                             minute once target/ is warm
 #
 # Each step prints its time, and a table of all of them closes the run
 # (also when a step fails: the table says which).
@@ -20,7 +21,7 @@ quick=0
 for arg in "$@"; do
     case $arg in
         --quick) quick=1 ;;
-        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
         *) echo "test: unknown argument $arg (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -59,6 +60,8 @@ report() {
 trap report EXIT
 
 step "cargo fmt --check" cargo fmt --all -- --check
+# Files inside a crate depend one way (ARCHITECTURE.md, code map).
+step "no import cycles between a crate's files" python3 scripts/module-cycles.py
 step "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 if ((quick)); then
     # Unit tests only (each crate's src/): the state machines, codecs,

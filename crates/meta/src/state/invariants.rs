@@ -254,7 +254,7 @@ impl MetaState {
     /// checked only where it acted, in time proportional to what it
     /// touched rather than to the state:
     /// - every node it touched keeps its own invariants
-    ///   ([`MetaState::check_node`]), holds no block twice nor one with a
+    ///   (`MetaState::check_node`), holds no block twice nor one with a
     ///   generation not below the next, and, if linked, agrees with its
     ///   parent (listed under its name, with its record slot);
     /// - a node it dropped is gone;
