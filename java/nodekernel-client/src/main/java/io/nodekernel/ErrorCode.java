@@ -1,8 +1,8 @@
 package io.nodekernel;
 
 /**
- * NodeKernel's stable error codes, as on the wire (README.md, Semantics in brief). Each has its exception
- * class, nested in {@link NodeKernelException} under the code's {@link #wireName()}.
+ * NodeKernel's stable error codes, as on the wire (README.md, Semantics in brief). Each has its
+ * exception class, nested in {@link NodeKernelException} under the code's {@link #wireName()}.
  */
 public enum ErrorCode {
   NOT_FOUND(1, "NotFound"),
