@@ -1,0 +1,447 @@
+//! The simulation's clients: writers (puts, small puts, appends, syncs,
+//! truncates, aborts, takeovers, writers that vanish), readers checking
+//! that a block read at its generation holds their node's bytes (also
+//! through old handles), and namespace requests.
+
+use super::*;
+
+impl Sim {
+    pub(super) fn path(&mut self) -> String {
+        let top = ["d0", "d1", "t0", "t1"][self.rng.below(4) as usize];
+        match self.rng.below(3) {
+            0 => format!("/{top}"),
+            1 => format!("/{top}/n{}", self.rng.below(4)),
+            _ => format!("/{top}/n{}/m{}", self.rng.below(2), self.rng.below(2)),
+        }
+    }
+
+    pub(super) fn client_step(&mut self) -> Result<(), String> {
+        let c = self.rng.below(self.clients.len() as u64) as usize;
+        match self.clients[c] {
+            Task::Idle => self.start_write(c),
+            Task::Writing {
+                node,
+                lease,
+                bs,
+                next,
+                end,
+            } => {
+                if self.rng.chance(4) {
+                    // The client dies: its put is swept once its lease
+                    // expires, and so is what a File writer had not
+                    // published.
+                    self.clients[c] = Task::Idle;
+                    return Ok(());
+                }
+                if next < end {
+                    self.write_block(c, node, lease, next)
+                } else {
+                    self.finish_write(c, node, lease, end * bs)
+                }
+            }
+        }
+    }
+
+    pub(super) fn start_write(&mut self, c: usize) -> Result<(), String> {
+        let path = self.path();
+        let blocks = self.rng.below(4);
+        let reply = if self.rng.chance(30) {
+            self.exec(MetaRequest::OpenWrite { path })?
+        } else {
+            let ty = if self.rng.chance(60) {
+                NodeType::KeyValue
+            } else {
+                NodeType::File
+            };
+            // Most puts are small values of known size, of four piece sizes
+            // (four to six pieces a slab), into the two tables' 32 keys:
+            // slabs are shared by several values, stay in use, and soon
+            // hand out every never-used piece, so their freed pieces are
+            // reused (behind a stamp).
+            let small = ty == NodeType::KeyValue && self.rng.chance(70);
+            let (path, size_hint) = if small {
+                let key = format!("/t{}/k{}", self.rng.below(2), self.rng.below(32));
+                (key, 513 + self.rng.below(512))
+            } else {
+                (path, 0)
+            };
+            // An append-or-create opens a File that is there.
+            let open_existing = ty == NodeType::File && self.rng.chance(30);
+            self.exec(MetaRequest::Create {
+                path,
+                ty,
+                storage_class: NO_CLASS,
+                location: String::new(),
+                enumerable: true,
+                size_hint,
+                pinned: false,
+                mode: 0o644,
+                mtime: 0,
+                open_existing,
+            })?
+        };
+        if let Ok(MetaReply::Node(info)) = reply {
+            if info.lease != 0 {
+                let bs = info.block_size as u64;
+                let first = info.size.div_ceil(bs);
+                if info.size > 0 {
+                    self.stats.takeovers += 1;
+                }
+                if bs < BS as u64 {
+                    self.stats.small_puts += 1;
+                }
+                self.clients[c] = Task::Writing {
+                    node: info.id,
+                    lease: info.lease,
+                    bs,
+                    next: first,
+                    end: first + blocks,
+                };
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn write_block(
+        &mut self,
+        c: usize,
+        node: NodeId,
+        lease: u64,
+        index: u64,
+    ) -> Result<(), String> {
+        let blocks = match self.exec(MetaRequest::Map {
+            node,
+            index,
+            count: 1,
+            alloc: true,
+            lease,
+        })? {
+            Ok(MetaReply::Blocks { blocks, .. }) => blocks,
+            Ok(r) => return Err(format!("map answered {r:?}")),
+            Err(_) => return self.give_up(c, node, lease),
+        };
+        let Some(loc) = blocks.first().cloned() else {
+            // The block is on a dead server or being moved: retry later.
+            return Ok(());
+        };
+        let up = self.store_of(loc.server).is_some_and(|s| s.up);
+        if !up {
+            // The data is still in the client's hands: ask for another block.
+            let r = self.exec(MetaRequest::ReplaceBlock {
+                node,
+                lease,
+                index,
+                gen: loc.gen,
+            })?;
+            if r.is_err() {
+                return self.give_up(c, node, lease);
+            }
+            return Ok(());
+        }
+        let whole = self.st.slabs().get(loc.server, loc.block).is_none();
+        // A piece handed to another node under the generation its old
+        // owner wrote it with: that owner's old handles would read the new
+        // node's bytes (the storage server cannot tell them apart).
+        if let Some(&(writer, gen)) = self
+            .store_of(loc.server)
+            .and_then(|s| s.bytes[loc.block as usize].get(&loc.offset))
+        {
+            if !whole && writer != node && gen == loc.gen {
+                return Err(format!(
+                    "an old handle of node {writer} would read node {node}'s bytes: the piece at offset {} of block {} of server {} was handed out again under generation {gen}",
+                    loc.offset, loc.block, loc.server
+                ));
+            }
+        }
+        let wrote = match self.store_of(loc.server) {
+            Some(s) => s.write(&loc, whole, node)?,
+            None => false,
+        };
+        self.trace.push(format!(
+            "  write node {node} block {index} at {loc:?}: {wrote}"
+        ));
+        if wrote {
+            self.keep_handle(node, &loc);
+            self.stats.writes += 1;
+            if let Task::Writing { next, .. } = &mut self.clients[c] {
+                *next += 1;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn finish_write(
+        &mut self,
+        c: usize,
+        node: NodeId,
+        lease: u64,
+        size: u64,
+    ) -> Result<(), String> {
+        if self.rng.chance(10) {
+            // The client's lease keeper renews the lease, publishing
+            // nothing: it says whether the lease is still held.
+            let held = self
+                .st
+                .ns()
+                .get(node)
+                .and_then(|n| n.lease)
+                .is_some_and(|l| l.id == lease);
+            match self.exec(MetaRequest::Renew {
+                leases: vec![(node, lease)],
+            })? {
+                Ok(MetaReply::Renewed { lost, .. }) if lost.contains(&node) != held => {
+                    self.stats.renewals += u64::from(held);
+                }
+                r => {
+                    return Err(format!(
+                        "renewal of node {node} (held: {held}) answered {r:?}"
+                    ))
+                }
+            }
+        }
+        let close = self.rng.chance(85);
+        if !close && self.rng.chance(30) {
+            // The writer cuts its node short (to at most what it has
+            // published), then writes on from there.
+            let published = self.st.ns().get(node).map_or(0, |n| n.size);
+            let to = self.rng.below(published + 1);
+            return match self.exec(MetaRequest::Truncate {
+                node,
+                lease,
+                size: to,
+                mtime: 7,
+            })? {
+                Ok(MetaReply::Done) => {
+                    self.stats.truncates += 1;
+                    if let Task::Writing { next, bs, .. } = &mut self.clients[c] {
+                        *next = to.div_ceil(*bs);
+                    }
+                    Ok(())
+                }
+                Ok(r) => Err(format!("truncate answered {r:?}")),
+                Err(_) => self.give_up(c, node, lease),
+            };
+        }
+        match self.exec(MetaRequest::Sync {
+            node,
+            lease,
+            size,
+            close,
+            mtime: 0,
+        })? {
+            Ok(MetaReply::Record(r)) => {
+                if close {
+                    self.stats.puts_closed += 1;
+                    self.clients[c] = Task::Idle;
+                }
+                let _ = r;
+                Ok(())
+            }
+            Ok(r) => Err(format!("sync answered {r:?}")),
+            Err(_) => self.give_up(c, node, lease),
+        }
+    }
+
+    /// A write failed: abort (a put leaves nothing behind), or just stop.
+    pub(super) fn give_up(&mut self, c: usize, node: NodeId, lease: u64) -> Result<(), String> {
+        self.clients[c] = Task::Idle;
+        if self.rng.chance(80) {
+            if let Ok(MetaReply::Done) = self.exec(MetaRequest::Abort { node, lease })? {
+                let n = self.st.ns().get(node);
+                if n.is_some_and(|n| !n.linked && (!n.blocks.is_empty() || n.piece.is_some())) {
+                    return Err(format!("aborted put {node} still holds blocks"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads a node's blocks: what a block at its current generation holds
+    /// must have been written for this node.
+    pub(super) fn read(&mut self) -> Result<(), String> {
+        // A random path, or (as often) a data node that exists.
+        let mut data: Vec<NodeId> = self
+            .st
+            .ns()
+            .nodes()
+            .filter(|n| !n.ty.is_container() && n.linked)
+            .map(|n| n.id)
+            .collect();
+        data.sort_unstable(); // the namespace iterates in hash order
+        let id = if data.is_empty() || self.rng.chance(50) {
+            let path = self.path();
+            match self.exec(MetaRequest::Lookup { path })? {
+                Ok(MetaReply::Node(info)) if !info.ty.is_container() => info.id,
+                _ => return Ok(()),
+            }
+        } else {
+            data[self.rng.below(data.len() as u64) as usize]
+        };
+        let bs = self
+            .st
+            .ns()
+            .get(id)
+            .map_or(BS, |n| n.piece.map_or(BS, |p| p.capacity()));
+        let blocks = match self.exec(MetaRequest::Map {
+            node: id,
+            index: 0,
+            count: 16,
+            alloc: false,
+            lease: 0,
+        })? {
+            Ok(MetaReply::Blocks { size, blocks }) => {
+                let published = size.div_ceil(bs as u64) as usize;
+                blocks.into_iter().take(published).collect::<Vec<_>>()
+            }
+            _ => return Ok(()),
+        };
+        for loc in blocks {
+            self.keep_handle(id, &loc);
+            let (held, cleared) = match self.store_of(loc.server) {
+                Some(s) if s.up && s.gens[loc.block as usize] == loc.gen => (
+                    s.bytes[loc.block as usize].get(&loc.offset).copied(),
+                    s.cleared[loc.block as usize].contains(&loc.offset),
+                ),
+                _ => continue, // unreachable, or Stale: the client re-maps
+            };
+            self.stats.reads += 1;
+            if bs < BS {
+                self.stats.small_reads += 1;
+            }
+            match held {
+                Some((writer, _)) if writer != id => {
+                    return Err(format!(
+                        "reading node {} got block {} of server {} at generation {}, written for node {writer}",
+                        id, loc.block, loc.server, loc.gen
+                    ));
+                }
+                // A published block without its node's bytes: a write
+                // was lost (e.g. to a block's old copy during a move).
+                None => {
+                    return Err(format!(
+                        "reading node {id}: block {} of server {} at generation {} (offset {}) holds none of its published bytes",
+                        loc.block, loc.server, loc.gen, loc.offset
+                    ));
+                }
+                // A live small value's tag cleared: its readers would get
+                // `Stale` for good.
+                _ if cleared => {
+                    return Err(format!(
+                        "the tag of node {id}'s piece at offset {} of block {} of server {} is gone while the node lives",
+                        loc.offset, loc.block, loc.server
+                    ));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps a location a client used, to read through it later.
+    pub(super) fn keep_handle(&mut self, node: NodeId, loc: &BlockLoc) {
+        // Many: a freed piece is reused only after its slab's never-used
+        // pieces, so a handle must outlive many puts to see the reuse.
+        if self.handles.len() >= 512 {
+            let i = self.rng.below(512) as usize;
+            self.handles.swap_remove(i);
+        }
+        self.handles.push((node, loc.clone()));
+    }
+
+    /// Reads through a location looked up earlier, whatever happened to
+    /// its node since (replaced, deleted, its block or piece reused): the
+    /// storage server either refuses the generation or still holds bytes
+    /// written for that node.
+    pub(super) fn read_old_handle(&mut self) -> Result<(), String> {
+        if self.handles.is_empty() {
+            return Ok(());
+        }
+        let i = self.rng.below(self.handles.len() as u64) as usize;
+        let (node, loc) = self.handles[i].clone();
+        let held = match self.store_of(loc.server) {
+            Some(s)
+                if s.up
+                    && s.gens[loc.block as usize] == loc.gen
+                    && !s.cleared[loc.block as usize].contains(&loc.offset) =>
+            {
+                s.bytes[loc.block as usize].get(&loc.offset).copied()
+            }
+            // Stale (a generation refused, or a small value's tag cleared):
+            // the handle's owner learns it is gone.
+            _ => return Ok(()),
+        };
+        self.stats.old_handle_reads += 1;
+        match held {
+            Some((writer, _)) if writer != node => Err(format!(
+                "an old handle of node {node} read block {} of server {} (offset {}) at generation {}, written for node {writer}",
+                loc.block, loc.server, loc.offset, loc.gen
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    pub(super) fn namespace_op(&mut self) -> Result<(), String> {
+        let path = self.path();
+        let req = match self.rng.below(7) {
+            0 | 1 => MetaRequest::Create {
+                ty: if path.starts_with("/t") && self.rng.chance(80) || self.rng.chance(30) {
+                    NodeType::Table
+                } else {
+                    NodeType::Directory
+                },
+                path,
+                storage_class: NO_CLASS,
+                location: String::new(),
+                enumerable: self.rng.chance(70),
+                size_hint: 0,
+                pinned: self.rng.chance(10),
+                mode: 0o644,
+                mtime: 0,
+                open_existing: false,
+            },
+            2 | 3 => MetaRequest::Remove {
+                path,
+                recursive: self.rng.chance(60),
+            },
+            4 => {
+                let dst = self.path();
+                MetaRequest::Move {
+                    src: path,
+                    dst,
+                    replace: self.rng.chance(40),
+                }
+            }
+            5 => MetaRequest::SetAttrs {
+                path,
+                mode: self.rng.chance(50).then_some(0o600),
+                mtime: self.rng.chance(50).then_some(self.rng.below(1 << 40)),
+            },
+            _ => MetaRequest::Enumerate { path },
+        };
+        match self.exec(req)? {
+            Ok(MetaReply::Record(Some(r))) => self.clearing.push((r.container, r.slot)),
+            Ok(MetaReply::Moved {
+                clear, replaced, ..
+            }) => {
+                if replaced.is_some() {
+                    self.stats.replacing_moves += 1;
+                }
+                for r in [clear, replaced].into_iter().flatten() {
+                    self.clearing.push((r.container, r.slot));
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    pub(super) fn release_slots(&mut self) -> Result<(), String> {
+        if self.clearing.is_empty() {
+            return Ok(());
+        }
+        let i = self.rng.below(self.clearing.len() as u64) as usize;
+        let (container, slot) = self.clearing.swap_remove(i);
+        let _ = self.exec(MetaRequest::ReleaseSlot { container, slot })?;
+        Ok(())
+    }
+}
