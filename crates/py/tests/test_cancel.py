@@ -167,6 +167,18 @@ async def wait_for_baseline(c, baseline):
         await asyncio.sleep(0.01)
 
 
+async def writers_baseline(c) -> int:
+    """Makes the table /t and writes and deletes /t/kv and /f once, so the
+    containers hold the blocks their child records take; returns the bytes
+    used then, which every later test of space compares with."""
+    await c.mkdir("/t", type="table")
+    for path in ("/t/kv", "/f"):
+        async with await c.open(path, "wb") as f:
+            await f.write(b"x")
+        await c.delete(path)
+    return used(await c.status())
+
+
 def test_cancelled_puts_give_their_space_back_at_once(small_cluster):
     async def main():
         async with await nodekernel.aio.connect(small_cluster.meta) as c:
@@ -202,13 +214,7 @@ def test_a_cancelled_file_write_poisons_the_file_and_frees_its_space(small_clust
 
     async def main():
         async with await nodekernel.aio.connect(small_cluster.meta) as c:
-            await c.mkdir("/t", type="table")
-            # Containers keep the blocks their child records took.
-            for path in ("/t/kv", "/f"):
-                async with await c.open(path, "wb") as f:
-                    await f.write(b"x")
-                await c.delete(path)
-            baseline = used(await c.status())
+            baseline = await writers_baseline(c)
             rng = random.Random(10)
             data = b"\x33" * (16 << 20)
             cancelled = 0
@@ -257,12 +263,7 @@ def test_cancelled_opens_and_closes_of_writers_hold_nothing(small_cluster):
 
     async def main():
         async with await nodekernel.aio.connect(small_cluster.meta) as c:
-            await c.mkdir("/t", type="table")
-            for path in ("/t/kv", "/f"):
-                async with await c.open(path, "wb") as f:
-                    await f.write(b"x")
-                await c.delete(path)
-            baseline = used(await c.status())
+            baseline = await writers_baseline(c)
             rng = random.Random(12)
             data = b"\x44" * (4 << 20)
             cancelled = 0

@@ -14,6 +14,30 @@ use std::time::Duration;
 /// Generous bound that only catches hangs.
 const HANG: Duration = Duration::from_secs(120);
 
+/// Blocks in use over all storage servers, as `status` says.
+fn used(st: &nodekernel_client::ClusterStatus) -> u64 {
+    st.servers.iter().map(|x| x.used_blocks).sum()
+}
+
+/// [`used`], asked of the cluster now.
+async fn used_blocks(c: &Client) -> u64 {
+    used(&c.status().await.unwrap())
+}
+
+const MIB: usize = 1 << 20;
+
+/// 64 MiB of DRAM in 1 MiB blocks, write leases of `lease_ms`, and the
+/// ticker (which sweeps after vanished writers) every quarter of
+/// `dead_after_ms`.
+async fn lease_cluster(lease_ms: u64, dead_after_ms: u64) -> common::TestCluster {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = common::config(64 << 20, 0, &dir);
+    cfg.meta.block_size = ByteSize(MIB as u64);
+    cfg.meta.lease_timeout_ms = lease_ms;
+    cfg.meta.dead_after_ms = dead_after_ms;
+    start_with(cfg, dir).await
+}
+
 /// Creates the table `/t` that the tests' values live in.
 async fn table(c: &Client) {
     c.create("/t", NodeType::Table, CreateOptions::default())
@@ -124,9 +148,6 @@ async fn a_failed_put_leaves_nothing_behind() {
     let c = &t.client;
     table(c).await;
     let before = c.status().await.unwrap();
-    let used = |s: &nodekernel_client::ClusterStatus| -> u64 {
-        s.servers.iter().map(|x| x.used_blocks).sum()
-    };
     let err = c
         .put("/t/big", &pattern(3, 100 * BS as usize))
         .await
@@ -159,9 +180,6 @@ async fn a_dropped_put_frees_its_blocks_at_once() {
     let t = start_with(cfg, dir).await;
     let c = &t.client;
     table(c).await;
-    let used = |s: &nodekernel_client::ClusterStatus| -> u64 {
-        s.servers.iter().map(|x| x.used_blocks).sum()
-    };
     // The table keeps the block its child records took.
     c.put("/t/k", b"x").await.unwrap();
     c.delete("/t/k", false).await.unwrap();
@@ -500,23 +518,12 @@ fn killed_writer_process() {
 /// unpublished blocks come back like those of a killed process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_that_pauses_keeps_its_node_and_a_dropped_one_lets_go() {
-    const MIB: usize = 1 << 20;
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = common::config(64 << 20, 0, &dir);
-    cfg.meta.block_size = ByteSize(MIB as u64);
-    cfg.meta.lease_timeout_ms = 300;
-    // The ticker, which sweeps, runs every quarter of this.
-    cfg.meta.dead_after_ms = 1200;
-    let t = start_with(cfg, dir).await;
+    let t = lease_cluster(300, 1200).await;
     let c = &t.client;
-    let used = || async {
-        let st = c.status().await.unwrap();
-        st.servers.iter().map(|s| s.used_blocks).sum::<u64>()
-    };
     c.create("/warm", NodeType::Directory, CreateOptions::default())
         .await
         .unwrap();
-    let before = used().await;
+    let before = used_blocks(c).await;
     let mut w = c
         .create("/f", NodeType::File, CreateOptions::default())
         .await
@@ -538,10 +545,10 @@ async fn a_writer_that_pauses_keeps_its_node_and_a_dropped_one_lets_go() {
         .await
         .unwrap();
     g.append(&pattern(5, 2 * MIB)).await.unwrap();
-    assert_eq!(used().await, before + 5);
+    assert_eq!(used_blocks(c).await, before + 5);
     drop(g);
     let deadline = tokio::time::Instant::now() + HANG;
-    while used().await != before + 3 {
+    while used_blocks(c).await != before + 3 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the dropped writer's blocks never came back"
@@ -559,24 +566,13 @@ async fn a_writer_that_pauses_keeps_its_node_and_a_dropped_one_lets_go() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_writers_unpublished_blocks_come_back_once_its_lease_lapses() {
     use std::io::BufRead;
-    const MIB: usize = 1 << 20;
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = common::config(64 << 20, 0, &dir);
-    cfg.meta.block_size = ByteSize(MIB as u64);
-    cfg.meta.lease_timeout_ms = 500;
-    // The ticker, which sweeps, runs every quarter of this.
-    cfg.meta.dead_after_ms = 4000;
-    let t = start_with(cfg, dir).await;
+    let t = lease_cluster(500, 4000).await;
     let c = &t.client;
-    let used = || async {
-        let st = c.status().await.unwrap();
-        st.servers.iter().map(|s| s.used_blocks).sum::<u64>()
-    };
     // The root's first record block, taken now.
     c.create("/warm", NodeType::Directory, CreateOptions::default())
         .await
         .unwrap();
-    let before = used().await;
+    let before = used_blocks(c).await;
     let (published, more) = (5 * MIB / 2, 20 * MIB - 5 * MIB / 2);
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
@@ -604,13 +600,13 @@ async fn a_killed_writers_unpublished_blocks_come_back_once_its_lease_lapses() {
         tokio::time::timeout(HANG, said).await.unwrap().unwrap(),
         "the writer process ended before writing"
     );
-    assert_eq!(used().await, before + 20, "20 blocks written");
+    assert_eq!(used_blocks(c).await, before + 20, "20 blocks written");
     child.kill().unwrap();
     child.wait().unwrap();
     let kept = before + published.div_ceil(MIB) as u64;
     let deadline = tokio::time::Instant::now() + HANG;
     loop {
-        let now = used().await;
+        let now = used_blocks(c).await;
         if now == kept {
             break;
         }
@@ -628,5 +624,8 @@ async fn a_killed_writers_unpublished_blocks_come_back_once_its_lease_lapses() {
     w.close().await.unwrap();
     want.extend_from_slice(&tail);
     assert_eq!(c.get("/f").await.unwrap(), want, "a new writer appends");
-    assert_eq!(used().await, before + (want.len().div_ceil(MIB)) as u64);
+    assert_eq!(
+        used_blocks(c).await,
+        before + (want.len().div_ceil(MIB)) as u64
+    );
 }
