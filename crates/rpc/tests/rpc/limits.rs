@@ -559,6 +559,11 @@ async fn replies_nobody_reads_stay_within_the_reply_budget() {
     let opts = ServeOptions {
         max_reply_bytes: 4 * MIB,
         max_connection_reply_bytes: 2 * MIB,
+        // The peers read only after the sampling below, which on a loaded
+        // machine may outlast the default 30 s a reply waits for its peer
+        // to take bytes (the connection is then closed, as it should be):
+        // a bound that only catches a hang.
+        frame_timeout: Duration::from_secs(600),
         ..ServeOptions::default()
     };
     let server = start(Kind::Tcp, handler.clone(), opts).await;
