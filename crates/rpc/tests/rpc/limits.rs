@@ -602,17 +602,27 @@ async fn replies_nobody_reads_stay_within_the_reply_budget() {
     // A small request on another connection is served meanwhile.
     let conn = connect(&server.addr, Duration::ZERO).await;
     assert_eq!(&conn.call(2, &[b"small"]).await.unwrap()[..], b"small");
-    // The peers read: all their replies come, whole.
-    for mut s in peers {
-        let mut ids = Vec::new();
-        for _ in 0..64 {
-            let (id, status, payload) = read_frame(&mut s).await.expect("a reply");
-            assert_eq!((status, payload.len()), (0, MIB));
-            assert!(payload.iter().all(|&b| b == 9));
-            ids.push(id);
-        }
-        ids.sort_unstable();
-        assert_eq!(ids, (1..=64).collect::<Vec<u64>>());
+    // The peers read, all at once: all their replies come, whole. (Read
+    // one after another, the test would wait on a peer whose replies have
+    // no budget while two unread peers hold all of it.)
+    let readers: Vec<_> = peers
+        .into_iter()
+        .map(|mut s| {
+            tokio::spawn(async move {
+                let mut ids = Vec::new();
+                for _ in 0..64 {
+                    let (id, status, payload) = read_frame(&mut s).await.expect("a reply");
+                    assert_eq!((status, payload.len()), (0, MIB));
+                    assert!(payload.iter().all(|&b| b == 9));
+                    ids.push(id);
+                }
+                ids.sort_unstable();
+                assert_eq!(ids, (1..=64).collect::<Vec<u64>>());
+            })
+        })
+        .collect();
+    for r in readers {
+        r.await.expect("a peer's replies");
     }
     common::eventually("every reply to be released", || {
         handler.alive.load(Ordering::SeqCst) == 0 && server.reserved_bytes() == (0, 0)
