@@ -10,7 +10,10 @@
 #
 # Installs a JDK and Maven with apt-get when they are missing (as root).
 # The tests start clusters with target/<profile>/nk, or with NK_BIN when set
-# (an nk built already; then only the JNI library is built here).
+# (an nk built already; then only the JNI library is built here). With
+# NK_JNI_DIR set to the folder of a libnodekernel_jni.so built already
+# (scripts/test.sh passes the one `cargo test` built, in target/debug/deps)
+# and NK_BIN, nothing is built here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,20 +40,28 @@ if [[ $goal == verify ]]; then
     scripts/java-format.sh --check
 fi
 
-native="$PWD/target/$profile"
-packages=(-p nodekernel-jni)
+native="${NK_JNI_DIR:-$PWD/target/$profile}"
+packages=()
+if [[ -n ${NK_JNI_DIR:-} ]]; then
+    [[ -f $NK_JNI_DIR/libnodekernel_jni.so ]] ||
+        { echo "java.sh: no libnodekernel_jni.so in NK_JNI_DIR=$NK_JNI_DIR" >&2; exit 1; }
+else
+    packages+=(-p nodekernel-jni)
+fi
 if [[ -n ${NK_BIN:-} ]]; then
     # An nk built already (scripts/test.sh passes the one cargo test built:
     # building the CLI again here took two minutes of the test command).
     nk_bin=$NK_BIN
     [[ -x $nk_bin ]] || { echo "java.sh: NK_BIN=$nk_bin is not an executable" >&2; exit 1; }
-    echo "== native library ($profile); nk: $nk_bin =="
 else
-    nk_bin=$native/nk
+    nk_bin=$PWD/target/$profile/nk
     packages+=(-p nodekernel-cli)
-    echo "== native library and nk ($profile) =="
 fi
-cargo build "${cargo_flags[@]}" --locked "${packages[@]}"
+if ((${#packages[@]})); then
+    echo "== cargo build ${packages[*]} ($profile) =="
+    cargo build "${cargo_flags[@]}" --locked "${packages[@]}"
+fi
+echo "== native library: $native/libnodekernel_jni.so; nk: $nk_bin =="
 
 echo "== Maven $goal (java/) =="
 # -ntp: no download progress lines; the first run fetches the pinned

@@ -107,7 +107,10 @@ python_suite() {
     NK_REQUIRE_BROWSER=1 .venv/bin/python -m pytest crates/py/tests -q
 }
 step "Python package: build into .venv, ruff, pytest" python_suite
-# Builds the JNI library (debug) and runs every module's tests with Maven
-# (Java client, Hadoop contract suites, Spark local job, YCSB), against the
-# nk that cargo test built.
-step "JVM modules (java/)" env NK_BIN="$PWD/target/debug/nk" ./scripts/java.sh
+# Runs every module's tests with Maven (Java client, Hadoop contract suites,
+# Spark local job, YCSB) over the JNI library and the nk that cargo test
+# built (crates/jni/tests/exports.rs makes it build the library, with the
+# features the rest of the workspace unifies: a `cargo build -p
+# nodekernel-jni` here would compile tokio and every workspace crate again).
+step "JVM modules (java/)" env NK_BIN="$PWD/target/debug/nk" \
+    NK_JNI_DIR="$PWD/target/debug/deps" ./scripts/java.sh
