@@ -140,6 +140,16 @@ def nk_meta(cluster) -> str:
     return cluster.meta
 
 
+@pytest.fixture
+def short_wait_config(tmp_path) -> str:
+    """A client config whose 1 s timeout also bounds the wait for a cluster
+    to start (docs/deployment.md, *Start order and readiness*): for tests
+    of addresses where nothing will ever listen."""
+    path = tmp_path / "client.toml"
+    path.write_text("[client]\ntimeout_ms = 1000\n")
+    return str(path)
+
+
 _counter = 0
 
 

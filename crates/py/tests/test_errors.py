@@ -106,12 +106,12 @@ def test_replaced_value_is_stale_for_an_old_handle(nk, nk_dir):
     assert nk.get(f"{t}/k") == b"new"
 
 
-def test_unreachable_server_is_unavailable():
+def test_unreachable_server_is_unavailable(short_wait_config):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(ConnectionError) as e:
-        nodekernel.connect(f"127.0.0.1:{port}")
+        nodekernel.connect(f"127.0.0.1:{port}", config=short_wait_config)
     assert isinstance(e.value, nodekernel.Error)
 
 

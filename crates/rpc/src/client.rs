@@ -757,6 +757,14 @@ impl Connection {
         let deadline = tokio::time::Instant::now() + timeout;
         let stream = match tokio::time::timeout_at(deadline, Stream::connect(addr)).await {
             Ok(Ok(s)) => s,
+            // A malformed address (no port, a bad port, a Unix path too
+            // long) is the caller's mistake, not a server yet to start:
+            // said at once, never waited for.
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::InvalidInput => {
+                return Err(Error::invalid_argument(format!(
+                    "{addr:?} is not an address ({e}): expected HOST:PORT, unix:/PATH or unix:@NAME"
+                )))
+            }
             Ok(Err(e)) => return Err(Error::unavailable(format!("cannot connect to {addr}: {e}"))),
             Err(_) => {
                 return Err(Error::timeout(format!(

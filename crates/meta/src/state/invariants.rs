@@ -9,7 +9,7 @@
 use super::{MetaState, SLAB_MOVE};
 use crate::effect::Effect;
 use crate::namespace::{Node, NodeId, Slot, ROOT};
-use crate::slab::{Piece, HELD, MIN_PIECE};
+use crate::slab::{Piece, HELD};
 use nodekernel_proto::NodeType;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -18,8 +18,10 @@ use std::collections::{BTreeMap, BTreeSet};
 /// decision. The full check walks everything, so above it, it runs after
 /// one decision in `cost /` [`FULL_CHECK_WORK`]: about that much of its
 /// work per decision, on average.
+#[cfg(debug_assertions)]
 pub const FULL_CHECK_MAX: u64 = 1024;
 /// See [`FULL_CHECK_MAX`].
+#[cfg(debug_assertions)]
 pub const FULL_CHECK_WORK: u64 = 4;
 
 impl MetaState {
@@ -414,7 +416,8 @@ impl MetaState {
             .servers()
             .map(|(_, s)| u64::from(s.spec.num_blocks))
             .sum();
-        let pieces = self.slabs.len() as u64 * u64::from(self.alloc.block_size() / MIN_PIECE);
+        let pieces =
+            self.slabs.len() as u64 * u64::from(self.alloc.block_size() / crate::slab::MIN_PIECE);
         let cost = self.ns.len() as u64 + blocks + pieces;
         cost <= FULL_CHECK_MAX || self.applied.is_multiple_of(cost / FULL_CHECK_WORK)
     }

@@ -196,6 +196,27 @@ async fn a_unix_address_nobody_listens_on_is_unavailable() {
     assert!(e.to_string().contains("not a Unix-socket address"), "{e}");
 }
 
+/// A malformed address is the caller's mistake, `InvalidArgument` naming
+/// it (a client never waits for it to start listening), unlike a
+/// well-formed one where nobody listens (`Unavailable`, above).
+#[tokio::test]
+async fn a_malformed_address_is_an_invalid_argument() {
+    let long_path = format!("unix:/{}", "p".repeat(200));
+    for addr in [
+        "not-an-address",
+        "127.0.0.1:port",
+        "127.0.0.1:99999",
+        &long_path,
+    ] {
+        let e = Connection::connect(addr, Duration::from_secs(60))
+            .await
+            .err()
+            .expect("no such address");
+        assert_eq!(e.code, ErrorCode::InvalidArgument, "{addr}: {e}");
+        assert!(e.message.contains(addr), "{e}");
+    }
+}
+
 fn spins_and_kinds() -> Vec<(Duration, Kind)> {
     let mut v = Vec::new();
     for spin in [Duration::ZERO, Duration::from_micros(50)] {
