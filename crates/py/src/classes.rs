@@ -2,7 +2,11 @@
 
 use crate::buffers::writable_target;
 use crate::buffers::Input;
+use crate::client::batch_keys;
+use crate::client::check_in_flight;
 use crate::client::check_path;
+use crate::client::put_items;
+use crate::client::DEFAULT_IN_FLIGHT;
 use crate::client::Core;
 use crate::errors::Out;
 use crate::file::detached;
@@ -120,6 +124,46 @@ macro_rules! client_methods {
                 check_path(path)?;
                 let input = Input::new(value)?;
                 $run(py, ops::put(self.core.clone(), path.into(), input))
+            }
+
+            #[pyo3(signature = (items, in_flight = DEFAULT_IN_FLIGHT))]
+            fn put_many<'py>(
+                &self,
+                py: Python<'py>,
+                items: &Bound<'py, PyAny>,
+                in_flight: i64,
+            ) -> PyResult<$ret> {
+                self.core.check()?;
+                let in_flight = check_in_flight(in_flight)?;
+                let items = put_items(items)?;
+                $run(py, ops::put_many(self.core.clone(), items, in_flight))
+            }
+
+            #[pyo3(signature = (keys, in_flight = DEFAULT_IN_FLIGHT))]
+            fn get_many<'py>(
+                &self,
+                py: Python<'py>,
+                keys: &Bound<'py, PyAny>,
+                in_flight: i64,
+            ) -> PyResult<$ret> {
+                self.core.check()?;
+                let in_flight = check_in_flight(in_flight)?;
+                let keys = batch_keys(keys, nk::MAX_GET_MANY)?;
+                $run(py, ops::get_many(self.core.clone(), keys, in_flight))
+            }
+
+            #[pyo3(signature = (keys, recursive = false, in_flight = DEFAULT_IN_FLIGHT))]
+            fn delete_many<'py>(
+                &self,
+                py: Python<'py>,
+                keys: &Bound<'py, PyAny>,
+                recursive: bool,
+                in_flight: i64,
+            ) -> PyResult<$ret> {
+                self.core.check()?;
+                let in_flight = check_in_flight(in_flight)?;
+                let keys = batch_keys(keys, nk::MAX_DELETE_MANY)?;
+                $run(py, ops::delete_many(self.core.clone(), keys, recursive, in_flight))
             }
 
             fn get<'py>(&self, py: Python<'py>, path: &str) -> PyResult<$ret> {
