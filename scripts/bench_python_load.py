@@ -162,8 +162,10 @@ def main() -> int:
 
     mib = 1 << 20
     print()
-    print("| run | NodeKernel put_many (s) | Redis pipelined SET (s) | ratio | target | "
-          "NodeKernel used (MiB) | nk up RSS (MiB) | Redis used_memory (MiB) | Redis RSS (MiB) |")
+    print(
+        "| run | NodeKernel put_many (s) | Redis pipelined SET (s) | ratio | target | "
+        "NodeKernel used (MiB) | nk up RSS (MiB) | Redis used_memory (MiB) | Redis RSS (MiB) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         rss = f"{row['nk_rss'] / mib:.0f}" if row["nk_rss"] else "-"

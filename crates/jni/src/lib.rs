@@ -865,10 +865,7 @@ pub extern "system" fn Java_io_nodekernel_Native_putMany<'l>(
         }
         let n = usize::try_from(env.get_array_length(&values)?).unwrap_or(0);
         if n != keys.len() {
-            return Err(Fail::Arg(format!(
-                "{} paths but {n} values",
-                keys.len()
-            )));
+            return Err(Fail::Arg(format!("{} paths but {n} values", keys.len())));
         }
         let mut items = Vec::with_capacity(n);
         for (i, key) in keys.into_iter().enumerate() {
@@ -900,11 +897,8 @@ pub extern "system" fn Java_io_nodekernel_Native_deleteMany<'l>(
     call(&mut env, (), |env| {
         let client = CLIENTS.get(c)?;
         let keys = batch_paths(env, &paths, nk::MAX_DELETE_MANY)?;
-        let results = block_on(client.delete_many(
-            &keys,
-            recursive != 0,
-            batch_in_flight(in_flight),
-        ))??;
+        let results =
+            block_on(client.delete_many(&keys, recursive != 0, batch_in_flight(in_flight)))??;
         throw_batch(env, results)
     })
 }

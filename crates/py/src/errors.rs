@@ -97,11 +97,7 @@ impl Fail {
 /// its failure) with the exception of its wire code.
 fn batch_error(py: Python<'_>, failed: Vec<Failure>, total: usize) -> PyErr {
     let factory = BATCH_FACTORY.get_or_try_init(py, || {
-        Ok::<_, PyErr>(
-            py.import("nodekernel.errors")?
-                .getattr("_batch")?
-                .unbind(),
-        )
+        Ok::<_, PyErr>(py.import("nodekernel.errors")?.getattr("_batch")?.unbind())
     });
     let made = factory.and_then(|f| {
         let errors = failed

@@ -241,10 +241,12 @@ fn batch_outcome<'k>(
     let total = results.len();
     let failed: Vec<Failure> = keys
         .zip(results)
-        .filter_map(|(k, r)| r.err().map(|err| Failure {
-            err,
-            path: Some(k.to_string()),
-        }))
+        .filter_map(|(k, r)| {
+            r.err().map(|err| Failure {
+                err,
+                path: Some(k.to_string()),
+            })
+        })
         .collect();
     if failed.is_empty() {
         Ok(Value::None)
@@ -258,12 +260,14 @@ fn batch_outcome<'k>(
 /// the order given), as Java's `getMany` does.
 pub(crate) async fn get_many(core: Arc<Core>, keys: Vec<String>, in_flight: usize) -> Out<Value> {
     use futures::StreamExt;
-    let core = &core;
-    let got: Vec<Out<Target>> = futures::stream::iter(&keys)
-        .map(|p| async move {
-            let p = p.as_str();
-            with_value(core, p, |node| async move { read_whole(&node, p).await }).await
-        })
+    // Each get owns its key and client (a closure borrowing them would make
+    // the future not `Send` for every lifetime, as `spawn` needs).
+    async fn get_one(core: Arc<Core>, path: String) -> Out<Target> {
+        let p = path.as_str();
+        with_value(&core, p, |node| async move { read_whole(&node, p).await }).await
+    }
+    let gets = keys.into_iter().map(|k| get_one(core.clone(), k));
+    let got: Vec<Out<Target>> = futures::stream::iter(gets)
         .buffered(in_flight.max(1))
         .collect()
         .await;

@@ -42,15 +42,16 @@ def test_put_many_takes_a_mapping_pairs_or_any_buffers_and_get_many_answers_in_o
         c.put_many({f"{t}/d{i}": v for i, v in enumerate(vs[:100])}, in_flight=1)
         # A generator of pairs of every kind of buffer.
         kinds = [bytes, bytearray, memoryview, lambda v: np.frombuffer(v, dtype=np.uint8)]
-        c.put_many(
-            ((f"{t}/g{i}", kinds[i % 4](v)) for i, v in enumerate(vs[100:200])), in_flight=7
-        )
+        c.put_many(((f"{t}/g{i}", kinds[i % 4](v)) for i, v in enumerate(vs[100:200])), in_flight=7)
         # A list of pairs, with an empty value and a large one.
         big = bytes(range(256)) * (12 << 10) + b"!"
-        c.put_many([(f"{t}/l{i}", v) for i, v in enumerate(vs[200:])] + [
-            (f"{t}/empty", b""),
-            (f"{t}/big", big),
-        ])
+        c.put_many(
+            [(f"{t}/l{i}", v) for i, v in enumerate(vs[200:])]
+            + [
+                (f"{t}/empty", b""),
+                (f"{t}/big", big),
+            ]
+        )
         keys = (
             [f"{t}/d{i}" for i in range(100)]
             + [f"{t}/g{i}" for i in range(100)]
@@ -120,10 +121,11 @@ def test_a_failing_key_fails_alone_and_batch_error_lists_each(nk_meta, nk_dir):
 
 def test_get_many_raises_a_failure_other_than_a_missing_key(nk_meta, nk_dir):
     with nodekernel.connect(nk_meta) as c:
-        c.mkdir(f"{nk_dir}/d", parents=True)
-        c.put(f"{nk_dir}/v", b"v")
+        c.mkdir(f"{nk_dir}/t", type="table", parents=True)
+        c.mkdir(f"{nk_dir}/d")
+        c.put(f"{nk_dir}/t/v", b"v")
         with pytest.raises(TypeMismatch):
-            c.get_many([f"{nk_dir}/v", f"{nk_dir}/d"])
+            c.get_many([f"{nk_dir}/t/v", f"{nk_dir}/none", f"{nk_dir}/d"])
 
 
 def test_bad_arguments_fail_before_anything_is_done(nk_meta, nk_dir):
@@ -179,15 +181,13 @@ def test_async_batched_calls(nk_meta, nk_dir):
             await c.put_many(
                 [(k, memoryview(bytearray(v))) for k, v in zip(keys, vs)], in_flight=16
             )
-            assert await c.get_many(keys + [f"{t}/none"]) == vs + [None]
+            assert await c.get_many([*keys, f"{t}/none"]) == [*vs, None]
             with pytest.raises(BatchError) as e:
                 await c.put_many({f"{t}/x": b"1", f"{nk_dir}/none/y": b"2"})
             assert list(e.value.errors) == [f"{nk_dir}/none/y"]
             assert await c.get(f"{t}/x") == b"1"
             # Several batches at once on one client.
-            await asyncio.gather(
-                *(c.put_many({k: b"again" for k in keys[i::4]}) for i in range(4))
-            )
+            await asyncio.gather(*(c.put_many({k: b"again" for k in keys[i::4]}) for i in range(4)))
             assert await c.get_many(keys) == [b"again"] * 200
             await c.delete_many(keys)
             assert await c.get_many(keys) == [None] * 200

@@ -254,7 +254,10 @@ async fn a_dropped_put_many_frees_the_blocks_of_its_puts_at_once() {
             dropped += 1;
         }
     }
-    assert!(dropped > 0, "no put_many was dropped: the test proves nothing");
+    assert!(
+        dropped > 0,
+        "no put_many was dropped: the test proves nothing"
+    );
     // The puts that finished in time are the values of the keys.
     for r in c.delete_many(&keys, false, 4).await.unwrap() {
         match r {

@@ -720,8 +720,15 @@ async fn delete_many_answers_each_key_in_order_and_a_missing_one_alone() {
     let too_many = vec!["/t/kept"; nodekernel_client::MAX_DELETE_MANY + 1];
     let e = c.delete_many(&too_many, false, 4).await.unwrap_err();
     assert_eq!(e.code, ErrorCode::InvalidArgument);
-    assert_eq!(c.get("/t/kept").await.unwrap(), b"x", "a refused batch deleted nothing");
+    assert_eq!(
+        c.get("/t/kept").await.unwrap(),
+        b"x",
+        "a refused batch deleted nothing"
+    );
     let got = c.delete_many(&["/t"], true, 2).await.unwrap();
     assert!(got[0].is_ok(), "{got:?}");
-    assert_eq!(c.lookup("/t/kept").await.unwrap_err().code, ErrorCode::NotFound);
+    assert_eq!(
+        c.lookup("/t/kept").await.unwrap_err().code,
+        ErrorCode::NotFound
+    );
 }
