@@ -314,8 +314,7 @@ public final class NodeKernel implements AutoCloseable {
    */
   public void putMany(List<String> paths, List<byte[]> values, int inFlight) throws IOException {
     if (paths.size() != values.size()) {
-      throw new IllegalArgumentException(
-          paths.size() + " paths but " + values.size() + " values");
+      throw new IllegalArgumentException(paths.size() + " paths but " + values.size() + " values");
     }
     String[] keys = new String[paths.size()];
     for (int i = 0; i < keys.length; i++) {
@@ -342,8 +341,7 @@ public final class NodeKernel implements AutoCloseable {
    * {@link #putMany(List, List, int)} once all have ended; every other path is gone. At most 65536
    * paths.
    */
-  public void deleteMany(List<String> paths, boolean recursive, int inFlight)
-      throws IOException {
+  public void deleteMany(List<String> paths, boolean recursive, int inFlight) throws IOException {
     String[] keys = new String[paths.size()];
     for (int i = 0; i < keys.length; i++) {
       keys[i] = path(paths.get(i));

@@ -406,11 +406,15 @@ public class ClientTest {
     nk().createContainer(t, NodeType.TABLE, CreateOptions.defaults());
     for (int inFlight : new int[] {0, 1, 8}) {
       String k = t + "/" + inFlight + "-";
-      nk().putMany(List.of(k + "a", k + "b", k + "c"), List.of(new byte[1], new byte[2], new byte[3]), inFlight);
+      nk().putMany(
+              List.of(k + "a", k + "b", k + "c"),
+              List.of(new byte[1], new byte[2], new byte[3]),
+              inFlight);
       NodeKernelException.NotFound e =
           assertThrows(
               NodeKernelException.NotFound.class,
-              () -> nk().deleteMany(List.of(k + "a", k + "gone", k + "b", k + "c"), false, inFlight));
+              () ->
+                  nk().deleteMany(List.of(k + "a", k + "gone", k + "b", k + "c"), false, inFlight));
       assertTrue(e.getMessage(), e.getMessage().contains(k + "gone"));
       assertEquals(0, e.getSuppressed().length);
       List<byte[]> got = nk().getMany(List.of(k + "a", k + "b", k + "c"), inFlight);
