@@ -16,6 +16,7 @@ use crate::file::AsyncFile;
 use crate::file::File;
 use crate::ops;
 use crate::runtime::block;
+use crate::runtime::block_on_workers;
 use crate::runtime::spawn;
 use crate::values::parse_type;
 use crate::values::Value;
@@ -30,7 +31,7 @@ use std::sync::Arc;
 /// Client methods, generated for the sync and the asyncio class: `$run`
 /// is `block` or `spawn`, `$aio` says which file class to hand out.
 macro_rules! client_methods {
-    ($ty:ident, $run:ident, $ret:ty, $aio:expr, { $($extra:tt)* }) => {
+    ($ty:ident, $run:ident, $many:ident, $ret:ty, $aio:expr, { $($extra:tt)* }) => {
         #[pymethods]
         impl $ty {
             $($extra)*
@@ -136,7 +137,7 @@ macro_rules! client_methods {
                 self.core.check()?;
                 let in_flight = check_in_flight(in_flight)?;
                 let items = put_items(items)?;
-                $run(py, ops::put_many(self.core.clone(), items, in_flight))
+                $many(py, ops::put_many(self.core.clone(), items, in_flight))
             }
 
             #[pyo3(signature = (keys, in_flight = DEFAULT_IN_FLIGHT))]
@@ -149,7 +150,7 @@ macro_rules! client_methods {
                 self.core.check()?;
                 let in_flight = check_in_flight(in_flight)?;
                 let keys = batch_keys(keys, nk::MAX_GET_MANY)?;
-                $run(py, ops::get_many(self.core.clone(), keys, in_flight))
+                $many(py, ops::get_many(self.core.clone(), keys, in_flight))
             }
 
             #[pyo3(signature = (keys, recursive = false, in_flight = DEFAULT_IN_FLIGHT))]
@@ -163,7 +164,7 @@ macro_rules! client_methods {
                 self.core.check()?;
                 let in_flight = check_in_flight(in_flight)?;
                 let keys = batch_keys(keys, nk::MAX_DELETE_MANY)?;
-                $run(py, ops::delete_many(self.core.clone(), keys, recursive, in_flight))
+                $many(py, ops::delete_many(self.core.clone(), keys, recursive, in_flight))
             }
 
             fn get<'py>(&self, py: Python<'py>, path: &str) -> PyResult<$ret> {
@@ -226,7 +227,18 @@ where
     block(py, fut)?.into_py_any(py)
 }
 
-client_methods!(Client, block_value, Py<PyAny>, false, {
+/// [`block_value`] of a call run on the runtime's workers.
+pub(crate) fn block_many<T>(
+    py: Python<'_>,
+    fut: impl Future<Output = Out<T>> + Send + 'static,
+) -> PyResult<Py<PyAny>>
+where
+    T: Send + 'static + for<'a> IntoPyObject<'a>,
+{
+    block_on_workers(py, fut)?.into_py_any(py)
+}
+
+client_methods!(Client, block_value, block_many, Py<PyAny>, false, {
     /// Closes the client; later calls raise ValueError. Open files keep
     /// working until closed.
     fn close(&self) {
@@ -242,7 +254,7 @@ client_methods!(Client, block_value, Py<PyAny>, false, {
         self.close();
     }
 });
-client_methods!(AsyncClient, spawn, Bound<'py, PyAny>, true, {
+client_methods!(AsyncClient, spawn, spawn, Bound<'py, PyAny>, true, {
     fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         self.core.closed.store(true, Ordering::Release);
         spawn(py, async { Ok(Value::None) })
