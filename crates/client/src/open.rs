@@ -1,5 +1,6 @@
 //! Handing out nodes: create, open, lookup, `mkdir`, and whole values
-//! (`put`, `get`, `get_many`), whose unfinished puts abort themselves.
+//! (`put`, `get`, and the batched `put_many`, `get_many`, `delete_many`),
+//! whose unfinished puts abort themselves.
 
 use crate::client::{leaf, Client};
 use crate::config::{now_ns, CreateOptions};
@@ -8,6 +9,8 @@ use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use nodekernel_proto::meta::MetaRequest;
 use nodekernel_proto::{path, Error, ErrorCode, NodeType, Result, NO_CLASS};
+use std::collections::hash_map::{Entry, HashMap};
+use std::future::Future;
 
 impl Client {
     /// Creates a node. File and KeyValue handles come back open for writing
@@ -196,6 +199,115 @@ impl Client {
             .collect()
             .await)
     }
+
+    /// Puts each `(path, value)` of `items`, each as [`Client::put`], with
+    /// up to `in_flight` puts outstanding (0 counts as 1): one result per
+    /// item, in the order given, so a failing key fails none of the others
+    /// (a loader that should be limited by the network, not by round
+    /// trips). Items naming the same path are put one after another in
+    /// the order given, so the last of them wins, as it would in a loop of
+    /// puts. More than [`MAX_PUT_MANY`] items is `InvalidArgument`, and
+    /// nothing is put.
+    ///
+    /// Cancel safe like [`Client::put`]: dropping the future aborts, in the
+    /// background, every put it had started and not finished (each leaves
+    /// nothing behind), and starts no other; the puts that had finished
+    /// stay. The bytes of the values are not used after the future is
+    /// dropped.
+    pub async fn put_many<S: AsRef<str>, V: AsRef<[u8]>>(
+        &self,
+        items: &[(S, V)],
+        in_flight: usize,
+    ) -> Result<Vec<Result<()>>> {
+        if items.len() > MAX_PUT_MANY {
+            return Err(Error::invalid_argument(format!(
+                "{} values in one put; at most {MAX_PUT_MANY}",
+                items.len()
+            )));
+        }
+        let paths = items.iter().map(|(p, _)| p.as_ref());
+        Ok(per_key(paths, in_flight, |i| {
+            let (p, v) = &items[i];
+            self.put(p.as_ref(), v.as_ref())
+        })
+        .await)
+    }
+
+    /// Deletes each of `paths`, each as [`Client::delete`] (with
+    /// `recursive` for every one), with up to `in_flight` deletes
+    /// outstanding (0 counts as 1): one result per path, in the order
+    /// given, so a missing key is its own `NotFound` and fails none of the
+    /// others. A path given twice is deleted once; its second result is
+    /// `NotFound`, as in a loop of deletes. More than [`MAX_DELETE_MANY`]
+    /// paths is `InvalidArgument`, and nothing is deleted. A dropped future
+    /// starts no further delete; one already sent may still happen.
+    pub async fn delete_many<S: AsRef<str>>(
+        &self,
+        paths: &[S],
+        recursive: bool,
+        in_flight: usize,
+    ) -> Result<Vec<Result<()>>> {
+        if paths.len() > MAX_DELETE_MANY {
+            return Err(Error::invalid_argument(format!(
+                "{} keys in one delete; at most {MAX_DELETE_MANY}",
+                paths.len()
+            )));
+        }
+        Ok(per_key(paths.iter().map(|p| p.as_ref()), in_flight, |i| {
+            self.delete(paths[i].as_ref(), recursive)
+        })
+        .await)
+    }
+}
+
+/// Runs `op(i)` for each of `keys`, up to `in_flight` at a time (0 counts
+/// as 1), and answers `op(i)`'s result at `i`. Calls for the same key run
+/// one after another in the order given (a batch behaves as a loop would);
+/// the others in any order. Dropped, it drops the calls in flight (each
+/// cleans up after itself) and starts no other.
+async fn per_key<'k, T, F, Fut>(
+    keys: impl Iterator<Item = &'k str>,
+    in_flight: usize,
+    op: F,
+) -> Vec<Result<T>>
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    // The items of each key, the keys in order of first appearance.
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut group_of: HashMap<&str, usize> = HashMap::new();
+    for (i, k) in keys.enumerate() {
+        match group_of.entry(k) {
+            Entry::Occupied(g) => groups[*g.get()].push(i),
+            Entry::Vacant(g) => {
+                g.insert(groups.len());
+                groups.push(vec![i]);
+            }
+        }
+    }
+    let n = groups.iter().map(Vec::len).sum();
+    drop(group_of);
+    let op = &op;
+    let mut done = futures::stream::iter(groups)
+        .map(|group| async move {
+            let mut out = Vec::with_capacity(group.len());
+            for i in group {
+                out.push((i, op(i).await));
+            }
+            out
+        })
+        .buffer_unordered(in_flight.max(1));
+    let mut results: Vec<Option<Result<T>>> = (0..n).map(|_| None).collect();
+    while let Some(answered) = done.next().await {
+        for (i, r) in answered {
+            results[i] = Some(r);
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(Error::internal("a batched call lost an item's result"))))
+        .collect()
 }
 
 /// A [`Client::put`] that has not finished: its create, boxed so that a
@@ -294,3 +406,9 @@ pub const GET_ATTEMPTS: u32 = 64;
 
 /// Most keys one [`Client::get_many`] takes.
 pub const MAX_GET_MANY: usize = 1 << 16;
+
+/// Most items one [`Client::put_many`] takes.
+pub const MAX_PUT_MANY: usize = 1 << 16;
+
+/// Most keys one [`Client::delete_many`] takes.
+pub const MAX_DELETE_MANY: usize = 1 << 16;

@@ -779,6 +779,130 @@ pub extern "system" fn Java_io_nodekernel_Native_getMany<'l>(
     })
 }
 
+/// Calls in flight of a `putMany` or `deleteMany` by default (`inFlight` 0
+/// or less), and at most.
+const DEFAULT_BATCH_IN_FLIGHT: usize = 64;
+const MAX_BATCH_IN_FLIGHT: usize = 4096;
+
+fn batch_in_flight(n: jint) -> usize {
+    match usize::try_from(n) {
+        Ok(n) if n > 0 => n.min(MAX_BATCH_IN_FLIGHT),
+        _ => DEFAULT_BATCH_IN_FLIGHT,
+    }
+}
+
+/// The paths of a batched call: at most `max`, each checked as `path`.
+fn batch_paths(env: &mut JNIEnv<'_>, paths: &JObjectArray<'_>, max: usize) -> R<Vec<String>> {
+    if paths.is_null() {
+        return Err(Fail::Arg("paths must not be null".into()));
+    }
+    let n = usize::try_from(env.get_array_length(paths)?).unwrap_or(0);
+    if n > max {
+        return Err(Fail::Arg(format!("{n} keys in one call; at most {max}")));
+    }
+    let mut keys = Vec::with_capacity(n);
+    for i in 0..n {
+        let p = JString::from(env.get_object_array_element(paths, i as jint)?);
+        if p.is_null() {
+            return Err(Fail::Arg(format!("path {i} is null")));
+        }
+        keys.push(path(env, &p)?);
+        env.delete_local_ref(p)?;
+    }
+    Ok(keys)
+}
+
+/// Throws the failures of a batched call, if any: the exception of the
+/// first (in the order given), with each other one added to it as a
+/// suppressed exception (`Throwable.getSuppressed`); each names its path.
+fn throw_batch(env: &mut JNIEnv<'_>, results: Vec<nk::Result<()>>) -> R<()> {
+    let mut first: Option<JObject<'_>> = None;
+    for e in results.into_iter().filter_map(|r| r.err()) {
+        let message = env.new_string(&e.message)?;
+        let ex = env.new_object(
+            exception_class(e.code),
+            "(Ljava/lang/String;)V",
+            &[(&message).into()],
+        )?;
+        env.delete_local_ref(message)?;
+        match &first {
+            None => first = Some(ex),
+            Some(f) => {
+                env.call_method(
+                    f,
+                    "addSuppressed",
+                    "(Ljava/lang/Throwable;)V",
+                    &[(&ex).into()],
+                )?;
+                env.delete_local_ref(ex)?;
+            }
+        }
+    }
+    if let Some(f) = first {
+        env.throw(JThrowable::from(f))?;
+    }
+    Ok(())
+}
+
+/// Puts `values[i]` at `paths[i]` for every `i`, with up to `in_flight`
+/// puts outstanding; every item is tried, and the failures are thrown
+/// together once all have ended (see `throw_batch`): the other items are
+/// stored.
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_putMany<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    c: jlong,
+    paths: JObjectArray<'l>,
+    values: JObjectArray<'l>,
+    in_flight: jint,
+) {
+    call(&mut env, (), |env| {
+        let client = CLIENTS.get(c)?;
+        let keys = batch_paths(env, &paths, nk::MAX_PUT_MANY)?;
+        if values.is_null() {
+            return Err(Fail::Arg("values must not be null".into()));
+        }
+        let n = usize::try_from(env.get_array_length(&values)?).unwrap_or(0);
+        if n != keys.len() {
+            return Err(Fail::Arg(format!("{} paths but {n} values", keys.len())));
+        }
+        let mut items = Vec::with_capacity(n);
+        for (i, key) in keys.into_iter().enumerate() {
+            let a = JByteArray::from(env.get_object_array_element(&values, i as jint)?);
+            if a.is_null() {
+                return Err(Fail::Arg(format!("the value of {key} is null")));
+            }
+            let value = env.convert_byte_array(&a)?;
+            env.delete_local_ref(a)?;
+            items.push((key, value));
+        }
+        let results = block_on(client.put_many(&items, batch_in_flight(in_flight)))??;
+        throw_batch(env, results)
+    })
+}
+
+/// Deletes every path (as `delete`), with up to `in_flight` deletes
+/// outstanding; every path is tried, and the failures are thrown together
+/// once all have ended (see `throw_batch`).
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_deleteMany<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    c: jlong,
+    paths: JObjectArray<'l>,
+    recursive: jboolean,
+    in_flight: jint,
+) {
+    call(&mut env, (), |env| {
+        let client = CLIENTS.get(c)?;
+        let keys = batch_paths(env, &paths, nk::MAX_DELETE_MANY)?;
+        let results =
+            block_on(client.delete_many(&keys, recursive != 0, batch_in_flight(in_flight)))??;
+        throw_batch(env, results)
+    })
+}
+
 /// Reads the value at `p` into the buffer if it fits; returns its size
 /// either way (bigger than `len`: nothing was read).
 #[no_mangle]

@@ -164,6 +164,12 @@ impl Input {
     }
 }
 
+impl AsRef<[u8]> for Input {
+    fn as_ref(&self) -> &[u8] {
+        self.data()
+    }
+}
+
 pub(crate) fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()
         .name()

@@ -2,8 +2,12 @@
 
 use crate::buffers::writable_target;
 use crate::buffers::Input;
+use crate::client::batch_keys;
+use crate::client::check_in_flight;
 use crate::client::check_path;
+use crate::client::put_items;
 use crate::client::Core;
+use crate::client::DEFAULT_IN_FLIGHT;
 use crate::errors::Out;
 use crate::file::detached;
 use crate::file::spawn_write;
@@ -12,6 +16,7 @@ use crate::file::AsyncFile;
 use crate::file::File;
 use crate::ops;
 use crate::runtime::block;
+use crate::runtime::block_on_workers;
 use crate::runtime::spawn;
 use crate::values::parse_type;
 use crate::values::Value;
@@ -26,7 +31,7 @@ use std::sync::Arc;
 /// Client methods, generated for the sync and the asyncio class: `$run`
 /// is `block` or `spawn`, `$aio` says which file class to hand out.
 macro_rules! client_methods {
-    ($ty:ident, $run:ident, $ret:ty, $aio:expr, { $($extra:tt)* }) => {
+    ($ty:ident, $run:ident, $many:ident, $ret:ty, $aio:expr, { $($extra:tt)* }) => {
         #[pymethods]
         impl $ty {
             $($extra)*
@@ -122,6 +127,46 @@ macro_rules! client_methods {
                 $run(py, ops::put(self.core.clone(), path.into(), input))
             }
 
+            #[pyo3(signature = (items, in_flight = DEFAULT_IN_FLIGHT))]
+            fn put_many<'py>(
+                &self,
+                py: Python<'py>,
+                items: &Bound<'py, PyAny>,
+                in_flight: i64,
+            ) -> PyResult<$ret> {
+                self.core.check()?;
+                let in_flight = check_in_flight(in_flight)?;
+                let items = put_items(items)?;
+                $many(py, ops::put_many(self.core.clone(), items, in_flight))
+            }
+
+            #[pyo3(signature = (keys, in_flight = DEFAULT_IN_FLIGHT))]
+            fn get_many<'py>(
+                &self,
+                py: Python<'py>,
+                keys: &Bound<'py, PyAny>,
+                in_flight: i64,
+            ) -> PyResult<$ret> {
+                self.core.check()?;
+                let in_flight = check_in_flight(in_flight)?;
+                let keys = batch_keys(keys, nk::MAX_GET_MANY)?;
+                $many(py, ops::get_many(self.core.clone(), keys, in_flight))
+            }
+
+            #[pyo3(signature = (keys, recursive = false, in_flight = DEFAULT_IN_FLIGHT))]
+            fn delete_many<'py>(
+                &self,
+                py: Python<'py>,
+                keys: &Bound<'py, PyAny>,
+                recursive: bool,
+                in_flight: i64,
+            ) -> PyResult<$ret> {
+                self.core.check()?;
+                let in_flight = check_in_flight(in_flight)?;
+                let keys = batch_keys(keys, nk::MAX_DELETE_MANY)?;
+                $many(py, ops::delete_many(self.core.clone(), keys, recursive, in_flight))
+            }
+
             fn get<'py>(&self, py: Python<'py>, path: &str) -> PyResult<$ret> {
                 self.core.check()?;
                 check_path(path)?;
@@ -182,7 +227,18 @@ where
     block(py, fut)?.into_py_any(py)
 }
 
-client_methods!(Client, block_value, Py<PyAny>, false, {
+/// [`block_value`] of a call run on the runtime's workers.
+pub(crate) fn block_many<T>(
+    py: Python<'_>,
+    fut: impl Future<Output = Out<T>> + Send + 'static,
+) -> PyResult<Py<PyAny>>
+where
+    T: Send + 'static + for<'a> IntoPyObject<'a>,
+{
+    block_on_workers(py, fut)?.into_py_any(py)
+}
+
+client_methods!(Client, block_value, block_many, Py<PyAny>, false, {
     /// Closes the client; later calls raise ValueError. Open files keep
     /// working until closed.
     fn close(&self) {
@@ -198,7 +254,7 @@ client_methods!(Client, block_value, Py<PyAny>, false, {
         self.close();
     }
 });
-client_methods!(AsyncClient, spawn, Bound<'py, PyAny>, true, {
+client_methods!(AsyncClient, spawn, spawn, Bound<'py, PyAny>, true, {
     fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         self.core.closed.store(true, Ordering::Release);
         spawn(py, async { Ok(Value::None) })

@@ -2,6 +2,8 @@
 //! helpers of its operations.
 
 use crate::buffers::new_bytes;
+use crate::buffers::type_name;
+use crate::buffers::Input;
 use crate::buffers::Target;
 use crate::errors::failure;
 use crate::errors::At;
@@ -10,7 +12,7 @@ use crate::errors::Failure;
 use crate::errors::Out;
 use nk::{ErrorCode, NodeType};
 use nodekernel_client as nk;
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use std::future::Future;
 use std::path::PathBuf;
@@ -43,6 +45,86 @@ pub(crate) fn check_path(path: &str) -> PyResult<()> {
         return Err(PyValueError::new_err("paths cannot contain NUL characters"));
     }
     Ok(())
+}
+
+/// Calls in flight a batched call (`put_many`, ...) runs by default.
+pub(crate) const DEFAULT_IN_FLIGHT: i64 = 64;
+
+/// Most calls in flight a batched call takes.
+pub(crate) const MAX_IN_FLIGHT: i64 = 4096;
+
+/// A batched call's `in_flight`: 1 to [`MAX_IN_FLIGHT`].
+pub(crate) fn check_in_flight(in_flight: i64) -> PyResult<usize> {
+    if !(1..=MAX_IN_FLIGHT).contains(&in_flight) {
+        return Err(PyValueError::new_err(format!(
+            "in_flight must be 1 to {MAX_IN_FLIGHT}, not {in_flight}"
+        )));
+    }
+    Ok(in_flight as usize)
+}
+
+/// `InvalidArgument` for a batch of more than `max` items (checked while
+/// iterating, so an endless iterable is not drained).
+fn too_many(py: Python<'_>, what: &str, max: usize) -> PyErr {
+    Fail::Nk(Failure {
+        err: nk::Error::invalid_argument(format!("more than {max} {what} in one call")),
+        path: None,
+    })
+    .into_pyerr(py)
+}
+
+/// The keys of a `get_many` or `delete_many`: an iterable of `str` (not a
+/// `str` itself), at most `max`.
+pub(crate) fn batch_keys(keys: &Bound<'_, PyAny>, max: usize) -> PyResult<Vec<String>> {
+    if keys.is_instance_of::<pyo3::types::PyString>() {
+        return Err(PyTypeError::new_err(
+            "keys must be an iterable of str (a list, a tuple, ...), not one str",
+        ));
+    }
+    let mut out = Vec::new();
+    for k in keys.try_iter()? {
+        if out.len() == max {
+            return Err(too_many(keys.py(), "keys", max));
+        }
+        let k = k?;
+        let k: String = k.extract().map_err(|_| {
+            PyTypeError::new_err(format!("keys must be str, not {}", type_name(&k)))
+        })?;
+        check_path(&k)?;
+        out.push(k);
+    }
+    Ok(out)
+}
+
+/// The items of a `put_many`: a mapping of key to value, or an iterable of
+/// `(key, value)` pairs; each value any bytes-like object, borrowed in
+/// place where possible ([`Input`]); at most [`nk::MAX_PUT_MANY`] items.
+pub(crate) fn put_items(items: &Bound<'_, PyAny>) -> PyResult<Vec<(String, Input)>> {
+    let py = items.py();
+    let pairs = if items.hasattr("keys")? {
+        items.call_method0("items")?
+    } else {
+        items.clone()
+    };
+    let mut out = Vec::new();
+    for pair in pairs.try_iter()? {
+        if out.len() == nk::MAX_PUT_MANY {
+            return Err(too_many(py, "items", nk::MAX_PUT_MANY));
+        }
+        let pair = pair?;
+        let (k, v): (Bound<'_, PyAny>, Bound<'_, PyAny>) = pair.extract().map_err(|_| {
+            PyTypeError::new_err(format!(
+                "each item must be a (key, bytes-like value) pair, not {}",
+                type_name(&pair)
+            ))
+        })?;
+        let k: String = k.extract().map_err(|_| {
+            PyTypeError::new_err(format!("keys must be str, not {}", type_name(&k)))
+        })?;
+        check_path(&k)?;
+        out.push((k, Input::new(&v)?));
+    }
+    Ok(out)
 }
 
 pub(crate) async fn connect_core(meta: Option<String>, config: Option<PathBuf>) -> Out<Arc<Core>> {

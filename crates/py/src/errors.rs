@@ -61,10 +61,12 @@ impl Failure {
 }
 
 /// What an operation body returns: a client failure, or a Python
-/// exception already (a bad buffer, ...).
+/// exception already (a bad buffer, ...), or the failed items of a batched
+/// call (`put_many`, `delete_many`) out of `total` items.
 pub(crate) enum Fail {
     Nk(Failure),
     Py(PyErr),
+    Batch { failed: Vec<Failure>, total: usize },
 }
 
 impl From<Failure> for Fail {
@@ -79,12 +81,37 @@ impl From<PyErr> for Fail {
     }
 }
 
+pub(crate) static BATCH_FACTORY: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
 impl Fail {
     pub(crate) fn into_pyerr(self, py: Python<'_>) -> PyErr {
         match self {
             Fail::Nk(f) => f.into_pyerr(py),
             Fail::Py(e) => e,
+            Fail::Batch { failed, total } => batch_error(py, failed, total),
         }
+    }
+}
+
+/// A `nodekernel.errors.BatchError` listing each failed key (the path of
+/// its failure) with the exception of its wire code.
+fn batch_error(py: Python<'_>, failed: Vec<Failure>, total: usize) -> PyErr {
+    let factory = BATCH_FACTORY.get_or_try_init(py, || {
+        Ok::<_, PyErr>(py.import("nodekernel.errors")?.getattr("_batch")?.unbind())
+    });
+    let made = factory.and_then(|f| {
+        let errors = failed
+            .into_iter()
+            .map(|f| {
+                let key = f.path.clone().unwrap_or_default();
+                (key, f.into_pyerr(py).into_value(py))
+            })
+            .collect::<Vec<_>>();
+        f.bind(py).call1((errors, total))
+    });
+    match made {
+        Ok(exc) => PyErr::from_value(exc),
+        Err(e) => e,
     }
 }
 

@@ -202,6 +202,86 @@ pub(crate) async fn get(core: Arc<Core>, path: String) -> Out<Value> {
     Ok(Value::Bytes(t))
 }
 
+/// Puts every item (as `put`), up to `in_flight` at a time; a
+/// `BatchError` lists the items that failed (the others are stored).
+pub(crate) async fn put_many(
+    core: Arc<Core>,
+    items: Vec<(String, Input)>,
+    in_flight: usize,
+) -> Out<Value> {
+    let results = core
+        .client
+        .put_many(&items, in_flight)
+        .await
+        .map_err(|err| Failure { err, path: None })?;
+    batch_outcome(items.iter().map(|(k, _)| k.as_str()), results)
+}
+
+/// Deletes every key (as `delete`), up to `in_flight` at a time; a
+/// `BatchError` lists the keys that failed (the others are gone).
+pub(crate) async fn delete_many(
+    core: Arc<Core>,
+    keys: Vec<String>,
+    recursive: bool,
+    in_flight: usize,
+) -> Out<Value> {
+    let results = core
+        .client
+        .delete_many(&keys, recursive, in_flight)
+        .await
+        .map_err(|err| Failure { err, path: None })?;
+    batch_outcome(keys.iter().map(String::as_str), results)
+}
+
+/// `None` if every item succeeded, else a `BatchError` of the failures.
+fn batch_outcome<'k>(
+    keys: impl Iterator<Item = &'k str>,
+    results: Vec<nk::Result<()>>,
+) -> Out<Value> {
+    let total = results.len();
+    let failed: Vec<Failure> = keys
+        .zip(results)
+        .filter_map(|(k, r)| {
+            r.err().map(|err| Failure {
+                err,
+                path: Some(k.to_string()),
+            })
+        })
+        .collect();
+    if failed.is_empty() {
+        Ok(Value::None)
+    } else {
+        Err(Fail::Batch { failed, total })
+    }
+}
+
+/// Gets every key (as `get`), up to `in_flight` at a time, in order:
+/// `None` for a missing key; any other failure is raised (the first in
+/// the order given), as Java's `getMany` does.
+pub(crate) async fn get_many(core: Arc<Core>, keys: Vec<String>, in_flight: usize) -> Out<Value> {
+    use futures::StreamExt;
+    // Each get owns its key and client (a closure borrowing them would make
+    // the future not `Send` for every lifetime, as `spawn` needs).
+    async fn get_one(core: Arc<Core>, path: String) -> Out<Target> {
+        let p = path.as_str();
+        with_value(&core, p, |node| async move { read_whole(&node, p).await }).await
+    }
+    let gets = keys.into_iter().map(|k| get_one(core.clone(), k));
+    let got: Vec<Out<Target>> = futures::stream::iter(gets)
+        .buffered(in_flight.max(1))
+        .collect()
+        .await;
+    let mut out = Vec::with_capacity(got.len());
+    for r in got {
+        match r {
+            Ok(t) => out.push(Some(t)),
+            Err(Fail::Nk(f)) if f.err.code == ErrorCode::NotFound => out.push(None),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Value::Values(out))
+}
+
 pub(crate) async fn get_into(core: Arc<Core>, path: String, mut target: Target) -> Out<Value> {
     let mut attempt = 1;
     loop {

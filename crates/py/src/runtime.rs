@@ -45,6 +45,23 @@ pub(crate) fn block<T: Send>(
     py.detach(|| rt.block_on(fut)).map_err(|f| f.into_pyerr(py))
 }
 
+/// Runs `fut` as a task on the runtime's workers and waits for it with
+/// the GIL released: for calls that make many exchanges at once (the
+/// batched calls), whose replies are then handled on the worker that reads
+/// them instead of waking the caller's thread for each ([`block`] polls on
+/// the caller's thread). Measured on a loaded 2-vCPU machine, 50,000 puts of
+/// 100 B with `put_many(in_flight=64)`: 30–44k puts/s against 17–32k.
+pub(crate) fn block_on_workers<T: Send + 'static>(
+    py: Python<'_>,
+    fut: impl Future<Output = Out<T>> + Send + 'static,
+) -> PyResult<T> {
+    let rt = runtime()?;
+    match py.detach(|| rt.block_on(rt.spawn(fut))) {
+        Ok(r) => r.map_err(|f| f.into_pyerr(py)),
+        Err(e) => Err(panicked(e)),
+    }
+}
+
 pub(crate) static NATIVE_FUTURE: PyOnceLock<(Py<PyAny>, Py<PyAny>)> = PyOnceLock::new();
 
 /// Hands `fut` to the running asyncio event loop as an awaitable: a

@@ -147,6 +147,8 @@ pub(crate) enum Value {
     Stat(Stat),
     Status(Status),
     Bytes(Target),
+    /// Values of several keys in order; `None` for a missing one.
+    Values(Vec<Option<Target>>),
 }
 
 impl<'py> IntoPyObject<'py> for Value {
@@ -164,6 +166,16 @@ impl<'py> IntoPyObject<'py> for Value {
             Value::Stat(s) => s.into_pyobject(py)?.into_any(),
             Value::Status(s) => s.into_pyobject(py)?.into_any(),
             Value::Bytes(t) => t.into_bytes(py)?.into_any(),
+            Value::Values(v) => {
+                let list = PyList::empty(py);
+                for t in v {
+                    match t {
+                        Some(t) => list.append(t.into_bytes(py)?)?,
+                        None => list.append(py.None())?,
+                    }
+                }
+                list.into_any()
+            }
         })
     }
 }

@@ -224,6 +224,73 @@ async fn a_dropped_put_frees_its_blocks_at_once() {
     assert_eq!(c.get("/t/b").await.unwrap(), value);
 }
 
+/// A `put_many` dropped at any point (timeouts of nothing up to about the
+/// whole batch) leaves nothing of the puts it had in flight: each is
+/// aborted in the background, so the used blocks come back to what the
+/// finished puts hold without the metadata server's sweep (the lease is
+/// ten minutes here), and the space can be used right away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_put_many_frees_the_blocks_of_its_puts_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = common::config(40 * BS, 0, &dir);
+    cfg.meta.lease_timeout_ms = 600_000;
+    let t = start_with(cfg, dir).await;
+    let c = &t.client;
+    table(c).await;
+    // The table keeps the block its child records took.
+    c.put("/t/k", b"x").await.unwrap();
+    c.delete("/t/k", false).await.unwrap();
+    let baseline = used(&c.status().await.unwrap());
+    let keys: Vec<String> = (0..4).map(|i| format!("/t/k{i}")).collect();
+    let value = pattern(5, 4 * BS as usize);
+    let items: Vec<(&str, &[u8])> = keys.iter().map(|k| (k.as_str(), &value[..])).collect();
+    let mut dropped = 0;
+    for i in 0..200u64 {
+        let put = c.put_many(&items, 4);
+        if tokio::time::timeout(Duration::from_micros(i * 5), put)
+            .await
+            .is_err()
+        {
+            dropped += 1;
+        }
+    }
+    assert!(
+        dropped > 0,
+        "no put_many was dropped: the test proves nothing"
+    );
+    // The puts that finished in time are the values of the keys.
+    for r in c.delete_many(&keys, false, 4).await.unwrap() {
+        match r {
+            Err(e) if e.code == ErrorCode::NotFound => {}
+            r => r.unwrap(),
+        }
+    }
+    let settled = tokio::time::timeout(HANG, async {
+        loop {
+            let s = c.status().await.unwrap();
+            if s.puts_in_progress == 0 && used(&s) == baseline {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let s = c.status().await.unwrap();
+    assert!(
+        settled.is_ok(),
+        "{dropped} dropped batches: {} puts still in progress, {} blocks used (baseline {baseline})",
+        s.puts_in_progress,
+        used(&s)
+    );
+    // Room for eight values at once: no dropped put holds anything.
+    let keys: Vec<String> = (0..8).map(|i| format!("/t/after{i}")).collect();
+    let items: Vec<(&str, &[u8])> = keys.iter().map(|k| (k.as_str(), &value[..])).collect();
+    for r in c.put_many(&items, 8).await.unwrap() {
+        r.unwrap();
+    }
+    assert_eq!(c.get("/t/after7").await.unwrap(), value);
+}
+
 /// Two DRAM stores; one stops without the metadata server noticing (long
 /// dead-after). Puts still succeed: blocks that land on the dead store are
 /// written elsewhere while the value is in the client's hands.

@@ -628,3 +628,107 @@ async fn get_many_answers_each_key_in_order_and_a_missing_one_alone() {
     let e = c.get_many(&too_many, 4).await.unwrap_err();
     assert_eq!(e.code, ErrorCode::InvalidArgument);
 }
+
+/// `put_many` answers every item in the order given, each as `put` would:
+/// values of no bytes to several blocks are stored whole, an existing key
+/// is replaced, a key given twice keeps its last value, and a key that
+/// cannot be put (no parent, a bad path) fails alone while the others are
+/// stored; too many items are refused up front and nothing is put.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn put_many_answers_each_item_in_order_and_a_failing_one_alone() {
+    let t = common::start(64 << 20, 128 << 20).await;
+    let c = &t.client;
+    c.create("/t", NodeType::Table, opts()).await.unwrap();
+    for in_flight in [0usize, 1, 3, 64] {
+        let k = |name: &str| format!("/t/{in_flight}-{name}");
+        c.put(&k("old"), b"the old value").await.unwrap();
+        let items: Vec<(String, Vec<u8>)> = vec![
+            (k("a"), pattern(1, 100)),
+            (format!("/none/{in_flight}"), pattern(2, 10)),
+            (k("big"), pattern(3, 5 << 20 | 3)),
+            (k("old"), pattern(4, 77)),
+            ("relative".to_string(), pattern(5, 1)),
+            (k("empty"), Vec::new()),
+            (k("twice"), pattern(6, 300)),
+            (k("twice"), pattern(7, 200)),
+        ];
+        let got = c.put_many(&items, in_flight).await.unwrap();
+        assert_eq!(got.len(), items.len());
+        for ((key, _), r) in items.iter().zip(&got) {
+            match key.as_str() {
+                k if k.starts_with("/none/") => {
+                    let e = r.as_ref().unwrap_err();
+                    assert_eq!(e.code, ErrorCode::NotFound, "{key}: {e}");
+                    assert!(e.message.contains(key), "{key}: {}", e.message);
+                }
+                "relative" => {
+                    let e = r.as_ref().unwrap_err();
+                    assert_eq!(e.code, ErrorCode::InvalidPath, "{key}: {e}");
+                }
+                _ => assert!(r.is_ok(), "{key}: {r:?}"),
+            }
+        }
+        for (i, (key, value)) in items.iter().enumerate() {
+            if got[i].is_err() || (key.ends_with("-twice") && i == 6) {
+                continue;
+            }
+            assert!(c.get(key).await.unwrap() == *value, "{key}: wrong value");
+        }
+    }
+    let none: [(&str, &[u8]); 0] = [];
+    assert!(c.put_many(&none, 4).await.unwrap().is_empty());
+    let item: (&str, &[u8]) = ("/t/over", b"x");
+    let too_many = vec![item; nodekernel_client::MAX_PUT_MANY + 1];
+    let e = c.put_many(&too_many, 4).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidArgument);
+    let e = c.get("/t/over").await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotFound, "a refused batch put nothing");
+}
+
+/// `delete_many` answers every key in the order given, each as `delete`
+/// would: a missing key (or a key given a second time) is its own
+/// `NotFound` and the others are gone; a non-empty container needs
+/// `recursive`; too many keys are refused up front and nothing is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_many_answers_each_key_in_order_and_a_missing_one_alone() {
+    let t = common::start(64 << 20, 128 << 20).await;
+    let c = &t.client;
+    c.create("/t", NodeType::Table, opts()).await.unwrap();
+    for in_flight in [0usize, 1, 3, 64] {
+        let k = |name: &str| format!("/t/{in_flight}-{name}");
+        for name in ["a", "b", "c"] {
+            c.put(&k(name), &pattern(9, 1000)).await.unwrap();
+        }
+        let keys = [k("a"), k("gone"), k("b"), k("a"), k("c")];
+        let got = c.delete_many(&keys, false, in_flight).await.unwrap();
+        assert_eq!(got.len(), keys.len());
+        for (i, (key, r)) in keys.iter().zip(&got).enumerate() {
+            if i == 1 || i == 3 {
+                let e = r.as_ref().unwrap_err();
+                assert_eq!(e.code, ErrorCode::NotFound, "{key}: {e}");
+                assert!(e.message.contains(key.as_str()), "{key}: {}", e.message);
+            } else {
+                assert!(r.is_ok(), "{key}: {r:?}");
+            }
+            let e = c.lookup(key).await.unwrap_err();
+            assert_eq!(e.code, ErrorCode::NotFound, "{key} is gone");
+        }
+    }
+    c.put("/t/kept", b"x").await.unwrap();
+    let got = c.delete_many(&["/t"], false, 2).await.unwrap();
+    assert_eq!(got[0].as_ref().unwrap_err().code, ErrorCode::NotEmpty);
+    let too_many = vec!["/t/kept"; nodekernel_client::MAX_DELETE_MANY + 1];
+    let e = c.delete_many(&too_many, false, 4).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidArgument);
+    assert_eq!(
+        c.get("/t/kept").await.unwrap(),
+        b"x",
+        "a refused batch deleted nothing"
+    );
+    let got = c.delete_many(&["/t"], true, 2).await.unwrap();
+    assert!(got[0].is_ok(), "{got:?}");
+    assert_eq!(
+        c.lookup("/t/kept").await.unwrap_err().code,
+        ErrorCode::NotFound
+    );
+}

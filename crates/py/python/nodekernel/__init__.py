@@ -19,7 +19,7 @@ from . import errors
 from ._native import DEFAULT_META, AsyncClient, AsyncFile, Client, File
 from ._native import connect as _connect
 from .errors import *  # noqa: F403
-from .errors import Error, NotFound
+from .errors import BatchError, Error, NotFound
 
 __all__ = [
     "connect",
@@ -29,6 +29,7 @@ __all__ = [
     "AsyncFile",
     "Table",
     "Error",
+    "BatchError",
     "errors",
     "DEFAULT_META",
     *errors.BY_CODE,

@@ -5,11 +5,12 @@ Paths are absolute (`/a/b`). Node types are named "dir", "file", "table",
 `nodekernel.errors.Error` subclasses (see `nodekernel/errors.py`).
 """
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any, Literal, Optional, Union
 
 Buffer = Any  # any object with the buffer protocol (bytes, bytearray, memoryview, numpy)
 NodeTypeName = Literal["dir", "file", "table", "kv", "bag"]
+Items = Union[Mapping[str, Buffer], Iterable[tuple[str, Buffer]]]
 
 def connect(meta: Optional[str] = None, config: Optional[str] = None) -> Client:
     """Connects a synchronous client.
@@ -55,6 +56,34 @@ class Client:
     def put(self, path: str, value: Buffer) -> None:
         """Stores a KeyValue (replacing any old value)."""
     def get(self, path: str) -> bytes: ...
+    def put_many(self, items: Items, in_flight: int = 64) -> None:
+        """Puts many values, each as `put`, with up to `in_flight` (1 to
+        4096) puts outstanding: a loader limited by the network, not by
+        round trips. `items`: a mapping of key to value or an iterable of
+        (key, value) pairs, at most 65,536; values are any bytes-like
+        objects (bytes, bytearray, memoryview, NumPy array), read in place
+        (a read-only non-bytes buffer is copied once). Every item is tried:
+        if any fail, raises `nodekernel.errors.BatchError` once all have
+        ended, whose `errors` maps each failed key to its exception (the
+        class of its error code); every other item is stored. A key given
+        twice keeps its last value. Bad arguments (a non-str key, a value
+        without the buffer protocol, too many items) raise before anything
+        is put. A value is never stored in part: an item whose put fails
+        or is cancelled leaves its key as it was."""
+    def get_many(self, keys: Iterable[str], in_flight: int = 64) -> list[Optional[bytes]]:
+        """The values of `keys` (at most 65,536), in the order given, each
+        as `get` would return it (bytes, allocated once and filled in
+        place), with up to `in_flight` gets outstanding; None for a
+        missing key (as Java's getMany gives null). Any other failure
+        (TypeMismatch for a container, ...) is raised: the first in the
+        order given."""
+    def delete_many(
+        self, keys: Iterable[str], recursive: bool = False, in_flight: int = 64
+    ) -> None:
+        """Deletes each of `keys` (at most 65,536), each as `delete`, with up
+        to `in_flight` deletes outstanding. Every key is tried: if any fail
+        (a missing key is `NotFound`, as with `delete`), raises `BatchError`
+        listing them once all have ended; every other key is gone."""
     def get_into(self, path: str, buffer: Buffer) -> int:
         """Reads a whole value into a writable buffer; returns its length.
         Raises ValueError if the buffer is too small."""
@@ -99,7 +128,8 @@ class File:
 class AsyncClient:
     """Same methods as Client, each returning an awaitable. A cancelled
     call has stopped when CancelledError reaches the caller: it no longer
-    touches the caller's buffers, and a cancelled put leaves nothing."""
+    touches the caller's buffers, and a cancelled put (or put_many)
+    leaves nothing."""
     def mkdir(
         self, path: str, type: str = "dir", parents: bool = False, enumerable: bool = True
     ) -> Awaitable[None]: ...
@@ -113,6 +143,18 @@ class AsyncClient:
     def status(self) -> Awaitable[dict]: ...
     def put(self, path: str, value: Buffer) -> Awaitable[None]: ...
     def get(self, path: str) -> Awaitable[bytes]: ...
+    def put_many(self, items: Items, in_flight: int = 64) -> Awaitable[None]:
+        """As Client.put_many. Cancelled, it aborts every put it had started
+        and not finished (none leaves anything, nor holds space) and starts
+        no other; items already stored stay."""
+    def get_many(
+        self, keys: Iterable[str], in_flight: int = 64
+    ) -> Awaitable[list[Optional[bytes]]]: ...
+    def delete_many(
+        self, keys: Iterable[str], recursive: bool = False, in_flight: int = 64
+    ) -> Awaitable[None]:
+        """As Client.delete_many. Cancelled, it starts no further delete;
+        one already sent may still happen."""
     def get_into(self, path: str, buffer: Buffer) -> Awaitable[int]: ...
     def open(self, path: str, mode: str = "rb") -> Awaitable[AsyncFile]: ...
     def close(self) -> Awaitable[None]: ...

@@ -131,6 +131,29 @@ BY_CODE: dict[str, type] = {
 }
 
 
+class BatchError(Error):
+    """Some items of a batched call (`put_many`, `delete_many`) failed; every
+    other item succeeded (was stored, was deleted). `errors` maps each
+    failed key, in the order given, to its exception: the class of its wire
+    code (`NotFound`, `NoSpace`, ...), with the key as its `path`; a key
+    given twice maps to its last failure. `total` is the number of items
+    in the call. `path` is None."""
+
+    code = "Batch"
+
+    def __init__(self, errors: dict[str, Error], total: int):
+        self.errors = errors
+        self.total = total
+        shown = "; ".join(f"{k}: {type(e).__name__}" for k, e in list(errors.items())[:8])
+        more = f"; and {len(errors) - 8} more" if len(errors) > 8 else ""
+        super().__init__(f"{len(errors)} of {total} items failed: {shown}{more}")
+
+
+def _batch(errors: list[tuple[str, Error]], total: int) -> BatchError:
+    """Builds a BatchError from (key, exception) pairs (called by the native module)."""
+    return BatchError(dict(errors), total)
+
+
 def _from_code(code: str, message: str, path: Optional[str]) -> Error:
     """Builds the exception for a wire error (called by the native module)."""
     cls = BY_CODE.get(code)
@@ -141,4 +164,4 @@ def _from_code(code: str, message: str, path: Optional[str]) -> Error:
     return cls(message, path)
 
 
-__all__ = ["Error", "BY_CODE", *BY_CODE]
+__all__ = ["Error", "BatchError", "BY_CODE", *BY_CODE]

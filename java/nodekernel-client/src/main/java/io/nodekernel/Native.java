@@ -70,6 +70,12 @@ final class Native {
   static native byte[][] getMany(long client, String[] paths, int inFlight)
       throws NodeKernelException;
 
+  static native void putMany(long client, String[] paths, byte[][] values, int inFlight)
+      throws NodeKernelException;
+
+  static native void deleteMany(long client, String[] paths, boolean recursive, int inFlight)
+      throws NodeKernelException;
+
   static native long getInto(long client, String path, ByteBuffer buf, int off, int len)
       throws NodeKernelException;
 

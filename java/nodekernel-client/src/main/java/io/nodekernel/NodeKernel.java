@@ -5,6 +5,7 @@ import java.nio.ByteBuffer;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
+import java.util.Map;
 import java.util.Objects;
 
 /**
@@ -300,6 +301,52 @@ public final class NodeKernel implements AutoCloseable {
       keys[i] = path(paths.get(i));
     }
     return Arrays.asList(Native.getMany(handle(), keys, inFlight));
+  }
+
+  /**
+   * Stores {@code values.get(i)} at {@code paths.get(i)} for every {@code i}, each as {@link
+   * #put(String, byte[])}, with up to {@code inFlight} puts outstanding (0: the default, 64; at
+   * most 4096): one call instead of a round trip per value. Every item is tried; if any fail, the
+   * exception of the first failure (in the order given, its class that of its code, its message
+   * naming its path) is thrown once all have ended, with every other failure in its {@link
+   * Throwable#getSuppressed()}; every other item is stored. A path given twice keeps its last
+   * value. At most 65536 items.
+   */
+  public void putMany(List<String> paths, List<byte[]> values, int inFlight) throws IOException {
+    if (paths.size() != values.size()) {
+      throw new IllegalArgumentException(paths.size() + " paths but " + values.size() + " values");
+    }
+    String[] keys = new String[paths.size()];
+    for (int i = 0; i < keys.length; i++) {
+      keys[i] = path(paths.get(i));
+    }
+    Native.putMany(handle(), keys, values.toArray(new byte[0][]), inFlight);
+  }
+
+  /** {@link #putMany(List, List, int)} of a map's entries, in its iteration order. */
+  public void putMany(Map<String, byte[]> items, int inFlight) throws IOException {
+    List<String> paths = new ArrayList<>(items.size());
+    List<byte[]> values = new ArrayList<>(items.size());
+    for (Map.Entry<String, byte[]> e : items.entrySet()) {
+      paths.add(e.getKey());
+      values.add(e.getValue());
+    }
+    putMany(paths, values, inFlight);
+  }
+
+  /**
+   * Deletes every path, each as {@link #delete(String, boolean)}, with up to {@code inFlight}
+   * deletes outstanding (0: the default, 64; at most 4096). Every path is tried; failures (a
+   * missing path is {@link NodeKernelException.NotFound}, as with {@code delete}) are thrown as in
+   * {@link #putMany(List, List, int)} once all have ended; every other path is gone. At most 65536
+   * paths.
+   */
+  public void deleteMany(List<String> paths, boolean recursive, int inFlight) throws IOException {
+    String[] keys = new String[paths.size()];
+    for (int i = 0; i < keys.length; i++) {
+      keys[i] = path(paths.get(i));
+    }
+    Native.deleteMany(handle(), keys, recursive, inFlight);
   }
 
   /**

@@ -10,7 +10,10 @@ import java.io.ByteArrayOutputStream;
 import java.io.EOFException;
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
+import java.util.Arrays;
+import java.util.LinkedHashMap;
 import java.util.List;
+import java.util.Map;
 import java.util.Random;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.stream.Collectors;
@@ -358,6 +361,69 @@ public class ClientTest {
     assertThrows(
         NodeKernelException.InvalidPath.class,
         () -> nk().getMany(List.of(t + "/a", "relative"), 0));
+  }
+
+  @Test
+  public void putManyStoresEveryValueAndThrowsTheFailuresTogether() throws Exception {
+    String t = dir + "/batch";
+    nk().createContainer(t, NodeType.TABLE, CreateOptions.defaults());
+    nk().put(t + "/old", new byte[] {9});
+    for (int inFlight : new int[] {0, 1, 8}) {
+      String k = t + "/" + inFlight + "-";
+      byte[] big = pattern(3 << 20 | 5, 31);
+      Map<String, byte[]> items = new LinkedHashMap<>();
+      items.put(k + "a", pattern(100, 32));
+      items.put(k + "big", big);
+      items.put(k + "empty", new byte[0]);
+      items.put(t + "/old", pattern(77, 33 + inFlight));
+      nk().putMany(items, inFlight);
+      for (Map.Entry<String, byte[]> e : items.entrySet()) {
+        assertArrayEquals(e.getKey(), e.getValue(), nk().get(e.getKey()));
+      }
+      // Two failing items: the first is thrown, the second suppressed in it; the others stored.
+      List<String> paths =
+          List.of(k + "x", dir + "/none/" + inFlight, k + "y", "relative", k + "x");
+      List<byte[]> values =
+          List.of(new byte[] {1}, new byte[] {2}, new byte[] {3}, new byte[] {4}, new byte[] {5});
+      NodeKernelException.NotFound e =
+          assertThrows(
+              NodeKernelException.NotFound.class, () -> nk().putMany(paths, values, inFlight));
+      assertTrue(e.getMessage(), e.getMessage().contains(dir + "/none/" + inFlight));
+      assertEquals(1, e.getSuppressed().length);
+      assertTrue(e.getSuppressed()[0] instanceof NodeKernelException.InvalidPath);
+      assertArrayEquals("the last value of a key wins", new byte[] {5}, nk().get(k + "x"));
+      assertArrayEquals(new byte[] {3}, nk().get(k + "y"));
+    }
+    nk().putMany(List.of(), List.of(), 0);
+    assertThrows(
+        IllegalArgumentException.class,
+        () -> nk().putMany(List.of(t + "/a"), List.of(new byte[1], new byte[1]), 0));
+  }
+
+  @Test
+  public void deleteManyDeletesEveryPathAndThrowsAMissingOne() throws Exception {
+    String t = dir + "/batchdel";
+    nk().createContainer(t, NodeType.TABLE, CreateOptions.defaults());
+    for (int inFlight : new int[] {0, 1, 8}) {
+      String k = t + "/" + inFlight + "-";
+      nk().putMany(
+              List.of(k + "a", k + "b", k + "c"),
+              List.of(new byte[1], new byte[2], new byte[3]),
+              inFlight);
+      NodeKernelException.NotFound e =
+          assertThrows(
+              NodeKernelException.NotFound.class,
+              () ->
+                  nk().deleteMany(List.of(k + "a", k + "gone", k + "b", k + "c"), false, inFlight));
+      assertTrue(e.getMessage(), e.getMessage().contains(k + "gone"));
+      assertEquals(0, e.getSuppressed().length);
+      List<byte[]> got = nk().getMany(List.of(k + "a", k + "b", k + "c"), inFlight);
+      assertEquals(Arrays.asList(null, null, null), got);
+    }
+    nk().put(t + "/kept", new byte[] {1});
+    assertThrows(NodeKernelException.NotEmpty.class, () -> nk().deleteMany(List.of(t), false, 0));
+    nk().deleteMany(List.of(t), true, 0);
+    assertThrows(NodeKernelException.NotFound.class, () -> nk().get(t + "/kept"));
   }
 
   @Test
