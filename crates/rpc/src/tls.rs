@@ -6,12 +6,12 @@
 //! plain: they only reach peers on the same host, whom TLS would not keep
 //! out ([`crate::LocalPeers`] does).
 //!
-//! The transport reads and writes raw descriptors (busy polling, replies
-//! received straight into the caller's buffers), which a TLS session cannot
-//! offer. So a TLS connection is relayed: a task moves bytes between the
-//! TLS stream and one end of a Unix socket pair, and the connection runs
-//! unchanged on the other end. That costs a copy and a task hand-off per
-//! message each way (see `docs/benchmarks.md` for what it costs).
+//! After the handshake the session stays on the connection's own socket
+//! and runs in line ([`crate::tls_io`]): every read of the transport
+//! decrypts what the socket has straight into the transport's buffers (or
+//! a caller's), every write encrypts from the frames being sent, so busy
+//! polling, replies received into callers' buffers and the server's
+//! bounds all work as on a plain socket, with no relay task in between.
 //!
 //! Either end names its mistake clearly: a plain server answers a TLS
 //! client by closing (the client says TLS may not be configured there), a
@@ -20,20 +20,18 @@
 //! refused naming the reason rustls gives.
 
 use crate::handshake::HandshakeIo;
+use crate::tls_io::TlsSession;
 use crate::transport::Stream;
 use nodekernel_proto::hello::HELLO_ID;
 use nodekernel_proto::{Error, Result};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
-use tokio::net::{TcpStream, UnixStream};
+use std::sync::Arc;
 
 /// Largest PEM file read (certificates, keys).
 const MAX_PEM_FILE: u64 = 1 << 20;
-
-/// Bytes the relay moves at a time in each direction.
-const RELAY_BUF: usize = 64 * 1024;
 
 /// Where a node's TLS settings come from (`[security.tls]`, see
 /// `docs/security.md`).
@@ -58,15 +56,15 @@ pub struct TlsFiles<'a> {
 /// A node's TLS configuration: how its clients connect, and (when it has a
 /// certificate) how its servers accept.
 pub struct Tls {
-    connector: tokio_rustls::TlsConnector,
-    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    client: Arc<rustls::ClientConfig>,
+    server: Option<Arc<rustls::ServerConfig>>,
     server_name: Option<ServerName<'static>>,
 }
 
 impl std::fmt::Debug for Tls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tls")
-            .field("serves", &self.acceptor.is_some())
+            .field("serves", &self.server.is_some())
             .field("server_name", &self.server_name)
             .finish_non_exhaustive()
     }
@@ -147,7 +145,7 @@ impl Tls {
                 .map_err(tls_err)?,
             None => client.with_no_client_auth(),
         };
-        let acceptor = match identity {
+        let server = match identity {
             Some((certs, key)) => {
                 let builder = rustls::ServerConfig::builder_with_provider(provider())
                     .with_protocol_versions(versions)
@@ -164,7 +162,7 @@ impl Tls {
                     builder.with_no_client_auth()
                 };
                 let config = builder.with_single_cert(certs, key).map_err(tls_err)?;
-                Some(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+                Some(Arc::new(config))
             }
             None if files.require_client_cert => {
                 return Err(Error::invalid_argument(
@@ -183,8 +181,8 @@ impl Tls {
             })
             .transpose()?;
         Ok(Tls {
-            connector: tokio_rustls::TlsConnector::from(Arc::new(client)),
-            acceptor,
+            client: Arc::new(client),
+            server,
             server_name,
         })
     }
@@ -202,42 +200,6 @@ impl Tls {
                  server_name"
             ))
         })
-    }
-}
-
-/// Moves bytes between `tls` and `theirs`, one end of the Unix socket
-/// pair whose other end the connection runs on; returns where the relay
-/// leaves the error that ended it (a TLS alert the peer sent, say), for
-/// the connection's own error messages.
-fn relay<S>(tls: S, mut theirs: UnixStream) -> Arc<OnceLock<Error>>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let ended = Arc::new(OnceLock::new());
-    let why = ended.clone();
-    tokio::spawn(async move {
-        let mut tls = tls;
-        if let Err(e) =
-            tokio::io::copy_bidirectional_with_sizes(&mut tls, &mut theirs, RELAY_BUF, RELAY_BUF)
-                .await
-        {
-            let _ = why.set(relay_failure(e));
-        }
-    });
-    ended
-}
-
-/// Why a relay ended, as the connection's errors report it. An alert from
-/// the peer after the handshake is how a server refuses a client's
-/// certificate in TLS 1.3 (the client finished its side already).
-fn relay_failure(e: std::io::Error) -> Error {
-    match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
-        Some(rustls::Error::AlertReceived(alert)) => Error::unauthenticated(format!(
-            "TLS: the peer ended the session with alert {alert:?}; it did not accept this \
-             end's certificate (with require_client_cert, clients need [security.tls] \
-             cert_file and key_file signed by the cluster's authority)"
-        )),
-        _ => Error::unavailable(format!("TLS: {e}")),
     }
 }
 
@@ -260,75 +222,68 @@ fn client_failure(peer: &str, e: std::io::Error) -> Error {
 }
 
 impl HandshakeIo {
-    /// On a TCP socket, runs the client side of a TLS handshake and moves
-    /// the connection onto the relay; other sockets stay as they are.
+    /// On a TCP socket, runs the client side of a TLS handshake and keeps
+    /// the session on the socket; other sockets stay as they are.
     pub(crate) async fn start_tls_client(&mut self, tls: &Tls) -> Result<()> {
-        let Some((tcp, theirs)) = self.onto_relay()? else {
+        if !self.stream.is_plain_tcp() {
+            return Ok(());
+        }
+        let peer = self.peer().to_string();
+        let name = tls.name_for(&peer)?;
+        let conn = rustls::ClientConnection::new(tls.client.clone(), name)
+            .map_err(|e| Error::invalid_argument(format!("[security.tls]: {e}")))?;
+        let Stream::Tcp(tcp, session) = &mut self.stream else {
             return Ok(());
         };
-        let name = tls.name_for(self.peer())?;
-        let stream = tls
-            .connector
-            .connect(name, tcp)
+        let tls = Arc::new(TlsSession::new(conn.into(), tcp.as_raw_fd()));
+        tls.handshake(tcp)
             .await
-            .map_err(|e| client_failure(self.peer(), e))?;
-        self.relay_error = Some(relay(stream, theirs));
+            .map_err(|e| client_failure(&peer, e))?;
+        *session = Some(tls);
         Ok(())
     }
 
-    /// On a TCP socket, runs the server side of a TLS handshake and moves
-    /// the connection onto the relay. A peer whose first byte is no TLS
+    /// On a TCP socket, runs the server side of a TLS handshake and keeps
+    /// the session on the socket. A peer whose first byte is no TLS
     /// handshake record is a plain client: it is told TLS is required.
     pub(crate) async fn start_tls_server(&mut self, tls: &Tls) -> Result<()> {
-        let Some(acceptor) = &tls.acceptor else {
+        let Some(config) = &tls.server else {
             return Ok(());
         };
-        let Some((tcp, theirs)) = self.onto_relay()? else {
+        if !self.stream.is_plain_tcp() {
+            return Ok(());
+        }
+        let peer = self.peer().to_string();
+        let Stream::Tcp(tcp, session) = &mut self.stream else {
             return Ok(());
         };
         let mut first = [0u8; 1];
         let n = tcp
             .peek(&mut first)
             .await
-            .map_err(|e| crate::sock::io_error(&format!("handshake with {}", self.peer()), e))?;
+            .map_err(|e| crate::sock::io_error(&format!("handshake with {peer}"), e))?;
         if n == 1 && first[0] != 0x16 {
             // A plain HELLO: answer it in the clear, where the client
             // can read why.
-            self.stream = Stream::Tcp(tcp);
             self.mark_unanswered(HELLO_ID);
             tracing::warn!(
-                "refused a connection from {}: it did not start TLS, which this server requires",
-                self.peer()
+                "refused a connection from {peer}: it did not start TLS, which this server \
+                 requires"
             );
             return Err(Error::unauthenticated(
                 "this server requires TLS on its TCP ports: configure [security.tls] ca_file on \
                  the client (or connect over the server's Unix socket on its host)",
             ));
         }
-        let stream = acceptor.accept(tcp).await.map_err(|e| {
-            tracing::warn!(
-                "refused a connection from {}: TLS handshake failed: {e}",
-                self.peer()
-            );
+        let conn = rustls::ServerConnection::new(config.clone())
+            .map_err(|e| Error::invalid_argument(format!("[security.tls]: {e}")))?;
+        let tls = Arc::new(TlsSession::new(conn.into(), tcp.as_raw_fd()));
+        tls.handshake(tcp).await.map_err(|e| {
+            tracing::warn!("refused a connection from {peer}: TLS handshake failed: {e}");
             Error::unauthenticated(format!("TLS handshake failed: {e}"))
         })?;
-        self.relay_error = Some(relay(stream, theirs));
+        *session = Some(tls);
         Ok(())
-    }
-
-    /// Moves the connection onto one end of a new Unix socket pair and
-    /// returns its TCP socket and the pair's other end, for the relay;
-    /// `None` (and nothing changed) for a Unix socket.
-    fn onto_relay(&mut self) -> Result<Option<(TcpStream, UnixStream)>> {
-        if !matches!(self.stream, Stream::Tcp(_)) {
-            return Ok(None);
-        }
-        let (ours, theirs) =
-            UnixStream::pair().map_err(|e| crate::sock::io_error("creating the TLS relay", e))?;
-        match std::mem::replace(&mut self.stream, Stream::Unix(ours)) {
-            Stream::Tcp(tcp) => Ok(Some((tcp, theirs))),
-            Stream::Unix(_) => unreachable!("checked above"),
-        }
     }
 }
 

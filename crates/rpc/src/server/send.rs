@@ -116,10 +116,19 @@ pub(super) async fn write_reply(
     let Some(body) = reply.body else {
         return Ok(());
     };
-    // The frame's first bytes go out before the body's.
-    flush_bounded(wr, stall).await?;
     let len = body.bytes().1;
-    let mut sent = 0;
+    if sock.tls().is_some() {
+        // Over TLS the body is encrypted straight from its memory.
+        let (ptr, _) = body.bytes();
+        // SAFETY: `SharedBody`'s contract: `ptr` is readable for `len`
+        // bytes while `body` lives; they are only read (by the cipher).
+        let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
+        write_bounded(wr, bytes, stall).await?;
+    } else {
+        // The frame's first bytes go out before the body's.
+        flush_bounded(wr, stall).await?;
+    }
+    let mut sent = if sock.tls().is_some() { len } else { 0 };
     while sent < len {
         let r = sock.try_write_io(|| {
             let (ptr, _) = body.bytes();
