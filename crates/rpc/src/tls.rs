@@ -366,4 +366,140 @@ mod tests {
         assert!(!looks_like_tls(&[0x16, 3, 0, 0]));
         assert!(!looks_like_tls(&[0x16, 3]));
     }
+
+    /// A connected pair of loopback TCP sockets: tokio's for the session
+    /// under test, std's (blocking) for a peer driven by hand.
+    async fn tcp_pair() -> (tokio::net::TcpStream, std::net::TcpStream) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let peer = tokio::task::spawn_blocking(move || std::net::TcpStream::connect(addr).unwrap());
+        let (ours, _) = l.accept().await.unwrap();
+        (ours, peer.await.unwrap())
+    }
+
+    /// A server session on a socket whose client is a bare rustls
+    /// connection run by `client` on a blocking socket (it sends what it
+    /// likes, records cut short included); returns what the server's
+    /// `recv` gave: the bytes, then how the stream ended.
+    async fn serve_one(
+        client: impl FnOnce(rustls::ClientConnection, std::net::TcpStream) + Send + 'static,
+    ) -> (Vec<u8>, std::io::Result<()>) {
+        use super::*;
+        let dir = tempfile::tempdir().unwrap();
+        let g = generate(dir.path(), &["127.0.0.1".into()]).unwrap();
+        let tls = Tls::load(&TlsFiles {
+            ca_file: Some(&g.ca_file),
+            cert_file: Some(&g.cert_file),
+            key_file: Some(&g.key_file),
+            ..TlsFiles::default()
+        })
+        .unwrap();
+        let (ours, theirs) = tcp_pair().await;
+        let name = tls.name_for("127.0.0.1:1").unwrap();
+        let conn = rustls::ClientConnection::new(tls.client.clone(), name).unwrap();
+        let peer = tokio::task::spawn_blocking(move || client(conn, theirs));
+        let server = rustls::ServerConnection::new(tls.server.clone().unwrap()).unwrap();
+        let session = TlsSession::new(server.into(), ours.as_raw_fd());
+        // Records right behind the client's last handshake message are
+        // processed with it: a bad one may fail the handshake itself.
+        let shaken = session.handshake(&ours).await;
+        let mut got = Vec::new();
+        let end = loop {
+            if let Err(e) = shaken {
+                break Err(e);
+            }
+            let mut buf = vec![0u8; 10_000];
+            // SAFETY: `buf` is ours, of that length.
+            match unsafe { session.recv(buf.as_mut_ptr(), buf.len()) } {
+                Ok(Some(0)) => break Ok(()),
+                Ok(Some(n)) => got.extend_from_slice(&buf[..n]),
+                Ok(None) => ours.readable().await.unwrap(),
+                Err(e) => break Err(e),
+            }
+        };
+        // Our end closes before the peer is awaited: it reads to the end.
+        drop(session);
+        drop(ours);
+        peer.await.unwrap();
+        (got, end)
+    }
+
+    /// Runs `conn`'s handshake on `sock`, sends `data`, and writes the
+    /// first `cut` bytes of the records (all if `None`), then closes
+    /// (with `close_notify` when `notify`).
+    fn send_records(
+        mut conn: rustls::ClientConnection,
+        mut sock: std::net::TcpStream,
+        data: &[u8],
+        cut: Option<usize>,
+        notify: bool,
+    ) {
+        use std::io::Write;
+        while conn.is_handshaking() {
+            conn.complete_io(&mut sock).unwrap();
+        }
+        conn.set_buffer_limit(None);
+        conn.writer().write_all(data).unwrap();
+        if notify {
+            conn.send_close_notify();
+        }
+        let mut records = Vec::new();
+        while conn.wants_write() {
+            conn.write_tls(&mut records).unwrap();
+        }
+        let n = cut.unwrap_or(records.len());
+        sock.write_all(&records[..n]).unwrap();
+        drain(sock);
+    }
+
+    /// Ends the sending direction and reads what the server still sends
+    /// (session tickets, alerts) until it closes, so no unread byte turns
+    /// the close into a reset.
+    fn drain(mut sock: std::net::TcpStream) {
+        let _ = sock.shutdown(std::net::Shutdown::Write);
+        let mut rest = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut sock, &mut rest);
+    }
+
+    #[tokio::test]
+    async fn records_in_between_and_close_notify_end_the_stream_cleanly() {
+        let data: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+        let sent = data.clone();
+        let (got, end) = serve_one(move |c, s| send_records(c, s, &sent, None, true)).await;
+        end.unwrap();
+        assert!(got == data, "{} of {} bytes", got.len(), data.len());
+    }
+
+    #[tokio::test]
+    async fn a_record_cut_short_is_an_error_saying_so_after_the_whole_ones() {
+        let data = vec![7u8; 100_000];
+        // 40,000 bytes: two whole records (16 KiB and its overhead each)
+        // and part of the third.
+        let (got, end) =
+            serve_one(move |c, s| send_records(c, s, &data, Some(40_000), false)).await;
+        let e = end.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
+        assert!(e.to_string().contains("close_notify"), "{e}");
+        assert_eq!(got.len(), 2 * 16_384, "only whole records are delivered");
+        assert!(got.iter().all(|&b| b == 7));
+    }
+
+    #[tokio::test]
+    async fn garbage_after_the_handshake_fails_the_session_with_the_tls_error() {
+        let (got, end) = serve_one(|mut conn, mut sock| {
+            use std::io::Write;
+            while conn.is_handshaking() {
+                conn.complete_io(&mut sock).unwrap();
+            }
+            // An application-data record that does not decrypt.
+            let _ = sock.write_all(&[23, 3, 3, 0, 32]);
+            let _ = sock.write_all(&[0xAB; 32]);
+            drain(sock);
+        })
+        .await;
+        assert!(got.is_empty());
+        let e = end.unwrap_err();
+        let why = crate::tls_io::tls_failure(&e).expect("a TLS error");
+        assert!(why.message.starts_with("TLS: "), "{why}");
+    }
 }

@@ -233,6 +233,16 @@ impl TlsSession {
         self.lock().write_out(self.fd)
     }
 
+    /// Whether a read would find bytes here without the socket:
+    /// decrypted bytes, or ciphertext received and not yet decrypted.
+    /// While it does, readers must not wait for the socket's readiness:
+    /// the socket may have been drained into the session (by a busy
+    /// poll), and the kernel reports no readiness for data already read.
+    pub(crate) fn has_input(&self) -> bool {
+        let mut s = self.lock();
+        s.start < s.end || matches!(s.conn.reader().fill_buf(), Ok(c) if !c.is_empty())
+    }
+
     /// Whether encrypted output waits for the socket.
     pub(crate) fn wants_write(&self) -> bool {
         self.lock().conn.wants_write()

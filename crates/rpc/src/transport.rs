@@ -102,13 +102,18 @@ impl Stream {
         match self {
             Stream::Tcp(s, None) => s.read_buf(buf).await,
             Stream::Tcp(s, Some(tls)) => loop {
-                let got = s.try_io(Interest::READABLE, || {
-                    match tls_recv_now(tls, buf, usize::MAX) {
-                        Ok(None) => Err(io::ErrorKind::WouldBlock.into()),
-                        Ok(Some(n)) => Ok(n),
-                        Err(e) => Err(e),
-                    }
-                });
+                let mut recv = || match tls_recv_now(tls, buf, usize::MAX) {
+                    Ok(None) => Err(io::ErrorKind::WouldBlock.into()),
+                    Ok(Some(n)) => Ok(n),
+                    Err(e) => Err(e),
+                };
+                // What the session holds needs no readiness (see
+                // `TlsSession::has_input`).
+                let got = if tls.has_input() {
+                    recv()
+                } else {
+                    s.try_io(Interest::READABLE, recv)
+                };
                 match got {
                     Ok(n) => return Ok(n),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => s.readable().await?,
@@ -311,9 +316,12 @@ impl ReadHalf {
         }
     }
 
-    /// Waits until the reactor reports the socket readable.
+    /// Waits until the reactor reports the socket readable; over TLS, not
+    /// at all while the session holds input (see
+    /// [`TlsSession::has_input`]).
     pub(crate) async fn readable(&self) -> io::Result<()> {
         match self {
+            ReadHalf::Tls(_, tls) if tls.has_input() => Ok(()),
             ReadHalf::Tcp(r) | ReadHalf::Tls(r, _) => r.readable().await,
             ReadHalf::Unix(r) => r.readable().await,
         }
@@ -344,11 +352,14 @@ impl ReadHalf {
 
     /// Runs `f` (a read on the descriptor); a `WouldBlock` from it clears
     /// the reactor's readiness so the next `readable` waits for new data.
-    /// Over TLS, reads report `WouldBlock` only when the session holds no
-    /// decrypted byte either, so the wait misses nothing.
+    /// (tokio calls `f` only while it has seen the socket readable.) Over
+    /// TLS, reads report `WouldBlock` only when the session holds no input
+    /// either, and while it holds some `f` runs whatever the reactor saw:
+    /// the socket may have been drained into the session.
     pub(crate) fn try_io<R>(&self, f: impl FnOnce() -> io::Result<R>) -> io::Result<R> {
         let interest = Interest::READABLE;
         match self {
+            ReadHalf::Tls(_, tls) if tls.has_input() => f(),
             ReadHalf::Tcp(r) | ReadHalf::Tls(r, _) => {
                 AsRef::<TcpStream>::as_ref(r).try_io(interest, f)
             }
