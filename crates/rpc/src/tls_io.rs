@@ -11,9 +11,12 @@
 //! like [`crate::sock`]. Every method is non-blocking: "nothing now" is
 //! `Ok(None)` or a `WouldBlock` error, after which the caller waits for the
 //! socket's readiness as it does on a plain socket. A read reports
-//! "nothing now" only when no decrypted byte is left in the session and
-//! the socket had nothing, so waiting for the socket to become readable
-//! never leaves bytes behind.
+//! "nothing now" only when no input is left in the session and the socket
+//! had nothing. The converse needs care: a busy poll may drain the socket
+//! into the session and take only part of it (a reply's header), and the
+//! kernel reports no readiness for bytes already read, so while
+//! [`TlsSession::has_input`] holds, the transport reads without waiting
+//! for readiness (`ReadHalf::readable`, `ReadHalf::try_io`).
 //!
 //! Bounds: ciphertext is received [`RECV_STAGE`] bytes at a time, rustls
 //! holds at most 16 KiB of decrypted bytes (its default), and at most
