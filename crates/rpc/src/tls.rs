@@ -7,7 +7,7 @@
 //! out ([`crate::LocalPeers`] does).
 //!
 //! After the handshake the session stays on the connection's own socket
-//! and runs in line ([`crate::tls_io`]): every read of the transport
+//! and runs in line (`tls_io.rs`): every read of the transport
 //! decrypts what the socket has straight into the transport's buffers (or
 //! a caller's), every write encrypts from the frames being sent, so busy
 //! polling, replies received into callers' buffers and the server's

@@ -350,7 +350,7 @@ async fn large_and_small_frames_cross_both_ways_and_replies_land_in_callers_buff
                     for round in 0..12usize {
                         let len = SIZES[(t as usize + round) % SIZES.len()];
                         let sent = pattern(len, t.wrapping_mul(13).wrapping_add(round as u8));
-                        if (t as usize + round) % 2 == 0 {
+                        if (t as usize + round).is_multiple_of(2) {
                             // Not zeroed: stale bytes would show.
                             let mut buf = vec![0xEEu8; len + 5];
                             let n = conn.call_into(2, &[&sent], &mut buf).await.unwrap();
