@@ -3,7 +3,10 @@
 //! that trusts another authority is refused; a TLS client against a plain
 //! server and a plain client against a TLS server each fail saying so; a
 //! server requiring client certificates refuses clients without one from
-//! its authority; Unix sockets stay plain.
+//! its authority; Unix sockets stay plain; large and small frames cross
+//! both ways on one connection with replies received into callers'
+//! buffers and bodies sent from memory, busy-polling or not; a connection
+//! cut inside a record fails its calls, not the server.
 
 use crate::common;
 
