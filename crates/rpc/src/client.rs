@@ -52,7 +52,7 @@
 use crate::handshake::{ClientHandshake, HandshakeIo, PeerInfo};
 use crate::hello::VersionHandshake;
 use crate::limits::CLIENT_RECV_BUF;
-use crate::sock::{io_error, recv_into, recv_now};
+use crate::sock::io_error;
 use crate::spin::{Spin, SpinStats};
 use crate::transport::{ReadHalf, Stream, WriteHalf};
 use bytes::{Buf, Bytes, BytesMut};
@@ -338,7 +338,6 @@ impl Shared {
     /// stream once the whole payload is in. Never waits.
     fn receive_now(&self, id: u64, rest: &mut [MaybeUninit<u8>]) -> Result<usize> {
         let rd = &self.inbound.rd;
-        let fd = rd.fd();
         let mut st = sync::lock(&self.inbound.state);
         debug_assert!(matches!(st.parked, Some(p) if p.id == id && p.left >= rest.len()));
         // Bytes read together with the header (before the call was
@@ -356,7 +355,7 @@ impl Shared {
         }
         while got < rest.len() {
             // Inside `try_io`, so a WouldBlock clears the readiness.
-            let r = rd.try_io(|| match recv_into(fd, &mut rest[got..]) {
+            let r = rd.try_io(|| match rd.recv_into(&mut rest[got..]) {
                 Ok(None) => Err(std::io::ErrorKind::WouldBlock.into()),
                 other => other,
             });
@@ -395,14 +394,14 @@ impl Shared {
         if st.parked.is_some() {
             return Ok(Pump::Parked);
         }
-        let fd = self.inbound.rd.fd();
+        let rd = &self.inbound.rd;
         let mut progress = false;
         loop {
             if st.buf.capacity() - st.buf.len() < CLIENT_RECV_BUF / 4 {
                 st.buf.reserve(CLIENT_RECV_BUF);
             }
             let max = self.read_limit(&st);
-            match recv_now(fd, &mut st.buf, max) {
+            match rd.recv_now(&mut st.buf, max) {
                 Ok(Some(0)) => {
                     return Err(Error::unavailable(format!(
                         "connection to {} closed by the peer",
@@ -579,8 +578,9 @@ enum SendError {
 
 type Writer = Arc<tokio::sync::Mutex<WriterState>>;
 
-/// Writes the pending tail, if any. Progress is recorded after every write,
-/// so a caller dropped in here leaves a consistent tail behind.
+/// Writes the pending tail, if any, then flushes the stream (over TLS,
+/// records a write left for the socket). Progress is recorded after every
+/// write, so a caller dropped in here leaves a consistent tail behind.
 async fn flush_tail(st: &mut WriterState, deadline: tokio::time::Instant) -> Result<(), SendError> {
     let WriterState { wr, tail, .. } = st;
     while let Some(t) = tail {
@@ -595,7 +595,17 @@ async fn flush_tail(st: &mut WriterState, deadline: tokio::time::Instant) -> Res
             *tail = None;
         }
     }
-    Ok(())
+    flush_stream(wr, deadline).await
+}
+
+/// Flushes what a write left for the socket: nothing on a plain socket;
+/// over TLS, encrypted records the socket did not take yet.
+async fn flush_stream(wr: &mut WriteHalf, deadline: tokio::time::Instant) -> Result<(), SendError> {
+    match tokio::time::timeout_at(deadline, wr.flush()).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(SendError::Io(e)),
+        Err(_) => Err(SendError::Stalled),
+    }
 }
 
 /// Fails the connection after a send failed: marks the writer unusable,
@@ -996,6 +1006,22 @@ impl Connection {
             ));
         }
         frame.done = true;
+        // The frame is whole; over TLS part of it may wait for the socket.
+        // If this caller goes away meanwhile, a task sends it.
+        let mut rescue = TailRescue {
+            conn: self,
+            armed: true,
+        };
+        let flushed = flush_stream(&mut frame.st.wr, deadline).await;
+        rescue.armed = false;
+        if let Err(e) = flushed {
+            return Err(fail_sending(
+                &self.shared,
+                &mut frame.st,
+                e,
+                self.opts.timeout,
+            ));
+        }
         Ok(())
     }
 

@@ -29,7 +29,6 @@ use bytes::{Buf, Bytes, BytesMut};
 use futures::future::BoxFuture;
 use nodekernel_proto::hello::Role;
 use nodekernel_proto::{Error, FrameHeader, Result, HEADER_LEN};
-use std::sync::{Arc, OnceLock};
 
 /// What a handshake learnt about the other end.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,8 +79,6 @@ pub struct HandshakeIo {
     /// Whether the first bytes were checked for a TLS record (a TLS peer
     /// on a plain TCP connection).
     tls_checked: bool,
-    /// Why the TLS relay of this connection ended, once it has.
-    pub(crate) relay_error: Option<Arc<OnceLock<Error>>>,
 }
 
 impl HandshakeIo {
@@ -92,7 +89,6 @@ impl HandshakeIo {
             buf: BytesMut::new(),
             unanswered: None,
             tls_checked: false,
-            relay_error: None,
         }
     }
 
@@ -102,13 +98,13 @@ impl HandshakeIo {
         self.unanswered = Some(id);
     }
 
-    /// An I/O failure of the handshake, with why the TLS relay ended if it
-    /// did (a TLS alert from the peer says more than a closed socket, and
-    /// decides the error's code).
-    fn failure(&self, e: Error) -> Error {
-        match self.relay_error.as_ref().and_then(|r| r.get()) {
-            Some(why) => Error::new(why.code, format!("{}: {}", e.message, why.message)),
-            None => e,
+    /// An I/O failure of the handshake; a TLS failure (an alert from the
+    /// peer says more than a closed socket) decides the error's code.
+    fn failure(&self, e: std::io::Error) -> Error {
+        let what = format!("handshake with {}", self.peer);
+        match crate::tls_io::tls_failure(&e) {
+            Some(why) => Error::new(why.code, format!("{what}: {}", why.message)),
+            None => crate::sock::io_error(&what, e),
         }
     }
 
@@ -139,10 +135,7 @@ impl HandshakeIo {
     async fn write(&mut self, frame: &[u8]) -> Result<()> {
         match self.stream.write_all(frame).await {
             Ok(()) => Ok(()),
-            Err(e) => Err(self.failure(crate::sock::io_error(
-                &format!("handshake with {}", self.peer),
-                e,
-            ))),
+            Err(e) => Err(self.failure(e)),
         }
     }
 
@@ -164,7 +157,7 @@ impl HandshakeIo {
         loop {
             if !self.tls_checked && self.buf.len() >= 3 {
                 self.tls_checked = true;
-                if matches!(self.stream, Stream::Tcp(_)) && looks_like_tls(&self.buf) {
+                if self.stream.is_plain_tcp() && looks_like_tls(&self.buf) {
                     // Nothing to answer: the peer could not read a frame.
                     self.unanswered = None;
                     return Err(Error::unauthenticated(format!(
@@ -203,16 +196,13 @@ impl HandshakeIo {
             }
             let n = match self.stream.read_buf(&mut self.buf).await {
                 Ok(n) => n,
-                Err(e) => {
-                    let e = crate::sock::io_error(&format!("handshake with {}", self.peer), e);
-                    return Err(self.failure(e));
-                }
+                Err(e) => return Err(self.failure(e)),
             };
             if n == 0 {
-                return Err(self.failure(Error::unavailable(format!(
+                return Err(Error::unavailable(format!(
                     "{} closed the connection during the handshake",
                     self.peer
-                ))));
+                )));
             }
         }
     }

@@ -32,6 +32,7 @@ pub mod spin;
 #[doc(hidden)]
 pub mod testing;
 pub mod tls;
+mod tls_io;
 mod transport;
 
 pub use auth::Token;

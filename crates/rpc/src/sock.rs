@@ -32,17 +32,6 @@ pub(crate) fn recv_now(
     Ok(n)
 }
 
-/// Like [`recv_now`], into `dst` (memory the caller may not have
-/// initialised: recv only writes to it).
-pub(crate) fn recv_into(
-    fd: std::os::fd::RawFd,
-    dst: &mut [std::mem::MaybeUninit<u8>],
-) -> std::io::Result<Option<usize>> {
-    debug_assert!(!dst.is_empty());
-    // SAFETY: `dst` is writable memory of `dst.len()` bytes.
-    unsafe { recv_raw(fd, dst.as_mut_ptr().cast(), dst.len()) }
-}
-
 /// `recv(MSG_DONTWAIT)` of at most `len` bytes to `ptr`.
 ///
 /// # Safety

@@ -6,12 +6,12 @@
 //! plain: they only reach peers on the same host, whom TLS would not keep
 //! out ([`crate::LocalPeers`] does).
 //!
-//! The transport reads and writes raw descriptors (busy polling, replies
-//! received straight into the caller's buffers), which a TLS session cannot
-//! offer. So a TLS connection is relayed: a task moves bytes between the
-//! TLS stream and one end of a Unix socket pair, and the connection runs
-//! unchanged on the other end. That costs a copy and a task hand-off per
-//! message each way (see `docs/benchmarks.md` for what it costs).
+//! After the handshake the session stays on the connection's own socket
+//! and runs in line (`tls_io.rs`): every read of the transport
+//! decrypts what the socket has straight into the transport's buffers (or
+//! a caller's), every write encrypts from the frames being sent, so busy
+//! polling, replies received into callers' buffers and the server's
+//! bounds all work as on a plain socket, with no relay task in between.
 //!
 //! Either end names its mistake clearly: a plain server answers a TLS
 //! client by closing (the client says TLS may not be configured there), a
@@ -20,20 +20,18 @@
 //! refused naming the reason rustls gives.
 
 use crate::handshake::HandshakeIo;
+use crate::tls_io::TlsSession;
 use crate::transport::Stream;
 use nodekernel_proto::hello::HELLO_ID;
 use nodekernel_proto::{Error, Result};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
-use tokio::net::{TcpStream, UnixStream};
+use std::sync::Arc;
 
 /// Largest PEM file read (certificates, keys).
 const MAX_PEM_FILE: u64 = 1 << 20;
-
-/// Bytes the relay moves at a time in each direction.
-const RELAY_BUF: usize = 64 * 1024;
 
 /// Where a node's TLS settings come from (`[security.tls]`, see
 /// `docs/security.md`).
@@ -58,15 +56,15 @@ pub struct TlsFiles<'a> {
 /// A node's TLS configuration: how its clients connect, and (when it has a
 /// certificate) how its servers accept.
 pub struct Tls {
-    connector: tokio_rustls::TlsConnector,
-    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    client: Arc<rustls::ClientConfig>,
+    server: Option<Arc<rustls::ServerConfig>>,
     server_name: Option<ServerName<'static>>,
 }
 
 impl std::fmt::Debug for Tls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tls")
-            .field("serves", &self.acceptor.is_some())
+            .field("serves", &self.server.is_some())
             .field("server_name", &self.server_name)
             .finish_non_exhaustive()
     }
@@ -147,7 +145,7 @@ impl Tls {
                 .map_err(tls_err)?,
             None => client.with_no_client_auth(),
         };
-        let acceptor = match identity {
+        let server = match identity {
             Some((certs, key)) => {
                 let builder = rustls::ServerConfig::builder_with_provider(provider())
                     .with_protocol_versions(versions)
@@ -164,7 +162,7 @@ impl Tls {
                     builder.with_no_client_auth()
                 };
                 let config = builder.with_single_cert(certs, key).map_err(tls_err)?;
-                Some(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+                Some(Arc::new(config))
             }
             None if files.require_client_cert => {
                 return Err(Error::invalid_argument(
@@ -183,8 +181,8 @@ impl Tls {
             })
             .transpose()?;
         Ok(Tls {
-            connector: tokio_rustls::TlsConnector::from(Arc::new(client)),
-            acceptor,
+            client: Arc::new(client),
+            server,
             server_name,
         })
     }
@@ -202,42 +200,6 @@ impl Tls {
                  server_name"
             ))
         })
-    }
-}
-
-/// Moves bytes between `tls` and `theirs`, one end of the Unix socket
-/// pair whose other end the connection runs on; returns where the relay
-/// leaves the error that ended it (a TLS alert the peer sent, say), for
-/// the connection's own error messages.
-fn relay<S>(tls: S, mut theirs: UnixStream) -> Arc<OnceLock<Error>>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let ended = Arc::new(OnceLock::new());
-    let why = ended.clone();
-    tokio::spawn(async move {
-        let mut tls = tls;
-        if let Err(e) =
-            tokio::io::copy_bidirectional_with_sizes(&mut tls, &mut theirs, RELAY_BUF, RELAY_BUF)
-                .await
-        {
-            let _ = why.set(relay_failure(e));
-        }
-    });
-    ended
-}
-
-/// Why a relay ended, as the connection's errors report it. An alert from
-/// the peer after the handshake is how a server refuses a client's
-/// certificate in TLS 1.3 (the client finished its side already).
-fn relay_failure(e: std::io::Error) -> Error {
-    match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
-        Some(rustls::Error::AlertReceived(alert)) => Error::unauthenticated(format!(
-            "TLS: the peer ended the session with alert {alert:?}; it did not accept this \
-             end's certificate (with require_client_cert, clients need [security.tls] \
-             cert_file and key_file signed by the cluster's authority)"
-        )),
-        _ => Error::unavailable(format!("TLS: {e}")),
     }
 }
 
@@ -260,75 +222,68 @@ fn client_failure(peer: &str, e: std::io::Error) -> Error {
 }
 
 impl HandshakeIo {
-    /// On a TCP socket, runs the client side of a TLS handshake and moves
-    /// the connection onto the relay; other sockets stay as they are.
+    /// On a TCP socket, runs the client side of a TLS handshake and keeps
+    /// the session on the socket; other sockets stay as they are.
     pub(crate) async fn start_tls_client(&mut self, tls: &Tls) -> Result<()> {
-        let Some((tcp, theirs)) = self.onto_relay()? else {
+        if !self.stream.is_plain_tcp() {
+            return Ok(());
+        }
+        let peer = self.peer().to_string();
+        let name = tls.name_for(&peer)?;
+        let conn = rustls::ClientConnection::new(tls.client.clone(), name)
+            .map_err(|e| Error::invalid_argument(format!("[security.tls]: {e}")))?;
+        let Stream::Tcp(tcp, session) = &mut self.stream else {
             return Ok(());
         };
-        let name = tls.name_for(self.peer())?;
-        let stream = tls
-            .connector
-            .connect(name, tcp)
+        let tls = Arc::new(TlsSession::new(conn.into(), tcp.as_raw_fd()));
+        tls.handshake(tcp)
             .await
-            .map_err(|e| client_failure(self.peer(), e))?;
-        self.relay_error = Some(relay(stream, theirs));
+            .map_err(|e| client_failure(&peer, e))?;
+        *session = Some(tls);
         Ok(())
     }
 
-    /// On a TCP socket, runs the server side of a TLS handshake and moves
-    /// the connection onto the relay. A peer whose first byte is no TLS
+    /// On a TCP socket, runs the server side of a TLS handshake and keeps
+    /// the session on the socket. A peer whose first byte is no TLS
     /// handshake record is a plain client: it is told TLS is required.
     pub(crate) async fn start_tls_server(&mut self, tls: &Tls) -> Result<()> {
-        let Some(acceptor) = &tls.acceptor else {
+        let Some(config) = &tls.server else {
             return Ok(());
         };
-        let Some((tcp, theirs)) = self.onto_relay()? else {
+        if !self.stream.is_plain_tcp() {
+            return Ok(());
+        }
+        let peer = self.peer().to_string();
+        let Stream::Tcp(tcp, session) = &mut self.stream else {
             return Ok(());
         };
         let mut first = [0u8; 1];
         let n = tcp
             .peek(&mut first)
             .await
-            .map_err(|e| crate::sock::io_error(&format!("handshake with {}", self.peer()), e))?;
+            .map_err(|e| crate::sock::io_error(&format!("handshake with {peer}"), e))?;
         if n == 1 && first[0] != 0x16 {
             // A plain HELLO: answer it in the clear, where the client
             // can read why.
-            self.stream = Stream::Tcp(tcp);
             self.mark_unanswered(HELLO_ID);
             tracing::warn!(
-                "refused a connection from {}: it did not start TLS, which this server requires",
-                self.peer()
+                "refused a connection from {peer}: it did not start TLS, which this server \
+                 requires"
             );
             return Err(Error::unauthenticated(
                 "this server requires TLS on its TCP ports: configure [security.tls] ca_file on \
                  the client (or connect over the server's Unix socket on its host)",
             ));
         }
-        let stream = acceptor.accept(tcp).await.map_err(|e| {
-            tracing::warn!(
-                "refused a connection from {}: TLS handshake failed: {e}",
-                self.peer()
-            );
+        let conn = rustls::ServerConnection::new(config.clone())
+            .map_err(|e| Error::invalid_argument(format!("[security.tls]: {e}")))?;
+        let tls = Arc::new(TlsSession::new(conn.into(), tcp.as_raw_fd()));
+        tls.handshake(tcp).await.map_err(|e| {
+            tracing::warn!("refused a connection from {peer}: TLS handshake failed: {e}");
             Error::unauthenticated(format!("TLS handshake failed: {e}"))
         })?;
-        self.relay_error = Some(relay(stream, theirs));
+        *session = Some(tls);
         Ok(())
-    }
-
-    /// Moves the connection onto one end of a new Unix socket pair and
-    /// returns its TCP socket and the pair's other end, for the relay;
-    /// `None` (and nothing changed) for a Unix socket.
-    fn onto_relay(&mut self) -> Result<Option<(TcpStream, UnixStream)>> {
-        if !matches!(self.stream, Stream::Tcp(_)) {
-            return Ok(None);
-        }
-        let (ours, theirs) =
-            UnixStream::pair().map_err(|e| crate::sock::io_error("creating the TLS relay", e))?;
-        match std::mem::replace(&mut self.stream, Stream::Unix(ours)) {
-            Stream::Tcp(tcp) => Ok(Some((tcp, theirs))),
-            Stream::Unix(_) => unreachable!("checked above"),
-        }
     }
 }
 
@@ -410,5 +365,141 @@ mod tests {
         assert!(looks_like_tls(&[0x16, 3, 1, 2, 0]));
         assert!(!looks_like_tls(&[0x16, 3, 0, 0]));
         assert!(!looks_like_tls(&[0x16, 3]));
+    }
+
+    /// A connected pair of loopback TCP sockets: tokio's for the session
+    /// under test, std's (blocking) for a peer driven by hand.
+    async fn tcp_pair() -> (tokio::net::TcpStream, std::net::TcpStream) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let peer = tokio::task::spawn_blocking(move || std::net::TcpStream::connect(addr).unwrap());
+        let (ours, _) = l.accept().await.unwrap();
+        (ours, peer.await.unwrap())
+    }
+
+    /// A server session on a socket whose client is a bare rustls
+    /// connection run by `client` on a blocking socket (it sends what it
+    /// likes, records cut short included); returns what the server's
+    /// `recv` gave: the bytes, then how the stream ended.
+    async fn serve_one(
+        client: impl FnOnce(rustls::ClientConnection, std::net::TcpStream) + Send + 'static,
+    ) -> (Vec<u8>, std::io::Result<()>) {
+        use super::*;
+        let dir = tempfile::tempdir().unwrap();
+        let g = generate(dir.path(), &["127.0.0.1".into()]).unwrap();
+        let tls = Tls::load(&TlsFiles {
+            ca_file: Some(&g.ca_file),
+            cert_file: Some(&g.cert_file),
+            key_file: Some(&g.key_file),
+            ..TlsFiles::default()
+        })
+        .unwrap();
+        let (ours, theirs) = tcp_pair().await;
+        let name = tls.name_for("127.0.0.1:1").unwrap();
+        let conn = rustls::ClientConnection::new(tls.client.clone(), name).unwrap();
+        let peer = tokio::task::spawn_blocking(move || client(conn, theirs));
+        let server = rustls::ServerConnection::new(tls.server.clone().unwrap()).unwrap();
+        let session = TlsSession::new(server.into(), ours.as_raw_fd());
+        // Records right behind the client's last handshake message are
+        // processed with it: a bad one may fail the handshake itself.
+        let shaken = session.handshake(&ours).await;
+        let mut got = Vec::new();
+        let end = loop {
+            if let Err(e) = shaken {
+                break Err(e);
+            }
+            let mut buf = vec![0u8; 10_000];
+            // SAFETY: `buf` is ours, of that length.
+            match unsafe { session.recv(buf.as_mut_ptr(), buf.len()) } {
+                Ok(Some(0)) => break Ok(()),
+                Ok(Some(n)) => got.extend_from_slice(&buf[..n]),
+                Ok(None) => ours.readable().await.unwrap(),
+                Err(e) => break Err(e),
+            }
+        };
+        // Our end closes before the peer is awaited: it reads to the end.
+        drop(session);
+        drop(ours);
+        peer.await.unwrap();
+        (got, end)
+    }
+
+    /// Runs `conn`'s handshake on `sock`, sends `data`, and writes the
+    /// first `cut` bytes of the records (all if `None`), then closes
+    /// (with `close_notify` when `notify`).
+    fn send_records(
+        mut conn: rustls::ClientConnection,
+        mut sock: std::net::TcpStream,
+        data: &[u8],
+        cut: Option<usize>,
+        notify: bool,
+    ) {
+        use std::io::Write;
+        while conn.is_handshaking() {
+            conn.complete_io(&mut sock).unwrap();
+        }
+        conn.set_buffer_limit(None);
+        conn.writer().write_all(data).unwrap();
+        if notify {
+            conn.send_close_notify();
+        }
+        let mut records = Vec::new();
+        while conn.wants_write() {
+            conn.write_tls(&mut records).unwrap();
+        }
+        let n = cut.unwrap_or(records.len());
+        sock.write_all(&records[..n]).unwrap();
+        drain(sock);
+    }
+
+    /// Ends the sending direction and reads what the server still sends
+    /// (session tickets, alerts) until it closes, so no unread byte turns
+    /// the close into a reset.
+    fn drain(mut sock: std::net::TcpStream) {
+        let _ = sock.shutdown(std::net::Shutdown::Write);
+        let mut rest = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut sock, &mut rest);
+    }
+
+    #[tokio::test]
+    async fn records_in_between_and_close_notify_end_the_stream_cleanly() {
+        let data: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+        let sent = data.clone();
+        let (got, end) = serve_one(move |c, s| send_records(c, s, &sent, None, true)).await;
+        end.unwrap();
+        assert!(got == data, "{} of {} bytes", got.len(), data.len());
+    }
+
+    #[tokio::test]
+    async fn a_record_cut_short_is_an_error_saying_so_after_the_whole_ones() {
+        let data = vec![7u8; 100_000];
+        // 40,000 bytes: two whole records (16 KiB and its overhead each)
+        // and part of the third.
+        let (got, end) =
+            serve_one(move |c, s| send_records(c, s, &data, Some(40_000), false)).await;
+        let e = end.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
+        assert!(e.to_string().contains("close_notify"), "{e}");
+        assert_eq!(got.len(), 2 * 16_384, "only whole records are delivered");
+        assert!(got.iter().all(|&b| b == 7));
+    }
+
+    #[tokio::test]
+    async fn garbage_after_the_handshake_fails_the_session_with_the_tls_error() {
+        let (got, end) = serve_one(|mut conn, mut sock| {
+            use std::io::Write;
+            while conn.is_handshaking() {
+                conn.complete_io(&mut sock).unwrap();
+            }
+            // An application-data record that does not decrypt.
+            let _ = sock.write_all(&[23, 3, 3, 0, 32]);
+            let _ = sock.write_all(&[0xAB; 32]);
+            drain(sock);
+        })
+        .await;
+        assert!(got.is_empty());
+        let e = end.unwrap_err();
+        let why = crate::tls_io::tls_failure(&e).expect("a TLS error");
+        assert!(why.message.starts_with("TLS: "), "{why}");
     }
 }

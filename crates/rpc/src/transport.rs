@@ -8,9 +8,15 @@
 //! the peer is local).
 
 use crate::limits::LISTEN_BACKLOG;
+use crate::sock::{recv_now, recv_raw};
+use crate::tls_io::TlsSession;
 use std::io;
+use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
-use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
 use tokio::net::{tcp, unix, TcpListener, TcpStream, UnixListener, UnixStream};
 
 /// Prefix of Unix-socket addresses.
@@ -30,9 +36,11 @@ fn std_unix_addr(spec: &str) -> io::Result<std::os::unix::net::SocketAddr> {
     }
 }
 
-/// A connected socket of either kind.
+/// A connected socket of either kind. A TCP socket may carry a TLS
+/// session ([`crate::tls`]), run in line by every read and write
+/// ([`crate::tls_io`]).
 pub(crate) enum Stream {
-    Tcp(TcpStream),
+    Tcp(TcpStream, Option<Arc<TlsSession>>),
     Unix(UnixStream),
 }
 
@@ -52,15 +60,38 @@ impl Stream {
                 let s = TcpStream::connect(addr).await?;
                 s.set_nodelay(true)?;
                 set_keepalive(s.as_raw_fd());
-                Ok(Stream::Tcp(s))
+                Ok(Stream::Tcp(s, None))
             }
         }
+    }
+
+    /// Whether this is a TCP socket without TLS.
+    pub(crate) fn is_plain_tcp(&self) -> bool {
+        matches!(self, Stream::Tcp(_, None))
     }
 
     /// Writes all of `buf` (used only before the stream is split).
     pub(crate) async fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
         match self {
-            Stream::Tcp(s) => s.write_all(buf).await,
+            Stream::Tcp(s, None) => s.write_all(buf).await,
+            Stream::Tcp(s, Some(tls)) => {
+                let mut off = 0;
+                while off < buf.len() {
+                    let slice = [io::IoSlice::new(&buf[off..])];
+                    match s.try_io(Interest::WRITABLE, || tls.send(&slice)) {
+                        Ok(n) => off += n,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => s.writable().await?,
+                        Err(e) => return Err(e),
+                    }
+                }
+                loop {
+                    match s.try_io(Interest::WRITABLE, || tls.flush()) {
+                        Ok(()) => return Ok(()),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => s.writable().await?,
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
             Stream::Unix(s) => s.write_all(buf).await,
         }
     }
@@ -69,14 +100,33 @@ impl Stream {
     /// before the stream is split). `Ok(0)`: end of stream.
     pub(crate) async fn read_buf(&mut self, buf: &mut bytes::BytesMut) -> io::Result<usize> {
         match self {
-            Stream::Tcp(s) => s.read_buf(buf).await,
+            Stream::Tcp(s, None) => s.read_buf(buf).await,
+            Stream::Tcp(s, Some(tls)) => loop {
+                let mut recv = || match tls_recv_now(tls, buf, usize::MAX) {
+                    Ok(None) => Err(io::ErrorKind::WouldBlock.into()),
+                    Ok(Some(n)) => Ok(n),
+                    Err(e) => Err(e),
+                };
+                // What the session holds needs no readiness (see
+                // `TlsSession::has_input`).
+                let got = if tls.has_input() {
+                    recv()
+                } else {
+                    s.try_io(Interest::READABLE, recv)
+                };
+                match got {
+                    Ok(n) => return Ok(n),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => s.readable().await?,
+                    Err(e) => return Err(e),
+                }
+            },
             Stream::Unix(s) => s.read_buf(buf).await,
         }
     }
 
     pub(crate) fn raw_fd(&self) -> RawFd {
         match self {
-            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Tcp(s, _) => s.as_raw_fd(),
             Stream::Unix(s) => s.as_raw_fd(),
         }
     }
@@ -85,16 +135,24 @@ impl Stream {
     /// outside the task that owns it).
     pub(crate) fn dup(&self) -> io::Result<OwnedFd> {
         match self {
-            Stream::Tcp(s) => s.as_fd().try_clone_to_owned(),
+            Stream::Tcp(s, _) => s.as_fd().try_clone_to_owned(),
             Stream::Unix(s) => s.as_fd().try_clone_to_owned(),
         }
     }
 
     pub(crate) fn split(self) -> (ReadHalf, WriteHalf) {
         match self {
-            Stream::Tcp(s) => {
+            Stream::Tcp(s, None) => {
                 let (r, w) = s.into_split();
                 (ReadHalf::Tcp(r), Box::new(w))
+            }
+            Stream::Tcp(s, Some(tls)) => {
+                let (r, w) = s.into_split();
+                let writer = TlsWriter {
+                    wr: w,
+                    tls: tls.clone(),
+                };
+                (ReadHalf::Tls(r, tls), Box::new(writer))
             }
             Stream::Unix(s) => {
                 let (r, w) = s.into_split();
@@ -104,28 +162,167 @@ impl Stream {
     }
 }
 
-/// The sending half: both kinds support vectored writes.
+/// Receives from `tls` into the spare capacity of `buf` (at most `max`
+/// bytes), as [`crate::sock::recv_now`] does from a plain socket.
+fn tls_recv_now(
+    tls: &TlsSession,
+    buf: &mut bytes::BytesMut,
+    max: usize,
+) -> io::Result<Option<usize>> {
+    use bytes::BufMut;
+    let spare = buf.chunk_mut();
+    let len = spare.len().min(max);
+    // SAFETY: `spare` is writable memory of at least `len` bytes.
+    let n = unsafe { tls.recv(spare.as_mut_ptr(), len)? };
+    if let Some(n) = n {
+        // SAFETY: `n` bytes were just written.
+        unsafe { buf.advance_mut(n) };
+    }
+    Ok(n)
+}
+
+/// The sending half: both kinds support vectored writes. Over TLS a
+/// write encrypts and sends what the socket takes; what it did not take
+/// yet goes out on the next write or flush (callers flush after each
+/// frame or batch of replies; a plain socket's flush does nothing).
 pub(crate) type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
 
+/// The sending half of a TLS connection: plaintext in, records out.
+struct TlsWriter {
+    wr: tcp::OwnedWriteHalf,
+    tls: Arc<TlsSession>,
+}
+
+impl TlsWriter {
+    /// Runs `f` (a non-blocking step of the session) until it is done or
+    /// the socket must become writable first.
+    fn poll_step<R>(
+        &self,
+        cx: &mut Context<'_>,
+        mut f: impl FnMut() -> io::Result<R>,
+    ) -> Poll<io::Result<R>> {
+        let tcp: &TcpStream = self.wr.as_ref();
+        loop {
+            match tcp.try_io(Interest::WRITABLE, &mut f) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if let Err(e) = ready!(tcp.poll_write_ready(cx)) {
+                        return Poll::Ready(Err(e));
+                    }
+                }
+                r => return Poll::Ready(r),
+            }
+        }
+    }
+}
+
+impl AsyncWrite for TlsWriter {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let slices = [io::IoSlice::new(buf)];
+        self.poll_step(cx, || self.tls.send(&slices))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_step(cx, || self.tls.send(bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.poll_step(cx, || self.tls.flush())
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.tls.close();
+        ready!(self.poll_step(cx, || self.tls.flush()))?;
+        Pin::new(&mut self.wr).poll_shutdown(cx)
+    }
+}
+
+impl Drop for TlsWriter {
+    /// Ends the session cleanly (`close_notify`, sent if the socket takes
+    /// it now) before the socket is shut down for writing.
+    fn drop(&mut self) {
+        self.tls.close();
+    }
+}
+
 /// The receiving half. Reads go straight to the descriptor
-/// (`crate::recv_now`); the half is only asked for readiness.
+/// (`crate::recv_now`), or through the TLS session on it; the half is
+/// only asked for readiness.
 pub(crate) enum ReadHalf {
     Tcp(tcp::OwnedReadHalf),
+    Tls(tcp::OwnedReadHalf, Arc<TlsSession>),
     Unix(unix::OwnedReadHalf),
 }
 
 impl ReadHalf {
     pub(crate) fn fd(&self) -> RawFd {
         match self {
-            ReadHalf::Tcp(r) => AsRef::<TcpStream>::as_ref(r).as_raw_fd(),
+            ReadHalf::Tcp(r) | ReadHalf::Tls(r, _) => AsRef::<TcpStream>::as_ref(r).as_raw_fd(),
             ReadHalf::Unix(r) => AsRef::<UnixStream>::as_ref(r).as_raw_fd(),
         }
     }
 
-    /// Waits until the reactor reports the socket readable.
+    /// The TLS session on this socket, if any.
+    pub(crate) fn tls(&self) -> Option<&TlsSession> {
+        match self {
+            ReadHalf::Tls(_, tls) => Some(tls),
+            _ => None,
+        }
+    }
+
+    /// Reads what the socket has right now into the spare capacity of
+    /// `buf`, at most `max` bytes (see [`crate::sock::recv_now`]; over TLS,
+    /// decrypted bytes).
+    pub(crate) fn recv_now(
+        &self,
+        buf: &mut bytes::BytesMut,
+        max: usize,
+    ) -> io::Result<Option<usize>> {
+        match self {
+            ReadHalf::Tls(_, tls) => tls_recv_now(tls, buf, max),
+            _ => recv_now(self.fd(), buf, max),
+        }
+    }
+
+    /// Like [`recv_now`](Self::recv_now), into `dst` (memory the caller
+    /// may not have initialised: only received bytes are written).
+    pub(crate) fn recv_into(&self, dst: &mut [MaybeUninit<u8>]) -> io::Result<Option<usize>> {
+        // SAFETY: `dst` is writable memory of `dst.len()` bytes.
+        unsafe { self.recv_raw(dst.as_mut_ptr().cast(), dst.len()) }
+    }
+
+    /// Like [`recv_now`](Self::recv_now), at most `len` bytes to `ptr`.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for writes of `len` bytes.
+    pub(crate) unsafe fn recv_raw(&self, ptr: *mut u8, len: usize) -> io::Result<Option<usize>> {
+        debug_assert!(len > 0);
+        match self {
+            // SAFETY: as this function's contract.
+            ReadHalf::Tls(_, tls) => unsafe { tls.recv(ptr, len) },
+            // SAFETY: as this function's contract.
+            _ => unsafe { recv_raw(self.fd(), ptr, len) },
+        }
+    }
+
+    /// Waits until the reactor reports the socket readable; over TLS, not
+    /// at all while the session holds input (see
+    /// [`TlsSession::has_input`]).
     pub(crate) async fn readable(&self) -> io::Result<()> {
         match self {
-            ReadHalf::Tcp(r) => r.readable().await,
+            ReadHalf::Tls(_, tls) if tls.has_input() => Ok(()),
+            ReadHalf::Tcp(r) | ReadHalf::Tls(r, _) => r.readable().await,
             ReadHalf::Unix(r) => r.readable().await,
         }
     }
@@ -134,7 +331,9 @@ impl ReadHalf {
     /// shares the socket with the write half).
     pub(crate) async fn writable(&self) -> io::Result<()> {
         match self {
-            ReadHalf::Tcp(r) => AsRef::<TcpStream>::as_ref(r).writable().await,
+            ReadHalf::Tcp(r) | ReadHalf::Tls(r, _) => {
+                AsRef::<TcpStream>::as_ref(r).writable().await
+            }
             ReadHalf::Unix(r) => AsRef::<UnixStream>::as_ref(r).writable().await,
         }
     }
@@ -142,19 +341,28 @@ impl ReadHalf {
     /// Runs `f` (a write on the descriptor); a `WouldBlock` from it clears
     /// the reactor's write readiness.
     pub(crate) fn try_write_io<R>(&self, f: impl FnOnce() -> io::Result<R>) -> io::Result<R> {
-        let interest = tokio::io::Interest::WRITABLE;
+        let interest = Interest::WRITABLE;
         match self {
-            ReadHalf::Tcp(r) => AsRef::<TcpStream>::as_ref(r).try_io(interest, f),
+            ReadHalf::Tcp(r) | ReadHalf::Tls(r, _) => {
+                AsRef::<TcpStream>::as_ref(r).try_io(interest, f)
+            }
             ReadHalf::Unix(r) => AsRef::<UnixStream>::as_ref(r).try_io(interest, f),
         }
     }
 
     /// Runs `f` (a read on the descriptor); a `WouldBlock` from it clears
     /// the reactor's readiness so the next `readable` waits for new data.
+    /// (tokio calls `f` only while it has seen the socket readable.) Over
+    /// TLS, reads report `WouldBlock` only when the session holds no input
+    /// either, and while it holds some `f` runs whatever the reactor saw:
+    /// the socket may have been drained into the session.
     pub(crate) fn try_io<R>(&self, f: impl FnOnce() -> io::Result<R>) -> io::Result<R> {
-        let interest = tokio::io::Interest::READABLE;
+        let interest = Interest::READABLE;
         match self {
-            ReadHalf::Tcp(r) => AsRef::<TcpStream>::as_ref(r).try_io(interest, f),
+            ReadHalf::Tls(_, tls) if tls.has_input() => f(),
+            ReadHalf::Tcp(r) | ReadHalf::Tls(r, _) => {
+                AsRef::<TcpStream>::as_ref(r).try_io(interest, f)
+            }
             ReadHalf::Unix(r) => AsRef::<UnixStream>::as_ref(r).try_io(interest, f),
         }
     }
@@ -267,7 +475,11 @@ impl Listener {
                 let (s, peer) = l.accept().await?;
                 let _ = s.set_nodelay(true);
                 set_keepalive(s.as_raw_fd());
-                Ok((Stream::Tcp(s), peer.to_string(), peer.ip().to_string()))
+                Ok((
+                    Stream::Tcp(s, None),
+                    peer.to_string(),
+                    peer.ip().to_string(),
+                ))
             }
             Listener::Unix(l) => {
                 let (s, _) = l.accept().await?;

@@ -400,7 +400,9 @@ impl<'a, H: Handler> Serving<'a, H> {
 
     /// Writes out the replies buffered so far.
     async fn flush(&mut self) -> Result<(), Close> {
-        if self.wr.buffer().is_empty() {
+        // Over TLS, a reply written past the buffer may have left records
+        // for the socket.
+        if self.wr.buffer().is_empty() && !self.rd.tls().is_some_and(|t| t.wants_write()) {
             return Ok(());
         }
         flush_bounded(&mut self.wr, self.opts.frame_timeout)

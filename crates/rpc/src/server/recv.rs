@@ -8,7 +8,6 @@
 use crate::limits::{RECV_BUF_INITIAL, RECV_READ_MIN, SMALL_PAYLOAD};
 use crate::server::handler::{DirectSink, Handler, DIRECT_MIN};
 use crate::server::options::ServeOptions;
-use crate::sock::{recv_now, recv_raw};
 use crate::spin::{Spin, SpinStats};
 use crate::transport::ReadHalf;
 use bytes::{Buf, Bytes, BytesMut};
@@ -174,10 +173,10 @@ impl<'a> RecvBuf<'a> {
         self.move_to(RECV_BUF_INITIAL.max(self.buf.len()));
     }
 
-    /// Reads what the socket has (see [`crate::recv_now`]).
-    fn recv(&mut self, fd: std::os::fd::RawFd) -> std::io::Result<Option<usize>> {
+    /// Reads what the socket has (see [`ReadHalf::recv_now`]).
+    fn recv(&mut self, rd: &ReadHalf) -> std::io::Result<Option<usize>> {
         self.prepare();
-        let r = recv_now(fd, &mut self.buf, usize::MAX);
+        let r = rd.recv_now(&mut self.buf, usize::MAX);
         self.sync();
         r
     }
@@ -250,12 +249,11 @@ pub(super) async fn receive_direct<H: Handler>(
     // microseconds). Bytes in flight are always "soon", so no statistics.
     let mut spin = Spin::begin(opts.spin, SpinStats::default());
     let deadline = tokio::time::Instant::now() + opts.frame_timeout;
-    let fd = rd.fd();
     while got < data_len {
         let step = rd.try_io(|| {
             // SAFETY: `dest + got .. dest + data_len` lies inside the
             // sink's memory.
-            match unsafe { recv_raw(fd, sink.dest().0.add(got), data_len - got) } {
+            match unsafe { rd.recv_raw(sink.dest().0.add(got), data_len - got) } {
                 Ok(Some(n)) => Ok(n),
                 Ok(None) => Err(std::io::ErrorKind::WouldBlock.into()),
                 Err(e) => Err(e),
@@ -296,7 +294,7 @@ pub(super) async fn receive_direct<H: Handler>(
 /// `Some(false)` end of stream, `None` nothing yet.
 pub(super) fn try_fill(rd: &ReadHalf, buf: &mut RecvBuf<'_>) -> std::io::Result<Option<bool>> {
     // Inside `try_io`, so a WouldBlock clears the reactor's readiness.
-    match rd.try_io(|| match buf.recv(rd.fd()) {
+    match rd.try_io(|| match buf.recv(rd) {
         Ok(None) => Err(std::io::ErrorKind::WouldBlock.into()),
         other => other,
     }) {
@@ -317,13 +315,12 @@ pub(super) async fn spin_fill(
     stats: SpinStats,
     spins: &AtomicU64,
 ) -> std::io::Result<Option<bool>> {
-    let fd = rd.fd();
     let Some(spin) = Spin::begin(spin, stats) else {
         return Ok(None);
     };
     spins.fetch_add(1, Ordering::Relaxed);
     loop {
-        match buf.recv(fd)? {
+        match buf.recv(rd)? {
             Some(n) => return Ok(Some(n > 0)),
             None if spin.again() => tokio::task::yield_now().await,
             None => return Ok(None),

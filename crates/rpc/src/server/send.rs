@@ -4,7 +4,7 @@
 //! straight from its memory.
 
 use crate::server::budget::Held;
-use crate::server::handler::{DirectSink, Handler, Reply};
+use crate::server::handler::{DirectSink, Handler, Reply, SharedBody};
 use crate::sock::push_error;
 use crate::transport::{ReadHalf, WriteHalf};
 use bytes::{Bytes, BytesMut};
@@ -113,12 +113,38 @@ pub(super) async fn write_reply(
     stall: Duration,
 ) -> std::io::Result<()> {
     write_bounded(wr, &reply.out, stall).await?;
-    let Some(body) = reply.body else {
+    let Some(mut body) = reply.body else {
         return Ok(());
     };
+    let len = body.bytes().1;
+    if sock.tls().is_some() {
+        // Over TLS the body is encrypted straight from its memory (a
+        // large one past the reply buffer, by the session's writes).
+        let (ptr, _) = body.bytes();
+        // SAFETY: `SharedBody`'s contract: `ptr` is readable for `len`
+        // bytes while `body` lives; they are only read (by the cipher).
+        let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
+        write_bounded(wr, bytes, stall).await?;
+    } else {
+        send_body(wr, sock, &mut *body, len, stall).await?;
+    }
+    let mut trailer = BytesMut::with_capacity(body.trailer_len());
+    body.seal(&mut trailer);
+    debug_assert_eq!(trailer.len(), body.trailer_len());
+    write_bounded(wr, &trailer, stall).await
+}
+
+/// Sends `body` (`len` bytes) with `send(2)` straight from its memory on
+/// the plain socket `sock`, after the reply's buffered first bytes.
+async fn send_body(
+    wr: &mut Replies,
+    sock: &ReadHalf,
+    body: &mut dyn SharedBody,
+    len: usize,
+    stall: Duration,
+) -> std::io::Result<()> {
     // The frame's first bytes go out before the body's.
     flush_bounded(wr, stall).await?;
-    let len = body.bytes().1;
     let mut sent = 0;
     while sent < len {
         let r = sock.try_write_io(|| {
@@ -152,10 +178,7 @@ pub(super) async fn write_reply(
             Err(e) => return Err(e),
         }
     }
-    let mut trailer = BytesMut::with_capacity(body.trailer_len());
-    body.seal(&mut trailer);
-    debug_assert_eq!(trailer.len(), body.trailer_len());
-    write_bounded(wr, &trailer, stall).await
+    Ok(())
 }
 
 /// Flushes the buffered replies (at most [`REPLY_BUF`] bytes), failing when
