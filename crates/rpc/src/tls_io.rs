@@ -136,8 +136,9 @@ impl TlsSession {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         // A panic while holding the lock leaves rustls's state as it was
-        // at some step: still a valid state to fail from.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        // at some step: still a valid state to fail from (the one policy,
+        // `nodekernel_proto::sync`).
+        nodekernel_proto::sync::lock(&self.inner)
     }
 
     /// Receives decrypted bytes into `dst` (at most `len`) without
