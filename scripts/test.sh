@@ -62,6 +62,10 @@ trap report EXIT
 step "cargo fmt --check" cargo fmt --all -- --check
 # Files inside a crate depend one way (ARCHITECTURE.md, code map).
 step "no import cycles between a crate's files" python3 scripts/module-cycles.py
+# The fuzz crate is a workspace of its own: a dependency added or dropped in
+# the main one changes its lock file too (fuzzing would fail last, --locked).
+fuzz_lock() { cargo metadata --locked --format-version 1 --manifest-path fuzz/Cargo.toml >/dev/null; }
+step "fuzz/Cargo.lock current" fuzz_lock
 step "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 if ((quick)); then
     # Unit tests only (each crate's src/): the state machines, codecs,

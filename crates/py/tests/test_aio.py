@@ -103,3 +103,36 @@ def test_cancelled_calls_leave_the_client_usable(nk_meta, nk_dir):
         assert await c.get(f"{t}/k") == b"after"
 
     run(main())
+
+
+def test_opens_for_writing_of_one_path_at_once_each_replace_it(nk_meta, nk_dir):
+    """open(path, "wb") replaces an existing File. Several at once (other
+    processes, or a cancelled open that runs to its end) each replace it in
+    turn: a writer whose File another replaced finds its handle Stale, but
+    no open fails with NotFound because another deleted the File between
+    its lookup and its delete, and the value left is one writer's, whole."""
+
+    async def main():
+        async with await nodekernel.aio.connect(nk_meta) as c:
+            path = f"{nk_dir}/f"
+            async with await c.open(path, "wb") as f:
+                await f.write(b"first")
+
+            async def write(i):
+                async with await c.open(path, "wb") as f:
+                    await f.write(bytes([i]) * 1000)
+
+            values = {bytes([i]) * 1000 for i in range(8)}
+            for _ in range(25):
+                results = await asyncio.gather(
+                    *(write(i) for i in range(8)), return_exceptions=True
+                )
+                failed = [
+                    r
+                    for r in results
+                    if r is not None and not isinstance(r, nodekernel.errors.Stale)
+                ]
+                assert not failed, failed
+                assert await c.get(path) in values
+
+    run(main())
