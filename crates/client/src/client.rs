@@ -8,7 +8,7 @@ use crate::config::ClientConfig;
 use crate::leases::{self, Leases};
 use crate::start::Starting;
 use bytes::BytesMut;
-use nodekernel_proto::meta::{MetaReply, MetaRequest};
+use nodekernel_proto::meta::{MetaReply, MetaRequest, NO_STORAGE_SERVER_YET};
 use nodekernel_proto::record;
 use nodekernel_proto::sync;
 use nodekernel_proto::{
@@ -245,11 +245,20 @@ impl Client {
     /// (`crate::start`).
     pub(crate) async fn meta_at(&self, idx: usize, req: &MetaRequest) -> Result<MetaReply> {
         match self.meta_once(idx, req).await {
-            Err(e) if e.code == ErrorCode::Unavailable && self.starting(idx).await => {
+            Err(e) if self.refused_while_starting(idx, &e).await => {
                 self.meta_when_started(idx, req, e).await
             }
             r => r,
         }
+    }
+
+    /// Whether `e` refused a request because partition `idx` had no
+    /// storage server yet: it says so, or the partition answers and still
+    /// has none. (Asking is not enough: one may have registered since the
+    /// refusal.)
+    async fn refused_while_starting(&self, idx: usize, e: &Error) -> bool {
+        e.code == ErrorCode::Unavailable
+            && (e.message.contains(NO_STORAGE_SERVER_YET) || self.starting(idx).await)
     }
 
     /// Whether partition `idx` answers and has no storage server yet: the
@@ -282,9 +291,7 @@ impl Client {
                 continue;
             }
             match self.meta_once(idx, req).await {
-                Err(again) if again.code == ErrorCode::Unavailable && self.starting(idx).await => {
-                    e = again
-                }
+                Err(again) if self.refused_while_starting(idx, &again).await => e = again,
                 r => return r,
             }
         }

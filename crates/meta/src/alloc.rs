@@ -1040,9 +1040,10 @@ impl AllocPlan<'_> {
             }
         }
         if self.a.servers.is_empty() {
-            Error::unavailable(
-                "no storage server has registered with this metadata server yet (the cluster may still be starting; `nk status --wait` waits for it)",
-            )
+            Error::unavailable(format!(
+                "{} (the cluster may still be starting; `nk status --wait` waits for it)",
+                nodekernel_proto::meta::NO_STORAGE_SERVER_YET
+            ))
         } else if alive.is_empty() {
             Error::unavailable(
                 "no storage server is alive: every registered storage server is dead or unreachable",

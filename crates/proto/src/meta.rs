@@ -2,6 +2,13 @@
 //! (create, lookup, remove, move, map, register) plus enumerate, write
 //! leases, heartbeat and status.
 
+/// The start of what a metadata server says when it refuses a request that
+/// needs a storage server while none has registered with it yet
+/// (`Unavailable`): a client that reads it knows the request changed
+/// nothing and sends it again once one has (`crates/client/src/start.rs`).
+pub const NO_STORAGE_SERVER_YET: &str =
+    "no storage server has registered with this metadata server yet";
+
 use crate::cap::{CapKey, Signed, SIGNED_LEN};
 use crate::codec::{Dec, Enc};
 use crate::error::{Error, Result};
