@@ -61,7 +61,7 @@ pub use nodekernel_proto::{
     BlockLoc, ClassInfo, ClusterStatus, Error, ErrorCode, NodeInfo, NodeType, Result, ServerStatus,
 };
 pub use nodekernel_rpc::UNIX_PREFIX;
-pub use open::{GET_ATTEMPTS, MAX_DELETE_MANY, MAX_GET_MANY, MAX_PUT_MANY};
+pub use open::{GET_ATTEMPTS, MAX_DELETE_MANY, MAX_GET_MANY, MAX_PUT_MANY, REPLACE_ATTEMPTS};
 pub use settings::{discover, ClientSection, SecuritySection, TlsSection, DEFAULT_META};
 pub use stream::{
     BufferedReader, BufferedWriter, StreamOptions, DEFAULT_STREAM_BUFFER_SIZE,

@@ -59,6 +59,42 @@ impl Client {
         Ok(Node::new(self.clone(), p.to_string(), idx, info))
     }
 
+    /// Creates a File at `p`, replacing the File or KeyValue there (as
+    /// `open(p, "wb")` does): deleted, then created again. Another writer
+    /// may delete or replace it meanwhile (another process, or a cancelled
+    /// open of the same path that runs to its end): a File already gone is
+    /// simply created, and one created again in between is replaced again
+    /// (at most [`REPLACE_ATTEMPTS`] times), so concurrent replacements end
+    /// with one of them current instead of failing with `NotFound`; a
+    /// writer whose File another replaced finds its handle `Stale`. Another
+    /// node type at `p` is `TypeMismatch`.
+    pub async fn create_replacing(&self, p: &str, opts: CreateOptions) -> Result<Node> {
+        for _ in 0..REPLACE_ATTEMPTS {
+            match self.create(p, NodeType::File, opts.clone()).await {
+                Err(e) if e.code == ErrorCode::AlreadyExists => {}
+                r => return r,
+            }
+            match self.lookup(p).await {
+                Ok(old) if !matches!(old.info().ty, NodeType::File | NodeType::KeyValue) => {
+                    return Err(Error::type_mismatch(format!(
+                        "{p} is a {}, not a File or KeyValue",
+                        old.info().ty.name().to_lowercase()
+                    )));
+                }
+                Ok(_) => match self.delete(p, false).await {
+                    Err(e) if e.code != ErrorCode::NotFound => return Err(e),
+                    _ => {}
+                },
+                Err(e) if e.code == ErrorCode::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::new(
+            ErrorCode::AlreadyExists,
+            format!("{p} was created again {REPLACE_ATTEMPTS} times while this create replaced it"),
+        ))
+    }
+
     /// Creates a Directory (and, with `parents`, its missing ancestors).
     pub async fn mkdir(&self, p: &str, parents: bool) -> Result<()> {
         if !parents {
@@ -403,6 +439,10 @@ impl Drop for UnfinishedPut {
 /// Lookups a [`Client::get`] makes before giving up on a key that keeps
 /// being replaced under it.
 pub const GET_ATTEMPTS: u32 = 64;
+
+/// Most times [`Client::create_replacing`] replaces a File that others
+/// keep creating again.
+pub const REPLACE_ATTEMPTS: usize = 16;
 
 /// Most keys one [`Client::get_many`] takes.
 pub const MAX_GET_MANY: usize = 1 << 16;

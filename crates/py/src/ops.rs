@@ -64,44 +64,6 @@ pub(crate) async fn create(core: Arc<Core>, path: String, ty: NodeType, aio: boo
     })
 }
 
-/// Times [`replace_file`] replaces a File that others keep creating again.
-const REPLACE_ATTEMPTS: usize = 16;
-
-/// `open(path, "wb")` of an existing File, like Python's: the File is
-/// replaced (deleted, then created again). Another writer may delete or
-/// replace it meanwhile (another process, or a cancelled open of the same
-/// path that runs to its end): a File already gone is simply created, and
-/// one created again in between is replaced again, so concurrent opens end
-/// with one of them current instead of failing with `NotFound`.
-async fn replace_file(c: &nk::Client, path: &str, opts: nk::CreateOptions) -> Out<nk::Node> {
-    let at = |err: nk::Error| Failure {
-        err,
-        path: Some(path.to_string()),
-    };
-    for _ in 0..REPLACE_ATTEMPTS {
-        match c.lookup(path).await {
-            Ok(old) if !is_data(old.info().ty) => {
-                return Err(not_data(path, old.info().ty).into());
-            }
-            Ok(_) => match c.delete(path, false).await {
-                Err(e) if e.code != ErrorCode::NotFound => return Err(at(e).into()),
-                _ => {}
-            },
-            Err(e) if e.code == ErrorCode::NotFound => {}
-            Err(e) => return Err(at(e).into()),
-        }
-        match c.create(path, NodeType::File, opts.clone()).await {
-            Err(e) if e.code == ErrorCode::AlreadyExists => {}
-            r => return Ok(r.map_err(at)?),
-        }
-    }
-    Err(at(nk::Error::new(
-        ErrorCode::AlreadyExists,
-        format!("{path} was created again {REPLACE_ATTEMPTS} times while this open replaced it"),
-    ))
-    .into())
-}
-
 pub(crate) async fn open(core: Arc<Core>, path: String, mode: String, aio: bool) -> Out<Opened> {
     let c = &core.client;
     let f = match mode.as_str() {
@@ -121,13 +83,12 @@ pub(crate) async fn open(core: Arc<Core>, path: String, mode: String, aio: bool)
         }
         "wb" | "w" => {
             let opts = nk::CreateOptions::default();
-            let node = match c.create(&path, NodeType::File, opts.clone()).await {
+            // An existing File is replaced, as Python's open(..., "wb")
+            // truncates (see `Client::create_replacing` for writers racing).
+            let node = match c.create_replacing(&path, opts.clone()).await {
                 // In a Table: a KeyValue (a put in steps, replacing).
                 Err(e) if e.code == ErrorCode::TypeMismatch && in_table(c, &path).await => {
                     c.create(&path, NodeType::KeyValue, opts).await.at(&path)?
-                }
-                Err(e) if e.code == ErrorCode::AlreadyExists => {
-                    replace_file(c, &path, opts).await?
                 }
                 r => r.at(&path)?,
             };

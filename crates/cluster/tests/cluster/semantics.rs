@@ -732,3 +732,37 @@ async fn delete_many_answers_each_key_in_order_and_a_missing_one_alone() {
         ErrorCode::NotFound
     );
 }
+
+/// `create_replacing` (Python's `open(path, "wb")`) from several writers
+/// of one path at once: each replaces the File in turn, a writer whose
+/// File another replaced finds its handle `Stale`, none fails with
+/// `NotFound` (another deleted the File between its lookup and its
+/// delete), and the File left holds one writer's bytes, whole. Another
+/// node type at the path is `TypeMismatch`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_replacing_creates_of_one_path_each_replace_it_in_turn() {
+    let t = common::start(64 << 20, 128 << 20).await;
+    let c = &t.client;
+    c.mkdir("/r", false).await.unwrap();
+    let mut first = c.create_replacing("/r/f", opts()).await.unwrap();
+    first.append(b"first").await.unwrap();
+    first.close().await.unwrap();
+    let values: Vec<Vec<u8>> = (0..8u64).map(|i| pattern(i, 1000)).collect();
+    for _ in 0..20 {
+        let results = futures::future::join_all(values.iter().map(|v| async move {
+            let mut node = c.create_replacing("/r/f", opts()).await?;
+            node.append(v).await?;
+            node.close().await
+        }))
+        .await;
+        for r in results {
+            if let Err(e) = r {
+                assert_eq!(e.code, ErrorCode::Stale, "{e}");
+            }
+        }
+        let got = c.get("/r/f").await.unwrap();
+        assert!(values.contains(&got), "a value no writer wrote whole");
+    }
+    let e = c.create_replacing("/r", opts()).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::TypeMismatch, "{e}");
+}
