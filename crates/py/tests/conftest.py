@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pathlib
 import re
@@ -164,3 +165,41 @@ def nk_dir(nk_meta) -> str:
     with nodekernel.connect(nk_meta) as c:
         c.mkdir(path)
     return path
+
+
+# The metadata server drops an abandoned put only after its lease and as
+# long again: with this lease that is 20 minutes, so within a test only an
+# abort can give the space back.
+NO_SWEEP = "[meta]\nlease_timeout_ms = 600000\n"
+BASELINE_HANG_S = 60  # only catches a hang, for space coming back
+
+
+@pytest.fixture
+def small_cluster(tmp_path):
+    """A 96 MiB cluster whose sweeper never runs during a test (NO_SWEEP)."""
+    cfg = tmp_path / "nk.toml"
+    cfg.write_text(NO_SWEEP)
+    cluster = Cluster(dram="96MiB", extra=("--config", str(cfg)))
+    yield cluster
+    cluster.stop()
+
+
+def used(status) -> int:
+    """Bytes the cluster's storage servers use, from `status()`."""
+    return sum(s["used_bytes"] for s in status["servers"])
+
+
+async def wait_for_baseline(c, baseline):
+    """Waits until no put is in progress and the cluster uses `baseline`
+    bytes again (aborts run in the background, so this polls; the bound
+    only catches a hang, and the sweeper cannot run meanwhile)."""
+    deadline = time.monotonic() + BASELINE_HANG_S
+    while True:
+        st = await c.status()
+        if st["puts_in_progress"] == 0 and used(st) == baseline:
+            return
+        assert time.monotonic() < deadline, (
+            f"{st['puts_in_progress']} puts still in progress, {used(st)} bytes used "
+            f"(baseline {baseline})"
+        )
+        await asyncio.sleep(0.01)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 
 import numpy as np
 import pytest
 
 import nodekernel
 import nodekernel.aio
+from conftest import used, wait_for_baseline
 from nodekernel.errors import BatchError, InvalidArgument, InvalidPath, NotFound, TypeMismatch
 
 HANG_S = 300  # only catches hangs
@@ -197,23 +197,6 @@ def test_async_batched_calls(nk_meta, nk_dir):
     run(main())
 
 
-@pytest.fixture
-def small_cluster(tmp_path):
-    """A 96 MiB cluster whose sweeper never runs during a test (the lease
-    is ten minutes, so only an abort can give a put's space back)."""
-    from conftest import Cluster
-
-    cfg = tmp_path / "nk.toml"
-    cfg.write_text("[meta]\nlease_timeout_ms = 600000\n")
-    cluster = Cluster(dram="96MiB", extra=("--config", str(cfg)))
-    yield cluster
-    cluster.stop()
-
-
-def used(status) -> int:
-    return sum(s["used_bytes"] for s in status["servers"])
-
-
 def test_a_cancelled_put_many_gives_the_space_of_its_puts_back_at_once(small_cluster):
     async def main():
         async with await nodekernel.aio.connect(small_cluster.meta) as c:
@@ -243,16 +226,7 @@ def test_a_cancelled_put_many_gives_the_space_of_its_puts_back_at_once(small_clu
                 await c.delete_many(keys)
             except BatchError as e:
                 assert all(isinstance(x, NotFound) for x in e.errors.values()), e
-            deadline = time.monotonic() + 60
-            while True:
-                st = await c.status()
-                if st["puts_in_progress"] == 0 and used(st) == baseline:
-                    break
-                assert time.monotonic() < deadline, (
-                    f"{st['puts_in_progress']} puts in progress, {used(st)} bytes used "
-                    f"(baseline {baseline})"
-                )
-                await asyncio.sleep(0.01)
+            await wait_for_baseline(c, baseline)
             # The space is there: most of the cluster in one batch.
             await c.put_many({f"/t/big{i}": b"\x22" * (10 << 20) for i in range(8)})
 

@@ -9,19 +9,14 @@ import asyncio
 import errno
 import gc
 import random
-import time
 
 import pytest
 
 import nodekernel
 import nodekernel.aio
+from conftest import used, wait_for_baseline
 
 HANG_TIMEOUT_S = 300  # only catches hangs
-BASELINE_HANG_S = 60  # the same, for space coming back
-# The metadata server drops an abandoned put only after its lease and as
-# long again: with this lease that is 20 minutes, so within a test only an
-# abort can give the space back.
-NO_SWEEP = "[meta]\nlease_timeout_ms = 600000\n"
 # A few timeouts around the length of one call: some cancel it before it
 # starts, some in the middle, some too late.
 TINY_TIMEOUTS = (0, 0.00005, 0.0002, 0.0005, 0.001, 0.002, 0.004, 0.008)
@@ -133,38 +128,6 @@ def test_a_cancelled_readinto_never_writes_into_the_buffer_afterwards(nk_meta, n
                 assert buf == b"\x5a" * (32 << 20)
 
     run(main())
-
-
-@pytest.fixture
-def small_cluster(tmp_path):
-    """A 96 MiB cluster whose sweeper never runs during a test."""
-    from conftest import Cluster
-
-    cfg = tmp_path / "nk.toml"
-    cfg.write_text(NO_SWEEP)
-    cluster = Cluster(dram="96MiB", extra=("--config", str(cfg)))
-    yield cluster
-    cluster.stop()
-
-
-def used(status) -> int:
-    return sum(s["used_bytes"] for s in status["servers"])
-
-
-async def wait_for_baseline(c, baseline):
-    """Waits until no put is in progress and the cluster uses `baseline`
-    bytes again (aborts run in the background, so this polls; the bound
-    only catches a hang, and the sweeper cannot run meanwhile)."""
-    deadline = time.monotonic() + BASELINE_HANG_S
-    while True:
-        st = await c.status()
-        if st["puts_in_progress"] == 0 and used(st) == baseline:
-            return
-        assert time.monotonic() < deadline, (
-            f"{st['puts_in_progress']} puts still in progress, {used(st)} bytes used "
-            f"(baseline {baseline})"
-        )
-        await asyncio.sleep(0.01)
 
 
 async def writers_baseline(c) -> int:

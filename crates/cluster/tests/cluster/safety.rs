@@ -24,6 +24,29 @@ async fn used_blocks(c: &Client) -> u64 {
     used(&c.status().await.unwrap())
 }
 
+/// Waits (at most [`HANG`]) until no put is in progress and `baseline`
+/// blocks are used again: aborted puts give their space back in the
+/// background. Fails naming `what` (the puts that were dropped).
+async fn wait_for_baseline(c: &Client, baseline: u64, what: &str) {
+    let settled = tokio::time::timeout(HANG, async {
+        loop {
+            let s = c.status().await.unwrap();
+            if s.puts_in_progress == 0 && used(&s) == baseline {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let s = c.status().await.unwrap();
+    assert!(
+        settled.is_ok(),
+        "{what}: {} puts still in progress, {} blocks used (baseline {baseline})",
+        s.puts_in_progress,
+        used(&s)
+    );
+}
+
 const MIB: usize = 1 << 20;
 
 /// 64 MiB of DRAM in 1 MiB blocks, write leases of `lease_ms`, and the
@@ -201,23 +224,7 @@ async fn a_dropped_put_frees_its_blocks_at_once() {
         Err(e) if e.code == ErrorCode::NotFound => {}
         r => r.unwrap(),
     }
-    let settled = tokio::time::timeout(HANG, async {
-        loop {
-            let s = c.status().await.unwrap();
-            if s.puts_in_progress == 0 && used(&s) == baseline {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-    let s = c.status().await.unwrap();
-    assert!(
-        settled.is_ok(),
-        "{dropped} dropped puts: {} still in progress, {} blocks used (baseline {baseline})",
-        s.puts_in_progress,
-        used(&s)
-    );
+    wait_for_baseline(c, baseline, &format!("{dropped} dropped puts")).await;
     // Room for two values at once: no dropped put holds anything.
     c.put("/t/a", &value).await.unwrap();
     c.put("/t/b", &value).await.unwrap();
@@ -265,23 +272,7 @@ async fn a_dropped_put_many_frees_the_blocks_of_its_puts_at_once() {
             r => r.unwrap(),
         }
     }
-    let settled = tokio::time::timeout(HANG, async {
-        loop {
-            let s = c.status().await.unwrap();
-            if s.puts_in_progress == 0 && used(&s) == baseline {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-    let s = c.status().await.unwrap();
-    assert!(
-        settled.is_ok(),
-        "{dropped} dropped batches: {} puts still in progress, {} blocks used (baseline {baseline})",
-        s.puts_in_progress,
-        used(&s)
-    );
+    wait_for_baseline(c, baseline, &format!("{dropped} dropped batches")).await;
     // Room for eight values at once: no dropped put holds anything.
     let keys: Vec<String> = (0..8).map(|i| format!("/t/after{i}")).collect();
     let items: Vec<(&str, &[u8])> = keys.iter().map(|k| (k.as_str(), &value[..])).collect();
