@@ -9,7 +9,6 @@ use crate::client::put_items;
 use crate::client::Core;
 use crate::client::DEFAULT_IN_FLIGHT;
 use crate::errors::Out;
-use crate::file::detached;
 use crate::file::spawn_write;
 use crate::file::want;
 use crate::file::AsyncFile;
@@ -18,6 +17,7 @@ use crate::ops;
 use crate::runtime::block;
 use crate::runtime::block_on_workers;
 use crate::runtime::spawn;
+use crate::runtime::spawn_to_end;
 use crate::values::parse_type;
 use crate::values::Value;
 use nk::NodeType;
@@ -29,9 +29,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Client methods, generated for the sync and the asyncio class: `$run`
-/// is `block` or `spawn`, `$aio` says which file class to hand out.
+/// is `block` or `spawn`, `$to_end` the same for calls that run to their
+/// end even if cancelled (`spawn_to_end`), `$aio` says which file class to
+/// hand out.
 macro_rules! client_methods {
-    ($ty:ident, $run:ident, $many:ident, $ret:ty, $aio:expr, { $($extra:tt)* }) => {
+    ($ty:ident, $run:ident, $to_end:ident, $many:ident, $ret:ty, $aio:expr, { $($extra:tt)* }) => {
         #[pymethods]
         impl $ty {
             $($extra)*
@@ -60,20 +62,20 @@ macro_rules! client_methods {
                 self.core.check()?;
                 check_path(path)?;
                 let ty = parse_type(r#type, &[NodeType::File, NodeType::KeyValue])?;
-                $run(py, detached(ops::create(self.core.clone(), path.into(), ty, $aio)))
+                $to_end(py, ops::create(self.core.clone(), path.into(), ty, $aio))
             }
 
             fn lookup<'py>(&self, py: Python<'py>, path: &str) -> PyResult<$ret> {
                 self.core.check()?;
                 check_path(path)?;
-                $run(py, detached(ops::lookup(self.core.clone(), path.into(), $aio)))
+                $to_end(py, ops::lookup(self.core.clone(), path.into(), $aio))
             }
 
             #[pyo3(signature = (path, mode = "rb"))]
             fn open<'py>(&self, py: Python<'py>, path: &str, mode: &str) -> PyResult<$ret> {
                 self.core.check()?;
                 check_path(path)?;
-                $run(py, detached(ops::open(self.core.clone(), path.into(), mode.into(), $aio)))
+                $to_end(py, ops::open(self.core.clone(), path.into(), mode.into(), $aio))
             }
 
             fn stat<'py>(&self, py: Python<'py>, path: &str) -> PyResult<$ret> {
@@ -238,41 +240,57 @@ where
     block_on_workers(py, fut)?.into_py_any(py)
 }
 
-client_methods!(Client, block_value, block_many, Py<PyAny>, false, {
-    /// Closes the client; later calls raise ValueError. Open files keep
-    /// working until closed.
-    fn close(&self) {
-        self.core.closed.store(true, Ordering::Release);
-    }
+client_methods!(
+    Client,
+    block_value,
+    block_value,
+    block_many,
+    Py<PyAny>,
+    false,
+    {
+        /// Closes the client; later calls raise ValueError. Open files keep
+        /// working until closed.
+        fn close(&self) {
+            self.core.closed.store(true, Ordering::Release);
+        }
 
-    fn __enter__(slf: Py<Self>) -> Py<Self> {
-        slf
-    }
+        fn __enter__(slf: Py<Self>) -> Py<Self> {
+            slf
+        }
 
-    #[pyo3(signature = (*_exc))]
-    fn __exit__(&self, _exc: &Bound<'_, pyo3::types::PyTuple>) {
-        self.close();
+        #[pyo3(signature = (*_exc))]
+        fn __exit__(&self, _exc: &Bound<'_, pyo3::types::PyTuple>) {
+            self.close();
+        }
     }
-});
-client_methods!(AsyncClient, spawn, spawn, Bound<'py, PyAny>, true, {
-    fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        self.core.closed.store(true, Ordering::Release);
-        spawn(py, async { Ok(Value::None) })
-    }
+);
+client_methods!(
+    AsyncClient,
+    spawn,
+    spawn_to_end,
+    spawn,
+    Bound<'py, PyAny>,
+    true,
+    {
+        fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+            self.core.closed.store(true, Ordering::Release);
+            spawn(py, async { Ok(Value::None) })
+        }
 
-    fn __aenter__<'py>(slf: Py<Self>, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        spawn(py, async move { Ok(SelfRef(slf.into_any())) })
-    }
+        fn __aenter__<'py>(slf: Py<Self>, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+            spawn(py, async move { Ok(SelfRef(slf.into_any())) })
+        }
 
-    #[pyo3(signature = (*_exc))]
-    fn __aexit__<'py>(
-        &self,
-        py: Python<'py>,
-        _exc: &Bound<'py, pyo3::types::PyTuple>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        self.close(py)
+        #[pyo3(signature = (*_exc))]
+        fn __aexit__<'py>(
+            &self,
+            py: Python<'py>,
+            _exc: &Bound<'py, pyo3::types::PyTuple>,
+        ) -> PyResult<Bound<'py, PyAny>> {
+            self.close(py)
+        }
     }
-});
+);
 
 /// Returns an existing Python object from an awaitable.
 pub(crate) struct SelfRef(Py<PyAny>);
@@ -446,7 +464,7 @@ file_attrs!(AsyncFile, {
             return spawn(py, async { Ok(Value::None) });
         }
         self.f.core.check()?;
-        spawn(py, self.f.clone().close())
+        spawn_to_end(py, self.f.clone().close())
     }
 
     fn __aenter__<'py>(slf: Py<Self>, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
@@ -458,7 +476,7 @@ file_attrs!(AsyncFile, {
             return spawn(py, async { Ok(Value::None) });
         }
         self.f.core.check()?;
-        spawn(py, self.f.clone().abort())
+        spawn_to_end(py, self.f.clone().abort())
     }
 
     #[pyo3(signature = (exc_type, _exc = None, _tb = None))]
@@ -474,6 +492,6 @@ file_attrs!(AsyncFile, {
         }
         self.f.core.check()?;
         let failed = exc_type.is_some_and(|t| !t.is_none());
-        spawn(py, self.f.clone().exit(failed))
+        spawn_to_end(py, self.f.clone().exit(failed))
     }
 });

@@ -9,7 +9,6 @@ use crate::client::Core;
 use crate::errors::At;
 use crate::errors::Fail;
 use crate::errors::Out;
-use crate::runtime::panicked;
 use crate::runtime::runtime;
 use crate::runtime::spawn_stoppable;
 use crate::values::Value;
@@ -34,18 +33,6 @@ pub(crate) enum FileState {
 
 /// A writer's close or abort, run in a task of its own.
 pub(crate) type Background = tokio::task::JoinHandle<nk::Result<()>>;
-
-/// Runs `fut` in a task of its own, so that it runs to its end even if
-/// the call awaiting it is cancelled: for calls that take or give back a
-/// write lease (open, create, close, abort), which must not be left
-/// half done. A cancelled call's result is dropped, which gives back what
-/// it took (a dropped writer is closed or aborted, see `FileCore::drop`).
-pub(crate) async fn detached<T: Send + 'static>(
-    fut: impl Future<Output = Out<T>> + Send + 'static,
-) -> Out<T> {
-    let task = runtime()?.spawn(fut);
-    task.await.unwrap_or_else(|e| Err(panicked(e).into()))
-}
 
 /// Starts a writer's close or abort in a task of its own: it runs to its
 /// end even if the call awaiting it is cancelled.

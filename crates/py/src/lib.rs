@@ -13,8 +13,9 @@
 //! cancelled call never touches the caller's buffer afterwards. The
 //! client's calls are cancel safe, so the connection stays usable, and a
 //! cancelled put is aborted (`Client::put`). What takes or gives back a
-//! write lease (open, create, close, abort) runs to its end regardless
-//! (`file::detached`), and a cancelled file write poisons its file and aborts
+//! write lease (open, create, close, abort) runs to its end regardless,
+//! and its CancelledError comes only then (`runtime::spawn_to_end`), so a
+//! later call never races it; a cancelled file write poisons its file and aborts
 //! the writer (`file::spawn_write`): no cancellation leaves space held until
 //! the metadata server's sweep.
 //!

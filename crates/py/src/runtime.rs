@@ -82,12 +82,43 @@ pub(crate) fn spawn<'py, T>(
 where
     T: for<'a> IntoPyObject<'a> + Send + 'static,
 {
-    spawn_stoppable(py, fut, None)
+    spawn_with(py, fut, true, None)
 }
 
+/// [`spawn`] for a call that stops what it does when cancelled and
+/// then does what `on_stop` says.
 pub(crate) fn spawn_stoppable<'py, T>(
     py: Python<'py>,
     fut: impl Future<Output = Out<T>> + Send + 'static,
+    on_stop: Option<OnStop>,
+) -> PyResult<Bound<'py, PyAny>>
+where
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    spawn_with(py, fut, true, on_stop)
+}
+
+/// [`spawn`] for a call that takes or gives back a write lease (open,
+/// create, close, abort), which must not be left half done: cancelling the
+/// awaitable does not stop its task. The awaitable ends, cancelled, once
+/// the task has ended, and its result is dropped (a dropped writer is
+/// closed, a put in steps aborted: `FileCore::drop`). So a call made after
+/// the CancelledError never races the cancelled one: a cancelled
+/// `open(path, "wb")` cannot replace the File again after a later open did.
+pub(crate) fn spawn_to_end<'py, T>(
+    py: Python<'py>,
+    fut: impl Future<Output = Out<T>> + Send + 'static,
+) -> PyResult<Bound<'py, PyAny>>
+where
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    spawn_with(py, fut, false, None)
+}
+
+fn spawn_with<'py, T>(
+    py: Python<'py>,
+    fut: impl Future<Output = Out<T>> + Send + 'static,
+    abortable: bool,
     on_stop: Option<OnStop>,
 ) -> PyResult<Bound<'py, PyAny>>
 where
@@ -110,11 +141,15 @@ where
         .call1((
             &event_loop,
             Stop {
-                task: abort.clone(),
+                task: abortable.then(|| abort.clone()),
                 on_stop,
             },
         ))
-        .inspect_err(|_| abort.abort())?;
+        .inspect_err(|_| {
+            if abortable {
+                abort.abort()
+            }
+        })?;
     let (event_loop, target) = (event_loop.unbind(), py_fut.clone().unbind());
     rt.spawn(async move {
         let ended = task.await;
@@ -134,14 +169,17 @@ pub(crate) type OnStop = Box<dyn Fn() + Send + Sync>;
 /// and does what its [`OnStop`] says.
 #[pyclass(module = "nodekernel._native", frozen)]
 pub(crate) struct Stop {
-    task: tokio::task::AbortHandle,
+    /// None for a call that runs to its end ([`spawn_to_end`]).
+    task: Option<tokio::task::AbortHandle>,
     on_stop: Option<OnStop>,
 }
 
 #[pymethods]
 impl Stop {
     fn __call__(&self) {
-        self.task.abort();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
         if let Some(stop) = &self.on_stop {
             stop();
         }

@@ -255,3 +255,32 @@ def test_cancelled_opens_and_closes_of_writers_hold_nothing(small_cluster):
             await c.put("/t/large", b"\x22" * (80 << 20))
 
     run(main())
+
+
+def test_a_cancelled_open_never_replaces_what_a_later_open_wrote(cluster):
+    """A cancelled `open(path, "wb")` runs to its end, and its
+    CancelledError comes only then: the next open of the same path, started
+    right after the TimeoutError, is never replaced by the cancelled one
+    finishing late (its close used to fail with Stale, or its bytes were
+    gone)."""
+
+    async def main():
+        async with await nodekernel.aio.connect(cluster.meta) as c:
+            rng = random.Random(7)
+            cancelled = 0
+            for i in range(200):
+                data = b"v%d" % i
+                try:
+                    f = await asyncio.wait_for(
+                        c.open("/cancel-race", "wb"), rng.choice(TINY_TIMEOUTS[:3])
+                    )
+                    await f.close()
+                    continue
+                except asyncio.TimeoutError:
+                    cancelled += 1
+                async with await c.open("/cancel-race", "wb") as f:
+                    await f.write(data)
+                assert await c.get("/cancel-race") == data
+            assert cancelled > 0, "nothing was cancelled: the test proves nothing"
+
+    run(main())
