@@ -10,6 +10,7 @@ use crate::errors::At;
 use crate::errors::Fail;
 use crate::errors::Failure;
 use crate::errors::Out;
+use crate::runtime::attach_or_fail;
 use nk::{ErrorCode, NodeType};
 use nodekernel_client as nk;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
@@ -143,7 +144,7 @@ pub(crate) async fn connect_core(meta: Option<String>, config: Option<PathBuf>) 
 /// Reads all of `node` into a new `bytes`; `Stale` if it was replaced.
 pub(crate) async fn read_whole(node: &nk::Node, path: &str) -> Out<Target> {
     let len = node.info().size;
-    let mut t = Python::attach(|py| new_bytes(py, len))?;
+    let mut t = attach_or_fail(|py| new_bytes(py, len))?;
     // SAFETY: the bytes object is ours alone until returned.
     node.read_at(0, unsafe { t.slice() }).await.at(path)?;
     Ok(t)

@@ -9,6 +9,7 @@ use crate::client::Core;
 use crate::errors::At;
 use crate::errors::Fail;
 use crate::errors::Out;
+use crate::runtime::attach_or_fail;
 use crate::runtime::runtime;
 use crate::runtime::spawn_stoppable;
 use crate::values::Value;
@@ -163,12 +164,12 @@ impl FileCore {
         let pos = self.pos.load(Ordering::Acquire);
         let left = self.size.load(Ordering::Acquire).saturating_sub(pos);
         let n = want.map_or(left, |w| w.min(left));
-        let mut t = Python::attach(|py| new_bytes(py, n))?;
+        let mut t = attach_or_fail(|py| new_bytes(py, n))?;
         // SAFETY: the new bytes object is ours alone.
         let got = self.read_locked(&mut st, pos, unsafe { t.slice() }).await?;
         if got < n as usize {
             // A Bag's stream ended early (a File shrank): return what came.
-            let mut short = Python::attach(|py| new_bytes(py, got as u64))?;
+            let mut short = attach_or_fail(|py| new_bytes(py, got as u64))?;
             // SAFETY: both bytes objects are ours alone.
             unsafe { short.slice().copy_from_slice(&t.slice()[..got]) };
             return Ok(Value::Bytes(short));

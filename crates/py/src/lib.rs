@@ -99,5 +99,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<File>()?;
     m.add_class::<AsyncFile>()?;
     m.add("DEFAULT_META", nk::DEFAULT_META)?;
+    // Before Python finalizes, runtime threads stop taking the GIL.
+    let hook = wrap_pyfunction!(runtime::at_exit, m)?;
+    m.py().import("atexit")?.call_method1("register", (hook,))?;
     Ok(())
 }

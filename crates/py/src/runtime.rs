@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::IntoPyObjectExt;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use tokio::runtime::Runtime;
 
@@ -34,6 +35,44 @@ pub(crate) fn runtime() -> PyResult<&'static Runtime> {
     let r: &'static Runtime = Box::leak(Box::new(r));
     *rt = Some((pid, r));
     Ok(r)
+}
+
+/// Set once the interpreter exits (the module's `atexit` hook,
+/// [`at_exit`]): from then on no runtime thread takes the GIL, since one
+/// that takes it while Python finalizes brings the process down.
+static EXITING: AtomicBool = AtomicBool::new(false);
+/// Runtime threads inside [`attach`] (taking the GIL or holding it).
+static ATTACHED: AtomicUsize = AtomicUsize::new(0);
+
+/// Runs `f` with the GIL on a runtime thread, or, once the interpreter is
+/// exiting, not at all (None): nobody awaits the result then.
+pub(crate) fn attach<R>(f: impl FnOnce(Python<'_>) -> R) -> Option<R> {
+    ATTACHED.fetch_add(1, Ordering::SeqCst);
+    let r = if EXITING.load(Ordering::SeqCst) {
+        None
+    } else {
+        Some(Python::attach(f))
+    };
+    ATTACHED.fetch_sub(1, Ordering::SeqCst);
+    r
+}
+
+/// [`attach`] for a call's own work: an error once the interpreter exits.
+pub(crate) fn attach_or_fail<R>(f: impl FnOnce(Python<'_>) -> PyResult<R>) -> PyResult<R> {
+    attach(f).unwrap_or_else(|| Err(PyRuntimeError::new_err("the Python interpreter is exiting")))
+}
+
+/// The module's `atexit` hook: stops runtime threads from taking the GIL,
+/// then waits (the GIL released) for those that took it or are taking it
+/// to let go, before Python finalizes under them.
+#[pyfunction]
+pub(crate) fn at_exit(py: Python<'_>) {
+    EXITING.store(true, Ordering::SeqCst);
+    py.detach(|| {
+        while ATTACHED.load(Ordering::SeqCst) > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    });
 }
 
 /// Runs `fut` to completion with the GIL released.
@@ -154,9 +193,7 @@ where
     rt.spawn(async move {
         let ended = task.await;
         // The GIL is taken off the runtime's workers, which must not block.
-        tokio::task::spawn_blocking(move || {
-            Python::attach(|py| resolve(py, &event_loop, &target, ended))
-        });
+        tokio::task::spawn_blocking(move || attach(|py| resolve(py, &event_loop, &target, ended)));
     });
     Ok(py_fut)
 }

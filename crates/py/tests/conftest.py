@@ -9,6 +9,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -20,6 +21,21 @@ HANG_S = 120  # every wait here only catches a hang (startup takes a second)
 # `nk up` tells clients of this user on this host where its token is, in a
 # runtime directory (docs/security.md): the tests' own, not the user's.
 os.environ.setdefault("NK_RUNTIME_DIR", tempfile.mkdtemp(prefix="nk-py-run-"))
+
+
+def run_script(
+    script: str | os.PathLike, *args: str, cwd: str | os.PathLike, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """Runs a Python script in a fresh interpreter of this environment, its
+    output captured; the timeout only catches a hang."""
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+    )
 
 
 def nk_binary() -> str:
