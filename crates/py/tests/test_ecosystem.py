@@ -133,6 +133,47 @@ def test_pyarrow_dataset_round_trip(nk_meta, nk_dir, tmp_path):
     assert got.equals(want) and got.num_rows > 0
 
 
+@pytest.mark.parametrize("form", ["relative", "absolute"])
+def test_pyarrow_partitioned_dataset_by_relative_or_absolute_base(nk_meta, nk_dir, form):
+    """`PyFileSystem(FSSpecHandler(fs))` reads back a partitioned dataset
+    written under a base dir with or without its leading `/`: the handler
+    checks that every file the filesystem finds starts with the base dir
+    as given (the relative form failed: "GetFileInfo() yielded path
+    '/...', which is outside base dir '...'")."""
+    base = f"{nk_dir}/arrowds" if form == "absolute" else f"{nk_dir[1:]}/arrowds"
+    table = _arrow_table(1_000)
+    want = table.sort_by("id")
+    fs = fsspec.filesystem("nk", meta=nk_meta)
+    nk = pafs.PyFileSystem(pafs.FSSpecHandler(fs))
+
+    ds.write_dataset(
+        table,
+        f"{base}/ds",
+        format="parquet",
+        filesystem=nk,
+        partitioning=ds.partitioning(pa.schema([("k", pa.string())]), flavor="hive"),
+        max_rows_per_file=300,
+        max_rows_per_group=150,
+    )
+    d = ds.dataset(f"{base}/ds", format="parquet", filesystem=nk, partitioning="hive")
+    assert len(d.files) >= 4 and all(f.startswith(f"{base}/ds/k=") for f in d.files)
+    # The partition column comes back as `string` (pandas made it `large_string`).
+    assert d.to_table().select(table.column_names).cast(table.schema).sort_by("id").equals(want)
+
+    # pq.write_to_dataset and pq.read_table, given the fsspec filesystem
+    # itself (PyArrow wraps it in the same handler).
+    pq.write_to_dataset(table, f"{base}/pq", partition_cols=["k"], filesystem=fs)
+    back = pq.read_table(f"{base}/pq", filesystem=fs)  # `k` comes back dictionary-encoded
+    assert back.select(table.column_names).cast(table.schema).sort_by("id").equals(want)
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{base}/pq", detail=False)) == [
+        "k=alpha",
+        "k=beta",
+        "k=delta",
+        "k=gamma",
+    ]
+    assert all(p.startswith(f"{base}/") for p in fs.find(base))
+
+
 def test_pyarrow_parquet_with_fsspec_filesystem(nk_dir, tmp_path):
     table = _arrow_table(1_000)
     fs = fsspec.filesystem("nk")

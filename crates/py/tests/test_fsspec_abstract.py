@@ -81,10 +81,82 @@ def test_registered_protocol_and_urls(nk_meta, nk_dir):
     assert strip("nk:///") == "/"
     assert strip(f"nk://{nk_meta}") == "/"
     assert strip("nk:///a/b/") == "/a/b"
-    assert strip("a//b/./c") == "/a/b/c"
-    assert strip(["nk:///x", "/y/"]) == ["/x", "/y"]
+    assert strip("/a//b/./c/") == "/a/b/c"
+    # A relative path is relative to the root and keeps its form.
+    assert strip("a//b/./c/") == "a/b/c"
+    assert strip("a/../../b") == "b"
+    assert [strip(p) for p in ("", ".", "/", "/..")] == ["", "", "/", "/"]
+    assert strip(["nk:///x", "/y/", "z"]) == ["/x", "/y", "z"]
+    parent = NodeKernelFileSystem._parent
+    assert [parent(p) for p in ("/a/b", "/a", "/", "a/b", "a", "")] == ["/a", "/", "/", "a", "", ""]
     assert fs.unstrip_protocol("/a/b") == f"nk://{nk_meta}/a/b"
     assert fs2.unstrip_protocol("/a/b") == "nk:///a/b"
+
+
+def test_relative_paths_answer_in_their_form(fs, nk_dir):
+    """A path without its leading `/` names the same node (`a/b` is `/a/b`,
+    "" the root), and every name ls, info, find, glob and walk return has
+    the form of the path asked about, as Arrow's own filesystems do (which
+    PyArrow's FSSpecHandler relies on: see test_ecosystem.py)."""
+    rel = nk_dir[1:]
+
+    def relative(names):
+        return [n[1:] for n in names]
+
+    def unnamed(infos):
+        return [{**i, "name": None} for i in infos]
+
+    fs.pipe_file(f"{rel}/d/f1", b"1")
+    fs.pipe_file(f"{nk_dir}/d/sub/f2", b"22")
+    fs.mkdir(f"{rel}/t", type="table")
+    fs.pipe_file(f"{rel}/t/k", b"kv")
+    assert fs.cat_file(f"{nk_dir}/d/f1") == b"1"
+    assert fs.cat_file(f"{rel}/d/sub/f2") == b"22"
+    assert fs.info(f"{nk_dir}/t/k")["nk_type"] == "kv"
+
+    for sub in ("", "/d", "/d/sub", "/d/f1", "/t", "/t/k"):
+        a, r = nk_dir + sub, rel + sub
+        assert fs.ls(r, detail=False) == relative(fs.ls(a, detail=False))
+        ls_a, ls_r = fs.ls(a, detail=True), fs.ls(r, detail=True)
+        assert [i["name"] for i in ls_r] == relative([i["name"] for i in ls_a])
+        assert unnamed(ls_r) == unnamed(ls_a)
+        info_a, info_r = fs.info(a), fs.info(r)
+        assert (info_a["name"], info_r["name"]) == (a, r)
+        assert unnamed([info_r]) == unnamed([info_a])
+        assert fs.find(r) == relative(fs.find(a))
+        found_a = fs.find(a, withdirs=True, detail=True)
+        found_r = fs.find(r, withdirs=True, detail=True)
+        assert list(found_r) == relative(found_a)
+        assert unnamed(found_r.values()) == unnamed(found_a.values())
+        assert fs.ukey(r) == fs.ukey(a)
+        assert fs.exists(r) and fs.isdir(r) == fs.isdir(a)
+    assert fs.glob(f"{rel}/d/*") == [f"{rel}/d/f1", f"{rel}/d/sub"]
+    assert fs.glob(f"{nk_dir}/d/*") == [f"{nk_dir}/d/f1", f"{nk_dir}/d/sub"]
+    assert fs.glob(f"{rel}/**/f2") == [f"{rel}/d/sub/f2"]
+    assert [w[0] for w in fs.walk(rel)] == relative(w[0] for w in fs.walk(nk_dir))
+
+    # The root: "" (or ".") relative, "/" absolute; a URL's path is absolute.
+    assert rel in fs.ls("", detail=False) and nk_dir in fs.ls("/", detail=False)
+    assert fs.ls(".", detail=False) == relative(fs.ls("/", detail=False))
+    assert (fs.info("")["name"], fs.info("/")["name"]) == ("", "/")
+    top = fs.glob(f"{rel}*")  # the pattern's root is the relative root
+    assert rel in top and not any(p.startswith("/") for p in top)
+    assert fs.ls(f"nk://{nk_dir}/t", detail=False) == [f"{nk_dir}/t/k"]
+
+    # Changes through relative paths.
+    fs.mv(f"{rel}/d/f1", f"{rel}/moved")
+    fs.cp_file(f"{rel}/moved", f"{rel}/copied")
+    with fs.transaction, fs.open(f"{rel}/tx", "wb") as f:
+        f.write(b"in a transaction")
+    fs.rm(f"{rel}/d", recursive=True)
+    fs.makedirs(f"{rel}/e/f", exist_ok=True)
+    fs.rmdir(f"{rel}/e/f")
+    fs.rm_file(f"{rel}/t/k")
+    assert fs.ls(nk_dir, detail=False) == [
+        f"{nk_dir}/{n}" for n in ("copied", "e", "moved", "t", "tx")
+    ]
+    assert fs.cat_file(f"{nk_dir}/copied") == b"1"
+    assert fs.cat_file(f"{nk_dir}/tx") == b"in a transaction"
 
 
 def test_open_url_round_trip(nk_meta, nk_dir):

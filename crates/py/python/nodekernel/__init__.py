@@ -5,9 +5,10 @@
         nk.put("/cache/a", b"value")
         assert nk.get("/cache/a") == b"value"
 
-`nodekernel.aio.connect()` gives the asyncio client with the same methods;
-`fsspec.filesystem("nk")` (or `nk://host:port/path` URLs) the fsspec
-filesystem that pandas, PyArrow and Dask use.
+`nodekernel.aio.connect()` gives the asyncio client with the same methods
+(`nodekernel.aio` comes with `import nodekernel`); `fsspec.filesystem("nk")`
+(or `nk://host:port/path` URLs) the fsspec filesystem that pandas, PyArrow
+and Dask use. `nodekernel.__version__` is the installed package's version.
 """
 
 from __future__ import annotations
@@ -15,25 +16,38 @@ from __future__ import annotations
 from collections.abc import Iterator, MutableMapping
 from typing import Any, Optional
 
-from . import errors
+from . import aio, errors
 from ._native import DEFAULT_META, AsyncClient, AsyncFile, Client, File
 from ._native import connect as _connect
 from .errors import *  # noqa: F403
-from .errors import BatchError, Error, NotFound
+from .errors import NotFound
 
 __all__ = [
+    "aio",
     "connect",
     "Client",
     "File",
     "AsyncClient",
     "AsyncFile",
     "Table",
-    "Error",
-    "BatchError",
     "errors",
     "DEFAULT_META",
-    *errors.BY_CODE,
 ]
+__all__ += errors.__all__  # Error, BatchError, BY_CODE and a class per wire code
+
+
+def _version() -> str:
+    """The installed distribution's version; "0+unknown" where there is
+    no metadata (the package imported from a source tree, not installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("nodekernel")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+__version__: str = _version()
 
 
 def connect(meta: Optional[str] = None, config: Optional[str] = None) -> Client:
@@ -46,7 +60,7 @@ def connect(meta: Optional[str] = None, config: Optional[str] = None) -> Client:
     return _connect(meta, config)
 
 
-class Table(MutableMapping):
+class Table(MutableMapping[str, bytes]):
     """A Table as a mapping of keys to values (`t[key] = b"..."`).
 
     `Table(client, "/path", create=True)` makes the Table if it does not

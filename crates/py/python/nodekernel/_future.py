@@ -15,7 +15,7 @@ import asyncio
 from typing import Any, Callable, Optional
 
 
-class NativeFuture(asyncio.Future):
+class NativeFuture(asyncio.Future[Any]):
     """An `asyncio.Future` resolved by the native module; `stop` stops its
     task, after which the module calls `_nk_resolve` once the task is gone."""
 

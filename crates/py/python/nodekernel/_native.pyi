@@ -6,11 +6,28 @@ Paths are absolute (`/a/b`). Node types are named "dir", "file", "table",
 """
 
 from collections.abc import Awaitable, Iterable, Mapping
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional, Union, final, overload
 
-Buffer = Any  # any object with the buffer protocol (bytes, bytearray, memoryview, numpy)
-NodeTypeName = Literal["dir", "file", "table", "kv", "bag"]
-Items = Union[Mapping[str, Buffer], Iterable[tuple[str, Buffer]]]
+__all__ = [
+    "connect",
+    "connect_async",
+    "error_codes",
+    "Client",
+    "AsyncClient",
+    "File",
+    "AsyncFile",
+    "DEFAULT_META",
+]
+
+# Aliases for these stubs only (not in the module).
+_Buffer = Any  # any object with the buffer protocol (bytes, bytearray, memoryview, numpy)
+_ContainerTypeName = Literal["dir", "table", "bag"]
+_DataTypeName = Literal["file", "kv"]
+_OpenMode = Literal["rb", "wb", "ab"]
+_Items = Union[Mapping[str, _Buffer], Iterable[tuple[str, _Buffer]]]
+
+DEFAULT_META: str
+"""The metadata server a client uses when nothing else names one."""
 
 def connect(meta: Optional[str] = None, config: Optional[str] = None) -> Client:
     """Connects a synchronous client.
@@ -23,40 +40,52 @@ def connect(meta: Optional[str] = None, config: Optional[str] = None) -> Client:
 def connect_async(
     meta: Optional[str] = None, config: Optional[str] = None
 ) -> Awaitable[AsyncClient]: ...
+def error_codes() -> list[tuple[int, str]]:
+    """The wire error codes as (number, name)."""
 
-class Stat(dict):
-    """A node's attributes, a dict with the keys: name (the path), type
-    (NodeTypeName), size (bytes for data nodes, number of children for
-    containers), id, block_size, enumerable (bool), encrypted (bool: its
-    clients encrypt its data, docs/encryption.md)."""
-
+@final
 class Client:
+    @property
+    def closed(self) -> bool:
+        """Whether `close` was called."""
     def mkdir(
         self,
         path: str,
-        type: Literal["dir", "table", "bag"] = "dir",
+        type: _ContainerTypeName = "dir",
         parents: bool = False,
         enumerable: bool = True,
     ) -> None: ...
-    def create(self, path: str, type: Literal["file", "kv"] = "file") -> File:
+    def create(self, path: str, type: _DataTypeName = "file") -> File:
         """Creates a File (or a KeyValue: a put in steps) open for writing."""
     def lookup(self, path: str) -> File:
         """Opens an existing data node for reading (a handle: if the node is
         replaced or deleted, its next read raises Stale)."""
-    def stat(self, path: str) -> dict:
-        """name, type, size, id, block_size, enumerable, encrypted, mode
-        (permission bits) and mtime (seconds since the Unix epoch)."""
-    def ls(self, path: str, detail: bool = False) -> Union[list[str], list[dict]]:
+    def stat(self, path: str) -> dict[str, Any]:
+        """A node's attributes: name (the path), type ("dir", "file",
+        "table", "kv" or "bag"), size (bytes for data nodes, the number of
+        children for containers), id, block_size, enumerable (bool),
+        encrypted (bool: its clients encrypt its data, docs/encryption.md),
+        mode (permission bits) and mtime (seconds since the Unix epoch)."""
+    @overload
+    def ls(self, path: str = "/", detail: Literal[False] = False) -> list[str]:
         """Child names of a container (sorted), or with detail=True the
         stat dict of each child (name = full path)."""
+    @overload
+    def ls(self, path: str, detail: Literal[True]) -> list[dict[str, Any]]: ...
+    @overload
+    def ls(self, path: str = "/", *, detail: Literal[True]) -> list[dict[str, Any]]: ...
+    @overload
+    def ls(
+        self, path: str = "/", detail: bool = False
+    ) -> Union[list[str], list[dict[str, Any]]]: ...
     def delete(self, path: str, recursive: bool = False) -> None: ...
     def move(self, src: str, dst: str) -> None: ...
     def exists(self, path: str) -> bool: ...
-    def status(self) -> dict: ...
-    def put(self, path: str, value: Buffer) -> None:
+    def status(self) -> dict[str, Any]: ...
+    def put(self, path: str, value: _Buffer) -> None:
         """Stores a KeyValue (replacing any old value)."""
     def get(self, path: str) -> bytes: ...
-    def put_many(self, items: Items, in_flight: int = 64) -> None:
+    def put_many(self, items: _Items, in_flight: int = 64) -> None:
         """Puts many values, each as `put`, with up to `in_flight` (1 to
         4096) puts outstanding: a loader limited by the network, not by
         round trips. `items`: a mapping of key to value or an iterable of
@@ -84,30 +113,40 @@ class Client:
         to `in_flight` deletes outstanding. Every key is tried: if any fail
         (a missing key is `NotFound`, as with `delete`), raises `BatchError`
         listing them once all have ended; every other key is gone."""
-    def get_into(self, path: str, buffer: Buffer) -> int:
+    def get_into(self, path: str, buffer: _Buffer) -> int:
         """Reads a whole value into a writable buffer; returns its length.
         Raises ValueError if the buffer is too small."""
-    def open(self, path: str, mode: Literal["rb", "wb", "ab"] = "rb") -> File:
+    def open(self, path: str, mode: _OpenMode = "rb") -> File:
         """ "rb": read a File, KeyValue or Bag; "wb": write a new File,
         replacing one (in a Table: a KeyValue, a put in steps); "ab":
         append to a File (created if missing)."""
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Closes the client; later calls raise ValueError. Open files keep
+        working until closed."""
     def __enter__(self) -> Client: ...
-    def __exit__(self, *exc: Any) -> None: ...
+    def __exit__(self, *exc: object) -> None: ...
 
+@final
 class File:
     """A node open for reading ("rb") or writing ("wb": new File, "ab":
     append to an existing File). Bags open for reading as one stream."""
 
-    name: str
-    mode: str
-    closed: bool
-    size: int  # reading: the size when opened; writing: bytes written so far
-    files: list[tuple[str, int, int]]  # a Bag: (path, offset, size) of each File; else []
+    @property
+    def name(self) -> str: ...
+    @property
+    def mode(self) -> str: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def size(self) -> int:
+        """Reading: the size when opened; writing: the bytes written so far."""
+    @property
+    def files(self) -> list[tuple[str, int, int]]:
+        """A Bag's Files as (path, offset in the stream, size); else []."""
     def read(self, size: int = -1) -> bytes: ...
-    def readinto(self, buffer: Buffer) -> int: ...
+    def readinto(self, buffer: _Buffer) -> int: ...
     def readall(self) -> bytes: ...
-    def write(self, data: Buffer) -> int: ...
+    def write(self, data: _Buffer) -> int: ...
     def seek(self, offset: int, whence: int = 0) -> int: ...
     def tell(self) -> int: ...
     def flush(self) -> None:
@@ -123,27 +162,45 @@ class File:
     def writable(self) -> bool: ...
     def seekable(self) -> bool: ...
     def __enter__(self) -> File: ...
-    def __exit__(self, *exc: Any) -> None: ...
+    def __exit__(self, exc_type: object, exc: object = None, tb: object = None) -> None: ...
 
+@final
 class AsyncClient:
     """Same methods as Client, each returning an awaitable. A cancelled
     call has stopped when CancelledError reaches the caller: it no longer
     touches the caller's buffers, and a cancelled put (or put_many)
     leaves nothing."""
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` was called."""
     def mkdir(
-        self, path: str, type: str = "dir", parents: bool = False, enumerable: bool = True
+        self,
+        path: str,
+        type: _ContainerTypeName = "dir",
+        parents: bool = False,
+        enumerable: bool = True,
     ) -> Awaitable[None]: ...
-    def create(self, path: str, type: str = "file") -> Awaitable[AsyncFile]: ...
+    def create(self, path: str, type: _DataTypeName = "file") -> Awaitable[AsyncFile]: ...
     def lookup(self, path: str) -> Awaitable[AsyncFile]: ...
-    def stat(self, path: str) -> Awaitable[dict]: ...
-    def ls(self, path: str, detail: bool = False) -> Awaitable[list]: ...
+    def stat(self, path: str) -> Awaitable[dict[str, Any]]: ...
+    @overload
+    def ls(self, path: str = "/", detail: Literal[False] = False) -> Awaitable[list[str]]: ...
+    @overload
+    def ls(self, path: str, detail: Literal[True]) -> Awaitable[list[dict[str, Any]]]: ...
+    @overload
+    def ls(self, path: str = "/", *, detail: Literal[True]) -> Awaitable[list[dict[str, Any]]]: ...
+    @overload
+    def ls(
+        self, path: str = "/", detail: bool = False
+    ) -> Awaitable[Union[list[str], list[dict[str, Any]]]]: ...
     def delete(self, path: str, recursive: bool = False) -> Awaitable[None]: ...
     def move(self, src: str, dst: str) -> Awaitable[None]: ...
     def exists(self, path: str) -> Awaitable[bool]: ...
-    def status(self) -> Awaitable[dict]: ...
-    def put(self, path: str, value: Buffer) -> Awaitable[None]: ...
+    def status(self) -> Awaitable[dict[str, Any]]: ...
+    def put(self, path: str, value: _Buffer) -> Awaitable[None]: ...
     def get(self, path: str) -> Awaitable[bytes]: ...
-    def put_many(self, items: Items, in_flight: int = 64) -> Awaitable[None]:
+    def put_many(self, items: _Items, in_flight: int = 64) -> Awaitable[None]:
         """As Client.put_many. Cancelled, it aborts every put it had started
         and not finished (none leaves anything, nor holds space) and starts
         no other; items already stored stay."""
@@ -155,21 +212,29 @@ class AsyncClient:
     ) -> Awaitable[None]:
         """As Client.delete_many. Cancelled, it starts no further delete;
         one already sent may still happen."""
-    def get_into(self, path: str, buffer: Buffer) -> Awaitable[int]: ...
-    def open(self, path: str, mode: str = "rb") -> Awaitable[AsyncFile]: ...
+    def get_into(self, path: str, buffer: _Buffer) -> Awaitable[int]: ...
+    def open(self, path: str, mode: _OpenMode = "rb") -> Awaitable[AsyncFile]: ...
     def close(self) -> Awaitable[None]: ...
-    async def __aenter__(self) -> AsyncClient: ...
-    async def __aexit__(self, *exc: Any) -> None: ...
+    def __aenter__(self) -> Awaitable[AsyncClient]: ...
+    def __aexit__(self, *exc: object) -> Awaitable[None]: ...
 
+@final
 class AsyncFile:
-    name: str
-    mode: str
-    closed: bool
-    size: int
-    files: list[tuple[str, int, int]]
+    """A File's methods, those that do I/O returning awaitables."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def mode(self) -> str: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def files(self) -> list[tuple[str, int, int]]: ...
     def read(self, size: int = -1) -> Awaitable[bytes]: ...
-    def readinto(self, buffer: Buffer) -> Awaitable[int]: ...
-    def write(self, data: Buffer) -> Awaitable[int]:
+    def readinto(self, buffer: _Buffer) -> Awaitable[int]: ...
+    def write(self, data: _Buffer) -> Awaitable[int]:
         """A cancelled write poisons the file: its writer is aborted at once
         (nothing since the last flush is published; a put in steps leaves
         no value), later writes, flushes and `close` raise OSError
@@ -180,5 +245,10 @@ class AsyncFile:
     def close(self) -> Awaitable[None]:
         """Runs to its end even if cancelled."""
     def abort(self) -> Awaitable[None]: ...
-    async def __aenter__(self) -> AsyncFile: ...
-    async def __aexit__(self, *exc: Any) -> None: ...
+    def readable(self) -> bool: ...
+    def writable(self) -> bool: ...
+    def seekable(self) -> bool: ...
+    def __aenter__(self) -> Awaitable[AsyncFile]: ...
+    def __aexit__(
+        self, exc_type: object, exc: object = None, tb: object = None
+    ) -> Awaitable[None]: ...

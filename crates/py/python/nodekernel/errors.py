@@ -38,70 +38,167 @@ class _OSErrorBase(Error, OSError):
         return f"[{self.code}] {self.message}"
 
 
-def _os(name: str, errno_value: int, *bases: type, doc: str) -> type:
-    return type(
-        name,
-        (_OSErrorBase, *bases),
-        {"code": name, "errno_value": errno_value, "__doc__": doc, "__module__": __name__},
-    )
+class NotFound(_OSErrorBase, FileNotFoundError):
+    """No node at the path."""
+
+    code = "NotFound"
+    errno_value = _errno.ENOENT
 
 
-def _plain(name: str, *bases: type, doc: str) -> type:
-    return type(name, (Error, *bases), {"code": name, "__doc__": doc, "__module__": __name__})
+class AlreadyExists(_OSErrorBase, FileExistsError):
+    """The path exists."""
+
+    code = "AlreadyExists"
+    errno_value = _errno.EEXIST
 
 
-NotFound = _os("NotFound", _errno.ENOENT, FileNotFoundError, doc="No node at the path.")
-AlreadyExists = _os("AlreadyExists", _errno.EEXIST, FileExistsError, doc="The path exists.")
-NotEmpty = _os("NotEmpty", _errno.ENOTEMPTY, doc="The container has children.")
-TypeMismatch = _os(
-    "TypeMismatch", _errno.EINVAL, doc="The node has another type than the operation needs."
-)
-InvalidPath = _plain("InvalidPath", ValueError, doc="The path is malformed.")
-Busy = _os("Busy", _errno.EBUSY, doc="Another writer holds the node.")
-Stale = _os(
-    "Stale", _errno.ESTALE, doc="The handle's node was replaced or deleted since it was opened."
-)
-NoSpace = _os("NoSpace", _errno.ENOSPC, doc="No storage server has room.")
-OutOfRange = _plain("OutOfRange", ValueError, doc="Offset or length beyond the data.")
-CrossPartition = _os("CrossPartition", _errno.EXDEV, doc="A move across metadata partitions.")
-Unavailable = _os(
-    "Unavailable", _errno.ECONNREFUSED, ConnectionError, doc="A server cannot be reached."
-)
-DataLost = _os("DataLost", _errno.EIO, doc="The data's storage server is gone.")
-Protocol = _os("Protocol", _errno.EPROTO, doc="A malformed message on the wire.")
-Timeout = _os("Timeout", _errno.ETIMEDOUT, TimeoutError, doc="No reply in time.")
-InvalidArgument = _plain("InvalidArgument", ValueError, doc="A bad argument.")
-Internal = _plain("Internal", doc="A bug in NodeKernel.")
-LeaseExpired = _os(
-    "LeaseExpired", _errno.ESTALE, doc="The write lease lapsed; the writer lost the node."
-)
-UnknownServer = _os(
-    "UnknownServer", _errno.ECONNREFUSED, ConnectionError, doc="A server the cluster dropped."
-)
-TryAgain = _os("TryAgain", _errno.EAGAIN, BlockingIOError, doc="Retry after a short pause.")
-WrongPartition = _plain("WrongPartition", doc="The path belongs to another metadata partition.")
-VersionMismatch = _os(
-    "VersionMismatch",
-    _errno.EPROTO,
-    ConnectionError,
-    doc="The two ends speak different wire versions.",
-)
-Unauthenticated = _os(
-    "Unauthenticated",
-    _errno.EACCES,
-    PermissionError,
-    doc="The peer could not prove the cluster token, runs as a refused local user, "
-    "or held no valid capability; or an encrypted node was read or written without "
-    "an encryption key.",
-)
-Integrity = _os(
-    "Integrity",
-    _errno.EIO,
-    doc="Encrypted data failed its authentication check: its stored bytes were "
-    "changed, or written with another encryption key. No bytes are returned.",
-)
+class NotEmpty(_OSErrorBase):
+    """The container has children."""
 
-BY_CODE: dict[str, type] = {
+    code = "NotEmpty"
+    errno_value = _errno.ENOTEMPTY
+
+
+class TypeMismatch(_OSErrorBase):
+    """The node has another type than the operation needs."""
+
+    code = "TypeMismatch"
+    errno_value = _errno.EINVAL
+
+
+class InvalidPath(Error, ValueError):
+    """The path is malformed."""
+
+    code = "InvalidPath"
+
+
+class Busy(_OSErrorBase):
+    """Another writer holds the node."""
+
+    code = "Busy"
+    errno_value = _errno.EBUSY
+
+
+class Stale(_OSErrorBase):
+    """The handle's node was replaced or deleted since it was opened."""
+
+    code = "Stale"
+    errno_value = _errno.ESTALE
+
+
+class NoSpace(_OSErrorBase):
+    """No storage server has room."""
+
+    code = "NoSpace"
+    errno_value = _errno.ENOSPC
+
+
+class OutOfRange(Error, ValueError):
+    """Offset or length beyond the data."""
+
+    code = "OutOfRange"
+
+
+class CrossPartition(_OSErrorBase):
+    """A move across metadata partitions."""
+
+    code = "CrossPartition"
+    errno_value = _errno.EXDEV
+
+
+class Unavailable(_OSErrorBase, ConnectionError):
+    """A server cannot be reached."""
+
+    code = "Unavailable"
+    errno_value = _errno.ECONNREFUSED
+
+
+class DataLost(_OSErrorBase):
+    """The data's storage server is gone."""
+
+    code = "DataLost"
+    errno_value = _errno.EIO
+
+
+class Protocol(_OSErrorBase):
+    """A malformed message on the wire."""
+
+    code = "Protocol"
+    errno_value = _errno.EPROTO
+
+
+class Timeout(_OSErrorBase, TimeoutError):
+    """No reply in time."""
+
+    code = "Timeout"
+    errno_value = _errno.ETIMEDOUT
+
+
+class InvalidArgument(Error, ValueError):
+    """A bad argument."""
+
+    code = "InvalidArgument"
+
+
+class Internal(Error):
+    """A bug in NodeKernel."""
+
+    code = "Internal"
+
+
+class LeaseExpired(_OSErrorBase):
+    """The write lease lapsed; the writer lost the node."""
+
+    code = "LeaseExpired"
+    errno_value = _errno.ESTALE
+
+
+class UnknownServer(_OSErrorBase, ConnectionError):
+    """A server the cluster dropped."""
+
+    code = "UnknownServer"
+    errno_value = _errno.ECONNREFUSED
+
+
+class TryAgain(_OSErrorBase, BlockingIOError):
+    """Retry after a short pause."""
+
+    code = "TryAgain"
+    errno_value = _errno.EAGAIN
+
+
+class WrongPartition(Error):
+    """The path belongs to another metadata partition."""
+
+    code = "WrongPartition"
+
+
+class VersionMismatch(_OSErrorBase, ConnectionError):
+    """The two ends speak different wire versions."""
+
+    code = "VersionMismatch"
+    errno_value = _errno.EPROTO
+
+
+class Unauthenticated(_OSErrorBase, PermissionError):
+    """The peer could not prove the cluster token, runs as a refused
+    local user, or held no valid capability; or an encrypted node was
+    read or written without an encryption key."""
+
+    code = "Unauthenticated"
+    errno_value = _errno.EACCES
+
+
+class Integrity(_OSErrorBase):
+    """Encrypted data failed its authentication check: its stored bytes
+    were changed, or written with another encryption key. No bytes are
+    returned."""
+
+    code = "Integrity"
+    errno_value = _errno.EIO
+
+
+BY_CODE: dict[str, type[Error]] = {
     c.code: c
     for c in (
         NotFound,
@@ -164,4 +261,31 @@ def _from_code(code: str, message: str, path: Optional[str]) -> Error:
     return cls(message, path)
 
 
-__all__ = ["Error", "BatchError", "BY_CODE", *BY_CODE]
+__all__ = [
+    "Error",
+    "BatchError",
+    "BY_CODE",
+    "NotFound",
+    "AlreadyExists",
+    "NotEmpty",
+    "TypeMismatch",
+    "InvalidPath",
+    "Busy",
+    "Stale",
+    "NoSpace",
+    "OutOfRange",
+    "CrossPartition",
+    "Unavailable",
+    "DataLost",
+    "Protocol",
+    "Timeout",
+    "InvalidArgument",
+    "Internal",
+    "LeaseExpired",
+    "UnknownServer",
+    "TryAgain",
+    "WrongPartition",
+    "VersionMismatch",
+    "Unauthenticated",
+    "Integrity",
+]

@@ -14,10 +14,26 @@ use; fsspec caches one filesystem instance per thread, and the instances with
 the same settings share one client per process (a forked or unpickled copy in
 another process connects again).
 
+Paths: `/jobs/a` is absolute; a path without the leading `/` is relative
+to the root (NodeKernel has no working directory), so `jobs/a` names the
+same node, and "" (or ".") is the root. Every name the filesystem returns
+(`ls`, `info`, `find`, `glob`, `walk`, ...) has the form of the path it was
+asked about: `fs.ls("/jobs")` gives `["/jobs/a", ...]` and `fs.ls("jobs")`
+gives `["jobs/a", ...]`, the same entries with the same details. A URL's
+path (`nk:///jobs`, `nk://host:port/jobs`) is absolute. Arrow's own
+filesystems answer the same way, and PyArrow needs it:
+`pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs))` reads a dataset by
+listing its base directory and requires every name found to start with the
+base directory as given, so a relative one works too. (fsspec's memory and
+local filesystems make every name absolute: there, PyArrow cannot read a
+dataset by a relative path.)
+
 NodeKernel's Directories, Tables and Bags appear as directories; Files and
 KeyValues as files. Writing a file under a Table stores a KeyValue; writing
-under a missing directory creates the directories first. NodeKernel keeps no
-timestamps, so `created` and `modified` raise NotImplementedError.
+under a missing directory creates the directories first. `info` gives each
+node's permission bits (`mode`) and modification time (`mtime`, seconds
+since the epoch; `modified` as a UTC datetime); no creation time is kept,
+so `created` raises NotImplementedError.
 """
 
 from __future__ import annotations
@@ -34,7 +50,7 @@ from typing import Any
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 from fsspec.utils import stringify_path
 
-from . import connect
+from . import Client, connect
 from .errors import AlreadyExists, CrossPartition, Error, NotFound, TypeMismatch
 
 PROTOCOL = "nk"
@@ -66,11 +82,30 @@ def _normalize(path: str) -> str:
     return path
 
 
-_clients: dict = {}
+def _clean(path: str) -> str:
+    """`path` normalized in its own form: an absolute path as `_normalize`
+    makes it, a relative one (relative to the root) the same without the
+    leading `/` ("" for the root itself)."""
+    full = _normalize(path)
+    return full if path.startswith("/") else full[1:]
+
+
+def _abs(path: str) -> str:
+    """The absolute NodeKernel path of a path `_clean` made, of either form."""
+    return path if path.startswith("/") else "/" + path
+
+
+def _in_form(name: str, like: str) -> str:
+    """The absolute `name` from the cluster in the form of the path `like`
+    that was asked about: relative names stay relative."""
+    return name if like.startswith("/") else name[1:]
+
+
+_clients: dict[tuple[Any, ...], Client] = {}
 _clients_lock = threading.Lock()
 
 
-def _shared_client(meta: str | None, config: str | None):
+def _shared_client(meta: str | None, config: str | None) -> Client:
     """One client per process and settings: fsspec caches a filesystem
     instance per thread, and they all share it."""
     key = (
@@ -90,7 +125,8 @@ def _shared_client(meta: str | None, config: str | None):
 
 
 def _child(parent: str, name: str) -> str:
-    return parent.rstrip("/") + "/" + name
+    """`name` in the directory `parent` (either form; "" is the root)."""
+    return parent.rstrip("/") + "/" + name if parent else name
 
 
 class NodeKernelFileSystem(AbstractFileSystem):
@@ -114,7 +150,7 @@ class NodeKernelFileSystem(AbstractFileSystem):
         self.config = config
 
     @property
-    def client(self):
+    def client(self) -> Client:
         """The NodeKernel client, shared by the instances with the same
         settings in this process (connected on first use, again after a
         fork)."""
@@ -129,8 +165,14 @@ class NodeKernelFileSystem(AbstractFileSystem):
         path = stringify_path(path)
         while path.startswith(PROTOCOL + "::"):
             path = path[len(PROTOCOL) + 2 :]
-        _, path = _split_url(path)
-        return _normalize(path)
+        _, path = _split_url(path)  # a URL's path is absolute
+        return _clean(path)
+
+    @classmethod
+    def _parent(cls, path):
+        """The parent directory, in the form of `path` (the root's is itself)."""
+        path = cls._strip_protocol(path)
+        return posixpath.dirname(path) if path not in ("", "/") else path
 
     @staticmethod
     def _get_kwargs_from_urls(path):
@@ -149,11 +191,12 @@ class NodeKernelFileSystem(AbstractFileSystem):
     # -- metadata -----------------------------------------------------------
 
     @staticmethod
-    def _to_info(st: dict) -> dict:
+    def _to_info(st: dict, like: str) -> dict:
+        """fsspec's info of the stat dict `st`, named in the form of `like`."""
         nk_type = st["type"]
         is_dir = nk_type in _CONTAINERS
         out = {
-            "name": st["name"],
+            "name": _in_form(st["name"], like),
             "size": 0 if is_dir else st["size"],
             "type": "directory" if is_dir else "file",
             "nk_type": nk_type,
@@ -169,31 +212,32 @@ class NodeKernelFileSystem(AbstractFileSystem):
 
     def _stat(self, path: str) -> dict:
         try:
-            return self.client.stat(path)
+            return self.client.stat(_abs(path))
         except TypeMismatch as e:
             # An ancestor is a File or KeyValue: nothing can exist below it.
             raise FileNotFoundError(path) from e
 
     def info(self, path, **kwargs):
-        return self._to_info(self._stat(self._strip_protocol(path)))
+        path = self._strip_protocol(path)
+        return self._to_info(self._stat(path), path)
 
     def ls(self, path, detail=True, **kwargs):
         path = self._strip_protocol(path)
         try:
             if not detail:
-                return [_child(path, n) for n in self.client.ls(path)]
-            entries = self.client.ls(path, detail=True)
+                return [_child(path, n) for n in self.client.ls(_abs(path))]
+            entries = self.client.ls(_abs(path), detail=True)
         except TypeMismatch:
             # `ls` of a file lists the file itself, as fsspec expects.
             st = self._stat(path)
             if st["type"] in _CONTAINERS:
                 raise
-            return [self._to_info(st)] if detail else [st["name"]]
-        return [self._to_info(st) for st in entries]
+            return [self._to_info(st, path)] if detail else [path]
+        return [self._to_info(st, path) for st in entries]
 
     def exists(self, path, **kwargs):
         try:
-            return self.client.exists(self._strip_protocol(path))
+            return self.client.exists(_abs(self._strip_protocol(path)))
         except (TypeMismatch, ValueError):
             # Below a File, or not a valid NodeKernel path: nothing there.
             return False
@@ -212,7 +256,7 @@ class NodeKernelFileSystem(AbstractFileSystem):
 
     def ukey(self, path):
         st = self.info(path)
-        key = f"{st['name']}:{st['nk_type']}:{st['id']}:{st['size']}"
+        key = f"{_abs(st['name'])}:{st['nk_type']}:{st['id']}:{st['size']}"
         return hashlib.sha256(key.encode()).hexdigest()
 
     def created(self, path):
@@ -230,7 +274,7 @@ class NodeKernelFileSystem(AbstractFileSystem):
         Raises FileExistsError if `path` exists; with `create_parents`
         (the default) missing parents are made first, else their absence
         raises FileNotFoundError."""
-        path = self._strip_protocol(path)
+        path = _abs(self._strip_protocol(path))
         if path == "/":
             raise FileExistsError(path)
         c = self.client
@@ -243,7 +287,7 @@ class NodeKernelFileSystem(AbstractFileSystem):
             c.mkdir(path, type=type, parents=False, enumerable=enumerable)
 
     def makedirs(self, path, exist_ok=False):
-        path = self._strip_protocol(path)
+        path = _abs(self._strip_protocol(path))
         if not exist_ok:
             return self.mkdir(path, create_parents=True)
         if path == "/":
@@ -261,7 +305,7 @@ class NodeKernelFileSystem(AbstractFileSystem):
             raise FileExistsError(path) from e
 
     def rmdir(self, path):
-        path = self._strip_protocol(path)
+        path = _abs(self._strip_protocol(path))
         if self.info(path)["type"] != "directory":
             raise NotADirectoryError(path)
         self.client.delete(path, recursive=False)
@@ -269,7 +313,7 @@ class NodeKernelFileSystem(AbstractFileSystem):
     # -- deletion -----------------------------------------------------------
 
     def rm_file(self, path):
-        self.client.delete(self._strip_protocol(path), recursive=False)
+        self.client.delete(_abs(self._strip_protocol(path)), recursive=False)
 
     def _rm(self, path):
         self.rm_file(path)
@@ -281,6 +325,7 @@ class NodeKernelFileSystem(AbstractFileSystem):
             paths = self.expand_path(path, recursive=False)
         else:
             paths = self.expand_path(path, recursive=recursive, maxdepth=maxdepth)
+        paths = [_abs(p) for p in paths]
         # Children sort after their parents: delete them first.
         for p in sorted(paths, reverse=True):
             try:
@@ -293,7 +338,7 @@ class NodeKernelFileSystem(AbstractFileSystem):
 
     def _open_reader(self, path: str):
         try:
-            return self.client.open(path, "rb")
+            return self.client.open(_abs(path), "rb")
         except TypeMismatch as e:
             if self.isdir(path):
                 raise IsADirectoryError(path) from e
@@ -320,6 +365,7 @@ class NodeKernelFileSystem(AbstractFileSystem):
         """A native writer for `path`: "wb" replaces, "xb" fails with
         FileExistsError if `path` exists, "ab" appends. Missing parent
         directories are made; under a Table the node is a KeyValue."""
+        path = _abs(path)
         c = self.client
         made_parents = False
         while True:
@@ -332,7 +378,7 @@ class NodeKernelFileSystem(AbstractFileSystem):
                     return c.create(path, "kv")
                 if mode == "xb":
                     return c.create(path, "file")
-                return c.open(path, mode)
+                return c.open(path, "ab" if mode == "ab" else "wb")
             except NotFound:
                 parent = self._parent(path)
                 if made_parents or self.exists(parent):
@@ -360,7 +406,7 @@ class NodeKernelFileSystem(AbstractFileSystem):
             # Leave no partial file behind.
             w.close()
             with contextlib.suppress(Error):
-                self.client.delete(path)
+                self.client.delete(_abs(path))
             raise
         w.close()
 
@@ -372,8 +418,8 @@ class NodeKernelFileSystem(AbstractFileSystem):
 
     def cp_file(self, path1, path2, **kwargs):
         """Copies a file's bytes (or makes the directory, for a directory)."""
-        src = self._strip_protocol(path1)
-        dst = self._strip_protocol(path2)
+        src = _abs(self._strip_protocol(path1))
+        dst = _abs(self._strip_protocol(path2))
         st = self._stat(src)
         if st["type"] in _CONTAINERS:
             self.makedirs(dst, exist_ok=True)
@@ -404,8 +450,8 @@ class NodeKernelFileSystem(AbstractFileSystem):
             and maxdepth is None
         ):
             return super().mv(path1, path2, recursive=recursive, maxdepth=maxdepth, **kwargs)
-        src = self._strip_protocol(path1)
-        dst = self._strip_protocol(path2)
+        src = _abs(self._strip_protocol(path1))
+        dst = _abs(self._strip_protocol(path2))
         if src == dst:
             return
         st = self._stat(src)
@@ -477,7 +523,7 @@ class NodeKernelFile(AbstractBufferedFile):
         cache_options=None,
         **kwargs,
     ):
-        self._handle = None
+        self._handle: Any = None  # the native File, once opened
         self._lock = threading.Lock()
         self._temp: str | None = None
         if mode == "rb":
@@ -565,16 +611,17 @@ class NodeKernelFile(AbstractBufferedFile):
         if self._temp is None:
             return
         c = self.fs.client
-        if self.mode == "wb" and c.exists(self.path):
-            c.delete(self.path)
-        c.move(self._temp, self.path)
+        path = _abs(self.path)
+        if self.mode == "wb" and c.exists(path):
+            c.delete(path)
+        c.move(_abs(self._temp), path)
         self._temp = None
 
     def discard(self):
         if self._temp is None:
             return
         try:
-            self.fs.client.delete(self._temp)
+            self.fs.client.delete(_abs(self._temp))
         except NotFound:
             pass
         self._temp = None
