@@ -812,6 +812,21 @@ mod tests {
         Config::parse(s, Path::new("test.toml"))
     }
 
+    /// `nk policy set move_rate X` and `move_rate = "X"` in the config
+    /// take the same sizes and mean the same rate.
+    #[test]
+    fn the_config_and_policy_set_take_the_same_sizes() {
+        for size in ["4096", "64KiB", "64MiB", "1.5GiB", "10MB", "0"] {
+            let c = parse(&format!("[meta]\nmove_rate = \"{size}\"\n")).unwrap();
+            let mut set = nodekernel_meta::tier::TierSettings::default();
+            set.set("move_rate", size).unwrap();
+            assert_eq!(c.tiering().unwrap().move_rate, set.move_rate, "{size}");
+        }
+        assert!(parse("[meta]\nmove_rate = \"fast\"\n").is_err());
+        let mut set = nodekernel_meta::tier::TierSettings::default();
+        assert!(set.set("move_rate", "fast").is_err());
+    }
+
     #[test]
     fn defaults_and_full_file() {
         let c = parse("").unwrap();

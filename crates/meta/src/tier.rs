@@ -233,7 +233,10 @@ impl TierSettings {
                     .map_err(|_| format!("{key}: {v:?} is too large"))?
             }
             "half_life_ms" => next.half_life_ms = number(key, v, 1)?,
-            "move_rate" => next.move_rate = number(key, v, 0)?,
+            "move_rate" => {
+                next.move_rate = nodekernel_proto::size::parse_bytes(v)
+                    .map_err(|e| format!("{key}: {e} (bytes per second, 0: no limit)"))?
+            }
             "placement" => {
                 next.placement = match v {
                     "local-first" => PlacementPolicy::LocalFirst,

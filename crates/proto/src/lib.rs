@@ -16,6 +16,7 @@ pub mod hello;
 pub mod meta;
 pub mod path;
 pub mod record;
+pub mod size;
 pub mod store;
 pub mod sync;
 pub mod types;

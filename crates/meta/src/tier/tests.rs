@@ -403,6 +403,8 @@ fn settings_are_checked_and_shown() {
     assert_eq!(s.watermarks(0), (80, 60));
     assert_eq!(s.watermarks(1), (80, 10));
     s.set("promotion", "on").unwrap();
+    s.set("move_rate", "64MiB").unwrap();
+    assert_eq!(s.move_rate, 64 << 20, "sizes as the config file takes them");
     s.set("move_rate", "0").unwrap();
     s.set("placement", "round-robin").unwrap();
     let shown = s.show();
@@ -432,6 +434,7 @@ fn settings_are_checked_and_shown() {
         ("class.x.high_watermark", "5", "storage class id"),
         ("promote_after", "0", "at least 1"),
         ("placement", "random", "local-first"),
+        ("move_rate", "fast", "invalid size"),
     ] {
         let e = s.set(k, v).unwrap_err();
         assert!(e.contains(needle), "{k}={v}: {e}");
