@@ -118,7 +118,12 @@ impl From<&ServerStatus> for ServerOut {
             last_seen_ms: s.last_seen_ms,
             capacity_bytes: s.capacity_blocks * bs,
             used_bytes: s.used_blocks * bs,
-            free_bytes: (s.capacity_blocks - s.used_blocks.min(s.capacity_blocks)) * bs,
+            // A draining server takes no new blocks: its room is not free.
+            free_bytes: if s.draining {
+                0
+            } else {
+                (s.capacity_blocks - s.used_blocks.min(s.capacity_blocks)) * bs
+            },
             blocks: s.capacity_blocks,
             used_blocks: s.used_blocks,
             bytes_read: s.traffic.bytes_read,
@@ -182,7 +187,7 @@ impl StatusOut {
             c.used_bytes += s.used_bytes;
             c.blocks += s.blocks;
             c.used_blocks += s.used_blocks;
-            if s.alive {
+            if s.alive && !s.draining {
                 c.free_bytes += s.free_bytes;
             }
             c.bytes_read += s.bytes_read;
@@ -262,5 +267,67 @@ impl StoreStatusOut {
     pub fn to_json(&self) -> String {
         // Plain data with string keys: serialising cannot fail.
         serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nodekernel_proto::ClassInfo;
+
+    fn server(id: u32, alive: bool, draining: bool) -> ServerStatus {
+        ServerStatus {
+            id,
+            addr: format!("127.0.0.1:{id}"),
+            class: 0,
+            class_name: "dram".into(),
+            medium: "dram".into(),
+            location: String::new(),
+            block_size: 1 << 20,
+            capacity_blocks: 100,
+            used_blocks: 10,
+            alive,
+            last_seen_ms: 0,
+            identity: format!("id{id}"),
+            draining,
+            traffic: Default::default(),
+        }
+    }
+
+    /// A draining server takes no new blocks, and a dead one none either:
+    /// neither's room counts as free.
+    #[test]
+    fn only_servers_taking_blocks_count_as_free() {
+        let st = ClusterStatus {
+            block_size: 1 << 20,
+            nodes: 1,
+            puts_in_progress: 0,
+            reclaiming: 0,
+            partition: 0,
+            partitions: 1,
+            expected_servers: 3,
+            classes: vec![ClassInfo {
+                class: 0,
+                name: "dram".into(),
+                price_per_gib: 0.0,
+                encrypt: false,
+            }],
+            servers: vec![
+                server(1, true, false),
+                server(2, true, true),
+                server(3, false, false),
+            ],
+            logs: Vec::new(),
+            unreachable: Vec::new(),
+            moves: Vec::new(),
+            lease_ms: 30_000,
+        };
+        let out = StatusOut::new(&st, [(0, "127.0.0.1:9060".to_string())]);
+        let mib = 1u64 << 20;
+        assert_eq!(out.servers[0].free_bytes, 90 * mib);
+        assert_eq!(out.servers[1].free_bytes, 0, "draining");
+        assert_eq!(out.classes[0].free_bytes, 90 * mib);
+        assert_eq!(out.classes[0].capacity_bytes, 300 * mib);
+        assert_eq!(out.classes[0].used_bytes, 30 * mib);
     }
 }
