@@ -63,6 +63,7 @@ pub enum Peer {
 
 #[derive(Args, Clone)]
 pub struct BenchArgs {
+    /// What to measure
     mode: Mode,
     /// Operations per client (measured)
     #[arg(short = 'k', long, default_value_t = 10_000)]
@@ -137,6 +138,7 @@ pub struct BenchArgs {
     /// the run (comma-separated or repeated: `--vs redis,memcached`)
     #[arg(long, value_delimiter = ',')]
     vs: Vec<Peer>,
+    /// Print the results as JSON (`docs/bench.md` has the schema)
     #[arg(long)]
     json: bool,
 }

@@ -1,22 +1,97 @@
-//! What every subcommand shares: size flags and the one-line error text.
+//! What every subcommand shares: size flags, and the one error format
+//! (`nk: Code: message`, or JSON on stderr for a command given `--json`).
 
+use nodekernel_client::ErrorCode;
 use nodekernel_cluster::ByteSize;
+use serde::Serialize;
 
-/// Parses a size flag like `512MiB`.
+/// Parses a size flag like `512MiB` (the config file's sizes, and `nk
+/// policy set`'s, take the same forms).
 pub fn parse_size(s: &str) -> Result<ByteSize, String> {
     ByteSize::parse(s)
 }
 
-/// An error and its causes on one line, `a: b: c`, like `anyhow`'s `{:#}`,
-/// but a cause whose text the line already contains is left out: many
-/// errors repeat their cause in their own message (an OS error would
-/// otherwise appear two or three times).
+/// The code an error is printed with: the wire code of a cluster error
+/// (`docs/cli.md` lists them), or `Io` for a local file that could not be
+/// read or written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    Wire(ErrorCode),
+    Io,
+}
+
+impl Code {
+    pub fn name(self) -> &'static str {
+        match self {
+            Code::Wire(c) => c.name(),
+            Code::Io => "Io",
+        }
+    }
+}
+
+/// An error of the command line itself, with the code it is printed with.
+#[derive(Debug)]
+pub struct Coded {
+    pub code: Code,
+    pub message: String,
+}
+
+impl std::fmt::Display for Coded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Coded {}
+
+/// An error with `code` and `message`.
+pub fn coded(code: Code, message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Coded {
+        code,
+        message: message.into(),
+    })
+}
+
+/// `InvalidArgument`, the code of a request the command line refuses.
+pub fn invalid(message: impl Into<String>) -> anyhow::Error {
+    coded(Code::Wire(ErrorCode::InvalidArgument), message)
+}
+
+/// The code of `e`: the first coded cause in its chain (a cluster error's
+/// wire code, a local I/O error's kind), else `Internal`.
+pub fn code_of(e: &anyhow::Error) -> Code {
+    for cause in e.chain() {
+        if let Some(c) = cause.downcast_ref::<Coded>() {
+            return c.code;
+        }
+        if let Some(c) = cause.downcast_ref::<nodekernel_client::Error>() {
+            return Code::Wire(c.code);
+        }
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            return match io.kind() {
+                std::io::ErrorKind::NotFound => Code::Wire(ErrorCode::NotFound),
+                std::io::ErrorKind::AlreadyExists => Code::Wire(ErrorCode::AlreadyExists),
+                std::io::ErrorKind::StorageFull => Code::Wire(ErrorCode::NoSpace),
+                _ => Code::Io,
+            };
+        }
+    }
+    Code::Wire(ErrorCode::Internal)
+}
+
+/// `e` and its causes on one line (`a: b: c`) without codes: a cluster
+/// error gives its message, and a cause whose text the line already
+/// contains is left out (many errors repeat their cause in their own
+/// message: an OS error would otherwise appear two or three times).
 pub fn error_text<'a>(
     chain: impl Iterator<Item = &'a (dyn std::error::Error + 'static)>,
 ) -> String {
     let mut text = String::new();
     for e in chain {
-        let part = e.to_string();
+        let part = match e.downcast_ref::<nodekernel_client::Error>() {
+            Some(c) => c.message.clone(),
+            None => e.to_string(),
+        };
         if text.contains(&part) {
             continue;
         }
@@ -28,9 +103,31 @@ pub fn error_text<'a>(
     text
 }
 
+#[derive(Serialize)]
+struct ErrorJson<'a> {
+    code: &'a str,
+    message: &'a str,
+}
+
+/// The line `nk` prints on stderr for a failed command: `nk: Code:
+/// message`, or `{"error":{"code":..,"message":..}}` with `json`.
+pub fn error_line(e: &anyhow::Error, json: bool) -> String {
+    let code = code_of(e).name();
+    let message = error_text(e.chain());
+    if json {
+        let body = ErrorJson {
+            code,
+            message: &message,
+        };
+        serde_json::json!({ "error": body }).to_string()
+    } else {
+        format!("nk: {code}: {message}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::error_text;
+    use super::*;
 
     #[test]
     fn error_text_prints_each_cause_once() {
@@ -57,5 +154,34 @@ mod tests {
         );
         let e = anyhow::anyhow!("plain");
         assert_eq!(error_text(e.chain()), "plain");
+    }
+
+    #[test]
+    fn every_error_prints_one_code_and_its_message() {
+        let cluster = anyhow::Error::new(nodekernel_client::Error::new(
+            ErrorCode::NotFound,
+            "/a does not exist",
+        ))
+        .context("copying /a");
+        assert_eq!(
+            error_line(&cluster, false),
+            "nk: NotFound: copying /a: /a does not exist"
+        );
+        let v: serde_json::Value = serde_json::from_str(&error_line(&cluster, true)).unwrap();
+        assert_eq!(v["error"]["code"], "NotFound");
+        assert_eq!(v["error"]["message"], "copying /a: /a does not exist");
+        let local = anyhow::Error::new(std::io::Error::from_raw_os_error(libc::EISDIR))
+            .context("cannot write ./x");
+        assert!(error_line(&local, false).starts_with("nk: Io: cannot write ./x: "));
+        let missing = anyhow::Error::new(std::io::Error::from_raw_os_error(libc::ENOENT));
+        assert!(error_line(&missing, false).starts_with("nk: NotFound: "));
+        assert_eq!(
+            error_line(&invalid("--type x: expected dir"), false),
+            "nk: InvalidArgument: --type x: expected dir"
+        );
+        assert_eq!(
+            error_line(&anyhow::anyhow!("uncoded"), false),
+            "nk: Internal: uncoded"
+        );
     }
 }

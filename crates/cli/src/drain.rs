@@ -115,10 +115,13 @@ pub async fn drain(
         } else if since.elapsed() >= stuck_after
             && (s.failed_moves > failed || s.used_blocks <= s.unmovable_blocks)
         {
-            anyhow::bail!(
+            return Err(crate::common::coded(
+                crate::common::Code::Wire(nodekernel_client::ErrorCode::Timeout),
+                format!(
                 "the drain of {server} makes no progress (it goes on in the background; `nk drain {server} --cancel` stops it): {}",
                 line(&s, block_size).replace('\n', ";")
-            );
+            ),
+            ));
         }
         tokio::time::sleep(POLL).await;
         parts = client.drain(server, false).await?;
@@ -136,7 +139,10 @@ pub async fn drain(
         }
     }
     if waiting && s.state == "cancelled" {
-        anyhow::bail!("the drain of {server} was cancelled");
+        return Err(crate::common::coded(
+            crate::common::Code::Wire(nodekernel_client::ErrorCode::Busy),
+            format!("the drain of {server} was cancelled"),
+        ));
     }
     Ok(())
 }

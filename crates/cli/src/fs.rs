@@ -1,116 +1,159 @@
-//! File-system, key/value and status commands.
+//! The namespace commands: `ls`, `mkdir`, `rm`, `mv`, `touch`, `stat`,
+//! `cat`, and the key/value ones. Every path operand may be a wildcard
+//! pattern (`crate::paths::expand`), and most commands take several.
 
-use anyhow::{bail, Context};
-use futures::stream::{self, StreamExt};
-use indicatif::{ProgressBar, ProgressStyle};
-use nodekernel_client::{
-    BufferedReader, BufferedWriter, Client, CreateOptions, NodeType, StreamOptions,
-};
+use crate::common::{coded, error_line, invalid, Code};
+use crate::copy::{progress, read_full, STREAM};
+use crate::paths::{base_name, expand, expand_all, norm};
+use crate::walk::children;
+use anyhow::Context;
+use nodekernel_client::{BufferedWriter, Client, CreateOptions, ErrorCode, NodeInfo, NodeType};
 use nodekernel_cluster::human;
 use serde::Serialize;
 use std::io::{Read, Write};
-use std::path::Path;
-use std::time::Instant;
 
-/// Buffered streams of put/get: 4 slices of 4 MiB in flight. With the
-/// default 1 MiB blocks, each slice moves its 4 blocks in parallel, so some
-/// 16 blocks stay in flight while the local file is read or written.
-const STREAM: StreamOptions = StreamOptions {
-    buffer_size: 16 << 20,
-    slice_size: 4 << 20,
-};
-
-/// Accepts `/a/b/` for `/a/b` (the core refuses empty components).
-pub fn norm(path: &str) -> String {
-    if path.len() > 1 && path.ends_with('/') {
-        path.trim_end_matches('/').to_string()
-    } else {
-        path.to_string()
-    }
-}
-
-/// A progress bar on stderr (drawn only on a terminal) for a copy of
-/// `total` bytes; with no total (stdin), the bytes so far and the rate
-/// only: no bar, total or time left it cannot know.
-fn progress(total: Option<u64>, what: &str) -> ProgressBar {
-    let (pb, template) = match total {
-        Some(t) => (
-            ProgressBar::new(t),
-            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-        ),
-        None => (
-            ProgressBar::new_spinner(),
-            "{msg} {spinner} {bytes} {bytes_per_sec}",
-        ),
-    };
-    pb.set_draw_target(indicatif::ProgressDrawTarget::stderr());
-    let style = ProgressStyle::with_template(template)
-        .expect("static template")
-        .progress_chars("=> ");
-    pb.set_style(style);
-    pb.set_message(what.to_string());
-    pb
-}
-
-fn rate(bytes: u64, secs: f64) -> String {
-    if secs <= 0.0 {
-        return "-".into();
-    }
-    format!("{}/s", human((bytes as f64 / secs) as u64))
+/// How `nk ls` shows what it lists.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LsOpts {
+    /// Type, permissions, size and time before each name.
+    pub long: bool,
+    /// Containers' contents, all the way down.
+    pub recursive: bool,
+    /// Sizes in KiB, MiB, ... instead of bytes.
+    pub human: bool,
+    /// Containers themselves, not their contents.
+    pub directory: bool,
+    pub json: bool,
 }
 
 #[derive(Serialize)]
-struct Entry {
+struct LsEntry {
     name: String,
     path: String,
     #[serde(rename = "type")]
-    ty: String,
+    ty: &'static str,
+    /// Bytes (data nodes) or children (containers).
     size: u64,
+    /// Permission bits, in octal.
+    mode: String,
+    /// Modification time, nanoseconds since the Unix epoch.
+    mtime_ns: u64,
 }
 
-pub async fn ls(client: &Client, path: &str, json: bool) -> anyhow::Result<()> {
-    let path = norm(path);
-    let node = client.lookup(&path).await?;
-    let entries: Vec<Entry> = if node.info().ty.is_container() {
-        let mut names = client.enumerate(&path).await?;
-        names.sort();
-        let lookups = names.into_iter().map(|name| {
-            let child = nodekernel_proto::path::join(&path, &name);
-            async move {
-                // A child removed between enumerate and lookup is skipped.
-                client.lookup(&child).await.ok().map(|n| Entry {
-                    name,
-                    path: child,
-                    ty: n.info().ty.name().to_string(),
-                    size: n.info().size,
-                })
-            }
-        });
-        stream::iter(lookups)
-            .buffered(32)
-            .filter_map(|e| async { e })
-            .collect()
-            .await
-    } else {
-        let name = path.rsplit('/').next().unwrap_or_default().to_string();
-        vec![Entry {
+impl LsEntry {
+    fn new(name: String, path: String, i: &NodeInfo) -> LsEntry {
+        LsEntry {
             name,
-            path: path.clone(),
-            ty: node.info().ty.name().to_string(),
-            size: node.info().size,
-        }]
-    };
-    if json {
-        println!("{}", serde_json::to_string_pretty(&entries)?);
-    } else {
-        for e in &entries {
-            let size = if matches!(e.ty.as_str(), "File" | "KeyValue") {
-                human(e.size)
-            } else {
-                format!("{} items", e.size)
-            };
-            println!("{:<9} {:>12}  {}", e.ty, size, printable(&e.name));
+            path,
+            ty: i.ty.name(),
+            size: i.size,
+            mode: format!("{:04o}", i.mode),
+            mtime_ns: i.mtime,
         }
+    }
+
+    fn line(&self, opts: LsOpts) -> String {
+        if !opts.long {
+            return printable(&self.name).into_owned();
+        }
+        let size = if NodeType::parse(self.ty).is_some_and(NodeType::is_container) {
+            format!("{} items", self.size)
+        } else if opts.human {
+            human(self.size)
+        } else {
+            self.size.to_string()
+        };
+        let mode = u32::from_str_radix(&self.mode, 8).unwrap_or(0);
+        format!(
+            "{:<9} {} {:>12}  {}  {}",
+            self.ty,
+            symbolic_mode(mode),
+            size,
+            &utc(self.mtime_ns)[..16],
+            printable(&self.name)
+        )
+    }
+}
+
+/// `rwxr-xr-x` for 0o755.
+fn symbolic_mode(mode: u32) -> String {
+    (0..9)
+        .map(|i| {
+            if mode & (0o400 >> i) == 0 {
+                '-'
+            } else {
+                ['r', 'w', 'x'][i % 3]
+            }
+        })
+        .collect()
+}
+
+/// `nk ls`: for each operand (wildcards expanded), a data node's own line,
+/// or a container's children (with `-d`: the container's line); with
+/// `-R`, every container below too, each under a `PATH:` heading. With
+/// several operands, data nodes come first, then each container under its
+/// heading, as `ls` does.
+pub async fn ls(client: &Client, operands: &[String], opts: LsOpts) -> anyhow::Result<()> {
+    let operands = if operands.is_empty() {
+        vec!["/".to_string()]
+    } else {
+        operands.to_vec()
+    };
+    let paths = expand_all(client, &operands).await?;
+    let mut files = Vec::new();
+    let mut dirs = Vec::new();
+    for p in paths {
+        let node = client.lookup(&p).await?;
+        let i = node.info().clone();
+        if i.ty.is_container() && !opts.directory {
+            dirs.push(p);
+        } else {
+            // A data node is shown by the path it was named by, as `ls`
+            // shows a file operand.
+            files.push(LsEntry::new(p.clone(), p, &i));
+        }
+    }
+    let mut json_out = Vec::new();
+    let mut out = std::io::stdout().lock();
+    for e in &files {
+        if !opts.json {
+            writeln!(out, "{}", e.line(opts))?;
+        }
+    }
+    let headings = opts.recursive || dirs.len() + files.len() > 1;
+    let mut first = files.is_empty();
+    json_out.extend(files);
+    for d in dirs {
+        // Each container's children under its heading, then (with -R) each
+        // child container's, depth first, as `ls -R` does.
+        let mut pending = vec![d];
+        while let Some(dir) = pending.pop() {
+            let kids = children(client, &dir, "", 1, true).await?;
+            if !opts.json && headings {
+                let sep = if first { "" } else { "\n" };
+                writeln!(out, "{sep}{}:", printable(&dir))?;
+            }
+            first = false;
+            let mut below = Vec::new();
+            for k in kids {
+                let Some(info) = k.info.as_ref() else {
+                    continue;
+                };
+                let entry = LsEntry::new(base_name(&k.path).to_string(), k.path.clone(), info);
+                if opts.json {
+                    json_out.push(entry);
+                } else {
+                    writeln!(out, "{}", entry.line(opts))?;
+                }
+                if opts.recursive && k.ty.is_container() {
+                    below.push(k.path);
+                }
+            }
+            pending.extend(below.into_iter().rev());
+        }
+    }
+    if opts.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&json_out)?)?;
     }
     Ok(())
 }
@@ -138,7 +181,7 @@ pub async fn kv_ls(client: &Client, table: &str, json: bool) -> anyhow::Result<(
     let table = norm(table);
     let node = client.lookup(&table).await?;
     if node.info().ty != NodeType::Table {
-        bail!("{table} is a {}, not a Table", node.info().ty);
+        return Err(not_a(&table, node.info().ty, "Table"));
     }
     let mut keys = client.enumerate(&table).await?;
     keys.sort();
@@ -154,354 +197,263 @@ pub async fn kv_ls(client: &Client, table: &str, json: bool) -> anyhow::Result<(
     Ok(())
 }
 
+/// `TypeMismatch: PATH is a TYPE, not a WANTED`.
+pub fn not_a(path: &str, ty: NodeType, wanted: &str) -> anyhow::Error {
+    coded(
+        Code::Wire(ErrorCode::TypeMismatch),
+        format!("{path} is a {ty}, not a {wanted}"),
+    )
+}
+
 pub async fn kv_rm(client: &Client, key: &str) -> anyhow::Result<()> {
     let key = norm(key);
     let node = client.lookup(&key).await?;
     if node.info().ty != NodeType::KeyValue {
-        bail!("{key} is a {}, not a KeyValue", node.info().ty);
+        return Err(not_a(&key, node.info().ty, "KeyValue"));
     }
     Ok(client.delete(&key, false).await?)
 }
 
-/// Prints a data node, or a Bag's Files as one stream.
-pub async fn cat(client: &Client, path: &str, reads_in_flight: usize) -> anyhow::Result<()> {
-    let path = norm(path);
-    if client.lookup(&path).await?.info().ty != NodeType::Bag {
-        return get(client, &path, Path::new("-")).await;
-    }
-    let mut bag = client.read_bag(&path, reads_in_flight).await?;
-    let mut out = std::io::stdout().lock();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = bag.read(&mut buf).await?;
-        if n == 0 {
-            break;
+/// Prints data nodes, and Bags' Files as one stream, one after another.
+pub async fn cat(
+    client: &Client,
+    operands: &[String],
+    reads_in_flight: usize,
+) -> anyhow::Result<()> {
+    for path in expand_all(client, operands).await? {
+        let ty = client.lookup(&path).await?.info().ty;
+        if ty.is_container() && ty != NodeType::Bag {
+            return Err(not_a(&path, ty, "File, KeyValue or Bag"));
         }
-        out.write_all(&buf[..n])?;
+        if ty != NodeType::Bag {
+            let dest = crate::paths::Loc::Local("-".into());
+            let opts = crate::copy::CopyOpts {
+                force: false,
+                recursive: false,
+                parallel: 1,
+                create: CreateOptions::default(),
+            };
+            let src = [crate::paths::Loc::Cluster(path)];
+            crate::copy::copy(client, "get", &src, "-", dest, &opts).await?;
+            continue;
+        }
+        let mut bag = client.read_bag(&path, reads_in_flight).await?;
+        let mut out = std::io::stdout().lock();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = bag.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            out.write_all(&buf[..n])?;
+        }
+        out.flush()?;
     }
-    out.flush()?;
     Ok(())
 }
 
-pub async fn mkdir(
-    client: &Client,
-    path: &str,
-    parents: bool,
-    ty: &str,
-    non_enumerable: bool,
-    class: Option<u8>,
-) -> anyhow::Result<()> {
-    let path = norm(path);
-    let ty = NodeType::parse(ty)
+/// What `nk mkdir` makes.
+#[derive(Debug, Clone)]
+pub struct MkdirOpts {
+    pub parents: bool,
+    pub ty: String,
+    pub non_enumerable: bool,
+    pub class: Option<u8>,
+}
+
+/// `nk mkdir`: each path in turn; stops at the first that fails.
+pub async fn mkdir(client: &Client, paths: &[String], o: &MkdirOpts) -> anyhow::Result<()> {
+    let ty = NodeType::parse(&o.ty)
         .filter(|t| t.is_container())
-        .with_context(|| format!("--type {ty}: expected dir, table or bag"))?;
-    if non_enumerable && ty != NodeType::Table {
-        bail!("--non-enumerable only applies to tables");
+        .ok_or_else(|| invalid(format!("--type {}: expected dir, table or bag", o.ty)))?;
+    if o.non_enumerable && ty != NodeType::Table {
+        return Err(invalid("--non-enumerable only applies to tables"));
     }
-    // Check the whole path before creating any parent.
-    nodekernel_proto::path::components(&path)?;
-    if parents {
-        if let Some((parent, _)) = path.rsplit_once('/').filter(|(p, _)| !p.is_empty()) {
-            client.mkdir(parent, true).await?;
+    for path in paths {
+        let path = norm(path);
+        // Check the whole path before creating any parent.
+        nodekernel_proto::path::components(&path)?;
+        if o.parents {
+            if let Some((parent, _)) = path.rsplit_once('/').filter(|(p, _)| !p.is_empty()) {
+                client.mkdir(parent, true).await?;
+            }
+        }
+        let opts = CreateOptions {
+            storage_class: o.class,
+            local: false,
+            enumerable: !o.non_enumerable,
+            ..CreateOptions::default()
+        };
+        match client.create(&path, ty, opts).await {
+            Err(e) if o.parents && e.code == ErrorCode::AlreadyExists => {
+                // `mkdir -p` of an existing container is fine; of a File not.
+                let t = client.lookup(&path).await?.info().ty;
+                if !t.is_container() {
+                    return Err(not_a(&path, t, "container"));
+                }
+            }
+            r => {
+                r?;
+            }
         }
     }
-    let opts = CreateOptions {
-        storage_class: class,
-        local: false,
-        enumerable: !non_enumerable,
-        ..CreateOptions::default()
-    };
-    match client.create(&path, ty, opts).await {
-        Err(e) if parents && e.code == nodekernel_client::ErrorCode::AlreadyExists => Ok(()),
-        r => r.map(drop).map_err(Into::into),
-    }
+    Ok(())
 }
 
-pub async fn put(
+/// `nk rm`: removes every path (wildcards expanded); with `force`, a
+/// missing one (or a pattern that matches nothing) is no error. Goes on
+/// past a failure; one failure is the command's error, several are
+/// printed and counted.
+pub async fn rm(
     client: &Client,
-    local: &Path,
-    path: &str,
-    opts: CreateOptions,
+    operands: &[String],
+    recursive: bool,
+    force: bool,
 ) -> anyhow::Result<()> {
-    let path = norm(path);
-    let start = Instant::now();
-    let (mut input, total): (Box<dyn Read>, Option<u64>) = if local == Path::new("-") {
-        (Box::new(std::io::stdin().lock()), None)
-    } else {
-        let f = std::fs::File::open(local)
-            .with_context(|| format!("cannot open {}", local.display()))?;
-        let len = f.metadata().map(|m| m.len()).ok();
-        (Box::new(f), len)
-    };
-    let node = client.create(&path, NodeType::File, opts).await?;
-    let pb = progress(total, "put");
-    let copied = async {
-        let mut out = BufferedWriter::new(node, STREAM)?;
-        let mut buf = vec![0u8; STREAM.slice_size];
-        let n = copy_in(&mut out, &mut input, &mut buf, 0, local, &pb).await?;
-        out.close().await?;
-        anyhow::Ok(n)
-    }
-    .await;
-    pb.finish_and_clear();
-    let written = match copied {
-        Ok(n) => n,
-        Err(e) => {
-            // A put that fails leaves nothing behind: the file this put
-            // created goes, and its blocks are freed at once.
-            if let Err(d) = client.delete(&path, false).await {
-                eprintln!("nk: could not remove the partial {path}: {d}");
+    let mut errors = Vec::new();
+    for o in operands {
+        let paths = match expand(client, o).await {
+            Ok(p) => p,
+            Err(e) if force && crate::common::code_of(&e) == Code::Wire(ErrorCode::NotFound) => {
+                continue
             }
-            return Err(e);
-        }
-    };
-    let secs = start.elapsed().as_secs_f64();
-    eprintln!(
-        "put {} -> {path}: {} in {secs:.3} s ({})",
-        local.display(),
-        human(written),
-        rate(written, secs)
-    );
-    Ok(())
-}
-
-/// Streams into `out` the `filled` bytes already in `buf`, then the rest of
-/// `input` (read into `buf`, a slice at a time); returns the bytes taken.
-async fn copy_in(
-    out: &mut BufferedWriter,
-    input: &mut dyn Read,
-    buf: &mut [u8],
-    filled: usize,
-    local: &Path,
-    pb: &ProgressBar,
-) -> anyhow::Result<u64> {
-    // The slices already taken are written in the background while the
-    // next piece is read.
-    let mut n = filled;
-    let mut written = 0u64;
-    loop {
-        out.write_all(&buf[..n]).await?;
-        written += n as u64;
-        pb.set_position(written);
-        n = read_full(input, buf).with_context(|| format!("reading {}", local.display()))?;
-        if n == 0 {
-            return Ok(written);
-        }
-    }
-}
-
-/// Reads until `buf` is full or the input ends.
-fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match r.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
-}
-
-/// Copies a node to a local file (or stdout with `-`). The result is one
-/// whole version of the node or nothing: a file is written under a
-/// temporary name beside it and renamed on success; stdout gets the bytes
-/// only once all of them were read (spooled to an unlinked temporary
-/// file). A value replaced during the copy is read again, like
-/// [`Client::get`].
-pub async fn get(client: &Client, path: &str, local: &Path) -> anyhow::Result<()> {
-    let path = norm(path);
-    let start = Instant::now();
-    let to_stdout = local == Path::new("-");
-    // A device, FIFO or socket is written through, never replaced by a
-    // renamed file (`nk get KEY /dev/null` as root must leave /dev/null).
-    let special = std::fs::metadata(local).is_ok_and(|m| !m.is_file() && !m.is_dir());
-    let (mut spool, tmp) = if to_stdout || special {
-        (Spool::anonymous()?, None)
-    } else {
-        let (f, tmp) = Spool::beside(local)?;
-        (f, Some(tmp))
-    };
-    let fetched = fetch(client, &path, &mut spool, !to_stdout).await;
-    let size = match fetched {
-        Ok(size) => size,
-        Err(e) => {
-            if let Some(tmp) = &tmp {
-                let _ = std::fs::remove_file(tmp);
+            Err(e) => {
+                errors.push(e);
+                continue;
             }
-            return Err(e);
-        }
-    };
-    if let Some(tmp) = tmp {
-        let done = spool
-            .file
-            .sync_all()
-            .and_then(|()| std::fs::rename(&tmp, local));
-        if let Err(e) = done {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e).with_context(|| format!("cannot write {}", local.display()));
-        }
-        let secs = start.elapsed().as_secs_f64();
-        eprintln!(
-            "get {path} -> {}: {} in {secs:.3} s ({})",
-            local.display(),
-            human(size),
-            rate(size, secs)
-        );
-    } else {
-        use std::io::Seek;
-        spool.file.rewind()?;
-        let mut out: Box<dyn Write> = if special {
-            let f = std::fs::OpenOptions::new()
-                .write(true)
-                .open(local)
-                .with_context(|| format!("cannot write {}", local.display()))?;
-            Box::new(f)
-        } else {
-            Box::new(std::io::stdout().lock())
         };
-        std::io::copy(&mut spool.file, &mut out)
-            .and_then(|_| out.flush())
-            .with_context(|| format!("cannot write {}", local.display()))?;
-    }
-    Ok(())
-}
-
-/// A local file a get writes into before the result is made visible.
-struct Spool {
-    file: std::fs::File,
-}
-
-impl Spool {
-    /// An unlinked file in the temporary directory, readable only by us.
-    fn anonymous() -> anyhow::Result<Spool> {
-        let dir = std::env::temp_dir();
-        let (file, p) = create_unique(&dir, "nk-get")?;
-        let _ = std::fs::remove_file(&p);
-        Ok(Spool { file })
-    }
-
-    /// A new file beside `local` (same file system, so the rename is
-    /// atomic), and its path.
-    fn beside(local: &Path) -> anyhow::Result<(Spool, std::path::PathBuf)> {
-        let dir = match local.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => std::path::PathBuf::from("."),
-        };
-        let name = local
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "get".into());
-        let (file, p) = create_unique(&dir, &format!(".{name}.nk-part"))
-            .with_context(|| format!("cannot create {}", local.display()))?;
-        Ok((Spool { file }, p))
-    }
-
-    fn reset(&mut self) -> std::io::Result<()> {
-        use std::io::Seek;
-        self.file.set_len(0)?;
-        self.file.rewind().map(drop)
-    }
-}
-
-fn create_unique(dir: &Path, prefix: &str) -> std::io::Result<(std::fs::File, std::path::PathBuf)> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut attempt = 0u32;
-    loop {
-        let p = dir.join(format!("{prefix}-{}-{attempt}", std::process::id()));
-        match std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&p)
-        {
-            Ok(f) => return Ok((f, p)),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 1000 => {
-                attempt += 1
+        for p in paths {
+            match client.delete(&p, recursive).await {
+                Ok(()) => {}
+                Err(e) if force && e.code == ErrorCode::NotFound => {}
+                Err(e) if e.code == ErrorCode::NotEmpty && !recursive => errors.push(coded(
+                    Code::Wire(ErrorCode::NotEmpty),
+                    format!("{}: use -r to remove it with everything in it", e.message),
+                )),
+                Err(e) => errors.push(e.into()),
             }
-            Err(e) => return Err(e),
+        }
+    }
+    several_or_one("rm", errors)
+}
+
+/// Ok without errors; the error itself if there is one; else each printed
+/// and a summary with the first one's code.
+pub fn several_or_one(verb: &str, mut errors: Vec<anyhow::Error>) -> anyhow::Result<()> {
+    match errors.len() {
+        0 => Ok(()),
+        1 => Err(errors.remove(0)),
+        n => {
+            for e in &errors {
+                eprintln!("{}", error_line(e, false));
+            }
+            Err(coded(
+                crate::common::code_of(&errors[0]),
+                format!("{verb}: {n} failed"),
+            ))
         }
     }
 }
 
-/// Reads the whole node at `path` into `spool`, looking it up again when
-/// it is replaced meanwhile; returns its size.
-async fn fetch(
+/// `nk mv SRC... DST`: each source moved atomically; into DST if it is a
+/// container (several sources need one), else to DST, which must not
+/// exist unless `force` (then an existing File or KeyValue, or an empty
+/// container of the same type, is replaced in the same step).
+pub async fn mv(
     client: &Client,
-    path: &str,
-    spool: &mut Spool,
-    show_progress: bool,
-) -> anyhow::Result<u64> {
-    let mut attempt = 1;
-    loop {
-        let node = client.lookup(path).await?;
-        if node.info().ty.is_container() {
-            bail!(
-                "{path} is a {}; only File and KeyValue nodes hold data",
-                node.info().ty
-            );
+    sources: &[String],
+    dest_arg: &str,
+    force: bool,
+) -> anyhow::Result<()> {
+    let sources = expand_all(client, sources).await?;
+    let dest = norm(dest_arg);
+    let into = match crate::paths::cluster_type(client, &dest).await? {
+        Some(t) if t.is_container() => true,
+        Some(t) if sources.len() > 1 || dest_arg.ends_with('/') => {
+            return Err(not_a(&dest, t, "container to move into"))
         }
-        let size = node.info().size;
-        let pb = if show_progress {
-            progress(Some(size), "get")
+        None if sources.len() > 1 || (dest_arg.ends_with('/') && dest_arg.len() > 1) => {
+            return Err(coded(
+                Code::Wire(ErrorCode::NotFound),
+                format!("{dest}: no such container to move into"),
+            ))
+        }
+        _ => false,
+    };
+    for src in sources {
+        let target = if into {
+            nodekernel_proto::path::join(&dest, base_name(&src))
         } else {
-            ProgressBar::hidden()
+            dest.clone()
         };
-        let copied = copy_out(node, spool, &pb).await;
-        pb.finish_and_clear();
-        match copied {
-            Ok(()) => return Ok(size),
-            Err(CopyError::Node(e))
-                if e.code == nodekernel_client::ErrorCode::Stale
-                    && attempt < nodekernel_client::GET_ATTEMPTS =>
-            {
-                attempt += 1;
-                spool.reset()?;
+        match client.rename_with(&src, &target, force).await {
+            Err(e) if e.code == ErrorCode::AlreadyExists && !force => {
+                return Err(coded(
+                    Code::Wire(ErrorCode::AlreadyExists),
+                    format!("cannot move {src} to {target}: it exists (use -f to replace it)"),
+                ))
             }
-            Err(CopyError::Node(e)) => return Err(e.into()),
-            Err(CopyError::Local(e)) => return Err(e.into()),
+            r => r?,
         }
     }
+    Ok(())
 }
 
-enum CopyError {
-    Node(nodekernel_client::Error),
-    Local(std::io::Error),
-}
-
-async fn copy_out(
-    node: nodekernel_client::Node,
-    spool: &mut Spool,
-    pb: &ProgressBar,
-) -> Result<(), CopyError> {
-    let mut input = BufferedReader::new(node, 0, STREAM).map_err(CopyError::Node)?;
-    // The next slices are read in the background while this one is written
-    // to the local file, straight from the stream's buffer.
-    loop {
-        let slice = input.fill_buf().await.map_err(CopyError::Node)?;
-        if slice.is_empty() {
-            return Ok(());
+/// `nk touch`: a missing path becomes an empty File (an empty KeyValue in
+/// a Table); an existing node gets the current time as its modification
+/// time. With `no_create`, missing paths are left alone.
+pub async fn touch(client: &Client, operands: &[String], no_create: bool) -> anyhow::Result<()> {
+    for o in operands {
+        let paths = match expand(client, o).await {
+            Ok(p) => p,
+            Err(e) if crate::common::code_of(&e) == Code::Wire(ErrorCode::NotFound) => {
+                if no_create || crate::paths::has_wildcard(o) {
+                    continue;
+                }
+                vec![norm(o)]
+            }
+            Err(e) => return Err(e),
+        };
+        for p in paths {
+            let now = nodekernel_client::now_ns();
+            match client.set_attrs(&p, None, Some(now)).await {
+                Ok(_) => continue,
+                Err(e) if e.code == ErrorCode::NotFound && !no_create => {}
+                Err(e) if e.code == ErrorCode::NotFound => continue,
+                Err(e) => return Err(e.into()),
+            }
+            let (parent, _) = nodekernel_proto::path::split_parent(&p)?;
+            let in_table =
+                crate::paths::cluster_type(client, parent).await? == Some(NodeType::Table);
+            if in_table {
+                client.put(&p, b"").await?;
+                continue;
+            }
+            match client
+                .create(&p, NodeType::File, CreateOptions::default())
+                .await
+            {
+                Ok(node) => node.close().await?,
+                // Created by someone else meanwhile: touched either way.
+                Err(e) if e.code == ErrorCode::AlreadyExists => {}
+                Err(e) => return Err(e.into()),
+            }
         }
-        spool.file.write_all(slice).map_err(CopyError::Local)?;
-        let n = slice.len();
-        input.consume(n);
-        pb.set_position(input.position());
     }
+    Ok(())
 }
 
 #[derive(Serialize)]
-struct StatOut<'a> {
-    path: &'a str,
+struct StatOut {
+    path: String,
     id: u64,
     #[serde(rename = "type")]
-    ty: &'a str,
+    ty: &'static str,
     size: u64,
     block_size: u32,
     blocks: u64,
     storage_class: Option<u8>,
-    location: &'a str,
+    location: String,
     enumerable: bool,
     /// Permission bits, in octal.
     mode: String,
@@ -512,7 +464,7 @@ struct StatOut<'a> {
 }
 
 /// `ns` (since the Unix epoch) as a UTC date and time.
-fn utc(ns: u64) -> String {
+pub fn utc(ns: u64) -> String {
     let secs = ns / 1_000_000_000;
     let (days, rem) = (secs / 86_400, secs % 86_400);
     // Civil from days (Howard Hinnant's algorithm).
@@ -544,9 +496,40 @@ struct BlockOut {
     block: u32,
 }
 
-pub async fn stat(client: &Client, path: &str, json: bool, blocks: bool) -> anyhow::Result<()> {
-    let path = norm(path);
-    let node = client.lookup(&path).await?;
+/// `nk stat`: each path's metadata (wildcards expanded); `--json` prints
+/// an object for one path and an array for several.
+pub async fn stat(
+    client: &Client,
+    operands: &[String],
+    json: bool,
+    blocks: bool,
+) -> anyhow::Result<()> {
+    let paths = expand_all(client, operands).await?;
+    let several = paths.len() > 1 || operands.len() > 1;
+    let mut outs = Vec::new();
+    for p in &paths {
+        outs.push(stat_one(client, p, blocks).await?);
+    }
+    if json {
+        let text = if several {
+            serde_json::to_string_pretty(&outs)?
+        } else {
+            serde_json::to_string_pretty(&outs[0])?
+        };
+        println!("{text}");
+        return Ok(());
+    }
+    for (i, out) in outs.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
+        print_stat(out);
+    }
+    Ok(())
+}
+
+async fn stat_one(client: &Client, path: &str, blocks: bool) -> anyhow::Result<StatOut> {
+    let node = client.lookup(path).await?;
     let block_list = if blocks {
         let names = client.status().await?.classes;
         let name = |c: u8| {
@@ -580,62 +563,61 @@ pub async fn stat(client: &Client, path: &str, json: bool, blocks: bool) -> anyh
     } else {
         i.size.div_ceil(i.block_size as u64)
     };
-    let out = StatOut {
-        path: &path,
+    Ok(StatOut {
+        path: path.to_string(),
         id: i.id,
         ty: i.ty.name(),
         size: i.size,
         block_size: i.block_size,
         blocks,
         storage_class: (i.storage_class != nodekernel_proto::NO_CLASS).then_some(i.storage_class),
-        location: &i.location,
+        location: i.location.clone(),
         enumerable: i.enumerable,
         mode: format!("{:04o}", i.mode),
         mtime_ns: i.mtime,
         block_list,
-    };
-    if json {
-        println!("{}", serde_json::to_string_pretty(&out)?);
+    })
+}
+
+fn print_stat(out: &StatOut) {
+    let container = NodeType::parse(out.ty).is_some_and(NodeType::is_container);
+    println!("path:          {}", printable(&out.path));
+    println!("type:          {}", out.ty);
+    if container {
+        println!("children:      {}", out.size);
+        println!("enumerable:    {}", out.enumerable);
     } else {
-        println!("path:          {}", out.path);
-        println!("type:          {}", out.ty);
-        if i.ty.is_container() {
-            println!("children:      {}", out.size);
-            println!("enumerable:    {}", out.enumerable);
-        } else {
-            println!("size:          {} ({} bytes)", human(out.size), out.size);
-            println!(
-                "blocks:        {} of {}",
-                out.blocks,
-                human(out.block_size as u64)
-            );
-        }
-        let class = out
-            .storage_class
-            .map_or("any (highest with free space)".to_string(), |c| {
-                c.to_string()
-            });
-        println!("storage class: {class}");
-        if !out.location.is_empty() {
-            println!("location:      {}", out.location);
-        }
-        println!("mode:          {}", out.mode);
-        println!("modified:      {}", utc(out.mtime_ns));
-        println!("id:            {}", out.id);
-        if let Some(list) = &out.block_list {
+        println!("size:          {} ({} bytes)", human(out.size), out.size);
+        println!(
+            "blocks:        {} of {}",
+            out.blocks,
+            human(out.block_size as u64)
+        );
+    }
+    let class = out
+        .storage_class
+        .map_or("any (highest with free space)".to_string(), |c| {
+            c.to_string()
+        });
+    println!("storage class: {class}");
+    if !out.location.is_empty() {
+        println!("location:      {}", out.location);
+    }
+    println!("mode:          {}", out.mode);
+    println!("modified:      {}", utc(out.mtime_ns));
+    println!("id:            {}", out.id);
+    if let Some(list) = &out.block_list {
+        println!(
+            "{:>6}  {:<6} {:<10} {:<7} {:<22} {:>8}",
+            "block", "class", "name", "server", "address", "index"
+        );
+        for b in list {
             println!(
                 "{:>6}  {:<6} {:<10} {:<7} {:<22} {:>8}",
-                "block", "class", "name", "server", "address", "index"
+                b.index, b.storage_class, b.class_name, b.server, b.addr, b.block
             );
-            for b in list {
-                println!(
-                    "{:>6}  {:<6} {:<10} {:<7} {:<22} {:>8}",
-                    b.index, b.storage_class, b.class_name, b.server, b.addr, b.block
-                );
-            }
         }
     }
-    Ok(())
 }
 
 /// `nk kv put KEY [VALUE]`; without VALUE or with `-`, the value is
@@ -655,7 +637,6 @@ pub async fn kv_put(client: &Client, key: &str, value: Option<String>) -> anyhow
 /// the old value until then. A put that fails is aborted; one interrupted
 /// never closes, and the metadata server drops it when its lease lapses.
 async fn kv_put_stream(client: &Client, key: &str, input: &mut dyn Read) -> anyhow::Result<()> {
-    let what = Path::new("stdin");
     let mut buf = vec![0u8; STREAM.slice_size];
     let first = read_full(input, &mut buf).context("reading the value from stdin")?;
     if first < buf.len() {
@@ -665,11 +646,24 @@ async fn kv_put_stream(client: &Client, key: &str, input: &mut dyn Read) -> anyh
         .create(key, NodeType::KeyValue, CreateOptions::default())
         .await?;
     let mut out = BufferedWriter::new(node, STREAM)?;
-    let pb = progress(None, "kv put");
-    let copied = copy_in(&mut out, input, &mut buf, first, what, &pb).await;
+    let pb = progress(None, "kv put", 1);
+    let copied = async {
+        let mut n = first;
+        let mut written = 0u64;
+        loop {
+            out.write_all(&buf[..n]).await?;
+            written += n as u64;
+            pb.set_position(written);
+            n = read_full(input, &mut buf).context("reading the value from stdin")?;
+            if n == 0 {
+                return anyhow::Ok(());
+            }
+        }
+    }
+    .await;
     pb.finish_and_clear();
     match copied {
-        Ok(_) => Ok(out.close().await?),
+        Ok(()) => Ok(out.close().await?),
         Err(e) => {
             if let Err(a) = out.abort().await {
                 // The metadata server drops the put once its lease lapses.
@@ -677,344 +671,6 @@ async fn kv_put_stream(client: &Client, key: &str, input: &mut dyn Read) -> anyh
             }
             Err(e)
         }
-    }
-}
-
-use nodekernel_admin::status::StatusOut;
-#[cfg(test)]
-use nodekernel_admin::status::{PartitionOut, ServerOut};
-
-/// The readiness line of `nk status`: more servers than expected (stores
-/// started one by one) read as such, not as "2 of 1".
-fn readiness_line(ready: bool, alive: usize, expected: u32) -> String {
-    if ready {
-        format!("ready: {alive} storage servers alive ({expected} expected)")
-    } else {
-        format!("NOT READY: {alive} of {expected} expected storage servers alive")
-    }
-}
-
-/// Waits until the cluster is ready (the expected storage servers are
-/// alive), polling status, for at most `timeout`.
-pub async fn wait_ready(
-    client: &Client,
-    timeout: std::time::Duration,
-) -> anyhow::Result<nodekernel_client::ClusterStatus> {
-    let deadline = Instant::now() + timeout;
-    let mut said = false;
-    loop {
-        let st = client.status().await?;
-        if st.is_ready() && st.unreachable.is_empty() {
-            return Ok(st);
-        }
-        let alive = st.servers.iter().filter(|s| s.alive).count();
-        if Instant::now() >= deadline {
-            if !st.unreachable.is_empty() {
-                bail!(
-                    "the cluster is not ready after {:?}: {}",
-                    timeout,
-                    unreachable_summary(&st.unreachable, client.config().metas.len())
-                );
-            }
-            bail!(
-                "the cluster is not ready after {:?}: {alive} of {} expected storage servers are alive",
-                timeout,
-                st.expected_servers
-            );
-        }
-        if !said {
-            eprintln!(
-                "waiting for storage servers: {alive} of {} alive",
-                st.expected_servers
-            );
-            said = true;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-}
-
-/// `1 of 2 metadata partitions unreachable: partition 1 at ADDR (error)`.
-fn unreachable_summary(down: &[nodekernel_proto::types::PartitionDown], total: usize) -> String {
-    format!(
-        "{} of {total} metadata partitions unreachable: {}",
-        down.len(),
-        down.iter()
-            .map(|d| format!("partition {} at {} ({})", d.partition, d.addr, d.error))
-            .collect::<Vec<_>>()
-            .join(", ")
-    )
-}
-
-/// `nk status`: prints the merged view of the metadata partitions that
-/// answer, and a line for each that does not; fails (a nonzero exit
-/// status, after the output) when any partition is unreachable.
-pub async fn status(
-    client: &Client,
-    json: bool,
-    wait: Option<std::time::Duration>,
-) -> anyhow::Result<()> {
-    let st = match wait {
-        Some(t) => wait_ready(client, t).await?,
-        None => client.status().await?,
-    };
-    let metas = &client.config().metas;
-    let out = status_view(&st, metas);
-    if json {
-        println!("{}", serde_json::to_string_pretty(&out)?);
-    } else {
-        print!("{}", status_text(&out));
-    }
-    if !st.unreachable.is_empty() {
-        bail!("{}", unreachable_summary(&st.unreachable, metas.len()));
-    }
-    Ok(())
-}
-
-/// The JSON view of a status the client merged from the partitions
-/// `metas` (what `nk status --json` prints; `nk top` shows it too).
-pub fn status_view(st: &nodekernel_client::ClusterStatus, metas: &[String]) -> StatusOut {
-    StatusOut::new(
-        st,
-        metas
-            .iter()
-            .enumerate()
-            .map(|(i, addr)| (i as u32, addr.clone())),
-    )
-}
-
-/// The human form of `nk status`.
-fn status_text(out: &StatusOut) -> String {
-    use std::fmt::Write as _;
-    let mut t = String::new();
-    // Writing to a String cannot fail.
-    macro_rules! say {
-        ($($arg:tt)*) => {{ let _ = writeln!(t, $($arg)*); }};
-    }
-    say!(
-        "block size {}, {} nodes, {} puts in progress, {} removed nodes being reclaimed",
-        human(out.block_size as u64),
-        out.nodes,
-        out.puts_in_progress,
-        out.reclaiming
-    );
-    if out.unreachable.is_empty() {
-        say!(
-            "{}",
-            readiness_line(out.ready, out.alive_servers, out.expected_servers)
-        );
-    } else {
-        say!(
-            "NOT READY: {} of {} metadata partitions unreachable ({} storage servers alive in the others, {} expected)",
-            out.unreachable.len(),
-            out.partitions.len(),
-            out.alive_servers,
-            out.expected_servers
-        );
-    }
-    // Every partition when there are several, and always one that did
-    // not answer.
-    if out.partitions.len() > 1 || !out.unreachable.is_empty() {
-        say!(
-            "metadata partitions: {} ({} unreachable)",
-            out.partitions.len(),
-            out.unreachable.len()
-        );
-        for p in &out.partitions {
-            match &p.error {
-                None => say!("  partition {} at {}: reachable", p.partition, p.addr),
-                Some(e) => say!(
-                    "  partition {} at {}: UNREACHABLE: {e}",
-                    p.partition,
-                    p.addr
-                ),
-            }
-        }
-    }
-    if out.logs.is_empty() {
-        say!("metadata: volatile (lost when the metadata server stops)");
-    }
-    for l in &out.logs {
-        say!(
-            "metadata partition {}: persistent, fsync {}; {} log records, {} since the checkpoint at record {}",
-            l.partition,
-            l.fsync,
-            l.records,
-            human(l.log_bytes),
-            l.checkpoint
-        );
-    }
-    say!(
-        "{:<6} {:<10} {:>8} {:>12} {:>12} {:>12}",
-        "class",
-        "name",
-        "servers",
-        "capacity",
-        "used",
-        "free"
-    );
-    for c in &out.classes {
-        say!(
-            "{:<6} {:<10} {:>8} {:>12} {:>12} {:>12}",
-            c.class,
-            c.name,
-            c.servers,
-            human(c.capacity_bytes),
-            human(c.used_bytes),
-            human(c.free_bytes)
-        );
-    }
-    say!();
-    say!(
-        "{:<4} {:<22} {:<6} {:<6} {:<12} {:>12} {:>12} {:<6}",
-        "id",
-        "address",
-        "class",
-        "medium",
-        "location",
-        "capacity",
-        "used",
-        "state"
-    );
-    for s in &out.servers {
-        say!(
-            "{:<4} {:<22} {:<6} {:<6} {:<12} {:>12} {:>12} {:<6}",
-            s.id,
-            s.addr,
-            s.class,
-            s.medium,
-            s.location,
-            human(s.capacity_bytes),
-            human(s.used_bytes),
-            match (s.alive, s.draining) {
-                (true, false) => "alive",
-                (true, true) => "alive, draining",
-                (false, false) => "DEAD",
-                (false, true) => "DEAD, draining",
-            }
-        );
-    }
-    t
-}
-
-#[cfg(test)]
-mod status_tests {
-    use super::*;
-
-    fn server(id: u32, alive: bool, draining: bool) -> ServerOut {
-        ServerOut {
-            id,
-            addr: format!("10.0.0.{id}:7001"),
-            identity: format!("id{id}"),
-            class: 0,
-            class_name: "dram".into(),
-            medium: "dram".into(),
-            location: format!("host{id}"),
-            alive,
-            draining,
-            last_seen_ms: 1,
-            capacity_bytes: 4 << 20,
-            used_bytes: 1 << 20,
-            free_bytes: 3 << 20,
-            blocks: 4,
-            used_blocks: 1,
-            ..ServerOut::default()
-        }
-    }
-
-    fn out(down: bool) -> StatusOut {
-        let partitions = vec![
-            PartitionOut {
-                partition: 0,
-                addr: "10.0.0.1:7000".into(),
-                reachable: true,
-                error: None,
-            },
-            PartitionOut {
-                partition: 1,
-                addr: "10.0.0.2:7000".into(),
-                reachable: !down,
-                error: down.then(|| "Unavailable: connection refused".to_string()),
-            },
-        ];
-        StatusOut {
-            block_size: 1 << 20,
-            nodes: 3,
-            ready: !down,
-            expected_servers: 1,
-            alive_servers: 2,
-            puts_in_progress: 0,
-            reclaiming: 0,
-            classes: Vec::new(),
-            servers: vec![
-                server(1, true, false),
-                server(2, true, true),
-                server(3, false, true),
-            ],
-            logs: Vec::new(),
-            unreachable: partitions
-                .iter()
-                .filter(|p| !p.reachable)
-                .cloned()
-                .collect(),
-            partitions,
-        }
-    }
-
-    #[test]
-    fn every_partition_is_shown_and_an_unreachable_one_is_named() {
-        let t = status_text(&out(true));
-        assert!(
-            t.contains("NOT READY: 1 of 2 metadata partitions unreachable"),
-            "{t}"
-        );
-        assert!(t.contains("partition 0 at 10.0.0.1:7000: reachable"), "{t}");
-        assert!(
-            t.contains(
-                "partition 1 at 10.0.0.2:7000: UNREACHABLE: Unavailable: connection refused"
-            ),
-            "{t}"
-        );
-        let t = status_text(&out(false));
-        assert!(t.contains("metadata partitions: 2 (0 unreachable)"), "{t}");
-        assert!(t.contains("partition 1 at 10.0.0.2:7000: reachable"), "{t}");
-        assert!(!t.contains("UNREACHABLE"), "{t}");
-        let j = serde_json::to_value(out(true)).unwrap();
-        assert_eq!(j["unreachable"][0]["partition"], 1);
-        assert_eq!(j["unreachable"][0]["addr"], "10.0.0.2:7000");
-        assert_eq!(j["partitions"][1]["reachable"], false);
-        assert!(j["partitions"][0].get("error").is_none());
-    }
-
-    #[test]
-    fn draining_servers_say_so() {
-        let t = status_text(&out(false));
-        let line = |id: &str| {
-            t.lines()
-                .find(|l| l.starts_with(id))
-                .unwrap_or_else(|| panic!("no line for server {id}: {t}"))
-                .to_string()
-        };
-        assert!(line("1 ").trim_end().ends_with("alive"), "{t}");
-        assert!(line("2 ").contains("alive, draining"), "{t}");
-        assert!(line("3 ").contains("DEAD, draining"), "{t}");
-        let j = serde_json::to_value(out(false)).unwrap();
-        assert_eq!(j["servers"][0]["draining"], false);
-        assert_eq!(j["servers"][1]["draining"], true);
-    }
-}
-
-#[cfg(test)]
-mod readiness_tests {
-    #[test]
-    fn more_servers_than_expected_read_as_such() {
-        assert_eq!(
-            super::readiness_line(true, 2, 1),
-            "ready: 2 storage servers alive (1 expected)"
-        );
-        assert_eq!(
-            super::readiness_line(false, 0, 1),
-            "NOT READY: 0 of 1 expected storage servers alive"
-        );
     }
 }
 
@@ -1033,76 +689,11 @@ mod time_tests {
             "2023-11-14 22:13:20.123 UTC"
         );
     }
-}
-
-#[cfg(test)]
-mod progress_tests {
-    use nodekernel_proto::sync;
-    use std::sync::{Arc, Mutex};
-
-    /// A terminal that keeps what is drawn on it.
-    #[derive(Debug, Default, Clone)]
-    struct Screen(Arc<Mutex<String>>);
-
-    impl indicatif::TermLike for Screen {
-        fn width(&self) -> u16 {
-            120
-        }
-        fn move_cursor_up(&self, _: usize) -> std::io::Result<()> {
-            Ok(())
-        }
-        fn move_cursor_down(&self, _: usize) -> std::io::Result<()> {
-            Ok(())
-        }
-        fn move_cursor_right(&self, _: usize) -> std::io::Result<()> {
-            Ok(())
-        }
-        fn move_cursor_left(&self, _: usize) -> std::io::Result<()> {
-            Ok(())
-        }
-        fn write_line(&self, s: &str) -> std::io::Result<()> {
-            self.write_str(&format!("{s}\n"))
-        }
-        fn write_str(&self, s: &str) -> std::io::Result<()> {
-            sync::lock(&self.0).push_str(s);
-            Ok(())
-        }
-        fn clear_line(&self) -> std::io::Result<()> {
-            Ok(())
-        }
-        fn flush(&self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    /// What the progress of a copy of `total` bytes shows 3 MiB in.
-    fn drawn(total: Option<u64>) -> String {
-        let screen = Screen::default();
-        let pb = super::progress(total, "put");
-        pb.set_draw_target(indicatif::ProgressDrawTarget::term_like(Box::new(
-            screen.clone(),
-        )));
-        pb.set_position(3 << 20);
-        pb.abandon();
-        let shown = sync::lock(&screen.0).clone();
-        shown
-    }
 
     #[test]
-    fn the_progress_of_stdin_does_not_pretend_to_know_its_size() {
-        let known = drawn(Some(10 << 20));
-        assert!(
-            known.contains("3.00 MiB/10.00 MiB") && known.contains("eta"),
-            "{known}"
-        );
-        let unknown = drawn(None);
-        assert!(
-            unknown.contains("put") && unknown.contains("3.00 MiB"),
-            "{unknown}"
-        );
-        assert!(
-            !unknown.contains("MiB/3") && !unknown.contains("eta") && !unknown.contains('['),
-            "no total, time left or bar for a size not known: {unknown}"
-        );
+    fn modes_read_like_ls() {
+        assert_eq!(super::symbolic_mode(0o755), "rwxr-xr-x");
+        assert_eq!(super::symbolic_mode(0o640), "rw-r-----");
+        assert_eq!(super::symbolic_mode(0), "---------");
     }
 }

@@ -2,17 +2,27 @@
 
 mod bench;
 mod common;
+mod copy;
 mod drain;
+mod examples;
 mod fs;
+mod inspect;
 mod mount;
+mod paths;
 mod policy;
+#[cfg(test)]
+mod reference;
 mod resize;
 mod servers;
 mod snapshot;
+mod status;
 mod top;
+mod walk;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 use nodekernel_cluster::Config;
+use paths::Loc;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -25,10 +35,22 @@ use std::process::ExitCode;
 struct Cli {
     /// Metadata server(s), comma-separated, in partition order
     /// [default: NK_META, then the config file, then 127.0.0.1:9060]
-    #[arg(long, global = true, env = "NK_META", value_name = "HOST:PORT")]
+    #[arg(
+        long,
+        global = true,
+        env = "NK_META",
+        hide_env_values = true,
+        value_name = "HOST:PORT"
+    )]
     meta: Option<String>,
     /// TOML configuration file
-    #[arg(long, global = true, env = "NK_CONFIG", value_name = "FILE")]
+    #[arg(
+        long,
+        global = true,
+        env = "NK_CONFIG",
+        hide_env_values = true,
+        value_name = "FILE"
+    )]
     config: Option<PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
@@ -75,8 +97,7 @@ fn new_certificates(dir: &std::path::Path, hosts: &[String]) -> anyhow::Result<(
             }
         }
     }
-    std::fs::create_dir_all(dir)
-        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let g = nodekernel_rpc::tls::generate(dir, &hosts)?;
     println!(
         "wrote a certificate authority ({}, key {}) and a node certificate for {} ({}, key {})",
@@ -109,7 +130,7 @@ enum KeyCmd {
 /// never overwritten): a cluster token, or an encryption key (`what`).
 fn new_secret(file: &std::path::Path, what: &str) -> anyhow::Result<()> {
     nodekernel_client::settings::write_new_secret(file)
-        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", file.display()))?;
+        .with_context(|| format!("cannot create {}", file.display()))?;
     println!("wrote a new {what} to {}", file.display());
     Ok(())
 }
@@ -122,85 +143,265 @@ enum Cmd {
     Meta(servers::MetaArgs),
     /// Start storage server(s) and register them with the metadata server
     Store(servers::StoreArgs),
-    /// List a container (or show one node)
+    /// List containers' children, or show data nodes
+    #[command(disable_help_flag = true, after_help = examples::LS)]
     Ls {
-        #[arg(default_value = "/")]
-        path: String,
+        /// Paths or wildcard patterns, quoted so the shell leaves them
+        /// alone ('/logs/*.gz') [default: /]
+        #[arg(value_name = "PATH")]
+        paths: Vec<String>,
+        /// Long format: type, permissions, size (bytes; a container's
+        /// number of children), modification time (UTC), name
+        #[arg(short = 'l', long = "long")]
+        long: bool,
+        /// List every container below, each under a `PATH:` heading
+        #[arg(short = 'R', long)]
+        recursive: bool,
+        /// With -l: sizes in KiB, MiB, GiB instead of bytes
+        #[arg(short = 'h', long = "human-readable")]
+        human: bool,
+        /// List containers themselves, not their children
+        #[arg(short = 'd', long)]
+        directory: bool,
+        /// Print one JSON array of entries (name, path, type, size, mode,
+        /// mtime_ns)
         #[arg(long)]
         json: bool,
+        /// Print help
+        #[arg(long, action = clap::ArgAction::Help)]
+        help: Option<bool>,
     },
-    /// Create a Directory (or a Table or Bag with --type)
+    /// Create Directories (or Tables or Bags with --type)
+    #[command(after_help = examples::MKDIR)]
     Mkdir {
-        path: String,
-        /// Create missing parent directories too
+        /// The containers to create
+        #[arg(value_name = "PATH", required = true)]
+        paths: Vec<String>,
+        /// Create missing parents too; an existing container is no error
         #[arg(short, long)]
         parents: bool,
         /// Node type: dir, table or bag
-        #[arg(long = "type", default_value = "dir")]
+        #[arg(long = "type", default_value = "dir", value_name = "TYPE")]
         ty: String,
-        /// For tables: keep no child records (listing shows nothing, creates are faster)
+        /// For tables: keep no child records (listing shows nothing,
+        /// creates are faster)
         #[arg(long)]
         non_enumerable: bool,
         /// Preferred storage class, inherited by children
-        #[arg(long)]
+        #[arg(long, value_name = "CLASS")]
         class: Option<u8>,
     },
-    /// Copy a local file (or - for stdin) into a File
+    /// Copy local files or directories (or stdin) into the cluster
+    #[command(after_help = examples::PUT)]
     Put {
-        local: PathBuf,
-        path: String,
-        /// Preferred storage class
-        #[arg(long)]
-        class: Option<u8>,
-        /// Prefer storage servers on this host
-        #[arg(long)]
-        local_placement: bool,
-        /// Tier migration never moves its blocks (e.g. broadcast data
-        /// that must stay in DRAM)
-        #[arg(long)]
-        pinned: bool,
+        /// Local files, directories (with -r) or - for stdin
+        #[arg(value_name = "LOCAL", required = true, num_args = 1..)]
+        sources: Vec<PathBuf>,
+        /// Where to: a File path, or an existing container to copy into
+        /// (each source keeps its name; a trailing / says it must be one)
+        #[arg(value_name = "PATH")]
+        dest: String,
+        #[command(flatten)]
+        copy: CopyFlags,
+        #[command(flatten)]
+        place: PlaceFlags,
     },
-    /// Copy a File or KeyValue to a local file (or - for stdout)
-    Get { path: String, local: PathBuf },
-    /// Print a File or KeyValue, or a whole Bag as one stream, to stdout
+    /// Copy Files, KeyValues or containers (with -r) to local files (or - for stdout)
+    #[command(after_help = examples::GET)]
+    Get {
+        /// Cluster paths or wildcard patterns
+        #[arg(value_name = "PATH", required = true, num_args = 1..)]
+        sources: Vec<String>,
+        /// A local file, an existing local directory to copy into, or -
+        /// for stdout (written only once the whole value was read)
+        #[arg(value_name = "LOCAL")]
+        dest: PathBuf,
+        #[command(flatten)]
+        copy: CopyFlags,
+    },
+    /// Copy inside the cluster, or between it and local files (file:PATH)
+    #[command(after_help = examples::CP)]
+    Cp {
+        /// Sources: cluster paths (/a, nk:/a; wildcards allowed) or local
+        /// ones (file:PATH, - for stdin)
+        #[arg(value_name = "SRC", required = true, num_args = 1..)]
+        sources: Vec<String>,
+        /// Destination: a cluster path, file:PATH or - for stdout; an
+        /// existing container or directory is copied into
+        #[arg(value_name = "DEST")]
+        dest: String,
+        #[command(flatten)]
+        copy: CopyFlags,
+        #[command(flatten)]
+        place: PlaceFlags,
+    },
+    /// Print Files or KeyValues, and Bags as one stream each, to stdout
+    #[command(after_help = examples::CAT)]
     Cat {
-        path: String,
+        /// Paths or wildcard patterns, printed one after another
+        #[arg(value_name = "PATH", required = true)]
+        paths: Vec<String>,
         /// Bag reads in flight
-        #[arg(long, default_value_t = nodekernel_client::DEFAULT_BAG_READS_IN_FLIGHT)]
+        #[arg(long, value_name = "N", default_value_t = nodekernel_client::DEFAULT_BAG_READS_IN_FLIGHT)]
         reads_in_flight: usize,
     },
-    /// Remove a node (-r for a non-empty container)
+    /// Print the first bytes or lines of Files or KeyValues
+    #[command(after_help = examples::HEAD)]
+    Head {
+        /// Paths or wildcard patterns (several get `==> PATH <==` headings)
+        #[arg(value_name = "PATH", required = true)]
+        paths: Vec<String>,
+        #[command(flatten)]
+        amount: AmountFlags,
+    },
+    /// Print the last bytes or lines of Files or KeyValues
+    #[command(after_help = examples::TAIL)]
+    Tail {
+        /// Paths or wildcard patterns (several get `==> PATH <==` headings)
+        #[arg(value_name = "PATH", required = true)]
+        paths: Vec<String>,
+        #[command(flatten)]
+        amount: AmountFlags,
+    },
+    /// Remove nodes (-r for a container with everything in it)
+    #[command(after_help = examples::RM)]
     Rm {
-        path: String,
+        /// Paths or wildcard patterns
+        #[arg(value_name = "PATH", required = true)]
+        paths: Vec<String>,
+        /// Remove containers with everything in them
         #[arg(short, long)]
         recursive: bool,
+        /// A missing path, or a pattern that matches nothing, is no error
+        #[arg(short, long)]
+        force: bool,
     },
-    /// Move (rename) a node atomically
-    Mv { src: String, dst: String },
-    /// Show a node's metadata
+    /// Move (rename) nodes atomically, or into a container
+    #[command(after_help = examples::MV)]
+    Mv {
+        /// Paths or wildcard patterns to move (same metadata partition as DEST)
+        #[arg(value_name = "SRC", required = true, num_args = 1..)]
+        sources: Vec<String>,
+        /// The new path, or an existing container to move into
+        #[arg(value_name = "DEST")]
+        dest: String,
+        /// Replace an existing File or KeyValue (or empty container of the
+        /// same type) at the destination, in the same atomic step
+        #[arg(short, long)]
+        force: bool,
+    },
+    /// Create empty Files, or set existing nodes' modification time to now
+    #[command(after_help = examples::TOUCH)]
+    Touch {
+        /// Paths (an empty KeyValue in a Table, an empty File elsewhere)
+        #[arg(value_name = "PATH", required = true)]
+        paths: Vec<String>,
+        /// Create nothing: only touch the nodes that exist
+        #[arg(short = 'c', long)]
+        no_create: bool,
+    },
+    /// Show nodes' metadata
+    #[command(after_help = examples::STAT)]
     Stat {
-        path: String,
+        /// Paths or wildcard patterns
+        #[arg(value_name = "PATH", required = true)]
+        paths: Vec<String>,
+        /// Print JSON: an object, or an array for several paths
         #[arg(long)]
         json: bool,
         /// List every block with its storage class and server
         #[arg(long)]
         blocks: bool,
     },
+    /// Find nodes by name and type below paths (also -name, -type, -maxdepth)
+    #[command(after_help = examples::FIND)]
+    Find {
+        /// Where to look (wildcards allowed) [default: /]
+        #[arg(value_name = "PATH")]
+        paths: Vec<String>,
+        /// A wildcard pattern the node's name must match ('*.parquet')
+        #[arg(long, value_name = "PATTERN")]
+        name: Option<String>,
+        /// Node types to show: f (File), d (Directory), t (Table), b (Bag),
+        /// k (KeyValue); repeatable or comma-separated
+        #[arg(long = "type", value_name = "TYPE", value_delimiter = ',', value_parser = inspect::parse_find_type)]
+        types: Vec<nodekernel_client::NodeType>,
+        /// Go at most this many levels below each path
+        #[arg(long, value_name = "N")]
+        maxdepth: Option<usize>,
+        /// Print one JSON array of paths
+        #[arg(long)]
+        json: bool,
+    },
+    /// Bytes of data under paths, per container (children first)
+    #[command(disable_help_flag = true, after_help = examples::DU)]
+    Du {
+        /// Paths or wildcard patterns [default: /]
+        #[arg(value_name = "PATH")]
+        paths: Vec<String>,
+        /// Only each path's total
+        #[arg(short, long)]
+        summarize: bool,
+        /// Sizes in KiB, MiB, GiB instead of bytes
+        #[arg(short = 'h', long = "human-readable")]
+        human: bool,
+        /// Print a JSON array of {path, bytes, files, containers}
+        #[arg(long)]
+        json: bool,
+        /// Print help
+        #[arg(long, action = clap::ArgAction::Help)]
+        help: Option<bool>,
+    },
+    /// Check a path, for scripts: exit status 0 if the check holds, 1 if
+    /// not, 2 on an error
+    #[command(after_help = examples::TEST)]
+    Test {
+        /// The path to check
+        #[arg(value_name = "PATH")]
+        path: String,
+        /// It exists
+        #[arg(short = 'e')]
+        exists: bool,
+        /// It is a container (Directory, Table or Bag)
+        #[arg(short = 'd')]
+        dir: bool,
+        /// It is a File or KeyValue
+        #[arg(short = 'f')]
+        file: bool,
+        /// It is a File or KeyValue of at least one byte
+        #[arg(short = 's')]
+        non_empty: bool,
+        /// It is a File or KeyValue of zero bytes
+        #[arg(short = 'z')]
+        empty: bool,
+    },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    #[command(after_help = examples::COMPLETION)]
+    Completion {
+        /// The shell to complete for
+        shell: clap_complete::Shell,
+    },
     /// Key/value commands on Tables
     #[command(subcommand)]
     Kv(KvCmd),
     /// Write a point-in-time copy of a subtree (or /), data and metadata,
     /// into a new or empty local directory
+    #[command(after_help = examples::SNAPSHOT)]
     Snapshot {
+        /// The subtree to copy (/ for everything)
         path: String,
+        /// A local directory that does not exist yet or is empty
         dir: PathBuf,
         /// Print a JSON summary
         #[arg(long)]
         json: bool,
     },
     /// Load a snapshot directory into the cluster at PATH
+    #[command(after_help = examples::RESTORE)]
     Restore {
+        /// A directory `nk snapshot` wrote
         dir: PathBuf,
+        /// Where the snapshot's subtree goes in the cluster
         path: String,
         /// Replace PATH if it exists (for /: everything in it), once the
         /// snapshot is restored whole beside it
@@ -258,6 +459,7 @@ enum Cmd {
     /// partition too; exits 1 (after printing) when a metadata partition
     /// is unreachable
     Status {
+        /// Print JSON (the admin endpoint's /status, merged over the partitions)
         #[arg(long)]
         json: bool,
         /// Wait until the expected storage servers are alive (for scripts
@@ -287,17 +489,103 @@ enum Cmd {
 enum KvCmd {
     /// Store a value under TABLE/KEY (VALUE, or - / nothing for stdin, streamed);
     /// replaces any old value once the new one is whole
-    Put { key: String, value: Option<String> },
+    #[command(after_help = examples::KV_PUT)]
+    Put {
+        /// TABLE/KEY: the Table must exist
+        key: String,
+        /// The value as text; - or nothing reads it from stdin
+        value: Option<String>,
+    },
     /// Print the value of TABLE/KEY
-    Get { key: String },
+    Get {
+        /// TABLE/KEY
+        key: String,
+    },
     /// List the keys of a table
     Ls {
+        /// The Table
         table: String,
+        /// Print a JSON array of keys
         #[arg(long)]
         json: bool,
     },
     /// Remove TABLE/KEY
-    Rm { key: String },
+    Rm {
+        /// TABLE/KEY
+        key: String,
+    },
+}
+
+/// How `put`, `get` and `cp` copy.
+#[derive(clap::Args, Debug, Clone)]
+struct CopyFlags {
+    /// Overwrite existing destination files (atomically: readers see the
+    /// old or the new one whole)
+    #[arg(short, long)]
+    force: bool,
+    /// Copy directories and containers with everything in them
+    #[arg(short, long)]
+    recursive: bool,
+    /// Files copied at once (1 to 64)
+    #[arg(long, value_name = "N", default_value_t = copy::DEFAULT_PARALLEL)]
+    parallel: usize,
+}
+
+/// Where new cluster files go.
+#[derive(clap::Args, Debug, Clone)]
+struct PlaceFlags {
+    /// Preferred storage class
+    #[arg(long, value_name = "CLASS")]
+    class: Option<u8>,
+    /// Prefer storage servers on this host
+    #[arg(long)]
+    local_placement: bool,
+    /// Tier migration never moves the new files' blocks (e.g. broadcast
+    /// data that must stay in DRAM)
+    #[arg(long)]
+    pinned: bool,
+}
+
+impl PlaceFlags {
+    fn create_options(&self) -> nodekernel_client::CreateOptions {
+        nodekernel_client::CreateOptions {
+            storage_class: self.class,
+            local: self.local_placement,
+            pinned: self.pinned,
+            ..Default::default()
+        }
+    }
+}
+
+impl CopyFlags {
+    fn options(&self, create: nodekernel_client::CreateOptions) -> copy::CopyOpts {
+        copy::CopyOpts {
+            force: self.force,
+            recursive: self.recursive,
+            parallel: self.parallel,
+            create,
+        }
+    }
+}
+
+/// How much `head` and `tail` print.
+#[derive(clap::Args, Debug, Clone)]
+struct AmountFlags {
+    /// Bytes to print (size units allowed: 1KiB)
+    #[arg(short = 'c', long, value_name = "BYTES", value_parser = inspect::parse_count, conflicts_with = "lines")]
+    bytes: Option<u64>,
+    /// Lines to print
+    #[arg(short = 'n', long, value_name = "LINES", default_value_t = 10)]
+    lines: u64,
+}
+
+impl AmountFlags {
+    fn amount(&self) -> inspect::Amount {
+        match self.bytes {
+            Some(b) => inspect::Amount::Bytes(b),
+            None => inspect::Amount::Lines(self.lines),
+        }
+    }
 }
 
 impl Cli {
@@ -320,12 +608,42 @@ impl Cli {
 }
 
 fn init_logging(default: &str) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    // Colour only for a person at a terminal: never in a log file or a
+    // pipe, and never with NO_COLOR set (https://no-color.org).
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .init();
+}
+
+/// Exit status of a failed command (and of `nk test` when its check does
+/// not hold).
+const FAILED: u8 = 1;
+/// Exit status of a command line `nk` cannot read, and of `nk test` when it
+/// cannot tell.
+const USAGE: u8 = 2;
+
+/// `nk find` takes `find`'s one-dash spellings too: `-name` is `--name`.
+fn find_spellings(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let is_find = args
+        .iter()
+        .skip(1)
+        .find(|a| !a.to_string_lossy().starts_with('-'))
+        .is_some_and(|a| a == "find");
+    if !is_find {
+        return args;
+    }
+    args.into_iter()
+        .map(|a| match a.to_str() {
+            Some("-name" | "-type" | "-maxdepth") => format!("-{}", a.to_string_lossy()).into(),
+            _ => a,
+        })
+        .collect()
 }
 
 fn main() -> ExitCode {
@@ -336,13 +654,20 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    let cli = Cli::parse();
+    let args = find_spellings(std::env::args_os().collect());
+    // A command given --json gets its errors as JSON too.
+    let json = args.iter().any(|a| a == "--json");
+    let cli = match Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e, json),
+    };
     let server = match &cli.cmd {
         Cmd::Up(_) | Cmd::Meta(_) => true,
         Cmd::Store(a) => a.action.is_none(),
         _ => false,
     };
     let mount = matches!(&cli.cmd, Cmd::Mount(_));
+    let test = matches!(&cli.cmd, Cmd::Test { .. });
     // (fuser warns when its own unmount at the end finds the file system
     // already unmounted, as `nk umount` leaves it.)
     init_logging(if server {
@@ -358,33 +683,74 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("nk: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
+            let e = anyhow::Error::new(e).context("cannot start the async runtime");
+            eprintln!("{}", common::error_line(&e, json));
+            return ExitCode::from(FAILED);
         }
     };
     match rt.block_on(run(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(status) => ExitCode::from(status),
         Err(e) => {
-            eprintln!("nk: {}", common::error_text(e.chain()));
-            ExitCode::FAILURE
+            eprintln!("{}", common::error_line(&e, json));
+            ExitCode::from(if test { USAGE } else { FAILED })
         }
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
+/// Help and the version go to stdout as clap prints them; a command line
+/// `nk` cannot read is `nk: InvalidArgument: ...` (with clap's usage and
+/// tip) and exit status 2.
+fn usage_error(e: clap::Error, json: bool) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        e.exit();
+    }
+    let text = e.render().to_string();
+    let text = text.strip_prefix("error: ").unwrap_or(&text).trim_end();
+    let e = common::invalid(text.to_string());
+    eprintln!("{}", common::error_line(&e, json));
+    ExitCode::from(USAGE)
+}
+
+async fn run(cli: Cli) -> anyhow::Result<u8> {
+    run_command(cli)
+        .await
+        .map(|holds| if holds { 0 } else { FAILED })
+}
+
+/// Runs the command; false only for `nk test` whose check does not hold.
+async fn run_command(cli: Cli) -> anyhow::Result<bool> {
     match &cli.cmd {
-        Cmd::Up(a) => return servers::up(cli.load_config()?, a).await,
-        Cmd::Meta(a) => return servers::meta(cli.load_config()?, cli.meta.as_deref(), a).await,
+        Cmd::Up(a) => return servers::up(cli.load_config()?, a).await.map(|()| true),
+        Cmd::Meta(a) => {
+            return servers::meta(cli.load_config()?, cli.meta.as_deref(), a)
+                .await
+                .map(|()| true)
+        }
         Cmd::Store(a) if a.action.is_none() => {
             let metas = cli.client_config()?.metas;
-            return servers::store(cli.load_config()?, metas, a).await;
+            return servers::store(cli.load_config()?, metas, a)
+                .await
+                .map(|()| true);
         }
-        Cmd::Bench(a) => return bench::run(cli.client_config()?, a).await,
-        Cmd::Mount(a) => return mount::mount(cli.client_config()?, a).await,
-        Cmd::Umount(a) => return mount::umount(&a.mountpoint, a.lazy),
-        Cmd::Token(TokenCmd::New { file }) => return new_secret(file, "cluster token"),
-        Cmd::Key(KeyCmd::New { file }) => return new_secret(file, "encryption key"),
-        Cmd::Tls(TlsCmd::New { dir, hosts }) => return new_certificates(dir, hosts),
+        Cmd::Bench(a) => return bench::run(cli.client_config()?, a).await.map(|()| true),
+        Cmd::Mount(a) => return mount::mount(cli.client_config()?, a).await.map(|()| true),
+        Cmd::Umount(a) => return mount::umount(&a.mountpoint, a.lazy).map(|()| true),
+        Cmd::Token(TokenCmd::New { file }) => {
+            return new_secret(file, "cluster token").map(|()| true)
+        }
+        Cmd::Key(KeyCmd::New { file }) => return new_secret(file, "encryption key").map(|()| true),
+        Cmd::Tls(TlsCmd::New { dir, hosts }) => return new_certificates(dir, hosts).map(|()| true),
+        Cmd::Completion { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(*shell, &mut cmd, "nk", &mut std::io::stdout());
+            return Ok(true);
+        }
         _ => {}
     }
     let client = match &cli.cmd {
@@ -404,61 +770,197 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         _ => nodekernel_client::Client::connect(cli.client_config()?).await?,
     };
     match cli.cmd {
-        Cmd::Ls { path, json } => fs::ls(&client, &path, json).await,
+        Cmd::Ls {
+            paths,
+            long,
+            recursive,
+            human,
+            directory,
+            json,
+            help: _,
+        } => {
+            let opts = fs::LsOpts {
+                long,
+                recursive,
+                human,
+                directory,
+                json,
+            };
+            fs::ls(&client, &paths, opts).await?
+        }
         Cmd::Mkdir {
-            path,
+            paths,
             parents,
             ty,
             non_enumerable,
             class,
-        } => fs::mkdir(&client, &path, parents, &ty, non_enumerable, class).await,
-        Cmd::Put {
-            local,
-            path,
-            class,
-            local_placement,
-            pinned,
         } => {
-            let opts = nodekernel_client::CreateOptions {
-                storage_class: class,
-                local: local_placement,
-                pinned,
-                ..Default::default()
+            let o = fs::MkdirOpts {
+                parents,
+                ty,
+                non_enumerable,
+                class,
             };
-            fs::put(&client, &local, &path, opts).await
+            fs::mkdir(&client, &paths, &o).await?
         }
-        Cmd::Get { path, local } => fs::get(&client, &path, &local).await,
+        Cmd::Put {
+            sources,
+            dest,
+            copy: flags,
+            place,
+        } => {
+            let src: Vec<Loc> = sources.into_iter().map(Loc::Local).collect();
+            let opts = flags.options(place.create_options());
+            let to = Loc::Cluster(paths::norm(&dest));
+            copy::copy(&client, "put", &src, &dest, to, &opts).await?
+        }
+        Cmd::Get {
+            sources,
+            dest,
+            copy: flags,
+        } => {
+            let src: Vec<Loc> = paths::expand_all(&client, &sources)
+                .await?
+                .into_iter()
+                .map(Loc::Cluster)
+                .collect();
+            let opts = flags.options(Default::default());
+            let dest_arg = dest.to_string_lossy().into_owned();
+            copy::copy(&client, "get", &src, &dest_arg, Loc::Local(dest), &opts).await?
+        }
+        Cmd::Cp {
+            sources,
+            dest,
+            copy: flags,
+            place,
+        } => {
+            let mut src = Vec::new();
+            for s in &sources {
+                match Loc::parse(s)? {
+                    Loc::Cluster(p) => src.extend(
+                        paths::expand(&client, &p)
+                            .await?
+                            .into_iter()
+                            .map(Loc::Cluster),
+                    ),
+                    local => src.push(local),
+                }
+            }
+            let opts = flags.options(place.create_options());
+            let to = Loc::parse(&dest)?;
+            copy::copy(&client, "cp", &src, &dest, to, &opts).await?
+        }
         Cmd::Cat {
-            path,
+            paths,
             reads_in_flight,
-        } => fs::cat(&client, &path, reads_in_flight).await,
-        Cmd::Rm { path, recursive } => Ok(client.delete(&fs::norm(&path), recursive).await?),
-        Cmd::Mv { src, dst } => Ok(client.rename(&fs::norm(&src), &fs::norm(&dst)).await?),
-        Cmd::Stat { path, json, blocks } => fs::stat(&client, &path, json, blocks).await,
-        Cmd::Kv(KvCmd::Put { key, value }) => fs::kv_put(&client, &key, value).await,
-        Cmd::Kv(KvCmd::Get { key }) => fs::get(&client, &key, std::path::Path::new("-")).await,
-        Cmd::Kv(KvCmd::Ls { table, json }) => fs::kv_ls(&client, &table, json).await,
-        Cmd::Kv(KvCmd::Rm { key }) => fs::kv_rm(&client, &key).await,
-        Cmd::Snapshot { path, dir, json } => snapshot::snapshot(&client, &path, &dir, json).await,
+        } => fs::cat(&client, &paths, reads_in_flight).await?,
+        Cmd::Head { paths, amount } => {
+            inspect::peek(&client, &paths, amount.amount(), inspect::End::Head).await?
+        }
+        Cmd::Tail { paths, amount } => {
+            inspect::peek(&client, &paths, amount.amount(), inspect::End::Tail).await?
+        }
+        Cmd::Rm {
+            paths,
+            recursive,
+            force,
+        } => fs::rm(&client, &paths, recursive, force).await?,
+        Cmd::Mv {
+            sources,
+            dest,
+            force,
+        } => fs::mv(&client, &sources, &dest, force).await?,
+        Cmd::Touch { paths, no_create } => fs::touch(&client, &paths, no_create).await?,
+        Cmd::Stat {
+            paths,
+            json,
+            blocks,
+        } => fs::stat(&client, &paths, json, blocks).await?,
+        Cmd::Find {
+            paths,
+            name,
+            types,
+            maxdepth,
+            json,
+        } => {
+            let roots = if paths.is_empty() {
+                vec!["/".to_string()]
+            } else {
+                paths
+            };
+            let o = inspect::FindOpts {
+                name,
+                types,
+                max_depth: maxdepth,
+                json,
+            };
+            inspect::find(&client, &roots, &o).await?
+        }
+        Cmd::Du {
+            paths,
+            summarize,
+            human,
+            json,
+            help: _,
+        } => {
+            let roots = if paths.is_empty() {
+                vec!["/".to_string()]
+            } else {
+                paths
+            };
+            inspect::du(&client, &roots, summarize, human, json).await?
+        }
+        Cmd::Test {
+            path,
+            exists,
+            dir,
+            file,
+            non_empty,
+            empty,
+        } => {
+            use inspect::Test;
+            let t = inspect::one_test(&[
+                (exists, Test::Exists),
+                (dir, Test::Dir),
+                (file, Test::File),
+                (non_empty, Test::NonEmpty),
+                (empty, Test::Empty),
+            ])?;
+            return inspect::test(&client, &path, t).await;
+        }
+        Cmd::Kv(KvCmd::Put { key, value }) => fs::kv_put(&client, &key, value).await?,
+        Cmd::Kv(KvCmd::Get { key }) => {
+            let src = [Loc::Cluster(paths::norm(&key))];
+            let opts = copy::CopyOpts {
+                force: false,
+                recursive: false,
+                parallel: 1,
+                create: Default::default(),
+            };
+            copy::copy(&client, "get", &src, "-", Loc::Local("-".into()), &opts).await?
+        }
+        Cmd::Kv(KvCmd::Ls { table, json }) => fs::kv_ls(&client, &table, json).await?,
+        Cmd::Kv(KvCmd::Rm { key }) => fs::kv_rm(&client, &key).await?,
+        Cmd::Snapshot { path, dir, json } => snapshot::snapshot(&client, &path, &dir, json).await?,
         Cmd::Restore {
             dir,
             path,
             force,
             json,
-        } => snapshot::restore(&client, &dir, &path, force, json).await,
+        } => snapshot::restore(&client, &dir, &path, force, json).await?,
         Cmd::Status {
             json,
             wait,
             timeout,
         } => {
             let wait = wait.then(|| std::time::Duration::from_secs(timeout));
-            fs::status(&client, json, wait).await
+            status::status(&client, json, wait).await?
         }
         Cmd::Top {
             interval,
             once,
             json,
-        } => top::top(&client, interval, once, json).await,
+        } => top::top(&client, interval, once, json).await?,
         Cmd::Drain {
             server,
             cancel,
@@ -467,23 +969,25 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             stuck_after,
         } => {
             let stuck = std::time::Duration::from_secs(stuck_after);
-            drain::drain(&client, &server, cancel, !no_wait, json, stuck).await
+            drain::drain(&client, &server, cancel, !no_wait, json, stuck).await?
         }
-        Cmd::Policy(cmd) => policy::run(&client, cmd).await,
+        Cmd::Policy(cmd) => policy::run(&client, cmd).await?,
         Cmd::Store(servers::StoreArgs {
             action: Some(action),
             ..
-        }) => resize::run(&client, action).await,
+        }) => resize::run(&client, action).await?,
         Cmd::Bench(_)
         | Cmd::Mount(_)
         | Cmd::Umount(_)
         | Cmd::Token(_)
         | Cmd::Tls(_)
-        | Cmd::Key(_) => {
+        | Cmd::Key(_)
+        | Cmd::Completion { .. } => {
             unreachable!("handled above")
         }
         Cmd::Up(_) | Cmd::Meta(_) | Cmd::Store(_) => unreachable!("handled above"),
     }
+    Ok(true)
 }
 
 /// Connects, retrying while no metadata server answers, for at most

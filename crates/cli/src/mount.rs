@@ -1,7 +1,7 @@
 //! `nk mount` and `nk umount`: a NodeKernel directory as a FUSE file
 //! system (`docs/fuse.md`).
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use nodekernel_client::{Client, ClientConfig};
 use std::io::{BufRead, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -76,7 +76,10 @@ pub async fn mount(cfg: ClientConfig, a: &MountArgs) -> anyhow::Result<()> {
 fn check_mountpoint(p: &Path) -> anyhow::Result<()> {
     let md = std::fs::metadata(p).with_context(|| format!("mount point {}", p.display()))?;
     if !md.is_dir() {
-        bail!("mount point {} is not a directory", p.display());
+        return Err(crate::common::coded(
+            crate::common::Code::Wire(nodekernel_client::ErrorCode::TypeMismatch),
+            format!("mount point {} is not a directory", p.display()),
+        ));
     }
     Ok(())
 }
@@ -95,16 +98,17 @@ async fn serve(
     notify: Option<&std::fs::File>,
 ) -> anyhow::Result<()> {
     let client = Client::connect(cfg).await?;
-    let root = crate::fs::norm(&a.root);
+    let root = crate::paths::norm(&a.root);
     let node = client
         .lookup(&root)
         .await
         .with_context(|| format!("cannot mount {root}"))?;
     if !node.info().ty.is_container() {
-        bail!(
-            "cannot mount {root}: it is a {}, not a Directory, Table or Bag",
-            node.info().ty
-        );
+        return Err(crate::fs::not_a(
+            &format!("cannot mount {root}: it"),
+            node.info().ty,
+            "Directory, Table or Bag",
+        ));
     }
     let opts = nodekernel_fuse::MountOptions {
         root: root.clone(),
@@ -197,7 +201,7 @@ fn spawn_background(a: &MountArgs) -> anyhow::Result<()> {
         "ready" => {
             println!(
                 "mounted {} at {} (pid {}; `nk umount {}` unmounts)",
-                crate::fs::norm(&a.root),
+                crate::paths::norm(&a.root),
                 a.mountpoint.display(),
                 child.id(),
                 a.mountpoint.display()
@@ -205,8 +209,11 @@ fn spawn_background(a: &MountArgs) -> anyhow::Result<()> {
             Ok(())
         }
         w => match w.strip_prefix("error: ") {
-            Some(e) => bail!("{e}"),
-            None => bail!("the mount process exited before the mount was ready"),
+            Some(e) => Err(crate::common::coded(crate::common::Code::Io, e.to_string())),
+            None => Err(crate::common::coded(
+                crate::common::Code::Io,
+                "the mount process exited before the mount was ready",
+            )),
         },
     }
 }
@@ -216,11 +223,17 @@ pub fn umount(mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
     match nodekernel_fuse::unmount(mountpoint, lazy) {
         Ok(()) => Ok(()),
         Err(e) => match e.raw_os_error() {
-            Some(libc::EBUSY) => bail!(
-                "{} is busy: files are open there (close them, or use --lazy)",
+            Some(libc::EBUSY) => Err(crate::common::coded(
+                crate::common::Code::Wire(nodekernel_client::ErrorCode::Busy),
+                format!(
+                    "{} is busy: files are open there (close them, or use --lazy)",
+                    mountpoint.display()
+                ),
+            )),
+            Some(libc::EINVAL) => Err(crate::common::invalid(format!(
+                "{} is not a mount point",
                 mountpoint.display()
-            ),
-            Some(libc::EINVAL) => bail!("{} is not a mount point", mountpoint.display()),
+            ))),
             _ => Err(e).with_context(|| format!("unmounting {}", mountpoint.display())),
         },
     }

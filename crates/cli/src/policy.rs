@@ -7,6 +7,7 @@ use nodekernel_client::Client;
 pub enum PolicyCmd {
     /// Print every setting
     Show {
+        /// Print JSON: the settings, each partition's, and whether they agree
         #[arg(long)]
         json: bool,
     },
@@ -14,12 +15,16 @@ pub enum PolicyCmd {
     /// the result. Keys: migration (on|off), high_watermark and
     /// low_watermark (percent), class.ID.high_watermark and
     /// class.ID.low_watermark, promotion (on|off), promote_after
-    /// (accesses), half_life_ms, move_rate (bytes/s, 0: no limit),
+    /// (accesses), half_life_ms, move_rate (bytes/s as a size: 64MiB;
+    /// 0: no limit),
     /// placement (local-first|round-robin). A change lasts until the
     /// metadata server restarts: put it in the config file to keep it.
     Set {
+        /// Settings to change, as KEY VALUE pairs (nk policy set
+        /// high_watermark 80 move_rate 64MiB)
         #[arg(value_name = "KEY VALUE", num_args = 2.., required = true)]
         pairs: Vec<String>,
+        /// Print the result as JSON
         #[arg(long)]
         json: bool,
     },
@@ -30,10 +35,10 @@ pub async fn run(client: &Client, cmd: PolicyCmd) -> anyhow::Result<()> {
         PolicyCmd::Show { json } => (Vec::new(), json),
         PolicyCmd::Set { pairs, json } => {
             if pairs.len() % 2 != 0 {
-                anyhow::bail!(
+                return Err(crate::common::invalid(format!(
                     "nk policy set takes KEY VALUE pairs; {:?} has no value",
                     pairs[pairs.len() - 1]
-                );
+                )));
             }
             let set = pairs
                 .chunks(2)

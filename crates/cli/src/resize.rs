@@ -15,6 +15,7 @@ pub enum StoreAction {
     Resize {
         /// The server's data address, as `nk status` shows it
         addr: String,
+        /// The new capacity, e.g. 1GiB (0 empties it)
         #[arg(value_parser = crate::common::parse_size)]
         size: ByteSize,
         /// Return once the server took the new size, without waiting
@@ -43,10 +44,12 @@ struct Summary<'a> {
 /// (exported, used) bytes of the server at `addr`, summed over partitions.
 async fn exported(client: &Client, addr: &str) -> anyhow::Result<(u64, u64)> {
     let st = client.status().await?;
-    let s =
-        st.servers.iter().find(|s| s.addr == addr).ok_or_else(|| {
-            anyhow::anyhow!("no storage server at {addr} (`nk status` lists them)")
-        })?;
+    let s = st.servers.iter().find(|s| s.addr == addr).ok_or_else(|| {
+        crate::common::coded(
+            crate::common::Code::Wire(nodekernel_client::ErrorCode::NotFound),
+            format!("no storage server at {addr} (`nk status` lists them)"),
+        )
+    })?;
     let bs = u64::from(s.block_size);
     Ok((s.capacity_blocks * bs, s.used_blocks * bs))
 }
@@ -65,12 +68,15 @@ pub async fn run(client: &Client, action: StoreAction) -> anyhow::Result<()> {
     let (mut now, mut used) = exported(client, &addr).await?;
     while !no_wait && now != target {
         if started.elapsed() > Duration::from_secs(timeout) {
-            anyhow::bail!(
+            return Err(crate::common::coded(
+                crate::common::Code::Wire(nodekernel_client::ErrorCode::Timeout),
+                format!(
                 "{addr} still exports {} after {timeout} s (target {}, {} in use): its blocks may have nowhere else to go; the resize goes on",
                 human(now),
                 human(target),
                 human(used)
-            );
+            ),
+            ));
         }
         let line = format!(
             "{addr}: exporting {} of a target {} ({} in use)",

@@ -56,11 +56,13 @@ pub struct StoreArgs {
     /// Storage class (0 = fastest); with this flag the store is defined by flags instead of [[store]]
     #[arg(long)]
     class: Option<u8>,
+    /// The class's name, shown by `nk status`
     #[arg(long, default_value = "dram")]
     class_name: String,
     /// dram or file
     #[arg(long, default_value = "dram")]
     medium: String,
+    /// Capacity to export, e.g. 512MiB or 8GiB
     #[arg(long, value_parser = crate::common::parse_size, default_value = "512MiB")]
     size: ByteSize,
     /// Data directory of the server: LOCK, identity, and a file medium's block file [default: none for DRAM; a fresh private directory, removed at shutdown, for a file medium without --path]
@@ -69,6 +71,7 @@ pub struct StoreArgs {
     /// Block file of a file medium [default: blocks in the data directory; a relative path is taken under it]
     #[arg(long, value_name = "FILE")]
     path: Option<PathBuf>,
+    /// Address the data port listens on (port 0: any free one)
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: String,
     /// Address to register with the metadata server (default: the bound address)
@@ -268,7 +271,11 @@ pub async fn store(mut cfg: Config, metas: Vec<String>, a: &StoreArgs) -> anyhow
         let medium = match a.medium.as_str() {
             "dram" => Medium::Dram,
             "file" => Medium::File,
-            other => anyhow::bail!("--medium {other}: expected dram or file"),
+            other => {
+                return Err(crate::common::invalid(format!(
+                    "--medium {other}: expected dram or file"
+                )))
+            }
         };
         cfg.store = vec![StoreSection {
             class,
@@ -285,7 +292,7 @@ pub async fn store(mut cfg: Config, metas: Vec<String>, a: &StoreArgs) -> anyhow
         }];
     }
     if cfg.store.is_empty() {
-        anyhow::bail!("no storage server defined: pass --class (and --medium, --size) or list [[store]] in the config");
+        return Err(crate::common::invalid("no storage server defined: pass --class (and --medium, --size) or list [[store]] in the config"));
     }
     if let Some(admin) = &a.admin {
         for s in &mut cfg.store {
@@ -353,22 +360,22 @@ fn partition_in(cfg: &Config, list: &[String]) -> anyhow::Result<Option<(u32, u3
     }
     let listen = cfg.meta.listen.as_str();
     let Some(i) = place_in(listen, list) else {
-        anyhow::bail!(
+        return Err(crate::common::invalid(format!(
             "the metadata servers are listed as {} (--meta / NK_META, in partition order), \
              but this one listens on {listen}, which is not in that list (or matches more \
              than one entry): give --listen as the list names this server, or leave \
              --meta out and set meta.partition and meta.partitions in the config",
             list.join(",")
-        );
+        )));
     };
     let (partition, partitions) = (i as u32, list.len() as u32);
     let (p, n) = (cfg.meta.partition, cfg.meta.partitions);
     if (p, n) != (0, 1) && (p, n) != (partition, partitions) {
-        anyhow::bail!(
+        return Err(crate::common::invalid(format!(
             "the config makes this metadata server partition {p} of {n} (meta.partition, \
              meta.partitions), but --meta / NK_META lists it as partition {partition} of \
              {partitions}: make them agree, or leave one out"
-        );
+        )));
     }
     Ok(Some((partition, partitions)))
 }

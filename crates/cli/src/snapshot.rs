@@ -1,6 +1,6 @@
 //! `nk snapshot PATH DIR` and `nk restore DIR PATH` (`docs/snapshots.md`).
 
-use crate::fs::norm;
+use crate::paths::norm;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use nodekernel_client::snapshot::{Phase, Progress, RestoreOptions, SnapshotOptions};
 use nodekernel_client::Client;

@@ -5,7 +5,7 @@
 //! seconds until Ctrl-C. `--once` prints one frame (rates over one
 //! interval) and exits; with `--json` as JSON.
 
-use crate::fs::status_view;
+use crate::status::status_view;
 use nodekernel_admin::status::{ServerOut, StatusOut};
 use nodekernel_client::Client;
 use nodekernel_cluster::human;
@@ -275,7 +275,9 @@ fn text(f: &Frame) -> String {
 /// `nk top`.
 pub async fn top(client: &Client, interval: f64, once: bool, json: bool) -> anyhow::Result<()> {
     if !(interval.is_finite() && interval > 0.0) {
-        anyhow::bail!("--interval {interval}: expected a number of seconds above 0");
+        return Err(crate::common::invalid(format!(
+            "--interval {interval}: expected a number of seconds above 0"
+        )));
     }
     let interval = Duration::from_secs_f64(interval);
     let metas = client.config().metas.clone();

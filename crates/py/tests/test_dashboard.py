@@ -49,7 +49,7 @@ def _traffic(cluster: Cluster, stop: threading.Event, errors: list[str]) -> None
         for args in (
             ["rm", path],
             ["put", "--class", str(i % 2), src, path],
-            ["get", path, os.path.join(cluster.dir, "back")],
+            ["get", "-f", path, os.path.join(cluster.dir, "back")],
         ):
             r = subprocess.run([cluster.bin, *args], env=env, capture_output=True, text=True)
             if r.returncode != 0 and args[0] != "rm":

@@ -10,9 +10,9 @@ use crate::common;
 
 use common::{client, fails, nk_ok, start_meta_and_store, start_role, succeeds};
 
-struct Up {
+pub(crate) struct Up {
     child: Child,
-    meta: String,
+    pub(crate) meta: String,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -40,7 +40,7 @@ fn up_command(data_dir: &std::path::Path) -> Command {
 impl Up {
     /// `nk up` on port 0 in a fresh data directory; returns once it printed
     /// its address.
-    fn start(extra: &[&str]) -> Up {
+    pub(crate) fn start(extra: &[&str]) -> Up {
         let dir = tempfile::tempdir().unwrap();
         let mut up = Up::start_in(dir.path(), extra);
         up._dir = Some(dir);

@@ -308,7 +308,15 @@ fn a_client_killed_mid_write_leaks_nothing() {
     put.kill().unwrap();
     put.wait().unwrap();
     drop(stdin);
-    let st: Value = serde_json::from_slice(&c.ok(&["stat", "/f", "--json"])).unwrap();
+    // The put wrote under a hidden name beside /f, which it never reached.
+    assert!(!c.nk(&["test", "-e", "/f"]).status.success());
+    let hidden: Vec<String> =
+        serde_json::from_slice(&c.ok(&["find", "/", "--name", ".f.nk-copying-*", "--json"]))
+            .unwrap();
+    let [hidden] = &hidden[..] else {
+        panic!("one hidden copy: {hidden:?}")
+    };
+    let st: Value = serde_json::from_slice(&c.ok(&["stat", hidden, "--json"])).unwrap();
     assert_eq!(st["size"], 0, "nothing was synced");
     // The lease expires: another writer may take the node over.
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -318,7 +326,7 @@ fn a_client_killed_mid_write_leaks_nothing() {
             .unwrap();
         let deadline = Instant::now() + HANG;
         loop {
-            match client.open_write("/f").await {
+            match client.open_write(hidden).await {
                 Ok(n) => break n.close().await.unwrap(),
                 Err(e) if e.code == nodekernel_client::ErrorCode::Busy => {
                     assert!(Instant::now() < deadline, "the lease never expired");
@@ -328,7 +336,7 @@ fn a_client_killed_mid_write_leaks_nothing() {
             }
         }
     });
-    c.ok(&["rm", "/f"]);
+    c.ok(&["rm", hidden]);
     eventually("every block to be free", || {
         used_blocks(&c.status()) == before
     });

@@ -7,6 +7,7 @@ mod cli;
 mod crash;
 mod drain;
 mod faults;
+mod files;
 mod first_minute;
 mod mount;
 mod multihost;

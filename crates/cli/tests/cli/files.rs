@@ -1,0 +1,608 @@
+//! The everyday file commands (`docs/cli.md`), each run as its own `nk`
+//! process against a cluster the test starts: copies in and out and
+//! inside the cluster, listings, several paths and wildcards, `find`,
+//! `du`, `test`, `head`/`tail`, completion, and one error format.
+
+use serde_json::Value;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+
+use crate::cli::Up;
+use crate::common::client;
+
+/// A cluster and a local working directory the commands run in.
+struct Env {
+    up: Up,
+    dir: tempfile::TempDir,
+}
+
+impl Env {
+    fn start() -> Env {
+        Env {
+            up: Up::start(&[]),
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+
+    fn write(&self, p: &str, data: &[u8]) {
+        let p = self.path(p);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, data).unwrap();
+    }
+
+    fn read(&self, p: &str) -> Vec<u8> {
+        std::fs::read(self.path(p)).unwrap_or_else(|e| panic!("{p}: {e}"))
+    }
+
+    /// `nk ARGS` in the working directory.
+    fn nk(&self, args: &[&str]) -> Output {
+        client(&self.up.meta)
+            .args(args)
+            .current_dir(self.dir.path())
+            .output()
+            .unwrap()
+    }
+
+    /// `nk ARGS` with `input` on stdin.
+    fn nk_stdin(&self, args: &[&str], input: &[u8]) -> Output {
+        let mut child = client(&self.up.meta)
+            .args(args)
+            .current_dir(self.dir.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        child.wait_with_output().unwrap()
+    }
+
+    /// Runs and checks success; returns stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.nk(args);
+        assert!(
+            out.status.success(),
+            "nk {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// Runs and checks it fails with exit status 1 and one line `nk:
+    /// CODE: message` on stderr; returns the message.
+    fn fails(&self, args: &[&str], code: &str) -> String {
+        failed_with(&self.nk(args), args, code, 1)
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let out = self.ok(args);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("nk {args:?}: {e}: {out}"))
+    }
+
+    fn cluster_bytes(&self, path: &str) -> Vec<u8> {
+        let out = self.nk(&["cat", path]);
+        assert!(out.status.success(), "cat {path}: {out:?}");
+        out.stdout
+    }
+
+    fn exists(&self, path: &str) -> bool {
+        let out = self.nk(&["test", "-e", path]);
+        match out.status.code() {
+            Some(0) => true,
+            Some(1) => false,
+            other => panic!("nk test -e {path}: {other:?} {out:?}"),
+        }
+    }
+}
+
+/// Checks `out` failed with `status` and printed `nk: CODE: message` on
+/// stderr (log warnings may come before it, a usage error's usage lines
+/// after it); returns the message.
+fn failed_with(out: &Output, args: &[&str], code: &str, status: i32) -> String {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(status),
+        "nk {args:?}: exit status; stderr: {err}"
+    );
+    let last = err
+        .lines()
+        .rfind(|l| l.starts_with("nk: "))
+        .unwrap_or_default();
+    let prefix = format!("nk: {code}: ");
+    assert!(
+        last.starts_with(&prefix),
+        "nk {args:?}: expected `{prefix}...`, got: {err}"
+    );
+    last[prefix.len()..].to_string()
+}
+
+fn names(listing: &str) -> Vec<&str> {
+    listing.lines().collect()
+}
+
+/// Every file below `root`, as (relative path, bytes), sorted.
+fn local_tree(root: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                pending.push(p);
+            } else {
+                let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+                out.push((rel, std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn put_copies_files_and_trees_in_and_refuses_to_overwrite_without_f() {
+    let e = Env::start();
+    e.write("a.csv", b"first");
+    e.write("b.csv", b"bee");
+    e.ok(&["put", "a.csv", "/a"]);
+    assert_eq!(e.cluster_bytes("/a"), b"first");
+    // An existing File is replaced only with -f, and the error says so.
+    e.write("a.csv", b"second");
+    let msg = e.fails(&["put", "a.csv", "/a"], "AlreadyExists");
+    assert!(msg.contains("/a exists") && msg.contains("-f"), "{msg}");
+    assert_eq!(
+        e.cluster_bytes("/a"),
+        b"first",
+        "a refused put changes nothing"
+    );
+    e.ok(&["put", "-f", "a.csv", "/a"]);
+    assert_eq!(e.cluster_bytes("/a"), b"second");
+    // Into an existing container, each under its own name; several need one.
+    e.ok(&["mkdir", "/in"]);
+    e.ok(&["put", "a.csv", "b.csv", "/in"]);
+    assert_eq!(names(&e.ok(&["ls", "/in"])), ["a.csv", "b.csv"]);
+    e.fails(&["put", "a.csv", "b.csv", "/a"], "TypeMismatch");
+    e.fails(&["put", "a.csv", "b.csv", "/missing"], "NotFound");
+    e.fails(&["put", "a.csv", "/missing/"], "NotFound");
+    e.fails(&["put", "nothing.csv", "/x"], "NotFound");
+    // A directory needs -r, then comes whole, its nesting kept.
+    e.write("tree/top.txt", b"top");
+    e.write("tree/sub/deep.txt", b"deep");
+    e.write("tree/sub/empty.txt", b"");
+    let msg = e.fails(&["put", "tree", "/tree"], "InvalidArgument");
+    assert!(msg.contains("-r"), "{msg}");
+    e.ok(&["put", "-r", "--parallel", "2", "tree", "/tree"]);
+    assert_eq!(e.cluster_bytes("/tree/sub/deep.txt"), b"deep");
+    assert_eq!(e.cluster_bytes("/tree/sub/empty.txt"), b"");
+    // Into an existing container, the directory keeps its name.
+    e.ok(&["put", "-r", "tree", "/in/"]);
+    assert_eq!(e.cluster_bytes("/in/tree/top.txt"), b"top");
+    // Its files exist now: again only with -f.
+    e.fails(&["put", "-r", "tree", "/in/"], "AlreadyExists");
+    e.ok(&["put", "-r", "-f", "tree", "/in/"]);
+    e.fails(
+        &["put", "--parallel", "0", "a.csv", "/p0"],
+        "InvalidArgument",
+    );
+    // stdin, of a size not known in advance.
+    let out = e.nk_stdin(&["put", "-", "/stdin"], b"piped bytes");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(e.cluster_bytes("/stdin"), b"piped bytes");
+    // No hidden copy is left behind anywhere.
+    let all = e.ok(&["find", "/"]);
+    assert!(!all.contains("nk-copying"), "{all}");
+    // A copy into a Table makes KeyValues.
+    e.ok(&["mkdir", "--type", "table", "/t"]);
+    e.ok(&["put", "b.csv", "/t/"]);
+    assert_eq!(e.ok(&["kv", "get", "/t/b.csv"]), "bee");
+    assert_eq!(e.json(&["stat", "/t/b.csv", "--json"])["type"], "KeyValue");
+}
+
+#[test]
+fn get_copies_into_directories_and_trees_out() {
+    let e = Env::start();
+    e.write("src.txt", b"payload");
+    e.ok(&["put", "src.txt", "/f"]);
+    // Into the current directory and into an existing one, by name.
+    e.ok(&["get", "/f", "./"]);
+    assert_eq!(e.read("f"), b"payload");
+    std::fs::create_dir(e.path("d1")).unwrap();
+    e.ok(&["get", "/f", "d1/"]);
+    assert_eq!(e.read("d1/f"), b"payload");
+    e.ok(&["get", "-f", "/f", "d1"]);
+    e.fails(&["get", "/f", "nodir/"], "NotFound");
+    // An existing local file is replaced only with -f.
+    let msg = e.fails(&["get", "/f", "f"], "AlreadyExists");
+    assert!(msg.contains("-f"), "{msg}");
+    e.write("src.txt", b"newer");
+    e.ok(&["put", "-f", "src.txt", "/f"]);
+    e.ok(&["get", "-f", "/f", "f"]);
+    assert_eq!(e.read("f"), b"newer");
+    // To stdout.
+    assert_eq!(e.ok(&["get", "/f", "-"]), "newer");
+    // Trees, with -r.
+    e.ok(&["mkdir", "-p", "/tree/sub"]);
+    e.ok(&["put", "src.txt", "/tree/a.txt"]);
+    e.ok(&["put", "src.txt", "/tree/sub/b.txt"]);
+    let msg = e.fails(&["get", "/tree", "out"], "InvalidArgument");
+    assert!(msg.contains("-r"), "{msg}");
+    e.ok(&["get", "-r", "/tree", "out"]);
+    assert_eq!(
+        local_tree(&e.path("out")),
+        [
+            ("a.txt".to_string(), b"newer".to_vec()),
+            ("sub/b.txt".to_string(), b"newer".to_vec())
+        ]
+    );
+    // Wildcards, quoted as a user would.
+    std::fs::create_dir(e.path("parts")).unwrap();
+    e.ok(&["get", "/tree/*.txt", "parts/"]);
+    assert_eq!(e.read("parts/a.txt"), b"newer");
+    let msg = e.fails(&["get", "/tree/*.csv", "parts/"], "NotFound");
+    assert!(msg.contains("no match"), "{msg}");
+    // A container to a file, and a missing source.
+    e.fails(&["get", "/nothing", "x"], "NotFound");
+}
+
+#[test]
+fn cp_copies_inside_the_cluster_and_across_with_file_paths() {
+    let e = Env::start();
+    e.write("local.txt", b"from disk");
+    // Local to cluster needs file:, a relative path alone is refused.
+    let msg = e.fails(&["cp", "local.txt", "/x"], "InvalidPath");
+    assert!(msg.contains("file:local.txt"), "{msg}");
+    e.ok(&["cp", "file:local.txt", "/x"]);
+    assert_eq!(e.cluster_bytes("/x"), b"from disk");
+    // Inside the cluster: to a path, into a container, trees with -r.
+    e.ok(&["cp", "/x", "/y"]);
+    assert_eq!(e.cluster_bytes("/y"), b"from disk");
+    e.fails(&["cp", "/x", "/y"], "AlreadyExists");
+    e.ok(&["mkdir", "/dir"]);
+    e.ok(&["cp", "/x", "nk:/y", "/dir/"]);
+    assert_eq!(names(&e.ok(&["ls", "/dir"])), ["x", "y"]);
+    e.ok(&["mkdir", "-p", "/dir/sub"]);
+    e.ok(&["cp", "/x", "/dir/sub/z"]);
+    e.fails(&["cp", "/dir", "/dir2"], "InvalidArgument");
+    e.ok(&["cp", "-r", "/dir", "/dir2"]);
+    assert_eq!(e.cluster_bytes("/dir2/sub/z"), b"from disk");
+    e.fails(&["cp", "-r", "/dir", "/dir/inside"], "InvalidArgument");
+    // Tables stay Tables, their values KeyValues.
+    e.ok(&["mkdir", "--type", "table", "/t"]);
+    e.ok(&["kv", "put", "/t/k", "value"]);
+    e.ok(&["cp", "-r", "/t", "/t2"]);
+    assert_eq!(e.json(&["stat", "/t2", "--json"])["type"], "Table");
+    assert_eq!(e.ok(&["kv", "get", "/t2/k"]), "value");
+    // Cluster to local.
+    e.ok(&["cp", "-r", "/dir", "file:copied"]);
+    assert_eq!(e.read("copied/sub/z"), b"from disk");
+    e.fails(&["cp", "file:a", "file:b"], "InvalidArgument");
+    // -f replaces atomically.
+    e.ok(&["cp", "-f", "/dir/sub/z", "/y"]);
+}
+
+#[test]
+fn ls_lists_names_long_recursive_with_headings_and_json() {
+    let e = Env::start();
+    e.write("f.bin", &[7u8; 3000]);
+    e.ok(&["mkdir", "-p", "/l/sub"]);
+    e.ok(&["put", "f.bin", "/l/f.bin"]);
+    e.ok(&["put", "f.bin", "/l/sub/g.bin"]);
+    assert_eq!(names(&e.ok(&["ls", "/l"])), ["f.bin", "sub"]);
+    let long = e.ok(&["ls", "-l", "/l"]);
+    let f = long.lines().find(|l| l.ends_with("f.bin")).unwrap();
+    assert!(
+        f.starts_with("File") && f.contains("rw-r--r--") && f.contains(" 3000 "),
+        "{long}"
+    );
+    let d = long.lines().find(|l| l.ends_with("sub")).unwrap();
+    assert!(
+        d.starts_with("Directory") && d.contains("1 items"),
+        "{long}"
+    );
+    assert!(e.ok(&["ls", "-lh", "/l"]).contains("2.9 KiB"));
+    let rec = e.ok(&["ls", "-R", "/l"]);
+    assert_eq!(names(&rec), ["/l:", "f.bin", "sub", "", "/l/sub:", "g.bin"]);
+    assert_eq!(names(&e.ok(&["ls", "-d", "/l"])), ["/l"]);
+    // Several operands: data nodes first, then each container's heading.
+    let both = e.ok(&["ls", "/l/sub", "/l/f.bin"]);
+    assert_eq!(names(&both), ["/l/f.bin", "", "/l/sub:", "g.bin"]);
+    assert_eq!(names(&e.ok(&["ls", "/l/*.bin"])), ["/l/f.bin"]);
+    let j = e.json(&["ls", "-R", "/l", "--json"]);
+    let paths: Vec<&str> = j
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["/l/f.bin", "/l/sub", "/l/sub/g.bin"]);
+    assert_eq!(j[0]["size"], 3000);
+    assert_eq!(j[0]["mode"], "0644");
+    assert!(j[0]["mtime_ns"].as_u64().unwrap() > 0);
+    e.fails(&["ls", "/nope"], "NotFound");
+    e.fails(&["ls", "/l/*.csv"], "NotFound");
+}
+
+#[test]
+fn mkdir_rm_mv_and_touch_take_several_paths_and_say_what_to_do() {
+    let e = Env::start();
+    e.ok(&["mkdir", "/a", "/b", "/c"]);
+    e.fails(&["mkdir", "/a"], "AlreadyExists");
+    e.ok(&["mkdir", "-p", "/a", "/a/x/y"]);
+    e.fails(&["mkdir", "/q/r"], "NotFound");
+    e.fails(&["mkdir", "--type", "file", "/z"], "InvalidArgument");
+    // rm: several paths and wildcards; a container needs -r, and is told.
+    e.ok(&["touch", "/b/f1", "/b/f2", "/c/g"]);
+    e.ok(&["rm", "/b/f1", "/c/*"]);
+    assert!(!e.exists("/b/f1") && e.exists("/b/f2") && !e.exists("/c/g"));
+    let msg = e.fails(&["rm", "/a"], "NotEmpty");
+    assert!(msg.contains("-r"), "{msg}");
+    e.ok(&["rm", "-r", "/a"]);
+    e.fails(&["rm", "/gone"], "NotFound");
+    e.ok(&["rm", "-f", "/gone", "/none/*"]);
+    // Several failures: each printed, the command fails once at the end.
+    let out = e.nk(&["rm", "/gone1", "/gone2"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 3);
+    // mv into an existing container, several at once, and -f to replace.
+    e.ok(&["touch", "/m1", "/m2"]);
+    e.ok(&["mv", "/m1", "/c/"]);
+    e.ok(&["mv", "/m2", "/b/f2", "/c"]);
+    assert_eq!(names(&e.ok(&["ls", "/c"])), ["f2", "m1", "m2"]);
+    e.ok(&["touch", "/n1"]);
+    let msg = e.fails(&["mv", "/n1", "/c/m1"], "AlreadyExists");
+    assert!(msg.contains("-f"), "{msg}");
+    e.ok(&["mv", "-f", "/n1", "/c/m1"]);
+    assert!(!e.exists("/n1"));
+    e.fails(&["mv", "/c/m1", "/c/m2", "/c/f2"], "TypeMismatch");
+    e.fails(&["mv", "/c/m2", "/nowhere/"], "NotFound");
+    // touch: an empty File, a newer time for an existing node, -c.
+    let before = e.json(&["stat", "/c/m2", "--json"])["mtime_ns"]
+        .as_u64()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    e.ok(&["touch", "/c/m2"]);
+    let after = e.json(&["stat", "/c/m2", "--json"])["mtime_ns"]
+        .as_u64()
+        .unwrap();
+    assert!(after > before, "{before} -> {after}");
+    e.ok(&["touch", "-c", "/c/nothing"]);
+    assert!(!e.exists("/c/nothing"));
+    assert_eq!(e.json(&["stat", "/c/m2", "--json"])["size"], 0);
+    e.ok(&["mkdir", "--type", "table", "/t"]);
+    e.ok(&["touch", "/t/k"]);
+    assert_eq!(e.json(&["stat", "/t/k", "--json"])["type"], "KeyValue");
+}
+
+#[test]
+fn head_tail_cat_and_stat_read_parts_and_several_files() {
+    let e = Env::start();
+    let text: String = (1..=30).map(|i| format!("line {i}\n")).collect();
+    e.write("t.txt", text.as_bytes());
+    e.write("u.txt", b"one\ntwo");
+    e.ok(&["put", "t.txt", "u.txt", "/"]);
+    let head = e.ok(&["head", "/t.txt"]);
+    assert_eq!(
+        head,
+        (1..=10).map(|i| format!("line {i}\n")).collect::<String>()
+    );
+    assert_eq!(e.ok(&["head", "-n", "2", "/t.txt"]), "line 1\nline 2\n");
+    assert_eq!(e.ok(&["head", "-c", "4", "/t.txt"]), "line");
+    assert_eq!(e.ok(&["tail", "-n", "2", "/t.txt"]), "line 29\nline 30\n");
+    assert_eq!(e.ok(&["tail", "-n", "1", "/u.txt"]), "two");
+    assert_eq!(e.ok(&["tail", "-c", "3", "/u.txt"]), "two");
+    assert_eq!(e.ok(&["tail", "-n", "99", "/u.txt"]), "one\ntwo");
+    let two = e.ok(&["head", "-n", "1", "/t.txt", "/u.txt"]);
+    assert_eq!(two, "==> /t.txt <==\nline 1\n\n==> /u.txt <==\none\n");
+    e.ok(&["mkdir", "/d"]);
+    e.fails(&["head", "/d"], "TypeMismatch");
+    let out = e.nk(&["tail", "-c", "x", "/u.txt"]);
+    failed_with(&out, &["tail", "-c", "x"], "InvalidArgument", 2);
+    assert_eq!(e.ok(&["cat", "/u.txt", "/u.txt"]), "one\ntwoone\ntwo");
+    let one = e.json(&["stat", "/u.txt", "--json"]);
+    assert_eq!(one["size"], 7);
+    let many = e.json(&["stat", "/*.txt", "--json"]);
+    assert_eq!(many.as_array().unwrap().len(), 2);
+    let text = e.ok(&["stat", "/t.txt", "/u.txt"]);
+    assert_eq!(text.matches("path:").count(), 2);
+}
+
+#[test]
+fn find_du_and_test_answer_scripts() {
+    let e = Env::start();
+    e.write("x", &[1u8; 100]);
+    e.ok(&["mkdir", "-p", "/f/a/b"]);
+    e.ok(&["mkdir", "--type", "table", "/f/t"]);
+    e.ok(&["put", "x", "/f/one.parquet"]);
+    e.ok(&["put", "x", "/f/a/two.parquet"]);
+    e.ok(&["put", "x", "/f/a/b/three.csv"]);
+    e.ok(&["kv", "put", "/f/t/k", "12345"]);
+    // find, with find's own spellings and with --flags.
+    assert_eq!(
+        names(&e.ok(&["find", "/f", "-name", "*.parquet"])),
+        ["/f/a/two.parquet", "/f/one.parquet"]
+    );
+    assert_eq!(
+        names(&e.ok(&["find", "/f", "--type", "d"])),
+        ["/f", "/f/a", "/f/a/b"]
+    );
+    assert_eq!(
+        names(&e.ok(&["find", "/f", "-type", "f,k", "-maxdepth", "1"])),
+        ["/f/one.parquet"]
+    );
+    assert_eq!(names(&e.ok(&["find", "/f", "--type", "t"])), ["/f/t"]);
+    assert_eq!(
+        e.json(&["find", "/f", "--name", "k", "--json"]),
+        serde_json::json!(["/f/t/k"])
+    );
+    let out = e.nk(&["find", "/f", "--type", "x"]);
+    failed_with(&out, &["find", "--type", "x"], "InvalidArgument", 2);
+    // du: per container, children first; -s totals; -h; --json.
+    let du = e.ok(&["du", "/f"]);
+    assert_eq!(
+        names(&du),
+        ["100\t/f/a/b", "200\t/f/a", "5\t/f/t", "305\t/f"]
+    );
+    assert_eq!(e.ok(&["du", "-s", "/f", "/f/a"]), "305\t/f\n200\t/f/a\n");
+    assert_eq!(e.ok(&["du", "-sh", "/f/a"]), "200 B\t/f/a\n");
+    let j = e.json(&["du", "-s", "/f", "--json"]);
+    assert_eq!(
+        j,
+        serde_json::json!([{"path": "/f", "bytes": 305, "files": 4, "containers": 4}])
+    );
+    // test: 0 if it holds, 1 if not, 2 if it cannot tell.
+    let code = |args: &[&str]| e.nk(args).status.code();
+    assert_eq!(code(&["test", "-e", "/f/one.parquet"]), Some(0));
+    assert_eq!(code(&["test", "-e", "/f/none"]), Some(1));
+    assert_eq!(code(&["test", "-e", "/f/one.parquet/below"]), Some(1));
+    assert_eq!(code(&["test", "-d", "/f/a"]), Some(0));
+    assert_eq!(code(&["test", "-d", "/f/one.parquet"]), Some(1));
+    assert_eq!(code(&["test", "-f", "/f/t/k"]), Some(0));
+    assert_eq!(code(&["test", "-s", "/f/one.parquet"]), Some(0));
+    e.ok(&["touch", "/f/empty"]);
+    assert_eq!(code(&["test", "-z", "/f/empty"]), Some(0));
+    assert_eq!(code(&["test", "-s", "/f/empty"]), Some(1));
+    let out = e.nk(&["test", "-e", "-d", "/f"]);
+    failed_with(&out, &["test", "-e", "-d"], "InvalidArgument", 2);
+    let out = e.nk(&["test", "-e", "relative"]);
+    failed_with(&out, &["test", "-e", "relative"], "InvalidPath", 2);
+    let down = crate::common::nk()
+        .args(["test", "-e", "/f"])
+        .env("NK_META", "127.0.0.1:1")
+        .env("NK_CONFIG", "/dev/null")
+        .output()
+        .unwrap();
+    assert_eq!(down.status.code(), Some(2), "{down:?}");
+}
+
+#[test]
+fn completion_scripts_know_the_commands() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = crate::common::nk()
+            .args(["completion", shell])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{shell}: {out:?}");
+        let script = String::from_utf8(out.stdout).unwrap();
+        for word in ["cp", "find", "mkdir", "recursive"] {
+            assert!(script.contains(word), "{shell} completion lacks {word}");
+        }
+    }
+    let out = crate::common::nk()
+        .args(["completion", "tcsh"])
+        .output()
+        .unwrap();
+    failed_with(&out, &["completion", "tcsh"], "InvalidArgument", 2);
+}
+
+/// Every way a command fails prints one line, `nk: Code: message`, with
+/// the right code (JSON with the code for a command given --json), and
+/// exits 1 (2 for a command line nk cannot read).
+#[test]
+fn every_error_prints_its_code_and_message_in_one_format() {
+    let e = Env::start();
+    e.write("f", b"x");
+    e.ok(&["put", "f", "/f"]);
+    e.ok(&["mkdir", "/d"]);
+    e.ok(&["touch", "/d/child"]);
+    for (args, code) in [
+        (&["ls", "/missing"][..], "NotFound"),
+        (&["put", "f", "/f"], "AlreadyExists"),
+        (&["put", "missing-local", "/x"], "NotFound"),
+        (&["get", "/f", "f"], "AlreadyExists"),
+        (&["get", "/d", "out"], "InvalidArgument"),
+        (&["rm", "/d"], "NotEmpty"),
+        (&["mkdir", "relative"], "InvalidPath"),
+        (&["mkdir", "/f/below"], "TypeMismatch"),
+        (&["mv", "/f", "/d/child"], "AlreadyExists"),
+        (&["cat", "/d"], "TypeMismatch"),
+        (&["kv", "rm", "/f"], "TypeMismatch"),
+        (&["kv", "ls", "/d"], "TypeMismatch"),
+        (&["policy", "set", "move_rate", "fast"], "InvalidArgument"),
+        (
+            &["policy", "set", "move_rate", "1MiB", "placement"],
+            "InvalidArgument",
+        ),
+        (&["drain", "no-such-server"], "UnknownServer"),
+        (&["top", "--interval", "0"], "InvalidArgument"),
+        (&["get", "/f", "/proc/version/x"], "Io"),
+    ] {
+        let msg = e.fails(args, code);
+        assert!(!msg.is_empty(), "nk {args:?}: no message");
+        // The same error as JSON on stderr, with --json.
+        if ["ls", "policy"].contains(&args[0]) {
+            let mut with = args.to_vec();
+            with.push("--json");
+            let out = e.nk(&with);
+            assert_eq!(out.status.code(), Some(1));
+            let v: Value = serde_json::from_slice(&out.stderr)
+                .unwrap_or_else(|err| panic!("nk {with:?}: {err}: {out:?}"));
+            assert_eq!(v["error"]["code"], code, "{v}");
+            assert!(v["error"]["message"].as_str().unwrap().len() > 3);
+        }
+    }
+    // A command line nk cannot read: exit status 2, the same format.
+    for args in [
+        &["ls", "--no-such-flag"][..],
+        &["frobnicate"],
+        &["put", "only-one"],
+    ] {
+        let out = e.nk(args);
+        failed_with(&out, args, "InvalidArgument", 2);
+    }
+    // No cluster: Unavailable, naming the address.
+    let out = crate::common::nk()
+        .args(["ls", "/"])
+        .env("NK_META", "127.0.0.1:1")
+        .env("NK_CONFIG", "/dev/null")
+        .output()
+        .unwrap();
+    let msg = failed_with(&out, &["ls", "/"], "Unavailable", 1);
+    assert!(msg.contains("127.0.0.1:1"), "{msg}");
+}
+
+#[test]
+fn policy_set_takes_sizes_as_the_config_file_does() {
+    let e = Env::start();
+    e.ok(&["policy", "set", "move_rate", "64MiB"]);
+    let j = e.json(&["policy", "show", "--json"]);
+    assert_eq!(j["settings"]["move_rate"], (64u64 << 20).to_string());
+    e.ok(&["policy", "set", "move_rate", "1.5GiB"]);
+    let j = e.json(&["policy", "show", "--json"]);
+    assert_eq!(j["settings"]["move_rate"], (3u64 << 29).to_string());
+}
+
+/// Servers' logs written to a file (or a pipe) carry no colour codes.
+#[test]
+fn logs_written_to_a_file_have_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = std::fs::File::create(dir.path().join("up.log")).unwrap();
+    let mut child = crate::common::nk()
+        .args(["up", "--port", "0", "--dram", "16MiB", "--file", "0"])
+        .env_remove("NK_META")
+        .env_remove("NK_CONFIG")
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    assert!(first.contains("metadata server at"), "{first}");
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(dir.path().join("up.log")).unwrap();
+    assert!(text.contains("INFO"), "the log has lines: {text}");
+    assert!(
+        !text.contains('\u{1b}'),
+        "colour codes in a log file: {text}"
+    );
+}
