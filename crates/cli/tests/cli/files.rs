@@ -514,6 +514,8 @@ fn every_error_prints_its_code_and_message_in_one_format() {
         (&["ls", "/missing"][..], "NotFound"),
         (&["put", "f", "/f"], "AlreadyExists"),
         (&["put", "missing-local", "/x"], "NotFound"),
+        (&["put", "f", "/no-parent/x"], "NotFound"),
+        (&["cp", "/f", "/no-parent/x"], "NotFound"),
         (&["get", "/f", "f"], "AlreadyExists"),
         (&["get", "/d", "out"], "InvalidArgument"),
         (&["rm", "/d"], "NotEmpty"),
