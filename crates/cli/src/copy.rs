@@ -316,12 +316,15 @@ async fn plan_tree(
     opts: &CopyOpts,
     plan: &mut Plan,
 ) -> anyhow::Result<()> {
-    if let Some(Kind::Data(t)) = kind_of(client, target).await? {
+    let existing = kind_of(client, target).await?;
+    if let Some(Kind::Data(t)) = existing {
         return Err(coded(
             Code::Wire(ErrorCode::TypeMismatch),
             format!("{target} is a {}, not a directory", t.name()),
         ));
     }
+    // Below a directory this copy makes, nothing exists to check.
+    let fresh = existing.is_none();
     match src {
         Loc::Cluster(root) => {
             let mut found = Vec::new();
@@ -360,9 +363,11 @@ async fn plan_tree(
                     plan.dirs.push((dst, t));
                 } else {
                     let dst_ty = data_type_in(parent_ty);
-                    if let Err(err) = check_target(client, &dst, dst_ty, opts).await {
-                        plan.refused.push(err);
-                        continue;
+                    if !fresh {
+                        if let Err(err) = check_target(client, &dst, dst_ty, opts).await {
+                            plan.refused.push(err);
+                            continue;
+                        }
                     }
                     plan.jobs.push(Job {
                         src: Loc::Cluster(e.path),
@@ -399,10 +404,12 @@ async fn plan_tree(
                             pending.push((path, to));
                         }
                         Ok(m) if m.is_file() => {
-                            if let Err(err) = check_target(client, &to, NodeType::File, opts).await
-                            {
-                                plan.refused.push(err);
-                                continue;
+                            if !fresh {
+                                let checked = check_target(client, &to, NodeType::File, opts).await;
+                                if let Err(err) = checked {
+                                    plan.refused.push(err);
+                                    continue;
+                                }
                             }
                             plan.jobs.push(Job {
                                 src: Loc::Local(path),
