@@ -85,6 +85,10 @@ pub fn decode(slot_bytes: &[u8], container: u64, slot: u32) -> Option<(NodeType,
         return None;
     }
     let name = std::str::from_utf8(name).ok()?;
+    // Record bytes come from clients: a name no path may hold (`..`, one
+    // with a `/` or a NUL) is no record, and the listing asks the metadata
+    // server for that slot's name instead (`docs/records.md`).
+    crate::path::check_name(name).ok()?;
     Some((ty, name.to_string()))
 }
 
@@ -115,5 +119,17 @@ mod tests {
         }
         assert_eq!(decode(&[0xA5; RECORD_SIZE], 7, 3), None, "garbage");
         assert_eq!(decode(&r[..10], 7, 3), None);
+    }
+
+    /// A record is written by a client: one whose name no path could hold
+    /// (checksum and all else right) is not a record, so a listing never
+    /// hands out `..` or a name with a `/` (which `nk get -r` would turn
+    /// into a local path).
+    #[test]
+    fn names_no_path_may_hold_are_not_records() {
+        for name in ["..", ".", "a/b", "../../etc", "nul\0"] {
+            let r = slot_of(&encode(7, 3, NodeType::File, name));
+            assert_eq!(decode(&r, 7, 3), None, "{name:?}");
+        }
     }
 }
