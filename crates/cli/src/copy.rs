@@ -525,8 +525,10 @@ async fn run(
             ),
         ));
     }
-    if single {
-        // (printed on stderr: stdout may be the data)
+    if *dest == Loc::Local("-".into()) {
+        // `nk cat`, `nk kv get`, `nk get PATH -`: the data is the output.
+    } else if single {
+        // (printed on stderr, like the progress)
         eprintln!(
             "{verb} {last}: {} in {secs:.3} s ({})",
             human(bytes),

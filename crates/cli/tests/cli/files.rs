@@ -404,6 +404,18 @@ fn head_tail_cat_and_stat_read_parts_and_several_files() {
     let out = e.nk(&["tail", "-c", "x", "/u.txt"]);
     failed_with(&out, &["tail", "-c", "x"], "InvalidArgument", 2);
     assert_eq!(e.ok(&["cat", "/u.txt", "/u.txt"]), "one\ntwoone\ntwo");
+    // What prints data prints nothing else.
+    for args in [
+        &["cat", "/u.txt"][..],
+        &["get", "/u.txt", "-"],
+        &["head", "/u.txt"],
+    ] {
+        let out = e.nk(args);
+        assert!(
+            out.status.success() && out.stderr.is_empty(),
+            "nk {args:?}: {out:?}"
+        );
+    }
     let one = e.json(&["stat", "/u.txt", "--json"]);
     assert_eq!(one["size"], 7);
     let many = e.json(&["stat", "/*.txt", "--json"]);
