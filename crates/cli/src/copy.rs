@@ -50,6 +50,17 @@ pub struct CopyOpts {
     pub parallel: usize,
     /// How cluster destinations are created (class, placement, pinning).
     pub create: CreateOptions,
+    /// A JSON summary on stdout, and errors as JSON on stderr.
+    pub json: bool,
+}
+
+/// What `--json` prints once a copy is done.
+#[derive(serde::Serialize)]
+struct Summary {
+    files: usize,
+    directories: usize,
+    bytes: u64,
+    seconds: f64,
 }
 
 /// A file a copy reads or writes, and what it is.
@@ -460,7 +471,7 @@ async fn run(
     let mut first_error = None;
     for e in refused {
         if !quiet {
-            eprintln!("{}", error_line(&e, false));
+            eprintln!("{}", error_line(&e, opts.json));
         }
         first_error.get_or_insert(e);
     }
@@ -485,7 +496,7 @@ async fn run(
                     pb.set_message(format!("{verb} {n}/{files} files"));
                 }
                 if let (Err(e), false) = (&r, quiet) {
-                    pb.suspend(|| eprintln!("{}", error_line(e, false)));
+                    pb.suspend(|| eprintln!("{}", error_line(e, opts.json)));
                 }
                 (what, r)
             }
@@ -527,6 +538,14 @@ async fn run(
     }
     if *dest == Loc::Local("-".into()) {
         // `nk cat`, `nk kv get`, `nk get PATH -`: the data is the output.
+    } else if opts.json {
+        let summary = Summary {
+            files: copied,
+            directories: dirs.len(),
+            bytes,
+            seconds: secs,
+        };
+        println!("{}", serde_json::to_string_pretty(&summary)?);
     } else if single {
         // (printed on stderr, like the progress)
         eprintln!(

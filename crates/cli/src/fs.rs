@@ -232,6 +232,7 @@ pub async fn cat(
                 recursive: false,
                 parallel: 1,
                 create: CreateOptions::default(),
+                json: false,
             };
             let src = [crate::paths::Loc::Cluster(path)];
             crate::copy::copy(client, "get", &src, "-", dest, &opts).await?;

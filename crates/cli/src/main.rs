@@ -529,6 +529,10 @@ struct CopyFlags {
     /// Files copied at once (1 to 64)
     #[arg(long, value_name = "N", default_value_t = copy::DEFAULT_PARALLEL)]
     parallel: usize,
+    /// Print a JSON summary when done ({files, directories, bytes,
+    /// seconds}); errors as JSON on stderr
+    #[arg(long)]
+    json: bool,
 }
 
 /// Where new cluster files go.
@@ -564,6 +568,7 @@ impl CopyFlags {
             recursive: self.recursive,
             parallel: self.parallel,
             create,
+            json: self.json,
         }
     }
 }
@@ -936,6 +941,7 @@ async fn run_command(cli: Cli) -> anyhow::Result<bool> {
                 recursive: false,
                 parallel: 1,
                 create: Default::default(),
+                json: false,
             };
             copy::copy(&client, "get", &src, "-", Loc::Local("-".into()), &opts).await?
         }

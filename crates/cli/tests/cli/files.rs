@@ -177,7 +177,10 @@ fn put_copies_files_and_trees_in_and_refuses_to_overwrite_without_f() {
     e.write("tree/sub/empty.txt", b"");
     let msg = e.fails(&["put", "tree", "/tree"], "InvalidArgument");
     assert!(msg.contains("-r"), "{msg}");
-    e.ok(&["put", "-r", "--parallel", "2", "tree", "/tree"]);
+    let summary = e.json(&["put", "-r", "--parallel", "2", "--json", "tree", "/tree"]);
+    assert_eq!(summary["files"], 3, "{summary}");
+    assert_eq!(summary["directories"], 2, "{summary}");
+    assert_eq!(summary["bytes"], 7, "{summary}");
     assert_eq!(e.cluster_bytes("/tree/sub/deep.txt"), b"deep");
     assert_eq!(e.cluster_bytes("/tree/sub/empty.txt"), b"");
     // Into an existing container, the directory keeps its name.
