@@ -68,25 +68,24 @@ struct Summary {
 enum Kind {
     /// A container (cluster) or directory (local).
     Dir(NodeType),
-    /// A File or KeyValue (cluster) or regular file (local).
-    Data(NodeType),
+    /// A File or KeyValue (cluster) or regular file (local), and its size.
+    Data(NodeType, u64),
     /// stdin, stdout, a device or FIFO: read or written through.
     Stream,
 }
 
 async fn kind_of(client: &Client, loc: &Loc) -> anyhow::Result<Option<Kind>> {
     match loc {
-        Loc::Cluster(p) => Ok(cluster_type(client, p).await?.map(|t| {
-            if t.is_container() {
-                Kind::Dir(t)
-            } else {
-                Kind::Data(t)
-            }
-        })),
+        Loc::Cluster(p) => match client.lookup(p).await {
+            Ok(n) if n.info().ty.is_container() => Ok(Some(Kind::Dir(n.info().ty))),
+            Ok(n) => Ok(Some(Kind::Data(n.info().ty, n.info().size))),
+            Err(e) if e.code == ErrorCode::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        },
         Loc::Local(p) if p == Path::new("-") => Ok(Some(Kind::Stream)),
         Loc::Local(p) => match std::fs::metadata(p) {
             Ok(m) if m.is_dir() => Ok(Some(Kind::Dir(NodeType::Directory))),
-            Ok(m) if m.is_file() => Ok(Some(Kind::Data(NodeType::File))),
+            Ok(m) if m.is_file() => Ok(Some(Kind::Data(NodeType::File, m.len()))),
             Ok(_) => Ok(Some(Kind::Stream)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(anyhow::Error::new(e).context(format!("cannot read {}", p.display()))),
@@ -181,7 +180,7 @@ pub async fn copy(
     }
     let mut plan = Plan::default();
     for src in sources {
-        if let Err(e) = plan_source(client, src, &dest, into, opts, &mut plan).await {
+        if let Err(e) = plan_source(client, src, &dest, dest_kind, opts, &mut plan).await {
             plan.refused.push(e);
         }
     }
@@ -189,14 +188,19 @@ pub async fn copy(
 }
 
 /// Adds the copy of `src` to `plan`.
+/// `dest_kind` is what `dest` is (looked up once for every source).
 async fn plan_source(
     client: &Client,
     src: &Loc,
     dest: &Loc,
-    into: Option<NodeType>,
+    dest_kind: Option<Kind>,
     opts: &CopyOpts,
     plan: &mut Plan,
 ) -> anyhow::Result<()> {
+    let into = match dest_kind {
+        Some(Kind::Dir(t)) => Some(t),
+        _ => None,
+    };
     let Some(kind) = kind_of(client, src).await? else {
         return Err(coded(
             Code::Wire(ErrorCode::NotFound),
@@ -231,10 +235,17 @@ async fn plan_source(
             }
             plan_tree(client, src, &target, opts, plan).await
         }
-        Kind::Data(_) | Kind::Stream => {
-            let size = size_of(client, src).await?;
+        Kind::Data(_, _) | Kind::Stream => {
+            let size = match kind {
+                Kind::Data(_, size) => Some(size),
+                _ => None,
+            };
             let dst_ty = data_type_in(parent_ty);
-            check_target(client, &target, dst_ty, opts).await?;
+            match into {
+                // The copy goes to `dest` itself, whose kind is known.
+                None => check_existing(dest_kind, &target, dst_ty, opts)?,
+                Some(_) => check_target(client, &target, dst_ty, opts).await?,
+            }
             plan.jobs.push(Job {
                 src: src.clone(),
                 dst: target,
@@ -278,16 +289,6 @@ fn container_type(src: &Loc, ty: NodeType) -> NodeType {
     }
 }
 
-async fn size_of(client: &Client, src: &Loc) -> anyhow::Result<Option<u64>> {
-    Ok(match src {
-        Loc::Cluster(p) => Some(client.lookup(p).await?.info().size),
-        Loc::Local(p) => std::fs::metadata(p)
-            .ok()
-            .filter(|m| m.is_file())
-            .map(|m| m.len()),
-    })
-}
-
 /// Refuses a destination that exists, unless `-f` lets it be replaced (a
 /// data node by a data node only).
 async fn check_target(
@@ -296,13 +297,23 @@ async fn check_target(
     ty: NodeType,
     opts: &CopyOpts,
 ) -> anyhow::Result<()> {
-    match kind_of(client, target).await? {
+    check_existing(kind_of(client, target).await?, target, ty, opts)
+}
+
+/// [`check_target`] of a target whose kind is known (`existing`).
+fn check_existing(
+    existing: Option<Kind>,
+    target: &Loc,
+    ty: NodeType,
+    opts: &CopyOpts,
+) -> anyhow::Result<()> {
+    match existing {
         None | Some(Kind::Stream) => Ok(()),
         Some(Kind::Dir(t)) => Err(coded(
             Code::Wire(ErrorCode::TypeMismatch),
             format!("{target} is a {}; a file cannot replace it", t.name()),
         )),
-        Some(Kind::Data(t)) if opts.force => {
+        Some(Kind::Data(t, _)) if opts.force => {
             if target.is_local() || t == ty {
                 Ok(())
             } else {
@@ -312,7 +323,7 @@ async fn check_target(
                 ))
             }
         }
-        Some(Kind::Data(_)) => Err(coded(
+        Some(Kind::Data(_, _)) => Err(coded(
             Code::Wire(ErrorCode::AlreadyExists),
             format!("{target} exists (use -f to overwrite it)"),
         )),
@@ -328,7 +339,7 @@ async fn plan_tree(
     plan: &mut Plan,
 ) -> anyhow::Result<()> {
     let existing = kind_of(client, target).await?;
-    if let Some(Kind::Data(t)) = existing {
+    if let Some(Kind::Data(t, _)) = existing {
         return Err(coded(
             Code::Wire(ErrorCode::TypeMismatch),
             format!("{target} is a {}, not a directory", t.name()),
@@ -829,7 +840,7 @@ impl Dest {
                 let through = p == Path::new("-")
                     || std::fs::metadata(p).is_ok_and(|m| !m.is_file() && !m.is_dir());
                 if through {
-                    let (spool, _) = anonymous_spool()?;
+                    let spool = anonymous_spool()?;
                     return Ok(Dest::Local {
                         spool,
                         tmp: None,
@@ -1021,12 +1032,12 @@ fn hidden_sibling(path: &str, partitions: usize) -> String {
 }
 
 /// An unlinked file in the temporary directory, readable only by us.
-fn anonymous_spool() -> anyhow::Result<(std::fs::File, ())> {
+fn anonymous_spool() -> anyhow::Result<std::fs::File> {
     let dir = std::env::temp_dir();
     let (file, p) = create_unique(&dir, "nk-get", 0o600)
         .with_context(|| format!("cannot create a file in {}", dir.display()))?;
     let _ = std::fs::remove_file(&p);
-    Ok((file, ()))
+    Ok(file)
 }
 
 /// A new file beside `local` (same file system, so the rename is atomic),

@@ -26,16 +26,27 @@ pub struct LsOpts {
     pub json: bool,
 }
 
+/// A node type as JSON shows it: its name.
+fn type_name<S: serde::Serializer>(ty: &NodeType, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(ty.name())
+}
+
+/// Permission bits as JSON shows them: four octal digits.
+fn octal_mode<S: serde::Serializer>(mode: &u32, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format!("{mode:04o}"))
+}
+
 #[derive(Serialize)]
 struct LsEntry {
     name: String,
     path: String,
-    #[serde(rename = "type")]
-    ty: &'static str,
+    #[serde(rename = "type", serialize_with = "type_name")]
+    ty: NodeType,
     /// Bytes (data nodes) or children (containers).
     size: u64,
     /// Permission bits, in octal.
-    mode: String,
+    #[serde(serialize_with = "octal_mode")]
+    mode: u32,
     /// Modification time, nanoseconds since the Unix epoch.
     mtime_ns: u64,
 }
@@ -45,9 +56,9 @@ impl LsEntry {
         LsEntry {
             name,
             path,
-            ty: i.ty.name(),
+            ty: i.ty,
             size: i.size,
-            mode: format!("{:04o}", i.mode),
+            mode: i.mode,
             mtime_ns: i.mtime,
         }
     }
@@ -56,18 +67,17 @@ impl LsEntry {
         if !opts.long {
             return printable(&self.name).into_owned();
         }
-        let size = if NodeType::parse(self.ty).is_some_and(NodeType::is_container) {
+        let size = if self.ty.is_container() {
             format!("{} items", self.size)
         } else if opts.human {
             human(self.size)
         } else {
             self.size.to_string()
         };
-        let mode = u32::from_str_radix(&self.mode, 8).unwrap_or(0);
         format!(
             "{:<9} {} {:>12}  {}  {}",
-            self.ty,
-            symbolic_mode(mode),
+            self.ty.name(),
+            symbolic_mode(self.mode),
             size,
             &utc(self.mtime_ns)[..16],
             printable(&self.name)
@@ -448,8 +458,8 @@ pub async fn touch(client: &Client, operands: &[String], no_create: bool) -> any
 struct StatOut {
     path: String,
     id: u64,
-    #[serde(rename = "type")]
-    ty: &'static str,
+    #[serde(rename = "type", serialize_with = "type_name")]
+    ty: NodeType,
     size: u64,
     block_size: u32,
     blocks: u64,
@@ -457,7 +467,8 @@ struct StatOut {
     location: String,
     enumerable: bool,
     /// Permission bits, in octal.
-    mode: String,
+    #[serde(serialize_with = "octal_mode")]
+    mode: u32,
     /// Modification time, nanoseconds since the Unix epoch.
     mtime_ns: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -567,24 +578,23 @@ async fn stat_one(client: &Client, path: &str, blocks: bool) -> anyhow::Result<S
     Ok(StatOut {
         path: path.to_string(),
         id: i.id,
-        ty: i.ty.name(),
+        ty: i.ty,
         size: i.size,
         block_size: i.block_size,
         blocks,
         storage_class: (i.storage_class != nodekernel_proto::NO_CLASS).then_some(i.storage_class),
         location: i.location.clone(),
         enumerable: i.enumerable,
-        mode: format!("{:04o}", i.mode),
+        mode: i.mode,
         mtime_ns: i.mtime,
         block_list,
     })
 }
 
 fn print_stat(out: &StatOut) {
-    let container = NodeType::parse(out.ty).is_some_and(NodeType::is_container);
     println!("path:          {}", printable(&out.path));
-    println!("type:          {}", out.ty);
-    if container {
+    println!("type:          {}", out.ty.name());
+    if out.ty.is_container() {
         println!("children:      {}", out.size);
         println!("enumerable:    {}", out.enumerable);
     } else {
@@ -604,7 +614,7 @@ fn print_stat(out: &StatOut) {
     if !out.location.is_empty() {
         println!("location:      {}", out.location);
     }
-    println!("mode:          {}", out.mode);
+    println!("mode:          {:04o}", out.mode);
     println!("modified:      {}", utc(out.mtime_ns));
     println!("id:            {}", out.id);
     if let Some(list) = &out.block_list {

@@ -633,20 +633,19 @@ const FAILED: u8 = 1;
 /// cannot tell.
 const USAGE: u8 = 2;
 
-/// `nk find` takes `find`'s one-dash spellings too: `-name` is `--name`.
+/// `nk find` takes `find`'s one-dash spellings too: `-name` is `--name`
+/// (after the word `find` only: no other command has such flags).
 fn find_spellings(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    let is_find = args
-        .iter()
-        .skip(1)
-        .find(|a| !a.to_string_lossy().starts_with('-'))
-        .is_some_and(|a| a == "find");
-    if !is_find {
-        return args;
-    }
+    let mut after_find = false;
     args.into_iter()
-        .map(|a| match a.to_str() {
-            Some("-name" | "-type" | "-maxdepth") => format!("-{}", a.to_string_lossy()).into(),
-            _ => a,
+        .map(|a| {
+            after_find |= a == "find";
+            match a.to_str() {
+                Some("-name" | "-type" | "-maxdepth") if after_find => {
+                    format!("-{}", a.to_string_lossy()).into()
+                }
+                _ => a,
+            }
         })
         .collect()
 }

@@ -141,9 +141,15 @@ pub async fn expand(client: &Client, pattern: &str) -> anyhow::Result<Vec<String
         }
         found = next;
     }
-    // Literal components after the last wildcard may name nothing.
+    // A match ending in a wildcard was listed, so it exists; literal
+    // components after the last wildcard may name nothing.
+    let last = pattern.rsplit('/').next().unwrap_or_default();
     let mut out = Vec::with_capacity(found.len());
     for p in found {
+        if has_wildcard(last) {
+            out.push(p);
+            continue;
+        }
         match client.lookup(&p).await {
             Ok(_) => out.push(p),
             Err(e) if matches!(e.code, ErrorCode::NotFound | ErrorCode::TypeMismatch) => {}

@@ -11,7 +11,7 @@ use crate::errors::Fail;
 use crate::errors::Out;
 use crate::runtime::attach_or_fail;
 use crate::runtime::runtime;
-use crate::runtime::spawn_stoppable;
+use crate::runtime::spawn_with;
 use crate::values::Value;
 use nk::NodeType;
 use nodekernel_client as nk;
@@ -429,7 +429,7 @@ pub(crate) fn spawn_write<'py>(
     file: Arc<FileCore>,
     fut: impl Future<Output = Out<Value>> + Send + 'static,
 ) -> PyResult<Bound<'py, PyAny>> {
-    spawn_stoppable(py, fut, Some(Box::new(move || file.poison())))
+    spawn_with(py, fut, true, Some(Box::new(move || file.poison())))
 }
 
 /// A node open for reading or writing (see `Client.open`).

@@ -124,19 +124,6 @@ where
     spawn_with(py, fut, true, None)
 }
 
-/// [`spawn`] for a call that stops what it does when cancelled and
-/// then does what `on_stop` says.
-pub(crate) fn spawn_stoppable<'py, T>(
-    py: Python<'py>,
-    fut: impl Future<Output = Out<T>> + Send + 'static,
-    on_stop: Option<OnStop>,
-) -> PyResult<Bound<'py, PyAny>>
-where
-    T: for<'a> IntoPyObject<'a> + Send + 'static,
-{
-    spawn_with(py, fut, true, on_stop)
-}
-
 /// [`spawn`] for a call that takes or gives back a write lease (open,
 /// create, close, abort), which must not be left half done: cancelling the
 /// awaitable does not stop its task. The awaitable ends, cancelled, once
@@ -154,7 +141,9 @@ where
     spawn_with(py, fut, false, None)
 }
 
-fn spawn_with<'py, T>(
+/// [`spawn`], with a choice: cancelling aborts the task (`abortable`) and
+/// then does what `on_stop` says, or lets it run to its end.
+pub(crate) fn spawn_with<'py, T>(
     py: Python<'py>,
     fut: impl Future<Output = Out<T>> + Send + 'static,
     abortable: bool,
@@ -198,7 +187,7 @@ where
     Ok(py_fut)
 }
 
-/// What stopping a [`spawn_stoppable`]ed call also does: poisoning the
+/// What stopping a [`spawn_with`] call also does: poisoning the
 /// file a cancelled write was for (`file::spawn_write`).
 pub(crate) type OnStop = Box<dyn Fn() + Send + Sync>;
 

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 
 use crate::cli::Up;
-use crate::common::client;
+use crate::common::{client, succeeds};
 
 /// A cluster and a local working directory the commands run in.
 struct Env {
@@ -64,13 +64,12 @@ impl Env {
 
     /// Runs and checks success; returns stdout.
     fn ok(&self, args: &[&str]) -> String {
-        let out = self.nk(args);
-        assert!(
-            out.status.success(),
-            "nk {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = succeeds(
+            client(&self.up.meta)
+                .args(args)
+                .current_dir(self.dir.path()),
         );
-        String::from_utf8(out.stdout).unwrap()
+        String::from_utf8(out).unwrap()
     }
 
     /// Runs and checks it fails with exit status 1 and one line `nk:
@@ -451,6 +450,12 @@ fn find_du_and_test_answer_scripts() {
         ["/f/one.parquet"]
     );
     assert_eq!(names(&e.ok(&["find", "/f", "--type", "t"])), ["/f/t"]);
+    // find's spellings after a global flag's value too.
+    let meta = e.up.meta.clone();
+    assert_eq!(
+        names(&e.ok(&["--meta", &meta, "find", "/f", "-name", "k"])),
+        ["/f/t/k"]
+    );
     assert_eq!(
         e.json(&["find", "/f", "--name", "k", "--json"]),
         serde_json::json!(["/f/t/k"])
