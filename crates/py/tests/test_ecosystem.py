@@ -12,6 +12,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
+from conftest import run_script
+
 HANG_TIMEOUT_S = 300  # only catches a hang
 
 
@@ -39,6 +41,39 @@ def _same_columns(df: pd.DataFrame) -> pd.DataFrame:
         if isinstance(out[col].dtype, pd.CategoricalDtype):
             out[col] = out[col].astype(str)
     return out[sorted(out.columns)]
+
+
+# A script that ends right after PyArrow read a dataset through nk://:
+# PyArrow's threads still wind the read down, and the last of them drops
+# the filesystem object, which takes the GIL (see test below).
+SCAN_THEN_EXIT = """
+import sys
+import fsspec
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs
+
+base = sys.argv[1]
+arrow_fs = pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fsspec.filesystem("nk")))
+t = pa.table({"k": ["a", "b", "a"], "v": [1, 2, 3]})
+ds.write_dataset(t, base, format="parquet", filesystem=arrow_fs, partitioning=["k"])
+del arrow_fs
+ds.dataset(base, format="parquet", filesystem=pyarrow.fs.PyFileSystem(
+    pyarrow.fs.FSSpecHandler(fsspec.filesystem("nk"))), partitioning=["k"]).to_table()
+"""
+
+
+def test_a_script_ending_right_after_a_pyarrow_read_exits_cleanly(nk_dir, tmp_path):
+    """PyArrow's scanner threads may still hold the GIL-taking filesystem
+    object when the script ends; on Python before 3.14 such a thread that
+    gets the GIL while Python finalizes aborts the process ("terminate
+    called without an active exception"; apache/arrow#36389). Before
+    nodekernel's exit hook let them finish, 15 of 20 such runs aborted."""
+    script = tmp_path / "scan_then_exit.py"
+    script.write_text(SCAN_THEN_EXIT)
+    for i in range(8):
+        proc = run_script(script, f"{nk_dir}/run{i}", cwd=tmp_path)
+        assert proc.returncode == 0, (i, proc.returncode, proc.stderr[-2000:])
 
 
 # ---------------------------------------------------------------------------
