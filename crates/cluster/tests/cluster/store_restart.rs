@@ -203,6 +203,11 @@ async fn a_store_back_on_another_port_is_followed_there() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     let squatter = squatter.expect("the old port comes free");
+    // It closes what it accepts, as a program that does not speak the
+    // protocol would. (One that accepts and never answers holds up the
+    // metadata server's check that the old address no longer serves this
+    // server until its request timeout: the tests' two minutes.)
+    let squatter = refuse_all(squatter);
     let s = t.cluster.restart_store(1).await.expect("restarts");
     assert_ne!(s.advertised_addr(), old_addr, "its old port was taken");
     assert_eq!(s.kept_blocks(), Some(Ok(())));
@@ -220,4 +225,42 @@ async fn a_store_back_on_another_port_is_followed_there() {
     assert_eq!(st.servers.len(), 2, "the same server, readdressed: {st:?}");
     let now = t.cluster.stores[1].advertised_addr();
     assert!(st.servers.iter().any(|x| x.addr == now), "{st:?}");
+}
+
+/// Accepts on `l` and closes each connection at once, on a thread of its
+/// own, until the returned guard drops (the port is free again then).
+fn refuse_all(l: std::net::TcpListener) -> impl Drop {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    struct Stop {
+        addr: std::net::SocketAddr,
+        stop: Arc<AtomicBool>,
+        thread: Option<std::thread::JoinHandle<()>>,
+    }
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            self.stop.store(true, Ordering::SeqCst);
+            // Wakes the accept loop, which then sees the flag and ends.
+            let _ = std::net::TcpStream::connect(self.addr);
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+    let addr = l.local_addr().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let thread = std::thread::spawn(move || {
+        for conn in l.incoming() {
+            drop(conn);
+            if flag.load(Ordering::SeqCst) {
+                break;
+            }
+        }
+    });
+    Stop {
+        addr,
+        stop,
+        thread: Some(thread),
+    }
 }
