@@ -10,8 +10,8 @@
 #
 # Each step prints its time, and a table of all of them closes the run
 # (also when a step fails: the table says which), with the totals of the
-# core tier (run first) and the heavy one (the cluster tests, loom and
-# fuzzing; see `heavy` below).
+# core tier (run first) and the heavy one (loom and fuzzing; see `heavy`
+# below).
 # Works on a fresh machine of the project's kind (Rust via rustup and CPython
 # are preinstalled; the Python packages go into .venv, see python-env.sh).
 set -euo pipefail
@@ -37,9 +37,9 @@ for c in rustfmt clippy; do
 done
 
 # step NAME COMMAND...: runs one step and records its time; `heavy` before
-# `step` counts it in the heavy tier (the cluster tests, loom, fuzzing),
-# every other step in the core one (formatting, lints, the Rust, Python and
-# JVM tests). The closing table gives each tier's total.
+# `step` counts it in the heavy tier (loom, fuzzing), every other step in
+# the core one (formatting, lints, the Rust, Python and JVM tests). The
+# closing table gives each tier's total.
 timings=()
 current=
 started=$SECONDS
@@ -75,7 +75,7 @@ report() {
     for t in "${timings[@]}"; do echo "$t"; done
     [[ -n $current ]] && echo "  (failed: $current)"
     printf '%6ds  %s\n' "$core_s" "core: formatting, lints, Rust, Python and JVM tests"
-    printf '%6ds  %s\n' "$heavy_s" "heavy: cluster tests, loom, fuzzing"
+    printf '%6ds  %s\n' "$heavy_s" "heavy: loom, fuzzing"
     printf '%6ds  %s\n' $((SECONDS - started)) "total"
     return $rc
 }
@@ -109,36 +109,16 @@ system_deps() {
     ensure_tools "nk mount and its tests" fusermount3=fuse3 git=git sqlite3=sqlite3 cc=gcc
 }
 step "system packages" system_deps
-# The integration-test targets of the workspace as `--test NAME` flags:
-# `test_targets core` those outside crates/cluster, `test_targets heavy`
-# its own. Both runs select --workspace and name targets, because
-# `--exclude` or `-p` resolves features for fewer packages and so compiles
-# half the workspace again (measured: two minutes).
-test_targets() {
-    cargo metadata --no-deps --locked --format-version 1 | python3 -c '
-import json, sys
-heavy = sys.argv[1] == "heavy"
-for p in json.load(sys.stdin)["packages"]:
-    if (p["name"] == "nodekernel-cluster") == heavy:
-        for t in p["targets"]:
-            if "test" in t["kind"]:
-                print("--test", t["name"])
-' "$1"
-}
 # Built first and run next, so the times say how long each takes.
-step "cargo test: build" cargo test --workspace --locked --no-run --lib --bins --tests
+step "cargo test: build" cargo test --workspace --locked --no-run
 # The multi-host tests build hosts from network namespaces and the mount
 # tests use FUSE (root, iproute2 and fuse3 needed): here they must run,
-# not skip.
-core_targets=$(test_targets core)
-heavy_targets=$(test_targets heavy)
-core_tests() {
-    # shellcheck disable=SC2086 # one flag or name a word
-    env NK_REQUIRE_NETNS=1 NK_REQUIRE_FUSE=1 \
-        cargo test --workspace --locked --lib --bins $core_targets
-    cargo test --workspace --locked --doc
-}
-step "cargo test: run (all but the cluster tests)" core_tests
+# not skip. The cluster tests (crates/cluster) run here too, though the
+# project counts them heavy: naming targets or packages to cargo compiles
+# more (`--lib` builds harnesses for libraries without tests, `--doc` its
+# own library units, `--exclude`/`-p` resolve features anew), two minutes
+# or more in all, measured; separating them wants a runner of its own.
+step "cargo test: run" env NK_REQUIRE_NETNS=1 NK_REQUIRE_FUSE=1 cargo test --workspace --locked
 python_suite() {
     # The extension module the test build made (crates/py/tests/module.rs).
     ./scripts/python-env.sh --module target/debug/deps/lib_native.so
@@ -158,10 +138,7 @@ step "Python package: install into .venv, ruff, pytest" python_suite
 # nodekernel-jni` here would compile tokio and every workspace crate again).
 step "JVM modules (java/)" env NK_BIN="$PWD/target/debug/nk" \
     NK_JNI_DIR="$PWD/target/debug/deps" ./scripts/java.sh
-# The heavy tier: whole clusters in one process (crates/cluster), then the
-# model checks and fuzzing, each with builds of its own.
-# shellcheck disable=SC2086
-heavy step "cargo test: the cluster tests" cargo test --workspace --locked $heavy_targets
+# The heavy tier: the model checks and fuzzing, each with builds of its own.
 # Its own target directory: --cfg loom rebuilds every dependency.
 heavy step "loom model check of the shared-memory protocol" \
     env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
