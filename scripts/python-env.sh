@@ -24,6 +24,7 @@ if [[ ! -x .venv/bin/python ]]; then
     echo "== creating .venv =="
     "$PY" -m venv .venv
 fi
+VENV_BIN="$PWD/.venv/bin"
 REQ=crates/py/requirements-dev.txt
 STAMP=.venv/.requirements.sha256
 if ! sha256sum --status -c "$STAMP" 2>/dev/null; then
@@ -39,7 +40,7 @@ install_module() {
     site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     rm -rf "$site"/nodekernel-*.dist-info "$site/nodekernel.pth"
     local out
-    out=$(cd crates/py && PATH="$PWD/../../.venv/bin:$PATH" \
+    out=$(cd crates/py && PATH="$VENV_BIN:$PATH" \
         maturin pep517 write-dist-info --metadata-directory "$site" 2>&1) ||
         { echo "$out" >&2; return 1; }
     dist=$(echo "$site"/nodekernel-*.dist-info)
@@ -60,7 +61,7 @@ if [[ ${1:-} == --module ]]; then
     install_module "$2"
 else
     echo "== building the nodekernel Python package (maturin develop $*) =="
-    (cd crates/py && VIRTUAL_ENV="$PWD/../../.venv" PATH="$PWD/../../.venv/bin:$PATH" \
+    (cd crates/py && VIRTUAL_ENV="$PWD/../../.venv" PATH="$VENV_BIN:$PATH" \
         maturin develop --quiet "$@")
 fi
 .venv/bin/python -c "import nodekernel, fsspec; fsspec.filesystem('nk'); print('nodekernel', nodekernel.__file__)"
