@@ -2,11 +2,16 @@
 # Builds the JVM modules in java/ (the Java client, the Hadoop FileSystem,
 # the YCSB binding) over the JNI library, and runs their tests.
 #
-# Usage: scripts/java.sh [--release] [--no-tests] [maven arguments...]
+# Usage: scripts/java.sh [--release] [--no-tests] [--part=core|spark]
+#                        [maven arguments...]
 #   --release   build the native library and nk in release mode (the jars
 #               then carry the optimised library); default: debug, as the
 #               tests use
 #   --no-tests  package the jars without running the tests
+#   --part      only the client, Hadoop and YCSB modules (core), or only
+#               the Spark modules' tests (spark: local-mode Spark jobs, the
+#               test command's heavy tier; the modules they use are built,
+#               their tests not run); default: every module
 #
 # Installs a JDK and Maven with apt-get when they are missing (as root).
 # The tests start clusters with target/<profile>/nk, or with NK_BIN when set
@@ -20,19 +25,31 @@ cd "$(dirname "$0")/.."
 profile=debug
 cargo_flags=()
 goal=verify
+part=all
 mvn_args=()
 for arg in "$@"; do
     case "$arg" in
         --release) profile=release; cargo_flags=(--release) ;;
         --no-tests) goal=package; mvn_args+=(-DskipTests) ;;
+        --part=*) part=${arg#--part=} ;;
         *) mvn_args+=("$arg") ;;
     esac
 done
+spark_modules=nodekernel-spark,nodekernel-spark-tests
+case $part in
+    all) ;;
+    core) mvn_args+=(-pl "!${spark_modules//,/,!}") ;;
+    spark)
+        # The test pattern leaves the client's and Hadoop's tests out.
+        mvn_args+=(-pl "$spark_modules" -am "-Dtest=io/nodekernel/spark/**"
+            -Dsurefire.failIfNoSpecifiedTests=false) ;;
+    *) echo "java.sh: --part= takes core or spark, not '$part'" >&2; exit 2 ;;
+esac
 
 source scripts/lib/system-deps.sh
 ensure_tools "the JVM modules (java/)" javac=openjdk-17-jdk-headless mvn=maven
 
-if [[ $goal == verify ]]; then
+if [[ $goal == verify && $part != spark ]]; then
     # The Redis binding of the YCSB module is tested against a real server.
     ensure_tools "the YCSB Redis binding's tests" redis-server=redis-server
     export NK_REQUIRE_REDIS=1

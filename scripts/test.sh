@@ -10,8 +10,8 @@
 #
 # Each step prints its time, and a table of all of them closes the run
 # (also when a step fails: the table says which), with the totals of the
-# core tier (run first) and the heavy one (loom and fuzzing; see `heavy`
-# below).
+# core tier (run first) and the heavy one (the cluster tests, the Spark
+# jobs, loom and fuzzing; see `heavy` below).
 # Works on a fresh machine of the project's kind (Rust via rustup and CPython
 # are preinstalled; the Python packages go into .venv, see python-env.sh).
 set -euo pipefail
@@ -37,9 +37,9 @@ for c in rustfmt clippy; do
 done
 
 # step NAME COMMAND...: runs one step and records its time; `heavy` before
-# `step` counts it in the heavy tier (loom, fuzzing), every other step in
-# the core one (formatting, lints, the Rust, Python and JVM tests). The
-# closing table gives each tier's total.
+# `step` counts it in the heavy tier (the cluster and Spark suites, loom,
+# fuzzing), every other step in the core one (formatting, lints, the Rust,
+# Python and JVM tests). The closing table gives each tier's total.
 timings=()
 current=
 started=$SECONDS
@@ -75,7 +75,7 @@ report() {
     for t in "${timings[@]}"; do echo "$t"; done
     [[ -n $current ]] && echo "  (failed: $current)"
     printf '%6ds  %s\n' "$core_s" "core: formatting, lints, Rust, Python and JVM tests"
-    printf '%6ds  %s\n' "$heavy_s" "heavy: loom, fuzzing"
+    printf '%6ds  %s\n' "$heavy_s" "heavy: cluster tests, Spark jobs, loom, fuzzing"
     printf '%6ds  %s\n' $((SECONDS - started)) "total"
     return $rc
 }
@@ -109,16 +109,14 @@ system_deps() {
     ensure_tools "nk mount and its tests" fusermount3=fuse3 git=git sqlite3=sqlite3 cc=gcc
 }
 step "system packages" system_deps
-# Built first and run next, so the times say how long each takes.
-step "cargo test: build" cargo test --workspace --locked --no-run
-# The multi-host tests build hosts from network namespaces and the mount
-# tests use FUSE (root, iproute2 and fuse3 needed): here they must run,
-# not skip. The cluster tests (crates/cluster) run here too, though the
-# project counts them heavy: naming targets or packages to cargo compiles
-# more (`--lib` builds harnesses for libraries without tests, `--doc` its
-# own library units, `--exclude`/`-p` resolve features anew), two minutes
-# or more in all, measured; separating them wants a runner of its own.
-step "cargo test: run" env NK_REQUIRE_NETNS=1 NK_REQUIRE_FUSE=1 cargo test --workspace --locked
+# Built once, listed, and run by tier (scripts/cargo-tests.py): the core
+# tier runs every test binary but the cluster tests (crates/cluster's
+# tests/, which start whole clusters), the heavy tier those. The
+# multi-host tests build hosts from network namespaces and the mount tests
+# use FUSE (root, iproute2 and fuse3 needed): here they must run, not skip.
+step "cargo test: build" scripts/cargo-tests.py build
+export NK_REQUIRE_NETNS=1 NK_REQUIRE_FUSE=1
+step "cargo test: run (all but the cluster tests)" scripts/cargo-tests.py run core
 python_suite() {
     # The extension module the test build made (crates/py/tests/module.rs).
     ./scripts/python-env.sh --module target/debug/deps/lib_native.so
@@ -131,15 +129,19 @@ python_suite() {
     NK_REQUIRE_BROWSER=1 .venv/bin/python -m pytest crates/py/tests -q
 }
 step "Python package: install into .venv, ruff, pytest" python_suite
-# Runs every module's tests with Maven (Java client, Hadoop contract suites,
-# Spark local job, YCSB) over the JNI library and the nk that cargo test
-# built (crates/jni/tests/exports.rs makes it build the library, with the
-# features the rest of the workspace unifies: a `cargo build -p
-# nodekernel-jni` here would compile tokio and every workspace crate again).
-step "JVM modules (java/)" env NK_BIN="$PWD/target/debug/nk" \
-    NK_JNI_DIR="$PWD/target/debug/deps" ./scripts/java.sh
-# The heavy tier: the model checks and fuzzing, each with builds of its own.
-# Its own target directory: --cfg loom rebuilds every dependency.
+# The JVM modules' tests with Maven (Java client, Hadoop contract suites,
+# YCSB; the Spark modules' in the heavy tier) over the JNI library and the
+# nk that cargo test built (crates/jni/tests/exports.rs makes it build the
+# library, with the features the rest of the workspace unifies: a `cargo
+# build -p nodekernel-jni` here would compile tokio and every workspace
+# crate again).
+jvm() { NK_BIN="$PWD/target/debug/nk" NK_JNI_DIR="$PWD/target/debug/deps" ./scripts/java.sh "$@"; }
+step "JVM modules (java/): client, Hadoop, YCSB" jvm --part=core
+# The heavy tier: the ecosystem and cluster suites, the model checks and
+# fuzzing (these two with builds of their own).
+heavy step "cluster tests (crates/cluster/tests)" scripts/cargo-tests.py run heavy
+heavy step "JVM: Spark modules (local-mode Spark jobs)" jvm --part=spark
+# Loom: its own target directory: --cfg loom rebuilds every dependency.
 heavy step "loom model check of the shared-memory protocol" \
     env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
     cargo test -p nodekernel-shm --release --locked --test loom
