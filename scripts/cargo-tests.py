@@ -15,8 +15,11 @@ and the doc tests.
   scripts/cargo-tests.py run heavy    [-- ARGS]
 
 Each binary runs as `cargo test` runs it: in its package's directory (with
-CARGO_MANIFEST_DIR and CARGO_PKG_NAME set), with the arguments given after `--` (test filters, `--nocapture`). A failing
-binary does not stop the others; the run fails at the end, naming them.
+CARGO_MANIFEST_DIR and CARGO_PKG_NAME set), with the arguments given after
+`--` (test filters, `--nocapture`). A failing binary does not stop the
+others; the run fails at the end, naming them. Build and run with the same
+CARGO_INCREMENTAL (scripts/test.sh sets 0), or the doc tests' `cargo test
+--doc` compiles the workspace's libraries again.
 """
 
 import json
@@ -93,7 +96,7 @@ def run(tier, extra):
         if rc != 0:
             failed.append(rel)
     if tier == "core":
-        # Doc tests: cargo compiles them as it runs them, against the
+        # Doc tests: rustdoc compiles them as it runs them, against the
         # libraries the build above made.
         print("     Doc-tests (cargo test --doc)", flush=True)
         cmd = ["cargo", "test", "--workspace", "--locked", "--doc", "--", *extra]
