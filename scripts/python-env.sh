@@ -10,7 +10,7 @@
 # it is installed as it is, with the package metadata maturin writes from
 # pyproject.toml, instead of compiling the binding a second time with
 # other features (in scripts/test.sh's clean runs the Python step went from
-# 224–262 s to 147–174 s).
+# 224–262 s to 147–178 s).
 # Idempotent: a second run only rebuilds what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
