@@ -1,11 +1,12 @@
 //! Enumeration through the data plane (`docs/records.md`): the metadata
 //! server answers with the live-slot bitmap, the client reads the child
-//! records from the container's blocks.
+//! records from the container's extents (pieces, then blocks).
 
 use crate::client::{unexpected, Client};
 use crate::node::Node;
+use futures::StreamExt;
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
-use nodekernel_proto::record::{self, RECORD_SIZE};
+use nodekernel_proto::record::{self, Layout, RECORD_SIZE};
 use nodekernel_proto::{path, ErrorCode, NodeInfo, NodeType, Result, NO_CLASS};
 
 impl Client {
@@ -45,6 +46,7 @@ impl Client {
             let MetaReply::Listing {
                 container,
                 block_size,
+                pieces,
                 slots,
                 live,
             } = listing
@@ -55,29 +57,10 @@ impl Client {
                 continue;
             }
             let is_live = |slot: usize| live[slot / 8] & (1 << (slot % 8)) != 0;
-            let data = match self
-                .read_container(p, idx, container, block_size, slots)
-                .await
-            {
-                Ok(d) => d,
-                // Records lost with a storage server: names come from the
-                // metadata server instead.
-                Err(e)
-                    if matches!(
-                        e.code,
-                        ErrorCode::Unavailable
-                            | ErrorCode::Timeout
-                            | ErrorCode::DataLost
-                            | ErrorCode::Stale
-                    ) =>
-                {
-                    tracing::warn!(
-                        "{p}: child records unreadable ({e}); asking the metadata server"
-                    );
-                    Vec::new()
-                }
-                Err(e) => return Err(e),
-            };
+            let layout = Layout::new(block_size, pieces);
+            let data = self
+                .read_container(p, idx, container, layout, slots)
+                .await?;
             let mut entries: Vec<(u32, NodeType, String)> = Vec::new();
             let mut missing = Vec::new();
             for slot in (0..slots as usize).filter(|s| is_live(*s)) {
@@ -120,21 +103,23 @@ impl Client {
         }
     }
 
-    /// Reads a container's record array like a file.
+    /// Reads a container's record array, `slots` records in the extents
+    /// of `layout`, a few extents at a time. An extent that cannot be read
+    /// (records lost with a storage server) reads as zeros: its live slots
+    /// then get their names from the metadata server.
     async fn read_container(
         &self,
         p: &str,
         idx: usize,
         id: u64,
-        block_size: u32,
+        layout: Layout,
         slots: u32,
     ) -> Result<Vec<u8>> {
-        let len = slots as u64 * RECORD_SIZE as u64;
         let info = NodeInfo {
             id,
             ty: NodeType::Directory,
-            size: len,
-            block_size,
+            size: slots as u64 * RECORD_SIZE as u64,
+            block_size: layout.block_size(),
             storage_class: NO_CLASS,
             location: String::new(),
             enumerable: true,
@@ -145,8 +130,54 @@ impl Client {
             first_block: None,
             record: None,
         };
-        Node::new(self.clone(), p.to_string(), idx, info)
-            .read(0, len)
-            .await
+        let node = Node::new(self.clone(), p.to_string(), idx, info);
+        let locs = match node.block_locations().await {
+            Ok(locs) => locs,
+            Err(e) if lost(&e) => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        // (extent, location, records in it to read)
+        let mut reads = Vec::new();
+        let mut left = slots;
+        for (k, loc) in locs.into_iter().enumerate().take(layout.extents_for(slots)) {
+            let n = layout.slots_in(k).min(left);
+            left -= n;
+            reads.push((k as u64, loc, n as usize * RECORD_SIZE));
+        }
+        let node = &node;
+        let parts: Vec<(usize, Result<bytes::Bytes>)> =
+            futures::stream::iter(reads)
+                .map(|(k, loc, len)| async move {
+                    (len, self.inner.io.read(node, k, loc, 0, len).await)
+                })
+                .buffered(EXTENT_READS)
+                .collect()
+                .await;
+        let mut data = Vec::with_capacity(slots as usize * RECORD_SIZE);
+        for (k, (len, part)) in parts.into_iter().enumerate() {
+            match part {
+                Ok(b) => data.extend_from_slice(&b),
+                Err(e) if lost(&e) => {
+                    tracing::warn!(
+                        "{p}: child records in extent {k} unreadable ({e}); asking the metadata server"
+                    );
+                    data.resize(data.len() + len, 0);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(data)
     }
+}
+
+/// Record extents read at once.
+const EXTENT_READS: usize = 8;
+
+/// Whether `e` means records were lost with a storage server (or moved
+/// under the reader): their names then come from the metadata server.
+fn lost(e: &nodekernel_proto::Error) -> bool {
+    matches!(
+        e.code,
+        ErrorCode::Unavailable | ErrorCode::Timeout | ErrorCode::DataLost | ErrorCode::Stale
+    )
 }

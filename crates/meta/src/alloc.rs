@@ -1011,7 +1011,7 @@ impl AllocPlan<'_> {
         Err(self.no_space())
     }
 
-    fn no_space(&self) -> Error {
+    pub(crate) fn no_space(&self) -> Error {
         let alive: Vec<&Server> = self.a.servers.values().filter(|s| s.live.alive).collect();
         let count = |f: fn(&Server) -> bool| alive.iter().filter(|s| f(s)).count();
         let mut why = String::new();

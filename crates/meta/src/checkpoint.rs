@@ -6,7 +6,8 @@
 //! `checkpoint-<last log record it holds, 20 digits>-<CRC-32 of the whole
 //! file, 8 hex digits>.redb`, with two tables: `nodes` (node id → the
 //! node's record, see `Namespace::checkpoint_nodes`; records written before
-//! nodes kept a mode and a modification time end without them) and `parts` (`state`:
+//! nodes kept a mode and a modification time end without them, and only a
+//! container with record pieces ends with them) and `parts` (`state`:
 //! counters, allocator, slabs, moves, blocks held for snapshots and
 //! ballooned blocks, in format [`FORMAT`]; formats 1, without held blocks,
 //! 2, without ballooned ones, 3, without the storage servers'

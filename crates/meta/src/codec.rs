@@ -59,6 +59,8 @@ mod tag {
     pub const SERVER_READDRESSED_KEYED: u8 = 32;
     /// A slab of encrypted values (`SLAB_CREATED` is one of plain ones).
     pub const SLAB_CREATED_ENCRYPTED: u8 = 33;
+    /// A container's record piece replaced (`Effect::RecordPieceSwapped`).
+    pub const RECORD_PIECE_SWAPPED: u8 = 34;
 }
 
 fn block(e: &mut Enc, b: &BlockRef) {
@@ -204,6 +206,14 @@ pub fn encode_effects(effects: &[Effect], out: &mut BytesMut) {
             }
             Effect::PieceTaken { node, piece: p } => {
                 e.u8(tag::PIECE_TAKEN).u64(*node);
+                piece(e, p);
+            }
+            Effect::RecordPieceSwapped {
+                node,
+                index,
+                piece: p,
+            } => {
+                e.u8(tag::RECORD_PIECE_SWAPPED).u64(*node).u32(*index);
                 piece(e, p);
             }
             Effect::PieceFreed { piece: p } => {
@@ -390,6 +400,11 @@ pub fn decode_effects(buf: &[u8]) -> Result<Vec<Effect>> {
                 node: d.u64()?,
                 piece: dec_piece(d)?,
             },
+            tag::RECORD_PIECE_SWAPPED => Effect::RecordPieceSwapped {
+                node: d.u64()?,
+                index: d.u32()?,
+                piece: dec_piece(d)?,
+            },
             tag::PIECE_FREED => Effect::PieceFreed {
                 piece: dec_piece(d)?,
             },
@@ -559,6 +574,11 @@ mod tests {
                 encrypted: true,
             },
             Effect::PieceTaken { node: 20, piece: p },
+            Effect::RecordPieceSwapped {
+                node: 21,
+                index: 3,
+                piece: p,
+            },
             Effect::PieceFreed { piece: p },
             Effect::SlabStamped {
                 server: 2,

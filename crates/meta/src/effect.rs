@@ -109,8 +109,17 @@ pub enum Effect {
         piece_size: u32,
         encrypted: bool,
     },
-    /// `node` takes `piece` (the next free piece of its slab).
+    /// `node` takes `piece` (the next free piece of its slab): a small
+    /// value's piece, or a container's next record piece.
     PieceTaken { node: NodeId, piece: Piece },
+    /// Record piece `index` of container `node` (one on a dead server,
+    /// freed by a `PieceFreed` before) is replaced by `piece`, taken as by
+    /// `PieceTaken`.
+    RecordPieceSwapped {
+        node: NodeId,
+        index: u32,
+        piece: Piece,
+    },
     /// `piece` is free again (its old owner is being dropped).
     PieceFreed { piece: Piece },
     /// The slab in `block` of `server` gets generation `gen`, claimed on

@@ -61,6 +61,11 @@ pub struct SlotTable(Option<Box<Slots>>);
 struct Slots {
     slots: Vec<Slot>,
     free: BTreeSet<u32>,
+    /// The pieces holding the first records, one per piece extent of the
+    /// container's [`Layout`](nodekernel_proto::record::Layout), in extent
+    /// order; the node's blocks hold the rest. Empty for the root and a
+    /// container made before record pieces.
+    pieces: Vec<Piece>,
 }
 
 const NO_SLOTS: &[Slot] = &[];
@@ -119,6 +124,21 @@ impl SlotTable {
 
     pub fn get(&self, slot: u32) -> Option<Slot> {
         self.slots().get(slot as usize).copied()
+    }
+
+    /// The pieces holding the container's first records, in extent order.
+    pub fn pieces(&self) -> &[Piece] {
+        self.0.as_ref().map_or(&[], |t| &t.pieces)
+    }
+
+    /// The piece of record extent `k` becomes `p`; `k` one past the last
+    /// piece appends it.
+    fn set_piece(&mut self, k: usize, p: Piece) {
+        let pieces = &mut self.table().pieces;
+        match pieces.get_mut(k) {
+            Some(q) => *q = p,
+            None => pieces.push(p),
+        }
     }
 
     /// Every slot with its state, in slot order.
@@ -677,6 +697,41 @@ impl Namespace {
         }
     }
 
+    /// Gives `id` piece `p`: a small value's piece, or a container's next
+    /// record piece.
+    pub(crate) fn take_piece(&mut self, id: NodeId, p: Piece) {
+        if let Some(n) = self.nodes.get_mut(&id) {
+            if n.ty.is_container() {
+                let next = n.slots.pieces().len();
+                n.slots.set_piece(next, p);
+            } else {
+                n.piece = Some(p);
+            }
+        }
+    }
+
+    /// Record piece `k` of container `id` becomes `p`.
+    pub(crate) fn swap_record_piece(&mut self, id: NodeId, k: usize, p: Piece) {
+        if let Some(n) = self.nodes.get_mut(&id) {
+            n.slots.set_piece(k, p);
+        }
+    }
+
+    /// `id`'s piece at `index` of the slab in `block` of `server` moved
+    /// with its slab to `to` (same index and size).
+    pub(crate) fn move_piece(&mut self, id: NodeId, (server, block): (u32, u32), to: Piece) {
+        let Some(n) = self.nodes.get_mut(&id) else {
+            return;
+        };
+        let was = |p: &Piece| (p.server, p.block, p.index) == (server, block, to.index);
+        if n.piece.as_ref().is_some_and(was) {
+            n.piece = Some(to);
+        }
+        if let Some(k) = n.slots.pieces().iter().position(was) {
+            n.slots.set_piece(k, to);
+        }
+    }
+
     /// `id`'s write lease (`None`: no writer).
     pub(crate) fn set_lease(&mut self, id: NodeId, lease: Option<Lease>) {
         let Some(n) = self.nodes.get_mut(&id) else {
@@ -878,6 +933,14 @@ impl Namespace {
                 None => e.bool(false),
             };
             e.u16(n.mode).u64(n.mtime);
+            // Only a container's record ends with its record pieces.
+            let pieces = n.slots.pieces();
+            if !pieces.is_empty() {
+                e.u32(pieces.len() as u32);
+                for p in pieces {
+                    e.u32(p.server).u32(p.block).u32(p.index).u32(p.size);
+                }
+            }
             each(n.id, &buf);
         }
         self.next_id
@@ -967,6 +1030,25 @@ impl Namespace {
             };
             if u32::from(mode) > nodekernel_proto::meta::MAX_MODE {
                 return Err(Error::protocol(format!("node {id}: bad mode {mode:#o}")));
+            }
+            let mut slots = slots;
+            if d.remaining() != 0 {
+                if !ty.is_container() {
+                    return Err(Error::protocol(format!(
+                        "node {id}: a {ty} with record pieces"
+                    )));
+                }
+                for k in 0..d.count(16)? {
+                    slots.set_piece(
+                        k,
+                        Piece {
+                            server: d.u32()?,
+                            block: d.u32()?,
+                            index: d.u32()?,
+                            size: d.u32()?,
+                        },
+                    );
+                }
             }
             let rest = d.remaining();
             if rest != 0 {

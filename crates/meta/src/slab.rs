@@ -21,7 +21,7 @@
 
 use crate::alloc::BlockRef;
 use nodekernel_proto::codec::{Dec, Enc};
-pub use nodekernel_proto::store::TAG_LEN;
+pub use nodekernel_proto::store::{max_piece, TAG_LEN};
 use nodekernel_proto::{Error, Result};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -36,11 +36,6 @@ pub const MIN_PIECE: u32 = 64;
 /// has to read it (`Effect::PieceHeld`): in use, but by no node. Node ids
 /// never get this high.
 pub const HELD: Owner = u64::MAX;
-
-/// Largest piece for a block size: values above it get blocks of their own.
-pub fn max_piece(block_size: u32) -> u32 {
-    block_size / 4
-}
 
 /// The piece size for a value of `size` bytes and its [`TAG_LEN`]-byte
 /// tag, or `None` when the value gets whole blocks (empty, or the two above

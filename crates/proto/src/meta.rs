@@ -780,12 +780,15 @@ pub enum MetaReply {
         write: Option<RecordLoc>,
         replaced: Option<RecordLoc>,
     },
-    /// Enumerate: the container id, its number of record slots (its data is
+    /// Enumerate: the container id, where its records live (extents of
+    /// `block_size`-byte blocks, the first ones pieces when `pieces`:
+    /// [`crate::record::Layout`]), its number of record slots (its data is
     /// `slots * RECORD_SIZE` bytes) and the live-slot bitmap (bit `i` of
     /// byte `i / 8`), the authority on which records are live.
     Listing {
         container: u64,
         block_size: u32,
+        pieces: bool,
         slots: u32,
         live: Vec<u8>,
     },
@@ -843,10 +846,15 @@ impl MetaReply {
             MetaReply::Listing {
                 container,
                 block_size,
+                pieces,
                 slots,
                 live,
             } => {
-                e.u64(*container).u32(*block_size).u32(*slots).bytes(live);
+                e.u64(*container)
+                    .u32(*block_size)
+                    .bool(*pieces)
+                    .u32(*slots)
+                    .bytes(live);
             }
             MetaReply::Blocks { size, blocks } => {
                 e.u64(*size).u32(blocks.len() as u32);
@@ -921,6 +929,7 @@ impl MetaReply {
             ReplyKind::Listing => {
                 let container = d.u64()?;
                 let block_size = d.u32()?;
+                let pieces = d.bool()?;
                 let slots = d.u32()?;
                 let live = d.bytes()?.to_vec();
                 if live.len() != (slots as usize).div_ceil(8) {
@@ -932,6 +941,7 @@ impl MetaReply {
                 MetaReply::Listing {
                     container,
                     block_size,
+                    pieces,
                     slots,
                     live,
                 }

@@ -380,6 +380,7 @@ fn replies_round_trip() {
             MetaReply::Listing {
                 container: 4,
                 block_size: 4096,
+                pieces: true,
                 slots: 9,
                 live: vec![0xFF, 1],
             },

@@ -24,6 +24,7 @@
 //! authority) has its bit set.
 
 use crate::path::MAX_NAME_LEN;
+use crate::store::{max_piece, TAG_LEN};
 use crate::NodeType;
 
 /// Size of one record; divides every valid block size.
@@ -57,6 +58,118 @@ pub fn encode(container: u64, slot: u32, ty: NodeType, name: &str) -> Vec<u8> {
     r.extend_from_slice(&sum.to_le_bytes());
     r.extend_from_slice(name.as_bytes());
     r
+}
+
+/// A container's record pieces, in extent order: (piece size, how many).
+/// Each size holds a whole number of records after the piece's tag and is
+/// a piece size of its own (512 + 128, 1,024 + 256, 4,096 + 1,024), so
+/// every container's pieces share the slabs of three sizes: one record,
+/// then two, then nine per piece; 273 records in all (about 152 KiB).
+const PIECES: [(u32, u8); 3] = [(640, 1), (1280, 1), (5120, 30)];
+const _: () = assert!(PIECES[0].0 as usize >= RECORD_SIZE + TAG_LEN as usize);
+
+/// Where a container's records live: a chain of *extents*, in slot order.
+/// With pieces, the first extents are pieces of shared blocks ([`PIECES`]:
+/// 640 bytes for the first record, 1,280 for the next two, then 5,120
+/// bytes for nine each); the extents after them are whole blocks. A
+/// container with a few children therefore takes a few hundred bytes, not
+/// a block, and a lone container pins at most three slabs. Growing
+/// appends an extent, so no record ever moves. Without pieces (the root,
+/// and a container made before pieces existed) every extent is a block.
+/// `docs/records.md` has the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    block_size: u32,
+    /// How many of the [`PIECES`] groups apply (those whose size fits
+    /// the largest piece of the block size).
+    groups: u8,
+}
+
+impl Layout {
+    /// The layout of a container in blocks of `block_size` bytes; with
+    /// `pieces` false, every extent is a block. Pieces larger than the
+    /// largest piece for the block size (and those after them) are left
+    /// out.
+    pub fn new(block_size: u32, pieces: bool) -> Layout {
+        let max = max_piece(block_size);
+        let groups = if pieces {
+            PIECES.iter().take_while(|(size, _)| *size <= max).count() as u8
+        } else {
+            0
+        };
+        Layout { block_size, groups }
+    }
+
+    /// The piece groups that apply.
+    fn groups(&self) -> &'static [(u32, u8)] {
+        &PIECES[..usize::from(self.groups)]
+    }
+
+    /// Size of the blocks after the pieces.
+    pub fn block_size(&self) -> u32 {
+        self.block_size
+    }
+
+    /// Number of extents that are pieces (they come first).
+    pub fn piece_extents(&self) -> usize {
+        self.groups().iter().map(|(_, n)| usize::from(*n)).sum()
+    }
+
+    /// The piece size of extent `k`, or `None` when it is a whole block.
+    pub fn piece_size(&self, k: usize) -> Option<u32> {
+        let mut first = 0;
+        for (size, n) in self.groups() {
+            first += usize::from(*n);
+            if k < first {
+                return Some(*size);
+            }
+        }
+        None
+    }
+
+    /// Record slots extent `k` holds.
+    pub fn slots_in(&self, k: usize) -> u32 {
+        match self.piece_size(k) {
+            Some(size) => slots_of(size),
+            None => self.block_size / RECORD_SIZE as u32,
+        }
+    }
+
+    /// The extent holding `slot`, and the record's byte offset in that
+    /// extent's data (for a piece: from the end of its tag).
+    pub fn locate(&self, slot: u32) -> (usize, u32) {
+        let rec = RECORD_SIZE as u32;
+        let (mut extent, mut first) = (0usize, 0u32);
+        for (size, n) in self.groups() {
+            let per = slots_of(*size);
+            let group = per * u32::from(*n);
+            if slot - first < group {
+                let rest = slot - first;
+                return (extent + (rest / per) as usize, (rest % per) * rec);
+            }
+            extent += usize::from(*n);
+            first += group;
+        }
+        let per_block = (self.block_size / rec).max(1);
+        let rest = slot - first;
+        (
+            extent + (rest / per_block) as usize,
+            (rest % per_block) * rec,
+        )
+    }
+
+    /// Extents needed to hold slots `0..slots`.
+    pub fn extents_for(&self, slots: u32) -> usize {
+        match slots.checked_sub(1) {
+            None => 0,
+            Some(last) => self.locate(last).0 + 1,
+        }
+    }
+}
+
+/// Records a piece of `size` bytes holds after its tag.
+fn slots_of(piece_size: u32) -> u32 {
+    piece_size.saturating_sub(TAG_LEN) / RECORD_SIZE as u32
 }
 
 /// The bytes that clear a record (written at the record's offset).
@@ -131,5 +244,71 @@ mod tests {
             let r = slot_of(&encode(7, 3, NodeType::File, name));
             assert_eq!(decode(&r, 7, 3), None, "{name:?}");
         }
+    }
+
+    /// The extents of a 1 MiB-block container: a 640-byte piece, a
+    /// 1,280-byte one, 30 of 5,120 bytes (273 records in all), then blocks
+    /// of 2,048 records; every slot has one place, and consecutive slots
+    /// are consecutive within an extent.
+    #[test]
+    fn layout_of_a_container() {
+        let l = Layout::new(1 << 20, true);
+        assert_eq!(l.piece_extents(), 32);
+        assert_eq!((l.piece_size(0), l.piece_size(1)), (Some(640), Some(1280)));
+        assert!((2..32).all(|k| l.piece_size(k) == Some(5120)));
+        assert_eq!(l.piece_size(32), None);
+        let slots: Vec<u32> = [0, 1, 2, 31, 32].iter().map(|k| l.slots_in(*k)).collect();
+        assert_eq!(slots, [1, 2, 9, 9, 2048]);
+        assert_eq!(l.locate(0), (0, 0));
+        assert_eq!(l.locate(1), (1, 0));
+        assert_eq!(l.locate(2), (1, 512));
+        assert_eq!(l.locate(3), (2, 0));
+        assert_eq!(l.locate(12), (3, 0));
+        assert_eq!(l.locate(272), (31, 8 * 512));
+        assert_eq!(l.locate(273), (32, 0));
+        assert_eq!(l.locate(273 + 2048), (33, 0));
+        assert_eq!(l.extents_for(0), 0);
+        assert_eq!(l.extents_for(1), 1);
+        assert_eq!(l.extents_for(3), 2);
+        assert_eq!(l.extents_for(4), 3);
+        assert_eq!(l.extents_for(274), 33);
+        // Each record lies inside its extent.
+        let mut prev = (0, 0);
+        for slot in 0..5000 {
+            let (k, off) = l.locate(slot);
+            let room = match l.piece_size(k) {
+                Some(size) => size - TAG_LEN,
+                None => 1 << 20,
+            };
+            assert!(off + RECORD_SIZE as u32 <= room, "slot {slot}");
+            if slot > 0 && k == prev.0 {
+                assert_eq!(off, prev.1 + RECORD_SIZE as u32, "slot {slot}");
+            } else if slot > 0 {
+                assert_eq!((k, off), (prev.0 + 1, 0), "slot {slot}");
+            }
+            prev = (k, off);
+        }
+    }
+
+    /// Without pieces (a container made before them), and for blocks too
+    /// small for a record piece, every extent is a block.
+    #[test]
+    fn layouts_of_blocks_only() {
+        let old = Layout::new(1 << 20, false);
+        assert_eq!(old.piece_extents(), 0);
+        assert_eq!(old.locate(2049), (1, 512));
+        let small = Layout::new(2048, true);
+        assert_eq!(small.piece_extents(), 0);
+        assert_eq!(small.locate(5), (1, 512));
+        // 4 KiB blocks: the 640-byte piece only (the largest piece is
+        // 1 KiB); 16 KiB blocks: the first two (4 KiB).
+        let four = Layout::new(4096, true);
+        assert_eq!(four.piece_extents(), 1);
+        assert_eq!(four.locate(1), (1, 0));
+        assert_eq!(four.locate(9), (2, 0));
+        let sixteen = Layout::new(16 << 10, true);
+        assert_eq!(sixteen.piece_extents(), 2);
+        assert_eq!(sixteen.locate(3), (2, 0));
+        assert_eq!(sixteen.piece_size(2), None);
     }
 }

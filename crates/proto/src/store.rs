@@ -102,6 +102,13 @@ pub fn max_request_len(op: u16, block_size: u32) -> usize {
 /// both data paths (`docs/small-values.md`).
 pub const TAG_LEN: u32 = 8;
 
+/// Largest piece of a shared block (a *slab*) for a block size: a value
+/// above it gets blocks of its own, and a container's record pieces stop
+/// growing at it (`docs/small-values.md`, `docs/records.md`).
+pub fn max_piece(block_size: u32) -> u32 {
+    block_size / 4
+}
+
 /// A read's check of a small value's tag: the [`TAG_LEN`] bytes at `at`
 /// must hold `expect`, or the read is refused with `Stale`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -239,11 +239,12 @@ fn put_get_100_mib_and_json_output() {
 
     let after = up.json(&["status", "--json"]);
     assert_eq!(used(&after, 0), 64 << 20, "DRAM filled first");
-    // 100 MiB of data plus the child-record blocks of / (file tier) and
-    // /data (DRAM).
+    // 100 MiB of data plus the child records of / (a block, file tier)
+    // and /data (DRAM: two records, in pieces of two sizes, each in a
+    // slab of its own while nothing else shares them).
     assert_eq!(
         used(&after, 1),
-        38 << 20,
+        39 << 20,
         "the rest spilled to the file tier"
     );
 
@@ -266,14 +267,14 @@ fn put_get_100_mib_and_json_output() {
     let stat = up.json(&["stat", "/data/big.bin", "--json", "--blocks"]);
     let list = stat["block_list"].as_array().unwrap();
     assert_eq!(list.len(), 100, "one entry per block");
-    // /data's record block took one DRAM block before the put.
+    // /data's record pieces took two DRAM blocks (slabs) before the put.
     assert!(list
         .iter()
-        .take(63)
+        .take(62)
         .all(|b| b["storage_class"] == 0 && b["class_name"] == "dram"));
     assert!(list
         .iter()
-        .skip(63)
+        .skip(62)
         .all(|b| b["storage_class"] == 1 && b["class_name"] == "file"));
     assert!(list
         .iter()
@@ -346,10 +347,11 @@ fn put_get_100_mib_and_json_output() {
     up.ok(&["rm", "-r", "/hidden"]);
 
     let freed = up.json(&["status", "--json"]);
-    // Left: the KV value's block and the record blocks of / and /kv.
+    // Left: the slab of the KV value's piece, the root's record block and
+    // the slabs of /kv's two record pieces (it had two keys).
     assert_eq!(
         used(&freed, 0) + used(&freed, 1),
-        3 << 20,
+        4 << 20,
         "everything else was freed"
     );
 

@@ -1120,6 +1120,17 @@ fn hidden_files_of_a_killed_mount_are_removed_and_a_live_mounts_stay() {
     let other = m.extra_mount("other", "/m");
     m.nk_ok(&["mkdir", "--type", "table", "/m/t"]);
     m.nk_ok(&["kv", "put", "/m/t/keep", "stays"]);
+    // Containers keep the record pieces their children took: /m's for
+    // t and the three directories below, t's for a second key, taken
+    // (and left free) before the count.
+    for w in ["w1", "w2", "w3"] {
+        m.nk_ok(&["mkdir", &format!("/m/{w}")]);
+    }
+    m.nk_ok(&["kv", "put", "/m/t/w", "x"]);
+    for w in ["w1", "w2", "w3"] {
+        m.nk_ok(&["rm", "-r", &format!("/m/{w}")]);
+    }
+    m.nk_ok(&["kv", "rm", "/m/t/w"]);
     let before = m.used_blocks();
     let data: Vec<u8> = (0..3 << 20).map(|i: u32| (i % 251) as u8).collect();
     let mut open = Vec::new();

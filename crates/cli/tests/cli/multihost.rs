@@ -987,9 +987,10 @@ fn a_writer_killed_holding_its_lease_leaves_the_synced_bytes_and_leaks_nothing()
     };
     let dir = names("w", 1)[1][0].clone();
     c.ok(1, &["mkdir", &dir]);
-    // The directory's block of child records, taken by its first child,
-    // stays.
+    // The directory's child records stay where its first children put
+    // them: two children take the pieces of slots 0 to 2 (`f` is slot 2).
     c.ok(1, &["mkdir", &format!("{dir}/warm")]);
+    c.ok(1, &["mkdir", &format!("{dir}/warm2")]);
     let before = used_blocks(&c.status(1));
     let f = format!("{dir}/f");
     let synced = (3 << 19) + 11;

@@ -106,7 +106,8 @@ async fn concurrent_puts(shared_memory: bool) {
         "one record"
     );
     // Every replaced value's blocks were freed: only the winner's remain,
-    // plus the table's and the root's record blocks.
+    // plus the root's record block and the slab of the table's record
+    // piece (which a small winner's piece may share: same piece size).
     let used: u64 = t
         .client
         .status()
@@ -117,7 +118,10 @@ async fn concurrent_puts(shared_memory: bool) {
         .map(|s| s.used_blocks)
         .sum();
     let value_blocks = (last.len() as u64).div_ceil(common::BS);
-    assert_eq!(used, value_blocks + 2, "no leaked blocks");
+    assert!(
+        (value_blocks + 1..=value_blocks + 2).contains(&used),
+        "no leaked blocks: {used} used, the winner has {value_blocks}"
+    );
 }
 
 on_both_paths!(
@@ -765,4 +769,74 @@ async fn concurrent_replacing_creates_of_one_path_each_replace_it_in_turn() {
     }
     let e = c.create_replacing("/r", opts()).await.unwrap_err();
     assert_eq!(e.code, ErrorCode::TypeMismatch, "{e}");
+}
+
+/// Containers with a few children take pieces of shared blocks for their
+/// records, not a block each (`docs/records.md`): a thousand directories
+/// holding one empty File each fit in a few dozen 64 KiB blocks (a block
+/// each would be 1,000), every one lists its child, and a directory
+/// growing past its pieces into blocks still lists exactly its children.
+#[tokio::test]
+async fn a_thousand_small_directories_share_blocks_for_their_records() {
+    let t = common::start(128 << 20, 0).await;
+    let c = &t.client;
+    let used = |st: &nodekernel_client::ClusterStatus| -> u64 {
+        st.servers.iter().map(|s| s.used_blocks).sum()
+    };
+    let before = used(&c.status().await.unwrap());
+    const DIRS: usize = 1000;
+    let made: Vec<()> = stream::iter(0..DIRS)
+        .map(|i| async move {
+            c.mkdir(&format!("/d{i}"), false).await.unwrap();
+            let f = c
+                .create(&format!("/d{i}/f{i}"), NodeType::File, opts())
+                .await
+                .unwrap();
+            f.close().await.unwrap();
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    assert_eq!(made.len(), DIRS);
+    let blocks = used(&c.status().await.unwrap()) - before;
+    // A directory's one record: a 640-byte piece, 102 to a 64 KiB slab
+    // (10 slabs). The root's 1,000 records: eight blocks of 128 (the root
+    // keeps its records in blocks).
+    assert!(blocks <= 10 + 8, "{blocks} blocks for {DIRS} directories");
+    let listed: Vec<()> = stream::iter(0..DIRS)
+        .map(|i| async move {
+            assert_eq!(
+                c.enumerate(&format!("/d{i}")).await.unwrap(),
+                [format!("f{i}")]
+            );
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    assert_eq!(listed.len(), DIRS);
+    let mut root = c.enumerate("/").await.unwrap();
+    root.sort();
+    let mut want: Vec<String> = (0..DIRS).map(|i| format!("d{i}")).collect();
+    want.sort();
+    assert_eq!(root, want);
+
+    // One directory grows through every piece into blocks and shrinks
+    // again: each listing is exactly its children, in slot order.
+    c.mkdir("/grow", false).await.unwrap();
+    let mut names = Vec::new();
+    for i in 0..300 {
+        let name = format!("n{i}");
+        c.create(&format!("/grow/{name}"), NodeType::Directory, opts())
+            .await
+            .unwrap();
+        names.push(name);
+        if [0, 1, 2, 3, 6, 7, 65, 66, 67, 193, 194, 299].contains(&i) {
+            assert_eq!(c.enumerate("/grow").await.unwrap(), names, "{i}");
+        }
+    }
+    for i in (0..300).step_by(3) {
+        c.delete(&format!("/grow/n{i}"), false).await.unwrap();
+    }
+    names.retain(|n| n[1..].parse::<usize>().unwrap() % 3 != 0);
+    assert_eq!(c.enumerate("/grow").await.unwrap(), names);
 }

@@ -233,13 +233,15 @@ async fn mixed_churn(shared_memory: bool) {
         peaks.iter().all(|p| *p <= peaks[0] + 16),
         "used blocks grew with churn: {peaks:?}"
     );
-    // Deleting everything gives back every block but the records'.
+    // Deleting everything gives back every block but the records': the
+    // root's block and the table's record pieces (64 records: nine
+    // pieces, in the slabs of their three sizes).
     for k in 0..KEYS {
         let _ = t.client.delete(&format!("/t/k{k}"), false).await;
     }
     let left = used_blocks(&t.client, 0).await + used_blocks(&t.client, 1).await;
     assert!(
-        left <= 2,
+        left <= 1 + 3,
         "{left} blocks still used after deleting everything"
     );
     t.cluster.shutdown();

@@ -174,16 +174,15 @@ impl MetaState {
                     if *done && *node == SLAB_MOVE {
                         let (server, block) = slab_of(*index);
                         let class = self.alloc.server_class(m.to.server).unwrap_or(0);
+                        let size = self.slabs.get(server, block).map_or(0, |s| s.piece_size);
                         for (i, owner) in self.slabs.relocate(server, block, m.to, class) {
-                            if let Some(Some(p)) = self.ns.get_mut(owner).map(|n| n.piece.as_mut())
-                            {
-                                *p = Piece {
-                                    server: m.to.server,
-                                    block: m.to.block,
-                                    index: i,
-                                    size: p.size,
-                                };
-                            }
+                            let piece = Piece {
+                                server: m.to.server,
+                                block: m.to.block,
+                                index: i,
+                                size,
+                            };
+                            self.ns.move_piece(owner, (server, block), piece);
                         }
                     } else if *done {
                         if let Some(b) = self
@@ -212,9 +211,11 @@ impl MetaState {
             }
             Effect::PieceTaken { node, piece } => {
                 self.slabs.take(piece, *node);
-                if let Some(n) = self.ns.get_mut(*node) {
-                    n.piece = Some(*piece);
-                }
+                self.ns.take_piece(*node, *piece);
+            }
+            Effect::RecordPieceSwapped { node, index, piece } => {
+                self.slabs.take(piece, *node);
+                self.ns.swap_record_piece(*node, *index as usize, *piece);
             }
             Effect::PieceFreed { piece } => {
                 self.clear_tag(piece);

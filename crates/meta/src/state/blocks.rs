@@ -49,8 +49,8 @@ impl Draft<'_> {
         for b in &n.blocks {
             self.free(*b);
         }
-        if let Some(p) = n.piece {
-            self.free_piece(p);
+        for p in n.piece.iter().chain(n.slots.pieces()) {
+            self.free_piece(*p);
         }
         self.end_moves(node, 0);
     }

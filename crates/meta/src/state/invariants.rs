@@ -173,7 +173,7 @@ impl MetaState {
                             "piece {index} of slab {block} on server {server} is leaked: its owner, node {owner}, is gone"
                         ))
                     }
-                    Some(n) if n.piece != Some(piece) => {
+                    Some(n) if n.piece != Some(piece) && !n.slots.pieces().contains(&piece) => {
                         return Err(format!(
                             "piece {index} of slab {block} on server {server} names node {owner}, which disagrees"
                         ))
@@ -220,7 +220,8 @@ impl MetaState {
     }
 
     /// The invariants of node `n` alone: a piece or blocks, never both; its
-    /// piece is its own; its lease is below the next lease id; without a
+    /// piece is its own; a container's record pieces are its own, of its
+    /// layout's sizes, and with its blocks hold all its slots; its lease is below the next lease id; without a
     /// writer, a linked data node holds no block wholly past its published
     /// size (closes, aborts, lapsed leases and restarts give them back).
     fn check_node(&self, n: &Node) -> std::result::Result<(), String> {
@@ -230,6 +231,42 @@ impl MetaState {
             }
             if self.alloc.server(p.server).is_some() && !self.slabs.is_owner(p, n.id) {
                 return Err(format!("node {} holds piece {p:?}, not its own", n.id));
+            }
+        }
+        let layout = self.record_layout(n);
+        let pieces = n.slots.pieces();
+        if !pieces.is_empty() && !n.ty.is_container() {
+            return Err(format!("{} {} has record pieces", n.ty, n.id));
+        }
+        for (k, p) in pieces.iter().enumerate() {
+            if layout.piece_size(k) != Some(p.size) {
+                return Err(format!(
+                    "record piece {k} of container {} is {} bytes, not {:?}",
+                    n.id,
+                    p.size,
+                    layout.piece_size(k)
+                ));
+            }
+            if self.alloc.server(p.server).is_some() && !self.slabs.is_owner(p, n.id) {
+                return Err(format!(
+                    "container {} holds record piece {p:?}, not its own",
+                    n.id
+                ));
+            }
+        }
+        if n.ty.is_container() {
+            let extents = pieces.len() + n.blocks.len();
+            let need = layout.extents_for(n.slots.len());
+            // Blocks come only after every piece extent.
+            let gap =
+                !pieces.is_empty() && !n.blocks.is_empty() && pieces.len() < layout.piece_extents();
+            if extents < need || gap {
+                return Err(format!(
+                    "container {} has {} slots in {extents} record extents ({} pieces), needs {need}",
+                    n.id,
+                    n.slots.len(),
+                    pieces.len()
+                ));
             }
         }
         match n.lease {
@@ -317,7 +354,8 @@ impl MetaState {
                     slabs.insert((block.server, block.block));
                     placed.push(*block);
                 }
-                Effect::PieceTaken { node, piece } => {
+                Effect::PieceTaken { node, piece }
+                | Effect::RecordPieceSwapped { node, piece, .. } => {
                     nodes.insert(*node);
                     slabs.insert((piece.server, piece.block));
                 }

@@ -495,10 +495,6 @@ impl<'a> Draft<'a> {
         &self.st.ns
     }
 
-    fn bs(&self) -> u64 {
-        self.st.alloc.block_size() as u64
-    }
-
     /// Bytes per block of data node `n` ([`MetaState::block_size_of`]).
     fn bs_of(&self, n: &crate::namespace::Node) -> u64 {
         u64::from(self.st.block_size_of(n))

@@ -9,7 +9,7 @@ use super::{Decision, Draft, MetaState, Reply};
 use crate::alloc::BlockRef;
 use crate::effect::Effect;
 use crate::namespace::{stale, NodeId};
-use crate::slab::HELD;
+use crate::slab::{Piece, HELD};
 use nodekernel_proto::{BlockLoc, Error, Result};
 
 /// The node id under which slab moves are kept among the block moves (no
@@ -36,6 +36,14 @@ pub fn move_name(node: NodeId, index: u64) -> String {
 /// The slab (server, block) a slab move key index names.
 pub(super) fn slab_of(index: u64) -> (u32, u32) {
     ((index >> 32) as u32, index as u32)
+}
+
+impl MetaState {
+    /// Whether the slab of `p` is being moved.
+    pub(super) fn slab_moving(&self, p: &Piece) -> bool {
+        self.moves
+            .contains_key(&(SLAB_MOVE, slab_move_index(p.server, p.block)))
+    }
 }
 
 /// A block move in progress.

@@ -6,10 +6,9 @@ use super::{Decision, Draft, MetaState, Reply};
 use crate::alloc::BlockRef;
 use crate::effect::Effect;
 use crate::namespace::{stale, NewNode, NodeId, Slot, ROOT};
-use crate::slab::piece_size_for;
+use crate::slab::{piece_size_for, Piece};
 use nodekernel_proto::crypt;
 use nodekernel_proto::path;
-use nodekernel_proto::record::RECORD_SIZE;
 use nodekernel_proto::{Error, NodeType, Result, NO_CLASS};
 
 /// Most nodes one reaping step drops (a removed subtree larger than this is
@@ -234,8 +233,9 @@ impl<'a> Draft<'a> {
             let Some(n) = self.ns().get(id) else {
                 continue;
             };
-            let blocks = n.blocks.len() + usize::from(n.piece.is_some());
-            if blocks > budget && n.piece.is_none() {
+            let pieces = usize::from(n.piece.is_some()) + n.slots.pieces().len();
+            let blocks = n.blocks.len() + pieces;
+            if blocks > budget && pieces == 0 {
                 // Free what the budget allows, from the end.
                 self.truncate(n, (blocks - budget) as u64);
                 break;
@@ -327,20 +327,49 @@ impl<'a> Draft<'a> {
         })
     }
 
-    /// Gives `container` a record block for `slot` if it lacks one; returns
-    /// the slot.
+    /// Gives `container` the record extent for its next slot if it lacks
+    /// one (a piece, or a block once its pieces are full: `docs/records.md`);
+    /// returns the slot.
     pub(super) fn ensure_record_space(&mut self, container: NodeId) -> Result<u32> {
         let n = self.ns().get(container).ok_or_else(|| stale(container))?;
         let slot = n.slots.peek();
-        let bs = self.bs();
-        let need = ((slot as u64 + 1) * RECORD_SIZE as u64).div_ceil(bs);
+        let layout = self.st.record_layout(n);
         self.relocate_lost_records(container)?;
-        let have = n.blocks.len() as u64 + self.added.get(&container).copied().unwrap_or(0);
-        for _ in have..need {
-            let b = self.record_block(container)?;
-            self.add_block(container, b);
+        let need = layout.extents_for(slot + 1);
+        let have = n.slots.pieces().len()
+            + n.blocks.len()
+            + self.added.get(&container).copied().unwrap_or(0) as usize;
+        for k in have..need {
+            let piece = match layout.piece_size(k) {
+                // No piece for the first records (only encrypted classes
+                // have room: pieces of plain slabs never go there): a
+                // block, and the container keeps its records in blocks.
+                Some(size) if k == 0 => self.take_record_piece(container, size),
+                Some(size) => Some(self.record_piece(container, size)?),
+                None => None,
+            };
+            match piece {
+                Some(_) => *self.added.entry(container).or_default() += 1,
+                None => {
+                    let b = self.record_block(container)?;
+                    self.add_block(container, b);
+                }
+            }
         }
         Ok(slot)
+    }
+
+    /// Takes a piece of `size` bytes for a container's records, placed as
+    /// its record blocks are (its class first); `NoSpace` when none can
+    /// be had.
+    fn record_piece(&mut self, container: NodeId, size: u32) -> Result<Piece> {
+        self.take_record_piece(container, size)
+            .ok_or_else(|| records_error(container, self.plan.no_space()))
+    }
+
+    fn take_record_piece(&mut self, container: NodeId, size: u32) -> Option<Piece> {
+        let class = self.ns().get(container)?.storage_class;
+        self.take_piece(container, class, "", size, false)
     }
 
     /// Allocates a block for a container's records.
@@ -359,22 +388,29 @@ impl<'a> Draft<'a> {
         } else {
             self.plan.allocate(class, "")
         };
-        b.map_err(|e| {
-            Error::new(
-                e.code,
-                format!(
-                    "no space for the child records of node {container}: {}",
-                    e.message
-                ),
-            )
-        })
+        b.map_err(|e| records_error(container, e))
     }
 
-    /// Replaces record blocks of `container` that sit on dead storage
-    /// servers. Their records are lost; enumeration recovers the names of
-    /// those live slots from the metadata server (`RecordNames`).
+    /// Replaces record pieces and blocks of `container` that sit on dead
+    /// storage servers. Their records are lost; enumeration recovers the
+    /// names of those live slots from the metadata server (`RecordNames`).
     pub(super) fn relocate_lost_records(&mut self, container: NodeId) -> Result<()> {
         let n = self.ns().get(container).ok_or_else(|| stale(container))?;
+        for (k, p) in n.slots.pieces().iter().enumerate() {
+            if !self.st.alloc.is_alive(p.server) || self.st.slabs.get(p.server, p.block).is_none() {
+                self.free_piece(*p);
+                let new = self.record_piece(container, p.size)?;
+                // Taken as the container's next piece: it replaces piece
+                // `k` instead.
+                let taken = self.effects.pop();
+                debug_assert!(matches!(taken, Some(Effect::PieceTaken { .. })));
+                self.push(Effect::RecordPieceSwapped {
+                    node: container,
+                    index: k as u32,
+                    piece: new,
+                });
+            }
+        }
         let lost: Vec<(usize, BlockRef)> = n
             .blocks
             .iter()
@@ -393,4 +429,15 @@ impl<'a> Draft<'a> {
         }
         Ok(())
     }
+}
+
+/// Allocation error `e` as the error of `container`'s child records.
+fn records_error(container: NodeId, e: Error) -> Error {
+    Error::new(
+        e.code,
+        format!(
+            "no space for the child records of node {container}: {}",
+            e.message
+        ),
+    )
 }

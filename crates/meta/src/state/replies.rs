@@ -4,12 +4,12 @@
 
 use super::{MetaState, REAP_NODES};
 use crate::alloc::BlockRef;
-use crate::namespace::{Node, NodeId, SlotRef};
+use crate::namespace::{Node, NodeId, SlotRef, ROOT};
 use crate::slab::Piece;
 use nodekernel_proto::cap::{Cap, Rights};
 use nodekernel_proto::crypt;
 use nodekernel_proto::meta::MetaReply;
-use nodekernel_proto::record::RECORD_SIZE;
+use nodekernel_proto::record::{Layout, RECORD_SIZE};
 use nodekernel_proto::{BlockLoc, ClusterStatus, NodeInfo, NodeType, RecordLoc, NO_CLASS};
 
 /// What a decided request replies, built from the state once its effects
@@ -116,6 +116,7 @@ impl MetaState {
                 MetaReply::Listing {
                     container: *id,
                     block_size: self.alloc.block_size(),
+                    pieces: n.is_none_or(has_record_pieces),
                     slots: n.map_or(0, |n| n.slots.len()),
                     live: n.map_or_else(Vec::new, |n| n.slots.live_bitmap()),
                 }
@@ -199,9 +200,23 @@ impl MetaState {
                 .collect();
             return MetaReply::Blocks { size, blocks };
         }
-        let end = index.saturating_add(count).min(n.blocks.len() as u64);
+        // A container's extents: its record pieces, then its blocks.
+        let pieces = n.slots.pieces();
         let mut blocks = Vec::new();
-        for i in index..end {
+        for p in pieces.iter().skip(index.min(pieces.len() as u64) as usize) {
+            if blocks.len() as u64 == count || self.slab_moving(p) {
+                return MetaReply::Blocks { size, blocks };
+            }
+            match self.piece_loc(0, p, g) {
+                Some(loc) => blocks.push(loc),
+                None => return MetaReply::Blocks { size, blocks },
+            }
+        }
+        let first = index.saturating_sub(pieces.len() as u64);
+        let end = first
+            .saturating_add(count - blocks.len() as u64)
+            .min(n.blocks.len() as u64);
+        for i in first..end {
             let b = &n.blocks[i as usize];
             if !self.alloc.is_alive(b.server) || self.moves.contains_key(&(node, i)) {
                 break;
@@ -211,6 +226,11 @@ impl MetaState {
         MetaReply::Blocks { size, blocks }
     }
 
+    /// Where container `n`'s records live ([`Layout`]).
+    pub(super) fn record_layout(&self, n: &Node) -> Layout {
+        Layout::new(self.alloc.block_size(), has_record_pieces(n))
+    }
+
     /// Where a client writes or clears the record of `slot`; `None` while
     /// its block is being moved (a record written to the source after the
     /// copy would be lost, and a lost clear could let a reused slot show
@@ -218,23 +238,35 @@ impl MetaState {
     /// metadata server for the name, and an uncleared slot stays out of use.
     /// Its capability allows writing that one record only.
     fn record_loc(&self, (container, slot): SlotRef, now: u64) -> Option<RecordLoc> {
-        let bs = self.alloc.block_size() as u64;
-        let at = slot as u64 * RECORD_SIZE as u64;
         let n = self.ns.get(container)?;
-        if self.moves.contains_key(&(container, at / bs)) {
-            return None;
-        }
-        let b = n.blocks.get((at / bs) as usize)?;
-        let offset = (at % bs) as u32;
+        let (k, offset) = self.record_layout(n).locate(slot);
+        let end = offset + RECORD_SIZE as u32;
+        let g = Grant::new(true, now);
+        let pieces = n.slots.pieces();
+        let block = match pieces.get(k) {
+            Some(p) => {
+                if self.slab_moving(p) {
+                    return None;
+                }
+                let at = p.value_offset();
+                let whole = self.piece_loc(0, p, g)?;
+                BlockLoc {
+                    cap: self.cap(&self.piece_block(p)?, at + offset, at + end, g),
+                    ..whole
+                }
+            }
+            None => {
+                let i = (k - pieces.len()) as u64;
+                if self.moves.contains_key(&(container, i)) {
+                    return None;
+                }
+                self.loc_of_range(n.blocks.get(i as usize)?, offset, end, g)
+            }
+        };
         Some(RecordLoc {
             container,
             slot,
-            block: self.loc_of_range(
-                b,
-                offset,
-                offset + RECORD_SIZE as u32,
-                Grant::new(true, now),
-            ),
+            block,
             offset,
         })
     }
@@ -282,20 +314,28 @@ impl MetaState {
     /// Where `node`'s piece is: its slab's block at the slab's generation,
     /// past the tag that names `node`; `None` when its server is dead or
     /// gone.
+    /// (A container's record piece is read and written with no tag check,
+    /// `node` 0: records carry their container's id themselves.)
     fn piece_loc(&self, node: NodeId, p: &Piece, g: Grant) -> Option<BlockLoc> {
-        let slab = self.slabs.get(p.server, p.block)?;
-        if !self.alloc.is_alive(p.server) {
-            return None;
-        }
-        let b = BlockRef {
-            server: p.server,
-            block: p.block,
-            gen: slab.gen,
-        };
+        let b = self.piece_block(p)?;
         Some(BlockLoc {
             offset: p.value_offset(),
             tag: node,
             ..self.loc_of_range(&b, p.offset(), p.offset() + p.size, g)
+        })
+    }
+
+    /// The block of piece `p`'s slab at its generation; `None` when its
+    /// server is dead or gone.
+    fn piece_block(&self, p: &Piece) -> Option<BlockRef> {
+        let slab = self.slabs.get(p.server, p.block)?;
+        if !self.alloc.is_alive(p.server) {
+            return None;
+        }
+        Some(BlockRef {
+            server: p.server,
+            block: p.block,
+            gen: slab.gen,
         })
     }
 
@@ -389,4 +429,13 @@ impl MetaState {
             record: None,
         }
     }
+}
+
+/// Whether container `n`'s records start in pieces: all but the root's
+/// (one container, shared by every top-level name: a block of its own
+/// costs less than a chain of pieces, each in a slab of its size) and
+/// those of a container whose first records got a block (made before
+/// record pieces existed, or where no piece could be had).
+fn has_record_pieces(n: &Node) -> bool {
+    n.id != ROOT && (!n.slots.pieces().is_empty() || n.blocks.is_empty())
 }

@@ -3,7 +3,7 @@
 //! truncate, abort, and the replacement of a block (or a small value's
 //! piece) on a server the writer could not reach.
 
-use super::{slab_move_index, Draft, Reply, SLAB_MOVE};
+use super::{Draft, Reply};
 use crate::effect::Effect;
 use crate::namespace::{stale, Node, NodeId};
 use crate::slab::Piece;
@@ -60,11 +60,19 @@ impl<'a> Draft<'a> {
         }
         if n.ty.is_container() {
             self.relocate_lost_records(node)?;
-            // A reader of the records waits for a moving block, as for
-            // data (the reply would stop before it).
-            if self.st.moves.contains_key(&(node, index)) {
+            // A reader of the records waits for a moving piece or block,
+            // as for data (the reply would stop before it).
+            let pieces = n.slots.pieces();
+            let moving = match pieces.get(index as usize) {
+                Some(p) => self.st.slab_moving(p),
+                None => self
+                    .st
+                    .moves
+                    .contains_key(&(node, index - pieces.len() as u64)),
+            };
+            if moving {
                 return Err(Error::try_again(format!(
-                    "block {index} of container {node} is being moved; retry shortly"
+                    "extent {index} of the records of container {node} is being moved; retry shortly"
                 )));
             }
         } else {
@@ -251,13 +259,6 @@ impl<'a> Draft<'a> {
         }
     }
 
-    /// Whether the slab of `p` is being moved.
-    fn slab_moving(&self, p: Piece) -> bool {
-        self.st
-            .moves
-            .contains_key(&(SLAB_MOVE, slab_move_index(p.server, p.block)))
-    }
-
     /// Refuses a map whose first block is on a dead server or being moved.
     fn check_first_block(&self, node: NodeId, index: u64) -> Result<()> {
         if let Some(p) = self.ns().get(node).and_then(|n| n.piece) {
@@ -271,7 +272,7 @@ impl<'a> Draft<'a> {
                     self.st.alloc.server_addr(p.server).unwrap_or("retired")
                 )));
             }
-            if self.slab_moving(p) {
+            if self.st.slab_moving(&p) {
                 return Err(Error::try_again(format!(
                     "the block of node {node}'s value is being moved; retry shortly"
                 )));
@@ -362,7 +363,7 @@ impl<'a> Draft<'a> {
     ) -> Result<Reply> {
         let node = n.id;
         let slab_gen = self.st.slabs.get(p.server, p.block).map(|s| s.gen);
-        if self.slab_moving(p) {
+        if self.st.slab_moving(&p) {
             return Err(Error::try_again(format!(
                 "the block of node {node}'s value is being moved; retry shortly"
             )));

@@ -57,16 +57,21 @@ fn decisions_change_nothing_and_effects_replay_to_the_same_state() {
 fn a_checkpointed_node_from_before_modes_gets_the_default_ones() {
     let mut s = state();
     create(&mut s, "/d", Directory, 0).unwrap();
-    file(&mut s, "/d/f", 1);
+    file(&mut s, "/f", 1);
     let image = s.checkpoint_image();
     // Records as format 3 wrote them: without the trailing mode and time.
+    // (The root's, ending with the record pieces that came later still,
+    // stays as it is.)
     let old: Vec<(u64, Vec<u8>)> = image
         .node_records()
-        .map(|(id, r)| (id, r[..r.len() - 10].to_vec()))
+        .map(|(id, r)| match s.ns().get(id).unwrap().slots.pieces() {
+            [] => (id, r[..r.len() - 10].to_vec()),
+            _ => (id, r.to_vec()),
+        })
         .collect();
     let back = MetaState::from_checkpoint(1000, &image.state, old.into_iter().map(Ok), 0).unwrap();
     let d = back.ns().resolve("/d").unwrap();
-    let f = back.ns().resolve("/d/f").unwrap();
+    let f = back.ns().resolve("/f").unwrap();
     assert_eq!(
         back.ns().get(d).map(|n| (n.mode, n.mtime)),
         Some((0o755, 0))

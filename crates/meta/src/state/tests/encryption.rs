@@ -99,3 +99,39 @@ fn encryption_is_decided_at_create_and_plain_data_stays_out_of_encrypted_classes
     assert!(back.ns().get(ke.id).unwrap().encrypted);
     assert!(back.slabs().get(le.server, le.block).unwrap().encrypted);
 }
+
+/// Where only an encrypted class has room, a container's first records
+/// get a block (pieces of plain slabs never go to an encrypted class, and
+/// record blocks may): it then keeps its records in blocks, and listing
+/// says so.
+#[test]
+fn containers_keep_records_in_blocks_where_only_encrypted_classes_have_room() {
+    let mut s = state_of(BS, 0, 8);
+    s.set_classes(vec![ClassInfo {
+        class: 1,
+        name: "c1".into(),
+        price_per_gib: 0.0,
+        encrypt: true,
+    }]);
+    let d = create(&mut s, "/d", Directory, 0).unwrap();
+    for i in 0..3 {
+        let r = create(&mut s, &format!("/d/f{i}"), File, 0)
+            .unwrap()
+            .record
+            .unwrap();
+        assert_eq!(
+            (r.slot, r.block.offset, r.offset),
+            (i, 0, i * RECORD_SIZE as u32)
+        );
+    }
+    let n = s.ns().get(d.id).unwrap();
+    assert!(n.slots.pieces().is_empty() && n.blocks.len() == 1);
+    let MetaReply::Listing { pieces, slots, .. } = s
+        .apply(MetaRequest::Enumerate { path: "/d".into() }, 0)
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!((pieces, slots), (false, 3));
+    s.check_invariants().unwrap();
+}

@@ -55,12 +55,17 @@ fn a_block_moves_while_its_node_stays_put() {
 /// While a container's record block moves, creates and removes in it get
 /// no record location: a record written to the source after the copy
 /// would be lost, and a lost clear could show a reused slot's old name.
+/// The same holds for a record piece while its slab moves.
 #[test]
 fn records_are_not_handed_out_while_their_block_moves() {
     let mut s = state();
     create(&mut s, "/d", Directory, 0).unwrap();
+    // Slot 0 is in the container's first piece, slot 1 in its block 0
+    // (extent 1).
+    let p = create(&mut s, "/d/p", File, 0).unwrap();
+    assert!(p.record.unwrap().block.offset > 0, "in a piece");
     let a = create(&mut s, "/d/a", File, 0).unwrap();
-    assert!(a.record.is_some());
+    assert_eq!(a.record.unwrap().block.offset, 0, "in a block");
     let d = lookup(&mut s, "/d").unwrap();
     let (dec, _, _) = s.decide_move_start(d.id, 0, NO_CLASS).unwrap();
     s.commit(dec, 0);
@@ -68,19 +73,44 @@ fn records_are_not_handed_out_while_their_block_moves() {
     assert!(b.record.is_none(), "no record while moving: {:?}", b.record);
     assert!(remove(&mut s, "/d/a", false).unwrap().is_none());
     assert_eq!(
-        map(&mut s, d.id, 0, 1, 0).unwrap_err().code,
+        map(&mut s, d.id, 1, 1, 0).unwrap_err().code,
         ErrorCode::TryAgain,
         "a reader of the records waits for the move, never reads an empty map"
     );
+    map(&mut s, d.id, 0, 1, 0).expect("the piece is not moving");
     let dec = s.decide_move_end(d.id, 0, true).unwrap();
     s.commit(dec, 0);
     let c = create(&mut s, "/d/c", File, 0).unwrap();
     let rec = c.record.expect("records again after the move");
-    let (_, now) = map(&mut s, d.id, 0, 1, 0).unwrap();
+    let (_, now) = map(&mut s, d.id, 1, 1, 0).unwrap();
     assert_eq!(
         (rec.block.server, rec.block.gen),
         (now[0].server, now[0].gen)
     );
+    s.check_invariants().unwrap();
+
+    // The piece's slab moves: its record is not handed out meanwhile,
+    // and afterwards the container's piece is the moved one.
+    let piece = s.ns().get(d.id).unwrap().slots.pieces()[0];
+    let index = slab_move_index(piece.server, piece.block);
+    let (dec, _, dst) = s.decide_move_start(SLAB_MOVE, index, NO_CLASS).unwrap();
+    s.commit(dec, 0);
+    assert!(remove(&mut s, "/d/p", false).unwrap().is_none());
+    assert_eq!(
+        map(&mut s, d.id, 0, 1, 0).unwrap_err().code,
+        ErrorCode::TryAgain
+    );
+    let dec = s.decide_move_end(SLAB_MOVE, index, true).unwrap();
+    s.commit(dec, 0);
+    let moved = s.ns().get(d.id).unwrap().slots.pieces()[0];
+    assert_eq!(
+        (moved.server, moved.block, moved.index, moved.size),
+        (dst.server, dst.block, piece.index, piece.size)
+    );
+    let (_, now) = map(&mut s, d.id, 0, 2, 0).unwrap();
+    assert_eq!((now[0].server, now[0].block), (dst.server, dst.block));
+    assert_eq!(now[0].offset, moved.value_offset());
+    assert_eq!(now.len(), 2, "the piece, then the block");
     s.check_invariants().unwrap();
 }
 

@@ -37,22 +37,27 @@ fn slots_are_cleared_before_reuse_and_moves_rewrite_records() {
     let mut s = state();
     let d = create(&mut s, "/d", Directory, 0).unwrap();
     assert!(d.record.is_some(), "root is enumerable: /d needs a record");
+    // Records in a 640-byte piece (one slot), then in blocks.
+    let layout = nodekernel_proto::record::Layout::new(BS, true);
     let per_block = BS as u64 / RECORD_SIZE as u64;
-    for i in 0..per_block + 1 {
+    let slots = 1 + per_block + 1;
+    for i in 0..slots {
         let f = create(&mut s, &format!("/d/f{i}"), File, 0).unwrap();
         let r = f.record.unwrap();
         assert_eq!((r.container, r.slot as u64), (d.id, i));
-        assert_eq!(r.offset as u64, (i % per_block) * RECORD_SIZE as u64);
+        assert_eq!(r.offset, layout.locate(i as u32).1);
+        // A piece's location starts past its tag; a block's at 0.
+        assert_eq!(r.block.offset == 0, i > 0, "slot {i}");
     }
     let (size, blocks) = map(&mut s, d.id, 0, 10, 0).unwrap();
-    assert_eq!(size, (per_block + 1) * RECORD_SIZE as u64);
-    assert_eq!(blocks.len(), 2, "container data length");
+    assert_eq!(size, slots * RECORD_SIZE as u64);
+    assert_eq!(blocks.len(), 3, "a piece and two blocks");
     let clear = remove(&mut s, "/d/f3", false).unwrap().unwrap();
     assert_eq!(clear.slot, 3);
     let next = create(&mut s, "/d/g", File, 0).unwrap();
     assert_eq!(
         next.record.unwrap().slot as u64,
-        per_block + 1,
+        slots,
         "slot 3 is not reusable before its release"
     );
     s.apply(
@@ -103,16 +108,22 @@ fn slots_are_cleared_before_reuse_and_moves_rewrite_records() {
     assert_eq!(ty, File);
     assert_eq!(clear.map(|r| (r.container, r.slot)), Some((d.id, 0)));
     assert_eq!(write.map(|r| (r.container, r.slot)), Some((e.id, 0)));
-    let MetaReply::Listing { slots, live, .. } = s
+    let MetaReply::Listing {
+        slots: listed,
+        live,
+        pieces,
+        ..
+    } = s
         .apply(MetaRequest::Enumerate { path: "/d".into() }, 0)
         .unwrap()
     else {
         panic!()
     };
-    assert_eq!(slots as u64, per_block + 2);
+    assert!(pieces);
+    assert_eq!(listed as u64, slots + 1);
     assert_eq!(
         live.iter().map(|b| b.count_ones()).sum::<u32>() as u64,
-        per_block + 1
+        slots
     );
     let e = s.apply(
         MetaRequest::Map {
@@ -268,7 +279,8 @@ fn a_big_delete_unlinks_at_once_and_reaps_in_bounded_steps() {
     }
     assert!(steps >= 3, "{steps} steps");
     assert_eq!(s.ns().len(), 1, "only the root is left");
-    let root_records = s.ns().get(ROOT).unwrap().blocks.len() as u64;
+    let root = s.ns().get(ROOT).unwrap();
+    let root_records = (root.blocks.len() + root.slots.pieces().len()) as u64;
     assert!(s.alloc().free_blocks() > free + 2 * n as u64);
     assert_eq!(
         s.alloc().free_blocks(),
@@ -555,4 +567,65 @@ fn a_replacing_move_of_containers_needs_an_empty_target_of_the_same_type() {
         ErrorCode::NotEmpty
     );
     s.check_invariants().unwrap();
+}
+
+/// A container's record pieces on a storage server that died are replaced
+/// by new ones on a live server, each in its place (as its record blocks
+/// are): new records are written there, and the names of the records lost
+/// with the dead server come from the metadata server. With 4 KiB blocks
+/// a container has one record piece (then blocks); with 64 KiB blocks, 13
+/// records take four pieces.
+#[test]
+fn record_pieces_on_a_dead_server_are_replaced() {
+    for (bs, children, pieces, extents) in [(BS, 1, 1, 2), (64 << 10, 12, 4, 4)] {
+        let mut s = MetaState::new(bs, 1000, 1);
+        for i in 1..=2 {
+            let spec = ServerSpec {
+                block_size: bs,
+                ..spec(&format!("h:{i}"), 0, 8)
+            };
+            s.apply(MetaRequest::Register(spec), 0).unwrap();
+        }
+        let d = create(&mut s, "/d", Directory, 0).unwrap();
+        for i in 0..children {
+            create(&mut s, &format!("/d/a{i}"), File, 0).unwrap();
+        }
+        // The server of the last piece dies (the others may be there
+        // too, or on the other server).
+        let before = s.ns().get(d.id).unwrap().slots.pieces().to_vec();
+        let dead = before.last().unwrap().server;
+        let other = if dead == 1 { 2 } else { 1 };
+        only_alive(&mut s, other, 5000);
+        let b = create(&mut s, "/d/b", File, 5000).unwrap();
+        let rb = b.record.unwrap();
+        assert_eq!((rb.slot, rb.block.server), (children, other));
+        let now = s.ns().get(d.id).unwrap().slots.pieces().to_vec();
+        assert_eq!(now.len(), pieces, "block size {bs}");
+        assert!(now.iter().all(|p| p.server == other), "{now:?}");
+        for (was, is) in before.iter().zip(&now) {
+            // A piece keeps its place and size; only the lost ones moved.
+            assert_eq!(was.size, is.size);
+            assert_eq!(was == is, was.server == other, "{before:?} {now:?}");
+        }
+        let (_, mapped) = map(&mut s, d.id, 0, 40, 0).unwrap();
+        assert_eq!(mapped.len(), extents);
+        assert!(mapped.iter().all(|e| e.server == other), "{mapped:?}");
+        let mut slots = vec![0, children - 1];
+        slots.dedup();
+        let want: Vec<_> = slots.iter().map(|i| (*i, File, format!("a{i}"))).collect();
+        let MetaReply::Names(names) = s
+            .apply(
+                MetaRequest::RecordNames {
+                    container: d.id,
+                    slots,
+                },
+                5000,
+            )
+            .unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(names, want);
+        s.check_invariants().unwrap();
+    }
 }

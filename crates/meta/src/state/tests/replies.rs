@@ -109,9 +109,29 @@ fn locations_allow_their_holders_only_what_they_were_given_for_a_while() {
     let r = c.record.expect("a record to write");
     assert_eq!(r.container, d.id);
     let rec = RECORD_SIZE as u32;
-    assert!(allows(&r.block, r.offset, rec, Rights::WRITE, 1_000));
-    assert!(!allows(&r.block, r.offset + rec, rec, Rights::WRITE, 1_000));
+    // The first record is in a piece (its location starts past the
+    // piece's tag), the next ones in a block: offsets the storage server
+    // sees are the location's plus the record's.
+    assert!(r.block.offset > 0 && r.block.tag == 0);
+    let at = r.block.offset + r.offset;
+    assert!(allows(&r.block, at, rec, Rights::WRITE, 1_000));
+    assert!(!allows(&r.block, at + rec, rec, Rights::WRITE, 1_000));
+    assert!(!allows(
+        &r.block,
+        at - TAG_LEN,
+        TAG_LEN,
+        Rights::WRITE,
+        1_000
+    ));
     assert!(!allows(&r.block, 0, BS, Rights::WRITE, 1_000));
+    create(&mut s, "/d/c2", Directory, 0).unwrap();
+    let r = create(&mut s, "/d/c3", Directory, 0)
+        .unwrap()
+        .record
+        .unwrap();
+    assert_eq!((r.block.offset, r.offset), (0, rec));
+    assert!(allows(&r.block, r.offset, rec, Rights::WRITE, 1_000));
+    assert!(!allows(&r.block, 0, rec, Rights::WRITE, 1_000));
 
     // A storage server whose clock runs 500 s ahead: its capabilities
     // expire in its own clock.
