@@ -201,13 +201,14 @@ def test_a_cancelled_put_many_gives_the_space_of_its_puts_back_at_once(small_clu
     async def main():
         async with await nodekernel.aio.connect(small_cluster.meta) as c:
             await c.mkdir("/t", type="table")
-            # The table keeps the block its child records took.
-            await c.put("/t/k0", b"x")
-            await c.delete("/t/k0")
+            keys = [f"/t/k{i}" for i in range(8)]
+            # The table keeps the pieces its child records took: those of
+            # eight keys at once.
+            await c.put_many([(k, b"x") for k in keys])
+            await c.delete_many(keys)
             baseline = used(await c.status())
             rng = random.Random(38)
             value = bytearray(b"\x11" * (1 << 20))
-            keys = [f"/t/k{i}" for i in range(8)]
             cancelled = 0
             for _ in range(300):
                 try:

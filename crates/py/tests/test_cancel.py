@@ -146,9 +146,11 @@ def test_cancelled_puts_give_their_space_back_at_once(small_cluster):
     async def main():
         async with await nodekernel.aio.connect(small_cluster.meta) as c:
             await c.mkdir("/t", type="table")
-            # Containers keep the blocks their child records took.
+            # Containers keep the pieces and blocks their child records
+            # took: those of 50 keys at once.
             for i in range(50):
                 await c.put(f"/t/k{i}", b"x")
+            for i in range(50):
                 await c.delete(f"/t/k{i}")
             baseline = used(await c.status())
             rng = random.Random(8)
