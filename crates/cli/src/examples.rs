@@ -84,6 +84,7 @@ Examples:
 pub const DU: &str = "\
 Examples:
   nk du -sh /jobs
+  nk du -sh --stored /jobs     what /jobs takes of the cluster
   nk du /jobs --json";
 
 pub const TEST: &str = "\

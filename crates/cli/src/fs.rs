@@ -463,6 +463,8 @@ struct StatOut {
     size: u64,
     block_size: u32,
     blocks: u64,
+    /// Bytes of the cluster it takes (blocks, pieces, child records).
+    stored: u64,
     storage_class: Option<u8>,
     location: String,
     enumerable: bool,
@@ -582,6 +584,7 @@ async fn stat_one(client: &Client, path: &str, blocks: bool) -> anyhow::Result<S
         size: i.size,
         block_size: i.block_size,
         blocks,
+        stored: i.stored,
         storage_class: (i.storage_class != nodekernel_proto::NO_CLASS).then_some(i.storage_class),
         location: i.location.clone(),
         enumerable: i.enumerable,
@@ -605,6 +608,11 @@ fn print_stat(out: &StatOut) {
             human(out.block_size as u64)
         );
     }
+    println!(
+        "stored:        {} ({} bytes)",
+        human(out.stored),
+        out.stored
+    );
     let class = out
         .storage_class
         .map_or("any (highest with free space)".to_string(), |c| {

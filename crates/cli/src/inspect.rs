@@ -215,18 +215,23 @@ struct Usage {
     /// Bytes the data nodes below hold (their sizes, not the blocks
     /// they take).
     bytes: u64,
+    /// Bytes of the cluster the nodes below take (blocks, pieces, and the
+    /// containers' child records, this one's included).
+    stored: u64,
     files: u64,
     containers: u64,
 }
 
 /// `nk du`: the bytes of data under each path, and for each container
 /// below it (children before their parents, as `du` does); with
-/// `summarize`, only the totals.
+/// `summarize`, only the totals; with `stored`, the bytes of the cluster
+/// they take instead.
 pub async fn du(
     client: &Client,
     operands: &[String],
     summarize: bool,
     human_sizes: bool,
+    stored: bool,
     json: bool,
 ) -> anyhow::Result<()> {
     let roots = expand_all(client, operands).await?;
@@ -243,12 +248,14 @@ pub async fn du(
             while open.last().is_some_and(|(d, _)| *d >= e.depth) {
                 close(&mut open, &mut rows, summarize);
             }
+            let taken = e.info.as_ref().map_or(0, |i| i.stored);
             if e.ty.is_container() {
                 open.push((
                     e.depth,
                     Usage {
                         path: e.path,
                         bytes: 0,
+                        stored: taken,
                         files: 0,
                         containers: 1,
                     },
@@ -258,12 +265,14 @@ pub async fn du(
                 match open.last_mut() {
                     Some((_, u)) => {
                         u.bytes += size;
+                        u.stored += taken;
                         u.files += 1;
                     }
                     // The root is a data node.
                     None => rows.push(Usage {
                         path: e.path,
                         bytes: size,
+                        stored: taken,
                         files: 1,
                         containers: 0,
                     }),
@@ -282,11 +291,8 @@ pub async fn du(
         return Ok(());
     }
     for r in rows {
-        let size = if human_sizes {
-            human(r.bytes)
-        } else {
-            r.bytes.to_string()
-        };
+        let n = if stored { r.stored } else { r.bytes };
+        let size = if human_sizes { human(n) } else { n.to_string() };
         writeln!(out, "{size}\t{}", printable(&r.path))?;
     }
     Ok(())
@@ -299,6 +305,7 @@ fn close(open: &mut Vec<(usize, Usage)>, rows: &mut Vec<Usage>, summarize: bool)
     match open.last_mut() {
         Some((_, parent)) => {
             parent.bytes += u.bytes;
+            parent.stored += u.stored;
             parent.files += u.files;
             parent.containers += u.containers;
             if !summarize {
@@ -399,9 +406,11 @@ mod tests {
 
     #[test]
     fn du_totals_go_to_their_parents() {
+        // Each node here takes ten times its bytes of the cluster.
         let u = |p: &str, bytes, files, containers| Usage {
             path: p.into(),
             bytes,
+            stored: 10 * bytes,
             files,
             containers,
         };

@@ -345,7 +345,11 @@ enum Cmd {
         /// Sizes in KiB, MiB, GiB instead of bytes
         #[arg(short = 'h', long = "human-readable")]
         human: bool,
-        /// Print a JSON array of {path, bytes, files, containers}
+        /// The bytes of the cluster the nodes take (blocks, pieces, child
+        /// records) instead of the bytes of data
+        #[arg(long)]
+        stored: bool,
+        /// Print a JSON array of {path, bytes, stored, files, containers}
         #[arg(long)]
         json: bool,
         /// Print help
@@ -904,6 +908,7 @@ async fn run_command(cli: Cli) -> anyhow::Result<bool> {
             paths,
             summarize,
             human,
+            stored,
             json,
             help: _,
         } => {
@@ -912,7 +917,7 @@ async fn run_command(cli: Cli) -> anyhow::Result<bool> {
             } else {
                 paths
             };
-            inspect::du(&client, &roots, summarize, human, json).await?
+            inspect::du(&client, &roots, summarize, human, stored, json).await?
         }
         Cmd::Test {
             path,

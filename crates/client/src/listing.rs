@@ -129,6 +129,7 @@ impl Client {
             encrypted: false,
             first_block: None,
             record: None,
+            stored: 0,
         };
         let node = Node::new(self.clone(), p.to_string(), idx, info);
         let locs = match node.block_locations().await {

@@ -304,6 +304,7 @@ fn replies_round_trip() {
             block: loc.clone(),
             offset: 3584,
         }),
+        stored: 1 << 20,
     };
     let rec = RecordLoc {
         container: 2,

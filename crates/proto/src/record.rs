@@ -69,7 +69,7 @@ const PIECES: [(u32, u8); 3] = [(640, 1), (1280, 1), (5120, 30)];
 const _: () = assert!(PIECES[0].0 as usize >= RECORD_SIZE + TAG_LEN as usize);
 
 /// Where a container's records live: a chain of *extents*, in slot order.
-/// With pieces, the first extents are pieces of shared blocks ([`PIECES`]:
+/// With pieces, the first extents are pieces of shared blocks (`PIECES`:
 /// 640 bytes for the first record, 1,280 for the next two, then 5,120
 /// bytes for nine each); the extents after them are whole blocks. A
 /// container with a few children therefore takes a few hundred bytes, not
@@ -80,7 +80,7 @@ const _: () = assert!(PIECES[0].0 as usize >= RECORD_SIZE + TAG_LEN as usize);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
     block_size: u32,
-    /// How many of the [`PIECES`] groups apply (those whose size fits
+    /// How many of the `PIECES` groups apply (those whose size fits
     /// the largest piece of the block size).
     groups: u8,
 }

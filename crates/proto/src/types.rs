@@ -274,6 +274,10 @@ pub struct NodeInfo {
     /// parent's data (None for non-enumerable parents and for KeyValues,
     /// whose record is handed out when the put closes).
     pub record: Option<RecordLoc>,
+    /// Bytes of the cluster the node takes now: its whole blocks (a
+    /// writer's unpublished ones too) or its piece; for a container, the
+    /// pieces and blocks of its child records (`docs/records.md`).
+    pub stored: u64,
 }
 
 impl NodeInfo {
@@ -299,6 +303,7 @@ impl NodeInfo {
             }
         }
         RecordLoc::encode_opt(&self.record, e);
+        e.u64(self.stored);
     }
     pub(crate) fn decode(d: &mut Dec) -> Result<NodeInfo> {
         Ok(NodeInfo {
@@ -319,6 +324,7 @@ impl NodeInfo {
                 None
             },
             record: RecordLoc::decode_opt(d)?,
+            stored: d.u64()?,
         })
     }
 }

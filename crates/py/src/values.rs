@@ -56,6 +56,7 @@ impl<'py> IntoPyObject<'py> for Stat {
         d.set_item("size", self.info.size)?;
         d.set_item("id", self.info.id)?;
         d.set_item("block_size", self.info.block_size)?;
+        d.set_item("stored", self.info.stored)?;
         d.set_item("enumerable", self.info.enumerable)?;
         d.set_item("encrypted", self.info.encrypted)?;
         d.set_item("mode", self.info.mode)?;

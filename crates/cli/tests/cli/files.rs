@@ -471,9 +471,23 @@ fn find_du_and_test_answer_scripts() {
     assert_eq!(e.ok(&["du", "-s", "/f", "/f/a"]), "305\t/f\n200\t/f/a\n");
     assert_eq!(e.ok(&["du", "-sh", "/f/a"]), "200 B\t/f/a\n");
     let j = e.json(&["du", "-s", "/f", "--json"]);
+    // --stored: what the nodes take of the cluster, as `nk stat` says of
+    // each: a table holding one 5-byte key takes its 640-byte record
+    // piece and the key's 64-byte piece.
+    let stored = |p: &str| e.json(&["stat", p, "--json"])["stored"].as_u64().unwrap();
+    assert_eq!((stored("/f/t"), stored("/f/t/k")), (640, 64));
+    assert_eq!(e.ok(&["du", "-s", "--stored", "/f/t"]), "704\t/f/t\n");
+    let all: u64 = names(&e.ok(&["find", "/f"]))
+        .iter()
+        .map(|p| stored(p))
+        .sum();
     assert_eq!(
         j,
-        serde_json::json!([{"path": "/f", "bytes": 305, "files": 4, "containers": 4}])
+        serde_json::json!([{"path": "/f", "bytes": 305, "stored": all, "files": 4, "containers": 4}])
+    );
+    assert_eq!(
+        e.ok(&["du", "-s", "--stored", "/f"]),
+        format!("{all}\t/f\n")
     );
     // test: 0 if it holds, 1 if not, 2 if it cannot tell.
     let code = |args: &[&str]| e.nk(args).status.code();

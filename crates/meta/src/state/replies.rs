@@ -226,6 +226,18 @@ impl MetaState {
         MetaReply::Blocks { size, blocks }
     }
 
+    /// Bytes of the cluster `n` takes: its blocks and pieces (a
+    /// container's: those of its records).
+    pub(crate) fn stored(&self, n: &Node) -> u64 {
+        let pieces: u64 = n
+            .piece
+            .iter()
+            .chain(n.slots.pieces())
+            .map(|p| u64::from(p.size))
+            .sum();
+        pieces + n.blocks.len() as u64 * u64::from(self.alloc.block_size())
+    }
+
     /// Where container `n`'s records live ([`Layout`]).
     pub(super) fn record_layout(&self, n: &Node) -> Layout {
         Layout::new(self.alloc.block_size(), has_record_pieces(n))
@@ -394,6 +406,7 @@ impl MetaState {
                 encrypted: false,
                 first_block: None,
                 record: None,
+                stored: 0,
             };
         };
         let size = if n.ty.is_container() {
@@ -427,6 +440,7 @@ impl MetaState {
             encrypted: n.encrypted,
             first_block,
             record: None,
+            stored: self.stored(n),
         }
     }
 }

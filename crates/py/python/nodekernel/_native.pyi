@@ -63,9 +63,11 @@ class Client:
     def stat(self, path: str) -> dict[str, Any]:
         """A node's attributes: name (the path), type ("dir", "file",
         "table", "kv" or "bag"), size (bytes for data nodes, the number of
-        children for containers), id, block_size, enumerable (bool),
-        encrypted (bool: its clients encrypt its data, docs/encryption.md),
-        mode (permission bits) and mtime (seconds since the Unix epoch)."""
+        children for containers), id, block_size, stored (bytes of the
+        cluster it takes: its blocks or piece, a container's child records),
+        enumerable (bool), encrypted (bool: its clients encrypt its data,
+        docs/encryption.md), mode (permission bits) and mtime (seconds
+        since the Unix epoch)."""
     @overload
     def ls(self, path: str = "/", detail: Literal[False] = False) -> list[str]:
         """Child names of a container (sorted), or with detail=True the
