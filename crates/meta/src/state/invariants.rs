@@ -219,9 +219,24 @@ impl MetaState {
         Ok(())
     }
 
+    /// Whether `n` is in a removed subtree (under, or itself, an unlinked
+    /// container), which the reaper takes apart a bounded step at a time:
+    /// a container there may have lost record blocks already.
+    fn being_reaped(&self, n: &Node) -> bool {
+        let mut cur = n;
+        while cur.id != ROOT {
+            match self.ns.get(cur.parent) {
+                Some(parent) if cur.linked => cur = parent,
+                _ => return true,
+            }
+        }
+        false
+    }
+
     /// The invariants of node `n` alone: a piece or blocks, never both; its
     /// piece is its own; a container's record pieces are its own, of its
-    /// layout's sizes, and with its blocks hold all its slots; its lease is below the next lease id; without a
+    /// layout's sizes, and with its blocks hold all its slots (unless it
+    /// is being reaped); its lease is below the next lease id; without a
     /// writer, a linked data node holds no block wholly past its published
     /// size (closes, aborts, lapsed leases and restarts give them back).
     fn check_node(&self, n: &Node) -> std::result::Result<(), String> {
@@ -254,7 +269,7 @@ impl MetaState {
                 ));
             }
         }
-        if n.ty.is_container() {
+        if n.ty.is_container() && !self.being_reaped(n) {
             let extents = pieces.len() + n.blocks.len();
             let need = layout.extents_for(n.slots.len());
             // Blocks come only after every piece extent.

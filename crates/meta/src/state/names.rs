@@ -235,9 +235,10 @@ impl<'a> Draft<'a> {
             };
             let pieces = usize::from(n.piece.is_some()) + n.slots.pieces().len();
             let blocks = n.blocks.len() + pieces;
-            if blocks > budget && pieces == 0 {
-                // Free what the budget allows, from the end.
-                self.truncate(n, (blocks - budget) as u64);
+            if blocks > budget {
+                // Free the blocks the budget allows, from the end; the
+                // node (and its pieces) goes in a later step.
+                self.truncate(n, n.blocks.len().saturating_sub(budget) as u64);
                 break;
             }
             budget -= blocks;

@@ -261,10 +261,9 @@ impl MetaState {
                     return None;
                 }
                 let at = p.value_offset();
-                let whole = self.piece_loc(0, p, g)?;
                 BlockLoc {
-                    cap: self.cap(&self.piece_block(p)?, at + offset, at + end, g),
-                    ..whole
+                    offset: at,
+                    ..self.loc_of_range(&self.piece_block(p)?, at + offset, at + end, g)
                 }
             }
             None => {

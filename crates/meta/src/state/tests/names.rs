@@ -629,3 +629,47 @@ fn record_pieces_on_a_dead_server_are_replaced() {
         s.check_invariants().unwrap();
     }
 }
+
+/// A container whose record pieces and blocks together exceed what one
+/// reaping step frees is reaped in steps too: its blocks first, within
+/// the budget, then the node with its pieces; everything comes back.
+#[test]
+fn a_container_with_more_record_extents_than_a_step_frees_is_reaped_in_steps() {
+    let mut s = MetaState::new(BS, 1000, 1);
+    s.apply(MetaRequest::Register(spec("h:0", 0, 20_000)), 0)
+        .unwrap();
+    let free = s.alloc().free_blocks();
+    create(&mut s, "/d", Directory, 0).unwrap();
+    // One record in the piece, then 8 per 4 KiB block: REAP_BLOCKS
+    // blocks and the piece, one extent more than a step frees.
+    let per_block = BS as usize / RECORD_SIZE;
+    for i in 0..1 + REAP_BLOCKS * per_block {
+        create(&mut s, &format!("/d/f{i}"), File, 0).unwrap();
+    }
+    let d = s.ns().get(s.ns().resolve("/d").unwrap()).unwrap();
+    assert_eq!((d.slots.pieces().len(), d.blocks.len()), (1, REAP_BLOCKS));
+    remove(&mut s, "/d", true).unwrap();
+    let mut steps = 0;
+    while let Some(d) = s.decide_reap() {
+        let freed = d
+            .effects
+            .iter()
+            .filter(|e| matches!(e, Effect::BlockFreed { .. }))
+            .count();
+        assert!(
+            freed <= REAP_BLOCKS,
+            "a step frees at most {REAP_BLOCKS} blocks"
+        );
+        s.commit(d, 0);
+        s.check_invariants().unwrap();
+        steps += 1;
+        assert!(steps < 1000, "reaping ends");
+    }
+    assert_eq!(s.ns().len(), 1, "only the root is left");
+    let root = s.ns().get(ROOT).unwrap().blocks.len() as u64;
+    assert_eq!(
+        s.alloc().free_blocks(),
+        free - root,
+        "every record block and slab is back"
+    );
+}
