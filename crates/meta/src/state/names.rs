@@ -2,6 +2,7 @@
 //! removed subtrees, a bounded step at a time), move, enumerate, record
 //! slots and attributes; and the container record blocks they need.
 
+use super::pieces::Taker;
 use super::{Decision, Draft, MetaState, Reply};
 use crate::alloc::BlockRef;
 use crate::effect::Effect;
@@ -136,7 +137,7 @@ impl<'a> Draft<'a> {
             };
             match piece_size_for(self.st.alloc.block_size(), stored) {
                 Some(size) => {
-                    self.take_piece(id, storage_class, location, size, encrypted);
+                    self.take_piece(Taker::Node(id), storage_class, location, size, encrypted);
                 }
                 None => {
                     if let Ok(b) = self.plan.allocate_data(storage_class, location, encrypted) {
@@ -345,8 +346,10 @@ impl<'a> Draft<'a> {
                 // No piece for the first records (only encrypted classes
                 // have room: pieces of plain slabs never go there): a
                 // block, and the container keeps its records in blocks.
-                Some(size) if k == 0 => self.take_record_piece(container, size),
-                Some(size) => Some(self.record_piece(container, size)?),
+                Some(size) if k == 0 => {
+                    self.take_record_piece(container, size, Taker::Node(container))
+                }
+                Some(size) => Some(self.record_piece(container, size, Taker::Node(container))?),
                 None => None,
             };
             match piece {
@@ -360,17 +363,17 @@ impl<'a> Draft<'a> {
         Ok(slot)
     }
 
-    /// Takes a piece of `size` bytes for a container's records, placed as
-    /// its record blocks are (its class first); `NoSpace` when none can
-    /// be had.
-    fn record_piece(&mut self, container: NodeId, size: u32) -> Result<Piece> {
-        self.take_record_piece(container, size)
+    /// Takes a piece of `size` bytes for a container's records (as
+    /// `taker` says), placed as its record blocks are (its class first);
+    /// `NoSpace` when none can be had.
+    fn record_piece(&mut self, container: NodeId, size: u32, taker: Taker) -> Result<Piece> {
+        self.take_record_piece(container, size, taker)
             .ok_or_else(|| records_error(container, self.plan.no_space()))
     }
 
-    fn take_record_piece(&mut self, container: NodeId, size: u32) -> Option<Piece> {
+    fn take_record_piece(&mut self, container: NodeId, size: u32, taker: Taker) -> Option<Piece> {
         let class = self.ns().get(container)?.storage_class;
-        self.take_piece(container, class, "", size, false)
+        self.take_piece(taker, class, "", size, false)
     }
 
     /// Allocates a block for a container's records.
@@ -400,16 +403,11 @@ impl<'a> Draft<'a> {
         for (k, p) in n.slots.pieces().iter().enumerate() {
             if !self.st.alloc.is_alive(p.server) || self.st.slabs.get(p.server, p.block).is_none() {
                 self.free_piece(*p);
-                let new = self.record_piece(container, p.size)?;
-                // Taken as the container's next piece: it replaces piece
-                // `k` instead.
-                let taken = self.effects.pop();
-                debug_assert!(matches!(taken, Some(Effect::PieceTaken { .. })));
-                self.push(Effect::RecordPieceSwapped {
+                let taker = Taker::RecordPiece {
                     node: container,
                     index: k as u32,
-                    piece: new,
-                });
+                };
+                self.record_piece(container, p.size, taker)?;
             }
         }
         let lost: Vec<(usize, BlockRef)> = n

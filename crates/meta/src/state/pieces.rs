@@ -9,8 +9,27 @@ use crate::effect::Effect;
 use crate::namespace::NodeId;
 use crate::slab::{stamp_batch, Piece, Slab};
 
+/// Who takes a piece, and as what: the effect that records it.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Taker {
+    /// A small value, or a container as its next record piece.
+    Node(NodeId),
+    /// A container, as its record piece `index`, in place of one lost
+    /// with its server.
+    RecordPiece { node: NodeId, index: u32 },
+}
+
+impl Taker {
+    fn effect(self, piece: Piece) -> Effect {
+        match self {
+            Taker::Node(node) => Effect::PieceTaken { node, piece },
+            Taker::RecordPiece { node, index } => Effect::RecordPieceSwapped { node, index, piece },
+        }
+    }
+}
+
 impl Draft<'_> {
-    /// Gives `node` a piece of `piece_size` bytes, class by class in
+    /// Gives `taker` a piece of `piece_size` bytes, class by class in
     /// placement order (so small values tier like blocks: the preferred
     /// class first, the location's servers first within a class). Within a
     /// class: a free piece (never used, or fenced by an earlier stamp); else
@@ -21,7 +40,7 @@ impl Draft<'_> {
     /// room.
     pub(super) fn take_piece(
         &mut self,
-        node: NodeId,
+        taker: Taker,
         class: u8,
         location: &str,
         piece_size: u32,
@@ -40,7 +59,7 @@ impl Draft<'_> {
                     })
                 });
             if let Some(found) = found {
-                return Some(self.take_found(node, found));
+                return Some(self.take_found(taker, found));
             }
             if encrypted {
                 // Kept for the new slab's scrub (MetaState::scrub).
@@ -58,13 +77,13 @@ impl Draft<'_> {
                     index: 0,
                     size: piece_size,
                 };
-                self.push(Effect::PieceTaken { node, piece });
+                self.push(taker.effect(piece));
                 return Some(piece);
             }
             if let Some(found) =
                 self.find_piece(c, location, piece_size, |s| same(s) && s.quarantined() > 0)
             {
-                return Some(self.take_found(node, found));
+                return Some(self.take_found(taker, found));
             }
         }
         None
@@ -121,14 +140,14 @@ impl Draft<'_> {
         })
     }
 
-    /// Takes `piece` for `node`, stamping its slab first if it was
+    /// Takes `piece` for `taker`, stamping its slab first if it was
     /// quarantined.
-    fn take_found(&mut self, node: NodeId, (piece, stamp): (Piece, bool)) -> Piece {
+    fn take_found(&mut self, taker: Taker, (piece, stamp): (Piece, bool)) -> Piece {
         if stamp {
             // Quarantined pieces are reused only behind a fence.
             self.stamp_slab((piece.server, piece.block));
         }
-        self.push(Effect::PieceTaken { node, piece });
+        self.push(taker.effect(piece));
         piece
     }
 

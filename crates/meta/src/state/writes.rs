@@ -3,6 +3,7 @@
 //! truncate, abort, and the replacement of a block (or a small value's
 //! piece) on a server the writer could not reach.
 
+use super::pieces::Taker;
 use super::{Draft, Reply};
 use crate::effect::Effect;
 use crate::namespace::{stale, Node, NodeId};
@@ -382,7 +383,13 @@ impl<'a> Draft<'a> {
             self.plan.avoid(p.server);
             self.free_piece(p);
             if self
-                .take_piece(node, n.storage_class, &n.location, p.size, n.encrypted)
+                .take_piece(
+                    Taker::Node(node),
+                    n.storage_class,
+                    &n.location,
+                    p.size,
+                    n.encrypted,
+                )
                 .is_none()
             {
                 return Err(Error::no_space(format!(
