@@ -5,7 +5,7 @@ use bytes::Bytes;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use nodekernel_proto::meta::{MetaReply, MetaRequest, MAX_MAP_COUNT};
 use nodekernel_proto::sync;
-use nodekernel_proto::{BlockLoc, Error, ErrorCode, NodeInfo, Result};
+use nodekernel_proto::{BlockLoc, Error, ErrorCode, NodeInfo, NodeType, Result};
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -14,6 +14,19 @@ use std::time::{Duration, Instant};
 /// Block locations fetched beyond the ones a read needs, so the next read
 /// finds its locations cached.
 const LOCATION_READAHEAD: u64 = 16;
+
+/// A File's first write goes in a piece of a shared block when it is at
+/// most this fraction of a block (64 KiB of 1 MiB), and the writer has it
+/// alone (`docs/small-values.md`, *Small Files*): a small File then takes
+/// a piece its size. A larger first write is most likely the start of a
+/// large File, which would only outgrow the piece at its next write.
+const FIRST_WRITE_PIECE_FRACTION: u64 = 16;
+
+/// The bytes a File's block 0 holds when `loc` is a piece (its tag names
+/// the node): less than a block, up to the end of the piece.
+fn piece_capacity(loc: &BlockLoc) -> Option<u64> {
+    (loc.tag != 0).then(|| u64::from(loc.cap.hi.saturating_sub(loc.offset)))
+}
 
 /// A handle to one node (one version of a path). Handles from
 /// [`Client::create`] and [`Client::open_write`] of File/KeyValue nodes hold
@@ -28,6 +41,12 @@ pub struct Node {
     /// Highest published size seen.
     size: AtomicU64,
     writer: Option<WriteState>,
+    /// The end of the bytes this handle has written (at least the size it
+    /// was opened at): what a File outgrowing its piece copies.
+    written_end: AtomicU64,
+    /// Writes into a File's piece hold it shared; its outgrowing holds it
+    /// alone, so the copy misses none of them.
+    piece_gate: tokio::sync::RwLock<()>,
     /// The client's lease keeper renews the writer's lease while this is
     /// held (dropped with the writer: at close, abort, or when the handle
     /// is dropped unclosed, so a writer that vanished lets its lease lapse).
@@ -83,6 +102,8 @@ impl Node {
             path,
             part,
             size: AtomicU64::new(info.size),
+            written_end: AtomicU64::new(info.size),
+            piece_gate: tokio::sync::RwLock::new(()),
             locs: Mutex::new(locs),
             info,
             writer,
@@ -162,10 +183,22 @@ impl Node {
         count: u64,
         lease: Option<u64>,
     ) -> Result<(u64, Vec<BlockLoc>)> {
+        self.map_first(index, count, lease, 0).await
+    }
+
+    /// [`Node::map`] with a File writer's `first_write` (see
+    /// [`MetaRequest::Map`]).
+    async fn map_first(
+        &self,
+        index: u64,
+        count: u64,
+        lease: Option<u64>,
+        first_write: u32,
+    ) -> Result<(u64, Vec<BlockLoc>)> {
         let deadline = Instant::now() + self.client.config().timeout;
         let mut pause = Duration::from_millis(1);
         loop {
-            match self.map_once(index, count, lease).await {
+            match self.map_once(index, count, lease, first_write).await {
                 Err(e) if e.code == ErrorCode::TryAgain && Instant::now() < deadline => {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(MOVE_WAIT_MAX);
@@ -180,6 +213,7 @@ impl Node {
         index: u64,
         count: u64,
         lease: Option<u64>,
+        first_write: u32,
     ) -> Result<(u64, Vec<BlockLoc>)> {
         let req = MetaRequest::Map {
             node: self.info.id,
@@ -187,6 +221,7 @@ impl Node {
             count: count.clamp(1, MAX_MAP_COUNT as u64) as u32,
             alloc: lease.is_some(),
             lease: lease.unwrap_or(0),
+            first_write,
         };
         match self.client.meta_at(self.part, &req).await? {
             MetaReply::Blocks { size, blocks } => {
@@ -258,6 +293,71 @@ impl Node {
         out
     }
 
+    /// Block 0 of this File, while this handle knows it as a piece, and
+    /// the bytes the piece holds.
+    fn file_piece(&self) -> Option<(BlockLoc, u64)> {
+        if self.info.ty != NodeType::File {
+            return None;
+        }
+        let locs = sync::lock(&self.locs);
+        let loc = locs.first()?.as_ref()?;
+        piece_capacity(loc).map(|cap| (loc.clone(), cap))
+    }
+
+    /// Forgets the cached piece of a File read up to `end` past it: the
+    /// File has outgrown it since (its published size says so), and its
+    /// block 0 is mapped anew.
+    fn forget_outgrown_piece(&self, end: u64) {
+        if self.file_piece().is_some_and(|(_, cap)| end > cap) {
+            if let Some(first) = sync::lock(&self.locs).first_mut() {
+                *first = None;
+            }
+        }
+    }
+
+    /// The writer of this File, in a piece, is about to write past it:
+    /// block 0 gets a block of its own (`Outgrow`), and what this handle
+    /// wrote to the piece is copied there. Readers read the piece until
+    /// the next sync publishes the block. Waits for the writes into the
+    /// piece in flight, and holds the others back meanwhile. If the copy
+    /// fails, the handle keeps the piece, so the next write outgrows it
+    /// again (the metadata server hands out the same block).
+    async fn outgrow(&self, lease: u64) -> Result<()> {
+        let _alone = self.piece_gate.write().await;
+        let Some((piece, cap)) = self.file_piece() else {
+            return Ok(()); // outgrown by a write before this one
+        };
+        let io = &self.client.inner.io;
+        let len = self.written_end.load(Ordering::Acquire).min(cap) as usize;
+        let held = if len > 0 {
+            io.read_bytes(self, 0, piece.clone(), None, 0, len).await?
+        } else {
+            Bytes::new()
+        };
+        let req = MetaRequest::Outgrow {
+            node: self.info.id,
+            lease,
+        };
+        let block = match self.client.meta_at(self.part, &req).await? {
+            MetaReply::Blocks { blocks, .. } => blocks.into_iter().next().ok_or_else(|| {
+                Error::no_space(format!(
+                    "{}: no block for the File to grow into (block 0's server is unavailable)",
+                    self.path
+                ))
+            })?,
+            other => return Err(unexpected(other)),
+        };
+        let copied = if held.is_empty() {
+            Ok(())
+        } else {
+            io.write(self, 0, block.clone(), 0, &held, true).await
+        };
+        // (A re-map during the copy may have cached the block already.)
+        let keep = if copied.is_ok() { block } else { piece };
+        self.cache(0, std::slice::from_ref(&keep));
+        copied
+    }
+
     /// Adds the path to an error coming from a server.
     fn ctx(&self, e: Error) -> Error {
         let msg = match e.code {
@@ -322,6 +422,7 @@ impl Node {
         }
         let bs = self.block_size();
         let last = (offset + buf.len() as u64 - 1) / bs;
+        self.forget_outgrown_piece(offset + buf.len() as u64);
         self.ensure_locations(offset / bs, last, None).await?;
         let mut segs = self.segments(offset, buf.len());
         if segs.len() == 1 {
@@ -403,6 +504,7 @@ impl Node {
         let idx = offset / bs;
         let read = async {
             let seal = self.seal()?;
+            self.forget_outgrown_piece(offset + len as u64);
             self.ensure_locations(idx, idx, None).await?;
             let loc = sync::lock(&self.locs)[idx as usize]
                 .clone()
@@ -496,7 +598,31 @@ impl Node {
             }
             let seal = self.seal()?;
             let bs = self.block_size();
-            let (first, last) = (offset / bs, (offset + data.len() as u64 - 1) / bs);
+            let end = offset + data.len() as u64;
+            let (first, last) = (offset / bs, (end - 1) / bs);
+            // A plain File's write into block 0 first learns whether that
+            // is a piece, which the write may outgrow. A small first
+            // write, which this writer has alone, may take one (the
+            // metadata server decides).
+            if first == 0
+                && self.info.ty == NodeType::File
+                && !self.info.encrypted
+                && sync::lock(&self.locs).first().is_none_or(|l| l.is_none())
+            {
+                let small_first = exclusive
+                    && offset == 0
+                    && fresh_from == 0
+                    && end <= bs / FIRST_WRITE_PIECE_FRACTION;
+                let hint = if small_first { end as u32 } else { 0 };
+                self.map_first(0, last + 1, Some(lease), hint).await?;
+            }
+            if self.file_piece().is_some_and(|(_, cap)| end > cap) {
+                self.outgrow(lease).await?;
+            }
+            let _in_piece = match self.file_piece() {
+                Some(_) => Some(self.piece_gate.read().await),
+                None => None,
+            };
             let start = {
                 let locs = sync::lock(&self.locs);
                 let missing = |i: u64| locs.get(i as usize).is_none_or(|l| l.is_none());
@@ -535,7 +661,9 @@ impl Node {
             }))
             .buffer_unordered(self.client.config().transfers_in_flight.max(1))
             .try_collect::<()>()
-            .await
+            .await?;
+            self.written_end.fetch_max(end, Ordering::AcqRel);
+            Ok(())
         };
         write.await.map_err(|e| self.ctx(e))
     }
@@ -597,6 +725,7 @@ impl Node {
             Err(e) => return Err(self.ctx(e)),
         }
         self.size.store(size, Ordering::Release);
+        self.written_end.store(size, Ordering::Release);
         if let Some(w) = &mut self.writer {
             w.written = size;
             w.dirty = false;

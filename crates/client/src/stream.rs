@@ -439,11 +439,15 @@ impl BufferedWriter {
         }
     }
 
-    /// Sends the current slice, first waiting for a free slot.
-    async fn send(&mut self) -> Result<()> {
+    /// Sends the current slice, first waiting for a free slot. A flush's
+    /// (`last`: none is sent after it until it completes) with no other
+    /// in flight has the node alone: a File's small first write may then
+    /// take a piece.
+    async fn send(&mut self, last: bool) -> Result<()> {
         while self.in_flight.len() >= self.slices {
             self.complete_oldest().await?;
         }
+        let exclusive = last && self.in_flight.is_empty();
         let data = std::mem::replace(&mut self.current, self.spare.pop().unwrap_or_default());
         let offset = self.start;
         self.start += data.len() as u64;
@@ -451,7 +455,7 @@ impl BufferedWriter {
         let (lease, alloc_from) = (self.lease, self.alloc_from);
         self.in_flight.push_back(tokio::spawn(async move {
             let r = node
-                .write_range_from(lease, alloc_from, offset, &data, offset, false)
+                .write_range_from(lease, alloc_from, offset, &data, offset, exclusive)
                 .await;
             // Release the node before the result is seen, so that once every
             // slice has completed the writer holds the only reference.
@@ -471,7 +475,7 @@ impl BufferedWriter {
         while !data.is_empty() || self.current.len() == self.target() {
             let target = self.target();
             if self.current.len() == target {
-                self.send().await?;
+                self.send(false).await?;
                 continue;
             }
             self.current.reserve_exact(target - self.current.len());
@@ -488,7 +492,7 @@ impl BufferedWriter {
     pub async fn flush(&mut self) -> Result<()> {
         self.check()?;
         if !self.current.is_empty() {
-            self.send().await?;
+            self.send(true).await?;
         }
         while !self.in_flight.is_empty() {
             self.complete_oldest().await?;

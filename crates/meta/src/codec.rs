@@ -61,6 +61,8 @@ mod tag {
     pub const SLAB_CREATED_ENCRYPTED: u8 = 33;
     /// A container's record piece replaced (`Effect::RecordPieceSwapped`).
     pub const RECORD_PIECE_SWAPPED: u8 = 34;
+    /// A File's blocks replace its piece (`Effect::PieceOutgrown`).
+    pub const PIECE_OUTGROWN: u8 = 35;
 }
 
 fn block(e: &mut Enc, b: &BlockRef) {
@@ -203,6 +205,9 @@ pub fn encode_effects(effects: &[Effect], out: &mut BytesMut) {
                 });
                 block(e, b);
                 e.u32(*piece_size);
+            }
+            Effect::PieceOutgrown { node } => {
+                e.u8(tag::PIECE_OUTGROWN).u64(*node);
             }
             Effect::PieceTaken { node, piece: p } => {
                 e.u8(tag::PIECE_TAKEN).u64(*node);
@@ -396,6 +401,7 @@ pub fn decode_effects(buf: &[u8]) -> Result<Vec<Effect>> {
                 piece_size: d.u32()?,
                 encrypted: t == tag::SLAB_CREATED_ENCRYPTED,
             },
+            tag::PIECE_OUTGROWN => Effect::PieceOutgrown { node: d.u64()? },
             tag::PIECE_TAKEN => Effect::PieceTaken {
                 node: d.u64()?,
                 piece: dec_piece(d)?,
@@ -580,6 +586,7 @@ mod tests {
                 piece: p,
             },
             Effect::PieceFreed { piece: p },
+            Effect::PieceOutgrown { node: 22 },
             Effect::SlabStamped {
                 server: 2,
                 block: 5,

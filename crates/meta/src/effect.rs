@@ -122,6 +122,10 @@ pub enum Effect {
     },
     /// `piece` is free again (its old owner is being dropped).
     PieceFreed { piece: Piece },
+    /// File `node` leaves its piece (freed by the `PieceFreed` or
+    /// `PieceHeld` before): its blocks, filled by its writer since it
+    /// outgrew the piece, hold its bytes from now on.
+    PieceOutgrown { node: NodeId },
     /// The slab in `block` of `server` gets generation `gen`, claimed on
     /// the server: every location of its pieces with an older generation
     /// is refused from now on.

@@ -710,6 +710,13 @@ impl Namespace {
         }
     }
 
+    /// File `id` leaves its piece for its blocks.
+    pub(crate) fn outgrow_piece(&mut self, id: NodeId) {
+        if let Some(n) = self.nodes.get_mut(&id) {
+            n.piece = None;
+        }
+    }
+
     /// Record piece `k` of container `id` becomes `p`.
     pub(crate) fn swap_record_piece(&mut self, id: NodeId, k: usize, p: Piece) {
         if let Some(n) = self.nodes.get_mut(&id) {

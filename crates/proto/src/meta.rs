@@ -103,6 +103,7 @@ meta_ops! {
     TRUNCATE = 24, Truncate, "truncate", SMALL_REQUEST_MAX => Done;
     SET_ATTRS = 25, SetAttrs, "set_attrs", PATH_REQUEST_MAX => Node;
     RENEW = 26, Renew, "renew", 4 + 16 * MAX_RENEW_BATCH => Renewed;
+    OUTGROW = 27, Outgrow, "outgrow", SMALL_REQUEST_MAX => Blocks;
 }
 
 /// Most policy settings one request may change.
@@ -275,11 +276,26 @@ pub enum MetaRequest {
     /// Map block indexes `[index, index + count)` of a node to block
     /// locations. With `alloc`, missing blocks are allocated (the caller must
     /// hold the write lease); without it, only existing blocks are returned.
+    ///
+    /// `first_write` (0: none) is the length of a File writer's first
+    /// write, at offset 0 of a File with nothing allocated: if it fits a
+    /// piece, block 0 becomes a piece of a shared block sized for it
+    /// (`docs/small-values.md`, *Small Files*); the writer learns it from
+    /// the location's tag, and calls `Outgrow` before writing past it.
     Map {
         node: u64,
         index: u64,
         count: u32,
         alloc: bool,
+        lease: u64,
+        first_write: u32,
+    },
+    /// The writer of a File in a piece is about to write past it: block 0
+    /// gets a whole block of its own, and the reply is its location. The
+    /// writer copies what it wrote to the piece into it; readers keep
+    /// reading the piece until the writer's next sync publishes the block.
+    Outgrow {
+        node: u64,
         lease: u64,
     },
     /// Take the write lease of an existing File or KeyValue.
@@ -501,12 +517,17 @@ impl MetaRequest {
                 count,
                 alloc,
                 lease,
+                first_write,
             } => {
                 e.u64(*node)
                     .u64(*index)
                     .u32(*count)
                     .bool(*alloc)
-                    .u64(*lease);
+                    .u64(*lease)
+                    .u32(*first_write);
+            }
+            MetaRequest::Outgrow { node, lease } => {
+                e.u64(*node).u64(*lease);
             }
             MetaRequest::Sync {
                 node,
@@ -642,6 +663,11 @@ impl MetaRequest {
                 index: d.u64()?,
                 count: d.u32()?,
                 alloc: d.bool()?,
+                lease: d.u64()?,
+                first_write: d.u32()?,
+            },
+            op::OUTGROW => MetaRequest::Outgrow {
+                node: d.u64()?,
                 lease: d.u64()?,
             },
             op::SYNC => MetaRequest::Sync {

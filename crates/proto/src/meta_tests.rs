@@ -35,7 +35,9 @@ fn samples() -> Vec<MetaRequest> {
             count: 4,
             alloc: true,
             lease: 77,
+            first_write: 100,
         },
+        MetaRequest::Outgrow { node: 9, lease: 77 },
         MetaRequest::OpenWrite { path: "/f".into() },
         MetaRequest::Sync {
             node: 9,

@@ -60,11 +60,11 @@ def test_every_node_type(nk, nk_dir):
     assert nk.stat(f"{nk_dir}/tab/key")["type"] == "kv"
     assert nk.stat(f"{nk_dir}/hidden")["enumerable"] is False
     # What each takes of the cluster: the table's one child record a
-    # 640-byte piece, an empty table nothing, a small File a whole block.
+    # 640-byte piece, an empty table nothing, a 10-byte File the smallest
+    # piece (64 bytes, its 8-byte tag included).
     assert nk.stat(f"{nk_dir}/tab")["stored"] == 640
     assert nk.stat(f"{nk_dir}/hidden")["stored"] == 0
-    file = nk.stat(f"{nk_dir}/file")
-    assert file["stored"] == file["block_size"]
+    assert nk.stat(f"{nk_dir}/file")["stored"] == 64
     assert nk.get(f"{nk_dir}/file") == b"file bytes"
     assert nk.get(f"{nk_dir}/tab/key") == b"kv bytes"
     assert nk.ls(f"{nk_dir}/sub") == ["deeper"]

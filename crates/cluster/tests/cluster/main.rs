@@ -19,6 +19,7 @@ mod placement;
 mod safety;
 mod security;
 mod semantics;
+mod small_files;
 mod small_values;
 mod snapshot;
 mod store_restart;

@@ -25,6 +25,8 @@ impl Sim {
                 bs,
                 next,
                 end,
+                first_write,
+                piece,
             } => {
                 if self.rng.chance(4) {
                     // The client dies: its put is swept once its lease
@@ -33,10 +35,12 @@ impl Sim {
                     self.clients[c] = Task::Idle;
                     return Ok(());
                 }
-                if next < end {
-                    self.write_block(c, node, lease, next)
+                if next < end && next > 0 && piece.is_some() {
+                    self.outgrow(c, node, lease)
+                } else if next < end {
+                    self.write_block(c, node, lease, next, first_write)
                 } else {
-                    self.finish_write(c, node, lease, end * bs)
+                    self.finish_write(c, node, lease, piece.unwrap_or(end * bs))
                 }
             }
         }
@@ -82,6 +86,19 @@ impl Sim {
         };
         if let Ok(MetaReply::Node(info)) = reply {
             if info.lease != 0 {
+                // A new File's first write: most small (a piece), some not.
+                let first_write = if info.ty == NodeType::File && info.size == 0 {
+                    [0, 1 + self.rng.below(900), 1 + self.rng.below(3000)]
+                        [self.rng.below(3) as usize] as u32
+                } else {
+                    0
+                };
+                // An open File already in a piece.
+                let piece = info
+                    .first_block
+                    .as_ref()
+                    .filter(|b| info.ty == NodeType::File && b.tag != 0)
+                    .map(|_| info.size);
                 let bs = info.block_size as u64;
                 let first = info.size.div_ceil(bs);
                 if info.size > 0 {
@@ -96,6 +113,8 @@ impl Sim {
                     bs,
                     next: first,
                     end: first + blocks,
+                    first_write,
+                    piece,
                 };
             }
         }
@@ -108,6 +127,7 @@ impl Sim {
         node: NodeId,
         lease: u64,
         index: u64,
+        first_write: u32,
     ) -> Result<(), String> {
         let blocks = match self.exec(MetaRequest::Map {
             node,
@@ -115,6 +135,7 @@ impl Sim {
             count: 1,
             alloc: true,
             lease,
+            first_write,
         })? {
             Ok(MetaReply::Blocks { blocks, .. }) => blocks,
             Ok(r) => return Err(format!("map answered {r:?}")),
@@ -163,11 +184,46 @@ impl Sim {
         if wrote {
             self.keep_handle(node, &loc);
             self.stats.writes += 1;
-            if let Task::Writing { next, .. } = &mut self.clients[c] {
+            if let Task::Writing {
+                next,
+                first_write,
+                piece,
+                ..
+            } = &mut self.clients[c]
+            {
                 *next += 1;
+                if *first_write > 0 && !whole {
+                    // The first write went to a piece: it holds that much.
+                    *piece = Some(u64::from(*first_write));
+                    self.stats.file_pieces += 1;
+                }
+                *first_write = 0;
             }
         }
         Ok(())
+    }
+
+    /// The writer of a File in a piece is about to write past it: it gets
+    /// block 0 of its own, and copies the piece into it (writes block 0
+    /// again) before writing on; the sync after publishes the blocks.
+    pub(super) fn outgrow(&mut self, c: usize, node: NodeId, lease: u64) -> Result<(), String> {
+        match self.exec(MetaRequest::Outgrow { node, lease })? {
+            Ok(MetaReply::Blocks { blocks, .. }) => {
+                if blocks.first().is_some_and(|b| b.tag != 0) {
+                    return Err(format!(
+                        "node {node} outgrew its piece into a piece: {blocks:?}"
+                    ));
+                }
+                self.stats.outgrown += 1;
+                if let Task::Writing { next, piece, .. } = &mut self.clients[c] {
+                    *next = 0;
+                    *piece = None;
+                }
+                Ok(())
+            }
+            Ok(r) => Err(format!("outgrow answered {r:?}")),
+            Err(_) => self.give_up(c, node, lease),
+        }
     }
 
     pub(super) fn finish_write(
@@ -213,8 +269,14 @@ impl Sim {
             })? {
                 Ok(MetaReply::Done) => {
                     self.stats.truncates += 1;
-                    if let Task::Writing { next, bs, .. } = &mut self.clients[c] {
+                    if let Task::Writing {
+                        next, bs, piece, ..
+                    } = &mut self.clients[c]
+                    {
                         *next = to.div_ceil(*bs);
+                        if piece.is_some() {
+                            *piece = Some(to);
+                        }
                     }
                     Ok(())
                 }
@@ -288,6 +350,7 @@ impl Sim {
             count: 16,
             alloc: false,
             lease: 0,
+            first_write: 0,
         })? {
             Ok(MetaReply::Blocks { size, blocks }) => {
                 let published = size.div_ceil(bs as u64) as usize;

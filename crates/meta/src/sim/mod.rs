@@ -94,6 +94,12 @@ enum Task {
         bs: u64,
         next: u64,
         end: u64,
+        /// A new File's first write, of this many bytes (0: none), asks for
+        /// a piece.
+        first_write: u32,
+        /// While the File's block 0 is a piece: the bytes it holds, which
+        /// the writer publishes unless it outgrows the piece first.
+        piece: Option<u64>,
     },
 }
 
@@ -128,6 +134,9 @@ pub(crate) struct Stats {
     /// Leases renewed by a client's lease keeper (publishing nothing).
     pub renewals: u64,
     pub small_puts: u64,
+    /// Files whose first write took a piece, and writers that outgrew one.
+    pub file_pieces: u64,
+    pub outgrown: u64,
     pub small_reads: u64,
     pub old_handle_reads: u64,
     pub restarts: u64,

@@ -44,6 +44,8 @@ fn simulation_keeps_every_invariant() {
         total.renewals += s.renewals;
         total.small_puts += s.small_puts;
         total.small_reads += s.small_reads;
+        total.file_pieces += s.file_pieces;
+        total.outgrown += s.outgrown;
         total.old_handle_reads += s.old_handle_reads;
         total.restarts += s.restarts;
         total.checkpoint_restarts += s.checkpoint_restarts;
@@ -60,6 +62,8 @@ fn simulation_keeps_every_invariant() {
         ("checked reads", total.reads),
         ("small puts", total.small_puts),
         ("checked reads of small values", total.small_reads),
+        ("Files whose first write took a piece", total.file_pieces),
+        ("writers that outgrew a File's piece", total.outgrown),
         ("reads through old handles", total.old_handle_reads),
         ("closed puts", total.puts_closed),
         ("truncates", total.truncates),
@@ -150,7 +154,19 @@ fn simulation_catches_blocks_kept_past_a_lapsed_lease() {
     // lapses, not when the File is deleted.
     let e = catch(Bug::LapseKeepsBlocks);
     assert!(
-        e.contains("has no writer but holds"),
+        e.contains("has no writer but holds")
+            || e.contains("has a piece and blocks without a writer"),
+        "caught for the wrong reason: {e}"
+    );
+}
+
+#[test]
+fn simulation_catches_a_file_switched_to_blocks_before_the_copy() {
+    // A File that outgrows its piece must keep it until its writer's
+    // sync: its block holds nothing until the writer copies the piece.
+    let e = catch(Bug::OutgrowSwitchesEarly);
+    assert!(
+        e.contains("holds none of its published bytes"),
         "caught for the wrong reason: {e}"
     );
 }

@@ -213,6 +213,7 @@ impl MetaState {
                 self.slabs.take(piece, *node);
                 self.ns.take_piece(*node, *piece);
             }
+            Effect::PieceOutgrown { node } => self.ns.outgrow_piece(*node),
             Effect::RecordPieceSwapped { node, index, piece } => {
                 self.slabs.take(piece, *node);
                 self.ns.swap_record_piece(*node, *index as usize, *piece);

@@ -233,16 +233,20 @@ impl MetaState {
         false
     }
 
-    /// The invariants of node `n` alone: a piece or blocks, never both; its
-    /// piece is its own; a container's record pieces are its own, of its
+    /// The invariants of node `n` alone: a piece or blocks, never both
+    /// (but for a File whose writer outgrew its piece and has not synced
+    /// since); its piece is its own; a container's record pieces are its own, of its
     /// layout's sizes, and with its blocks hold all its slots (unless it
     /// is being reaped); its lease is below the next lease id; without a
     /// writer, a linked data node holds no block wholly past its published
     /// size (closes, aborts, lapsed leases and restarts give them back).
     fn check_node(&self, n: &Node) -> std::result::Result<(), String> {
         if let Some(p) = &n.piece {
-            if !n.blocks.is_empty() {
-                return Err(format!("node {} has a piece and blocks", n.id));
+            if !n.blocks.is_empty() && (n.ty != NodeType::File || n.lease.is_none()) {
+                return Err(format!(
+                    "{} {} has a piece and blocks without a writer outgrowing it",
+                    n.ty, n.id
+                ));
             }
             if self.alloc.server(p.server).is_some() && !self.slabs.is_owner(p, n.id) {
                 return Err(format!("node {} holds piece {p:?}, not its own", n.id));
@@ -346,6 +350,7 @@ impl MetaState {
                 | Effect::SizeSet { node, .. }
                 | Effect::LeaseSet { node, .. }
                 | Effect::LeaseCleared { node }
+                | Effect::PieceOutgrown { node }
                 | Effect::AttrsSet { node, .. } => {
                     nodes.insert(*node);
                 }

@@ -365,7 +365,16 @@ impl MetaState {
                 count,
                 alloc,
                 lease,
-            } => d.map(*node, *index, *count, alloc.then_some(*lease), now)?,
+                first_write,
+            } => d.map(
+                *node,
+                *index,
+                *count,
+                alloc.then_some(*lease),
+                *first_write,
+                now,
+            )?,
+            MetaRequest::Outgrow { node, lease } => d.outgrow(*node, *lease, now)?,
             MetaRequest::OpenWrite { path } => d.open_write(path, now)?,
             MetaRequest::Sync {
                 node,
@@ -522,6 +531,9 @@ pub(crate) enum Bug {
     /// A lapsed write lease frees the node's last published block too
     /// (its published bytes lose their block).
     LapseFreesPublished,
+    /// A File that outgrows its piece switches to its new block at once,
+    /// before its writer has copied the piece there.
+    OutgrowSwitchesEarly,
 }
 
 #[cfg(test)]

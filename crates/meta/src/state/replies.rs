@@ -80,6 +80,20 @@ impl Grant {
             now,
         }
     }
+
+    /// Whether it lets its holder write.
+    fn writes(&self) -> bool {
+        self.rights.allow(Rights::WRITE)
+    }
+}
+
+/// The piece that holds data node `n`'s bytes as a client with grant `g`
+/// sees them: none for a node of blocks; a File's writer that outgrew its
+/// piece sees its blocks, its readers the piece until the writer syncs.
+fn piece_seen(n: &Node, g: Grant) -> Option<&Piece> {
+    n.piece
+        .as_ref()
+        .filter(|_| n.blocks.is_empty() || !g.writes())
 }
 
 /// The clock capabilities are minted by: this server's wall clock (in ms)
@@ -192,7 +206,7 @@ impl MetaState {
         } else {
             n.size
         };
-        if let Some(p) = &n.piece {
+        if let Some(p) = piece_seen(n, g) {
             let blocks = (index == 0)
                 .then(|| self.piece_loc(node, p, g))
                 .flatten()
@@ -363,14 +377,26 @@ impl MetaState {
     /// value's one block is its piece less the tag, any other node's a
     /// whole block; an encrypted node's, the plaintext those stored bytes
     /// hold ([`crypt::block_capacity`], [`crypt::plain_capacity`] for a
-    /// piece). Every size-to-blocks reckoning of a data node goes through
-    /// this.
+    /// piece). A File in a piece (never encrypted) counts in whole blocks
+    /// too, so its offsets stay where they are when it outgrows the piece:
+    /// block 0 is the piece, holding [`MetaState::piece_capacity`] bytes.
+    /// Every size-to-blocks reckoning of a data node goes through this.
     pub(crate) fn block_size_of(&self, n: &Node) -> u32 {
+        match n.piece {
+            Some(_) if n.ty != NodeType::File => self.piece_capacity(n),
+            _ if n.encrypted => crypt::block_capacity(self.alloc.block_size()),
+            _ => self.alloc.block_size(),
+        }
+    }
+
+    /// The bytes data node `n`'s piece holds for its clients (0 without
+    /// one): less the tag; for an encrypted value, the plaintext of its
+    /// sealed chunks.
+    pub(crate) fn piece_capacity(&self, n: &Node) -> u32 {
         match (n.piece, n.encrypted) {
             (Some(p), true) => crypt::plain_capacity(p.capacity()),
             (Some(p), false) => p.capacity(),
-            (None, true) => crypt::block_capacity(self.alloc.block_size()),
-            (None, false) => self.alloc.block_size(),
+            (None, _) => 0,
         }
     }
 
@@ -413,7 +439,7 @@ impl MetaState {
         } else {
             n.size
         };
-        let first_block = match &n.piece {
+        let first_block = match piece_seen(n, g) {
             Some(p) => self.piece_loc(id, p, g),
             None => n
                 .blocks

@@ -7,9 +7,9 @@ use super::pieces::Taker;
 use super::{Draft, Reply};
 use crate::effect::Effect;
 use crate::namespace::{stale, Node, NodeId};
-use crate::slab::Piece;
+use crate::slab::{piece_size_for, Piece};
 use nodekernel_proto::meta::MAX_MAP_COUNT;
-use nodekernel_proto::{Error, Result};
+use nodekernel_proto::{Error, NodeType, Result};
 
 impl<'a> Draft<'a> {
     pub(super) fn map(
@@ -18,6 +18,7 @@ impl<'a> Draft<'a> {
         index: u64,
         count: u32,
         lease: Option<u64>,
+        first_write: u32,
         now: u64,
     ) -> Result<Reply> {
         let count = count.clamp(1, MAX_MAP_COUNT) as u64;
@@ -25,15 +26,42 @@ impl<'a> Draft<'a> {
         let n = self.ns().get(node).ok_or_else(|| stale(node))?;
         if let Some(lease) = lease {
             let n = self.writable(node, lease)?;
-            if let Some(p) = n.piece {
+            if first_write > 0 && index == 0 && self.takes_file_piece(n) {
+                if let Some(size) =
+                    piece_size_for(self.st.alloc.block_size(), u64::from(first_write))
+                {
+                    let got = self.take_piece(
+                        Taker::Node(node),
+                        n.storage_class,
+                        &n.location,
+                        size,
+                        false,
+                    );
+                    if got.is_some() {
+                        self.renew(node, lease, now);
+                        return Ok(Reply::Blocks {
+                            node,
+                            index,
+                            count: 1,
+                            write: true,
+                        });
+                    }
+                }
+            }
+            if let Some(p) = n.piece.filter(|_| n.blocks.is_empty()) {
                 if index > 0 {
+                    let what = if n.ty == NodeType::File {
+                        "its writer outgrows it (Outgrow) before writing past it"
+                    } else {
+                        "cannot grow past it (a value written without a size hint gets whole blocks)"
+                    };
                     return Err(Error::out_of_range(format!(
-                        "node {node} is a small value stored in a piece of {} bytes and cannot grow past it (a value written without a size hint gets whole blocks)",
+                        "node {node} is stored in a piece of {} bytes: {what}",
                         p.size
                     )));
                 }
                 self.renew(node, lease, now);
-                self.check_first_block(node, index)?;
+                self.check_first_block(node, index, true)?;
                 return Ok(Reply::Blocks {
                     node,
                     index,
@@ -77,13 +105,61 @@ impl<'a> Draft<'a> {
                 )));
             }
         } else {
-            self.check_first_block(node, index)?;
+            self.check_first_block(node, index, lease.is_some())?;
         }
         Ok(Reply::Blocks {
             node,
             index,
             count,
             write: lease.is_some(),
+        })
+    }
+
+    /// Whether File `n`'s writer may have its first write put in a piece:
+    /// nothing written or allocated yet, and not encrypted (a sealed
+    /// File's chunks are laid out by whole blocks).
+    fn takes_file_piece(&self, n: &Node) -> bool {
+        n.ty == NodeType::File
+            && !n.encrypted
+            && n.size == 0
+            && n.piece.is_none()
+            && n.blocks.is_empty()
+    }
+
+    /// The writer of File `node` in a piece is about to write past it:
+    /// block 0 gets a block of its own, which only the writer sees (its
+    /// readers read the piece) until its next sync publishes it and frees
+    /// the piece (`Effect::PieceOutgrown`). The writer copies what it
+    /// wrote to the piece into the block first. A writer that goes away
+    /// before that sync leaves the File in its piece: the block is
+    /// unpublished, freed when the lease ends.
+    pub(super) fn outgrow(&mut self, node: NodeId, lease: u64, now: u64) -> Result<Reply> {
+        let n = self.writable(node, lease)?;
+        if n.ty != NodeType::File {
+            return Err(Error::type_mismatch(format!(
+                "node {node} is a {}: only a File grows out of its piece",
+                n.ty
+            )));
+        }
+        if n.piece.is_some() && n.blocks.is_empty() {
+            let b = self
+                .plan
+                .allocate_data(n.storage_class, &n.location, false)?;
+            self.add_block(node, b);
+            #[cfg(test)]
+            if let (Some(p), Some(super::Bug::OutgrowSwitchesEarly)) = (n.piece, self.st.bug) {
+                self.free_piece(p);
+                self.push(Effect::PieceOutgrown { node });
+            }
+        }
+        // Otherwise it has its block already (a retry; or no piece at
+        // all): the reply is its location.
+        self.renew(node, lease, now);
+        Ok(Reply::Blocks {
+            node,
+            index: 0,
+            count: 1,
+            write: true,
         })
     }
 
@@ -128,8 +204,8 @@ impl<'a> Draft<'a> {
         let n = self.writable(node, lease)?;
         let bs = self.bs_of(n);
         let capacity = match n.piece {
-            Some(_) => bs,
-            None => n.blocks.len() as u64 * bs,
+            Some(_) if n.blocks.is_empty() => u64::from(self.st.piece_capacity(n)),
+            _ => n.blocks.len() as u64 * bs,
         };
         if size > capacity {
             return Err(Error::out_of_range(format!(
@@ -151,6 +227,11 @@ impl<'a> Draft<'a> {
         };
         self.push(Effect::SizeSet { node, size });
         self.stamp(n, mtime);
+        if let Some(p) = n.piece.filter(|_| !n.blocks.is_empty()) {
+            // The writer outgrew the piece and has copied it to block 0.
+            self.free_piece(p);
+            self.push(Effect::PieceOutgrown { node });
+        }
         if close {
             // A closed node keeps only the blocks its bytes need: blocks
             // handed out but never filled (an empty put, a write cut short)
@@ -215,7 +296,8 @@ impl<'a> Draft<'a> {
             self.free_node_blocks(node);
             self.push(Effect::Dropped { ids: vec![node] });
         } else {
-            self.truncate(n, n.size.div_ceil(self.bs_of(n)));
+            // (A File that outgrew its piece keeps the piece.)
+            self.truncate(n, self.st.blocks_published(n));
             self.push(Effect::LeaseCleared { node });
         }
         Ok(Reply::Done)
@@ -260,9 +342,14 @@ impl<'a> Draft<'a> {
         }
     }
 
-    /// Refuses a map whose first block is on a dead server or being moved.
-    fn check_first_block(&self, node: NodeId, index: u64) -> Result<()> {
-        if let Some(p) = self.ns().get(node).and_then(|n| n.piece) {
+    /// Refuses a map whose first block is on a dead server or being moved
+    /// (for a writer, as it sees the node).
+    fn check_first_block(&self, node: NodeId, index: u64, write: bool) -> Result<()> {
+        if let Some(p) = self
+            .ns()
+            .get(node)
+            .and_then(|n| n.piece.filter(|_| n.blocks.is_empty() || !write))
+        {
             if index == 0
                 && (!self.st.alloc.is_alive(p.server)
                     || self.st.slabs.get(p.server, p.block).is_none())
@@ -311,7 +398,7 @@ impl<'a> Draft<'a> {
         now: u64,
     ) -> Result<Reply> {
         let n = self.writable(node, lease)?;
-        if let Some(p) = n.piece {
+        if let Some(p) = n.piece.filter(|_| n.blocks.is_empty()) {
             return self.replace_piece(n, p, lease, index, gen, now);
         }
         let old = *n
@@ -319,7 +406,7 @@ impl<'a> Draft<'a> {
             .get(index as usize)
             .ok_or_else(|| Error::out_of_range(format!("node {node} has no block {index}")))?;
         if old.gen == gen {
-            if index * self.bs_of(n) < n.size {
+            if index < self.st.blocks_published(n) {
                 return Err(Error::invalid_argument(format!(
                     "block {index} of node {node} holds published bytes; only a block the writer still holds in full can move"
                 )));

@@ -20,13 +20,7 @@ fn put_hinted(s: &mut MetaState, path: &str, class: u8, size: u64) -> NodeInfo {
 #[test]
 fn encryption_is_decided_at_create_and_plain_data_stays_out_of_encrypted_classes() {
     let mut s = state_of(BS, 8, 8);
-    let class = |c: u8, encrypt: bool| ClassInfo {
-        class: c,
-        name: format!("c{c}"),
-        price_per_gib: 0.0,
-        encrypt,
-    };
-    s.set_classes(vec![class(0, false), class(1, true)]);
+    encrypt_class_1(&mut s);
     assert!(s.encrypts(NO_CLASS) && s.encrypts(1) && !s.encrypts(0));
     table(&mut s, "/t", false);
     let d = create(&mut s, "/d", Directory, 0).unwrap();

@@ -304,6 +304,7 @@ fn a_restart_keeps_what_was_closed_and_forgets_writers() {
         count,
         alloc: true,
         lease: n.lease,
+        first_write: 0,
     };
     let sync = |n: &NodeInfo, size: u64, close: bool| MetaRequest::Sync {
         node: n.id,

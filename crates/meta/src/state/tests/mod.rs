@@ -23,6 +23,7 @@ mod names;
 mod pieces;
 mod replies;
 mod servers;
+mod small_files;
 mod snapshots;
 mod tiering;
 mod writes;
@@ -141,6 +142,7 @@ fn map(
             count,
             alloc: lease != 0,
             lease,
+            first_write: 0,
         },
         0,
     )? {
@@ -245,6 +247,17 @@ fn state_of(bs: u32, dram: u32, file: u32) -> MetaState {
         s.apply(MetaRequest::Register(spec), 0).unwrap();
     }
     s
+}
+
+/// Classes 0 (plain) and 1 (encrypted).
+fn encrypt_class_1(s: &mut MetaState) {
+    let class = |c: u8, encrypt: bool| ClassInfo {
+        class: c,
+        name: format!("c{c}"),
+        price_per_gib: 0.0,
+        encrypt,
+    };
+    s.set_classes(vec![class(0, false), class(1, true)]);
 }
 
 /// A put of a value of known `size` (what `Client::put` sends).

@@ -132,6 +132,7 @@ fn slots_are_cleared_before_reuse_and_moves_rewrite_records() {
             count: 1,
             alloc: true,
             lease: 1,
+            first_write: 0,
         },
         0,
     );
@@ -378,6 +379,7 @@ fn modes_and_times_are_kept_through_the_log_and_a_checkpoint() {
             count: 1,
             alloc: true,
             lease: f.lease,
+            first_write: 0,
         },
     )
     .unwrap();
@@ -505,7 +507,8 @@ fn a_replacing_move_removes_the_target_in_the_same_step() {
                 index: 0,
                 count: 1,
                 alloc: false,
-                lease: 0
+                lease: 0,
+                first_write: 0,
             },
             0
         )
