@@ -7,6 +7,8 @@
 #
 #   ./scripts/bench-fuse.sh                  # SEQ_SIZE=512M RAND_SIZE=128M FILES=10000 RUNTIME=15
 #   SEQ_SIZE=1G FILES=20000 ./scripts/bench-fuse.sh
+#   ONLY_META=1 NK_BIN=path ./scripts/bench-fuse.sh   # the small-file rows only,
+#                                                     # with another nk (no build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/system-deps.sh
@@ -18,8 +20,12 @@ FILES=${FILES:-10000}
 RUNTIME=${RUNTIME:-15}
 DISK_DIR=${DISK_DIR:-/var/tmp}
 
-cargo build --release --bin nk --quiet
-NK="$PWD/target/release/nk"
+if [[ -n ${NK_BIN:-} ]]; then
+    NK=$(realpath "$NK_BIN")
+else
+    cargo build --release --bin nk --quiet
+    NK="$PWD/target/release/nk"
+fi
 WORK=$(mktemp -d)
 TMPFS=$(mktemp -d -p /dev/shm nk-bench-fuse.XXXXXX)
 DISK=$(mktemp -d -p "$DISK_DIR" nk-bench-fuse.XXXXXX)
@@ -98,12 +104,14 @@ for target in tmpfs disk mount; do
         mount) dir=$MNT ;;
     esac
     echo "== $target ($dir) ==" >&2
-    R[$target.seqwrite]=$(fio_run "$dir" write 1M "$SEQ_SIZE")
-    R[$target.seqread]=$(fio_run "$dir" read 1M "$SEQ_SIZE")
-    rm -f "$dir/bench.dat"
-    R[$target.randwrite]=$(fio_run "$dir" randwrite 4k "$RAND_SIZE")
-    R[$target.randread]=$(fio_run "$dir" randread 4k "$RAND_SIZE")
-    rm -f "$dir/bench.dat"
+    if [[ -z ${ONLY_META:-} ]]; then
+        R[$target.seqwrite]=$(fio_run "$dir" write 1M "$SEQ_SIZE")
+        R[$target.seqread]=$(fio_run "$dir" read 1M "$SEQ_SIZE")
+        rm -f "$dir/bench.dat"
+        R[$target.randwrite]=$(fio_run "$dir" randwrite 4k "$RAND_SIZE")
+        R[$target.randread]=$(fio_run "$dir" randread 4k "$RAND_SIZE")
+        rm -f "$dir/bench.dat"
+    fi
     R[$target.meta]=$(meta_run "$dir")
 done
 
@@ -120,10 +128,12 @@ row() { # name value-index unit key
 echo
 echo "| test | tmpfs | disk | nk mount | mount / tmpfs | mount / disk |"
 echo "|---|---|---|---|---|---|"
-row "sequential write, 1 MiB, $SEQ_SIZE" 1 MB/s seqwrite
-row "sequential read, 1 MiB, cold" 1 MB/s seqread
-row "random write, 4 KiB, $RAND_SIZE" 2 IOPS randwrite
-row "random read, 4 KiB, cold" 2 IOPS randread
+if [[ -z ${ONLY_META:-} ]]; then
+    row "sequential write, 1 MiB, $SEQ_SIZE" 1 MB/s seqwrite
+    row "sequential read, 1 MiB, cold" 1 MB/s seqread
+    row "random write, 4 KiB, $RAND_SIZE" 2 IOPS randwrite
+    row "random read, 4 KiB, cold" 2 IOPS randread
+fi
 row "create + write 100 B" 1 files/s meta
 row "stat" 2 files/s meta
 row "unlink" 3 files/s meta

@@ -293,7 +293,7 @@ unsafe fn buffer<'b>(
 }
 
 /// Longs per node in the status arrays Java decodes (`NodeStatus`).
-const STAT_FIELDS: usize = 8;
+const STAT_FIELDS: usize = 9;
 
 fn stat_of(info: &nk::NodeInfo, out: &mut Vec<i64>) {
     out.extend_from_slice(&[
@@ -305,6 +305,7 @@ fn stat_of(info: &nk::NodeInfo, out: &mut Vec<i64>) {
         info.id as i64,
         info.storage_class as i64,
         (info.enumerable as i64) | ((info.encrypted as i64) << 1),
+        info.stored as i64,
     ]);
 }
 

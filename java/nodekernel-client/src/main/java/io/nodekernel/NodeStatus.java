@@ -13,6 +13,8 @@ package io.nodekernel;
  * @param storageClass preferred storage class, or -1 for none
  * @param enumerable whether its children are listed (Tables may hide them)
  * @param encrypted whether its clients encrypt its bytes
+ * @param stored bytes of the cluster it takes: its blocks and pieces (a container's: those of its
+ *     child records)
  */
 public record NodeStatus(
     String path,
@@ -24,10 +26,11 @@ public record NodeStatus(
     long id,
     int storageClass,
     boolean enumerable,
-    boolean encrypted) {
+    boolean encrypted,
+    long stored) {
 
   /** Longs per node in the arrays the native library returns. */
-  static final int FIELDS = 8;
+  static final int FIELDS = 9;
 
   static NodeStatus decode(String path, long[] a, int at) {
     int cls = (int) a[at + 6];
@@ -41,7 +44,8 @@ public record NodeStatus(
         a[at + 5],
         cls == 255 ? -1 : cls,
         (a[at + 7] & 1) != 0,
-        (a[at + 7] & 2) != 0);
+        (a[at + 7] & 2) != 0,
+        a[at + 8]);
   }
 
   /** Modification time in milliseconds since the Unix epoch. */

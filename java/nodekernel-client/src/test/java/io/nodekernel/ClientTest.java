@@ -66,6 +66,11 @@ public class ClientTest {
     NodeStatus st = nk().lookup(p);
     assertEquals(NodeType.FILE, st.type());
     assertEquals(data.length, st.size());
+    try (NkOutputStream out = nk().createFile(p + ".small")) {
+      out.write(data, 0, 100);
+    }
+    // A 100-byte File takes a 112-byte piece of a shared block.
+    assertEquals(112, nk().lookup(p + ".small").stored());
 
     // Heap reads, byte by byte and in arrays.
     try (NkInputStream in = nk().open(p)) {
@@ -437,6 +442,7 @@ public class ClientTest {
     List<BlockLocation> locs = nk().blockLocations(p);
     long bs = st.blockSize();
     assertEquals((size + bs - 1) / bs, locs.size());
+    assertEquals(locs.size() * bs, st.stored());
     long covered = 0;
     for (BlockLocation l : locs) {
       assertEquals(covered, l.offset());
