@@ -222,6 +222,22 @@ pub struct Node {
     pub mtime: u64,
 }
 
+impl Node {
+    /// The piece holding this data node's bytes as its readers see them,
+    /// or with `write` as its writer does: a File whose writer outgrew its
+    /// piece (it has blocks too, until that writer syncs) is its blocks
+    /// to the writer.
+    pub fn piece_for(&self, write: bool) -> Option<Piece> {
+        self.piece.filter(|_| self.blocks.is_empty() || !write)
+    }
+
+    /// The piece of a File its writer outgrew and has not published its
+    /// blocks over yet.
+    pub fn outgrown_piece(&self) -> Option<Piece> {
+        self.piece.filter(|_| !self.blocks.is_empty())
+    }
+}
+
 /// [`NodeType::default_mode`], as a node keeps it.
 fn default_mode(ty: NodeType) -> u16 {
     ty.default_mode() as u16

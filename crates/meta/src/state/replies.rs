@@ -87,15 +87,6 @@ impl Grant {
     }
 }
 
-/// The piece that holds data node `n`'s bytes as a client with grant `g`
-/// sees them: none for a node of blocks; a File's writer that outgrew its
-/// piece sees its blocks, its readers the piece until the writer syncs.
-fn piece_seen(n: &Node, g: Grant) -> Option<&Piece> {
-    n.piece
-        .as_ref()
-        .filter(|_| n.blocks.is_empty() || !g.writes())
-}
-
 /// The clock capabilities are minted by: this server's wall clock (in ms)
 /// when its `now` was 0, and how long a client's capability lives.
 #[derive(Debug, Clone, Copy)]
@@ -206,9 +197,9 @@ impl MetaState {
         } else {
             n.size
         };
-        if let Some(p) = piece_seen(n, g) {
+        if let Some(p) = n.piece_for(g.writes()) {
             let blocks = (index == 0)
-                .then(|| self.piece_loc(node, p, g))
+                .then(|| self.piece_loc(node, &p, g))
                 .flatten()
                 .into_iter()
                 .collect();
@@ -439,8 +430,8 @@ impl MetaState {
         } else {
             n.size
         };
-        let first_block = match piece_seen(n, g) {
-            Some(p) => self.piece_loc(id, p, g),
+        let first_block = match n.piece_for(g.writes()) {
+            Some(p) => self.piece_loc(id, &p, g),
             None => n
                 .blocks
                 .first()

@@ -48,7 +48,7 @@ impl<'a> Draft<'a> {
                     }
                 }
             }
-            if let Some(p) = n.piece.filter(|_| n.blocks.is_empty()) {
+            if let Some(p) = n.piece_for(true) {
                 if index > 0 {
                     let what = if n.ty == NodeType::File {
                         "its writer outgrows it (Outgrow) before writing past it"
@@ -141,7 +141,7 @@ impl<'a> Draft<'a> {
                 n.ty
             )));
         }
-        if n.piece.is_some() && n.blocks.is_empty() {
+        if n.piece_for(true).is_some() {
             let b = self
                 .plan
                 .allocate_data(n.storage_class, &n.location, false)?;
@@ -203,9 +203,9 @@ impl<'a> Draft<'a> {
     ) -> Result<Reply> {
         let n = self.writable(node, lease)?;
         let bs = self.bs_of(n);
-        let capacity = match n.piece {
-            Some(_) if n.blocks.is_empty() => u64::from(self.st.piece_capacity(n)),
-            _ => n.blocks.len() as u64 * bs,
+        let capacity = match n.piece_for(true) {
+            Some(_) => u64::from(self.st.piece_capacity(n)),
+            None => n.blocks.len() as u64 * bs,
         };
         if size > capacity {
             return Err(Error::out_of_range(format!(
@@ -227,7 +227,7 @@ impl<'a> Draft<'a> {
         };
         self.push(Effect::SizeSet { node, size });
         self.stamp(n, mtime);
-        if let Some(p) = n.piece.filter(|_| !n.blocks.is_empty()) {
+        if let Some(p) = n.outgrown_piece() {
             // The writer outgrew the piece and has copied it to block 0.
             self.free_piece(p);
             self.push(Effect::PieceOutgrown { node });
@@ -345,11 +345,7 @@ impl<'a> Draft<'a> {
     /// Refuses a map whose first block is on a dead server or being moved
     /// (for a writer, as it sees the node).
     fn check_first_block(&self, node: NodeId, index: u64, write: bool) -> Result<()> {
-        if let Some(p) = self
-            .ns()
-            .get(node)
-            .and_then(|n| n.piece.filter(|_| n.blocks.is_empty() || !write))
-        {
+        if let Some(p) = self.ns().get(node).and_then(|n| n.piece_for(write)) {
             if index == 0
                 && (!self.st.alloc.is_alive(p.server)
                     || self.st.slabs.get(p.server, p.block).is_none())
@@ -398,7 +394,7 @@ impl<'a> Draft<'a> {
         now: u64,
     ) -> Result<Reply> {
         let n = self.writable(node, lease)?;
-        if let Some(p) = n.piece.filter(|_| n.blocks.is_empty()) {
+        if let Some(p) = n.piece_for(true) {
             return self.replace_piece(n, p, lease, index, gen, now);
         }
         let old = *n
