@@ -59,8 +59,13 @@ async fn outgrow(shared_memory: bool) {
     w.append(&more).await.unwrap();
     assert!(in_piece(c, "/f").await, "published: still the piece");
     assert_eq!(read_all(c, "/f").await, first);
+    let inside = c.lookup("/f").await.unwrap();
+    assert_eq!(inside.read(0, 100).await.unwrap(), first);
     w.sync().await.unwrap();
     assert!(!in_piece(c, "/f").await, "synced: the block");
+    // A reader of the piece's bytes: the piece's tag is gone, it re-maps
+    // block 0 and reads them from the block.
+    assert_eq!(inside.read(0, 100).await.unwrap(), first);
     let mut want = first.clone();
     want.extend_from_slice(&more);
     assert_eq!(read_all(c, "/f").await, want);
