@@ -5,7 +5,7 @@
 
 use crate::common;
 
-use common::pattern;
+use common::{pattern, PutFile};
 use nodekernel_client::{BufferedWriter, Client, CreateOptions, NodeType, StreamOptions};
 
 const MIB: u64 = 1 << 20;
@@ -40,12 +40,7 @@ async fn outgrow(shared_memory: bool) {
         .await
         .unwrap();
     let before = used_blocks(c).await;
-    let mut w = c
-        .create("/f", NodeType::File, CreateOptions::default())
-        .await
-        .unwrap();
-    w.append(&first).await.unwrap();
-    w.close().await.unwrap();
+    c.put_file("/f", &first).await;
     assert!(in_piece(c, "/f").await, "a 100-byte File is in a piece");
     let r = c.lookup("/f").await.unwrap();
     assert_eq!(r.info().stored, 112, "a 112-byte piece");
@@ -87,12 +82,7 @@ async fn outgrow(shared_memory: bool) {
     );
 
     // A writer that outgrows a piece and aborts leaves the File as it was.
-    let mut w = c
-        .create("/g", NodeType::File, CreateOptions::default())
-        .await
-        .unwrap();
-    w.append(b"small").await.unwrap();
-    w.close().await.unwrap();
+    c.put_file("/g", b"small").await;
     let mut w = c.open_write("/g").await.unwrap();
     w.append(&pattern(4, 5000)).await.unwrap();
     w.abort().await.unwrap();
