@@ -123,6 +123,20 @@ pub const MAX_CONNECTION_REPLY_BYTES: usize = 32 << 20;
 /// it, memory freed after a burst of large buffers stays with the process.
 pub const TRIM_AFTER: usize = 32 << 20;
 
+/// Heap allocations of at least this many bytes are mapped on their own
+/// (glibc's `M_MMAP_THRESHOLD`), so that freeing one hands it straight
+/// back to the system. A process that serves sets it when its first
+/// server starts. glibc's default raises this threshold to the largest
+/// block freed (up to 32 MiB): after one 16 MiB frame, every later one
+/// came from a thread's arena, whose free top (up to twice that)
+/// `malloc_trim` does not hand back, so tens of MiB stayed after a burst.
+pub const HEAP_MMAP_THRESHOLD: usize = 4 << 20;
+
+/// Free memory at the top of a heap arena beyond this is handed back when
+/// something is freed (glibc's `M_TRIM_THRESHOLD`; twice
+/// [`HEAP_MMAP_THRESHOLD`], as glibc's own adaptive setting keeps it).
+pub const HEAP_TRIM_THRESHOLD: usize = 2 * HEAP_MMAP_THRESHOLD;
+
 /// How often a server checks whether to hand memory back ([`TRIM_AFTER`]).
 pub const TRIM_INTERVAL: Duration = Duration::from_secs(1);
 

@@ -3,7 +3,7 @@
 //! declared replies), what one connection holds of them or waits for
 //! ([`Holds`]), and handing freed heap memory back after a burst.
 
-use crate::limits::TRIM_AFTER;
+use crate::limits::{HEAP_MMAP_THRESHOLD, HEAP_TRIM_THRESHOLD, TRIM_AFTER};
 use crate::server::options::ServeOptions;
 use std::future::Future;
 use std::pin::Pin;
@@ -35,6 +35,7 @@ impl Budgets {
     /// The budgets of a server with settings `opts` (bounded: see
     /// [`ServeOptions::bounded`]), nothing held.
     pub(super) fn new(opts: &ServeOptions) -> Budgets {
+        tune_heap();
         Budgets {
             requests: Arc::new(Semaphore::new(opts.max_requests)),
             request_bytes: Budget::new(opts.max_request_bytes),
@@ -66,6 +67,32 @@ impl Budgets {
         }
         self.held_peak.store(now, Ordering::Relaxed);
         tokio::task::spawn_blocking(trim_heap);
+    }
+}
+
+/// Keeps large buffers out of the heap arenas, once per process
+/// ([`HEAP_MMAP_THRESHOLD`], [`HEAP_TRIM_THRESHOLD`]), unless the user
+/// tuned the allocator through its environment; nothing with other C
+/// libraries.
+fn tune_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            let user_set = std::env::vars_os().any(|(k, v)| {
+                let (k, v) = (k.to_string_lossy(), v.to_string_lossy());
+                k.starts_with("MALLOC_") || (k == "GLIBC_TUNABLES" && v.contains("glibc.malloc."))
+            });
+            if user_set {
+                return;
+            }
+            // SAFETY: mallopt only changes the allocator's thresholds; the
+            // values fit a c_int.
+            unsafe {
+                libc::mallopt(libc::M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD as libc::c_int);
+                libc::mallopt(libc::M_TRIM_THRESHOLD, HEAP_TRIM_THRESHOLD as libc::c_int);
+            }
+        });
     }
 }
 
@@ -215,5 +242,43 @@ impl Holds {
             }
             *self.slot(which) = Some(p);
         }
+    }
+}
+
+#[cfg(all(test, target_os = "linux", target_env = "gnu"))]
+mod tests {
+    use super::*;
+
+    /// Whether glibc mapped the allocation at `p` on its own (the
+    /// `IS_MMAPPED` bit of the chunk's size word, just before it).
+    fn mapped_on_its_own(p: *const u8) -> bool {
+        // SAFETY: `p` is a live glibc allocation, whose chunk header (the
+        // size word) is the machine word before it.
+        unsafe { *(p as *const usize).sub(1) & 2 != 0 }
+    }
+
+    /// Without the tuning, freeing one 16 MiB buffer raised glibc's
+    /// threshold past it, and the next came from an arena whose free top
+    /// stayed with the process after it was freed.
+    #[test]
+    fn a_serving_process_maps_large_buffers_on_their_own_after_freeing_one() {
+        if std::env::vars_os().any(|(k, _)| k.to_string_lossy().starts_with("MALLOC_")) {
+            return; // the user's settings win
+        }
+        tune_heap();
+        let big = HEAP_MMAP_THRESHOLD * 4;
+        let first = vec![1u8; big];
+        assert!(mapped_on_its_own(first.as_ptr()));
+        drop(first);
+        let second = std::thread::spawn(move || {
+            let v = vec![2u8; big];
+            mapped_on_its_own(v.as_ptr())
+        });
+        assert!(second.join().unwrap(), "the next one is mapped too");
+        let small = vec![3u8; HEAP_MMAP_THRESHOLD / 4];
+        assert!(
+            !mapped_on_its_own(small.as_ptr()),
+            "smaller ones reuse the arenas"
+        );
     }
 }
