@@ -42,6 +42,8 @@ pub struct StatusOut {
     /// Puts not yet closed, and removed nodes whose blocks are still being
     /// freed.
     pub puts_in_progress: u64,
+    /// Puts reserved ahead of their keys by clients, not used yet.
+    pub reserved_puts: u64,
     pub reclaiming: u64,
     pub classes: Vec<ClassOut>,
     pub servers: Vec<ServerOut>,
@@ -214,6 +216,7 @@ impl StatusOut {
             expected_servers: st.expected_servers,
             alive_servers: st.servers.iter().filter(|s| s.alive).count(),
             puts_in_progress: st.puts_in_progress,
+            reserved_puts: st.reserved_puts,
             reclaiming: st.reclaiming,
             classes,
             servers,
@@ -302,6 +305,7 @@ mod tests {
             block_size: 1 << 20,
             nodes: 1,
             puts_in_progress: 0,
+            reserved_puts: 0,
             reclaiming: 0,
             partition: 0,
             partitions: 1,

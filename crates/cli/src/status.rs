@@ -126,10 +126,12 @@ fn status_text(out: &StatusOut) -> String {
         ($($arg:tt)*) => {{ let _ = writeln!(t, $($arg)*); }};
     }
     say!(
-        "block size {}, {} nodes, {} puts in progress, {} removed nodes being reclaimed",
+        "block size {}, {} nodes, {} puts in progress ({} reserved ahead), {} removed nodes \
+         being reclaimed",
         human(out.block_size as u64),
         out.nodes,
         out.puts_in_progress,
+        out.reserved_puts,
         out.reclaiming
     );
     if out.unreachable.is_empty() {
@@ -278,6 +280,7 @@ mod status_tests {
             expected_servers: 1,
             alive_servers: 2,
             puts_in_progress: 0,
+            reserved_puts: 0,
             reclaiming: 0,
             classes: Vec::new(),
             servers: vec![

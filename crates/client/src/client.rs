@@ -29,11 +29,35 @@ pub(crate) struct Inner {
     /// The write leases of this client's open writers, renewed by its
     /// lease keeper (`crate::leases`).
     pub(crate) leases: Arc<Leases>,
+    /// Puts reserved ahead of their keys (`crate::reserve`).
+    pub(crate) reserved: crate::reserve::Reservations,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         self.leases.client_gone();
+        // Unused reservations go back now rather than when their leases
+        // lapse (best effort: only on a runtime that keeps running).
+        let unused = self.reserved.drain(None, None, std::time::Instant::now());
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if unused.is_empty() {
+            return;
+        }
+        let pool = std::mem::replace(&mut self.pool, ConnectionPool::new(self.cfg.timeout));
+        let routes: Vec<Arc<str>> = self.routes.iter().map(|r| sync::read(r).clone()).collect();
+        rt.spawn(async move {
+            for (part, info) in unused {
+                let mut buf = BytesMut::new();
+                let abort = MetaRequest::Abort {
+                    node: info.id,
+                    lease: info.lease,
+                };
+                abort.encode(&mut buf);
+                let _ = pool.call(&routes[part], abort.op(), &[&buf]).await;
+            }
+        });
     }
 }
 
@@ -130,6 +154,7 @@ impl Client {
                 cfg,
                 io,
                 leases: Arc::default(),
+                reserved: Default::default(),
             }),
         }
     }
@@ -501,6 +526,7 @@ impl Client {
                     m.lease_ms = m.lease_ms.min(st.lease_ms);
                     m.expected_servers = m.expected_servers.max(st.expected_servers);
                     m.puts_in_progress += st.puts_in_progress;
+                    m.reserved_puts += st.reserved_puts;
                     m.reclaiming += st.reclaiming;
                     m.logs.extend(st.logs);
                     for mv in st.moves {

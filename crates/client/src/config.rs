@@ -52,6 +52,13 @@ pub struct ClientConfig {
     /// (`meta.lease_timeout_ms`) loses what it wrote since its last sync,
     /// as a writer that vanished does: for tests of lease expiry.
     pub renew_leases: bool,
+    /// Puts of small values reserved ahead of their keys, per metadata
+    /// partition and piece size, at most (default 32; 0: none, every put
+    /// creates its node): a client putting small values one after another
+    /// then puts each in one exchange with its metadata server. An unused
+    /// reservation holds its piece until the client uses it or its lease
+    /// lapses (`docs/small-values.md`, *Puts in one exchange*).
+    pub reserved_puts: u32,
 }
 
 impl ClientConfig {
@@ -69,6 +76,7 @@ impl ClientConfig {
             tls: None,
             encryption_key: None,
             renew_leases: true,
+            reserved_puts: 32,
         }
     }
 }

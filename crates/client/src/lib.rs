@@ -40,6 +40,7 @@ mod listing;
 mod local;
 mod node;
 mod open;
+mod reserve;
 pub mod settings;
 pub mod snapshot;
 mod start;

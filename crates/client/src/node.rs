@@ -760,6 +760,30 @@ impl Node {
             close,
             mtime: if w.dirty { crate::config::now_ns() } else { 0 },
         };
+        self.published(req).await
+    }
+
+    /// Closes a reserved put as the value at its path (`MetaRequest::Link`:
+    /// a close and a create in one exchange; `crate::reserve`).
+    pub(crate) async fn link_in_place(&mut self) -> Result<()> {
+        let w = self.write_state()?;
+        let req = MetaRequest::Link {
+            node: self.info.id,
+            lease: w.lease,
+            size: w.written,
+            mtime: crate::config::now_ns(),
+            path: self.path.clone(),
+        };
+        self.published(req).await?;
+        self.writer = None;
+        self.hold = None;
+        Ok(())
+    }
+
+    /// Sends `req`, a sync or link publishing what was written, and
+    /// writes the record its reply hands out.
+    async fn published(&mut self, req: MetaRequest) -> Result<()> {
+        let written = self.write_state()?.written;
         let reply = self
             .client
             .meta_at(self.part, &req)
@@ -768,7 +792,7 @@ impl Node {
         if let Some(w) = &mut self.writer {
             w.dirty = false;
         }
-        self.size.fetch_max(w.written, Ordering::AcqRel);
+        self.size.fetch_max(written, Ordering::AcqRel);
         match reply {
             // A closed put of a new key: write its record into the table.
             MetaReply::Record(Some(rec)) => {

@@ -1,16 +1,20 @@
 //! Handing out nodes: create, open, lookup, `mkdir`, and whole values
 //! (`put`, `get`, and the batched `put_many`, `get_many`, `delete_many`),
-//! whose unfinished puts abort themselves.
+//! whose unfinished puts abort themselves; the requests of reserved puts
+//! (`crate::reserve` keeps their books).
 
 use crate::client::{leaf, Client};
 use crate::config::{now_ns, CreateOptions};
 use crate::node::Node;
+use crate::reserve::{PoolKey, Reserved, FAILED_FOR, UNFIT_FOR};
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
-use nodekernel_proto::meta::MetaRequest;
-use nodekernel_proto::{path, Error, ErrorCode, NodeType, Result, NO_CLASS};
+use nodekernel_proto::meta::{MetaReply, MetaRequest};
+use nodekernel_proto::store::TAG_LEN;
+use nodekernel_proto::{path, Error, ErrorCode, NodeInfo, NodeType, Result, NO_CLASS};
 use std::collections::hash_map::{Entry, HashMap};
 use std::future::Future;
+use std::time::{Duration, Instant};
 
 impl Client {
     /// Creates a node. File and KeyValue handles come back open for writing
@@ -171,10 +175,31 @@ impl Client {
     /// stored the whole new value or left the old one. The bytes of
     /// `value` are not used after the future is dropped.
     pub async fn put(&self, p: &str, value: &[u8]) -> Result<()> {
+        path::components(p)?;
+        let part = self.partition(p);
+        if let Some(r) = self.take_reserved(part, p, value.len()) {
+            // One exchange with the metadata server (`crate::reserve`);
+            // whatever stops it, the put goes the usual way below.
+            match self.put_reserved(p, part, r, value).await {
+                Ok(()) => return Ok(()),
+                Err(e) => tracing::debug!("{p}: a reserved put did not link: {e}"),
+            }
+        }
         let opts = CreateOptions {
             size_hint: value.len() as u64,
             ..CreateOptions::default()
         };
+        match self.put_created(p, value, opts.clone()).await {
+            // This client's unused reservations may hold the space.
+            Err(e) if e.code == ErrorCode::NoSpace && self.give_up_reserved(part).await => {
+                self.put_created(p, value, opts).await
+            }
+            r => r,
+        }
+    }
+
+    /// [`Client::put`] through a create of its own.
+    async fn put_created(&self, p: &str, value: &[u8], opts: CreateOptions) -> Result<()> {
         let mut put = UnfinishedPut::create(self, p, opts);
         let node = put.node().await?;
         let written = match node.append(value).await {
@@ -194,6 +219,120 @@ impl Client {
                 Err(e)
             }
         }
+    }
+
+    /// A reservation to put a value of `len` bytes at `p` through, if one
+    /// is ready (`crate::reserve`); asks for more, and gives back ones too
+    /// old to use, in the background.
+    fn take_reserved(&self, part: usize, p: &str, len: usize) -> Option<Reserved> {
+        let most = self.inner.cfg.reserved_puts;
+        let taken = self.inner.reserved.take(part, p, len, most, Instant::now());
+        let rt = tokio::runtime::Handle::try_current();
+        if let Some((key, count)) = taken.ask {
+            match &rt {
+                Ok(rt) => {
+                    rt.spawn(self.clone().reserve(key, count));
+                }
+                Err(_) => self.inner.reserved.failed(key, FAILED_FOR, Instant::now()),
+            }
+        }
+        if let (false, Ok(rt)) = (taken.expired.is_empty(), &rt) {
+            let (client, expired) = (self.clone(), taken.expired);
+            rt.spawn(async move { client.abort_reserved(part, expired).await });
+        }
+        taken.found
+    }
+
+    /// Asks pool `key`'s partition for `count` reservations and keeps them.
+    async fn reserve(self, key: PoolKey, count: u32) {
+        let (part, piece) = key;
+        let asked = Instant::now();
+        let req = MetaRequest::Reserve {
+            size_hint: u64::from(piece - TAG_LEN),
+            count,
+            storage_class: NO_CLASS,
+            location: String::new(),
+        };
+        let reserved = &self.inner.reserved;
+        match self.meta_at(part, &req).await {
+            Ok(MetaReply::Reserved { lease_ms, puts }) => {
+                // Used within half a lease: never one that lapsed.
+                let use_by = asked + Duration::from_millis(lease_ms / 2);
+                let puts = puts.into_iter().map(|p| (p, use_by)).collect();
+                let unwanted = reserved.filled(key, puts, Instant::now());
+                self.abort_reserved(part, unwanted).await;
+            }
+            other => {
+                tracing::debug!("reserving puts of {piece}-byte pieces: {other:?}");
+                // Refused: this partition reserves no such puts.
+                let refused = matches!(&other, Err(e) if e.code == ErrorCode::InvalidArgument);
+                let rest = if refused { UNFIT_FOR } else { FAILED_FOR };
+                reserved.failed(key, rest, Instant::now());
+            }
+        }
+    }
+
+    /// Gives back reservations `unused` of partition `part` (one that
+    /// lapsed already is gone anyway).
+    async fn abort_reserved(&self, part: usize, unused: Vec<NodeInfo>) {
+        for info in unused {
+            let abort = MetaRequest::Abort {
+                node: info.id,
+                lease: info.lease,
+            };
+            let _ = self.meta_at(part, &abort).await;
+        }
+    }
+
+    /// Gives back every unused reservation of partition `part` (a put there
+    /// found no space), and asks for none there for a while: whether there
+    /// were any (a request in flight gives back what it brings).
+    async fn give_up_reserved(&self, part: usize) -> bool {
+        let reserved = &self.inner.reserved;
+        let unused = reserved.drain(Some(part), Some(UNFIT_FOR), Instant::now());
+        let mut any = !unused.is_empty();
+        self.abort_reserved(part, unused.into_iter().map(|(_, info)| info).collect())
+            .await;
+        let until = Instant::now() + self.inner.cfg.timeout;
+        while reserved.asking(part) && Instant::now() < until {
+            any = true;
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        any
+    }
+
+    /// Puts `value` at `p` through reservation `r`: written into its piece,
+    /// then linked at `p`. A link refused for `p` changes nothing, and the
+    /// reservation goes back to its pool; after any other failure it is
+    /// given back.
+    async fn put_reserved(&self, p: &str, part: usize, r: Reserved, value: &[u8]) -> Result<()> {
+        let mut node = Node::new(self.clone(), p.to_string(), part, r.0.clone());
+        let linked = match node.append(value).await {
+            Ok(()) => node.link_in_place().await,
+            Err(e) => Err(e),
+        };
+        let Err(e) = linked else {
+            return Ok(());
+        };
+        let reserved = &self.inner.reserved;
+        match e.code {
+            // Refused for `p`: the reservation is as it was.
+            ErrorCode::NotFound
+            | ErrorCode::TypeMismatch
+            | ErrorCode::AlreadyExists
+            | ErrorCode::InvalidArgument => {
+                if e.code == ErrorCode::InvalidArgument {
+                    // Values at `p` go elsewhere than reservations do.
+                    reserved.elsewhere(p);
+                }
+                drop(node);
+                reserved.give_back(part, value.len(), r);
+            }
+            _ => {
+                let _ = node.abort().await;
+            }
+        }
+        Err(e)
     }
 
     /// KeyValue get (works for Files too): lookup, then read everything.

@@ -36,6 +36,9 @@ pub struct ClientSection {
     pub unix_socket: bool,
     /// Busy-poll budget while waiting for a reply.
     pub poll_spin_us: Option<u64>,
+    /// Small puts reserved ahead of their keys, per partition and piece
+    /// size (0: none).
+    pub reserved_puts: u32,
 }
 
 impl Default for ClientSection {
@@ -48,6 +51,7 @@ impl Default for ClientSection {
             shared_memory: true,
             unix_socket: true,
             poll_spin_us: None,
+            reserved_puts: 32,
         }
     }
 }
@@ -60,6 +64,7 @@ impl ClientSection {
         c.transfers_in_flight = self.transfers_in_flight;
         c.shared_memory = self.shared_memory;
         c.unix_sockets = self.unix_socket;
+        c.reserved_puts = self.reserved_puts;
         c.poll_spin = self
             .poll_spin_us
             .map(Duration::from_micros)

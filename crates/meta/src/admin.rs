@@ -88,6 +88,11 @@ impl Source for MetaAdmin {
             gauge(v.puts_in_progress),
         );
         reg.register(
+            "reserved_puts",
+            "Puts reserved ahead of their keys by clients, not used yet",
+            gauge(v.reserved_puts),
+        );
+        reg.register(
             "reclaiming",
             "Removed nodes whose blocks are still being freed",
             gauge(v.reclaiming),

@@ -63,6 +63,8 @@ mod tag {
     pub const RECORD_PIECE_SWAPPED: u8 = 34;
     /// A File's blocks replace its piece (`Effect::PieceOutgrown`).
     pub const PIECE_OUTGROWN: u8 = 35;
+    /// A reserved put given its table and name (`Effect::Aimed`).
+    pub const AIMED: u8 = 36;
 }
 
 fn block(e: &mut Enc, b: &BlockRef) {
@@ -208,6 +210,9 @@ pub fn encode_effects(effects: &[Effect], out: &mut BytesMut) {
             }
             Effect::PieceOutgrown { node } => {
                 e.u8(tag::PIECE_OUTGROWN).u64(*node);
+            }
+            Effect::Aimed { node, parent, name } => {
+                e.u8(tag::AIMED).u64(*node).u64(*parent).str(name);
             }
             Effect::PieceTaken { node, piece: p } => {
                 e.u8(tag::PIECE_TAKEN).u64(*node);
@@ -402,6 +407,11 @@ pub fn decode_effects(buf: &[u8]) -> Result<Vec<Effect>> {
                 encrypted: t == tag::SLAB_CREATED_ENCRYPTED,
             },
             tag::PIECE_OUTGROWN => Effect::PieceOutgrown { node: d.u64()? },
+            tag::AIMED => Effect::Aimed {
+                node: d.u64()?,
+                parent: d.u64()?,
+                name: d.string()?,
+            },
             tag::PIECE_TAKEN => Effect::PieceTaken {
                 node: d.u64()?,
                 piece: dec_piece(d)?,
@@ -587,6 +597,11 @@ mod tests {
             },
             Effect::PieceFreed { piece: p },
             Effect::PieceOutgrown { node: 22 },
+            Effect::Aimed {
+                node: 23,
+                parent: 4,
+                name: "k1".into(),
+            },
             Effect::SlabStamped {
                 server: 2,
                 block: 5,

@@ -126,6 +126,14 @@ pub enum Effect {
     /// `PieceHeld` before): its blocks, filled by its writer since it
     /// outgrew the piece, hold its bytes from now on.
     PieceOutgrown { node: NodeId },
+    /// Reserved put `node` (created under the root with no name) is now a
+    /// put into Table `parent` under `name`, linked by the effects that
+    /// follow (`MetaRequest::Link`).
+    Aimed {
+        node: NodeId,
+        parent: NodeId,
+        name: String,
+    },
     /// The slab in `block` of `server` gets generation `gen`, claimed on
     /// the server: every location of its pieces with an older generation
     /// is refused from now on.

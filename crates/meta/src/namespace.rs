@@ -768,6 +768,18 @@ impl Namespace {
         }
     }
 
+    /// Reserved put `id` becomes a put into Table `parent` under `name`
+    /// (still unlinked: a shadow of that table).
+    pub(crate) fn aim(&mut self, id: NodeId, parent: NodeId, name: &str) {
+        let Some(n) = self.nodes.get_mut(&id) else {
+            return;
+        };
+        self.shadows.remove(&(n.parent, id));
+        n.parent = parent;
+        n.name = name.into();
+        self.shadows.insert((parent, id));
+    }
+
     /// Links `id` into its parent under its name, with record `slot`.
     pub(crate) fn link(&mut self, id: NodeId, slot: Option<u32>) {
         let Some(n) = self.nodes.get_mut(&id) else {

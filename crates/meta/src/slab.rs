@@ -21,7 +21,7 @@
 
 use crate::alloc::BlockRef;
 use nodekernel_proto::codec::{Dec, Enc};
-pub use nodekernel_proto::store::{max_piece, TAG_LEN};
+pub use nodekernel_proto::store::{max_piece, piece_size_for, MIN_PIECE, TAG_LEN};
 use nodekernel_proto::{Error, Result};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -29,37 +29,10 @@ use std::collections::{BTreeMap, BTreeSet};
 /// [`NodeId`](crate::namespace::NodeId)), or [`HELD`].
 pub type Owner = u64;
 
-/// Smallest piece size.
-pub const MIN_PIECE: u32 = 64;
-
 /// The owner recorded for a piece that was freed while a snapshot still
 /// has to read it (`Effect::PieceHeld`): in use, but by no node. Node ids
 /// never get this high.
 pub const HELD: Owner = u64::MAX;
-
-/// The piece size for a value of `size` bytes and its [`TAG_LEN`]-byte
-/// tag, or `None` when the value gets whole blocks (empty, or the two above
-/// [`max_piece`]). Sizes go 64, 80, 96, 112, 128, 160, 192, 224, 256, …:
-/// four per doubling, so a piece wastes at most a fifth of itself (a
-/// 100-byte value and its tag take 112 bytes).
-pub fn piece_size_for(block_size: u32, size: u64) -> Option<u32> {
-    let max = max_piece(block_size);
-    if size == 0 || size > u64::from(max.saturating_sub(TAG_LEN)) {
-        return None;
-    }
-    let size = size + u64::from(TAG_LEN);
-    let mut p = MIN_PIECE;
-    while p <= max {
-        for step in 0..4 {
-            let s = p + p / 4 * step;
-            if s <= max && size <= u64::from(s) {
-                return Some(s);
-            }
-        }
-        p *= 2;
-    }
-    None
-}
 
 /// Quarantined pieces a slab gathers before it is stamped to reuse them,
 /// while a new slab can still be had instead: an eighth of its pieces, at
@@ -90,7 +63,7 @@ impl Piece {
     pub fn capacity(&self) -> u32 {
         self.size - TAG_LEN
     }
-    fn slab(&self) -> (u32, u32) {
+    pub(crate) fn slab(&self) -> (u32, u32) {
         (self.server, self.block)
     }
 }
@@ -136,6 +109,22 @@ impl Slab {
             .last()
             .copied()
             .or_else(|| (self.fresh < self.pieces()).then_some(self.fresh))
+    }
+
+    /// The piece the slab hands out after `k` others were taken (freed
+    /// ones, last freed first, then never-used ones), and with `stamped`
+    /// (a stamp fenced its quarantined pieces once no other was free) the
+    /// quarantined ones after those. `handout(0, false)` is
+    /// [`Slab::next_free`].
+    pub fn handout(&self, k: u32, stamped: bool) -> Option<u32> {
+        let quarantined = if stamped { &self.quarantined[..] } else { &[] };
+        self.freed
+            .iter()
+            .rev()
+            .copied()
+            .chain(self.fresh..self.pieces())
+            .chain(quarantined.iter().rev().copied())
+            .nth(k as usize)
     }
 
     /// The piece the slab hands out next once it is stamped (when no piece

@@ -104,7 +104,12 @@ meta_ops! {
     SET_ATTRS = 25, SetAttrs, "set_attrs", PATH_REQUEST_MAX => Node;
     RENEW = 26, Renew, "renew", 4 + 16 * MAX_RENEW_BATCH => Renewed;
     OUTGROW = 27, Outgrow, "outgrow", SMALL_REQUEST_MAX => Blocks;
+    RESERVE = 28, Reserve, "reserve", PATH_REQUEST_MAX => Reserved;
+    LINK = 29, Link, "link", PATH_REQUEST_MAX => Record;
 }
+
+/// Most puts one `Reserve` request reserves.
+pub const MAX_RESERVE: u32 = 64;
 
 /// Most policy settings one request may change.
 pub const MAX_POLICY_SETS: usize = 64;
@@ -297,6 +302,33 @@ pub enum MetaRequest {
     Outgrow {
         node: u64,
         lease: u64,
+    },
+    /// Reserves `count` puts of values of up to `size_hint` bytes (a size
+    /// that fits a piece), for a put that then costs one exchange: each is
+    /// a KeyValue put created ahead of its path, with its piece and write
+    /// lease, in storage class `storage_class` (or the root's), placed as a
+    /// create with `location` would be. The writer writes a value into one
+    /// and closes it with [`MetaRequest::Link`]; one it does not use is
+    /// dropped with its piece when its lease lapses, like any put whose
+    /// client went away. At most [`MAX_RESERVE`]
+    /// (`docs/small-values.md`, *Puts in one exchange*).
+    Reserve {
+        size_hint: u64,
+        count: u32,
+        storage_class: u8,
+        location: String,
+    },
+    /// Closes a reserved put at `size` bytes (its [`MetaRequest::Sync`]
+    /// with `close`) and makes it the value at `path`, replacing the one
+    /// there. A table whose values go to another storage class than the
+    /// reservation's, or are encrypted when it is not, is
+    /// `InvalidArgument`: the writer puts the value the usual way.
+    Link {
+        node: u64,
+        lease: u64,
+        size: u64,
+        mtime: u64,
+        path: String,
     },
     /// Take the write lease of an existing File or KeyValue.
     OpenWrite {
@@ -529,6 +561,26 @@ impl MetaRequest {
             MetaRequest::Outgrow { node, lease } => {
                 e.u64(*node).u64(*lease);
             }
+            MetaRequest::Reserve {
+                size_hint,
+                count,
+                storage_class,
+                location,
+            } => {
+                e.u64(*size_hint)
+                    .u32(*count)
+                    .u8(*storage_class)
+                    .str(location);
+            }
+            MetaRequest::Link {
+                node,
+                lease,
+                size,
+                mtime,
+                path,
+            } => {
+                e.u64(*node).u64(*lease).u64(*size).u64(*mtime).str(path);
+            }
             MetaRequest::Sync {
                 node,
                 lease,
@@ -669,6 +721,27 @@ impl MetaRequest {
             op::OUTGROW => MetaRequest::Outgrow {
                 node: d.u64()?,
                 lease: d.u64()?,
+            },
+            op::RESERVE => {
+                let (size_hint, count) = (d.u64()?, d.u32()?);
+                if count > MAX_RESERVE {
+                    return Err(Error::protocol(format!(
+                        "{count} puts reserved in one request (at most {MAX_RESERVE})"
+                    )));
+                }
+                MetaRequest::Reserve {
+                    size_hint,
+                    count,
+                    storage_class: d.u8()?,
+                    location: d.string()?,
+                }
+            }
+            op::LINK => MetaRequest::Link {
+                node: d.u64()?,
+                lease: d.u64()?,
+                size: d.u64()?,
+                mtime: d.u64()?,
+                path: d.string()?,
             },
             op::SYNC => MetaRequest::Sync {
                 node: d.u64()?,
@@ -849,6 +922,11 @@ pub enum MetaReply {
     /// Renew: how long a lease lasts (ms), and the nodes of the leases
     /// that are no longer held (taken over, lapsed, closed).
     Renewed { lease_ms: u64, lost: Vec<u64> },
+    /// Reserve: how long a lease lasts (ms: a reserved put not linked by
+    /// then is dropped), and the reserved puts, each a node with its write
+    /// lease and its piece (`first_block`); fewer than asked when space
+    /// ran out or a new slab was started.
+    Reserved { lease_ms: u64, puts: Vec<NodeInfo> },
 }
 
 impl MetaReply {
@@ -925,6 +1003,12 @@ impl MetaReply {
                 }
             }
             MetaReply::Resized(s) => s.encode(e),
+            MetaReply::Reserved { lease_ms, puts } => {
+                e.u64(*lease_ms).u32(puts.len() as u32);
+                for n in puts {
+                    n.encode(e);
+                }
+            }
             MetaReply::Renewed { lease_ms, lost } => {
                 e.u64(*lease_ms).u32(lost.len() as u32);
                 for n in lost {
@@ -1023,6 +1107,20 @@ impl MetaReply {
                 }
                 MetaReply::Renewed { lease_ms, lost }
             }
+            ReplyKind::Reserved => {
+                let lease_ms = d.u64()?;
+                let n = d.count(NodeInfo::MIN_LEN)?;
+                if n > MAX_RESERVE as usize {
+                    return Err(Error::protocol(format!(
+                        "{n} reserved puts in one reply (at most {MAX_RESERVE})"
+                    )));
+                }
+                let mut puts = Vec::with_capacity(n);
+                for _ in 0..n {
+                    puts.push(NodeInfo::decode(&mut d)?);
+                }
+                MetaReply::Reserved { lease_ms, puts }
+            }
             ReplyKind::Drain => MetaReply::Drain(DrainStatus::decode(&mut d)?),
             ReplyKind::Policy => {
                 let n = d.count(8)?;
@@ -1060,6 +1158,7 @@ enum ReplyKind {
     Policy,
     Resized,
     Renewed,
+    Reserved,
 }
 
 #[cfg(test)]

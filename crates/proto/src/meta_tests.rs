@@ -38,6 +38,19 @@ fn samples() -> Vec<MetaRequest> {
             first_write: 100,
         },
         MetaRequest::Outgrow { node: 9, lease: 77 },
+        MetaRequest::Reserve {
+            size_hint: 100,
+            count: 16,
+            storage_class: crate::NO_CLASS,
+            location: "host-a".into(),
+        },
+        MetaRequest::Link {
+            node: 9,
+            lease: 77,
+            size: 100,
+            mtime: 5,
+            path: "/t/k".into(),
+        },
         MetaRequest::OpenWrite { path: "/f".into() },
         MetaRequest::Sync {
             node: 9,
@@ -234,6 +247,19 @@ fn every_request_at_its_largest_fits_its_kinds_limit() {
             server: name.clone(),
             cancel: true,
         },
+        MetaRequest::Reserve {
+            size_hint: u64::MAX,
+            count: MAX_RESERVE,
+            storage_class: 0,
+            location: "l".repeat(1000),
+        },
+        MetaRequest::Link {
+            node: u64::MAX,
+            lease: u64::MAX,
+            size: u64::MAX,
+            mtime: u64::MAX,
+            path: path.clone(),
+        },
         MetaRequest::Renew {
             leases: vec![(u64::MAX, u64::MAX); MAX_RENEW_BATCH],
         },
@@ -268,6 +294,16 @@ fn every_request_at_its_largest_fits_its_kinds_limit() {
     .encode(&mut b);
     let e = MetaRequest::decode(op::RECORD_NAMES, &b).unwrap_err();
     assert!(e.message.contains("at most 16384"), "{e}");
+    let mut b = BytesMut::new();
+    MetaRequest::Reserve {
+        size_hint: 1,
+        count: MAX_RESERVE + 1,
+        storage_class: 0,
+        location: String::new(),
+    }
+    .encode(&mut b);
+    let e = MetaRequest::decode(op::RESERVE, &b).unwrap_err();
+    assert!(e.message.contains("at most 64"), "{e}");
 }
 
 #[test]
@@ -318,6 +354,7 @@ fn replies_round_trip() {
         block_size: 1 << 20,
         nodes: 3,
         puts_in_progress: 1,
+        reserved_puts: 7,
         reclaiming: 2,
         partition: 1,
         partitions: 2,
@@ -365,7 +402,7 @@ fn replies_round_trip() {
         }],
     };
     let cases = [
-        (op::LOOKUP, MetaReply::Node(node)),
+        (op::LOOKUP, MetaReply::Node(node.clone())),
         (op::HEARTBEAT, MetaReply::Done),
         (op::REMOVE, MetaReply::Record(Some(rec.clone()))),
         (op::SYNC, MetaReply::Record(None)),
@@ -396,6 +433,14 @@ fn replies_round_trip() {
             },
         ),
         (op::REGISTER, MetaReply::Registered { server: 3 }),
+        (
+            op::RESERVE,
+            MetaReply::Reserved {
+                lease_ms: 30_000,
+                puts: vec![node.clone(), node.clone()],
+            },
+        ),
+        (op::LINK, MetaReply::Record(Some(rec.clone()))),
         (
             op::RENEW,
             MetaReply::Renewed {
@@ -559,4 +604,36 @@ fn local_socket_names_are_bounded() {
         let e = MetaReply::decode(op::LOCAL_SOCKET, &b).unwrap_err();
         assert!(e.message.contains("bad socket name"), "{e}");
     }
+}
+
+#[test]
+fn a_reserved_reply_counts_nodes_at_their_smallest_and_is_bounded() {
+    let least = NodeInfo {
+        id: 1,
+        ty: NodeType::KeyValue,
+        size: 0,
+        block_size: 0,
+        storage_class: 0,
+        location: String::new(),
+        enumerable: false,
+        mode: 0,
+        mtime: 0,
+        lease: 0,
+        encrypted: false,
+        first_block: None,
+        record: None,
+        stored: 0,
+    };
+    let mut b = BytesMut::new();
+    let reserved = |puts| MetaReply::Reserved { lease_ms: 1, puts };
+    reserved(vec![least.clone()]).encode(&mut b);
+    assert_eq!(b.len(), 8 + 4 + NodeInfo::MIN_LEN);
+    // A count past what the payload can hold is refused before allocating.
+    let mut b = BytesMut::new();
+    Enc(&mut b).u64(1).u32(u32::MAX);
+    assert!(MetaReply::decode(op::RESERVE, &b).is_err());
+    let mut b = BytesMut::new();
+    reserved(vec![least; MAX_RESERVE as usize + 1]).encode(&mut b);
+    let e = MetaReply::decode(op::RESERVE, &b).unwrap_err();
+    assert!(e.message.contains("at most 64"), "{e}");
 }

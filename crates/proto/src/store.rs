@@ -109,6 +109,33 @@ pub fn max_piece(block_size: u32) -> u32 {
     block_size / 4
 }
 
+/// Smallest piece size.
+pub const MIN_PIECE: u32 = 64;
+
+/// The piece size for a value of `size` bytes and its [`TAG_LEN`]-byte
+/// tag, or `None` when the value gets whole blocks (empty, or the two above
+/// [`max_piece`]). Sizes go 64, 80, 96, 112, 128, 160, 192, 224, 256, …:
+/// four per doubling, so a piece wastes at most a fifth of itself (a
+/// 100-byte value and its tag take 112 bytes).
+pub fn piece_size_for(block_size: u32, size: u64) -> Option<u32> {
+    let max = max_piece(block_size);
+    if size == 0 || size > u64::from(max.saturating_sub(TAG_LEN)) {
+        return None;
+    }
+    let size = size + u64::from(TAG_LEN);
+    let mut p = MIN_PIECE;
+    while p <= max {
+        for step in 0..4 {
+            let s = p + p / 4 * step;
+            if s <= max && size <= u64::from(s) {
+                return Some(s);
+            }
+        }
+        p *= 2;
+    }
+    None
+}
+
 /// A read's check of a small value's tag: the [`TAG_LEN`] bytes at `at`
 /// must hold `expect`, or the read is refused with `Stale`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -281,6 +281,9 @@ pub struct NodeInfo {
 }
 
 impl NodeInfo {
+    /// Its smallest encoding (empty location, no block, no record).
+    pub(crate) const MIN_LEN: usize = 8 + 1 + 8 + 4 + 1 + 4 + 1 + 4 + 8 + 8 + 1 + 1 + 1 + 8;
+
     pub(crate) fn encode(&self, e: &mut Enc) {
         e.u64(self.id)
             .u8(self.ty as u8)
@@ -526,8 +529,12 @@ pub struct ClusterStatus {
     pub block_size: u32,
     /// Nodes reachable in this metadata partition (the root included).
     pub nodes: u64,
-    /// KeyValue puts not closed yet.
+    /// KeyValue puts not closed yet (reserved ones not counted).
     pub puts_in_progress: u64,
+    /// Puts that clients reserved ahead of their keys and have not used
+    /// yet (`docs/small-values.md`, *Puts in one exchange*): each holds a
+    /// piece until it is used, given back or its lease lapses.
+    pub reserved_puts: u64,
     /// Removed nodes whose blocks are still being reclaimed.
     pub reclaiming: u64,
     /// This server's partition and the number of partitions.
@@ -763,7 +770,7 @@ impl ClusterStatus {
         for m in &self.moves {
             e.u8(m.class).u64(m.demoted).u64(m.promoted);
         }
-        e.u64(self.lease_ms);
+        e.u64(self.lease_ms).u64(self.reserved_puts);
     }
     pub(crate) fn decode(d: &mut Dec) -> Result<ClusterStatus> {
         let block_size = d.u32()?;
@@ -798,10 +805,12 @@ impl ClusterStatus {
             });
         }
         let lease_ms = d.u64()?;
+        let reserved_puts = d.u64()?;
         Ok(ClusterStatus {
             block_size,
             nodes,
             puts_in_progress,
+            reserved_puts,
             reclaiming,
             partition,
             partitions,

@@ -80,6 +80,7 @@ impl<'py> IntoPyObject<'py> for Status {
         d.set_item("block_size", s.block_size)?;
         d.set_item("nodes", s.nodes)?;
         d.set_item("puts_in_progress", s.puts_in_progress)?;
+        d.set_item("reserved_puts", s.reserved_puts)?;
         d.set_item("reclaiming", s.reclaiming)?;
         d.set_item("partition", s.partition)?;
         d.set_item("partitions", s.partitions)?;

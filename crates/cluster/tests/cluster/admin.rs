@@ -59,7 +59,7 @@ async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
         .unwrap()
 }
 
-async fn scrape(addr: SocketAddr) -> Scrape {
+pub(crate) async fn scrape(addr: SocketAddr) -> Scrape {
     let (code, body) = get(addr, "/metrics").await;
     assert_eq!(code, 200, "{body}");
     Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).expect("Prometheus text")
@@ -73,7 +73,7 @@ fn value(v: &Value) -> f64 {
 }
 
 /// The sum of the samples of `metric` whose labels include `labels`.
-fn sum(s: &Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
+pub(crate) fn sum(s: &Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
     s.samples
         .iter()
         .filter(|x| x.metric == metric)

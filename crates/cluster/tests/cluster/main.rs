@@ -16,6 +16,7 @@ mod faults;
 mod namespace;
 mod persistence;
 mod placement;
+mod reserved;
 mod safety;
 mod security;
 mod semantics;

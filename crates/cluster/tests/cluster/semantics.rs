@@ -92,6 +92,8 @@ async fn concurrent_puts(shared_memory: bool) {
         completed += gets;
         common::assert_data_path(&t, &client, shared_memory);
     }
+    // The writers' clients are gone: so are the puts they reserved.
+    common::no_puts_in_progress(&t.client).await;
     assert_eq!(completed, WRITERS * ROUNDS, "every get completed");
     let last = t.client.get("/t/key").await.unwrap();
     let (w, r) = check_value(&last, &sizes).unwrap();

@@ -82,7 +82,12 @@ const PIECE: usize = (12 << 10) - 8;
 
 async fn stale_handles(shared_memory: bool) {
     assert_eq!(common::BS, 64 << 10, "five pieces to a slab");
-    let t = common::start_on_path(4 * MIB, 0, shared_memory).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = common::config(4 * MIB, 0, &dir);
+    cfg.client.shared_memory = shared_memory;
+    // The test follows which piece each put takes: none is taken ahead.
+    cfg.client.reserved_puts = 0;
+    let t = common::start_with(cfg, dir).await;
     let c = &t.client;
     c.create("/t", NodeType::Table, table(true)).await.unwrap();
     c.put("/t/a", &value(1, 0, PIECE)).await.unwrap();
@@ -224,6 +229,8 @@ async fn mixed_churn(shared_memory: bool) {
                 assert_eq!(node.read(0, v.len() as u64).await.unwrap(), *v);
             }
         }
+        // The window's clients are gone, and so are the puts they reserved.
+        common::no_puts_in_progress(&t.client).await;
         peaks.push(used_blocks(&t.client, 0).await + used_blocks(&t.client, 1).await);
     }
     assert!(spilled, "some small value went to the file class");

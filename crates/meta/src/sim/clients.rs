@@ -27,6 +27,7 @@ impl Sim {
                 end,
                 first_write,
                 piece,
+                link,
             } => {
                 if self.rng.chance(4) {
                     // The client dies: its put is swept once its lease
@@ -39,6 +40,8 @@ impl Sim {
                     self.outgrow(c, node, lease)
                 } else if next < end {
                     self.write_block(c, node, lease, next, first_write)
+                } else if let Some(key) = link {
+                    self.link(c, node, lease, key, end * bs)
                 } else {
                     self.finish_write(c, node, lease, piece.unwrap_or(end * bs))
                 }
@@ -47,6 +50,9 @@ impl Sim {
     }
 
     pub(super) fn start_write(&mut self, c: usize) -> Result<(), String> {
+        if self.rng.chance(8) {
+            return self.reserve(c);
+        }
         let path = self.path();
         let blocks = self.rng.below(4);
         let reply = if self.rng.chance(30) {
@@ -115,10 +121,94 @@ impl Sim {
                     end: first + blocks,
                     first_write,
                     piece,
+                    link: None,
                 };
             }
         }
         Ok(())
+    }
+
+    /// A client reserves a few puts of small values ahead of their keys
+    /// (one for a table's keys, or for another node's path: a link the
+    /// state refuses) and writes the first; the others it never uses,
+    /// and their leases lapse.
+    fn reserve(&mut self, c: usize) -> Result<(), String> {
+        let count = 1 + self.rng.below(4) as u32;
+        let size_hint = 513 + self.rng.below(512);
+        let reply = self.exec(MetaRequest::Reserve {
+            size_hint,
+            count,
+            storage_class: NO_CLASS,
+            location: String::new(),
+        })?;
+        let Ok(MetaReply::Reserved { puts, .. }) = reply else {
+            return match reply {
+                Ok(r) => Err(format!("reserve answered {r:?}")),
+                Err(_) => Ok(()),
+            };
+        };
+        if puts.len() > count as usize {
+            return Err(format!("{count} puts reserved, {} handed out", puts.len()));
+        }
+        self.stats.reserved += puts.len() as u64;
+        let Some(first) = puts.first() else {
+            return Err(format!("reserve of {count} answered none"));
+        };
+        if first.first_block.as_ref().is_none_or(|b| b.tag != first.id) {
+            return Err(format!(
+                "reserved put {} has no piece of its own: {first:?}",
+                first.id
+            ));
+        }
+        // Mostly a table's key; sometimes a directory's (refused).
+        let tables = if self.rng.chance(90) { 2 } else { 4 };
+        let key = (self.rng.below(tables), self.rng.below(32));
+        self.clients[c] = Task::Writing {
+            node: first.id,
+            lease: first.lease,
+            bs: first.block_size as u64,
+            next: 0,
+            end: 1,
+            first_write: 0,
+            piece: None,
+            link: Some(key),
+        };
+        Ok(())
+    }
+
+    /// Closes reserved put `node` as the value at table `key.0`'s key
+    /// `key.1`.
+    fn link(
+        &mut self,
+        c: usize,
+        node: NodeId,
+        lease: u64,
+        (table, key): (u64, u64),
+        size: u64,
+    ) -> Result<(), String> {
+        // Tables t0 and t1; d0 and d1 are directories (or gone).
+        let top = ["t0", "t1", "d0", "d1"][table as usize];
+        let path = format!("/{top}/k{key}");
+        match self.exec(MetaRequest::Link {
+            node,
+            lease,
+            size,
+            mtime: 3,
+            path: path.clone(),
+        })? {
+            Ok(MetaReply::Record(_)) => {
+                let n = self.st.ns().resolve(&path).ok();
+                if n != Some(node) {
+                    return Err(format!("{path} linked node {node} but resolves to {n:?}"));
+                }
+                self.stats.linked += 1;
+                self.stats.puts_closed += 1;
+                self.clients[c] = Task::Idle;
+                Ok(())
+            }
+            Ok(r) => Err(format!("link answered {r:?}")),
+            Err(_) => self.give_up(c, node, lease),
+        }
     }
 
     pub(super) fn write_block(

@@ -100,6 +100,8 @@ enum Task {
         /// While the File's block 0 is a piece: the bytes it holds, which
         /// the writer publishes unless it outgrows the piece first.
         piece: Option<u64>,
+        /// A reserved put, closed by a `Link` at key `.1` of table `.0`.
+        link: Option<(u64, u64)>,
     },
 }
 
@@ -137,6 +139,9 @@ pub(crate) struct Stats {
     /// Files whose first write took a piece, and writers that outgrew one.
     pub file_pieces: u64,
     pub outgrown: u64,
+    /// Puts reserved ahead of their paths, and those linked.
+    pub reserved: u64,
+    pub linked: u64,
     pub small_reads: u64,
     pub old_handle_reads: u64,
     pub restarts: u64,

@@ -214,6 +214,7 @@ impl MetaState {
                 self.ns.take_piece(*node, *piece);
             }
             Effect::PieceOutgrown { node } => self.ns.outgrow_piece(*node),
+            Effect::Aimed { node, parent, name } => self.ns.aim(*node, *parent, name),
             Effect::RecordPieceSwapped { node, index, piece } => {
                 self.slabs.take(piece, *node);
                 self.ns.swap_record_piece(*node, *index as usize, *piece);

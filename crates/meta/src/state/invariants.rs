@@ -351,6 +351,7 @@ impl MetaState {
                 | Effect::LeaseSet { node, .. }
                 | Effect::LeaseCleared { node }
                 | Effect::PieceOutgrown { node }
+                | Effect::Aimed { node, .. }
                 | Effect::AttrsSet { node, .. } => {
                     nodes.insert(*node);
                 }

@@ -375,6 +375,19 @@ impl MetaState {
                 now,
             )?,
             MetaRequest::Outgrow { node, lease } => d.outgrow(*node, *lease, now)?,
+            MetaRequest::Reserve {
+                size_hint,
+                count,
+                storage_class,
+                location,
+            } => d.reserve(*size_hint, *count, *storage_class, location, now)?,
+            MetaRequest::Link {
+                node,
+                lease,
+                size,
+                mtime,
+                path,
+            } => d.link(*node, *lease, *size, *mtime, path, now)?,
             MetaRequest::OpenWrite { path } => d.open_write(path, now)?,
             MetaRequest::Sync {
                 node,
@@ -463,6 +476,8 @@ struct Draft<'a> {
     added: BTreeMap<NodeId, u64>,
     /// Pieces freed by this draft, per slab.
     pieces_freed: BTreeMap<(u32, u32), u32>,
+    /// Pieces taken by this draft, per slab (a reservation takes several).
+    pieces_taken: BTreeMap<(u32, u32), u32>,
     /// Slabs stamped by this draft.
     stamped: BTreeSet<(u32, u32)>,
     /// The soft state the decision changes.
@@ -479,6 +494,7 @@ impl<'a> Draft<'a> {
             next_lease: st.next_lease,
             added: BTreeMap::new(),
             pieces_freed: BTreeMap::new(),
+            pieces_taken: BTreeMap::new(),
             stamped: BTreeSet::new(),
             notes: Notes::default(),
         }

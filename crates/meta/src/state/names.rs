@@ -153,6 +153,72 @@ impl<'a> Draft<'a> {
         })
     }
 
+    /// Reserves up to `count` puts of values of up to `size_hint` bytes
+    /// (`MetaRequest::Reserve`): KeyValue puts created ahead of their path
+    /// (under the root, with no name), each with its piece and write
+    /// lease. Fewer when space runs out; none at all is `NoSpace`.
+    pub(super) fn reserve(
+        &mut self,
+        size_hint: u64,
+        count: u32,
+        class: u8,
+        location: &str,
+        now: u64,
+    ) -> Result<Reply> {
+        let block_size = self.st.alloc.block_size();
+        let Some(size) = piece_size_for(block_size, size_hint) else {
+            return Err(Error::invalid_argument(format!(
+                "a reserved put holds a value that fits a piece, at most a quarter block \
+                 less its tag; {size_hint} bytes does not"
+            )));
+        };
+        let storage_class = self.ns().class_for_child(ROOT, class);
+        if self.st.encrypts(storage_class) {
+            return Err(Error::invalid_argument(format!(
+                "storage class {storage_class} is encrypted: its values are put one create at a time"
+            )));
+        }
+        let mut reserved = Vec::new();
+        for _ in 0..count {
+            let (id, at) = (self.next_id, self.effects.len());
+            // Taking no piece pushes nothing; a piece taken goes after the
+            // node that takes it.
+            let Some(piece) =
+                self.take_piece(Taker::Node(id), storage_class, location, size, false)
+            else {
+                break;
+            };
+            // A slab this decision starts is not seen by its next takes:
+            // the next reservation fills it.
+            let started_slab = self.st.slabs.get(piece.server, piece.block).is_none();
+            self.next_id += 1;
+            self.effects.insert(
+                at,
+                Effect::NodeCreated(NewNode {
+                    id,
+                    parent: ROOT,
+                    name: String::new(),
+                    ty: NodeType::KeyValue,
+                    storage_class,
+                    location: location.to_string(),
+                    enumerable: true,
+                    pinned: false,
+                    encrypted: false,
+                }),
+            );
+            reserved.push((id, self.grant(id, now)));
+            if started_slab {
+                break;
+            }
+        }
+        if reserved.is_empty() && count > 0 {
+            return Err(Error::no_space(format!(
+                "no room for a piece of {size} bytes in storage class {storage_class} or any other"
+            )));
+        }
+        Ok(Reply::Reserved(reserved))
+    }
+
     /// The node at `path`.
     pub(super) fn lookup(&self, path: &str) -> Result<Reply> {
         self.st.check_partition(path)?;

@@ -125,9 +125,14 @@ impl Draft<'_> {
                         return None;
                     }
                     let slab = self.st.slabs.get(server, block).filter(|s| fits(s))?;
-                    let (index, stamp) = match slab.next_free() {
+                    // Past the pieces this decision took already.
+                    let key = (server, block);
+                    let taken = self.pieces_taken.get(&key).copied().unwrap_or(0);
+                    let stamped = self.stamped.contains(&key);
+                    let (index, stamp) = match slab.handout(taken, stamped) {
                         Some(i) => (i, false),
-                        None => (slab.next_after_stamp()?, true),
+                        None if !stamped => (slab.handout(taken, true)?, true),
+                        None => return None,
                     };
                     let piece = Piece {
                         server,
@@ -148,6 +153,7 @@ impl Draft<'_> {
             self.stamp_slab((piece.server, piece.block));
         }
         self.push(taker.effect(piece));
+        *self.pieces_taken.entry(piece.slab()).or_default() += 1;
         piece
     }
 

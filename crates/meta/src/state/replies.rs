@@ -56,6 +56,8 @@ pub(super) enum Reply {
     Resized(u32),
     /// The nodes whose leases a renewal found no longer held.
     Renewed(Vec<NodeId>),
+    /// Reserved puts: (node, lease).
+    Reserved(Vec<(NodeId, u64)>),
 }
 
 /// What a block location handed out lets its holder do, and when it was
@@ -137,11 +139,14 @@ impl MetaState {
             Reply::Status => {
                 let servers = self.alloc.status(now);
                 let shadows = self.ns.shadow_count() as u64;
+                // Reserved puts wait under the root until they are linked.
+                let reserved = self.ns.shadows_of(ROOT).count() as u64;
                 let reclaiming = self.reclaiming();
                 MetaReply::Status(ClusterStatus {
                     block_size: self.alloc.block_size(),
                     nodes: (self.ns.len() as u64).saturating_sub(shadows + reclaiming),
-                    puts_in_progress: shadows,
+                    puts_in_progress: shadows - reserved,
+                    reserved_puts: reserved,
                     reclaiming,
                     partition: self.placement.partition,
                     partitions: self.placement.partitions,
@@ -171,6 +176,13 @@ impl MetaState {
                 self.snapshot_page(*id, *entry, *block, now)
             }
             Reply::Located(loc) => MetaReply::Located(loc.clone()),
+            Reply::Reserved(puts) => MetaReply::Reserved {
+                lease_ms: self.lease_ms,
+                puts: puts
+                    .iter()
+                    .map(|&(id, lease)| self.info(id, lease, now))
+                    .collect(),
+            },
         }
     }
 

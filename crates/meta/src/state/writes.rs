@@ -6,10 +6,10 @@
 use super::pieces::Taker;
 use super::{Draft, Reply};
 use crate::effect::Effect;
-use crate::namespace::{stale, Node, NodeId};
+use crate::namespace::{stale, Node, NodeId, ROOT};
 use crate::slab::{piece_size_for, Piece};
 use nodekernel_proto::meta::MAX_MAP_COUNT;
-use nodekernel_proto::{Error, NodeType, Result};
+use nodekernel_proto::{Error, NodeType, Result, NO_CLASS};
 
 impl<'a> Draft<'a> {
     pub(super) fn map(
@@ -201,6 +201,60 @@ impl<'a> Draft<'a> {
         mtime: u64,
         now: u64,
     ) -> Result<Reply> {
+        self.publish(node, lease, size, close, mtime, None, now)
+    }
+
+    /// Closes reserved put `node` at `size` as the value at `path`
+    /// (`MetaRequest::Link`): its sync with `close`, into the Table at
+    /// `path`'s parent under its name.
+    pub(super) fn link(
+        &mut self,
+        node: NodeId,
+        lease: u64,
+        size: u64,
+        mtime: u64,
+        path: &str,
+        now: u64,
+    ) -> Result<Reply> {
+        self.st.check_partition(path)?;
+        let n = self.writable(node, lease)?;
+        if n.linked || n.parent != ROOT || !n.name.is_empty() {
+            return Err(Error::invalid_argument(format!(
+                "node {node} is not a reserved put: it cannot be linked at {path}"
+            )));
+        }
+        let (parent, name) = self.ns().parent_for(path, NodeType::KeyValue)?;
+        let class = self.ns().class_for_child(parent, NO_CLASS);
+        if class != n.storage_class || self.st.encrypts(class) {
+            return Err(Error::invalid_argument(format!(
+                "{path}: its table's values go to {}{}, the reserved put's to {}: put it \
+                 with a create of its own",
+                class_name(class),
+                if self.st.encrypts(class) {
+                    " (encrypted)"
+                } else {
+                    ""
+                },
+                class_name(n.storage_class)
+            )));
+        }
+        self.publish(node, lease, size, true, mtime, Some((parent, name)), now)
+    }
+
+    /// Publishes `size` of `node` (a sync; with `close`, its close), and
+    /// a put's close makes it the value at its name: for a reserved put,
+    /// `aim` is the Table and the name.
+    #[allow(clippy::too_many_arguments)]
+    fn publish(
+        &mut self,
+        node: NodeId,
+        lease: u64,
+        size: u64,
+        close: bool,
+        mtime: u64,
+        aim: Option<(NodeId, String)>,
+        now: u64,
+    ) -> Result<Reply> {
         let n = self.writable(node, lease)?;
         let bs = self.bs_of(n);
         let capacity = match n.piece_for(true) {
@@ -220,11 +274,16 @@ impl<'a> Draft<'a> {
         }
         // Closing a put makes the value visible, replacing any older one:
         // check it can be linked before changing anything.
+        let table = aim.as_ref().map_or(n.parent, |(p, _)| *p);
         let link = if close && !n.linked {
-            Some(self.plan_link(n)?)
+            let name = aim.as_ref().map_or(&*n.name, |(_, m)| m);
+            Some(self.plan_link(table, name)?)
         } else {
             None
         };
+        if let Some((parent, name)) = aim {
+            self.push(Effect::Aimed { node, parent, name });
+        }
         self.push(Effect::SizeSet { node, size });
         self.stamp(n, mtime);
         if let Some(p) = n.outgrown_piece() {
@@ -256,35 +315,31 @@ impl<'a> Draft<'a> {
             }
             Some(Link::New(slot)) => {
                 self.push(Effect::Linked { id: node, slot });
-                slot.map(|s| (n.parent, s))
+                slot.map(|s| (table, s))
             }
         };
         Ok(Reply::Record(record))
     }
 
-    /// How the closing put `n` will be linked, with record space made for
-    /// a new slot.
-    fn plan_link(&mut self, n: &Node) -> Result<Link> {
-        let parent = self
-            .ns()
-            .get(n.parent)
-            .filter(|p| p.linked)
-            .ok_or_else(|| {
-                Error::not_found(format!("cannot store {}: its table was removed", n.name))
-            })?;
-        match parent.children.get(&n.name) {
+    /// How a closing put will be linked into Table `table` under `name`,
+    /// with record space made for a new slot.
+    fn plan_link(&mut self, table: NodeId, name: &str) -> Result<Link> {
+        let parent = self.ns().get(table).filter(|p| p.linked).ok_or_else(|| {
+            Error::not_found(format!("cannot store {name}: its table was removed"))
+        })?;
+        match parent.children.get(name) {
             Some(&old) => {
                 let old_ty = self.ns().get(old).map(|o| o.ty);
-                if old_ty != Some(n.ty) {
+                if old_ty != Some(NodeType::KeyValue) {
                     return Err(Error::already_exists(format!(
                         "{} already exists (a {})",
-                        n.name,
+                        name,
                         old_ty.map_or("node".to_string(), |t| t.to_string())
                     )));
                 }
                 Ok(Link::Replace(old))
             }
-            None if parent.enumerable => Ok(Link::New(Some(self.ensure_record_space(n.parent)?))),
+            None if parent.enumerable => Ok(Link::New(Some(self.ensure_record_space(table)?))),
             None => Ok(Link::New(None)),
         }
     }
@@ -488,6 +543,15 @@ impl<'a> Draft<'a> {
             count: 1,
             write: true,
         })
+    }
+}
+
+/// A storage class as an error names it.
+fn class_name(class: u8) -> String {
+    if class == NO_CLASS {
+        "the default storage class".into()
+    } else {
+        format!("storage class {class}")
     }
 }
 

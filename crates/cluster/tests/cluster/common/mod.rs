@@ -225,3 +225,22 @@ pub async fn blocks_of(c: &Client, path: &str) -> Vec<nodekernel_client::BlockLo
         .await
         .unwrap()
 }
+
+/// Waits until the metadata server has no put in progress or reserved,
+/// failing only if that hangs: the puts that clients reserved ahead of
+/// their keys are given back when the clients are dropped (in the
+/// background), and only then are their pieces free
+/// (`docs/small-values.md`).
+pub async fn no_puts_in_progress(c: &Client) {
+    let waited = tokio::time::timeout(std::time::Duration::from_secs(120), async {
+        loop {
+            let st = c.status().await.unwrap();
+            if st.puts_in_progress + st.reserved_puts == 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    waited.expect("the puts in progress of clients that are gone end");
+}

@@ -22,6 +22,7 @@ mod moves;
 mod names;
 mod pieces;
 mod replies;
+mod reserved;
 mod servers;
 mod small_files;
 mod snapshots;
