@@ -31,6 +31,9 @@ pub(crate) struct Inner {
     pub(crate) leases: Arc<Leases>,
     /// Puts reserved ahead of their keys (`crate::reserve`).
     pub(crate) reserved: crate::reserve::Reservations,
+    /// The runtime the client was made on: where it gives back its
+    /// reservations when dropped, whichever thread drops it.
+    rt: Option<tokio::runtime::Handle>,
 }
 
 impl Drop for Inner {
@@ -39,7 +42,7 @@ impl Drop for Inner {
         // Unused reservations go back now rather than when their leases
         // lapse (best effort: only on a runtime that keeps running).
         let unused = self.reserved.drain(None, None, std::time::Instant::now());
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        let Some(rt) = self.rt.take() else {
             return;
         };
         if unused.is_empty() {
@@ -155,6 +158,7 @@ impl Client {
                 io,
                 leases: Arc::default(),
                 reserved: Default::default(),
+                rt: tokio::runtime::Handle::try_current().ok(),
             }),
         }
     }
