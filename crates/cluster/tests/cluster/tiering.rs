@@ -251,9 +251,11 @@ async fn a_hot_node_on_the_file_class_is_promoted() {
         .await
         .unwrap();
     assert!(parts[0].contains(&("promotion".into(), "on".into())));
+    // The migrator counts a batch of moves once the batch is done, after
+    // their blocks switched: wait for the count too.
     wait_for("/hot promoted to DRAM", || async {
         assert_eq!(c.get("/hot").await.unwrap(), hot);
-        classes_of(&c, "/hot").await == vec![DRAM; 3]
+        classes_of(&c, "/hot").await == vec![DRAM; 3] && demoted_and_promoted(&c).await.1 >= 3
     })
     .await;
     assert_eq!(demoted_and_promoted(&c).await.1, 3);
