@@ -6,7 +6,7 @@ use crate::client::{unexpected, Client};
 use crate::node::Node;
 use futures::StreamExt;
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
-use nodekernel_proto::record::{self, Layout, RECORD_SIZE};
+use nodekernel_proto::record::{self, Layout, MAX_RECORD_SLOTS, SLOT_SIZE};
 use nodekernel_proto::{path, ErrorCode, NodeInfo, NodeType, Result, NO_CLASS};
 
 impl Client {
@@ -64,9 +64,12 @@ impl Client {
             let mut entries: Vec<(u32, NodeType, String)> = Vec::new();
             let mut missing = Vec::new();
             for slot in (0..slots as usize).filter(|s| is_live(*s)) {
-                let bytes = data
-                    .get(slot * RECORD_SIZE..(slot + 1) * RECORD_SIZE)
-                    .unwrap_or(&[]);
+                // A record takes the slots its name needs (no more than the
+                // longest); its length field says how many.
+                let end = data
+                    .len()
+                    .min((slot + MAX_RECORD_SLOTS as usize) * SLOT_SIZE);
+                let bytes = data.get(slot * SLOT_SIZE..end).unwrap_or(&[]);
                 match record::decode(bytes, container, slot as u32) {
                     Some((ty, name)) => entries.push((slot as u32, ty, name)),
                     None => missing.push(slot as u32),
@@ -91,14 +94,14 @@ impl Client {
     }
 
     /// Bytes of child-record data a container holds (its record slots times
-    /// the record size): what enumerating it reads.
+    /// the slot size): what enumerating it reads.
     pub async fn container_data_len(&self, p: &str) -> Result<u64> {
         path::components(p)?;
         let req = MetaRequest::Enumerate {
             path: p.to_string(),
         };
         match self.meta_at(self.partition(p), &req).await? {
-            MetaReply::Listing { slots, .. } => Ok(slots as u64 * RECORD_SIZE as u64),
+            MetaReply::Listing { slots, .. } => Ok(slots as u64 * SLOT_SIZE as u64),
             other => Err(unexpected(other)),
         }
     }
@@ -118,7 +121,7 @@ impl Client {
         let info = NodeInfo {
             id,
             ty: NodeType::Directory,
-            size: slots as u64 * RECORD_SIZE as u64,
+            size: slots as u64 * SLOT_SIZE as u64,
             block_size: layout.block_size(),
             storage_class: NO_CLASS,
             location: String::new(),
@@ -143,7 +146,7 @@ impl Client {
         for (k, loc) in locs.into_iter().enumerate().take(layout.extents_for(slots)) {
             let n = layout.slots_in(k).min(left);
             left -= n;
-            reads.push((k as u64, loc, n as usize * RECORD_SIZE));
+            reads.push((k as u64, loc, n as usize * SLOT_SIZE));
         }
         let node = &node;
         let parts: Vec<(usize, Result<bytes::Bytes>)> =
@@ -154,7 +157,7 @@ impl Client {
                 .buffered(EXTENT_READS)
                 .collect()
                 .await;
-        let mut data = Vec::with_capacity(slots as usize * RECORD_SIZE);
+        let mut data = Vec::with_capacity(slots as usize * SLOT_SIZE);
         for (k, (len, part)) in parts.into_iter().enumerate() {
             match part {
                 Ok(b) => data.extend_from_slice(&b),

@@ -20,6 +20,7 @@ use crate::slab::Piece;
 use bytes::BytesMut;
 use nodekernel_proto::codec::{Dec, Enc};
 use nodekernel_proto::path;
+use nodekernel_proto::record::{self, Layout};
 use nodekernel_proto::{Error, NodeType, Result, NO_CLASS};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -46,11 +47,25 @@ pub enum Slot {
     /// reused only after the client confirms (`release_slot`), so a late
     /// clear can never wipe a newer child's record.
     Clearing,
+    /// A slot after the first of a record that takes several (a name
+    /// longer than one slot holds: `record::slots_for`); it goes with the
+    /// record's first slot, and is freed with it.
+    Tail,
 }
 
+/// Free slots a search for a run of several looks at, lowest first,
+/// before it takes new slots at the end instead: a create costs a bounded
+/// look, however fragmented the table.
+const RUN_SEARCH: usize = 1024;
+
 /// Record slots of a container: the container's data is `len() *
-/// RECORD_SIZE` bytes. Free slots are reused lowest first, so the data
-/// stays bounded by the peak number of children (plus slots being cleared).
+/// SLOT_SIZE` bytes. A record takes the slots its name needs, in one
+/// extent of the container's layout. Free slots are reused lowest first,
+/// so the data stays bounded by the peak size of the records (plus those
+/// being cleared).
+///
+/// Costs: 16 bytes per slot (a record of a name of up to 8 bytes takes
+/// one, up to 40 two), plus 40-odd bytes per free slot in the free set.
 ///
 /// Boxed, and absent until the first slot: every node has a table, and most
 /// nodes (a million small values) are not containers.
@@ -91,23 +106,50 @@ impl SlotTable {
         self.slots().is_empty()
     }
 
-    /// The slot the next assignment takes: the lowest free one, else a new
-    /// one at the end.
-    pub fn peek(&self) -> u32 {
-        self.free()
-            .and_then(|f| f.first().copied())
-            .unwrap_or(self.len())
+    /// The first slot of the next record of `n` slots in `layout`: the
+    /// lowest run of `n` free slots in one extent (among the first
+    /// [`RUN_SEARCH`] free ones), else new slots at the end, from the next
+    /// extent if the last one has no room left for it.
+    pub fn peek(&self, n: u32, layout: &Layout) -> u32 {
+        // Where the record would start in the run of free slots so far, and
+        // the run's last slot.
+        let mut run: Option<(u32, u32)> = None;
+        for &s in self.free().into_iter().flatten().take(RUN_SEARCH) {
+            let at = match run {
+                Some((at, last)) if last + 1 == s => at,
+                _ => layout.fit(s, n),
+            };
+            if at + n <= s + 1 {
+                return at;
+            }
+            run = Some((at, s));
+        }
+        match run {
+            // The last slots are free: the record may go on past them.
+            Some((at, last)) if last + 1 == self.len() => at,
+            _ => layout.fit(self.len(), n),
+        }
     }
 
-    /// Makes `slot` (which [`SlotTable::peek`] returned) live for `child`.
-    fn assign_at(&mut self, slot: u32, child: NodeId) {
-        debug_assert_eq!(slot, self.peek(), "slots are assigned lowest first");
+    /// Makes the `n` slots from `slot` (which [`SlotTable::peek`] returned)
+    /// the record of `child`; slots skipped to get there become free.
+    fn assign_at(&mut self, slot: u32, n: u32, child: NodeId) {
         let t = self.table();
-        if t.free.remove(&slot) {
-            t.slots[slot as usize] = Slot::Live(child);
-        } else {
-            t.slots.resize(slot as usize, Slot::Clearing);
-            t.slots.push(Slot::Live(child));
+        let (first, end) = (slot as usize, (slot + n) as usize);
+        for s in t.slots.len()..first {
+            t.free.insert(s as u32);
+        }
+        if t.slots.len() < end {
+            t.slots.resize(end, Slot::Free);
+        }
+        for (i, s) in t.slots[first..end].iter_mut().enumerate() {
+            debug_assert_eq!(*s, Slot::Free, "a record takes free slots");
+            *s = if i == 0 {
+                Slot::Live(child)
+            } else {
+                Slot::Tail
+            };
+            t.free.remove(&(first as u32 + i as u32));
         }
     }
 
@@ -117,9 +159,27 @@ impl SlotTable {
         }
     }
 
+    /// Frees the record at `slot`: its first slot and its tail.
     fn release(&mut self, slot: u32) {
-        self.set(slot, Slot::Free);
-        self.table().free.insert(slot);
+        let t = self.table();
+        for (i, s) in t.slots.iter_mut().enumerate().skip(slot as usize) {
+            if i > slot as usize && *s != Slot::Tail {
+                break;
+            }
+            *s = Slot::Free;
+            t.free.insert(i as u32);
+        }
+    }
+
+    /// Slots of the record at `slot`: its first and its tail.
+    pub fn record_slots(&self, slot: u32) -> u32 {
+        let tail = self
+            .slots()
+            .iter()
+            .skip(slot as usize + 1)
+            .take_while(|s| **s == Slot::Tail)
+            .count();
+        1 + tail as u32
     }
 
     pub fn get(&self, slot: u32) -> Option<Slot> {
@@ -157,26 +217,17 @@ impl SlotTable {
         bits
     }
 
-    /// Number of slots in each state: (live, clearing, free).
-    pub fn counts(&self) -> (usize, usize, usize) {
-        let live = self
-            .slots()
-            .iter()
-            .filter(|s| matches!(s, Slot::Live(_)))
-            .count();
-        let free = self.free().map_or(0, |f| f.len());
-        (live, self.slots().len() - live - free, free)
-    }
-
-    /// Whether the free set and the slot states agree (for invariant checks).
+    /// Whether the free set and the slot states agree, and every tail
+    /// follows a record's first slot (for invariant checks).
     pub fn is_consistent(&self) -> bool {
         let free = self.free();
+        let slots = self.slots();
         free.is_none_or(|f| f.iter().all(|s| self.get(*s) == Some(Slot::Free)))
-            && self
-                .slots()
-                .iter()
-                .enumerate()
-                .all(|(i, s)| *s != Slot::Free || free.is_some_and(|f| f.contains(&(i as u32))))
+            && slots.iter().enumerate().all(|(i, s)| match s {
+                Slot::Free => free.is_some_and(|f| f.contains(&(i as u32))),
+                Slot::Tail => i > 0 && slots[i - 1] != Slot::Free,
+                Slot::Live(_) | Slot::Clearing => true,
+            })
     }
 }
 
@@ -480,11 +531,11 @@ impl Namespace {
         Ok((parent, name.to_string()))
     }
 
-    /// The slot a new child of `parent` would get, with the container
-    /// (None when the parent keeps no records).
-    pub fn next_slot_in(&self, parent: NodeId) -> Option<SlotRef> {
-        let n = self.nodes.get(&parent)?;
-        (n.ty.is_container() && n.enumerable).then(|| (parent, n.slots.peek()))
+    /// Whether `parent` keeps a record of each child.
+    pub fn keeps_records(&self, parent: NodeId) -> bool {
+        self.nodes
+            .get(&parent)
+            .is_some_and(|n| n.ty.is_container() && n.enumerable)
     }
 
     /// The child of `parent` named `name`.
@@ -791,7 +842,7 @@ impl Namespace {
         self.shadows.remove(&(parent, id));
         if let Some(p) = self.nodes.get_mut(&parent) {
             if let Some(s) = slot {
-                p.slots.assign_at(s, id);
+                p.slots.assign_at(s, record::slots_for(name.len()), id);
             }
             p.children.insert(name, id);
         }
@@ -882,7 +933,7 @@ impl Namespace {
         }
         if let Some(np) = self.nodes.get_mut(&parent) {
             if let Some(s) = slot {
-                np.slots.assign_at(s, id);
+                np.slots.assign_at(s, record::slots_for(name.len()), id);
             }
             np.children.insert(name.clone(), id);
         }
@@ -947,6 +998,7 @@ impl Namespace {
                             Slot::Free => e.u8(0),
                             Slot::Live(id) => e.u8(1).u64(*id),
                             Slot::Clearing => e.u8(2),
+                            Slot::Tail => e.u8(3),
                         };
                     }
                 }
@@ -1031,6 +1083,7 @@ impl Namespace {
                         0 => Slot::Free,
                         1 => Slot::Live(d.u64()?),
                         2 => Slot::Clearing,
+                        3 => Slot::Tail,
                         v => return Err(Error::protocol(format!("node {id}: bad slot state {v}"))),
                     };
                     if s == Slot::Free {

@@ -1,39 +1,46 @@
 //! Child records: how a container's data lists its children.
 //!
 //! A container's data (read through the data plane like a file) is an array
-//! of fixed-size records, one per slot. The metadata server assigns each
-//! enumerable child a slot; the client that creates (or moves in) the child
-//! writes the record, and the client that removes (or moves out) the child
-//! clears it and then tells the metadata server, which only then lets the
-//! slot be reused. See `docs/records.md`.
+//! of 32-byte slots. A record takes as many consecutive slots as its name
+//! needs ([`slots_for`]: one for a name of up to 8 bytes, two up to 40,
+//! nine for the longest), never across two extents. The metadata server
+//! assigns each enumerable child its slots; the client that creates (or
+//! moves in) the child writes the record, and the client that removes (or
+//! moves out) the child clears it and then tells the metadata server,
+//! which only then lets the slots be reused. See `docs/records.md`.
 //!
 //! ```text
 //! offset size field
 //!      0    1 state: 0xA5 = written, anything else = empty
 //!      1    1 node type
 //!      2    2 name length (u16 LE, 1..=255)
-//!      4    4 slot index (u32 LE)
+//!      4    4 first slot index (u32 LE)
 //!      8    8 container node id (u64 LE)
 //!     16    8 checksum: FNV-1a 64 over bytes 0..16 and the name
 //!     24    n name (UTF-8)
-//! 24 + n  ... unused (not written)
+//! 24 + n  ... unused up to the end of its last slot (not written)
 //! ```
 //! A record only counts if its state byte, slot, container id and checksum
 //! all match, so bytes left in a reused block can never pass for a record;
 //! and it is only listed if the metadata server's live-slot bitmap (the
-//! authority) has its bit set.
+//! authority) has the bit of its first slot set.
 
 use crate::path::MAX_NAME_LEN;
 use crate::store::{max_piece, TAG_LEN};
 use crate::NodeType;
 
-/// Size of one record; divides every valid block size.
-pub const RECORD_SIZE: usize = 512;
+/// Size of one record slot; divides every valid block size.
+pub const SLOT_SIZE: usize = 32;
 /// Bytes before the name.
 pub const RECORD_HEADER: usize = 24;
 const WRITTEN: u8 = 0xA5;
-// The longest name fits in one record.
-const _: () = assert!(RECORD_HEADER + MAX_NAME_LEN <= RECORD_SIZE);
+/// Slots of the record of the longest name.
+pub const MAX_RECORD_SLOTS: u32 = slots_for(MAX_NAME_LEN);
+
+/// Slots the record of a name of `name_len` bytes takes.
+pub const fn slots_for(name_len: usize) -> u32 {
+    (RECORD_HEADER + name_len).div_ceil(SLOT_SIZE) as u32
+}
 
 fn checksum(head: &[u8], name: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -61,17 +68,20 @@ pub fn encode(container: u64, slot: u32, ty: NodeType, name: &str) -> Vec<u8> {
 }
 
 /// A container's record pieces, in extent order: (piece size, how many).
-/// Each size holds a whole number of records after the piece's tag and is
-/// a piece size of its own (512 + 128, 1,024 + 256, 4,096 + 1,024), so
-/// every container's pieces share the slabs of three sizes: one record,
-/// then two, then nine per piece; 273 records in all (about 152 KiB).
+/// Each size is a piece size of its own (512 + 128, 1,024 + 256,
+/// 4,096 + 1,024), so every container's pieces share the slabs of three
+/// sizes: 19 slots, then 39, then 159 per piece; 4,828 slots in all
+/// (about 152 KiB), a record of a short name per slot.
 const PIECES: [(u32, u8); 3] = [(640, 1), (1280, 1), (5120, 30)];
-const _: () = assert!(PIECES[0].0 as usize >= RECORD_SIZE + TAG_LEN as usize);
+// The longest record fits in every extent: the smallest piece, and the
+// smallest block (4 KiB).
+const _: () =
+    assert!(PIECES[0].0 as usize >= MAX_RECORD_SLOTS as usize * SLOT_SIZE + TAG_LEN as usize);
 
 /// Where a container's records live: a chain of *extents*, in slot order.
 /// With pieces, the first extents are pieces of shared blocks (`PIECES`:
-/// 640 bytes for the first record, 1,280 for the next two, then 5,120
-/// bytes for nine each); the extents after them are whole blocks. A
+/// 640 bytes for the first 19 slots, 1,280 for the next 39, then 5,120
+/// bytes for 159 each); the extents after them are whole blocks. A
 /// container with a few children therefore takes a few hundred bytes, not
 /// a block, and a lone container pins at most three slabs. Growing
 /// appends an extent, so no record ever moves. Without pieces (the root,
@@ -131,14 +141,26 @@ impl Layout {
     pub fn slots_in(&self, k: usize) -> u32 {
         match self.piece_size(k) {
             Some(size) => slots_of(size),
-            None => self.block_size / RECORD_SIZE as u32,
+            None => self.block_size / SLOT_SIZE as u32,
         }
     }
 
-    /// The extent holding `slot`, and the record's byte offset in that
+    /// The first slot at or after `slot` where a record of `n` slots fits
+    /// in one extent: `slot` itself, or the first of the next extent.
+    pub fn fit(&self, slot: u32, n: u32) -> u32 {
+        let (k, offset) = self.locate(slot);
+        let room = self.slots_in(k) - offset / SLOT_SIZE as u32;
+        if n <= room {
+            slot
+        } else {
+            slot + room
+        }
+    }
+
+    /// The extent holding `slot`, and the slot's byte offset in that
     /// extent's data (for a piece: from the end of its tag).
     pub fn locate(&self, slot: u32) -> (usize, u32) {
-        let rec = RECORD_SIZE as u32;
+        let rec = SLOT_SIZE as u32;
         let (mut extent, mut first) = (0usize, 0u32);
         for (size, n) in self.groups() {
             let per = slots_of(*size);
@@ -167,17 +189,18 @@ impl Layout {
     }
 }
 
-/// Records a piece of `size` bytes holds after its tag.
+/// Slots a piece of `size` bytes holds after its tag.
 fn slots_of(piece_size: u32) -> u32 {
-    piece_size.saturating_sub(TAG_LEN) / RECORD_SIZE as u32
+    piece_size.saturating_sub(TAG_LEN) / SLOT_SIZE as u32
 }
 
 /// The bytes that clear a record (written at the record's offset).
 pub const CLEARED: [u8; 1] = [0];
 
-/// Decodes the record in `slot_bytes` (exactly one slot of container data),
-/// returning its type and name if it is a well-formed record of `container`
-/// at `slot`.
+/// Decodes the record at the start of `slot_bytes` (container data from
+/// the record's first slot on; bytes past its last slot are not read),
+/// returning its type and name if it is a well-formed record of
+/// `container` at `slot`.
 pub fn decode(slot_bytes: &[u8], container: u64, slot: u32) -> Option<(NodeType, String)> {
     if slot_bytes.len() < RECORD_HEADER || slot_bytes[0] != WRITTEN {
         return None;
@@ -209,8 +232,8 @@ pub fn decode(slot_bytes: &[u8], container: u64, slot: u32) -> Option<(NodeType,
 mod tests {
     use super::*;
 
-    fn slot_of(bytes: &[u8]) -> Vec<u8> {
-        let mut s = vec![0u8; RECORD_SIZE];
+    fn slots_with(bytes: &[u8], n: usize) -> Vec<u8> {
+        let mut s = vec![0u8; n * SLOT_SIZE];
         s[..bytes.len()].copy_from_slice(bytes);
         s
     }
@@ -218,7 +241,10 @@ mod tests {
     #[test]
     fn round_trip_and_rejections() {
         let name = "x".repeat(255);
-        let r = slot_of(&encode(7, 3, NodeType::File, &name));
+        let rec = encode(7, 3, NodeType::File, &name);
+        assert_eq!(slots_for(255), MAX_RECORD_SLOTS);
+        assert_eq!(MAX_RECORD_SLOTS, 9);
+        let r = slots_with(&rec, MAX_RECORD_SLOTS as usize);
         assert_eq!(decode(&r, 7, 3), Some((NodeType::File, name.clone())));
         assert_eq!(decode(&r, 8, 3), None, "other container");
         assert_eq!(decode(&r, 7, 4), None, "other slot");
@@ -230,8 +256,24 @@ mod tests {
             bad[i] ^= 0x40;
             assert_eq!(decode(&bad, 7, 3), None, "flipped byte {i}");
         }
-        assert_eq!(decode(&[0xA5; RECORD_SIZE], 7, 3), None, "garbage");
+        assert_eq!(decode(&[0xA5; 512], 7, 3), None, "garbage");
         assert_eq!(decode(&r[..10], 7, 3), None);
+        assert_eq!(decode(&r[..rec.len() - 1], 7, 3), None, "cut short");
+    }
+
+    /// A record takes the slots its name needs: one for up to 8 bytes,
+    /// two up to 40, and its bytes end within them.
+    #[test]
+    fn records_take_the_slots_their_names_need() {
+        for (len, slots) in [(1, 1), (8, 1), (9, 2), (40, 2), (41, 3), (255, 9)] {
+            assert_eq!(slots_for(len), slots, "{len}");
+            let name = "n".repeat(len);
+            let rec = encode(1, 0, NodeType::KeyValue, &name);
+            assert!(rec.len() <= slots as usize * SLOT_SIZE);
+            assert!(rec.len() > (slots as usize - 1) * SLOT_SIZE);
+            let r = slots_with(&rec, slots as usize);
+            assert_eq!(decode(&r, 1, 0), Some((NodeType::KeyValue, name)));
+        }
     }
 
     /// A record is written by a client: one whose name no path could hold
@@ -241,15 +283,15 @@ mod tests {
     #[test]
     fn names_no_path_may_hold_are_not_records() {
         for name in ["..", ".", "a/b", "../../etc", "nul\0"] {
-            let r = slot_of(&encode(7, 3, NodeType::File, name));
+            let r = slots_with(&encode(7, 3, NodeType::File, name), 2);
             assert_eq!(decode(&r, 7, 3), None, "{name:?}");
         }
     }
 
-    /// The extents of a 1 MiB-block container: a 640-byte piece, a
-    /// 1,280-byte one, 30 of 5,120 bytes (273 records in all), then blocks
-    /// of 2,048 records; every slot has one place, and consecutive slots
-    /// are consecutive within an extent.
+    /// The extents of a 1 MiB-block container: a 640-byte piece (19
+    /// slots), a 1,280-byte one (39), 30 of 5,120 bytes (159 each; 4,828
+    /// slots in all), then blocks of 32,768 slots; every slot has one
+    /// place, and consecutive slots are consecutive within an extent.
     #[test]
     fn layout_of_a_container() {
         let l = Layout::new(1 << 20, true);
@@ -258,34 +300,49 @@ mod tests {
         assert!((2..32).all(|k| l.piece_size(k) == Some(5120)));
         assert_eq!(l.piece_size(32), None);
         let slots: Vec<u32> = [0, 1, 2, 31, 32].iter().map(|k| l.slots_in(*k)).collect();
-        assert_eq!(slots, [1, 2, 9, 9, 2048]);
+        assert_eq!(slots, [19, 39, 159, 159, 32768]);
         assert_eq!(l.locate(0), (0, 0));
-        assert_eq!(l.locate(1), (1, 0));
-        assert_eq!(l.locate(2), (1, 512));
-        assert_eq!(l.locate(3), (2, 0));
-        assert_eq!(l.locate(12), (3, 0));
-        assert_eq!(l.locate(272), (31, 8 * 512));
-        assert_eq!(l.locate(273), (32, 0));
-        assert_eq!(l.locate(273 + 2048), (33, 0));
+        assert_eq!(l.locate(18), (0, 18 * 32));
+        assert_eq!(l.locate(19), (1, 0));
+        assert_eq!(l.locate(57), (1, 38 * 32));
+        assert_eq!(l.locate(58), (2, 0));
+        assert_eq!(l.locate(58 + 159), (3, 0));
+        assert_eq!(l.locate(4827), (31, 158 * 32));
+        assert_eq!(l.locate(4828), (32, 0));
+        assert_eq!(l.locate(4828 + 32768), (33, 0));
         assert_eq!(l.extents_for(0), 0);
         assert_eq!(l.extents_for(1), 1);
-        assert_eq!(l.extents_for(3), 2);
-        assert_eq!(l.extents_for(4), 3);
-        assert_eq!(l.extents_for(274), 33);
-        // Each record lies inside its extent.
+        assert_eq!(l.extents_for(19), 1);
+        assert_eq!(l.extents_for(20), 2);
+        assert_eq!(l.extents_for(59), 3);
+        assert_eq!(l.extents_for(4829), 33);
+        // A record of n slots starts where all n fit in one extent.
+        assert_eq!(l.fit(15, 4), 15);
+        assert_eq!(l.fit(16, 4), 19);
+        assert_eq!(l.fit(18, 1), 18);
+        assert_eq!(l.fit(19, 9), 19);
+        assert_eq!(l.fit(4827, 2), 4828);
+        // Each slot lies inside its extent.
         let mut prev = (0, 0);
-        for slot in 0..5000 {
+        for slot in 0..40000 {
             let (k, off) = l.locate(slot);
             let room = match l.piece_size(k) {
                 Some(size) => size - TAG_LEN,
                 None => 1 << 20,
             };
-            assert!(off + RECORD_SIZE as u32 <= room, "slot {slot}");
+            assert!(off + SLOT_SIZE as u32 <= room, "slot {slot}");
             if slot > 0 && k == prev.0 {
-                assert_eq!(off, prev.1 + RECORD_SIZE as u32, "slot {slot}");
+                assert_eq!(off, prev.1 + SLOT_SIZE as u32, "slot {slot}");
             } else if slot > 0 {
                 assert_eq!((k, off), (prev.0 + 1, 0), "slot {slot}");
             }
+            let start = l.fit(slot, MAX_RECORD_SLOTS);
+            let (first, _) = l.locate(start);
+            assert_eq!(
+                first,
+                l.locate(start + MAX_RECORD_SLOTS - 1).0,
+                "slot {slot}"
+            );
             prev = (k, off);
         }
     }
@@ -296,19 +353,19 @@ mod tests {
     fn layouts_of_blocks_only() {
         let old = Layout::new(1 << 20, false);
         assert_eq!(old.piece_extents(), 0);
-        assert_eq!(old.locate(2049), (1, 512));
+        assert_eq!(old.locate(32769), (1, 32));
         let small = Layout::new(2048, true);
         assert_eq!(small.piece_extents(), 0);
-        assert_eq!(small.locate(5), (1, 512));
+        assert_eq!(small.locate(65), (1, 32));
         // 4 KiB blocks: the 640-byte piece only (the largest piece is
         // 1 KiB); 16 KiB blocks: the first two (4 KiB).
         let four = Layout::new(4096, true);
         assert_eq!(four.piece_extents(), 1);
-        assert_eq!(four.locate(1), (1, 0));
-        assert_eq!(four.locate(9), (2, 0));
+        assert_eq!(four.locate(19), (1, 0));
+        assert_eq!(four.locate(19 + 128), (2, 0));
         let sixteen = Layout::new(16 << 10, true);
         assert_eq!(sixteen.piece_extents(), 2);
-        assert_eq!(sixteen.locate(3), (2, 0));
+        assert_eq!(sixteen.locate(58), (2, 0));
         assert_eq!(sixteen.piece_size(2), None);
     }
 }

@@ -305,10 +305,10 @@ async fn churn_does_not_grow_container_data_and_non_enumerable_tables_list_nothi
         }
     }
     // 4,000 creates and deletes, never more than LIVE children at once:
-    // the record array stays at LIVE slots.
+    // the record array stays at LIVE slots (a name this short takes one).
     let data_len = container_data_len(c, "/churn").await;
     assert!(
-        data_len <= (LIVE * nodekernel_proto::record::RECORD_SIZE) as u64,
+        data_len <= (LIVE * nodekernel_proto::record::SLOT_SIZE) as u64,
         "container data is {data_len} bytes after churn"
     );
     assert!(c.enumerate("/churn").await.unwrap().is_empty());

@@ -5,13 +5,26 @@
 
 use super::*;
 
+/// The name `prefix` + `i`, lengthened by `i`: records of one, two,
+/// three and nine slots (`record::slots_for`), so containers hold records
+/// of every length side by side.
+fn named(prefix: &str, i: u64) -> String {
+    let pad = [0, 20, 60, 250][(i % 4) as usize];
+    let name = format!("{prefix}{i}");
+    format!("{name:x<width$}", width = name.len() + pad)
+}
+
 impl Sim {
     pub(super) fn path(&mut self) -> String {
         let top = ["d0", "d1", "t0", "t1"][self.rng.below(4) as usize];
         match self.rng.below(3) {
             0 => format!("/{top}"),
-            1 => format!("/{top}/n{}", self.rng.below(4)),
-            _ => format!("/{top}/n{}/m{}", self.rng.below(2), self.rng.below(2)),
+            1 => format!("/{top}/{}", named("n", self.rng.below(4))),
+            _ => format!(
+                "/{top}/{}/{}",
+                named("n", self.rng.below(2)),
+                named("m", self.rng.below(2))
+            ),
         }
     }
 
@@ -70,7 +83,7 @@ impl Sim {
             // reused (behind a stamp).
             let small = ty == NodeType::KeyValue && self.rng.chance(70);
             let (path, size_hint) = if small {
-                let key = format!("/t{}/k{}", self.rng.below(2), self.rng.below(32));
+                let key = format!("/t{}/{}", self.rng.below(2), named("k", self.rng.below(32)));
                 (key, 513 + self.rng.below(512))
             } else {
                 (path, 0)
@@ -188,7 +201,7 @@ impl Sim {
     ) -> Result<(), String> {
         // Tables t0 and t1; d0 and d1 are directories (or gone).
         let top = ["t0", "t1", "d0", "d1"][table as usize];
-        let path = format!("/{top}/k{key}");
+        let path = format!("/{top}/{}", named("k", key));
         match self.exec(MetaRequest::Link {
             node,
             lease,

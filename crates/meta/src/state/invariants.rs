@@ -10,7 +10,7 @@ use super::{MetaState, SLAB_MOVE};
 use crate::effect::Effect;
 use crate::namespace::{Node, NodeId, Slot, ROOT};
 use crate::slab::{Piece, HELD};
-use nodekernel_proto::NodeType;
+use nodekernel_proto::{record, NodeType};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The largest state (in the units of `check_cost`: nodes, blocks and
@@ -102,18 +102,33 @@ impl MetaState {
                         .ok_or_else(|| format!("node {} lists missing child {child}", n.id))?;
                     check_child(n, name, c)?;
                 }
+                let layout = self.record_layout(n);
                 for (s, state) in n.slots.iter() {
-                    if let Slot::Live(c) = state {
-                        if self
-                            .ns
-                            .get(c)
-                            .is_none_or(|c| c.slot != Some(s) || c.parent != n.id)
-                        {
-                            return Err(format!(
-                                "slot {s} of node {} names child {c}, which disagrees",
-                                n.id
-                            ));
-                        }
+                    let first = match state {
+                        Slot::Live(c) => Some(c),
+                        Slot::Clearing => None,
+                        Slot::Free | Slot::Tail => continue,
+                    };
+                    // A record takes the slots its name needs, in one extent.
+                    let len = n.slots.record_slots(s);
+                    if layout.locate(s).0 != layout.locate(s + len - 1).0
+                        || len > record::MAX_RECORD_SLOTS
+                    {
+                        return Err(format!(
+                            "the record at slot {s} of node {} ({len} slots) straddles extents",
+                            n.id
+                        ));
+                    }
+                    let Some(c) = first else { continue };
+                    if self.ns.get(c).is_none_or(|c| {
+                        c.slot != Some(s)
+                            || c.parent != n.id
+                            || record::slots_for(c.name.len()) != len
+                    }) {
+                        return Err(format!(
+                            "slot {s} of node {} names child {c} in {len} slots, which disagrees",
+                            n.id
+                        ));
                     }
                 }
             }

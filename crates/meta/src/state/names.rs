@@ -10,6 +10,7 @@ use crate::namespace::{stale, NewNode, NodeId, Slot, ROOT};
 use crate::slab::{piece_size_for, Piece};
 use nodekernel_proto::crypt;
 use nodekernel_proto::path;
+use nodekernel_proto::record;
 use nodekernel_proto::{Error, NodeType, Result, NO_CLASS};
 
 /// Most nodes one reaping step drops (a removed subtree larger than this is
@@ -91,8 +92,8 @@ impl<'a> Draft<'a> {
                 )));
             }
         }
-        let slot = if !ty.replaces_on_create() && self.ns().next_slot_in(parent).is_some() {
-            Some(self.ensure_record_space(parent)?)
+        let slot = if !ty.replaces_on_create() && self.ns().keeps_records(parent) {
+            Some(self.ensure_record_space(parent, &name)?)
         } else {
             None
         };
@@ -350,8 +351,8 @@ impl<'a> Draft<'a> {
             }
             None => None,
         };
-        let slot = if self.ns().next_slot_in(parent).is_some() {
-            Some(self.ensure_record_space(parent)?)
+        let slot = if self.ns().keeps_records(parent) {
+            Some(self.ensure_record_space(parent, &name)?)
         } else {
             None
         };
@@ -395,15 +396,16 @@ impl<'a> Draft<'a> {
         })
     }
 
-    /// Gives `container` the record extent for its next slot if it lacks
-    /// one (a piece, or a block once its pieces are full: `docs/records.md`);
-    /// returns the slot.
-    pub(super) fn ensure_record_space(&mut self, container: NodeId) -> Result<u32> {
+    /// Gives `container` the record extent for the record of a child
+    /// named `name` if it lacks one (a piece, or a block once its pieces
+    /// are full: `docs/records.md`); returns the record's first slot.
+    pub(super) fn ensure_record_space(&mut self, container: NodeId, name: &str) -> Result<u32> {
         let n = self.ns().get(container).ok_or_else(|| stale(container))?;
-        let slot = n.slots.peek();
         let layout = self.st.record_layout(n);
+        let len = record::slots_for(name.len());
+        let slot = n.slots.peek(len, &layout);
         self.relocate_lost_records(container)?;
-        let need = layout.extents_for(slot + 1);
+        let need = layout.extents_for(slot + len);
         let have = n.slots.pieces().len()
             + n.blocks.len()
             + self.added.get(&container).copied().unwrap_or(0) as usize;

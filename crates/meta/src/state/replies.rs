@@ -9,7 +9,7 @@ use crate::slab::Piece;
 use nodekernel_proto::cap::{Cap, Rights};
 use nodekernel_proto::crypt;
 use nodekernel_proto::meta::MetaReply;
-use nodekernel_proto::record::{Layout, RECORD_SIZE};
+use nodekernel_proto::record::{Layout, SLOT_SIZE};
 use nodekernel_proto::{BlockLoc, ClusterStatus, NodeInfo, NodeType, RecordLoc, NO_CLASS};
 
 /// What a decided request replies, built from the state once its effects
@@ -205,7 +205,7 @@ impl MetaState {
             };
         };
         let size = if n.ty.is_container() {
-            n.slots.len() as u64 * RECORD_SIZE as u64
+            n.slots.len() as u64 * SLOT_SIZE as u64
         } else {
             n.size
         };
@@ -269,7 +269,7 @@ impl MetaState {
     fn record_loc(&self, (container, slot): SlotRef, now: u64) -> Option<RecordLoc> {
         let n = self.ns.get(container)?;
         let (k, offset) = self.record_layout(n).locate(slot);
-        let end = offset + RECORD_SIZE as u32;
+        let end = offset + n.slots.record_slots(slot) * SLOT_SIZE as u32;
         let g = Grant::new(true, now);
         let pieces = n.slots.pieces();
         let block = match pieces.get(k) {

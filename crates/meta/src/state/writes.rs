@@ -339,7 +339,9 @@ impl<'a> Draft<'a> {
                 }
                 Ok(Link::Replace(old))
             }
-            None if parent.enumerable => Ok(Link::New(Some(self.ensure_record_space(table)?))),
+            None if parent.enumerable => {
+                Ok(Link::New(Some(self.ensure_record_space(table, name)?)))
+            }
             None => Ok(Link::New(None)),
         }
     }

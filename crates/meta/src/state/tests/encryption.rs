@@ -115,7 +115,7 @@ fn containers_keep_records_in_blocks_where_only_encrypted_classes_have_room() {
             .unwrap();
         assert_eq!(
             (r.slot, r.block.offset, r.offset),
-            (i, 0, i * RECORD_SIZE as u32)
+            (i, 0, i * SLOT_SIZE as u32)
         );
     }
     let n = s.ns().get(d.id).unwrap();

@@ -7,7 +7,7 @@ use crate::snapshot::PAGE_BYTES;
 use nodekernel_proto::cap::{Rights, Use};
 use nodekernel_proto::crypt;
 use nodekernel_proto::meta::SnapshotEntry;
-use nodekernel_proto::record::RECORD_SIZE;
+use nodekernel_proto::record::SLOT_SIZE;
 use nodekernel_proto::store::TAG_LEN;
 use nodekernel_proto::types::{DrainState, DrainStatus};
 use nodekernel_proto::{BlockLoc, ErrorCode, NodeInfo, NodeType, RecordLoc, ServerSpec, NO_CLASS};

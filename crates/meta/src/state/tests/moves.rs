@@ -60,10 +60,13 @@ fn a_block_moves_while_its_node_stays_put() {
 fn records_are_not_handed_out_while_their_block_moves() {
     let mut s = state();
     create(&mut s, "/d", Directory, 0).unwrap();
-    // Slot 0 is in the container's first piece, slot 1 in its block 0
-    // (extent 1).
+    // Slots 0-18 are in the container's first piece, slot 19 in its
+    // block 0 (extent 1).
     let p = create(&mut s, "/d/p", File, 0).unwrap();
     assert!(p.record.unwrap().block.offset > 0, "in a piece");
+    for i in 1..19 {
+        create(&mut s, &format!("/d/p{i}"), File, 0).unwrap();
+    }
     let a = create(&mut s, "/d/a", File, 0).unwrap();
     assert_eq!(a.record.unwrap().block.offset, 0, "in a block");
     let d = lookup(&mut s, "/d").unwrap();

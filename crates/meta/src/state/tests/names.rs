@@ -37,20 +37,21 @@ fn slots_are_cleared_before_reuse_and_moves_rewrite_records() {
     let mut s = state();
     let d = create(&mut s, "/d", Directory, 0).unwrap();
     assert!(d.record.is_some(), "root is enumerable: /d needs a record");
-    // Records in a 640-byte piece (one slot), then in blocks.
+    // Records in a 640-byte piece (19 slots), then in blocks.
     let layout = nodekernel_proto::record::Layout::new(BS, true);
-    let per_block = BS as u64 / RECORD_SIZE as u64;
-    let slots = 1 + per_block + 1;
+    let per_block = BS as u64 / SLOT_SIZE as u64;
+    let in_piece = u64::from(layout.slots_in(0));
+    let slots = in_piece + per_block + 1;
     for i in 0..slots {
         let f = create(&mut s, &format!("/d/f{i}"), File, 0).unwrap();
         let r = f.record.unwrap();
         assert_eq!((r.container, r.slot as u64), (d.id, i));
         assert_eq!(r.offset, layout.locate(i as u32).1);
         // A piece's location starts past its tag; a block's at 0.
-        assert_eq!(r.block.offset == 0, i > 0, "slot {i}");
+        assert_eq!(r.block.offset == 0, i >= in_piece, "slot {i}");
     }
     let (size, blocks) = map(&mut s, d.id, 0, 10, 0).unwrap();
-    assert_eq!(size, slots * RECORD_SIZE as u64);
+    assert_eq!(size, slots * SLOT_SIZE as u64);
     assert_eq!(blocks.len(), 3, "a piece and two blocks");
     let clear = remove(&mut s, "/d/f3", false).unwrap().unwrap();
     assert_eq!(clear.slot, 3);
@@ -560,11 +561,11 @@ fn a_replacing_move_of_containers_needs_an_empty_target_of_the_same_type() {
 /// by new ones on a live server, each in its place (as its record blocks
 /// are): new records are written there, and the names of the records lost
 /// with the dead server come from the metadata server. With 4 KiB blocks
-/// a container has one record piece (then blocks); with 64 KiB blocks, 13
-/// records take four pieces.
+/// a container has one record piece (19 slots, then blocks); with 64 KiB
+/// blocks, 218 records of short names take four pieces (19, 39, 159, 1).
 #[test]
 fn record_pieces_on_a_dead_server_are_replaced() {
-    for (bs, children, pieces, extents) in [(BS, 1, 1, 2), (64 << 10, 12, 4, 4)] {
+    for (bs, children, pieces, extents) in [(BS, 19, 1, 2), (64 << 10, 217, 4, 4)] {
         let mut s = MetaState::new(bs, 1000, 1);
         for i in 1..=2 {
             let spec = ServerSpec {
@@ -627,11 +628,12 @@ fn a_container_with_more_record_extents_than_a_step_frees_is_reaped_in_steps() {
         .unwrap();
     let free = s.alloc().free_blocks();
     create(&mut s, "/d", Directory, 0).unwrap();
-    // One record in the piece, then 8 per 4 KiB block: REAP_BLOCKS
-    // blocks and the piece, one extent more than a step frees.
-    let per_block = BS as usize / RECORD_SIZE;
-    for i in 0..1 + REAP_BLOCKS * per_block {
-        create(&mut s, &format!("/d/f{i}"), File, 0).unwrap();
+    // Names of 232 bytes, eight slots each: two records in the piece,
+    // then 16 per 4 KiB block: REAP_BLOCKS blocks and the piece, one
+    // extent more than a step frees.
+    let per_block = BS as usize / SLOT_SIZE / 8;
+    for i in 0..2 + REAP_BLOCKS * per_block {
+        create(&mut s, &format!("/d/{i:0>232}"), File, 0).unwrap();
     }
     let d = s.ns().get(s.ns().resolve("/d").unwrap()).unwrap();
     assert_eq!((d.slots.pieces().len(), d.blocks.len()), (1, REAP_BLOCKS));
@@ -667,4 +669,98 @@ fn reap_all(s: &mut MetaState) -> usize {
         assert!(steps < 1000, "reaping ends");
     }
     steps
+}
+
+/// Records take the slots their names need (one up to 8 bytes, two up to
+/// 40, nine for 255), each in one extent: names of every length, created
+/// and removed over and over (records cleared and released as clients
+/// do), keep every invariant, reuse the freed runs, and keep the array at
+/// what the most records live at once need.
+#[test]
+fn records_of_names_of_every_length_share_slots_and_churn_stays_bounded() {
+    use nodekernel_proto::record::{slots_for, Layout};
+    let mut s = state();
+    let d = create(&mut s, "/d", Directory, 0).unwrap();
+    let layout = Layout::new(BS, true);
+    let lens = [2, 8, 9, 40, 41, 100, 255];
+    let name = |round: usize, i: usize| {
+        let base = format!("{round}.{i}.");
+        let len = lens[(round + i) % lens.len()].max(base.len());
+        format!("{base:x<len$}")
+    };
+    const LIVE: usize = 40;
+    let mut sizes = Vec::new();
+    for round in 0..12 {
+        let mut held = 0;
+        for i in 0..LIVE {
+            let n = name(round, i);
+            let r = create(&mut s, &format!("/d/{n}"), File, 0)
+                .unwrap()
+                .record
+                .unwrap();
+            let (k, at) = layout.locate(r.slot);
+            let len = slots_for(n.len());
+            assert_eq!(layout.locate(r.slot + len - 1).0, k, "one extent: {n}");
+            assert_eq!(r.offset, at);
+            held += len;
+        }
+        s.check_invariants().unwrap();
+        let dir = s.ns().get(d.id).unwrap();
+        // Slots skipped at the ends of extents, at most a record's worth
+        // per extent.
+        let extents = layout.extents_for(dir.slots.len()) as u32;
+        assert!(dir.slots.len() <= held + extents * 8, "round {round}");
+        sizes.push(dir.slots.len());
+        // Every other one goes, then the rest: freed runs of every length.
+        for i in (0..LIVE).step_by(2).chain((1..LIVE).step_by(2)) {
+            remove_and_release(&mut s, &format!("/d/{}", name(round, i)));
+        }
+        s.check_invariants().unwrap();
+    }
+    // Each round finds every slot free and fills them lowest first.
+    let most = *sizes.iter().max().unwrap();
+    assert!(sizes.iter().skip(1).all(|n| *n <= most), "{sizes:?}");
+    assert!(most < (LIVE as u32) * 9, "{sizes:?}");
+}
+
+/// A run of free slots too short for a long name is passed over, and a
+/// short name takes it; a run long enough is taken lowest first.
+#[test]
+fn a_record_takes_the_lowest_free_run_its_name_fits() {
+    let mut s = state();
+    create(&mut s, "/d", Directory, 0).unwrap();
+    let slot = |s: &mut MetaState, name: &str| {
+        create(s, &format!("/d/{name}"), File, 0)
+            .unwrap()
+            .record
+            .unwrap()
+            .slot
+    };
+    // Slots 0, 1-2, 3, 4: a short name, one of 9-40 bytes, two short.
+    assert_eq!(slot(&mut s, "a"), 0);
+    assert_eq!(slot(&mut s, &"b".repeat(20)), 1);
+    assert_eq!(slot(&mut s, "c"), 3);
+    assert_eq!(slot(&mut s, "e"), 4);
+    for name in ["a".to_string(), "b".repeat(20)] {
+        remove_and_release(&mut s, &format!("/d/{name}"));
+    }
+    // Free: 0..3. A 73-byte name needs four slots: past the end.
+    assert_eq!(slot(&mut s, &"f".repeat(73)), 5);
+    // Three slots (41-72 bytes) fit the freed run.
+    assert_eq!(slot(&mut s, &"g".repeat(41)), 0);
+    s.check_invariants().unwrap();
+}
+
+/// Removes `path`, then releases its record slot once cleared, as the
+/// client that removes it does.
+fn remove_and_release(s: &mut MetaState, path: &str) {
+    let clear = remove(s, path, false).unwrap().unwrap();
+    s.apply(
+        MetaRequest::ReleaseSlot {
+            container: clear.container,
+            slot: clear.slot,
+        },
+        0,
+    )
+    .unwrap();
 }

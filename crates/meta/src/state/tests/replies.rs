@@ -108,7 +108,7 @@ fn locations_allow_their_holders_only_what_they_were_given_for_a_while() {
     let c = create(&mut s, "/d/c", Directory, 0).unwrap();
     let r = c.record.expect("a record to write");
     assert_eq!(r.container, d.id);
-    let rec = RECORD_SIZE as u32;
+    let rec = SLOT_SIZE as u32;
     // The first record is in a piece (its location starts past the
     // piece's tag), the next ones in a block: offsets the storage server
     // sees are the location's plus the record's.
@@ -124,8 +124,11 @@ fn locations_allow_their_holders_only_what_they_were_given_for_a_while() {
         1_000
     ));
     assert!(!allows(&r.block, 0, BS, Rights::WRITE, 1_000));
-    create(&mut s, "/d/c2", Directory, 0).unwrap();
-    let r = create(&mut s, "/d/c3", Directory, 0)
+    // The piece holds 19 slots: the 20th record is the block's first.
+    for i in 0..19 {
+        create(&mut s, &format!("/d/c{i}"), Directory, 0).unwrap();
+    }
+    let r = create(&mut s, "/d/next", Directory, 0)
         .unwrap()
         .record
         .unwrap();
