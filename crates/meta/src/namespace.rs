@@ -24,6 +24,7 @@ use nodekernel_proto::record::{self, Layout};
 use nodekernel_proto::{Error, NodeType, Result, NO_CLASS};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
+use thin_vec::ThinVec;
 
 pub type NodeId = u64;
 /// Id of the root directory `/`.
@@ -64,7 +65,7 @@ const RUN_SEARCH: usize = 1024;
 /// so the data stays bounded by the peak size of the records (plus those
 /// being cleared).
 ///
-/// Costs: 16 bytes per slot (a record of a name of up to 8 bytes takes
+/// Costs: 8 bytes per slot (a record of a name of up to 8 bytes takes
 /// one, up to 40 two), plus 40-odd bytes per free slot in the free set.
 ///
 /// Boxed, and absent until the first slot: every node has a table, and most
@@ -72,9 +73,45 @@ const RUN_SEARCH: usize = 1024;
 #[derive(Debug, Clone, Default)]
 pub struct SlotTable(Option<Box<Slots>>);
 
+/// A [`Slot`] in 8 bytes, not an enum's 16: the child's id, or one of
+/// three values no node id reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Packed(u64);
+
+const PACKED_FREE: u64 = u64::MAX;
+const PACKED_CLEARING: u64 = u64::MAX - 1;
+const PACKED_TAIL: u64 = u64::MAX - 2;
+/// Node ids below this fit a packed slot.
+const MAX_PACKED_ID: NodeId = PACKED_TAIL;
+
+impl From<Slot> for Packed {
+    fn from(s: Slot) -> Packed {
+        Packed(match s {
+            Slot::Free => PACKED_FREE,
+            Slot::Clearing => PACKED_CLEARING,
+            Slot::Tail => PACKED_TAIL,
+            Slot::Live(id) => {
+                debug_assert!(id < MAX_PACKED_ID);
+                id
+            }
+        })
+    }
+}
+
+impl From<Packed> for Slot {
+    fn from(p: Packed) -> Slot {
+        match p.0 {
+            PACKED_FREE => Slot::Free,
+            PACKED_CLEARING => Slot::Clearing,
+            PACKED_TAIL => Slot::Tail,
+            id => Slot::Live(id),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 struct Slots {
-    slots: Vec<Slot>,
+    slots: Vec<Packed>,
     free: BTreeSet<u32>,
     /// The pieces holding the first records, one per piece extent of the
     /// container's [`Layout`](nodekernel_proto::record::Layout), in extent
@@ -83,10 +120,10 @@ struct Slots {
     pieces: Vec<Piece>,
 }
 
-const NO_SLOTS: &[Slot] = &[];
+const NO_SLOTS: &[Packed] = &[];
 
 impl SlotTable {
-    fn slots(&self) -> &[Slot] {
+    fn slots(&self) -> &[Packed] {
         self.0.as_ref().map_or(NO_SLOTS, |t| &t.slots)
     }
 
@@ -140,22 +177,23 @@ impl SlotTable {
             t.free.insert(s as u32);
         }
         if t.slots.len() < end {
-            t.slots.resize(end, Slot::Free);
+            t.slots.resize(end, Slot::Free.into());
         }
         for (i, s) in t.slots[first..end].iter_mut().enumerate() {
-            debug_assert_eq!(*s, Slot::Free, "a record takes free slots");
+            debug_assert_eq!(Slot::from(*s), Slot::Free, "a record takes free slots");
             *s = if i == 0 {
                 Slot::Live(child)
             } else {
                 Slot::Tail
-            };
+            }
+            .into();
             t.free.remove(&(first as u32 + i as u32));
         }
     }
 
     fn set(&mut self, slot: u32, state: Slot) {
         if let Some(s) = self.0.as_mut().and_then(|t| t.slots.get_mut(slot as usize)) {
-            *s = state;
+            *s = state.into();
         }
     }
 
@@ -163,10 +201,10 @@ impl SlotTable {
     fn release(&mut self, slot: u32) {
         let t = self.table();
         for (i, s) in t.slots.iter_mut().enumerate().skip(slot as usize) {
-            if i > slot as usize && *s != Slot::Tail {
+            if i > slot as usize && Slot::from(*s) != Slot::Tail {
                 break;
             }
-            *s = Slot::Free;
+            *s = Slot::Free.into();
             t.free.insert(i as u32);
         }
     }
@@ -177,13 +215,13 @@ impl SlotTable {
             .slots()
             .iter()
             .skip(slot as usize + 1)
-            .take_while(|s| **s == Slot::Tail)
+            .take_while(|s| Slot::from(**s) == Slot::Tail)
             .count();
         1 + tail as u32
     }
 
     pub fn get(&self, slot: u32) -> Option<Slot> {
-        self.slots().get(slot as usize).copied()
+        self.slots().get(slot as usize).map(|s| Slot::from(*s))
     }
 
     /// The pieces holding the container's first records, in extent order.
@@ -203,13 +241,17 @@ impl SlotTable {
 
     /// Every slot with its state, in slot order.
     pub fn iter(&self) -> impl Iterator<Item = (u32, Slot)> + '_ {
-        self.slots().iter().enumerate().map(|(i, s)| (i as u32, *s))
+        self.slots()
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (i as u32, Slot::from(*s)))
     }
 
     /// Bit `i` of byte `i / 8` is set when slot `i` is live.
     pub fn live_bitmap(&self) -> Vec<u8> {
         let mut bits = vec![0u8; self.slots().len().div_ceil(8)];
-        for (i, s) in self.slots().iter().enumerate() {
+        for (i, s) in self.iter() {
+            let i = i as usize;
             if matches!(s, Slot::Live(_)) {
                 bits[i / 8] |= 1 << (i % 8);
             }
@@ -221,13 +263,94 @@ impl SlotTable {
     /// follows a record's first slot (for invariant checks).
     pub fn is_consistent(&self) -> bool {
         let free = self.free();
-        let slots = self.slots();
         free.is_none_or(|f| f.iter().all(|s| self.get(*s) == Some(Slot::Free)))
-            && slots.iter().enumerate().all(|(i, s)| match s {
-                Slot::Free => free.is_some_and(|f| f.contains(&(i as u32))),
-                Slot::Tail => i > 0 && slots[i - 1] != Slot::Free,
+            && self.iter().all(|(i, s)| match s {
+                Slot::Free => free.is_some_and(|f| f.contains(&i)),
+                Slot::Tail => i > 0 && self.get(i - 1) != Some(Slot::Free),
                 Slot::Live(_) | Slot::Clearing => true,
             })
+    }
+}
+
+/// A node's placement hint (`CreateSpec::location`): a null pointer for
+/// the many nodes without one (8 bytes, not a string's 16).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[allow(clippy::box_collection)] // the box is the point: a thin pointer
+pub struct Location(Option<Box<String>>);
+
+impl Location {
+    pub fn new(location: &str) -> Location {
+        Location((!location.is_empty()).then(|| Box::new(location.to_string())))
+    }
+}
+
+impl std::ops::Deref for Location {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.0.as_deref().map_or("", String::as_str)
+    }
+}
+
+/// A node's record slot in its parent, if it has one (4 bytes, not an
+/// `Option<u32>`'s 8; no container has `u32::MAX` slots: `MAX_SLOTS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordSlot(u32);
+
+/// More slots than any container may have.
+pub const MAX_SLOTS: u32 = u32::MAX - 1;
+
+impl RecordSlot {
+    pub const NONE: RecordSlot = RecordSlot(u32::MAX);
+
+    pub fn new(slot: Option<u32>) -> RecordSlot {
+        debug_assert!(slot.is_none_or(|s| s < MAX_SLOTS));
+        RecordSlot(slot.unwrap_or(u32::MAX))
+    }
+
+    pub fn get(self) -> Option<u32> {
+        (self.0 != u32::MAX).then_some(self.0)
+    }
+
+    pub fn take(&mut self) -> Option<u32> {
+        std::mem::replace(self, RecordSlot::NONE).get()
+    }
+}
+
+/// The children of a container by full name; nothing but a null pointer
+/// for a node without any (every data node: 8 bytes, not a B-tree's 24).
+#[derive(Debug, Clone, Default)]
+#[allow(clippy::box_collection)] // the box is the point: a thin pointer
+pub struct Children(Option<Box<BTreeMap<Arc<str>, NodeId>>>);
+
+static NO_CHILDREN: BTreeMap<Arc<str>, NodeId> = BTreeMap::new();
+
+impl std::ops::Deref for Children {
+    type Target = BTreeMap<Arc<str>, NodeId>;
+    fn deref(&self) -> &Self::Target {
+        self.0.as_deref().unwrap_or(&NO_CHILDREN)
+    }
+}
+
+impl Children {
+    pub fn insert(&mut self, name: Arc<str>, id: NodeId) -> Option<NodeId> {
+        self.0.get_or_insert_default().insert(name, id)
+    }
+
+    /// Removes `name`; the map goes with its last child.
+    pub fn remove(&mut self, name: &str) -> Option<NodeId> {
+        let map = self.0.as_mut()?;
+        let id = map.remove(name);
+        if map.is_empty() {
+            self.0 = None;
+        }
+        id
+    }
+}
+
+impl FromIterator<(Arc<str>, NodeId)> for Children {
+    fn from_iter<I: IntoIterator<Item = (Arc<str>, NodeId)>>(children: I) -> Children {
+        let map: BTreeMap<_, _> = children.into_iter().collect();
+        Children((!map.is_empty()).then(|| Box::new(map)))
     }
 }
 
@@ -243,21 +366,21 @@ pub struct Node {
     pub size: u64,
     /// Blocks of the node's data: bytes of a data node, child records of a
     /// container.
-    pub blocks: Vec<BlockRef>,
+    pub blocks: ThinVec<BlockRef>,
     /// A small value's piece of a shared block, instead of blocks.
     pub piece: Option<Piece>,
     /// Children of a container, by full name (the authority on what exists).
-    pub children: BTreeMap<Arc<str>, NodeId>,
+    pub children: Children,
     /// Record slots of a container.
     pub slots: SlotTable,
     /// This node's record slot in its parent (None: parent not enumerable,
     /// root, or not linked yet).
-    pub slot: Option<u32>,
+    pub slot: RecordSlot,
     /// False for a KeyValue whose put has not closed yet, and for the root
     /// of a removed subtree waiting in the graveyard.
     pub linked: bool,
     pub storage_class: u8,
-    pub location: Box<str>,
+    pub location: Location,
     pub enumerable: bool,
     /// Tier migration leaves its blocks where they are.
     pub pinned: bool,
@@ -378,14 +501,14 @@ impl Namespace {
             name: "".into(),
             ty: NodeType::Directory,
             size: 0,
-            blocks: Vec::new(),
+            blocks: ThinVec::new(),
             piece: None,
-            children: BTreeMap::new(),
+            children: Children::default(),
             slots: SlotTable::default(),
-            slot: None,
+            slot: RecordSlot::NONE,
             linked: true,
             storage_class: NO_CLASS,
-            location: Box::default(),
+            location: Location::default(),
             enumerable: true,
             pinned: false,
             encrypted: false,
@@ -735,14 +858,14 @@ impl Namespace {
                 name: n.name.as_str().into(),
                 ty: n.ty,
                 size: 0,
-                blocks: Vec::new(),
+                blocks: ThinVec::new(),
                 piece: None,
-                children: BTreeMap::new(),
+                children: Children::default(),
                 slots: SlotTable::default(),
-                slot: None,
+                slot: RecordSlot::NONE,
                 linked: false,
                 storage_class: n.storage_class,
-                location: n.location.as_str().into(),
+                location: Location::new(&n.location),
                 enumerable: n.ty != NodeType::Table || n.enumerable,
                 pinned: n.pinned,
                 encrypted: n.encrypted,
@@ -837,7 +960,7 @@ impl Namespace {
             return;
         };
         n.linked = true;
-        n.slot = slot;
+        n.slot = RecordSlot::new(slot);
         let (parent, name) = (n.parent, n.name.clone());
         self.shadows.remove(&(parent, id));
         if let Some(p) = self.nodes.get_mut(&parent) {
@@ -866,7 +989,7 @@ impl Namespace {
         let (parent, name) = (n.parent, n.name.clone());
         self.shadows.remove(&(parent, new));
         if let Some(p) = self.nodes.get_mut(&parent) {
-            if let Some(s) = o.slot {
+            if let Some(s) = o.slot.get() {
                 p.slots.set(s, Slot::Live(new));
             }
             p.children.insert(name, new);
@@ -911,7 +1034,7 @@ impl Namespace {
             }
             // Only a reaped child still holds a slot, and its parent is
             // being reaped too: nobody reads those records any more.
-            if let Some(s) = n.slot {
+            if let Some(s) = n.slot.get() {
                 p.slots.set(s, Slot::Clearing);
             }
         }
@@ -924,7 +1047,7 @@ impl Namespace {
             return;
         };
         let name: Arc<str> = name.into();
-        let (old_parent, old_name, old_slot) = (n.parent, n.name.clone(), n.slot);
+        let (old_parent, old_name, old_slot) = (n.parent, n.name.clone(), n.slot.get());
         if let Some(op) = self.nodes.get_mut(&old_parent) {
             op.children.remove(&old_name);
             if let Some(s) = old_slot {
@@ -940,7 +1063,7 @@ impl Namespace {
         let n = self.nodes.get_mut(&id).expect("checked above");
         n.parent = parent;
         n.name = name;
-        n.slot = slot;
+        n.slot = RecordSlot::new(slot);
     }
 
     /// A client finished clearing the record in `slot`: it may be reused.
@@ -994,9 +1117,9 @@ impl Namespace {
                 Some(t) => {
                     e.bool(true).u32(t.slots.len() as u32);
                     for s in &t.slots {
-                        match s {
+                        match Slot::from(*s) {
                             Slot::Free => e.u8(0),
-                            Slot::Live(id) => e.u8(1).u64(*id),
+                            Slot::Live(id) => e.u8(1).u64(id),
                             Slot::Clearing => e.u8(2),
                             Slot::Tail => e.u8(3),
                         };
@@ -1006,7 +1129,7 @@ impl Namespace {
                     e.bool(false);
                 }
             }
-            match n.slot {
+            match n.slot.get() {
                 Some(s) => e.bool(true).u32(s),
                 None => e.bool(false),
             };
@@ -1042,6 +1165,9 @@ impl Namespace {
         next_id: NodeId,
         records: impl Iterator<Item = Result<(NodeId, Vec<u8>)>>,
     ) -> Result<Namespace> {
+        if next_id >= MAX_PACKED_ID {
+            return Err(Error::protocol(format!("bad next node id {next_id}")));
+        }
         let mut ns = Namespace {
             nodes: HashMap::with_capacity(records.size_hint().0),
             next_id,
@@ -1057,7 +1183,7 @@ impl Namespace {
             let ty = NodeType::from_u8(d.u8()?)?;
             let size = d.u64()?;
             let nb = d.count(16)?;
-            let mut blocks = Vec::with_capacity(nb);
+            let mut blocks = ThinVec::with_capacity(nb);
             for _ in 0..nb {
                 blocks.push(BlockRef {
                     server: d.u32()?,
@@ -1081,7 +1207,10 @@ impl Namespace {
                 for i in 0..n as u32 {
                     let s = match d.u8()? {
                         0 => Slot::Free,
-                        1 => Slot::Live(d.u64()?),
+                        1 => match d.u64()? {
+                            child if child < MAX_PACKED_ID => Slot::Live(child),
+                            _ => return Err(Error::protocol(format!("node {id}: bad child id"))),
+                        },
                         2 => Slot::Clearing,
                         3 => Slot::Tail,
                         v => return Err(Error::protocol(format!("node {id}: bad slot state {v}"))),
@@ -1089,17 +1218,20 @@ impl Namespace {
                     if s == Slot::Free {
                         t.free.insert(i);
                     }
-                    t.slots.push(s);
+                    t.slots.push(s.into());
                 }
                 SlotTable(Some(Box::new(t)))
             } else {
                 SlotTable(None)
             };
             let slot = if d.bool()? { Some(d.u32()?) } else { None };
+            if slot.is_some_and(|s| s >= MAX_SLOTS) {
+                return Err(Error::protocol(format!("node {id}: bad record slot")));
+            }
             let linked = d.bool()?;
             let waits = d.u8()?;
             let storage_class = d.u8()?;
-            let location: Box<str> = d.string()?.into();
+            let location = Location::new(&d.string()?);
             let (enumerable, pinned, encrypted) = dec_node_flags(d)?;
             let lease = if d.bool()? {
                 Some(Lease {
@@ -1167,9 +1299,9 @@ impl Namespace {
                 size,
                 blocks,
                 piece,
-                children: BTreeMap::new(),
+                children: Children::default(),
                 slots,
-                slot,
+                slot: RecordSlot::new(slot),
                 linked,
                 storage_class,
                 location,
@@ -1224,4 +1356,37 @@ pub(crate) fn stale(node: u64) -> Error {
 
 fn prefix(comps: &[&str], n: usize) -> String {
     format!("/{}", comps[..n].join("/"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the metadata server keeps per node, boxed (a million small
+    /// values: a million of these). A data node has no children, no
+    /// location and no blocks besides its piece: each of those is one
+    /// null pointer. 136 bytes is a 144-byte heap chunk.
+    #[test]
+    fn a_node_stays_small() {
+        assert_eq!(std::mem::size_of::<Children>(), 8);
+        assert_eq!(std::mem::size_of::<Location>(), 8);
+        assert_eq!(std::mem::size_of::<ThinVec<BlockRef>>(), 8);
+        let size = std::mem::size_of::<Node>();
+        assert!(size <= 136, "a node takes {size} bytes");
+    }
+
+    /// A slot is 8 bytes, and packs and unpacks every state.
+    #[test]
+    fn slots_pack_into_eight_bytes() {
+        assert_eq!(std::mem::size_of::<Packed>(), 8);
+        for s in [
+            Slot::Free,
+            Slot::Clearing,
+            Slot::Tail,
+            Slot::Live(1),
+            Slot::Live(MAX_PACKED_ID - 1),
+        ] {
+            assert_eq!(Slot::from(Packed::from(s)), s);
+        }
+    }
 }

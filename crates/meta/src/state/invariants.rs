@@ -95,7 +95,7 @@ impl MetaState {
                 if !n.slots.is_consistent() {
                     return Err(format!("slot table of node {} is inconsistent", n.id));
                 }
-                for (name, child) in &n.children {
+                for (name, child) in n.children.iter() {
                     let c = self
                         .ns
                         .get(*child)
@@ -121,7 +121,7 @@ impl MetaState {
                     }
                     let Some(c) = first else { continue };
                     if self.ns.get(c).is_none_or(|c| {
-                        c.slot != Some(s)
+                        c.slot.get() != Some(s)
                             || c.parent != n.id
                             || record::slots_for(c.name.len()) != len
                     }) {
@@ -528,7 +528,7 @@ fn check_child(n: &Node, name: &str, c: &Node) -> std::result::Result<(), String
     if c.parent != n.id || *c.name != *name || !c.linked {
         return Err(format!("child {child} of node {} disagrees", n.id));
     }
-    match (n.enumerable, c.slot) {
+    match (n.enumerable, c.slot.get()) {
         (true, Some(s)) if n.slots.get(s) == Some(Slot::Live(child)) => Ok(()),
         (false, None) => Ok(()),
         (e, s) => Err(format!(

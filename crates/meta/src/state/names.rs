@@ -6,7 +6,7 @@ use super::pieces::Taker;
 use super::{Decision, Draft, MetaState, Reply};
 use crate::alloc::BlockRef;
 use crate::effect::Effect;
-use crate::namespace::{stale, NewNode, NodeId, Slot, ROOT};
+use crate::namespace::{stale, NewNode, NodeId, Slot, MAX_SLOTS, ROOT};
 use crate::slab::{piece_size_for, Piece};
 use nodekernel_proto::crypt;
 use nodekernel_proto::path;
@@ -279,7 +279,7 @@ impl<'a> Draft<'a> {
                 n.children.len()
             )));
         }
-        let clear = n.slot.map(|s| (n.parent, s));
+        let clear = n.slot.get().map(|s| (n.parent, s));
         self.push(Effect::Unlinked { id });
         // A small subtree is reaped at once; a big one in bounded steps
         // afterwards (the server's reaper).
@@ -339,7 +339,7 @@ impl<'a> Draft<'a> {
                 replaced: None,
             });
         }
-        let clear = n.slot.map(|s| (n.parent, s));
+        let clear = n.slot.get().map(|s| (n.parent, s));
         // The node replaced goes as a remove would take it: unlinked (its
         // record to be cleared), its blocks freed, dropped (a big one by
         // the reaper).
@@ -347,7 +347,7 @@ impl<'a> Draft<'a> {
             Some(old) => {
                 self.push(Effect::Unlinked { id: old.id });
                 self.reap(&[old.id], REAP_NODES, REAP_BLOCKS);
-                old.slot.map(|s| (old.parent, s))
+                old.slot.get().map(|s| (old.parent, s))
             }
             None => None,
         };
@@ -404,6 +404,11 @@ impl<'a> Draft<'a> {
         let layout = self.st.record_layout(n);
         let len = record::slots_for(name.len());
         let slot = n.slots.peek(len, &layout);
+        if slot.saturating_add(len) > MAX_SLOTS {
+            return Err(Error::no_space(format!(
+                "container {container} holds all the child records it can"
+            )));
+        }
         self.relocate_lost_records(container)?;
         let need = layout.extents_for(slot + len);
         let have = n.slots.pieces().len()

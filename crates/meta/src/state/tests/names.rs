@@ -221,7 +221,7 @@ fn class_is_inherited_and_non_enumerable_tables_list_nothing() {
     assert!(children(&s, "/t").is_empty());
     assert_eq!(lookup(&mut s, "/t/k").unwrap().id, k.id);
     assert_eq!(
-        s.ns().get(k.id).unwrap().slot,
+        s.ns().get(k.id).unwrap().slot.get(),
         None,
         "no record in a non-enumerable table"
     );
