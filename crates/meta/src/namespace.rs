@@ -145,7 +145,7 @@ impl SlotTable {
 
     /// The first slot of the next record of `n` slots in `layout`: the
     /// lowest run of `n` free slots in one extent (among the first
-    /// [`RUN_SEARCH`] free ones), else new slots at the end, from the next
+    /// `RUN_SEARCH` free ones), else new slots at the end, from the next
     /// extent if the last one has no room left for it.
     pub fn peek(&self, n: u32, layout: &Layout) -> u32 {
         // Where the record would start in the run of free slots so far, and
