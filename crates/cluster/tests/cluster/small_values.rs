@@ -42,8 +42,7 @@ async fn a_hundred_thousand_values_of_100_bytes_fit_in_32_mib_of_dram() {
     let mut cfg = common::config(32 * MIB, 0, &dir);
     cfg.meta.block_size = ByteSize(MIB);
     let t = common::start_with(cfg, dir).await;
-    // The 512-byte child records of 100,000 keys would take 49 MiB by
-    // themselves: this is about the values.
+    // Non-enumerable: this is about the values, not their records.
     t.client
         .create("/t", NodeType::Table, table(false))
         .await
@@ -242,9 +241,10 @@ async fn mixed_churn(shared_memory: bool) {
     );
     // Deleting everything gives back every block but the records': the
     // root's block and the slabs holding the table's record pieces (64
-    // keys, and slots still being cleared under churn: nine pieces or a
-    // few more, in slabs of three sizes, in whichever class had room when
-    // each was taken).
+    // keys of one slot each, and slots still being cleared under churn:
+    // more than the first piece's 19, so two pieces or a few more, in
+    // slabs of up to three sizes, in whichever class had room when each
+    // was taken).
     for k in 0..KEYS {
         let _ = t.client.delete(&format!("/t/k{k}"), false).await;
     }
@@ -256,7 +256,7 @@ async fn mixed_churn(shared_memory: bool) {
         .block_locations()
         .await
         .unwrap();
-    assert!(extents.len() >= 9, "{extents:?}");
+    assert!(extents.len() >= 2, "{extents:?}");
     let slabs: std::collections::BTreeSet<(u32, u32)> =
         extents.iter().map(|e| (e.server, e.block)).collect();
     let left = used_blocks(&t.client, 0).await + used_blocks(&t.client, 1).await;
