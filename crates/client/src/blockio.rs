@@ -59,6 +59,11 @@ pub struct DataPathStats {
     /// Bytes of network reads received into a connection buffer first and
     /// copied from there (read ahead together with another reply).
     pub network_read_bytes_copied: u64,
+    /// Bytes of small network reads (with their status bytes), received
+    /// with the frames around them and copied on purpose: under
+    /// [`nodekernel_rpc::DIRECT_REPLY_MIN`], a copy costs less than
+    /// receiving straight into the reader's buffer.
+    pub network_read_bytes_small: u64,
     /// Bytes read, by the storage class of the block that served them
     /// (`BlockLoc::class`, either path), since the client was created:
     /// classes 0 (DRAM), 1 and 2 each in their own slot, every class from
@@ -203,6 +208,7 @@ impl BlockIo {
             network_writes: self.network_writes.load(Ordering::Relaxed),
             network_read_bytes_direct: self.pool.reply_copies().direct(),
             network_read_bytes_copied: self.pool.reply_copies().staged(),
+            network_read_bytes_small: self.pool.reply_copies().small(),
             read_bytes_by_class: self
                 .read_bytes_by_class
                 .each_ref()

@@ -36,7 +36,10 @@ mod tls_io;
 mod transport;
 
 pub use auth::Token;
-pub use client::{default_client_handshake, ConnOptions, Connection, ConnectionPool, ReplyCopies};
+pub use client::{
+    default_client_handshake, ConnOptions, Connection, ConnectionPool, ReplyCopies,
+    DIRECT_REPLY_MIN,
+};
 pub use handshake::{ClientHandshake, HandshakeFrame, HandshakeIo, PeerInfo, ServerHandshake};
 pub use hello::VersionHandshake;
 pub use nodekernel_proto::hello::{Role, WIRE_VERSION};

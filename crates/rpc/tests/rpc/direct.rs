@@ -7,7 +7,7 @@ use crate::common;
 
 use common::{connect, no_hang, start, Echo, Kind};
 use nodekernel_proto::ErrorCode;
-use nodekernel_rpc::ServeOptions;
+use nodekernel_rpc::{ServeOptions, DIRECT_REPLY_MIN};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,7 +25,7 @@ async fn replies_land_in_the_callers_buffer_without_a_copy() {
         for spin in [Duration::ZERO, Duration::from_micros(50)] {
             let server = start(kind, Arc::new(Echo::default()), ServeOptions::default()).await;
             let conn = connect(&server.addr, spin).await;
-            let mut expected_direct = 0;
+            let (mut expected_direct, mut expected_small) = (0, 0);
             for (i, &len) in SIZES.iter().enumerate() {
                 let sent = pattern(len, i as u8);
                 // Not zeroed in between: stale bytes would show.
@@ -36,7 +36,11 @@ async fn replies_land_in_the_callers_buffer_without_a_copy() {
                 assert_eq!(n, len, "{kind:?}");
                 assert!(buf[..n] == sent[..], "{kind:?}, {len} bytes: wrong payload");
                 assert!(buf[n..].iter().all(|&b| b == 0xEE), "wrote past the reply");
-                expected_direct += len as u64;
+                if buf.len() >= DIRECT_REPLY_MIN {
+                    expected_direct += len as u64;
+                } else {
+                    expected_small += len as u64;
+                }
                 // An ordinary call in between changes nothing.
                 let small = pattern(10, 7);
                 let got = conn.call(2, &[&small]).await.unwrap();
@@ -49,6 +53,8 @@ async fn replies_land_in_the_callers_buffer_without_a_copy() {
                 "{kind:?}, spin {spin:?}: bytes of direct replies went through the receive buffer"
             );
             assert_eq!(copies.direct(), expected_direct, "{kind:?}, spin {spin:?}");
+            // Small buffers take their replies the usual way, copied once.
+            assert_eq!(copies.small(), expected_small, "{kind:?}, spin {spin:?}");
         }
     }
 }
