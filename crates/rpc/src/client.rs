@@ -1122,11 +1122,10 @@ impl Connection {
         Ok(data)
     }
 
-    /// [`Connection::call_into_uninit`] for a reply of fewer than
-    /// [`DIRECT_REPLY_MIN`] bytes: received with the frames around it and copied
-    /// out of the receive buffer, which costs less than parking the stream
-    /// for it (a `recv` for each of header, payload and trailer, and a
-    /// hand-over between the reading task and the caller).
+    /// [`Connection::call_into_uninit`] into buffers of fewer than
+    /// [`DIRECT_REPLY_MIN`] bytes: the reply is received with the frames
+    /// around it and copied out of the receive buffer (see
+    /// [`DIRECT_REPLY_MIN`] for why).
     async fn call_copied(
         &self,
         kind: u16,
