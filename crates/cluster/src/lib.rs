@@ -13,10 +13,11 @@ pub use size::{human, ByteSize};
 
 use nodekernel_client::settings::PublishedToken;
 use nodekernel_client::{Client, ClientConfig};
-use nodekernel_meta::{MetaError, MetaServer};
+use nodekernel_meta::{ClaimFuture, LocalStore, MetaError, MetaServer};
 use nodekernel_store::{DirLock, StorageServer, StoreError};
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Why a cluster could not start.
 ///
@@ -109,6 +110,16 @@ pub struct LocalCluster {
     /// The locked data directory (`up.data_dir` or a fresh private one).
     /// Declared last: it is released after the stores.
     dir: DirLock,
+}
+
+/// A storage server of this process as its metadata server's
+/// [`LocalStore`].
+struct InProcess(nodekernel_store::LocalClaims);
+
+impl LocalStore for InProcess {
+    fn claim<'a>(&'a self, claims: &'a [nodekernel_proto::store::Claim]) -> ClaimFuture<'a> {
+        Box::pin(self.0.claim(claims))
+    }
 }
 
 impl LocalCluster {
@@ -216,13 +227,20 @@ impl LocalCluster {
         let cfg = self
             .config
             .store_config_under(index, s, metas, self.dir.path())?;
-        StorageServer::start(cfg)
+        let store = StorageServer::start(cfg)
             .await
             .map_err(|error| ClusterError::Store {
                 index,
                 class_name: s.class_name.clone(),
                 error,
-            })
+            })?;
+        // Claims (a replacing put's, a delete's) by a call, not a request
+        // over loopback the reply would wait for.
+        self.meta.add_local_store(
+            store.advertised_addr(),
+            Arc::new(InProcess(store.local_claims())),
+        );
+        Ok(store)
     }
 
     /// Whether the servers require a cluster token.

@@ -9,6 +9,7 @@ use nodekernel_admin::status::StatusOut;
 use nodekernel_admin::Source;
 use nodekernel_proto::sync;
 use nodekernel_proto::ClusterStatus;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -101,6 +102,24 @@ impl Source for MetaAdmin {
             "ready",
             "1 when the expected storage servers are alive",
             gauge(v.ready as u64),
+        );
+        let h = &self.handler;
+        let by = |via: &str, n: &std::sync::atomic::AtomicU64| {
+            (vec![("via", via.to_string())], n.load(Ordering::Relaxed))
+        };
+        reg.register(
+            "claims",
+            "Block claims delivered to storage servers: by a call to a storage server in this \
+             process, or as requests",
+            counters([
+                by("call", &h.claims_by_call),
+                by("request", &h.claims_by_request),
+            ]),
+        );
+        reg.register(
+            "pending_claims",
+            "Block claims storage servers have not acknowledged yet (retried by the ticker)",
+            gauge(h.pending_claims()),
         );
         let per_server = |f: fn(&nodekernel_admin::status::ServerOut) -> u64| {
             v.servers.iter().map(move |s| (server_labels(s), f(s)))

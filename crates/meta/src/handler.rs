@@ -30,6 +30,7 @@ use crate::config::{CheckpointStats, MetaConfig, MetaError, Persistence};
 use crate::effect::Effect;
 use crate::state::{Decision, MetaState, Notes};
 use bytes::{Bytes, BytesMut};
+use futures::future::BoxFuture;
 use nodekernel_journal::{Fsync, Journal, JournalError};
 use nodekernel_proto::cap::verify_identify;
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
@@ -41,7 +42,7 @@ use nodekernel_proto::{Error, LogStatus};
 use nodekernel_rpc::{
     ConnOptions, ConnectionPool, Handler, Role, ServerHandshake, VersionHandshake,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -68,6 +69,14 @@ pub(crate) struct MetaHandler {
     claim_timeout: Duration,
     /// Claims not acknowledged yet, by storage server address.
     pending: Mutex<BTreeMap<String, Vec<BlockClaim>>>,
+    /// Storage servers in this process, by address: claims go to them by
+    /// a call ([`LocalStore`]). One entry per server, none in a
+    /// metadata server of its own process.
+    local: std::sync::RwLock<HashMap<String, Arc<dyn LocalStore>>>,
+    /// Claims delivered so far: by a call to a [`LocalStore`], and as
+    /// requests over a socket (the admin endpoint's metrics).
+    pub(crate) claims_by_call: std::sync::atomic::AtomicU64,
+    pub(crate) claims_by_request: std::sync::atomic::AtomicU64,
     /// Wakes the reaper.
     pub(crate) reap: Notify,
     /// Wakes the drainer (a drain was asked for).
@@ -115,6 +124,9 @@ impl MetaHandler {
             authenticated: cfg.security.token.is_some(),
             claim_timeout: cfg.claim_timeout,
             pending: Mutex::new(BTreeMap::new()),
+            local: Default::default(),
+            claims_by_call: Default::default(),
+            claims_by_request: Default::default(),
             reap: Notify::new(),
             drain: Notify::new(),
             next_move: std::sync::Mutex::new(Instant::now()),
@@ -346,7 +358,7 @@ impl MetaHandler {
             by_addr.entry(c.addr.clone()).or_default().push(c);
         }
         let sends = by_addr.into_iter().map(|(addr, claims)| async move {
-            if let Err(e) = deliver(&self.stores, &addr, &claims).await {
+            if let Err(e) = self.deliver(&addr, &claims).await {
                 tracing::warn!(
                     "could not claim {} block(s) on storage server {addr} within {:?} ({e}); retrying in the background",
                     claims.len(),
@@ -356,6 +368,14 @@ impl MetaHandler {
             }
         });
         futures::future::join_all(sends).await;
+    }
+
+    /// Claims kept for storage servers that did not acknowledge them.
+    pub(crate) fn pending_claims(&self) -> u64 {
+        sync::lock(&self.pending)
+            .values()
+            .map(|l| l.len() as u64)
+            .sum()
     }
 
     fn keep_pending(&self, addr: String, claims: Vec<BlockClaim>) {
@@ -468,7 +488,7 @@ impl MetaHandler {
             }
             let mut ok = Ok(());
             for (addr, claims) in by {
-                if let Err(e) = deliver(&h.stores, &addr, &claims).await {
+                if let Err(e) = h.deliver(&addr, &claims).await {
                     ok = Err(e);
                 }
             }
@@ -562,11 +582,28 @@ fn claim_spin() -> Duration {
     }
 }
 
-/// Sends one server's claims in batches of at most [`MAX_CLAIM_BATCH`].
-async fn deliver(pool: &ConnectionPool, addr: &str, claims: &[BlockClaim]) -> Result<()> {
-    for chunk in claims.chunks(MAX_CLAIM_BATCH) {
-        let req = StoreRequest::Claim {
-            claims: chunk
+/// A storage server in the same process as this metadata server (the
+/// one-process cluster of `nk up`), which takes claims by a call instead of
+/// a request over a socket ([`crate::MetaServer::add_local_store`]): a
+/// replacing put or a delete then waits for no round trip before its
+/// reply.
+pub trait LocalStore: Send + Sync {
+    /// Handles `claims` as a `Claim` request to the server would (the same
+    /// checks, the same effects), or `None` when the server no longer
+    /// serves (the claims then go over the network, as to any server).
+    fn claim<'a>(&'a self, claims: &'a [Claim]) -> ClaimFuture<'a>;
+}
+
+/// What [`LocalStore::claim`] returns.
+pub type ClaimFuture<'a> = BoxFuture<'a, Option<Result<()>>>;
+
+impl MetaHandler {
+    /// Sends one server's claims in batches of at most [`MAX_CLAIM_BATCH`]:
+    /// by a call when the server is in this process, else as requests,
+    /// each bounded by the claim timeout.
+    async fn deliver(&self, addr: &str, claims: &[BlockClaim]) -> Result<()> {
+        for chunk in claims.chunks(MAX_CLAIM_BATCH) {
+            let claims: Vec<Claim> = chunk
                 .iter()
                 .map(|c| Claim {
                     block: c.block,
@@ -576,13 +613,45 @@ async fn deliver(pool: &ConnectionPool, addr: &str, claims: &[BlockClaim]) -> Re
                     scrub: c.scrub,
                     cap: c.cap,
                 })
-                .collect(),
-        };
-        let mut buf = BytesMut::with_capacity(4 + 16 * chunk.len());
-        req.encode(&mut buf);
-        pool.call(addr, req.op(), &[&buf]).await?;
+                .collect();
+            let local = sync::read(&self.local).get(addr).cloned();
+            if let Some(store) = local {
+                // A DRAM store answers at once, so the timer is never armed.
+                match tokio::time::timeout(self.claim_timeout, store.claim(&claims)).await {
+                    Ok(Some(r)) => {
+                        r?;
+                        self.claims_by_call
+                            .fetch_add(claims.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                        continue;
+                    }
+                    Ok(None) => {
+                        sync::write(&self.local).remove(addr);
+                    }
+                    Err(_) => {
+                        return Err(Error::timeout(format!(
+                            "the storage server at {addr} (in this process) did not take \
+                             its claims within {:?}",
+                            self.claim_timeout
+                        )))
+                    }
+                }
+            }
+            let n = claims.len() as u64;
+            let req = StoreRequest::Claim { claims };
+            let mut buf = BytesMut::with_capacity(4 + 16 * chunk.len());
+            req.encode(&mut buf);
+            self.stores.call(addr, req.op(), &[&buf]).await?;
+            self.claims_by_request
+                .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(())
     }
-    Ok(())
+
+    /// Sends claims for the server at `addr` to `store` by a call from now
+    /// on (see [`LocalStore`]), in place of any earlier one there.
+    pub(crate) fn add_local_store(&self, addr: String, store: Arc<dyn LocalStore>) {
+        sync::write(&self.local).insert(addr, store);
+    }
 }
 
 impl Handler for MetaHandler {

@@ -36,6 +36,7 @@ pub mod tier;
 mod sim;
 
 pub use effect::Effect;
+pub use handler::{ClaimFuture, LocalStore};
 pub use nodekernel_journal::Fsync;
 pub use server::{CheckpointStats, MetaConfig, MetaError, MetaServer, Persistence};
 pub use state::{Decision, MetaState, Outcome, Placement};

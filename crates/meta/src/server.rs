@@ -18,7 +18,7 @@
 //! any other.
 
 use crate::checkpoint;
-use crate::handler::{log_effects, MetaHandler};
+use crate::handler::{log_effects, LocalStore, MetaHandler};
 use crate::state::MetaState;
 use nodekernel_journal::{Journal, JournalError};
 use nodekernel_proto::Result;
@@ -193,6 +193,14 @@ impl MetaServer {
     /// The building block of migration and drain.
     pub async fn move_block(&self, node: u64, index: u64, class: u8) -> Result<()> {
         self.handler.move_block(node, index, class).await
+    }
+
+    /// Sends the claims for the storage server at `addr` (as it
+    /// registered) to `store` by a call instead of a request over a socket:
+    /// for a storage server in this process (`nk up`, [`LocalStore`]). A
+    /// later call for the same address replaces it.
+    pub fn add_local_store(&self, addr: impl Into<String>, store: Arc<dyn LocalStore>) {
+        self.handler.add_local_store(addr.into(), store);
     }
 
     pub fn shutdown(&self) {

@@ -416,7 +416,7 @@ impl StoreHandler {
     /// newer owner is fine: the claim's purpose, that nobody older writes
     /// there, holds. Every claim is tried; the first other error is
     /// returned.
-    async fn claim(&self, claims: &[Claim]) -> Result<()> {
+    pub(crate) async fn claim(&self, claims: &[Claim]) -> Result<()> {
         let mut first_err = None;
         for c in claims {
             let (block, gen) = (c.block, c.gen);

@@ -91,7 +91,7 @@ pub use error::StoreError;
 pub use file::{FileMedium, IoMode};
 pub use medium::{AsyncMedium, DramMedium, Medium};
 pub use persist::Discarded;
-pub use server::{StorageServer, CLEAN_STOP_PATIENCE};
+pub use server::{LocalClaims, StorageServer, CLEAN_STOP_PATIENCE};
 
 #[cfg(test)]
 mod tests;
