@@ -2,18 +2,26 @@
 # A/B of the small-operation rows (getkey/putkey 4 B and 1 KiB, one client,
 # co-located and remote; lookups with 16 clients) between two `nk` binaries:
 #   scripts/bench-ab.sh OLD_NK NEW_NK [ROUNDS]
-# ROWS=large runs the rows of the remote data path instead: getkey/putkey
-# of 64 KiB and 1 MiB, one client, --remote (p50), and sequential write and
-# read of a 1 GiB File in 16 MiB operations, --remote (GB/s).
+# ROWS picks other rows:
+#   large  the remote data path: getkey/putkey of 64 KiB and 1 MiB, one
+#          client, --remote (p50), and sequential write and read of a 1 GiB
+#          File in 16 MiB operations, --remote (GB/s)
+#   put    small puts (docs/benchmarks.md, "Puts in one exchange"): putkey
+#          of 100 B and 1 KiB replacing one of 100 keys, one client,
+#          co-located and --remote; 1 KiB with 16 clients, co-located and
+#          --remote; 1 KiB into new keys of a non-enumerable Table, --remote
+#   scale  16 clients: getkey and putkey of 1 KiB, co-located and --remote
 # Each round starts `nk up` with each binary in turn (so both see the same
-# machine state; the order alternates), runs every row, and stops it. Prints the median p50 (and
-# lookups/s) per row and binary, and NEW/OLD. Each binary talks only to its
-# own cluster, so wire versions may differ.
+# machine state; the order alternates), runs every row, and stops it.
+# Prints the median p50 and ops/s (GB/s for streams, lookups/s) per row and
+# binary, NEW/OLD, and every run's value. Each binary talks only to its own
+# cluster, so wire versions may differ. OUT=FILE keeps the JSON reports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OLD=$1 NEW=$2 ROUNDS=${3:-3}
 WORK=$(mktemp -d)
-OUT="$WORK/ab.jsonl"
+OUT=${OUT:-$WORK/ab.jsonl}
+: >"$OUT"
 UP_PID=
 cleanup() {
     [[ -n "$UP_PID" ]] && kill -TERM "$UP_PID" 2>/dev/null && wait "$UP_PID" 2>/dev/null || true
@@ -37,7 +45,8 @@ run_rows() { # NAME NK
         local tag=$1; shift
         "$nk" bench "$@" --json | python3 -c 'import json,sys; print(json.dumps({"bin": sys.argv[1], "tag": sys.argv[2], "report": json.load(sys.stdin)}))' "$name" "$tag" >>"$OUT"
     }
-    if [[ ${ROWS:-small} == large ]]; then
+    case ${ROWS:-small} in
+    large)
         for size in 64KiB 1MiB; do
             k=2000; [[ $size == 1MiB ]] && k=500
             rec "getkey remote $size c1" getkey -s "$size" -c 1 -k $k -w $(( k / 10 )) --keys 8 --remote
@@ -45,7 +54,25 @@ run_rows() { # NAME NK
         done
         rec "write remote 1GiB" write -s 16MiB -k 64 -w 0 --remote
         rec "read remote 1GiB" read -s 16MiB -k 64 -w 4 --qd 4 --remote
-    else
+        ;;
+    put)
+        for path in colocated remote; do
+            flag=(); [[ $path == remote ]] && flag=(--remote)
+            for size in 100 1KiB; do
+                rec "putkey $path $size replacing c1" putkey -s "$size" -c 1 -k 10000 -w 1000 --keys 100 "${flag[@]}"
+            done
+            rec "putkey $path 1KiB replacing c16" putkey -s 1KiB -c 16 -k 1500 -w 150 --keys 100 "${flag[@]}"
+        done
+        rec "putkey remote 1KiB new keys c1" putkey -s 1KiB -c 1 -k 10000 -w 1000 --new-keys --non-enumerable --remote
+        ;;
+    scale)
+        for path in colocated remote; do
+            flag=(); [[ $path == remote ]] && flag=(--remote)
+            rec "getkey $path 1KiB c16" getkey -s 1KiB -c 16 -k 3000 -w 300 --keys 100 "${flag[@]}"
+            rec "putkey $path 1KiB c16" putkey -s 1KiB -c 16 -k 1500 -w 150 --keys 100 "${flag[@]}"
+        done
+        ;;
+    *)
         for path in colocated remote; do
             flag=(); [[ $path == remote ]] && flag=(--remote)
             for size in 4 1KiB; do
@@ -54,7 +81,8 @@ run_rows() { # NAME NK
             done
         done
         rec "lookup c16" lookup -c 16 -k 5000 -w 1000
-    fi
+        ;;
+    esac
     kill -TERM "$UP_PID"; wait "$UP_PID" || true; UP_PID=
     rm -rf "$WORK/data-$name"
 }
@@ -78,21 +106,16 @@ for line in open(sys.argv[1]):
     rep = r["report"]
     tag = r["tag"]
     if tag.startswith("lookup"):
-        val = rep["ops_per_sec"]
+        vals = [("ops/s", rep["ops_per_sec"])]
     elif tag.startswith(("read", "write")):
-        val = rep["gb_per_sec"]
+        vals = [("GB/s", rep["gb_per_sec"])]
     else:
-        val = rep["latency_us"]["p50"]
-    rows.setdefault(tag, {}).setdefault(r["bin"], []).append(val)
+        vals = [("p50 µs", rep["latency_us"]["p50"]), ("ops/s", rep["ops_per_sec"])]
+    for metric, val in vals:
+        rows.setdefault((tag, metric), {}).setdefault(r["bin"], []).append(val)
 print("| row | metric | old (median) | new (median) | new/old | old runs | new runs |")
 print("|---|---|---:|---:|---:|---|---|")
-for tag, v in rows.items():
-    if tag.startswith("lookup"):
-        metric = "ops/s"
-    elif tag.startswith(("read", "write")):
-        metric = "GB/s"
-    else:
-        metric = "p50 µs"
+for (tag, metric), v in rows.items():
     o, n = statistics.median(v["old"]), statistics.median(v["new"])
     digits = {"ops/s": 0, "GB/s": 2}.get(metric, 1)
     fmt = lambda xs: ", ".join(f"{x:.{digits}f}" for x in xs)
