@@ -17,6 +17,11 @@ use nodekernel_proto::{
 use nodekernel_rpc::{ConnOptions, ConnectionPool};
 use std::sync::Arc;
 
+/// Writes a child record (or its clear) takes before it gives up on a
+/// piece whose shared block keeps getting new generations under it (each
+/// retry asks the metadata server where the record is now).
+const RECORD_ATTEMPTS: u32 = 16;
+
 pub(crate) struct Inner {
     pub(crate) cfg: ClientConfig,
     /// Where each partition's requests go: the configured TCP address, or
@@ -354,13 +359,13 @@ impl Client {
         }
     }
 
-    /// Writes a child record into its container's data. Records are
-    /// supplementary (the metadata server is the authority and enumeration
-    /// falls back to it for a missing record), so a failure is logged, not
-    /// returned: the node exists either way.
-    pub(crate) async fn write_record(&self, rec: &RecordLoc, ty: NodeType, name: &str) {
+    /// Writes a child record into its container's data (partition `idx`'s).
+    /// Records are supplementary (the metadata server is the authority and
+    /// enumeration falls back to it for a missing record), so a failure is
+    /// logged, not returned: the node exists either way.
+    pub(crate) async fn write_record(&self, idx: usize, rec: &RecordLoc, ty: NodeType, name: &str) {
         let bytes = record::encode(rec.container, rec.slot, ty, name);
-        if let Err(e) = self.store_write(rec, &bytes).await {
+        if let Err(e) = self.put_record(idx, rec, &bytes, name).await {
             tracing::warn!(
                 "could not write the record of {name} (slot {} of node {}): {e}",
                 rec.slot,
@@ -369,17 +374,61 @@ impl Client {
         }
     }
 
+    /// Writes a record's bytes (of child `name`, or a clear when `name` is
+    /// empty) at `rec`. A write refused as `Stale` (the shared block of
+    /// the record's piece got a new generation since the location was
+    /// handed out, as the small values sharing it came and went) asks the
+    /// metadata server where the record is now and is tried there, up to
+    /// [`RECORD_ATTEMPTS`] times in all. Whether it was written: not when
+    /// the slot is no longer that record's (its child went, or another
+    /// writer released the slot) or its block is moving (enumeration then
+    /// asks the metadata server).
+    async fn put_record(
+        &self,
+        idx: usize,
+        rec: &RecordLoc,
+        bytes: &[u8],
+        name: &str,
+    ) -> Result<bool> {
+        let mut rec = rec.clone();
+        let mut attempt = 1;
+        loop {
+            match self.store_write(&rec, bytes).await {
+                Ok(()) => return Ok(true),
+                Err(e) if e.code == ErrorCode::Stale && attempt < RECORD_ATTEMPTS => {
+                    attempt += 1;
+                    let req = MetaRequest::RecordAt {
+                        container: rec.container,
+                        slot: rec.slot,
+                        name: name.to_string(),
+                    };
+                    match self.meta_at(idx, &req).await? {
+                        MetaReply::Record(Some(now)) => rec = now,
+                        MetaReply::Record(None) => return Ok(false),
+                        other => return Err(unexpected(other)),
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Clears a child record, then lets the metadata server reuse its slot.
     /// A record that cannot be cleared keeps its slot out of use (the
     /// metadata server still reports the child as gone).
     async fn clear_record(&self, idx: usize, rec: &RecordLoc) {
-        if let Err(e) = self.store_write(rec, &record::CLEARED).await {
-            tracing::warn!(
-                "could not clear record {} of node {}: {e}",
-                rec.slot,
-                rec.container
-            );
-            return;
+        match self.put_record(idx, rec, &record::CLEARED, "").await {
+            Ok(true) => {}
+            // Released by someone else meanwhile.
+            Ok(false) => return,
+            Err(e) => {
+                tracing::warn!(
+                    "could not clear record {} of node {}: {e}",
+                    rec.slot,
+                    rec.container
+                );
+                return;
+            }
         }
         let req = MetaRequest::ReleaseSlot {
             container: rec.container,
@@ -468,7 +517,7 @@ impl Client {
                 replaced,
             } => {
                 if let Some(rec) = write {
-                    self.write_record(&rec, ty, leaf(dst)).await;
+                    self.write_record(a, &rec, ty, leaf(dst)).await;
                 }
                 for rec in [clear, replaced].into_iter().flatten() {
                     self.clear_record(a, &rec).await;

@@ -797,7 +797,9 @@ impl Node {
             // A closed put of a new key: write its record into the table.
             MetaReply::Record(Some(rec)) => {
                 let name = crate::client::leaf(&self.path);
-                self.client.write_record(&rec, self.info.ty, name).await;
+                self.client
+                    .write_record(self.part, &rec, self.info.ty, name)
+                    .await;
                 Ok(())
             }
             MetaReply::Record(None) => Ok(()),

@@ -58,7 +58,7 @@ impl Client {
         };
         let info = self.node_reply(idx, &req).await?;
         if let Some(rec) = &info.record {
-            self.write_record(rec, ty, leaf(p)).await;
+            self.write_record(idx, rec, ty, leaf(p)).await;
         }
         Ok(Node::new(self.clone(), p.to_string(), idx, info))
     }

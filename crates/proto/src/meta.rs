@@ -106,6 +106,7 @@ meta_ops! {
     OUTGROW = 27, Outgrow, "outgrow", SMALL_REQUEST_MAX => Blocks;
     RESERVE = 28, Reserve, "reserve", PATH_REQUEST_MAX => Reserved;
     LINK = 29, Link, "link", PATH_REQUEST_MAX => Record;
+    RECORD_AT = 30, RecordAt, "record_at", PATH_REQUEST_MAX => Record;
 }
 
 /// Most puts one `Reserve` request reserves.
@@ -367,6 +368,19 @@ pub enum MetaRequest {
         container: u64,
         slots: Vec<u32>,
     },
+    /// Where the record in `slot` of `container` is now, for a writer
+    /// whose record write was refused as `Stale` (the shared block of the
+    /// record's piece got a new generation meanwhile, as the small values
+    /// sharing it come and go): the write is tried again there. `name` is
+    /// the child whose record it writes (the slot must still be that
+    /// child's), or empty for a clear (the slot must still be being
+    /// cleared). Answered with no location when the slot is no longer so,
+    /// or while the record's block moves.
+    RecordAt {
+        container: u64,
+        slot: u32,
+        name: String,
+    },
     /// The abstract Unix socket this server also listens on, for clients
     /// on the same host (empty payload).
     LocalSocket,
@@ -604,6 +618,13 @@ impl MetaRequest {
             MetaRequest::ReleaseSlot { container, slot } => {
                 e.u64(*container).u32(*slot);
             }
+            MetaRequest::RecordAt {
+                container,
+                slot,
+                name,
+            } => {
+                e.u64(*container).u32(*slot).str(name);
+            }
             MetaRequest::RecordNames { container, slots } => {
                 e.u64(*container).u32(slots.len() as u32);
                 for s in slots {
@@ -777,6 +798,11 @@ impl MetaRequest {
                 }
                 MetaRequest::RecordNames { container, slots }
             }
+            op::RECORD_AT => MetaRequest::RecordAt {
+                container: d.u64()?,
+                slot: d.u32()?,
+                name: d.string()?,
+            },
             op::ABORT => MetaRequest::Abort {
                 node: d.u64()?,
                 lease: d.u64()?,

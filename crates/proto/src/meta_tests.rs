@@ -107,6 +107,16 @@ fn samples() -> Vec<MetaRequest> {
             container: 3,
             slots: vec![1, 5, 9],
         },
+        MetaRequest::RecordAt {
+            container: 3,
+            slot: 9,
+            name: "k9".into(),
+        },
+        MetaRequest::RecordAt {
+            container: 3,
+            slot: 9,
+            name: String::new(),
+        },
         MetaRequest::LocalSocket,
         MetaRequest::Abort { node: 9, lease: 77 },
         MetaRequest::ReplaceBlock {

@@ -3,6 +3,7 @@
 //! a stale handle never reads a reused piece, churn gives space back, and
 //! small and large values tier and read back alike.
 
+use crate::admin::{scrape, sum};
 use crate::common;
 
 use common::pattern;
@@ -308,4 +309,73 @@ async fn no_space(shared_memory: bool) {
     assert_eq!(c.get("/t/again").await.unwrap(), value(999, 0, 1000));
     common::assert_data_path(&t, c, shared_memory);
     t.cluster.shutdown();
+}
+
+/// Records written while the small values that share their pieces' slabs
+/// come and go: a record write refused because the slab was stamped
+/// meanwhile asks the metadata server where the record is now
+/// (`RecordAt`) and writes it there, so every key's record lands on the
+/// data plane and listings need no names from the metadata server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_written_while_their_slabs_churn_all_land() {
+    for shared_memory in [true, false] {
+        let t = common::start_on_path(64 * MIB, 0, shared_memory).await;
+        let meta = t.cluster.meta.admin_addr().expect("meta admin");
+        let c = &t.client;
+        c.create("/churn", NodeType::Table, table(true))
+            .await
+            .unwrap();
+        // 600-byte values take 640-byte pieces: the size of a container's
+        // first record piece, so they share its slabs, and replacing them
+        // stamps those slabs now and then.
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let churners: Vec<_> = (0..3u64)
+            .map(|j| {
+                let (c, stop) = (c.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let mut round = 0;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        c.put(&format!("/churn/v{j}"), &value(j, round, 600))
+                            .await
+                            .unwrap();
+                        round += 1;
+                    }
+                    round
+                })
+            })
+            .collect();
+        let (tables, keys) = (24u64, 24u64);
+        stream::iter(0..tables)
+            .for_each_concurrent(4, |i| async move {
+                let dir = format!("/t{i}");
+                c.create(&dir, NodeType::Table, table(true)).await.unwrap();
+                for k in 0..keys {
+                    c.put(&format!("{dir}/k{k}"), b"v").await.unwrap();
+                }
+            })
+            .await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut replaced = 0;
+        for ch in churners {
+            replaced += ch.await.unwrap();
+        }
+        assert!(replaced > 0);
+        for i in 0..tables {
+            let mut names = c.enumerate(&format!("/t{i}")).await.unwrap();
+            names.sort();
+            let mut want: Vec<_> = (0..keys).map(|k| format!("k{k}")).collect();
+            want.sort();
+            assert_eq!(names, want, "/t{i} ({shared_memory})");
+        }
+        let m = scrape(meta).await;
+        assert_eq!(
+            sum(
+                &m,
+                "nodekernel_meta_requests_total",
+                &[("op", "record_names")]
+            ),
+            0.0,
+            "a record was missing ({shared_memory}; {replaced} values replaced meanwhile)"
+        );
+    }
 }

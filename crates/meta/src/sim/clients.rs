@@ -607,7 +607,47 @@ impl Sim {
         }
         let i = self.rng.below(self.clearing.len() as u64) as usize;
         let (container, slot) = self.clearing.swap_remove(i);
+        if self.rng.chance(50) {
+            // As a clear refused by a stamp asks (`RecordAt`): the answer is
+            // the record's place now, at its extent's current generation.
+            self.record_at(container, slot)?;
+        }
         let _ = self.exec(MetaRequest::ReleaseSlot { container, slot })?;
+        Ok(())
+    }
+
+    /// Asks where the record in `slot` of `container` (being cleared) is
+    /// now, and checks the answer against the state: that record, in an
+    /// extent of the container, at the generation the extent has now.
+    fn record_at(&mut self, container: NodeId, slot: u32) -> Result<(), String> {
+        let req = MetaRequest::RecordAt {
+            container,
+            slot,
+            name: String::new(),
+        };
+        let r = match self.exec(req)? {
+            Ok(MetaReply::Record(Some(r))) => r,
+            // Gone with its container, or its block moving.
+            Ok(MetaReply::Record(None)) | Err(_) => return Ok(()),
+            Ok(other) => return Err(format!("RecordAt answered {other:?}")),
+        };
+        let b = &r.block;
+        let current = match self.st.slabs().get(b.server, b.block) {
+            Some(slab) => Some(slab.gen),
+            None => self.st.ns().get(container).and_then(|n| {
+                n.blocks
+                    .iter()
+                    .find(|x| (x.server, x.block) == (b.server, b.block))
+                    .map(|x| x.gen)
+            }),
+        };
+        if (r.container, r.slot) != (container, slot) || current != Some(b.gen) {
+            return Err(format!(
+                "RecordAt for slot {slot} of node {container} answered {r:?}; the extent is at \
+                 generation {current:?}"
+            ));
+        }
+        self.stats.record_locations += 1;
         Ok(())
     }
 }

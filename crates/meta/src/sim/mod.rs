@@ -151,6 +151,8 @@ pub(crate) struct Stats {
     /// (the block or piece held for the snapshot).
     pub snapshot_held_reads: u64,
     pub snapshot_reads: u64,
+    /// Record locations asked again (`RecordAt`) and checked.
+    pub record_locations: u64,
 }
 
 /// A snapshot a simulated client is taking: its id, and the blocks (and

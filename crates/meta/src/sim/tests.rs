@@ -54,6 +54,7 @@ fn simulation_keeps_every_invariant() {
         total.snapshots += s.snapshots;
         total.snapshot_reads += s.snapshot_reads;
         total.snapshot_held_reads += s.snapshot_held_reads;
+        total.record_locations += s.record_locations;
         total.refused += s.refused;
         total.applied += s.applied;
     }
@@ -69,6 +70,7 @@ fn simulation_keeps_every_invariant() {
         ("reserved puts linked", total.linked),
         ("writers that outgrew a File's piece", total.outgrown),
         ("reads through old handles", total.old_handle_reads),
+        ("record locations asked again", total.record_locations),
         ("closed puts", total.puts_closed),
         ("truncates", total.truncates),
         ("moves replacing a node", total.replacing_moves),

@@ -357,6 +357,11 @@ impl MetaState {
             MetaRequest::Enumerate { path } => d.enumerate(path)?,
             MetaRequest::ReleaseSlot { container, slot } => d.release_slot(*container, *slot)?,
             MetaRequest::RecordNames { container, slots } => d.record_names(*container, slots)?,
+            MetaRequest::RecordAt {
+                container,
+                slot,
+                name,
+            } => d.record_at(*container, *slot, name)?,
             MetaRequest::SetAttrs { path, mode, mtime } => d.set_attrs(path, *mode, *mtime)?,
             // writes.rs, leases.rs
             MetaRequest::Map {

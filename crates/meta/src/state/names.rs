@@ -249,6 +249,23 @@ impl<'a> Draft<'a> {
         Ok(Reply::Done)
     }
 
+    /// Where the record in `slot` of `container` is now (`RecordAt`): for
+    /// a record write refused as `Stale`, while the slot still holds the
+    /// child `name`; for a clear (`name` empty), while the slot is being
+    /// cleared. Otherwise no location: the record is someone else's now.
+    pub(super) fn record_at(&self, container: NodeId, slot: u32, name: &str) -> Result<Reply> {
+        let ns = self.ns();
+        let n = ns.get(container).ok_or_else(|| stale(container))?;
+        let still = match n.slots.get(slot) {
+            Some(Slot::Live(id)) => {
+                !name.is_empty() && ns.get(id).is_some_and(|c| &*c.name == name)
+            }
+            Some(Slot::Clearing) => name.is_empty(),
+            _ => false,
+        };
+        Ok(Reply::Record(still.then_some((container, slot))))
+    }
+
     /// The names of the live children in `slots` of `container` (for
     /// records that could not be read).
     pub(super) fn record_names(&self, container: NodeId, slots: &[u32]) -> Result<Reply> {

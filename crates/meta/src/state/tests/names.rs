@@ -764,3 +764,84 @@ fn remove_and_release(s: &mut MetaState, path: &str) {
     )
     .unwrap();
 }
+
+/// `RecordAt`: a record write refused because the record piece's slab got
+/// a new generation (the small values sharing it came and went) learns
+/// where the record is now, while its slot still holds that child; a
+/// clear, while its slot is still being cleared. Otherwise no location.
+#[test]
+fn a_record_refused_after_a_stamp_is_found_again_while_its_slot_is_its_own() {
+    let mut s = state();
+    table(&mut s, "/t", true);
+    put_small(&mut s, "/t/a", 10).unwrap();
+    // A new key's record comes with its close.
+    let b = create_with_hint(&mut s, "/t/b", 10).unwrap();
+    let rec = close(&mut s, &b, 10).unwrap().expect("b's record");
+    let t = s.ns().resolve("/t").unwrap();
+    let record_at = |s: &mut MetaState, slot: u32, name: &str| {
+        let req = MetaRequest::RecordAt {
+            container: t,
+            slot,
+            name: name.into(),
+        };
+        match s.apply(req, 0) {
+            Ok(MetaReply::Record(r)) => Ok(r),
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => Err(e),
+        }
+    };
+    // Values of the record piece's size replace one another in its slab
+    // until the slab is stamped.
+    let piece = s.ns().get(t).unwrap().slots.pieces()[0];
+    let value = u64::from(piece.capacity());
+    let mut i = 0;
+    while s.slabs().get(piece.server, piece.block).unwrap().gen == rec.block.gen {
+        put_small(&mut s, &format!("/t/v{}", i % 2), value).unwrap();
+        i += 1;
+        assert!(i < 10_000, "the slab was never stamped");
+    }
+    let now = record_at(&mut s, rec.slot, "b")
+        .unwrap()
+        .expect("still b's slot");
+    assert_eq!(
+        (now.container, now.slot, now.offset),
+        (t, rec.slot, rec.offset)
+    );
+    assert_eq!(
+        now.block.gen,
+        s.slabs().get(piece.server, piece.block).unwrap().gen,
+        "at the slab's new generation"
+    );
+    assert_eq!(
+        (now.block.server, now.block.block),
+        (rec.block.server, rec.block.block)
+    );
+    // Not a location for another child's record, nor for a clear of a
+    // live slot.
+    assert_eq!(record_at(&mut s, rec.slot, "a").unwrap(), None);
+    assert_eq!(record_at(&mut s, rec.slot, "").unwrap(), None);
+    assert_eq!(record_at(&mut s, 999, "b").unwrap(), None);
+    // Removed: its slot is being cleared, so a clear may learn where.
+    let clear = remove(&mut s, "/t/b", false)
+        .unwrap()
+        .expect("a record to clear");
+    assert_eq!(clear.slot, rec.slot);
+    assert_eq!(record_at(&mut s, rec.slot, "b").unwrap(), None);
+    assert!(record_at(&mut s, rec.slot, "").unwrap().is_some());
+    s.apply(
+        MetaRequest::ReleaseSlot {
+            container: t,
+            slot: rec.slot,
+        },
+        0,
+    )
+    .unwrap();
+    assert_eq!(record_at(&mut s, rec.slot, "").unwrap(), None);
+    // A container that is gone: Stale, as for the other record requests.
+    remove(&mut s, "/t", true).unwrap();
+    assert_eq!(
+        record_at(&mut s, rec.slot, "").unwrap_err().code,
+        ErrorCode::Stale
+    );
+    s.check_invariants().unwrap();
+}
