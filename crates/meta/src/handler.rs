@@ -625,7 +625,12 @@ impl MetaHandler {
                         continue;
                     }
                     Ok(None) => {
-                        sync::write(&self.local).remove(addr);
+                        // Stopped: forget it, unless a new server there
+                        // took its place meanwhile.
+                        let mut local = sync::write(&self.local);
+                        if local.get(addr).is_some_and(|s| Arc::ptr_eq(s, &store)) {
+                            local.remove(addr);
+                        }
                     }
                     Err(_) => {
                         return Err(Error::timeout(format!(
