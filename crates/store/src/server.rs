@@ -25,7 +25,7 @@ use nodekernel_rpc::{ConnOptions, Role, ServerHandle};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -38,10 +38,11 @@ pub const CLEAN_STOP_PATIENCE: Duration = Duration::from_secs(2);
 /// process: what a `Claim` request does (capabilities checked, tags
 /// cleared, blocks released, the request counted in the metrics), without
 /// the round trip over a socket, which a replacing put or a delete waits
-/// for before its reply. Cheap to clone: it shares the server's handler.
+/// for before its reply. Cheap to clone. It does not keep the server
+/// alive: once the server is dropped, its memory goes as it would.
 #[derive(Clone)]
 pub struct LocalClaims {
-    handler: Arc<StoreHandler>,
+    handler: Weak<StoreHandler>,
     stopped: Arc<AtomicBool>,
 }
 
@@ -53,9 +54,10 @@ impl LocalClaims {
         if self.stopped.load(Ordering::Acquire) {
             return None;
         }
+        let handler = self.handler.upgrade()?;
         let started = std::time::Instant::now();
-        let r = self.handler.claim(claims).await;
-        self.handler.metrics.done(store_op::CLAIM, started);
+        let r = handler.claim(claims).await;
+        handler.metrics.done(store_op::CLAIM, started);
         Some(r)
     }
 }
@@ -103,7 +105,7 @@ impl StorageServer {
     /// cluster of `nk up`; see [`LocalClaims`]).
     pub fn local_claims(&self) -> LocalClaims {
         LocalClaims {
-            handler: self.handler.clone(),
+            handler: Arc::downgrade(&self.handler),
             stopped: self.stopped.clone(),
         }
     }
