@@ -40,7 +40,7 @@ import org.apache.spark.util.TaskCompletionListener;
  * A Spark shuffle manager that keeps shuffle data in NodeKernel instead of executors' local disks:
  * {@code spark.shuffle.manager=io.nodekernel.spark.NodeKernelShuffleManager}. The same sources are
  * built for Spark 3.5 (Scala 2.12 and 2.13) and 4.0, a jar each; the constructor refuses a jar
- * built for another Scala or Spark major version ({@link SparkLine}).
+ * built for another Scala version or Spark line ({@link SparkLine}).
  *
  * <p>Map tasks write through Spark's own sort-based writers (sorting, map-side combine, spills,
  * serialization, compression and encryption stay Spark's), or, where Spark would take its
