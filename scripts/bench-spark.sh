@@ -26,6 +26,9 @@
 #                         shuffle, NodeKernel deletes it at the end of each run)
 #   FILE_TIER (0)         nk up's file tier (0: none, a shuffle that does not
 #                         fit the DRAM tier fails; else overflow goes there)
+#   SPARK_LINE (3.5_2.13) which Spark line's module to run (a folder
+#                         java/nodekernel-spark/spark-LINE; its Spark comes
+#                         from Maven Central)
 #   NK_RELEASE_DIR        a directory with a release `nk` and libnodekernel_jni.so
 #                         to use instead of building them (cargo build --release)
 #   OUT_DIR               keep each run's output, log and results.jsonl there
@@ -89,13 +92,17 @@ release_jni bench-spark
 # The module's jar, and the class path of its compile and provided
 # dependencies (the client, Spark core and what it needs) in each module's
 # target/bench-classpath.txt.
-echo "== packaging java/nodekernel-spark (Spark from Maven Central) ==" >&2
-mvn -B -q -Dstyle.color=never -f java/pom.xml -pl nodekernel-spark -am package \
+SPARK_LINE=${SPARK_LINE:-3.5_2.13}
+LINE_DIR=java/nodekernel-spark/spark-$SPARK_LINE
+[[ -f $LINE_DIR/pom.xml ]] || { echo "bench-spark: no Spark line $SPARK_LINE ($LINE_DIR)" >&2; exit 1; }
+echo "== packaging $LINE_DIR (Spark from Maven Central) ==" >&2
+mvn -B -q -Dstyle.color=never -f java/pom.xml -pl "nodekernel-spark/spark-$SPARK_LINE" -am package \
     dependency:build-classpath -DskipTests -Dnk.native.dir="$REL" -Dnk.bin="$REL/nk" \
     -Dmdep.includeScope=compile -Dmdep.outputFile=target/bench-classpath.txt >&2
 MOD=$ROOT/java/nodekernel-spark
-CP="$MOD/target/nodekernel-spark-0.1.0.jar:$(cat "$MOD/target/bench-classpath.txt")"
-# What spark-submit passes on Java 17: the surefire argLine of the module's pom.
+LINE_TARGET=$ROOT/$LINE_DIR/target
+CP="$LINE_TARGET/nodekernel-spark-$SPARK_LINE-0.1.0.jar:$(cat "$LINE_TARGET/bench-classpath.txt")"
+# What spark-submit passes on Java 17: the surefire argLine of the lines' parent pom.
 read -r -a OPENS <<<"$(sed -n '/<argLine>/,/<\/argLine>/p' "$MOD/pom.xml" |
     grep -Eo -- '(--add-opens=|-D)[^ <]+' | tr '\n' ' ')"
 JVM=(-Xmx"$SPARK_MEM" "${OPENS[@]}"

@@ -2,16 +2,18 @@
 # Builds the JVM modules in java/ (the Java client, the Hadoop FileSystem,
 # the YCSB binding) over the JNI library, and runs their tests.
 #
-# Usage: scripts/java.sh [--release] [--no-tests] [--part=core|spark]
-#                        [maven arguments...]
+# Usage: scripts/java.sh [--release] [--no-tests]
+#                        [--part=core|spark|spark-LINE] [maven arguments...]
 #   --release   build the native library and nk in release mode (the jars
 #               then carry the optimised library); default: debug, as the
 #               tests use
 #   --no-tests  package the jars without running the tests
 #   --part      only the client, Hadoop and YCSB modules (core), or only
-#               the Spark modules' tests (spark: local-mode Spark jobs, the
-#               test command's heavy tier; the modules they use are built,
-#               their tests not run); default: every module
+#               the Spark modules' tests (local-mode Spark jobs, the test
+#               command's heavy tier; the modules they use are built, their
+#               tests not run): spark for every Spark line, spark-LINE for
+#               one, LINE being a folder java/nodekernel-spark/spark-LINE
+#               (3.5_2.12, 3.5_2.13, 4.0_2.13); default: every module
 #
 # Installs a JDK and Maven with apt-get when they are missing (as root).
 # The tests start clusters with target/<profile>/nk, or with NK_BIN when set
@@ -35,21 +37,42 @@ for arg in "$@"; do
         *) mvn_args+=("$arg") ;;
     esac
 done
-spark_modules=nodekernel-spark,nodekernel-spark-tests
+# One module per Spark line, each building the same sources against its
+# Spark (java/nodekernel-spark/pom.xml).
+spark_lines=()
+for pom in java/nodekernel-spark/spark-*/pom.xml; do
+    line=${pom%/pom.xml}
+    spark_lines+=("${line#java/nodekernel-spark/spark-}")
+done
+spark_modules() {
+    local IFS=, m=()
+    for line in "$@"; do m+=("nodekernel-spark/spark-$line"); done
+    echo "${m[*]}"
+}
+spark_tests() {
+    # The test pattern leaves the client's and Hadoop's tests out.
+    mvn_args+=(-pl "$(spark_modules "$@")" -am "-Dtest=io/nodekernel/spark/**"
+        -Dsurefire.failIfNoSpecifiedTests=false)
+}
 case $part in
     all) ;;
-    core) mvn_args+=(-pl "!${spark_modules//,/,!}") ;;
-    spark)
-        # The test pattern leaves the client's and Hadoop's tests out.
-        mvn_args+=(-pl "$spark_modules" -am "-Dtest=io/nodekernel/spark/**"
-            -Dsurefire.failIfNoSpecifiedTests=false) ;;
-    *) echo "java.sh: --part= takes core or spark, not '$part'" >&2; exit 2 ;;
+    core)
+        excluded=$(spark_modules "${spark_lines[@]}")
+        mvn_args+=(-pl "!nodekernel-spark,!${excluded//,/,!}") ;;
+    spark) spark_tests "${spark_lines[@]}" ;;
+    spark-*)
+        [[ -f java/nodekernel-spark/$part/pom.xml ]] || {
+            echo "java.sh: no Spark line '${part#spark-}' (java/nodekernel-spark/spark-*: ${spark_lines[*]})" >&2
+            exit 2
+        }
+        spark_tests "${part#spark-}" ;;
+    *) echo "java.sh: --part= takes core, spark or spark-LINE, not '$part'" >&2; exit 2 ;;
 esac
 
 source scripts/lib/system-deps.sh
 ensure_tools "the JVM modules (java/)" javac=openjdk-17-jdk-headless mvn=maven
 
-if [[ $goal == verify && $part != spark ]]; then
+if [[ $goal == verify && $part != spark* ]]; then
     # The Redis binding of the YCSB module is tested against a real server.
     ensure_tools "the YCSB Redis binding's tests" redis-server=redis-server
     export NK_REQUIRE_REDIS=1
@@ -87,4 +110,6 @@ mvn -B -ntp -Dstyle.color=never -f java/pom.xml \
     -Dnk.native.dir="$native" -Dnk.bin="$nk_bin" \
     "${mvn_args[@]}" "$goal"
 echo "jars:"
-ls java/*/target/*.jar
+shopt -s nullglob
+jars=(java/*/target/*.jar java/nodekernel-spark/*/target/*.jar)
+printf '%s\n' "${jars[@]}"

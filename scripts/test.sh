@@ -11,7 +11,8 @@
 # Each step prints its time, and a table of all of them closes the run
 # (also when a step fails: the table says which), with the totals of the
 # core tier (run first) and the heavy one (the cluster tests, the Spark
-# jobs, loom and fuzzing; see `heavy` below).
+# jobs on each Spark line and from PySpark, loom and fuzzing; see `heavy`
+# below).
 # Works on a fresh machine of the project's kind (Rust via rustup and CPython
 # are preinstalled; the Python packages go into .venv, see python-env.sh).
 set -euo pipefail
@@ -23,7 +24,7 @@ quick=0
 for arg in "$@"; do
     case $arg in
         --quick) quick=1 ;;
-        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
         *) echo "test: unknown argument $arg (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -120,8 +121,8 @@ step "cargo test: run (all but the cluster tests)" scripts/cargo-tests.py run co
 python_suite() {
     # The extension module the test build made (crates/py/tests/module.rs).
     ./scripts/python-env.sh --module target/debug/deps/lib_native.so
-    .venv/bin/ruff check crates/py scripts
-    .venv/bin/ruff format --check crates/py scripts
+    .venv/bin/ruff check crates/py scripts java/nodekernel-spark/pyspark
+    .venv/bin/ruff format --check crates/py scripts java/nodekernel-spark/pyspark
     # The tests start clusters with target/debug/nk (built by cargo test
     # above). test_dashboard.py loads the admin dashboard in
     # /usr/bin/chromium through playwright (never `playwright install`:
@@ -140,7 +141,22 @@ step "JVM modules (java/): client, Hadoop, YCSB" jvm --part=core
 # The heavy tier: the ecosystem and cluster suites, the model checks and
 # fuzzing (these two with builds of their own).
 heavy step "cluster tests (crates/cluster/tests)" scripts/cargo-tests.py run heavy
-heavy step "JVM: Spark modules (local-mode Spark jobs)" jvm --part=spark
+# The Spark module's local-mode jobs (shuffle manager, NkBroadcast, a job on
+# nk://) on every Spark line it is built for (java/nodekernel-spark/spark-LINE:
+# Spark 3.5 on Scala 2.12 and 2.13, 4.0), a step each: each line's time.
+for line_dir in java/nodekernel-spark/spark-*/; do
+    line=$(basename "$line_dir")
+    heavy step "JVM: Spark ${line#spark-} (local-mode Spark jobs)" jvm "--part=$line"
+done
+# PySpark from the pip wheel (Spark 3.5, Scala 2.12) with the jars the steps
+# above built, set up as docs/spark.md says; in a virtualenv of its own
+# (.venv-pyspark: the wheel is ~317 MB, pip's cache keeps it between runs).
+pyspark_suite() {
+    NK_BIN="$PWD/target/debug/nk" .venv-pyspark/bin/python -m pytest \
+        java/nodekernel-spark/pyspark -q -p no:cacheprovider
+}
+heavy step "PySpark: install the pinned wheel into .venv-pyspark" ./scripts/pyspark-env.sh
+heavy step "PySpark: DataFrame jobs on NodeKernel's shuffle and nk://" pyspark_suite
 # Loom: its own target directory: --cfg loom rebuilds every dependency.
 heavy step "loom model check of the shared-memory protocol" \
     env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \

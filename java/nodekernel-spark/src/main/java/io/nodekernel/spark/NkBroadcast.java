@@ -32,9 +32,9 @@ import scala.reflect.ClassTag$;
 
 /**
  * A broadcast variable whose value is kept in NodeKernel rather than sent between executors by
- * Spark's {@code TorrentBroadcast}. Spark 3.5 has no way to plug its own broadcast path ({@code
- * BroadcastManager} always uses {@code TorrentBroadcastFactory}), so user code creates these
- * explicitly, where it would call {@code sc.broadcast(value)}:
+ * Spark's {@code TorrentBroadcast}. Spark 3.5 and 4.0 have no way to plug another broadcast path
+ * ({@code BroadcastManager} always uses {@code TorrentBroadcastFactory}), so user code creates
+ * these explicitly, where it would call {@code sc.broadcast(value)}:
  *
  * <pre>{@code
  * Broadcast<Map<String, Long>> lookup = NkBroadcast.create(jsc, bigMap);
@@ -119,6 +119,7 @@ public final class NkBroadcast<T> extends Broadcast<T> {
    */
   public static <T> NkBroadcast<T> create(SparkContext sc, T value) {
     Objects.requireNonNull(sc, "sc");
+    SparkLine.check();
     if (sc.isStopped()) {
       throw new IllegalStateException("cannot broadcast: the SparkContext is stopped");
     }

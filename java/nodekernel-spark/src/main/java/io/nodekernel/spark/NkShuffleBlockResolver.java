@@ -23,6 +23,11 @@ final class NkShuffleBlockResolver implements ShuffleBlockResolver {
     throw unsupported();
   }
 
+  /**
+   * {@code Seq} is {@code scala.collection.Seq} on Scala 2.12 and {@code
+   * scala.collection.immutable.Seq} on 2.13; the immutable one, a subtype of both, overrides
+   * either.
+   */
   @Override
   public Seq<ManagedBuffer> getMergedBlockData(
       ShuffleMergedBlockId blockId, Option<String[]> dirs) {

@@ -32,9 +32,9 @@ import scala.Option;
 import scala.Product2;
 import scala.Tuple2;
 import scala.Tuple3;
+import scala.collection.AbstractIterator;
 import scala.collection.Iterator;
 import scala.collection.Seq;
-import scala.jdk.javaapi.CollectionConverters;
 import scala.runtime.BoxedUnit;
 
 /**
@@ -188,7 +188,7 @@ final class NkShuffleReader<K, C> implements ShuffleReader<K, C> {
         (ShuffleDependency<Object, Object, Object>)
             (ShuffleDependency<?, ?, ?>) handle.dependency();
     Records records = new Records(segments, in, dep.serializer().newInstance());
-    Iterator<Product2<Object, Object>> it = CollectionConverters.asScala(records);
+    Iterator<Product2<Object, Object>> it = records;
     Function0<BoxedUnit> done =
         () -> {
           if (in != null) {
@@ -285,8 +285,12 @@ final class NkShuffleReader<K, C> implements ShuffleReader<K, C> {
     }
   }
 
-  /** The records of the segments in turn, each segment its own (compressed) stream. */
-  private final class Records implements java.util.Iterator<Product2<Object, Object>> {
+  /**
+   * The records of the segments in turn, each segment its own (compressed) stream. A Scala iterator
+   * itself: {@code AbstractIterator} is the same on Scala 2.12 and 2.13, where the converters from
+   * Java iterators are not ({@code scala.jdk.javaapi.CollectionConverters} is 2.13's only).
+   */
+  private final class Records extends AbstractIterator<Product2<Object, Object>> {
     private final List<Segment> segments;
     private final InputStream in;
     private final SerializerInstance serializer;

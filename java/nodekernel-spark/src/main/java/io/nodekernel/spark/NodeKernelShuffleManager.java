@@ -37,8 +37,10 @@ import org.apache.spark.shuffle.sort.UnsafeShuffleWriter;
 import org.apache.spark.util.TaskCompletionListener;
 
 /**
- * A Spark 3.5 shuffle manager that keeps shuffle data in NodeKernel instead of executors' local
- * disks: {@code spark.shuffle.manager=io.nodekernel.spark.NodeKernelShuffleManager}.
+ * A Spark shuffle manager that keeps shuffle data in NodeKernel instead of executors' local disks:
+ * {@code spark.shuffle.manager=io.nodekernel.spark.NodeKernelShuffleManager}. The same sources are
+ * built for Spark 3.5 (Scala 2.12 and 2.13) and 4.0, a jar each; the constructor refuses a jar
+ * built for another Scala version or Spark line ({@link SparkLine}).
  *
  * <p>Map tasks write through Spark's own sort-based writers (sorting, map-side combine, spills,
  * serialization, compression and encryption stay Spark's), or, where Spark would take its
@@ -69,6 +71,7 @@ public class NodeKernelShuffleManager implements ShuffleManager {
   private boolean stopped;
 
   public NodeKernelShuffleManager(SparkConf sparkConf, boolean isDriver) {
+    SparkLine.check();
     for (String key :
         new String[] {
           "spark.shuffle.useOldFetchProtocol",
