@@ -30,6 +30,7 @@ public final class TestCluster implements AutoCloseable {
   private final Path log;
   private final String meta;
   private final Path clientConfig;
+  private boolean stoppedOnce;
 
   private TestCluster(List<String> extra) throws IOException, InterruptedException {
     dir = Files.createTempDirectory("nk-java-");
@@ -168,15 +169,31 @@ public final class TestCluster implements AutoCloseable {
     return NodeKernel.connect(meta, clientConfig.toString());
   }
 
-  /** Stops the cluster (SIGTERM, then SIGKILL after the hang timeout). */
+  /**
+   * Stops the cluster (SIGTERM, then SIGKILL after the hang timeout). A cluster that had stopped by
+   * itself before (it should not) has its exit status and log printed, so a test that then failed
+   * to reach it says why.
+   */
   public void stop() {
     try {
+      if (!proc.isAlive() && !stoppedOnce) {
+        System.err.println(
+            "nk up ("
+                + dir
+                + ") had exited by itself with status "
+                + proc.exitValue()
+                + "; its log:");
+        System.err.println(Files.readString(log, StandardCharsets.UTF_8));
+      }
+      stoppedOnce = true;
       if (proc.isAlive()) {
         proc.destroy();
         if (!proc.waitFor(HANG_SECONDS, TimeUnit.SECONDS)) {
           proc.destroyForcibly().waitFor();
         }
       }
+    } catch (IOException e) {
+      System.err.println("cannot read the log of nk up (" + dir + "): " + e);
     } catch (InterruptedException e) {
       proc.destroyForcibly();
       Thread.currentThread().interrupt();
@@ -186,6 +203,13 @@ public final class TestCluster implements AutoCloseable {
   @Override
   public void close() throws IOException {
     stop();
+    // A task of the cluster that panicked (the process lives on without
+    // it: a listener gone, say) is worth its log too.
+    String out = Files.readString(log, StandardCharsets.UTF_8);
+    if (out.contains("panicked")) {
+      System.err.println("nk up (" + dir + ") logged a panic; its log:");
+      System.err.println(out);
+    }
     try (Stream<Path> all = Files.walk(dir)) {
       all.sorted(Comparator.reverseOrder()).forEach(p -> p.toFile().delete());
     }
