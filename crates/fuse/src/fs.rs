@@ -73,6 +73,10 @@ pub(crate) type Listing = Vec<(u64, FileType, String)>;
 
 pub(crate) struct Open {
     opens: usize,
+    /// Of them, opens for writing: when the last of these closes, a
+    /// KeyValue's new value replaces the old one even if it stays open
+    /// for reading.
+    writers: usize,
     file: Arc<OpenFile>,
 }
 
@@ -288,61 +292,79 @@ impl Inner {
 
     /// Counts one more open of `ino`, setting up its state from `make` if
     /// it is not open yet.
-    async fn open_state<F>(&self, ino: u64, make: F) -> Res<Arc<OpenFile>>
+    async fn open_state<F>(&self, ino: u64, write: bool, make: F) -> Res<Arc<OpenFile>>
     where
         F: std::future::Future<Output = Res<FileState>>,
     {
-        if let Some(f) = self.bump(ino) {
+        if let Some(f) = self.bump(ino, write) {
             return Ok(f);
         }
         let st = make.await?;
         let mut files = sync::lock(&self.files);
         let o = files.entry(ino).or_insert_with(|| Open {
             opens: 0,
+            writers: 0,
             file: Arc::new(OpenFile {
                 state: tokio::sync::RwLock::new(st),
             }),
         });
         o.opens += 1;
+        o.writers += usize::from(write);
         Ok(o.file.clone())
     }
 
-    fn bump(&self, ino: u64) -> Option<Arc<OpenFile>> {
+    fn bump(&self, ino: u64, write: bool) -> Option<Arc<OpenFile>> {
         let mut files = sync::lock(&self.files);
         let o = files.get_mut(&ino)?;
         o.opens += 1;
+        o.writers += usize::from(write);
         Some(o.file.clone())
     }
 
-    /// Opens of `ino` now (0 while its last close is under way).
-    fn opens(&self, ino: u64, file: &Arc<OpenFile>) -> Option<usize> {
+    /// Opens of `ino` now (0 while its last close is under way), and of
+    /// them, opens for writing.
+    fn opens(&self, ino: u64, file: &Arc<OpenFile>) -> Option<(usize, usize)> {
         sync::lock(&self.files)
             .get(&ino)
             .filter(|o| Arc::ptr_eq(&o.file, file))
-            .map(|o| o.opens)
+            .map(|o| (o.opens, o.writers))
     }
 
-    /// One open of `ino` ends; at the last, its writer closes (publishing
-    /// what was written; a KeyValue's new value replaces the old one) and
-    /// a file unlinked while open is removed. The state stays registered
-    /// until that is done, so an open meanwhile waits for it (and then
-    /// starts afresh) instead of finding the write lease still held.
-    pub(crate) async fn release(&self, ino: u64) -> Res<()> {
+    /// One open of `ino` ends (`write`: one for writing); at the last, its
+    /// writer closes (publishing what was written; a KeyValue's new value
+    /// replaces the old one) and a file unlinked while open is removed.
+    /// The state stays registered until that is done, so an open
+    /// meanwhile waits for it (and then starts afresh) instead of finding
+    /// the write lease still held. At the last open for writing, a
+    /// KeyValue's new value replaces the old one even while the file stays
+    /// open for reading (or was opened again meanwhile, as a reader does
+    /// just after a writer closed).
+    pub(crate) async fn release(&self, ino: u64, write: bool) -> Res<()> {
         let file = {
             let mut files = sync::lock(&self.files);
             let Some(o) = files.get_mut(&ino) else {
                 return Ok(());
             };
             o.opens = o.opens.saturating_sub(1);
-            if o.opens > 0 {
+            if write {
+                o.writers = o.writers.saturating_sub(1);
+            }
+            if o.opens > 0 && !(write && o.writers == 0) {
                 return Ok(());
             }
             o.file.clone()
         };
         let mut st = file.state.write().await;
-        if st.closed || self.opens(ino, &file) != Some(0) {
-            // Opened again meanwhile: the new open goes on with it.
+        if st.closed {
             return Ok(());
+        }
+        match self.opens(ino, &file) {
+            Some((0, _)) => {}
+            // Still open only for reading: what was written is published.
+            Some((_, 0)) => return self.publish_value(&mut st).await,
+            // Opened again for writing meanwhile: the new open goes on
+            // with it.
+            _ => return Ok(()),
         }
         let result = self.finish(&mut st).await;
         let mut files = sync::lock(&self.files);
@@ -353,6 +375,33 @@ impl Inner {
             files.remove(&ino);
         }
         result
+    }
+
+    /// Publishes the new value of a KeyValue (not unlinked) that nobody
+    /// writes any more, as its last close would, and reads it from then
+    /// on; a later write starts a newer value.
+    async fn publish_value(&self, st: &mut FileState) -> Res<()> {
+        if st.info.ty != NodeType::KeyValue || st.hidden {
+            return Ok(());
+        }
+        let Some(w) = st.writer.take() else {
+            return Ok(());
+        };
+        if let Err(e) = w.close().await {
+            tracing::warn!("closing {}: {e}", st.path);
+            return Err(err(e));
+        }
+        st.written_at = None;
+        match self.client.lookup(&st.path).await {
+            Ok(r) => {
+                st.info = r.info().clone();
+                st.reader = Some(r);
+            }
+            // Replaced or removed by another client just now: reads go on
+            // with what they had.
+            Err(e) => tracing::debug!("looking up {} after its close: {e}", st.path),
+        }
+        Ok(())
     }
 
     /// The end of a file's last open: its writer closes and, if it was
@@ -376,8 +425,12 @@ impl Inner {
         // (Removed below with the node, if hidden; otherwise none.)
         st.hold = None;
         if st.hidden {
-            if let Err(e) = self.client.delete(&st.path, false).await {
-                tracing::warn!("removing {} (unlinked while open): {e}", st.path);
+            match self.client.delete(&st.path, false).await {
+                // (A KeyValue whose first value was never published has
+                // nothing at its hidden name.)
+                Ok(()) => {}
+                Err(e) if e.code == ErrorCode::NotFound => {}
+                Err(e) => tracing::warn!("removing {} (unlinked while open): {e}", st.path),
             }
             sync::lock(&self.names).detach(&st.path);
         }
@@ -469,7 +522,7 @@ impl Inner {
             if st.closed {
                 return Ok(false);
             }
-            let registered = self.opens(ino, &file).is_some_and(|n| n > 0);
+            let registered = self.opens(ino, &file).is_some_and(|(n, _)| n > 0);
             if registered {
                 break;
             }
@@ -490,7 +543,17 @@ impl Inner {
         if !st.holds_lease() {
             st.hold = self.try_hold(path).await;
         }
-        self.client.rename(path, &hidden).await.map_err(err)?;
+        match self.client.rename(path, &hidden).await {
+            Ok(()) => {}
+            // A new KeyValue whose first value is still being written
+            // here: nothing is at its name yet, and its value, dropped at
+            // its close, never will be.
+            Err(e)
+                if e.code == ErrorCode::NotFound
+                    && st.info.ty == NodeType::KeyValue
+                    && st.writer.is_some() => {}
+            Err(e) => return Err(err(e)),
+        }
         sync::lock(&self.names).rename(path, &hidden);
         st.path = hidden;
         st.hidden = true;
@@ -499,8 +562,9 @@ impl Inner {
 
     pub(crate) async fn do_open(&self, ino: u64, flags: OpenFlags) -> Res<()> {
         let path = self.path(INodeNo(ino))?;
+        let write = flags.acc_mode() != OpenAccMode::O_RDONLY;
         let file = self
-            .open_state(ino, async {
+            .open_state(ino, write, async {
                 let reader = self.client.lookup(&path).await.map_err(err)?;
                 if reader.info().ty.is_container() {
                     return Err(libc::EISDIR);
@@ -508,7 +572,6 @@ impl Inner {
                 Ok(FileState::looked_up(reader, path.clone()))
             })
             .await?;
-        let write = flags.acc_mode() != OpenAccMode::O_RDONLY;
         let truncate = flags.0 & libc::O_TRUNC != 0;
         let mut st = file.state.write().await;
         let r = async {
@@ -539,7 +602,7 @@ impl Inner {
         .await;
         drop(st);
         if r.is_err() {
-            let _ = self.release(ino).await;
+            let _ = self.release(ino, write).await;
         }
         r
     }
@@ -549,6 +612,7 @@ impl Inner {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
+        write: bool,
     ) -> Res<(u64, FileAttr)> {
         let path = self.child(parent, name)?;
         if is_hidden(name_str(name)?) {
@@ -585,12 +649,12 @@ impl Inner {
             lease_lost: false,
             closed: false,
         };
-        match self.bump(ino) {
+        match self.bump(ino, write) {
             // A state of an earlier file at this path, its last close
             // under way: the new file takes its place.
             Some(file) => *file.state.write().await = fresh,
             None => {
-                self.open_state(ino, async { Ok(fresh) }).await?;
+                self.open_state(ino, write, async { Ok(fresh) }).await?;
             }
         }
         Ok((ino, attr))
@@ -621,7 +685,11 @@ impl Inner {
     pub(crate) async fn do_write(&self, ino: u64, offset: u64, data: &[u8]) -> Res<u32> {
         let file = self.open_file(ino).ok_or(libc::EBADF)?;
         let mut st = file.state.write().await;
-        let w = st.writer.as_mut().ok_or(libc::EBADF)?;
+        // (The kernel refuses writes to descriptors not open for writing;
+        // a KeyValue's value published while it stays open gets a newer
+        // one here.)
+        self.ensure_writer(&mut st, false).await?;
+        let w = st.writer.as_mut().expect("set above");
         write_at(w, offset, data).await.map_err(err)?;
         st.written_at = Some(now_ns());
         Ok(data.len() as u32)
@@ -733,7 +801,7 @@ impl Inner {
         match self.client.open_write(path).await {
             Ok(n) => Some(n),
             Err(e) => {
-                if e.code != ErrorCode::Busy {
+                if e.code != ErrorCode::Busy && e.code != ErrorCode::NotFound {
                     tracing::warn!("taking the write lease of {path} (unlinked while open): {e}");
                 }
                 None

@@ -10,9 +10,9 @@ use crate::fs::MAX_IO;
 use crate::fs::NAME_MAX;
 use fuser::{
     Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
-    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
-    WriteFlags,
+    LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
 };
 use nodekernel_proto::sync;
 use std::ffi::OsStr;
@@ -121,8 +121,8 @@ impl Filesystem for NkFs {
         let name = name.to_os_string();
         self.spawn(|fs| async move {
             let r = async {
-                let (ino, attr) = fs.do_create(parent, &name, mode & !umask).await?;
-                fs.release(ino).await?;
+                let (ino, attr) = fs.do_create(parent, &name, mode & !umask, true).await?;
+                fs.release(ino, true).await?;
                 Ok(attr)
             };
             match r.await {
@@ -285,13 +285,14 @@ impl Filesystem for NkFs {
         _req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let write = flags.acc_mode() != OpenAccMode::O_RDONLY;
         self.spawn(|fs| async move {
-            match fs.release(ino.0).await {
+            match fs.release(ino.0, write).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(reply_err(e)),
             }
@@ -441,12 +442,13 @@ impl Filesystem for NkFs {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _flags: i32,
+        flags: i32,
         reply: ReplyCreate,
     ) {
         let name = name.to_os_string();
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
         self.spawn(|fs| async move {
-            match fs.do_create(parent, &name, mode & !umask).await {
+            match fs.do_create(parent, &name, mode & !umask, write).await {
                 Ok((ino, a)) => reply.created(
                     &fs.ttl,
                     &a,

@@ -243,8 +243,9 @@ impl Mounted {
     }
 
     /// The KeyValue at `key` reads `old` until it reads `new` (the value
-    /// written through the mount replaces the old one at the file's last
-    /// close, which the kernel sends just after `close` returns), and never
+    /// written through the mount replaces the old one at the last close of
+    /// a descriptor open for writing, which the kernel sends just after
+    /// `close` returns), and never
     /// anything else.
     fn kv_becomes(&self, key: &str, old: &[u8], new: &[u8]) {
         let start = Instant::now();
@@ -1224,5 +1225,46 @@ fn a_keyvalue_unlinked_while_written_does_not_come_back() {
     m.no_unlinked_files_left("/m/t");
     assert_eq!(m.ls("/m/t"), "", "the unlinked key stays gone");
     assert!(std::fs::metadata(m.path("t/k")).is_err());
+    m.unmount();
+}
+
+/// A KeyValue's new value replaces the old one when the last descriptor
+/// open for writing closes, even while another keeps it open for reading
+/// (a reader that opens it just after the writer closed, as `cat` after
+/// `echo >` does, must not hold the value back); the reader reads the new
+/// value, and a later write starts a newer one. A new key still open for
+/// writing can be unlinked (nothing is at its name yet), and its value
+/// never shows.
+#[test]
+fn a_keyvalue_is_published_when_its_writers_close_while_readers_stay() {
+    if !fuse_available() {
+        return;
+    }
+    let mut m = Mounted::start(Setup::default());
+    m.nk_ok(&["mkdir", "--type", "table", "/m/t"]);
+    m.nk_ok(&["kv", "put", "/m/t/k", "old"]);
+    let r = File::open(m.path("t/k")).unwrap();
+    std::fs::write(m.path("t/k"), b"new").unwrap();
+    m.kv_becomes("/m/t/k", b"old", b"new");
+    let mut buf = [0u8; 16];
+    let n = r.read_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf[..n], b"new", "the reader reads the published value");
+    let mut a = OpenOptions::new().append(true).open(m.path("t/k")).unwrap();
+    std::io::Write::write_all(&mut a, b"er").unwrap();
+    drop(a);
+    m.kv_becomes("/m/t/k", b"new", b"newer");
+    let n = r.read_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf[..n], b"newer");
+    drop(r);
+    // A new key, unlinked while its first value is written.
+    let mut c = File::create(m.path("t/fresh")).unwrap();
+    std::io::Write::write_all(&mut c, b"never seen").unwrap();
+    std::fs::remove_file(m.path("t/fresh")).unwrap();
+    assert!(std::fs::metadata(m.path("t/fresh")).is_err());
+    std::io::Write::write_all(&mut c, b", still").unwrap();
+    drop(c);
+    m.no_unlinked_files_left("/m/t");
+    assert_eq!(m.ls("/m/t"), "k\n", "only the first key is there");
+    assert_eq!(m.nk_ok(&["kv", "get", "/m/t/k"]), b"newer");
     m.unmount();
 }
