@@ -1,0 +1,487 @@
+"""A Spark standalone cluster over four hosts (network namespaces, netns.py)
+with NodeKernel under it, set up as docs/spark.md's "Running on a Spark
+standalone cluster" tells a user:
+
+    host 0: nk meta, nk store, Spark master, Spark worker
+    host 1: nk store, Spark worker
+    host 2: nk store, Spark worker
+    host 3: the driver (spark-submit --master spark://host0:7077, client mode)
+
+Each worker has one core and runs one executor (512 MiB); each storage server
+has 256 MiB of DRAM and no file tier. The cluster is secure by default: one
+cluster token, named in every host's client configuration (NK_CONFIG).
+Spark is the `pyspark` wheel's (3.5.3, Scala 2.12; its bin/spark-class starts
+the master and workers), the jars those scripts/java.sh built.
+
+cluster_jobs.py runs groupByKey, reduceByKey, sortByKey, repartition, a
+DataFrame groupBy, a SQL join with an aggregation, an AQE skew join and a join
+at Spark's default 200 shuffle partitions, once with NodeKernel's shuffle
+manager and once with Spark's default; both give the results computed here
+in plain Python. The event logs say where each task ran: each job's map
+tasks ran on at least two hosts, and its reduce tasks (on at least two hosts
+but for the AQE-coalesced default job) read map output written on another
+host.
+
+Needs root and `ip netns`: skipped with a notice without them, unless
+NK_REQUIRE_NETNS=1. Every wait is bounded only to catch a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import pyspark
+import pytest
+
+import netns
+from conftest import jar, py_tests
+
+HANG_S = 600  # only catches a hang: a JVM on a loaded 2-core machine is slow
+HERE = pathlib.Path(__file__).resolve().parent
+SPARK_HOME = pathlib.Path(pyspark.__file__).resolve().parent
+MANAGER = "io.nodekernel.spark.NodeKernelShuffleManager"
+DEFAULT_MANAGER = "org.apache.spark.shuffle.sort.SortShuffleManager"
+META_PORT = 9060
+STORE_PORT = 9070
+MASTER_PORT = 7077
+WORKERS = 3  # hosts 0..2; the driver runs on host 3
+STORE_DRAM = "256MiB"
+# docs/spark.md: the jar of this Spark's line, the client (it carries the
+# native library) and the Hadoop FileSystem, on both extraClassPaths.
+JARS = (
+    "nodekernel-spark/spark-3.5_2.12/target/nodekernel-spark-3.5_2.12-VERSION.jar",
+    "nodekernel-client/target/nodekernel-client-VERSION.jar",
+    "nodekernel-hadoop/target/nodekernel-hadoop-VERSION.jar",
+)
+# The same jobs as cluster_jobs.py, computed without Spark.
+N, KEYS, PARTS = 6_000, 53, 4
+
+
+def say(msg: str) -> None:
+    """What the test is doing (pytest -s shows it as it happens)."""
+    print(f"[spark cluster] {msg}", file=sys.stderr, flush=True)
+
+
+def wait_for(what: str, cond, proc: subprocess.Popen | None = None, log: str | None = None):
+    deadline = time.monotonic() + HANG_S
+    while True:
+        v = cond()
+        if v:
+            return v
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what}: the process exited ({proc.returncode}){tail(log)}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}{tail(log)}")
+        time.sleep(0.2)
+
+
+def tail(log: str | None, n: int = 4000) -> str:
+    if not log or not os.path.exists(log):
+        return ""
+    with open(log, errors="replace") as f:
+        return f"\n--- {log} ---\n{f.read()[-n:]}"
+
+
+def log_has(log: str, text: str) -> bool:
+    with open(log, errors="replace") as f:
+        return text in f.read()
+
+
+class SparkCluster:
+    """The hosts and what runs on them; see the module docs."""
+
+    def __init__(self, net: netns.Net):
+        self.net = net
+        self.hosts = net.hosts
+        self.dir = tempfile.mkdtemp(prefix="nk-spark-cluster-")
+        self.nk_bin = py_tests.nk_binary()
+        self.meta = f"{self.hosts[0].ip}:{META_PORT}"
+        self.master = f"spark://{self.hosts[0].ip}:{MASTER_PORT}"
+        self.events = os.path.join(self.dir, "events")
+        os.makedirs(self.events)
+        self.token = os.path.join(self.dir, "token")
+        subprocess.run([self.nk_bin, "token", "new", self.token], check=True, capture_output=True)
+        # An empty configuration directory: no spark-defaults.conf of the
+        # machine's leaks in.
+        self.spark_conf_dir = os.path.join(self.dir, "spark-conf")
+        os.makedirs(self.spark_conf_dir)
+        for h in self.hosts:
+            with open(self.client_config(h.index), "w") as f:
+                f.write(self._client_section(h))
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.dir, *parts)
+
+    def client_config(self, host: int) -> str:
+        """Host `host`'s client configuration (what /etc/nodekernel would
+        hold on a real host): the metadata server, this host's location, the
+        cluster token."""
+        return self.path(f"client-h{host}.toml")
+
+    def _client_section(self, h: netns.Host) -> str:
+        return (
+            f'[client]\nmeta = ["{self.meta}"]\ntimeout_ms = {HANG_S * 1000}\n'
+            f'location = "{h.ip}"\n[security]\ntoken_file = "{self.token}"\n'
+        )
+
+    def env(self, host: int, **extra: str) -> dict[str, str]:
+        """The environment of a process on `host`: this machine's, without
+        any cluster or Spark settings of its own."""
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("NK_", "SPARK_", "PYSPARK_")) and k != "JAVA_TOOL_OPTIONS"
+        }
+        run = self.path(f"run-h{host}")
+        os.makedirs(run, exist_ok=True)
+        env.update(
+            NK_RUNTIME_DIR=run,
+            NK_CONFIG=self.client_config(host),
+            SPARK_HOME=str(SPARK_HOME),
+            SPARK_CONF_DIR=self.spark_conf_dir,
+            SPARK_LOCAL_IP=self.hosts[host].ip,
+            SPARK_LOG_DIR=self.path(f"spark-logs-h{host}"),
+            SPARK_LOCAL_DIRS=self.path(f"spark-local-h{host}"),
+            PYSPARK_PYTHON=sys.executable,
+        )
+        env.update(extra)
+        return env
+
+    def spawn(self, host: int, name: str, argv: list[str], **env: str):
+        log = self.path(f"{name}.log")
+        p = self.net.spawn(self.hosts[host], argv, log, self.env(host, **env))
+        return p, log
+
+    def start(self) -> None:
+        h0 = self.hosts[0]
+        meta_cfg = self.path("meta.toml")
+        with open(meta_cfg, "w") as f:
+            f.write(f'[meta]\n[security]\ntoken_file = "{self.token}"\n')
+        say(f"host 0 ({h0.ip}): nk meta on {self.meta}")
+        p, log = self.spawn(
+            0, "meta", [self.nk_bin, "meta", "--listen", self.meta, "--config", meta_cfg]
+        )
+        wait_for("nk meta", lambda: log_has(log, "metadata server listening on"), p, log)
+        for i in range(WORKERS):
+            h = self.hosts[i]
+            cfg = self.path(f"store-h{i}.toml")
+            with open(cfg, "w") as f:
+                f.write(
+                    self._client_section(h)
+                    + f'[[store]]\nclass = 0\nclass_name = "dram"\nmedium = "dram"\n'
+                    f'size = "{STORE_DRAM}"\nlisten = "{h.ip}:{STORE_PORT}"\n'
+                    f'location = "{h.ip}"\ndata_dir = "{self.path(f"store-h{i}")}"\n'
+                )
+            say(f"host {i} ({h.ip}): nk store, {STORE_DRAM} of DRAM")
+            p, log = self.spawn(i, f"store-h{i}", [self.nk_bin, "store", "--config", cfg])
+            wait_for(f"nk store on host {i}", lambda log=log: log_has(log, "storage server 0"), p, log)
+        wait_for("three live storage servers", self._stores_alive)
+
+        say(f"host 0: Spark master at {self.master}")
+        p, master_log = self.spawn(
+            0,
+            "spark-master",
+            [
+                str(SPARK_HOME / "bin" / "spark-class"),
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                h0.ip,
+                "--port",
+                str(MASTER_PORT),
+                "--webui-port",
+                "8080",
+            ],
+            SPARK_DAEMON_MEMORY="256m",
+        )
+        wait_for("the Spark master", lambda: log_has(master_log, "New state: ALIVE"), p, master_log)
+        for i in range(WORKERS):
+            h = self.hosts[i]
+            say(f"host {i}: Spark worker, 1 core")
+            self.spawn(
+                i,
+                f"spark-worker-h{i}",
+                [
+                    str(SPARK_HOME / "bin" / "spark-class"),
+                    "org.apache.spark.deploy.worker.Worker",
+                    "--host",
+                    h.ip,
+                    "--cores",
+                    "1",
+                    "--memory",
+                    "1g",
+                    "--work-dir",
+                    self.path(f"spark-work-h{i}"),
+                    "--webui-port",
+                    "8081",
+                    self.master,
+                ],
+                SPARK_DAEMON_MEMORY="256m",
+            )
+
+        def registered() -> bool:
+            with open(master_log, errors="replace") as f:
+                return len(set(re.findall(r"Registering worker (\S+)", f.read()))) >= WORKERS
+
+        wait_for("three Spark workers registered", registered, p, master_log)
+
+    def _stores_alive(self) -> bool:
+        r = subprocess.run(
+            self.hosts[3].argv(self.nk_bin, "status", "--json"),
+            capture_output=True,
+            text=True,
+            env=self.env(3),
+            timeout=HANG_S,
+        )
+        if r.returncode != 0:
+            return False
+        status = json.loads(r.stdout)
+        servers = status.get("servers") or status.get("storage_servers") or []
+        return sum(1 for s in servers if s.get("alive", True)) >= WORKERS
+
+    def submit(self, nodekernel: bool) -> dict:
+        """cluster_jobs.py from host 3 with spark-submit; its JSON output,
+        with the path of the application's event log."""
+        name = "nk" if nodekernel else "default"
+        out = self.path(f"jobs-{name}.json")
+        argv = [
+            str(SPARK_HOME / "bin" / "spark-submit"),
+            "--master",
+            self.master,
+            "--deploy-mode",
+            "client",
+            "--name",
+            f"cluster-jobs-{name}",
+            "--driver-memory",
+            "512m",
+            "--executor-memory",
+            "512m",
+            "--total-executor-cores",
+            str(WORKERS),
+            "--conf",
+            f"spark.driver.host={self.hosts[3].ip}",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--conf",
+            "spark.eventLog.enabled=true",
+            "--conf",
+            f"spark.eventLog.dir=file://{self.events}",
+            "--conf",
+            f"spark.pyspark.python={sys.executable}",
+        ]
+        args = [out, str(WORKERS)]
+        if nodekernel:
+            # docs/spark.md, "Running on a Spark standalone cluster".
+            jars = ":".join(jar(j) for j in JARS)
+            argv += [
+                "--driver-class-path",
+                jars,
+                "--conf",
+                f"spark.executor.extraClassPath={jars}",
+                "--conf",
+                f"spark.shuffle.manager={MANAGER}",
+                "--conf",
+                f"spark.nodekernel.meta={self.meta}",
+            ]
+            args.append(self.nk_bin)
+        argv += [str(HERE / "cluster_jobs.py"), *args]
+        log = self.path(f"driver-{name}.log")
+        with open(log, "wb") as f:
+            r = subprocess.run(
+                self.hosts[3].argv(*argv),
+                stdin=subprocess.DEVNULL,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                env=self.env(3),
+                timeout=HANG_S,
+            )
+        if r.returncode != 0:
+            raise AssertionError(
+                f"spark-submit ({name}) exited {r.returncode}{tail(log, 12000)}"
+                f"{self.executor_logs()}"
+            )
+        with open(out) as f:
+            res = json.load(f)
+        res["event_log"] = os.path.join(self.events, res["app"])
+        return res
+
+    def executor_logs(self) -> str:
+        logs = sorted(pathlib.Path(self.dir).glob("spark-work-h*/app-*/*/stderr"))
+        return "".join(tail(str(p), 3000) for p in logs[-6:])
+
+    def nk(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            self.hosts[3].argv(self.nk_bin, *args),
+            capture_output=True,
+            text=True,
+            env=self.env(3),
+            timeout=HANG_S,
+        )
+
+    def close(self, keep: bool) -> None:
+        self.net.close()
+        if keep:
+            say(f"logs kept in {self.dir}")
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def spark_cluster(request):
+    for j in JARS:
+        jar(j)  # exits naming the build step when one is missing
+    net = netns.Net.create(WORKERS + 1)
+    if net is None:
+        pytest.skip("needs root and ip netns (NK_REQUIRE_NETNS=1 fails instead)")
+    c = SparkCluster(net)
+    failed = True
+    try:
+        c.start()
+        yield c
+        failed = request.session.testsfailed > 0
+    finally:
+        say("teardown: every process in the hosts killed, namespaces deleted")
+        c.close(keep=failed)
+
+
+def expected() -> dict:
+    """cluster_jobs.py's results, computed without Spark."""
+    groups: dict[int, list[int]] = {}
+    for i in range(N):
+        groups.setdefault(i % KEYS, []).append(i)
+    keyed = sorted(((i * 7919) % 10_007, i) for i in range(N))
+    frame: dict[int, tuple] = {}
+    joined: dict[int, tuple] = {}
+    for v in range(N):
+        k = v % KEYS
+        n, total, top = frame.get(k, (0, 0, -1))
+        frame[k] = (n + 1, total + v, max(top, v))
+        if k % 2 == 0:
+            total, flags = joined.get(k, (0, 0))
+            joined[k] = (total + v, flags + (v % 7 == 0))
+    skew: dict[int, int] = {}
+    for v in range(N):
+        k = 0 if v % 2 == 0 else v % 40
+        skew[k] = skew.get(k, 0) + v
+    digits: dict[int, tuple] = {}
+    for v in range(60_000):
+        if (v % 1_000) % 2 == 0:
+            n, total = digits.get(v % 10, (0, 0))
+            digits[v % 10] = (n + 1, total + v)
+    return {
+        "groupByKey": sorted([k, vs] for k, vs in groups.items()),
+        "reduceByKey": sorted([k, sum(vs)] for k, vs in groups.items()),
+        "sortByKey": [list(t) for t in keyed],
+        "repartition": {"partitions": PARTS - 1, "values": list(range(N))},
+        "dataframe": sorted([k, *t] for k, t in frame.items()),
+        "sqlJoin": sorted([k, f"name{k}", *t] for k, t in joined.items()),
+        "skewJoin": sorted([k, s] for k, s in skew.items()),
+        "defaults": sorted([d, *t] for d, t in digits.items()),
+    }
+
+
+def tasks_by_job_group(event_log: str) -> dict[str, list[dict]]:
+    """The finished tasks of each job group (cluster_jobs.py names one per
+    job), from the application's event log."""
+    group_of_stage: dict[int, str] = {}
+    tasks = []
+    with open(event_log) as f:
+        for line in f:
+            ev = json.loads(line)
+            kind = ev["Event"]
+            if kind == "SparkListenerJobStart":
+                group = (ev.get("Properties") or {}).get("spark.jobGroup.id")
+                for s in ev["Stage IDs"]:
+                    group_of_stage[s] = group
+            elif kind == "SparkListenerTaskEnd":
+                m = ev.get("Task Metrics") or {}
+                tasks.append(
+                    {
+                        "stage": ev["Stage ID"],
+                        "attempt": ev["Stage Attempt ID"],
+                        "host": ev["Task Info"]["Host"],
+                        "ok": ev["Task End Reason"]["Reason"] == "Success",
+                        "read": m.get("Shuffle Read Metrics", {}).get("Total Records Read", 0),
+                        "written": m.get("Shuffle Write Metrics", {}).get(
+                            "Shuffle Records Written", 0
+                        ),
+                    }
+                )
+    out: dict[str, list[dict]] = {}
+    for t in tasks:
+        out.setdefault(group_of_stage.get(t["stage"]), []).append(t)
+    return out
+
+
+def check_placement(res: dict, worker_ips: set[str]) -> dict[str, tuple[set, set]]:
+    """Each job's map tasks (shuffle records written) ran on two hosts or
+    more and some reduce task (records read) on a host other than some map
+    task's; the reduce tasks too on two or more, but for the job at Spark's
+    defaults, whose 200 small partitions AQE may coalesce into one task."""
+    by_group = tasks_by_job_group(res["event_log"])
+    seen = {}
+    for job in expected():
+        tasks = by_group.get(job, [])
+        maps = {t["host"] for t in tasks if t["written"] > 0}
+        reduces = {t["host"] for t in tasks if t["read"] > 0}
+        where = f"{job}: map tasks on {sorted(maps)}, reduce tasks on {sorted(reduces)}"
+        assert maps <= worker_ips and reduces <= worker_ips, where
+        assert len(maps) >= 2, where
+        assert reduces and any(r != m for r in reduces for m in maps), where
+        if job != "defaults":
+            assert len(reduces) >= 2, where
+        seen[job] = (maps, reduces)
+    return seen
+
+
+def test_jobs_across_hosts_match_the_default_shuffle(spark_cluster):
+    c = spark_cluster
+    want = expected()
+    workers = {h.ip for h in c.hosts[:WORKERS]}
+
+    say("spark-submit from host 3 with NodeKernel's shuffle manager")
+    t0 = time.monotonic()
+    nk = c.submit(nodekernel=True)
+    say(f"  done in {time.monotonic() - t0:.0f} s ({nk['app']})")
+    say("spark-submit from host 3 with Spark's default shuffle")
+    t0 = time.monotonic()
+    default = c.submit(nodekernel=False)
+    say(f"  done in {time.monotonic() - t0:.0f} s ({default['app']})")
+
+    assert nk["manager"] == MANAGER
+    assert default["manager"] == DEFAULT_MANAGER
+    # The driver's host and the three executors' (one per worker).
+    for res in (nk, default):
+        assert sorted(res["executor_hosts"]) == sorted([c.hosts[3].ip, *workers]), res[
+            "executor_hosts"
+        ]
+    for job, rows in want.items():
+        assert nk["results"][job] == rows, f"{job} with NodeKernel's shuffle"
+        assert default["results"][job] == rows, f"{job} with the default shuffle"
+    for res in (nk, default):
+        assert "skew" in res["plans"]["skewJoin"], res["plans"]["skewJoin"]
+        # The defaults job's exchanges have Spark's 200 partitions.
+        assert re.search(r"hashpartitioning\([^)]*, 200\)", res["plans"]["defaults"]), res[
+            "plans"
+        ]["defaults"]
+
+    for name, res in (("NodeKernel", nk), ("default", default)):
+        for job, (maps, reduces) in check_placement(res, workers).items():
+            say(f"  {name} {job}: maps on {sorted(maps)}, reduces on {sorted(reduces)}")
+    # With NodeKernel no task failed and no stage ran twice (no fetch failure).
+    tasks = [t for ts in tasks_by_job_group(nk["event_log"]).values() for t in ts]
+    assert all(t["ok"] and t["attempt"] == 0 for t in tasks), [
+        t for t in tasks if not t["ok"] or t["attempt"]
+    ]
+
+    # The shuffles were NodeKernel's while the application ran, and its
+    # directory went with SparkContext.stop().
+    assert nk["shuffle_dirs"] >= 1, nk
+    r = c.nk("test", "-e", f"/spark-shuffle/{nk['app']}")
+    assert r.returncode == 1, (r.returncode, r.stderr)
