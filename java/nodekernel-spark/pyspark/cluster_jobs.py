@@ -91,6 +91,10 @@ def sql_jobs(spark) -> tuple[dict, dict]:
     spark.conf.set("spark.sql.shuffle.partitions", str(PARTS))
     # Shuffles on both sides of the joins, not a broadcast of the small one.
     spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
+    # AQE would coalesce these small partitions into one reduce task; the
+    # test wants reducers on several hosts (the job at the defaults below
+    # keeps coalescing).
+    spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "false")
     facts, names = frames(spark, N, KEYS, PARTS)
 
     sc.setJobGroup("dataframe", "dataframe")
@@ -115,7 +119,6 @@ def sql_jobs(spark) -> tuple[dict, dict]:
     sc.setJobGroup("skewJoin", "skewJoin")
     skew = {
         "spark.sql.adaptive.enabled": "true",
-        "spark.sql.adaptive.coalescePartitions.enabled": "false",
         "spark.sql.adaptive.skewJoin.enabled": "true",
         "spark.sql.adaptive.skewJoin.skewedPartitionFactor": "1",
         "spark.sql.adaptive.skewJoin.skewedPartitionThresholdInBytes": "1k",
@@ -146,6 +149,7 @@ def sql_jobs(spark) -> tuple[dict, dict]:
     plans["skewJoin"] = joined._jdf.queryExecution().executedPlan().toString()
     for k in skew:
         spark.conf.unset(k)
+    spark.conf.unset("spark.sql.adaptive.coalescePartitions.enabled")
 
     # At Spark's defaults: spark.sql.shuffle.partitions (200) and AQE as
     # Spark 3.5 sets it; larger, so every one of the 200 partitions of each

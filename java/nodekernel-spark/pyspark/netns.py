@@ -142,7 +142,7 @@ class Net:
         for h in self.hosts:
             ip("-n", h.ns, "link", "set", "lo", "up")
             # The host's end is created straight in its namespace.
-            ip("-n", sw, "link", "add", h.port, "type", "veth", "peer", "name", "eth0", "netns", h.ns)
+            ip(*f"-n {sw} link add {h.port} type veth peer name eth0 netns {h.ns}".split())
             ip("-n", sw, "link", "set", h.port, "master", "br0")
             ip("-n", sw, "link", "set", h.port, "up")
             ip("-n", h.ns, "link", "set", "eth0", "address", h.mac)
@@ -151,7 +151,9 @@ class Net:
         for h in self.hosts:
             for o in self.hosts:
                 if o is not h:
-                    ip("-n", h.ns, "neigh", "replace", o.ip, "lladdr", o.mac, "dev", "eth0", "nud", "permanent")
+                    ip(
+                        *f"-n {h.ns} neigh replace {o.ip} lladdr {o.mac} dev eth0 nud permanent".split()
+                    )
 
     @classmethod
     def create(cls, n: int) -> Net | None:

@@ -181,7 +181,9 @@ class SparkCluster:
                 )
             say(f"host {i} ({h.ip}): nk store, {STORE_DRAM} of DRAM")
             p, log = self.spawn(i, f"store-h{i}", [self.nk_bin, "store", "--config", cfg])
-            wait_for(f"nk store on host {i}", lambda log=log: log_has(log, "storage server 0"), p, log)
+            wait_for(
+                f"nk store on host {i}", lambda log=log: log_has(log, "storage server 0"), p, log
+            )
         wait_for("three live storage servers", self._stores_alive)
 
         say(f"host 0: Spark master at {self.master}")
@@ -467,9 +469,8 @@ def test_jobs_across_hosts_match_the_default_shuffle(spark_cluster):
     for res in (nk, default):
         assert "skew" in res["plans"]["skewJoin"], res["plans"]["skewJoin"]
         # The defaults job's exchanges have Spark's 200 partitions.
-        assert re.search(r"hashpartitioning\([^)]*, 200\)", res["plans"]["defaults"]), res[
-            "plans"
-        ]["defaults"]
+        plan = res["plans"]["defaults"]
+        assert re.search(r"hashpartitioning\([^)]*, 200\)", plan), plan
 
     for name, res in (("NodeKernel", nk), ("default", default)):
         for job, (maps, reduces) in check_placement(res, workers).items():
