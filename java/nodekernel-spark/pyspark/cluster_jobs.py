@@ -1,22 +1,27 @@
 """The driver of test_cluster.py: submitted with `spark-submit --master
-spark://...` to the netns Spark standalone cluster, once with NodeKernel's
-shuffle manager and once with Spark's default one. Runs each job under a
+spark://...` to the netns Spark standalone cluster. Runs each job under a
 job group of its name (the test finds its tasks in the event log by it)
 and writes, as JSON to OUT, the shuffle manager's class, the application
-id, each job's result and the AQE skew join's final plan.
+id, the hosts of the driver and executors, each job's result and the final
+plans of the AQE jobs.
 
-    spark-submit ... cluster_jobs.py OUT EXECUTORS [NK_BIN]
+    spark-submit ... cluster_jobs.py OUT EXECUTORS [--nk NK_BIN] [--slow-reduce DIR]
 
 EXECUTORS: how many executors to wait for before the first job, so that
-tasks spread over the hosts. NK_BIN: with NodeKernel's shuffle, `nk ls` of
+tasks spread over the hosts. --nk: with NodeKernel's shuffle, `nk ls` of
 the application's directory while the session runs (with the NK_CONFIG
-the driver runs with) counts the shuffles kept there."""
+the driver runs with) counts the shuffles kept there. --slow-reduce: only
+the executor-loss job instead, a groupByKey whose reduce tasks each, once
+they have read their input, leave a file `reduce-<partition>-<executor
+JVM's pid>` in DIR and take a few seconds more, long enough for the test
+to kill that executor in the middle of the reduce stage."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import subprocess
-import sys
 import time
 
 from pyspark.sql import SparkSession
@@ -167,22 +172,50 @@ def sql_jobs(spark) -> tuple[dict, dict]:
     return out, plans
 
 
+def executor_pid() -> int:
+    """The pid of the executor JVM this Python worker serves: the parent
+    of its parent (pyspark.daemon, which the executor started)."""
+    with open(f"/proc/{os.getppid()}/stat") as f:
+        # The field after the parenthesised command name is the state, then the ppid.
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def slow_reduce(sc, markers: str) -> dict:
+    def reduce(index, it):
+        sums = [[k, sum(vs)] for k, vs in it]  # the whole shuffle input read
+        open(os.path.join(markers, f"reduce-{index}-{executor_pid()}"), "w").close()
+        time.sleep(5)
+        return iter(sums)
+
+    sc.setJobGroup("executorLost", "executorLost")
+    pairs = sc.parallelize(range(N), 6).map(lambda i: (i % KEYS, i))
+    return {"executorLost": sorted(pairs.groupByKey(9).mapPartitionsWithIndex(reduce).collect())}
+
+
 def main() -> None:
-    out_path, executors = sys.argv[1], int(sys.argv[2])
-    nk_bin = sys.argv[3] if len(sys.argv) > 3 else None
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("executors", type=int)
+    ap.add_argument("--nk")
+    ap.add_argument("--slow-reduce")
+    args = ap.parse_args()
     spark = SparkSession.builder.appName("nodekernel-cluster").getOrCreate()
     sc = spark.sparkContext
+    plans = {}
     try:
-        hosts = wait_for_executors(sc, executors)
-        results = rdd_jobs(sc)
-        sql, plans = sql_jobs(spark)
-        results.update(sql)
+        hosts = wait_for_executors(sc, args.executors)
+        if args.slow_reduce:
+            results = slow_reduce(sc, args.slow_reduce)
+        else:
+            results = rdd_jobs(sc)
+            sql, plans = sql_jobs(spark)
+            results.update(sql)
         app = sc.applicationId
         manager = sc._jvm.org.apache.spark.SparkEnv.get().shuffleManager().getClass().getName()
         shuffle_dirs = None
-        if nk_bin:
+        if args.nk:
             listed = subprocess.run(
-                [nk_bin, "ls", "--json", f"/spark-shuffle/{app}"],
+                [args.nk, "ls", "--json", f"/spark-shuffle/{app}"],
                 capture_output=True,
                 text=True,
                 check=True,
@@ -191,7 +224,7 @@ def main() -> None:
             shuffle_dirs = len(json.loads(listed.stdout))
     finally:
         spark.stop()
-    with open(out_path, "w") as f:
+    with open(args.out, "w") as f:
         json.dump(
             {
                 "app": app,

@@ -188,6 +188,10 @@ class Net:
         self.procs.append(p)
         return p
 
+    def pids(self, host: Host) -> list[int]:
+        """Every process in `host`, whoever started it."""
+        return [int(p) for p in ip("netns", "pids", host.ns).split()]
+
     def close(self) -> None:
         for p in self.procs:
             if p.poll() is None:

@@ -32,6 +32,7 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -92,6 +93,31 @@ def tail(log: str | None, n: int = 4000) -> str:
 def log_has(log: str, text: str) -> bool:
     with open(log, errors="replace") as f:
         return text in f.read()
+
+
+class Submitted:
+    """A running spark-submit of cluster_jobs.py."""
+
+    def __init__(self, cluster, name: str, proc: subprocess.Popen, out: str, log: str):
+        self.cluster, self.name, self.proc, self.out, self.log = cluster, name, proc, out, log
+
+    def result(self) -> dict:
+        """Waits for the application's end: its JSON output, with the path
+        of its event log."""
+        try:
+            rc = self.proc.wait(timeout=HANG_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        if rc != 0:
+            raise AssertionError(
+                f"spark-submit ({self.name}) exited {rc}{tail(self.log, 12000)}"
+                f"{self.cluster.executor_logs()}"
+            )
+        with open(self.out) as f:
+            res = json.load(f)
+        res["event_log"] = os.path.join(self.cluster.events, res["app"])
+        return res
 
 
 class SparkCluster:
@@ -247,10 +273,8 @@ class SparkCluster:
         servers = status.get("servers") or status.get("storage_servers") or []
         return sum(1 for s in servers if s.get("alive", True)) >= WORKERS
 
-    def submit(self, nodekernel: bool) -> dict:
-        """cluster_jobs.py from host 3 with spark-submit; its JSON output,
-        with the path of the application's event log."""
-        name = "nk" if nodekernel else "default"
+    def submit(self, nodekernel: bool, name: str, *job_args: str) -> Submitted:
+        """Starts cluster_jobs.py from host 3 with spark-submit (client mode)."""
         out = self.path(f"jobs-{name}.json")
         argv = [
             str(SPARK_HOME / "bin" / "spark-submit"),
@@ -277,7 +301,7 @@ class SparkCluster:
             "--conf",
             f"spark.pyspark.python={sys.executable}",
         ]
-        args = [out, str(WORKERS)]
+        args = [out, str(WORKERS), *job_args]
         if nodekernel:
             # docs/spark.md, "Running on a Spark standalone cluster".
             jars = ":".join(jar(j) for j in JARS)
@@ -291,26 +315,24 @@ class SparkCluster:
                 "--conf",
                 f"spark.nodekernel.meta={self.meta}",
             ]
-            args.append(self.nk_bin)
+            args += ["--nk", self.nk_bin]
         argv += [str(HERE / "cluster_jobs.py"), *args]
         log = self.path(f"driver-{name}.log")
         with open(log, "wb") as f:
-            r = subprocess.run(
+            p = subprocess.Popen(
                 self.hosts[3].argv(*argv),
                 stdin=subprocess.DEVNULL,
                 stdout=f,
                 stderr=subprocess.STDOUT,
                 env=self.env(3),
-                timeout=HANG_S,
             )
-        if r.returncode != 0:
-            raise AssertionError(
-                f"spark-submit ({name}) exited {r.returncode}{tail(log, 12000)}"
-                f"{self.executor_logs()}"
-            )
-        with open(out) as f:
-            res = json.load(f)
-        res["event_log"] = os.path.join(self.events, res["app"])
+        return Submitted(self, name, p, out, log)
+
+    def run(self, nodekernel: bool, name: str, *job_args: str) -> dict:
+        """cluster_jobs.py to its end (see Submitted.result)."""
+        t0 = time.monotonic()
+        res = self.submit(nodekernel, name, *job_args).result()
+        say(f"  done in {time.monotonic() - t0:.0f} s ({res['app']})")
         return res
 
     def executor_logs(self) -> str:
@@ -407,7 +429,11 @@ def tasks_by_job_group(event_log: str) -> dict[str, list[dict]]:
                     {
                         "stage": ev["Stage ID"],
                         "attempt": ev["Stage Attempt ID"],
+                        "type": ev["Task Type"],
+                        "index": ev["Task Info"]["Index"],
                         "host": ev["Task Info"]["Host"],
+                        "executor": ev["Task Info"]["Executor ID"],
+                        "reason": ev["Task End Reason"]["Reason"],
                         "ok": ev["Task End Reason"]["Reason"] == "Success",
                         "read": m.get("Shuffle Read Metrics", {}).get("Total Records Read", 0),
                         "written": m.get("Shuffle Write Metrics", {}).get(
@@ -448,13 +474,9 @@ def test_jobs_across_hosts_match_the_default_shuffle(spark_cluster):
     workers = {h.ip for h in c.hosts[:WORKERS]}
 
     say("spark-submit from host 3 with NodeKernel's shuffle manager")
-    t0 = time.monotonic()
-    nk = c.submit(nodekernel=True)
-    say(f"  done in {time.monotonic() - t0:.0f} s ({nk['app']})")
+    nk = c.run(True, "nk")
     say("spark-submit from host 3 with Spark's default shuffle")
-    t0 = time.monotonic()
-    default = c.submit(nodekernel=False)
-    say(f"  done in {time.monotonic() - t0:.0f} s ({default['app']})")
+    default = c.run(False, "default")
 
     assert nk["manager"] == MANAGER
     assert default["manager"] == DEFAULT_MANAGER
@@ -485,4 +507,52 @@ def test_jobs_across_hosts_match_the_default_shuffle(spark_cluster):
     # directory went with SparkContext.stop().
     assert nk["shuffle_dirs"] >= 1, nk
     r = c.nk("test", "-e", f"/spark-shuffle/{nk['app']}")
+    assert r.returncode == 1, (r.returncode, r.stderr)
+
+
+def test_an_executor_killed_in_the_reduce_stage_keeps_its_map_outputs(spark_cluster):
+    """kill -9 of an executor JVM while it runs a reduce task: the task runs
+    again elsewhere, the result is right, and no map task ran twice (its map
+    outputs are in NodeKernel, so Spark keeps them: supportsReliableStorage)."""
+    c = spark_cluster
+    markers = c.path("reduce-markers")
+    os.makedirs(markers)
+    say("spark-submit with NodeKernel's shuffle: a groupByKey whose reduce tasks take 5 s each")
+    job = c.submit(True, "executor-lost", "--slow-reduce", markers)
+    marker = wait_for(
+        "a reduce task to start", lambda: next(iter(os.listdir(markers)), None), job.proc, job.log
+    )
+    _, partition, pid = marker.split("-")
+    pid = int(pid)
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        assert b"CoarseGrainedExecutorBackend" in f.read(), f"{pid} is no executor"
+    host = next(h.index for h in c.hosts if pid in c.net.pids(h))
+    os.kill(pid, signal.SIGKILL)
+    say(f"  kill -9 of the executor on host {host} (pid {pid}) in reduce partition {partition}")
+    res = job.result()
+    say(f"  done ({res['app']})")
+
+    groups: dict[int, int] = {}
+    for i in range(N):
+        groups[i % KEYS] = groups.get(i % KEYS, 0) + i
+    assert res["results"]["executorLost"] == sorted([k, v] for k, v in groups.items())
+
+    tasks = tasks_by_job_group(res["event_log"])["executorLost"]
+    lost = [t for t in tasks if t["reason"] == "ExecutorLostFailure"]
+    assert lost, f"no task was lost with the executor: {tasks}"
+    killed = {t["executor"] for t in lost}
+    maps = [t for t in tasks if t["type"] == "ShuffleMapTask"]
+    # Every map task ran once, in its stage's first attempt: no map output
+    # was recomputed, not even those of the executor that died.
+    assert sorted(t["index"] for t in maps) == list(range(6)), maps
+    assert all(t["ok"] and t["attempt"] == 0 for t in maps), maps
+    assert any(t["executor"] in killed for t in maps), (killed, maps)
+    reduces = [t for t in tasks if t["type"] == "ResultTask" and t["ok"]]
+    assert sorted(t["index"] for t in reduces) == list(range(9)), reduces
+    assert all(t["executor"] not in killed for t in reduces if t["index"] == int(partition))
+    say(
+        f"  executor {sorted(killed)} lost; its map outputs read by the others, "
+        f"no map task run twice"
+    )
+    r = c.nk("test", "-e", f"/spark-shuffle/{res['app']}")
     assert r.returncode == 1, (r.returncode, r.stderr)
