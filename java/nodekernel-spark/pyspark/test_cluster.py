@@ -20,7 +20,8 @@ manager and once with Spark's default; both give the results computed here
 in plain Python. The event logs say where each task ran: each job's map
 tasks ran on at least two hosts, and its reduce tasks (on at least two hosts
 but for the AQE-coalesced default job) read map output written on another
-host.
+host. Then an executor JVM killed (kill -9) in the middle of a reduce stage
+with NodeKernel's shuffle: the result is right and no map task ran twice.
 
 Needs root and `ip netns`: skipped with a notice without them, unless
 NK_REQUIRE_NETNS=1. Every wait is bounded only to catch a hang."""
