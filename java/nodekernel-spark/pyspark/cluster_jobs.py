@@ -5,16 +5,16 @@ and writes, as JSON to OUT, the shuffle manager's class, the application
 id, the hosts of the driver and executors, each job's result and the final
 plans of the AQE jobs.
 
-    spark-submit ... cluster_jobs.py OUT EXECUTORS [--nk NK_BIN] [--slow-reduce DIR]
+    spark-submit ... cluster_jobs.py OUT EXECUTORS [--nk NK_BIN] [--executor-loss DIR]
 
 EXECUTORS: how many executors to wait for before the first job, so that
 tasks spread over the hosts. --nk: with NodeKernel's shuffle, `nk ls` of
 the application's directory while the session runs (with the NK_CONFIG
-the driver runs with) counts the shuffles kept there. --slow-reduce: only
-the executor-loss job instead, a groupByKey whose reduce tasks each, once
-they have read their input, leave a file `reduce-<partition>-<executor
-JVM's pid>` in DIR and take a few seconds more, long enough for the test
-to kill that executor in the middle of the reduce stage."""
+the driver runs with) counts the shuffles kept there. --executor-loss: the
+executor-loss jobs instead, two groupByKeys for the test to kill an executor
+in: in the first each map task, in the second each reduce task once it has
+read its input, leaves a file `<map|reduce>-<partition>-<executor JVM's
+pid>` in DIR and takes a few seconds more."""
 
 from __future__ import annotations
 
@@ -180,16 +180,37 @@ def executor_pid() -> int:
         return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
-def slow_reduce(sc, markers: str) -> dict:
-    def reduce(index, it):
+def executor_loss(sc, markers: str, executors: int) -> dict:
+    def mark(kind: str, index: int) -> None:
+        open(os.path.join(markers, f"{kind}-{index}-{executor_pid()}"), "w").close()
+
+    def slow_map(index, it):
+        mark("map", index)
+        time.sleep(3)
+        return it
+
+    def slow_reduce(index, it):
         sums = [[k, sum(vs)] for k, vs in it]  # the whole shuffle input read
-        open(os.path.join(markers, f"reduce-{index}-{executor_pid()}"), "w").close()
+        mark("reduce", index)
         time.sleep(5)
         return iter(sums)
 
-    sc.setJobGroup("executorLost", "executorLost")
+    out = {}
+    # Nine map tasks on three one-core executors: three waves, so an
+    # executor killed in its second map task has finished one already.
+    sc.setJobGroup("executorLostInMap", "executorLostInMap")
+    pairs = sc.parallelize(range(N), 9).mapPartitionsWithIndex(slow_map)
+    out["executorLostInMap"] = sorted(
+        pairs.map(lambda i: (i % KEYS, i)).reduceByKey(lambda a, b: a + b, 4).collect()
+    )
+    # The worker starts an executor in place of the killed one.
+    wait_for_executors(sc, executors)
+    sc.setJobGroup("executorLostInReduce", "executorLostInReduce")
     pairs = sc.parallelize(range(N), 6).map(lambda i: (i % KEYS, i))
-    return {"executorLost": sorted(pairs.groupByKey(9).mapPartitionsWithIndex(reduce).collect())}
+    out["executorLostInReduce"] = sorted(
+        pairs.groupByKey(9).mapPartitionsWithIndex(slow_reduce).collect()
+    )
+    return out
 
 
 def main() -> None:
@@ -197,15 +218,15 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("executors", type=int)
     ap.add_argument("--nk")
-    ap.add_argument("--slow-reduce")
+    ap.add_argument("--executor-loss")
     args = ap.parse_args()
     spark = SparkSession.builder.appName("nodekernel-cluster").getOrCreate()
     sc = spark.sparkContext
     plans = {}
     try:
         hosts = wait_for_executors(sc, args.executors)
-        if args.slow_reduce:
-            results = slow_reduce(sc, args.slow_reduce)
+        if args.executor_loss:
+            results = executor_loss(sc, args.executor_loss, args.executors)
         else:
             results = rdd_jobs(sc)
             sql, plans = sql_jobs(spark)

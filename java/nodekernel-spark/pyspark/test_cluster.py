@@ -20,8 +20,9 @@ manager and once with Spark's default; both give the results computed here
 in plain Python. The event logs say where each task ran: each job's map
 tasks ran on at least two hosts, and its reduce tasks (on at least two hosts
 but for the AQE-coalesced default job) read map output written on another
-host. Then an executor JVM killed (kill -9) in the middle of a reduce stage
-with NodeKernel's shuffle: the result is right and no map task ran twice.
+host. Then executor JVMs killed (kill -9) in the middle of a map stage and
+of a reduce stage with NodeKernel's shuffle: the results are right and no
+map task ran twice.
 
 Needs root and `ip netns`: skipped with a notice without them, unless
 NK_REQUIRE_NETNS=1. Every wait is bounded only to catch a hang."""
@@ -511,49 +512,83 @@ def test_jobs_across_hosts_match_the_default_shuffle(spark_cluster):
     assert r.returncode == 1, (r.returncode, r.stderr)
 
 
-def test_an_executor_killed_in_the_reduce_stage_keeps_its_map_outputs(spark_cluster):
-    """kill -9 of an executor JVM while it runs a reduce task: the task runs
-    again elsewhere, the result is right, and no map task ran twice (its map
-    outputs are in NodeKernel, so Spark keeps them: supportsReliableStorage)."""
-    c = spark_cluster
-    markers = c.path("reduce-markers")
-    os.makedirs(markers)
-    say("spark-submit with NodeKernel's shuffle: a groupByKey whose reduce tasks take 5 s each")
-    job = c.submit(True, "executor-lost", "--slow-reduce", markers)
-    marker = wait_for(
-        "a reduce task to start", lambda: next(iter(os.listdir(markers)), None), job.proc, job.log
-    )
-    _, partition, pid = marker.split("-")
-    pid = int(pid)
+def kill_executor(c: SparkCluster, job: Submitted, markers: str, kind: str) -> tuple[int, str]:
+    """kill -9 of the first executor JVM found running a task of `kind`
+    (map: in its second map task, so one is finished; reduce: once its
+    task has read the shuffle input); its host, and for a reduce task the
+    partition it was in."""
+
+    def victim():
+        runs: dict[int, list[str]] = {}
+        for name in os.listdir(markers):
+            k, partition, pid = name.split("-")
+            if k == kind:
+                runs.setdefault(int(pid), []).append(partition)
+        for pid, partitions in runs.items():
+            if len(partitions) >= (2 if kind == "map" else 1):
+                return pid, sorted(partitions, key=int)
+        return None
+
+    pid, partitions = wait_for(f"an executor in a {kind} task", victim, job.proc, job.log)
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         assert b"CoarseGrainedExecutorBackend" in f.read(), f"{pid} is no executor"
     host = next(h.index for h in c.hosts if pid in c.net.pids(h))
     os.kill(pid, signal.SIGKILL)
-    say(f"  kill -9 of the executor on host {host} (pid {pid}) in reduce partition {partition}")
+    say(f"  kill -9 of the executor on host {host} (pid {pid}), {kind} tasks {partitions} started")
+    return host, partitions[0]
+
+
+def check_executor_lost(tasks: list[dict], maps: int, reduces: int) -> set[str]:
+    """A task was lost with the killed executor; every map task succeeded
+    exactly once, in its stage's first attempt, the lost executor's
+    finished ones among them (their outputs were read, not recomputed);
+    every reduce task succeeded. The lost executors' ids."""
+    lost = {t["executor"] for t in tasks if t["reason"] == "ExecutorLostFailure"}
+    assert lost, f"no task was lost with the executor: {tasks}"
+    map_tasks = [t for t in tasks if t["type"] == "ShuffleMapTask"]
+    done = [t for t in map_tasks if t["ok"]]
+    assert sorted(t["index"] for t in done) == list(range(maps)), map_tasks
+    assert all(t["attempt"] == 0 for t in map_tasks), map_tasks
+    assert any(t["executor"] in lost for t in done), (lost, map_tasks)
+    result = [t for t in tasks if t["type"] == "ResultTask" and t["ok"]]
+    assert sorted(t["index"] for t in result) == list(range(reduces)), result
+    return lost
+
+
+def test_executors_killed_in_map_and_reduce_stages_keep_their_map_outputs(spark_cluster):
+    """kill -9 of an executor JVM in the middle of a map stage, then of
+    another in the middle of a reduce stage, with NodeKernel's shuffle: the
+    lost tasks run again elsewhere, the results are right and no map task
+    ran twice (the map outputs are in NodeKernel, so Spark keeps those of
+    the dead executors: supportsReliableStorage)."""
+    c = spark_cluster
+    markers = c.path("task-markers")
+    os.makedirs(markers)
+    say("spark-submit with NodeKernel's shuffle: groupByKeys with slow map, then reduce tasks")
+    job = c.submit(True, "executor-lost", "--executor-loss", markers)
+    kill_executor(c, job, markers, "map")
+    _, partition = kill_executor(c, job, markers, "reduce")
     res = job.result()
     say(f"  done ({res['app']})")
 
-    groups: dict[int, int] = {}
+    sums: dict[int, int] = {}
     for i in range(N):
-        groups[i % KEYS] = groups.get(i % KEYS, 0) + i
-    assert res["results"]["executorLost"] == sorted([k, v] for k, v in groups.items())
+        sums[i % KEYS] = sums.get(i % KEYS, 0) + i
+    want = sorted([k, v] for k, v in sums.items())
+    assert res["results"]["executorLostInMap"] == want
+    assert res["results"]["executorLostInReduce"] == want
 
-    tasks = tasks_by_job_group(res["event_log"])["executorLost"]
-    lost = [t for t in tasks if t["reason"] == "ExecutorLostFailure"]
-    assert lost, f"no task was lost with the executor: {tasks}"
-    killed = {t["executor"] for t in lost}
-    maps = [t for t in tasks if t["type"] == "ShuffleMapTask"]
-    # Every map task ran once, in its stage's first attempt: no map output
-    # was recomputed, not even those of the executor that died.
-    assert sorted(t["index"] for t in maps) == list(range(6)), maps
-    assert all(t["ok"] and t["attempt"] == 0 for t in maps), maps
-    assert any(t["executor"] in killed for t in maps), (killed, maps)
-    reduces = [t for t in tasks if t["type"] == "ResultTask" and t["ok"]]
-    assert sorted(t["index"] for t in reduces) == list(range(9)), reduces
-    assert all(t["executor"] not in killed for t in reduces if t["index"] == int(partition))
-    say(
-        f"  executor {sorted(killed)} lost; its map outputs read by the others, "
-        f"no map task run twice"
+    by_group = tasks_by_job_group(res["event_log"])
+    lost = check_executor_lost(by_group["executorLostInMap"], 9, 4)
+    say(f"  map stage: executor {sorted(lost)} lost, its finished map tasks not run again")
+    tasks = by_group["executorLostInReduce"]
+    lost = check_executor_lost(tasks, 6, 9)
+    # The killed reduce task finished on another executor.
+    assert all(
+        t["executor"] not in lost
+        for t in tasks
+        if t["type"] == "ResultTask" and t["ok"] and t["index"] == int(partition)
     )
+    say(f"  reduce stage: executor {sorted(lost)} lost, its map outputs read by the others")
     r = c.nk("test", "-e", f"/spark-shuffle/{res['app']}")
     assert r.returncode == 1, (r.returncode, r.stderr)
