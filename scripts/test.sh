@@ -159,7 +159,7 @@ pyspark_suite() {
 # network-namespace hosts, NodeKernel's meta and storage servers on them, the
 # driver on its own host: every job on NodeKernel's shuffle and on Spark's
 # default, with the event logs checked for map and reduce tasks on different
-# hosts, and an executor killed in a reduce stage without a map task rerun
+# hosts, and executors killed in a map and a reduce stage without a map task rerun
 # (docs/spark.md, "Running on a Spark standalone cluster"). -s: it
 # prints each host's roles and where each job's tasks ran.
 spark_cluster() {
