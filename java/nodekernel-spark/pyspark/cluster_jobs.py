@@ -14,7 +14,8 @@ the driver runs with) counts the shuffles kept there. --executor-loss: the
 executor-loss jobs instead, two groupByKeys for the test to kill an executor
 in: in the first each map task, in the second each reduce task once it has
 read its input, leaves a file `<map|reduce>-<partition>-<executor JVM's
-pid>` in DIR and takes a few seconds more."""
+pid>` in DIR and takes a few seconds more (the second's map tasks leave
+`shuffled-...`, without waiting)."""
 
 from __future__ import annotations
 
@@ -206,7 +207,16 @@ def executor_loss(sc, markers: str, executors: int) -> dict:
     # The worker starts an executor in place of the killed one.
     wait_for_executors(sc, executors)
     sc.setJobGroup("executorLostInReduce", "executorLostInReduce")
-    pairs = sc.parallelize(range(N), 6).map(lambda i: (i % KEYS, i))
+
+    def marked_map(index, it):
+        # Says which executors hold map output of this job (no wait): the
+        # executor that replaced the killed one may have started too late
+        # for any.
+        mark("shuffled", index)
+        return it
+
+    pairs = sc.parallelize(range(N), 6).mapPartitionsWithIndex(marked_map)
+    pairs = pairs.map(lambda i: (i % KEYS, i))
     out["executorLostInReduce"] = sorted(
         pairs.groupByKey(9).mapPartitionsWithIndex(slow_reduce).collect()
     )

@@ -515,17 +515,19 @@ def test_jobs_across_hosts_match_the_default_shuffle(spark_cluster):
 def kill_executor(c: SparkCluster, job: Submitted, markers: str, kind: str) -> tuple[int, str]:
     """kill -9 of the first executor JVM found running a task of `kind`
     (map: in its second map task, so one is finished; reduce: once its
-    task has read the shuffle input); its host, and for a reduce task the
-    partition it was in."""
+    task has read the shuffle input, and only an executor that wrote map
+    output of that job); its host, and for a reduce task the partition it
+    was in."""
 
     def victim():
-        runs: dict[int, list[str]] = {}
+        runs: dict[str, dict[int, list[str]]] = {}
         for name in os.listdir(markers):
             k, partition, pid = name.split("-")
-            if k == kind:
-                runs.setdefault(int(pid), []).append(partition)
-        for pid, partitions in runs.items():
-            if len(partitions) >= (2 if kind == "map" else 1):
+            runs.setdefault(k, {}).setdefault(int(pid), []).append(partition)
+        for pid, partitions in runs.get(kind, {}).items():
+            if kind == "map" and len(partitions) >= 2:
+                return pid, sorted(partitions, key=int)
+            if kind == "reduce" and pid in runs.get("shuffled", {}):
                 return pid, sorted(partitions, key=int)
         return None
 
