@@ -271,9 +271,7 @@ class SparkCluster:
         )
         if r.returncode != 0:
             return False
-        status = json.loads(r.stdout)
-        servers = status.get("servers") or status.get("storage_servers") or []
-        return sum(1 for s in servers if s.get("alive", True)) >= WORKERS
+        return json.loads(r.stdout)["alive_servers"] >= WORKERS
 
     def submit(self, nodekernel: bool, name: str, *job_args: str) -> Submitted:
         """Starts cluster_jobs.py from host 3 with spark-submit (client mode)."""
@@ -320,14 +318,7 @@ class SparkCluster:
             args += ["--nk", self.nk_bin]
         argv += [str(HERE / "cluster_jobs.py"), *args]
         log = self.path(f"driver-{name}.log")
-        with open(log, "wb") as f:
-            p = subprocess.Popen(
-                self.hosts[3].argv(*argv),
-                stdin=subprocess.DEVNULL,
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                env=self.env(3),
-            )
+        p = self.net.spawn(self.hosts[3], argv, log, self.env(3))
         return Submitted(self, name, p, out, log)
 
     def run(self, nodekernel: bool, name: str, *job_args: str) -> dict:
