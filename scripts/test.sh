@@ -153,10 +153,22 @@ done
 # (.venv-pyspark: the wheel is ~317 MB, pip's cache keeps it between runs).
 pyspark_suite() {
     NK_BIN="$PWD/target/debug/nk" .venv-pyspark/bin/python -m pytest \
-        java/nodekernel-spark/pyspark -q -p no:cacheprovider
+        java/nodekernel-spark/pyspark -q -p no:cacheprovider --ignore-glob='*/test_cluster.py'
+}
+# A Spark standalone cluster (the wheel's master and workers) over four
+# network-namespace hosts, NodeKernel's meta and storage servers on them, the
+# driver on its own host: every job on NodeKernel's shuffle and on Spark's
+# default, with the event logs checked for map and reduce tasks on different
+# hosts, and executors killed in a map and a reduce stage without a map task rerun
+# (docs/spark.md, "Running on a Spark standalone cluster"). -s: it
+# prints each host's roles and where each job's tasks ran.
+spark_cluster() {
+    NK_BIN="$PWD/target/debug/nk" .venv-pyspark/bin/python -m pytest \
+        java/nodekernel-spark/pyspark/test_cluster.py -q -s -p no:cacheprovider
 }
 heavy step "PySpark: install the pinned wheel into .venv-pyspark" ./scripts/pyspark-env.sh
 heavy step "PySpark: DataFrame jobs on NodeKernel's shuffle and nk://" pyspark_suite
+heavy step "Spark standalone cluster over netns hosts (PySpark jobs, both shuffles)" spark_cluster
 # Loom: its own target directory: --cfg loom rebuilds every dependency.
 heavy step "loom model check of the shared-memory protocol" \
     env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \

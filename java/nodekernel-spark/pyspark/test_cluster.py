@@ -1,0 +1,587 @@
+"""A Spark standalone cluster over four hosts (network namespaces, netns.py)
+with NodeKernel under it, set up as docs/spark.md's "Running on a Spark
+standalone cluster" tells a user:
+
+    host 0: nk meta, nk store, Spark master, Spark worker
+    host 1: nk store, Spark worker
+    host 2: nk store, Spark worker
+    host 3: the driver (spark-submit --master spark://host0:7077, client mode)
+
+Each worker has one core and runs one executor (512 MiB); each storage server
+has 256 MiB of DRAM and no file tier. The cluster is secure by default: one
+cluster token, named in every host's client configuration (NK_CONFIG).
+Spark is the `pyspark` wheel's (3.5.3, Scala 2.12; its bin/spark-class starts
+the master and workers), the jars those scripts/java.sh built.
+
+cluster_jobs.py runs groupByKey, reduceByKey, sortByKey, repartition, a
+DataFrame groupBy, a SQL join with an aggregation, an AQE skew join and a join
+at Spark's default 200 shuffle partitions, once with NodeKernel's shuffle
+manager and once with Spark's default; both give the results computed here
+in plain Python. The event logs say where each task ran: each job's map
+tasks ran on at least two hosts, and its reduce tasks (on at least two hosts
+but for the AQE-coalesced default job) read map output written on another
+host. Then executor JVMs killed (kill -9) in the middle of a map stage and
+of a reduce stage with NodeKernel's shuffle: the results are right and no
+map task ran twice.
+
+Needs root and `ip netns`: skipped with a notice without them, unless
+NK_REQUIRE_NETNS=1. Every wait is bounded only to catch a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pyspark
+import pytest
+
+import netns
+from conftest import jar, py_tests
+
+HANG_S = 600  # only catches a hang: a JVM on a loaded 2-core machine is slow
+HERE = pathlib.Path(__file__).resolve().parent
+SPARK_HOME = pathlib.Path(pyspark.__file__).resolve().parent
+MANAGER = "io.nodekernel.spark.NodeKernelShuffleManager"
+DEFAULT_MANAGER = "org.apache.spark.shuffle.sort.SortShuffleManager"
+META_PORT = 9060
+STORE_PORT = 9070
+MASTER_PORT = 7077
+WORKERS = 3  # hosts 0..2; the driver runs on host 3
+STORE_DRAM = "256MiB"
+# docs/spark.md: the jar of this Spark's line, the client (it carries the
+# native library) and the Hadoop FileSystem, on both extraClassPaths.
+JARS = (
+    "nodekernel-spark/spark-3.5_2.12/target/nodekernel-spark-3.5_2.12-VERSION.jar",
+    "nodekernel-client/target/nodekernel-client-VERSION.jar",
+    "nodekernel-hadoop/target/nodekernel-hadoop-VERSION.jar",
+)
+# The same jobs as cluster_jobs.py, computed without Spark.
+N, KEYS, PARTS = 6_000, 53, 4
+
+
+def say(msg: str) -> None:
+    """What the test is doing (pytest -s shows it as it happens)."""
+    print(f"[spark cluster] {msg}", file=sys.stderr, flush=True)
+
+
+def wait_for(what: str, cond, proc: subprocess.Popen | None = None, log: str | None = None):
+    deadline = time.monotonic() + HANG_S
+    while True:
+        v = cond()
+        if v:
+            return v
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what}: the process exited ({proc.returncode}){tail(log)}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}{tail(log)}")
+        time.sleep(0.2)
+
+
+def tail(log: str | None, n: int = 4000) -> str:
+    if not log or not os.path.exists(log):
+        return ""
+    with open(log, errors="replace") as f:
+        return f"\n--- {log} ---\n{f.read()[-n:]}"
+
+
+def log_has(log: str, text: str) -> bool:
+    with open(log, errors="replace") as f:
+        return text in f.read()
+
+
+class Submitted:
+    """A running spark-submit of cluster_jobs.py."""
+
+    def __init__(self, cluster, name: str, proc: subprocess.Popen, out: str, log: str):
+        self.cluster, self.name, self.proc, self.out, self.log = cluster, name, proc, out, log
+
+    def result(self) -> dict:
+        """Waits for the application's end: its JSON output, with the path
+        of its event log."""
+        try:
+            rc = self.proc.wait(timeout=HANG_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        if rc != 0:
+            raise AssertionError(
+                f"spark-submit ({self.name}) exited {rc}{tail(self.log, 12000)}"
+                f"{self.cluster.executor_logs()}"
+            )
+        with open(self.out) as f:
+            res = json.load(f)
+        res["event_log"] = os.path.join(self.cluster.events, res["app"])
+        return res
+
+
+class SparkCluster:
+    """The hosts and what runs on them; see the module docs."""
+
+    def __init__(self, net: netns.Net):
+        self.net = net
+        self.hosts = net.hosts
+        self.dir = tempfile.mkdtemp(prefix="nk-spark-cluster-")
+        self.nk_bin = py_tests.nk_binary()
+        self.meta = f"{self.hosts[0].ip}:{META_PORT}"
+        self.master = f"spark://{self.hosts[0].ip}:{MASTER_PORT}"
+        self.events = os.path.join(self.dir, "events")
+        os.makedirs(self.events)
+        self.token = os.path.join(self.dir, "token")
+        subprocess.run([self.nk_bin, "token", "new", self.token], check=True, capture_output=True)
+        # An empty configuration directory: no spark-defaults.conf of the
+        # machine's leaks in.
+        self.spark_conf_dir = os.path.join(self.dir, "spark-conf")
+        os.makedirs(self.spark_conf_dir)
+        for h in self.hosts:
+            with open(self.client_config(h.index), "w") as f:
+                f.write(self._client_section(h))
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.dir, *parts)
+
+    def client_config(self, host: int) -> str:
+        """Host `host`'s client configuration (what /etc/nodekernel would
+        hold on a real host): the metadata server, this host's location, the
+        cluster token."""
+        return self.path(f"client-h{host}.toml")
+
+    def _client_section(self, h: netns.Host) -> str:
+        return (
+            f'[client]\nmeta = ["{self.meta}"]\ntimeout_ms = {HANG_S * 1000}\n'
+            f'location = "{h.ip}"\n[security]\ntoken_file = "{self.token}"\n'
+        )
+
+    def env(self, host: int, **extra: str) -> dict[str, str]:
+        """The environment of a process on `host`: this machine's, without
+        any cluster or Spark settings of its own."""
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("NK_", "SPARK_", "PYSPARK_")) and k != "JAVA_TOOL_OPTIONS"
+        }
+        run = self.path(f"run-h{host}")
+        os.makedirs(run, exist_ok=True)
+        env.update(
+            NK_RUNTIME_DIR=run,
+            NK_CONFIG=self.client_config(host),
+            SPARK_HOME=str(SPARK_HOME),
+            SPARK_CONF_DIR=self.spark_conf_dir,
+            SPARK_LOCAL_IP=self.hosts[host].ip,
+            SPARK_LOG_DIR=self.path(f"spark-logs-h{host}"),
+            SPARK_LOCAL_DIRS=self.path(f"spark-local-h{host}"),
+            PYSPARK_PYTHON=sys.executable,
+        )
+        env.update(extra)
+        return env
+
+    def spawn(self, host: int, name: str, argv: list[str], **env: str):
+        log = self.path(f"{name}.log")
+        p = self.net.spawn(self.hosts[host], argv, log, self.env(host, **env))
+        return p, log
+
+    def start(self) -> None:
+        h0 = self.hosts[0]
+        meta_cfg = self.path("meta.toml")
+        with open(meta_cfg, "w") as f:
+            f.write(f'[meta]\n[security]\ntoken_file = "{self.token}"\n')
+        say(f"host 0 ({h0.ip}): nk meta on {self.meta}")
+        p, log = self.spawn(
+            0, "meta", [self.nk_bin, "meta", "--listen", self.meta, "--config", meta_cfg]
+        )
+        wait_for("nk meta", lambda: log_has(log, "metadata server listening on"), p, log)
+        for i in range(WORKERS):
+            h = self.hosts[i]
+            cfg = self.path(f"store-h{i}.toml")
+            with open(cfg, "w") as f:
+                f.write(
+                    self._client_section(h)
+                    + f'[[store]]\nclass = 0\nclass_name = "dram"\nmedium = "dram"\n'
+                    f'size = "{STORE_DRAM}"\nlisten = "{h.ip}:{STORE_PORT}"\n'
+                    f'location = "{h.ip}"\ndata_dir = "{self.path(f"store-h{i}")}"\n'
+                )
+            say(f"host {i} ({h.ip}): nk store, {STORE_DRAM} of DRAM")
+            p, log = self.spawn(i, f"store-h{i}", [self.nk_bin, "store", "--config", cfg])
+            wait_for(
+                f"nk store on host {i}", lambda log=log: log_has(log, "storage server 0"), p, log
+            )
+        wait_for("three live storage servers", self._stores_alive)
+
+        say(f"host 0: Spark master at {self.master}")
+        p, master_log = self.spawn(
+            0,
+            "spark-master",
+            [
+                str(SPARK_HOME / "bin" / "spark-class"),
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                h0.ip,
+                "--port",
+                str(MASTER_PORT),
+                "--webui-port",
+                "8080",
+            ],
+            SPARK_DAEMON_MEMORY="256m",
+        )
+        wait_for("the Spark master", lambda: log_has(master_log, "New state: ALIVE"), p, master_log)
+        for i in range(WORKERS):
+            h = self.hosts[i]
+            say(f"host {i}: Spark worker, 1 core")
+            self.spawn(
+                i,
+                f"spark-worker-h{i}",
+                [
+                    str(SPARK_HOME / "bin" / "spark-class"),
+                    "org.apache.spark.deploy.worker.Worker",
+                    "--host",
+                    h.ip,
+                    "--cores",
+                    "1",
+                    "--memory",
+                    "1g",
+                    "--work-dir",
+                    self.path(f"spark-work-h{i}"),
+                    "--webui-port",
+                    "8081",
+                    self.master,
+                ],
+                SPARK_DAEMON_MEMORY="256m",
+            )
+
+        def registered() -> bool:
+            with open(master_log, errors="replace") as f:
+                return len(set(re.findall(r"Registering worker (\S+)", f.read()))) >= WORKERS
+
+        wait_for("three Spark workers registered", registered, p, master_log)
+
+    def _stores_alive(self) -> bool:
+        r = subprocess.run(
+            self.hosts[3].argv(self.nk_bin, "status", "--json"),
+            capture_output=True,
+            text=True,
+            env=self.env(3),
+            timeout=HANG_S,
+        )
+        if r.returncode != 0:
+            return False
+        return json.loads(r.stdout)["alive_servers"] >= WORKERS
+
+    def submit(self, nodekernel: bool, name: str, *job_args: str) -> Submitted:
+        """Starts cluster_jobs.py from host 3 with spark-submit (client mode)."""
+        out = self.path(f"jobs-{name}.json")
+        argv = [
+            str(SPARK_HOME / "bin" / "spark-submit"),
+            "--master",
+            self.master,
+            "--deploy-mode",
+            "client",
+            "--name",
+            f"cluster-jobs-{name}",
+            "--driver-memory",
+            "512m",
+            "--executor-memory",
+            "512m",
+            "--total-executor-cores",
+            str(WORKERS),
+            "--conf",
+            f"spark.driver.host={self.hosts[3].ip}",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--conf",
+            "spark.eventLog.enabled=true",
+            "--conf",
+            f"spark.eventLog.dir=file://{self.events}",
+            "--conf",
+            f"spark.pyspark.python={sys.executable}",
+        ]
+        args = [out, str(WORKERS), *job_args]
+        if nodekernel:
+            # docs/spark.md, "Running on a Spark standalone cluster".
+            jars = ":".join(jar(j) for j in JARS)
+            argv += [
+                "--driver-class-path",
+                jars,
+                "--conf",
+                f"spark.executor.extraClassPath={jars}",
+                "--conf",
+                f"spark.shuffle.manager={MANAGER}",
+                "--conf",
+                f"spark.nodekernel.meta={self.meta}",
+            ]
+            args += ["--nk", self.nk_bin]
+        argv += [str(HERE / "cluster_jobs.py"), *args]
+        log = self.path(f"driver-{name}.log")
+        p = self.net.spawn(self.hosts[3], argv, log, self.env(3))
+        return Submitted(self, name, p, out, log)
+
+    def run(self, nodekernel: bool, name: str, *job_args: str) -> dict:
+        """cluster_jobs.py to its end (see Submitted.result)."""
+        t0 = time.monotonic()
+        res = self.submit(nodekernel, name, *job_args).result()
+        say(f"  done in {time.monotonic() - t0:.0f} s ({res['app']})")
+        return res
+
+    def executor_logs(self) -> str:
+        logs = sorted(pathlib.Path(self.dir).glob("spark-work-h*/app-*/*/stderr"))
+        return "".join(tail(str(p), 3000) for p in logs[-6:])
+
+    def nk(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            self.hosts[3].argv(self.nk_bin, *args),
+            capture_output=True,
+            text=True,
+            env=self.env(3),
+            timeout=HANG_S,
+        )
+
+    def close(self, keep: bool) -> None:
+        self.net.close()
+        if keep:
+            say(f"logs kept in {self.dir}")
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def spark_cluster(request):
+    for j in JARS:
+        jar(j)  # exits naming the build step when one is missing
+    net = netns.Net.create(WORKERS + 1)
+    if net is None:
+        pytest.skip("needs root and ip netns (NK_REQUIRE_NETNS=1 fails instead)")
+    c = SparkCluster(net)
+    failed = True
+    try:
+        c.start()
+        yield c
+        failed = request.session.testsfailed > 0
+    finally:
+        say("teardown: every process in the hosts killed, namespaces deleted")
+        c.close(keep=failed)
+
+
+def expected() -> dict:
+    """cluster_jobs.py's results, computed without Spark."""
+    groups: dict[int, list[int]] = {}
+    for i in range(N):
+        groups.setdefault(i % KEYS, []).append(i)
+    keyed = sorted(((i * 7919) % 10_007, i) for i in range(N))
+    frame: dict[int, tuple] = {}
+    joined: dict[int, tuple] = {}
+    for v in range(N):
+        k = v % KEYS
+        n, total, top = frame.get(k, (0, 0, -1))
+        frame[k] = (n + 1, total + v, max(top, v))
+        if k % 2 == 0:
+            total, flags = joined.get(k, (0, 0))
+            joined[k] = (total + v, flags + (v % 7 == 0))
+    skew: dict[int, int] = {}
+    for v in range(N):
+        k = 0 if v % 2 == 0 else v % 40
+        skew[k] = skew.get(k, 0) + v
+    digits: dict[int, tuple] = {}
+    for v in range(60_000):
+        if (v % 1_000) % 2 == 0:
+            n, total = digits.get(v % 10, (0, 0))
+            digits[v % 10] = (n + 1, total + v)
+    return {
+        "groupByKey": sorted([k, vs] for k, vs in groups.items()),
+        "reduceByKey": sorted([k, sum(vs)] for k, vs in groups.items()),
+        "sortByKey": [list(t) for t in keyed],
+        "repartition": {"partitions": PARTS - 1, "values": list(range(N))},
+        "dataframe": sorted([k, *t] for k, t in frame.items()),
+        "sqlJoin": sorted([k, f"name{k}", *t] for k, t in joined.items()),
+        "skewJoin": sorted([k, s] for k, s in skew.items()),
+        "defaults": sorted([d, *t] for d, t in digits.items()),
+    }
+
+
+def tasks_by_job_group(event_log: str) -> dict[str, list[dict]]:
+    """The finished tasks of each job group (cluster_jobs.py names one per
+    job), from the application's event log."""
+    group_of_stage: dict[int, str] = {}
+    tasks = []
+    with open(event_log) as f:
+        for line in f:
+            ev = json.loads(line)
+            kind = ev["Event"]
+            if kind == "SparkListenerJobStart":
+                group = (ev.get("Properties") or {}).get("spark.jobGroup.id")
+                for s in ev["Stage IDs"]:
+                    group_of_stage[s] = group
+            elif kind == "SparkListenerTaskEnd":
+                m = ev.get("Task Metrics") or {}
+                tasks.append(
+                    {
+                        "stage": ev["Stage ID"],
+                        "attempt": ev["Stage Attempt ID"],
+                        "type": ev["Task Type"],
+                        "index": ev["Task Info"]["Index"],
+                        "host": ev["Task Info"]["Host"],
+                        "executor": ev["Task Info"]["Executor ID"],
+                        "reason": ev["Task End Reason"]["Reason"],
+                        "ok": ev["Task End Reason"]["Reason"] == "Success",
+                        "read": m.get("Shuffle Read Metrics", {}).get("Total Records Read", 0),
+                        "written": m.get("Shuffle Write Metrics", {}).get(
+                            "Shuffle Records Written", 0
+                        ),
+                    }
+                )
+    out: dict[str, list[dict]] = {}
+    for t in tasks:
+        out.setdefault(group_of_stage.get(t["stage"]), []).append(t)
+    return out
+
+
+def check_placement(res: dict, worker_ips: set[str]) -> dict[str, tuple[set, set]]:
+    """Each job's map tasks (shuffle records written) ran on two hosts or
+    more and some reduce task (records read) on a host other than some map
+    task's; the reduce tasks too on two or more, but for the job at Spark's
+    defaults, whose 200 small partitions AQE may coalesce into one task."""
+    by_group = tasks_by_job_group(res["event_log"])
+    seen = {}
+    for job in expected():
+        tasks = by_group.get(job, [])
+        maps = {t["host"] for t in tasks if t["written"] > 0}
+        reduces = {t["host"] for t in tasks if t["read"] > 0}
+        where = f"{job}: map tasks on {sorted(maps)}, reduce tasks on {sorted(reduces)}"
+        assert maps <= worker_ips and reduces <= worker_ips, where
+        assert len(maps) >= 2, where
+        assert reduces and any(r != m for r in reduces for m in maps), where
+        if job != "defaults":
+            assert len(reduces) >= 2, where
+        seen[job] = (maps, reduces)
+    return seen
+
+
+def test_jobs_across_hosts_match_the_default_shuffle(spark_cluster):
+    c = spark_cluster
+    want = expected()
+    workers = {h.ip for h in c.hosts[:WORKERS]}
+
+    say("spark-submit from host 3 with NodeKernel's shuffle manager")
+    nk = c.run(True, "nk")
+    say("spark-submit from host 3 with Spark's default shuffle")
+    default = c.run(False, "default")
+
+    assert nk["manager"] == MANAGER
+    assert default["manager"] == DEFAULT_MANAGER
+    # The driver's host and the three executors' (one per worker).
+    for res in (nk, default):
+        assert sorted(res["executor_hosts"]) == sorted([c.hosts[3].ip, *workers]), res[
+            "executor_hosts"
+        ]
+    for job, rows in want.items():
+        assert nk["results"][job] == rows, f"{job} with NodeKernel's shuffle"
+        assert default["results"][job] == rows, f"{job} with the default shuffle"
+    for res in (nk, default):
+        assert "skew" in res["plans"]["skewJoin"], res["plans"]["skewJoin"]
+        # The defaults job's exchanges have Spark's 200 partitions.
+        plan = res["plans"]["defaults"]
+        assert re.search(r"hashpartitioning\([^)]*, 200\)", plan), plan
+
+    for name, res in (("NodeKernel", nk), ("default", default)):
+        for job, (maps, reduces) in check_placement(res, workers).items():
+            say(f"  {name} {job}: maps on {sorted(maps)}, reduces on {sorted(reduces)}")
+    # With NodeKernel no task failed and no stage ran twice (no fetch failure).
+    tasks = [t for ts in tasks_by_job_group(nk["event_log"]).values() for t in ts]
+    assert all(t["ok"] and t["attempt"] == 0 for t in tasks), [
+        t for t in tasks if not t["ok"] or t["attempt"]
+    ]
+
+    # The shuffles were NodeKernel's while the application ran, and its
+    # directory went with SparkContext.stop().
+    assert nk["shuffle_dirs"] >= 1, nk
+    r = c.nk("test", "-e", f"/spark-shuffle/{nk['app']}")
+    assert r.returncode == 1, (r.returncode, r.stderr)
+
+
+def kill_executor(c: SparkCluster, job: Submitted, markers: str, kind: str) -> tuple[int, str]:
+    """kill -9 of the first executor JVM found running a task of `kind`
+    (map: in its second map task, so one is finished; reduce: once its
+    task has read the shuffle input, and only an executor that wrote map
+    output of that job); its host, and for a reduce task the partition it
+    was in."""
+
+    def victim():
+        runs: dict[str, dict[int, list[str]]] = {}
+        for name in os.listdir(markers):
+            k, partition, pid = name.split("-")
+            runs.setdefault(k, {}).setdefault(int(pid), []).append(partition)
+        for pid, partitions in runs.get(kind, {}).items():
+            if kind == "map" and len(partitions) >= 2:
+                return pid, sorted(partitions, key=int)
+            if kind == "reduce" and pid in runs.get("shuffled", {}):
+                return pid, sorted(partitions, key=int)
+        return None
+
+    pid, partitions = wait_for(f"an executor in a {kind} task", victim, job.proc, job.log)
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        assert b"CoarseGrainedExecutorBackend" in f.read(), f"{pid} is no executor"
+    host = next(h.index for h in c.hosts if pid in c.net.pids(h))
+    os.kill(pid, signal.SIGKILL)
+    say(f"  kill -9 of the executor on host {host} (pid {pid}), {kind} tasks {partitions} started")
+    return host, partitions[0]
+
+
+def check_executor_lost(tasks: list[dict], maps: int, reduces: int) -> set[str]:
+    """A task was lost with the killed executor; every map task succeeded
+    exactly once, in its stage's first attempt, the lost executor's
+    finished ones among them (their outputs were read, not recomputed);
+    every reduce task succeeded. The lost executors' ids."""
+    lost = {t["executor"] for t in tasks if t["reason"] == "ExecutorLostFailure"}
+    assert lost, f"no task was lost with the executor: {tasks}"
+    map_tasks = [t for t in tasks if t["type"] == "ShuffleMapTask"]
+    done = [t for t in map_tasks if t["ok"]]
+    assert sorted(t["index"] for t in done) == list(range(maps)), map_tasks
+    assert all(t["attempt"] == 0 for t in map_tasks), map_tasks
+    assert any(t["executor"] in lost for t in done), (lost, map_tasks)
+    result = [t for t in tasks if t["type"] == "ResultTask" and t["ok"]]
+    assert sorted(t["index"] for t in result) == list(range(reduces)), result
+    return lost
+
+
+def test_executors_killed_in_map_and_reduce_stages_keep_their_map_outputs(spark_cluster):
+    """kill -9 of an executor JVM in the middle of a map stage, then of
+    another in the middle of a reduce stage, with NodeKernel's shuffle: the
+    lost tasks run again elsewhere, the results are right and no map task
+    ran twice (the map outputs are in NodeKernel, so Spark keeps those of
+    the dead executors: supportsReliableStorage)."""
+    c = spark_cluster
+    markers = c.path("task-markers")
+    os.makedirs(markers)
+    say("spark-submit with NodeKernel's shuffle: groupByKeys with slow map, then reduce tasks")
+    job = c.submit(True, "executor-lost", "--executor-loss", markers)
+    kill_executor(c, job, markers, "map")
+    _, partition = kill_executor(c, job, markers, "reduce")
+    res = job.result()
+    say(f"  done ({res['app']})")
+
+    sums: dict[int, int] = {}
+    for i in range(N):
+        sums[i % KEYS] = sums.get(i % KEYS, 0) + i
+    want = sorted([k, v] for k, v in sums.items())
+    assert res["results"]["executorLostInMap"] == want
+    assert res["results"]["executorLostInReduce"] == want
+
+    by_group = tasks_by_job_group(res["event_log"])
+    lost = check_executor_lost(by_group["executorLostInMap"], 9, 4)
+    say(f"  map stage: executor {sorted(lost)} lost, its finished map tasks not run again")
+    tasks = by_group["executorLostInReduce"]
+    lost = check_executor_lost(tasks, 6, 9)
+    # The killed reduce task finished on another executor.
+    assert all(
+        t["executor"] not in lost
+        for t in tasks
+        if t["type"] == "ResultTask" and t["ok"] and t["index"] == int(partition)
+    )
+    say(f"  reduce stage: executor {sorted(lost)} lost, its map outputs read by the others")
+    r = c.nk("test", "-e", f"/spark-shuffle/{res['app']}")
+    assert r.returncode == 1, (r.returncode, r.stderr)
