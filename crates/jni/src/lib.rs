@@ -445,6 +445,18 @@ pub extern "system" fn Java_io_nodekernel_Native_localLocation<'l>(
 }
 
 #[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_location<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    c: jlong,
+) -> jobject {
+    call(&mut env, std::ptr::null_mut(), |env| {
+        let client = CLIENTS.get(c)?;
+        Ok(env.new_string(&client.config().location)?.into_raw())
+    })
+}
+
+#[no_mangle]
 pub extern "system" fn Java_io_nodekernel_Native_lookup<'l>(
     mut env: JNIEnv<'l>,
     _: JClass<'l>,

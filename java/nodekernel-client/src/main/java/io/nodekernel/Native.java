@@ -28,6 +28,8 @@ final class Native {
 
   static native String localLocation();
 
+  static native String location(long client) throws NodeKernelException;
+
   static native long[] lookup(long client, String path) throws NodeKernelException;
 
   static native long[] setAttrs(long client, String path, int mode, long mtimeNanos)

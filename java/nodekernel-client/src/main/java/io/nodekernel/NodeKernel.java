@@ -59,11 +59,21 @@ public final class NodeKernel implements AutoCloseable {
   }
 
   /**
-   * The host name this client counts as for location affinity ({@link
-   * CreateOptions#local(boolean)}): {@code NK_LOCATION}, else the host name.
+   * The location a client counts as when its configuration names none: this host's name. A
+   * connected client's own location is {@link #location()}.
    */
   public static String localLocation() {
     return Native.localLocation();
+  }
+
+  /**
+   * The location this client counts as for location affinity ({@link
+   * CreateOptions#local(boolean)}): {@code [client] location} of its configuration, else the host
+   * name. Storage servers on the same host name this location for their blocks ({@link
+   * BlockLocation#host()}).
+   */
+  public String location() throws IOException {
+    return Native.location(handle());
   }
 
   long handle() throws IOException {

@@ -10,6 +10,8 @@ import java.io.ByteArrayOutputStream;
 import java.io.EOFException;
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
 import java.util.Arrays;
 import java.util.LinkedHashMap;
 import java.util.List;
@@ -455,8 +457,24 @@ public class ClientTest {
     assertEquals(
         List.of(NodeKernel.localLocation()),
         locs.stream().map(BlockLocation::host).distinct().collect(Collectors.toList()));
+    assertEquals(NodeKernel.localLocation(), nk().location());
     Capacity c = nk().capacity();
     assertTrue(c.capacity() >= 1L << 30);
     assertTrue(c.used() >= size);
+  }
+
+  /** A client's location is its configuration's, which the shuffle manager places map output by. */
+  @Test
+  public void aClientCountsAsTheLocationItsConfigurationNames() throws Exception {
+    Path cfg = Files.createTempFile("nk-client", ".toml");
+    try {
+      String base = Files.readString(Path.of(CLUSTER.cluster().clientConfig()));
+      Files.writeString(cfg, base.replace("[client]\n", "[client]\nlocation = \"rack-7\"\n"));
+      try (NodeKernel other = NodeKernel.connect(CLUSTER.cluster().meta(), cfg.toString())) {
+        assertEquals("rack-7", other.location());
+      }
+    } finally {
+      Files.deleteIfExists(cfg);
+    }
   }
 }

@@ -115,8 +115,17 @@ public class NodeKernelShuffleManager implements ShuffleManager {
     return SparkEnv.get().executorId();
   }
 
+  /**
+   * Where this executor's map output is placed, as its client counts it ({@code [client] location},
+   * else the host name). Without a client (it cannot connect), the host name: the call that needs
+   * the client next fails with the reason.
+   */
   String location() {
-    return NodeKernel.localLocation();
+    try {
+      return client().location();
+    } catch (IOException e) {
+      return NodeKernel.localLocation();
+    }
   }
 
   /** This application's directory. */
