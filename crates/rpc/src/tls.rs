@@ -7,11 +7,14 @@
 //! out ([`crate::LocalPeers`] does).
 //!
 //! After the handshake the session stays on the connection's own socket
-//! and runs in line (`tls_io.rs`): every read of the transport
-//! decrypts what the socket has straight into the transport's buffers (or
-//! a caller's), every write encrypts from the frames being sent, so busy
-//! polling, replies received into callers' buffers and the server's
-//! bounds all work as on a plain socket, with no relay task in between.
+//! and runs in line (`tls_io.rs`, rustls's unbuffered API): every read of
+//! the transport has rustls decrypt what the socket brought in place in
+//! the session's receive stage and copies it into the transport's buffers
+//! (or a caller's), every write encrypts from the frames being sent into
+//! one send buffer, so busy polling, replies received into callers'
+//! buffers and the server's bounds all work as on a plain socket, with no
+//! relay task in between. The handshake is the same state machine driven
+//! to its end before the HELLO exchange starts.
 //!
 //! Either end names its mistake clearly: a plain server answers a TLS
 //! client by closing (the client says TLS may not be configured there), a
