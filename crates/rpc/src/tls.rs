@@ -7,11 +7,14 @@
 //! out ([`crate::LocalPeers`] does).
 //!
 //! After the handshake the session stays on the connection's own socket
-//! and runs in line (`tls_io.rs`): every read of the transport
-//! decrypts what the socket has straight into the transport's buffers (or
-//! a caller's), every write encrypts from the frames being sent, so busy
-//! polling, replies received into callers' buffers and the server's
-//! bounds all work as on a plain socket, with no relay task in between.
+//! and runs in line (`tls_io.rs`, rustls's unbuffered API): every read of
+//! the transport has rustls decrypt what the socket brought in place in
+//! the session's receive stage and copies it into the transport's buffers
+//! (or a caller's), every write encrypts from the frames being sent into
+//! one send buffer, so busy polling, replies received into callers'
+//! buffers and the server's bounds all work as on a plain socket, with no
+//! relay task in between. The handshake is the same state machine driven
+//! to its end before the HELLO exchange starts.
 //!
 //! Either end names its mistake clearly: a plain server answers a TLS
 //! client by closing (the client says TLS may not be configured there), a
@@ -230,7 +233,7 @@ impl HandshakeIo {
         }
         let peer = self.peer().to_string();
         let name = tls.name_for(&peer)?;
-        let conn = rustls::ClientConnection::new(tls.client.clone(), name)
+        let conn = rustls::client::UnbufferedClientConnection::new(tls.client.clone(), name)
             .map_err(|e| Error::invalid_argument(format!("[security.tls]: {e}")))?;
         let Stream::Tcp(tcp, session) = &mut self.stream else {
             return Ok(());
@@ -275,7 +278,7 @@ impl HandshakeIo {
                  the client (or connect over the server's Unix socket on its host)",
             ));
         }
-        let conn = rustls::ServerConnection::new(config.clone())
+        let conn = rustls::server::UnbufferedServerConnection::new(config.clone())
             .map_err(|e| Error::invalid_argument(format!("[security.tls]: {e}")))?;
         let tls = Arc::new(TlsSession::new(conn.into(), tcp.as_raw_fd()));
         tls.handshake(tcp).await.map_err(|e| {
@@ -355,6 +358,8 @@ pub fn generate(dir: &Path, hosts: &[String]) -> Result<Generated> {
 
 #[cfg(test)]
 mod tests {
+    use crate::tls_io::TlsSession;
+
     #[test]
     fn no_handshake_frame_looks_like_tls() {
         use crate::limits::MAX_HANDSHAKE_PAYLOAD;
@@ -398,7 +403,8 @@ mod tests {
         let name = tls.name_for("127.0.0.1:1").unwrap();
         let conn = rustls::ClientConnection::new(tls.client.clone(), name).unwrap();
         let peer = tokio::task::spawn_blocking(move || client(conn, theirs));
-        let server = rustls::ServerConnection::new(tls.server.clone().unwrap()).unwrap();
+        let server =
+            rustls::server::UnbufferedServerConnection::new(tls.server.clone().unwrap()).unwrap();
         let session = TlsSession::new(server.into(), ours.as_raw_fd());
         // Records right behind the client's last handshake message are
         // processed with it: a bad one may fail the handshake itself.
@@ -461,6 +467,215 @@ mod tests {
         let _ = std::io::Read::read_to_end(&mut sock, &mut rest);
     }
 
+    /// A node's TLS settings for one loopback certificate, kept with the
+    /// directory holding its files.
+    fn loopback_tls() -> (tempfile::TempDir, super::Tls) {
+        use super::*;
+        let dir = tempfile::tempdir().unwrap();
+        let g = generate(dir.path(), &["127.0.0.1".into()]).unwrap();
+        let tls = Tls::load(&TlsFiles {
+            ca_file: Some(&g.ca_file),
+            cert_file: Some(&g.cert_file),
+            key_file: Some(&g.key_file),
+            ..TlsFiles::default()
+        })
+        .unwrap();
+        (dir, tls)
+    }
+
+    /// Two sessions of ours, client and server, on a loopback pair, after
+    /// their handshakes.
+    async fn session_pair() -> (
+        (tokio::net::TcpStream, crate::tls_io::TlsSession),
+        (tokio::net::TcpStream, crate::tls_io::TlsSession),
+    ) {
+        use super::*;
+        let (_dir, tls) = loopback_tls();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let (a, b) = tokio::join!(tokio::net::TcpStream::connect(addr), l.accept());
+        let (c, s) = (a.unwrap(), b.unwrap().0);
+        let name = tls.name_for("127.0.0.1:1").unwrap();
+        let client = rustls::client::UnbufferedClientConnection::new(tls.client.clone(), name);
+        let client = TlsSession::new(client.unwrap().into(), c.as_raw_fd());
+        let server = rustls::server::UnbufferedServerConnection::new(tls.server.clone().unwrap());
+        let server = TlsSession::new(server.unwrap().into(), s.as_raw_fd());
+        let (x, y) = tokio::join!(client.handshake(&c), server.handshake(&s));
+        x.unwrap();
+        y.unwrap();
+        ((c, client), (s, server))
+    }
+
+    /// Writes all of `data` through `session`, then flushes it.
+    async fn send_all(tcp: &tokio::net::TcpStream, session: &TlsSession, data: &[u8]) {
+        use tokio::io::Interest;
+        let mut off = 0;
+        while off < data.len() {
+            let slices = [std::io::IoSlice::new(&data[off..])];
+            match tcp.try_io(Interest::WRITABLE, || session.send(&slices)) {
+                Ok(n) => off += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    tcp.writable().await.unwrap()
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        loop {
+            match tcp.try_io(Interest::WRITABLE, || session.flush()) {
+                Ok(()) => return,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    tcp.writable().await.unwrap()
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
+    /// Reads exactly `n` bytes from `session`, `chunk` at most per read,
+    /// waiting for the socket only while the session holds no input.
+    async fn recv_exact(
+        tcp: &tokio::net::TcpStream,
+        session: &TlsSession,
+        n: usize,
+        chunk: usize,
+    ) -> Vec<u8> {
+        use tokio::io::Interest;
+        let mut got = Vec::with_capacity(n);
+        while got.len() < n {
+            let want = chunk.min(n - got.len());
+            got.reserve(want);
+            let spare = got.spare_capacity_mut();
+            let mut read = || {
+                // SAFETY: `spare` has room for `want` bytes.
+                match unsafe { session.recv(spare.as_mut_ptr().cast(), want) } {
+                    Ok(None) => Err(std::io::ErrorKind::WouldBlock.into()),
+                    Ok(Some(0)) => Err(std::io::ErrorKind::UnexpectedEof.into()),
+                    Ok(Some(k)) => Ok(k),
+                    Err(e) => Err(e),
+                }
+            };
+            let r = if session.has_input() {
+                read()
+            } else {
+                tcp.try_io(Interest::READABLE, read)
+            };
+            match r {
+                // SAFETY: `k` bytes were written into the spare capacity.
+                Ok(k) => unsafe { got.set_len(got.len() + k) },
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    tcp.readable().await.unwrap()
+                }
+                Err(e) => panic!("after {} of {n} bytes: {e}", got.len()),
+            }
+        }
+        got
+    }
+
+    #[tokio::test]
+    async fn megabytes_cross_both_ways_at_once_intact() {
+        let ((ct, client), (st, server)) = session_pair().await;
+        let up: Vec<u8> = (0..5_000_003u32).map(|i| (i % 251) as u8).collect();
+        let down: Vec<u8> = (0..4_000_037u32).map(|i| (i % 241) as u8).collect();
+        // Both directions at once, so each side's writes meet the other's
+        // records waiting in its stage.
+        let (_, _, got_up, got_down) = tokio::join!(
+            send_all(&ct, &client, &up),
+            send_all(&st, &server, &down),
+            recv_exact(&st, &server, up.len(), 1 << 20),
+            recv_exact(&ct, &client, down.len(), 300_000),
+        );
+        assert!(got_up == up, "upstream differs");
+        assert!(got_down == down, "downstream differs");
+        // Nothing is left: a read finds nothing, after which neither
+        // session claims input (readers wait for the socket again).
+        for (tcp, session) in [(&ct, &client), (&st, &server)] {
+            let mut b = [0u8; 16];
+            let r = tcp.try_io(tokio::io::Interest::READABLE, || {
+                // SAFETY: `b` is ours, of that length.
+                match unsafe { session.recv(b.as_mut_ptr(), b.len()) } {
+                    Ok(None) => Err(std::io::ErrorKind::WouldBlock.into()),
+                    other => Ok(other),
+                }
+            });
+            assert!(
+                matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+                "{r:?}"
+            );
+            assert!(!session.has_input());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_small_read_leaves_the_rest_of_a_record_readable_without_the_socket() {
+        let ((ct, client), (st, server)) = session_pair().await;
+        // One record of 10,000 bytes.
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i % 253) as u8).collect();
+        send_all(&ct, &client, &data).await;
+        let mut got = recv_exact(&st, &server, 100, 100).await;
+        assert!(
+            server.has_input(),
+            "the rest of the record is in the session"
+        );
+        // No readiness from here on: the socket was drained into the
+        // session; every read is served from it.
+        while got.len() < data.len() {
+            let mut b = vec![0u8; 777];
+            // SAFETY: `b` is ours, of that length.
+            let r = unsafe { server.recv(b.as_mut_ptr(), b.len()) };
+            let n = r.unwrap().expect("served from the session");
+            assert!(n > 0);
+            got.extend_from_slice(&b[..n]);
+        }
+        assert!(got == data);
+        let mut b = [0u8; 8];
+        // SAFETY: `b` is ours, of that length.
+        assert!(matches!(
+            unsafe { server.recv(b.as_mut_ptr(), 8) },
+            Ok(None)
+        ));
+        assert!(!server.has_input());
+        drop((ct, client));
+    }
+
+    #[tokio::test]
+    async fn closing_one_way_ends_that_way_and_the_other_goes_on() {
+        let ((ct, client), (st, server)) = session_pair().await;
+        send_all(&ct, &client, b"last words").await;
+        client.close();
+        assert_eq!(recv_exact(&st, &server, 10, 64).await, b"last words");
+        let mut b = [0u8; 64];
+        let end = loop {
+            // SAFETY: `b` is ours, of that length.
+            match unsafe { server.recv(b.as_mut_ptr(), b.len()) } {
+                Ok(None) => st.readable().await.unwrap(),
+                other => break other,
+            }
+        };
+        assert!(matches!(end, Ok(Some(0))), "{end:?}");
+        // The end stays the end, and needs no readiness.
+        assert!(server.has_input());
+        // SAFETY: as above.
+        assert!(matches!(
+            unsafe { server.recv(b.as_mut_ptr(), 64) },
+            Ok(Some(0))
+        ));
+        // The client took nothing more to send...
+        let e = client.send(&[std::io::IoSlice::new(b"more")]).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe);
+        // ...and still receives what the server sends, then its end.
+        send_all(&st, &server, b"reply after close").await;
+        server.close();
+        assert_eq!(recv_exact(&ct, &client, 17, 64).await, b"reply after close");
+        let end = loop {
+            // SAFETY: as above.
+            match unsafe { client.recv(b.as_mut_ptr(), b.len()) } {
+                Ok(None) => ct.readable().await.unwrap(),
+                other => break other,
+            }
+        };
+        assert!(matches!(end, Ok(Some(0))), "{end:?}");
+    }
+
     #[tokio::test]
     async fn records_in_between_and_close_notify_end_the_stream_cleanly() {
         let data: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
@@ -482,6 +697,132 @@ mod tests {
         assert!(e.to_string().contains("close_notify"), "{e}");
         assert_eq!(got.len(), 2 * 16_384, "only whole records are delivered");
         assert!(got.iter().all(|&b| b == 7));
+    }
+
+    #[tokio::test]
+    async fn close_notify_mid_stream_ends_it_and_what_follows_is_ignored() {
+        let data: Vec<u8> = (0..50_000u32).map(|i| (i * 7) as u8).collect();
+        let sent = data.clone();
+        let (got, end) = serve_one(move |mut conn, mut sock| {
+            use std::io::Write;
+            while conn.is_handshaking() {
+                conn.complete_io(&mut sock).unwrap();
+            }
+            conn.set_buffer_limit(None);
+            conn.writer().write_all(&sent).unwrap();
+            conn.send_close_notify();
+            let mut records = Vec::new();
+            while conn.wants_write() {
+                conn.write_tls(&mut records).unwrap();
+            }
+            // Bytes after the close_notify, in the same write: TLS says
+            // they are to be ignored.
+            records.extend_from_slice(&[23, 3, 3, 0, 40]);
+            records.extend_from_slice(&[0x5A; 40]);
+            sock.write_all(&records).unwrap();
+            drain(sock);
+        })
+        .await;
+        end.unwrap();
+        assert!(got == data, "{} of {} bytes", got.len(), data.len());
+    }
+
+    #[tokio::test]
+    async fn a_key_update_from_the_peer_is_answered_and_traffic_goes_on_both_ways() {
+        use super::*;
+        use std::io::{Read, Write};
+        let (_dir, tls) = loopback_tls();
+        let (ours, mut theirs) = tcp_pair().await;
+        let name = tls.name_for("127.0.0.1:1").unwrap();
+        let mut peer = rustls::ClientConnection::new(tls.client.clone(), name).unwrap();
+        let before: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+        let after: Vec<u8> = (0..100_000u32).map(|i| (i / 3) as u8).collect();
+        let reply: Vec<u8> = (0..300_000u32).map(|i| (i / 5) as u8).collect();
+        let (b, a, r) = (before.clone(), after.clone(), reply.clone());
+        // A buffered rustls client: data, a key update (it asks us to
+        // update ours too), more data; then it reads our reply, which
+        // decrypts only if our answer to its update reached it first.
+        let client = tokio::task::spawn_blocking(move || {
+            while peer.is_handshaking() {
+                peer.complete_io(&mut theirs).unwrap();
+            }
+            peer.set_buffer_limit(None);
+            fn send(
+                peer: &mut rustls::ClientConnection,
+                sock: &mut std::net::TcpStream,
+                data: &[u8],
+            ) {
+                peer.writer().write_all(data).unwrap();
+                while peer.wants_write() {
+                    peer.write_tls(sock).unwrap();
+                }
+            }
+            send(&mut peer, &mut theirs, &b);
+            peer.refresh_traffic_keys().unwrap();
+            send(&mut peer, &mut theirs, &a);
+            let mut got = Vec::new();
+            let mut buf = vec![0u8; 65536];
+            while got.len() < r.len() {
+                if peer.read_tls(&mut theirs).unwrap() == 0 {
+                    panic!("the server closed after {} bytes", got.len());
+                }
+                peer.process_new_packets().unwrap();
+                loop {
+                    match peer.reader().read(&mut buf) {
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            }
+            assert!(got == r, "the reply differs");
+            // And once more the other way, after our answer.
+            send(&mut peer, &mut theirs, b"still here");
+            peer.send_close_notify();
+            while peer.wants_write() {
+                peer.write_tls(&mut theirs).unwrap();
+            }
+            drain(theirs);
+        });
+        let server = rustls::server::UnbufferedServerConnection::new(tls.server.clone().unwrap());
+        let session = TlsSession::new(server.unwrap().into(), ours.as_raw_fd());
+        session.handshake(&ours).await.unwrap();
+        let got = recv_exact(&ours, &session, before.len() + after.len(), 1 << 16).await;
+        assert!(got[..before.len()] == before[..], "before the update");
+        assert!(got[before.len()..] == after[..], "after the update");
+        send_all(&ours, &session, &reply).await;
+        assert_eq!(recv_exact(&ours, &session, 10, 64).await, b"still here");
+        session.close();
+        let _ = session.flush();
+        drop(session);
+        drop(ours);
+        client.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn bytes_that_are_no_tls_record_fail_the_session_with_the_tls_error() {
+        for garbage in [
+            // A content type TLS does not have.
+            vec![0x99; 64],
+            // An application-data record longer than TLS allows.
+            vec![23, 3, 3, 0xFF, 0xFF, 1, 2, 3],
+            // A handshake record after the handshake, of nonsense.
+            vec![22, 3, 3, 0, 4, 0xEE, 0xEE, 0xEE, 0xEE],
+        ] {
+            let (got, end) = serve_one(move |mut conn, mut sock| {
+                use std::io::Write;
+                while conn.is_handshaking() {
+                    conn.complete_io(&mut sock).unwrap();
+                }
+                let _ = sock.write_all(&garbage);
+                drain(sock);
+            })
+            .await;
+            assert!(got.is_empty());
+            let e = end.unwrap_err();
+            let why = crate::tls_io::tls_failure(&e).expect("a TLS error");
+            assert!(why.message.starts_with("TLS: "), "{why}");
+        }
     }
 
     #[tokio::test]
