@@ -257,6 +257,12 @@ impl Client {
         &self.inner.cfg
     }
 
+    /// Reserved puts this client holds unused (`crate::reserve`): part of
+    /// the cluster's `reserved_puts` in [`Client::status`].
+    pub fn reserved_puts_held(&self) -> u64 {
+        self.inner.reserved.ready()
+    }
+
     /// Whether this client has mapped the memory of the storage server at
     /// `addr` (as registered with the metadata server) and uses it for block
     /// transfers. Known after the first transfer to that server.

@@ -234,6 +234,14 @@ impl Reservations {
         out
     }
 
+    /// Reservations ready to use, over every pool.
+    pub(crate) fn ready(&self) -> u64 {
+        sync::lock(&self.pools)
+            .values()
+            .map(|pool| pool.ready.len() as u64)
+            .sum()
+    }
+
     /// Whether a request of partition `part` is in flight.
     pub(crate) fn asking(&self, part: usize) -> bool {
         sync::lock(&self.pools)

@@ -90,8 +90,15 @@ async fn stream_of_puts(shared_memory: bool) {
     }
     reserved_more_than(c, held).await;
     drop(c2);
+    // Against what `c` holds now, not `held`: a refill `c` asked for may
+    // land meanwhile. (Read before the cluster's count, so a refill landing
+    // in between only makes this wait longer.)
     let back = tokio::time::timeout(std::time::Duration::from_secs(120), async {
-        while c.status().await.unwrap().reserved_puts > held {
+        loop {
+            let mine = c.reserved_puts_held();
+            if c.status().await.unwrap().reserved_puts <= mine {
+                break;
+            }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     });
