@@ -197,22 +197,11 @@ class SparkCluster:
             0, "meta", [self.nk_bin, "meta", "--listen", self.meta, "--config", meta_cfg]
         )
         wait_for("nk meta", lambda: log_has(log, "metadata server listening on"), p, log)
+        self.stores: dict[int, subprocess.Popen] = {}
         for i in range(WORKERS):
-            h = self.hosts[i]
-            cfg = self.path(f"store-h{i}.toml")
-            with open(cfg, "w") as f:
-                f.write(
-                    self._client_section(h)
-                    + f'[[store]]\nclass = 0\nclass_name = "dram"\nmedium = "dram"\n'
-                    f'size = "{STORE_DRAM}"\nlisten = "{h.ip}:{STORE_PORT}"\n'
-                    f'location = "{h.ip}"\ndata_dir = "{self.path(f"store-h{i}")}"\n'
-                )
-            say(f"host {i} ({h.ip}): nk store, {STORE_DRAM} of DRAM")
-            p, log = self.spawn(i, f"store-h{i}", [self.nk_bin, "store", "--config", cfg])
-            wait_for(
-                f"nk store on host {i}", lambda log=log: log_has(log, "storage server 0"), p, log
-            )
-        wait_for("three live storage servers", self._stores_alive)
+            say(f"host {i} ({self.hosts[i].ip}): nk store, {STORE_DRAM} of DRAM")
+            self.start_store(i)
+        wait_for("three live storage servers", lambda: self.alive_stores() >= WORKERS)
 
         say(f"host 0: Spark master at {self.master}")
         p, master_log = self.spawn(
@@ -261,20 +250,43 @@ class SparkCluster:
 
         wait_for("three Spark workers registered", registered, p, master_log)
 
-    def _stores_alive(self) -> bool:
-        r = subprocess.run(
-            self.hosts[3].argv(self.nk_bin, "status", "--json"),
-            capture_output=True,
-            text=True,
-            env=self.env(3),
-            timeout=HANG_S,
-        )
-        if r.returncode != 0:
-            return False
-        return json.loads(r.stdout)["alive_servers"] >= WORKERS
+    def start_store(self, i: int) -> None:
+        """Host i's storage server (again, after a kill: its DRAM tier is
+        volatile, so it comes back empty, with its identity)."""
+        h = self.hosts[i]
+        cfg = self.path(f"store-h{i}.toml")
+        with open(cfg, "w") as f:
+            f.write(
+                self._client_section(h)
+                + f'[[store]]\nclass = 0\nclass_name = "dram"\nmedium = "dram"\n'
+                f'size = "{STORE_DRAM}"\nlisten = "{h.ip}:{STORE_PORT}"\n'
+                f'location = "{h.ip}"\ndata_dir = "{self.path(f"store-h{i}")}"\n'
+            )
+        log = self.path(f"store-h{i}.log")
+        start = os.path.getsize(log) if os.path.exists(log) else 0
 
-    def submit(self, nodekernel: bool, name: str, *job_args: str) -> Submitted:
-        """Starts cluster_jobs.py from host 3 with spark-submit (client mode)."""
+        def up() -> bool:
+            with open(log, errors="replace") as f:
+                f.seek(start)
+                return "storage server 0" in f.read()
+
+        p, log = self.spawn(i, f"store-h{i}", [self.nk_bin, "store", "--config", cfg])
+        wait_for(f"nk store on host {i}", up, p, log)
+        self.stores[i] = p
+
+    def status(self) -> dict | None:
+        r = self.nk("status", "--json")
+        return json.loads(r.stdout) if r.returncode == 0 else None
+
+    def alive_stores(self) -> int:
+        st = self.status()
+        return st["alive_servers"] if st else -1
+
+    def submit(
+        self, nodekernel: bool, name: str, *job_args: str, conf: dict[str, str] | None = None
+    ) -> Submitted:
+        """Starts cluster_jobs.py from host 3 with spark-submit (client mode),
+        with the Spark settings `conf` too."""
         out = self.path(f"jobs-{name}.json")
         argv = [
             str(SPARK_HOME / "bin" / "spark-submit"),
@@ -301,6 +313,8 @@ class SparkCluster:
             "--conf",
             f"spark.pyspark.python={sys.executable}",
         ]
+        for k, v in (conf or {}).items():
+            argv += ["--conf", f"{k}={v}"]
         args = [out, str(WORKERS), *job_args]
         if nodekernel:
             # docs/spark.md, "Running on a Spark standalone cluster".
@@ -583,5 +597,136 @@ def test_executors_killed_in_map_and_reduce_stages_keep_their_map_outputs(spark_
         if t["type"] == "ResultTask" and t["ok"] and t["index"] == int(partition)
     )
     say(f"  reduce stage: executor {sorted(lost)} lost, its map outputs read by the others")
+    r = c.nk("test", "-e", f"/spark-shuffle/{res['app']}")
+    assert r.returncode == 1, (r.returncode, r.stderr)
+
+
+def stored_bytes(c: SparkCluster, path: str = "/") -> int:
+    """What the nodes under `path` take of the cluster (`nk du --stored`)."""
+    r = c.nk("du", "-s", "--stored", "--json", path)
+    assert r.returncode == 0, r.stderr
+    return sum(e["stored"] for e in json.loads(r.stdout))
+
+
+DRIVER_TIMEOUT_S = 10
+
+
+def test_driver_killed_its_shuffle_data_removed_by_the_cleaner(spark_cluster):
+    """kill -9 of the driver JVM in the middle of a map stage: its
+    application's directory stays, with a lease its driver no longer
+    renews; once the lease is older than spark.nodekernel.shuffle.driverTimeout,
+    NkShuffleCleaner (docs/spark.md, "If the driver dies") deletes it and
+    what it took of the cluster is free again."""
+    c = spark_cluster
+    markers = c.path("driver-loss-markers")
+    os.makedirs(markers)
+    before = stored_bytes(c)
+    say(f"spark-submit with NodeKernel's shuffle, driverTimeout {DRIVER_TIMEOUT_S} s; 9 slow maps")
+    job = c.submit(
+        True,
+        "driver-lost",
+        "--driver-loss",
+        markers,
+        conf={"spark.nodekernel.shuffle.driverTimeout": f"{DRIVER_TIMEOUT_S}s"},
+    )
+    # Four map tasks started: the first wave's three have written output.
+    wait_for("map tasks", lambda: len(os.listdir(markers)) >= 4, job.proc, job.log)
+    driver = [
+        pid
+        for pid in c.net.pids(c.hosts[3])
+        if b"org.apache.spark.deploy.SparkSubmit" in open(f"/proc/{pid}/cmdline", "rb").read()
+    ]
+    assert len(driver) == 1, driver
+    with open(job.log, errors="replace") as f:
+        app = re.search(r"app-\d+-\d+", f.read()).group(0)
+    os.kill(driver[0], signal.SIGKILL)
+    killed = time.monotonic()
+    say(f"  kill -9 of the driver (pid {driver[0]}, {app}) with {len(os.listdir(markers))} maps started")
+    job.proc.wait(timeout=HANG_S)
+
+    app_dir = f"/spark-shuffle/{app}"
+    assert c.nk("test", "-e", f"{app_dir}/driver").returncode == 0
+    left = stored_bytes(c, app_dir)
+    assert left > 0, left
+    lease = c.nk("get", f"{app_dir}/driver")
+    say(f"  left behind: {app_dir}, {left} bytes stored; lease {lease.stdout.strip()!r}")
+    # The documented cleanup, once the lease is older than its timeout.
+    time.sleep(max(0.0, killed + DRIVER_TIMEOUT_S + 2 - time.monotonic()))
+    jars = ":".join(jar(j) for j in JARS[:2])
+    r = subprocess.run(
+        c.hosts[3].argv("java", "-cp", jars, "io.nodekernel.spark.NkShuffleCleaner"),
+        capture_output=True,
+        text=True,
+        env=c.env(3),
+        timeout=HANG_S,
+    )
+    assert r.returncode == 0, r.stderr
+    say(f"  NkShuffleCleaner: {r.stdout.strip()!r}")
+    assert r.stdout.split() == ["deleted", app], r.stdout
+    assert c.nk("test", "-e", app_dir).returncode == 1
+    assert stored_bytes(c) == before, (stored_bytes(c), before)
+
+
+def test_storage_server_killed_reduce_stage_refetches_rerun_maps(spark_cluster):
+    """kill -9 of one host's `nk store` after a shuffle's map stage: the
+    next job reading that shuffle gets FetchFailed for the outputs the dead
+    server held, Spark runs the map stage again (a second attempt) for
+    them, and the result is right. The store is started again (empty) for
+    the tests after this one."""
+    c = spark_cluster
+    markers = c.path("store-loss-markers")
+    os.makedirs(markers)
+    say("spark-submit with NodeKernel's shuffle: a reduceByKey read by two jobs")
+    job = c.submit(True, "store-lost", "--store-loss", markers)
+    wait_for(
+        "the first job", lambda: os.path.exists(os.path.join(markers, "mapped")), job.proc, job.log
+    )
+    with open(job.log, errors="replace") as f:
+        app = re.search(r"app-\d+-\d+", f.read()).group(0)
+    # The host (of 1 and 2) whose executor wrote most map outputs.
+    counts = {1: 0, 2: 0}
+    for name in os.listdir(markers):
+        if name.startswith("shuffled-"):
+            pid = int(name.split("-")[2])
+            for i in counts:
+                if pid in c.net.pids(c.hosts[i]):
+                    counts[i] += 1
+    victim = max(counts, key=counts.get)
+    ip = c.hosts[victim].ip
+    blocks = c.nk("stat", "--blocks", "--json", f"/spark-shuffle/{app}/s0/p0")
+    say(f"  map outputs by host: {counts}; {blocks.stdout[:2000]}")
+    os.kill(c.stores[victim].pid, signal.SIGKILL)
+    say(f"  kill -9 of nk store on host {victim} ({ip})")
+    wait_for("the metadata server to mark the store dead", lambda: c.alive_stores() == WORKERS - 1)
+    open(os.path.join(markers, "go"), "w").close()
+    try:
+        res = job.result()
+    finally:
+        say(f"  nk store on host {victim} started again")
+        c.start_store(victim)
+        wait_for("three live storage servers", lambda: c.alive_stores() >= WORKERS)
+    say(f"  done ({res['app']})")
+
+    sums: dict[int, int] = {}
+    for i in range(N):
+        sums[i % KEYS] = sums.get(i % KEYS, 0) + i
+    want = sorted([k, v] for k, v in sums.items())
+    assert res["results"]["storeLostBefore"] == want
+    assert res["results"]["storeLost"] == want
+
+    tasks = tasks_by_job_group(res["event_log"])["storeLost"]
+    maps = [t for t in tasks if t["type"] == "ShuffleMapTask"]
+    first = [t for t in maps if t["attempt"] == 0 and t["ok"]]
+    rerun = [t for t in maps if t["attempt"] >= 1 and t["ok"]]
+    fetch_failed = [t for t in tasks if t["reason"] == "FetchFailed"]
+    say(
+        f"  {len(fetch_failed)} reduce tasks FetchFailed; map tasks rerun: "
+        f"{sorted(t['index'] for t in rerun)} (first run on the dead host: "
+        f"{sorted(t['index'] for t in first if t['host'] == ip)})"
+    )
+    assert fetch_failed, tasks
+    assert rerun, maps
+    # Every map output written on the dead host was written again.
+    assert {t["index"] for t in first if t["host"] == ip} <= {t["index"] for t in rerun}, maps
     r = c.nk("test", "-e", f"/spark-shuffle/{res['app']}")
     assert r.returncode == 1, (r.returncode, r.stderr)
