@@ -641,7 +641,9 @@ def test_driver_killed_its_shuffle_data_removed_by_the_cleaner(spark_cluster):
         app = re.search(r"app-\d+-\d+", f.read()).group(0)
     os.kill(driver[0], signal.SIGKILL)
     killed = time.monotonic()
-    say(f"  kill -9 of the driver (pid {driver[0]}, {app}) with {len(os.listdir(markers))} maps started")
+    say(
+        f"  kill -9 of the driver (pid {driver[0]}, {app}) with {len(os.listdir(markers))} maps started"
+    )
     job.proc.wait(timeout=HANG_S)
 
     app_dir = f"/spark-shuffle/{app}"

@@ -25,7 +25,8 @@ public final class NkShuffleCleaner {
     String root = NkShuffleConf.DEFAULT_ROOT;
     for (int i = 0; i < args.length; i++) {
       String a = args[i];
-      if (i + 1 < args.length && (a.equals("--meta") || a.equals("--config") || a.equals("--root"))) {
+      if (i + 1 < args.length
+          && (a.equals("--meta") || a.equals("--config") || a.equals("--root"))) {
         String v = args[++i];
         switch (a) {
           case "--meta" -> meta = v;

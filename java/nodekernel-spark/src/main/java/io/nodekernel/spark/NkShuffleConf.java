@@ -27,8 +27,8 @@ public final class NkShuffleConf {
 
   /**
    * How long an application's directory outlives its driver's last lease renewal before a sweep
-   * (the next driver's, or {@link NkShuffleCleaner}) deletes it; the driver renews it every tenth of
-   * this. Default 10 minutes.
+   * (the next driver's, or {@link NkShuffleCleaner}) deletes it; the driver renews it every tenth
+   * of this. Default 10 minutes.
    */
   public static final String DRIVER_TIMEOUT = "spark.nodekernel.shuffle.driverTimeout";
 
