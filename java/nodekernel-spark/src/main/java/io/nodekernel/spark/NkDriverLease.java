@@ -12,17 +12,18 @@ import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
 
 /**
- * An application directory's lease: the driver keeps a KeyValue {@code <root>/<appId>/driver}
- * holding the wall-clock time of its last renewal and its timeout, renewed every tenth of the
- * timeout while the application runs. A directory whose lease is older than its timeout belongs to
- * a driver that died without {@code stop()} (killed, its host lost): {@link #sweep} deletes it.
- * Every driver sweeps the root once when it first writes shuffle data; {@link NkShuffleCleaner}
- * does the same from the command line. Directories without a lease (of an earlier version of this
- * jar) are left alone. The clocks of drivers and sweepers must agree to well within the timeout.
+ * An application directory's lease: the driver keeps a KeyValue {@code <root>/<appId>.driver} (next
+ * to the directory, whose children stay the shuffles) holding the wall-clock time of its last
+ * renewal and its timeout, renewed every tenth of the timeout while the application runs. A
+ * directory whose lease is older than its timeout belongs to a driver that died without {@code
+ * stop()} (killed, its host lost): {@link #sweep} deletes it. Every driver sweeps the root once
+ * when it first writes shuffle data; {@link NkShuffleCleaner} does the same from the command line.
+ * Directories without a lease (of an earlier version of this jar) are left alone. The clocks of
+ * drivers and sweepers must agree to well within the timeout.
  */
 final class NkDriverLease {
-  /** The lease's name in the application's directory. */
-  static final String NAME = "driver";
+  /** The lease of {@code <root>/<appId>} is the KeyValue {@code <root>/<appId>.driver}. */
+  static final String SUFFIX = ".driver";
 
   private final String root;
   private final long timeoutMs;
@@ -38,7 +39,7 @@ final class NkDriverLease {
     if (renewer != null) {
       return;
     }
-    String path = appDir + "/" + NAME;
+    String path = appDir + SUFFIX;
     nk.put(path, value(System.currentTimeMillis(), timeoutMs));
     renewer =
         Executors.newSingleThreadScheduledExecutor(
@@ -70,7 +71,7 @@ final class NkDriverLease {
         });
   }
 
-  /** Stops renewing (the application's directory is deleted next). */
+  /** Stops renewing (the application's directory is deleted next, then the lease). */
   synchronized void stop() {
     if (renewer != null) {
       renewer.shutdownNow();
@@ -115,38 +116,47 @@ final class NkDriverLease {
   static List<String> sweep(NodeKernel nk, String root, String except, long nowMs)
       throws IOException {
     List<String> deleted = new ArrayList<>();
-    List<String> apps;
+    List<String> names;
     try {
-      apps = nk.enumerate(root);
+      names = nk.enumerate(root);
     } catch (NodeKernelException.NotFound e) {
       return deleted;
     }
     String parent = root.endsWith("/") ? root : root + "/";
-    for (String name : apps) {
-      if (name.equals(except)) {
+    for (String name : names) {
+      if (!name.endsWith(SUFFIX)) {
         continue;
       }
-      String dir = parent + name;
+      String app = name.substring(0, name.length() - SUFFIX.length());
+      if (app.isEmpty() || app.equals(except)) {
+        continue;
+      }
       byte[] lease;
       try {
-        lease = nk.get(dir + "/" + NAME);
+        lease = nk.get(parent + name);
       } catch (NodeKernelException.NotFound
           | NodeKernelException.TypeMismatch
           | NodeKernelException.DataLost e) {
-        // No lease (an earlier version's directory, one being created, not a directory), or a
-        // lease lost with its storage server: left alone (a live driver puts it again).
+        // Deleted meanwhile, not a lease, or lost with its storage server: left alone (a live
+        // driver puts it again).
         continue;
       }
       if (!expired(lease, nowMs)) {
         continue;
       }
-      try {
-        nk.delete(dir, true);
-        deleted.add(name);
-      } catch (NodeKernelException.NotFound e) {
-        // deleted meanwhile (its driver's stop(), another sweep)
-      }
+      // The directory first: a sweep stopped in between finds the lease again.
+      deleteIfThere(nk, parent + app);
+      deleteIfThere(nk, parent + name);
+      deleted.add(app);
     }
     return deleted;
+  }
+
+  static void deleteIfThere(NodeKernel nk, String path) throws IOException {
+    try {
+      nk.delete(path, true);
+    } catch (NodeKernelException.NotFound e) {
+      // deleted meanwhile (its driver's stop(), another sweep), or never made
+    }
   }
 }

@@ -367,9 +367,10 @@ public class NodeKernelShuffleManager implements ShuffleManager {
       }
     }
     try {
-      lease.stop();
       if (isDriver && sparkConf.contains("spark.app.id")) {
+        lease.stop();
         delete(appDir());
+        delete(appDir() + NkDriverLease.SUFFIX);
       }
     } finally {
       synchronized (this) {
