@@ -1,0 +1,62 @@
+package io.nodekernel.spark;
+
+import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertFalse;
+import static org.junit.Assert.assertThrows;
+import static org.junit.Assert.assertTrue;
+
+import io.nodekernel.NodeKernel;
+import io.nodekernel.TestCluster;
+import java.util.List;
+import org.apache.spark.SparkConf;
+import org.junit.ClassRule;
+import org.junit.Test;
+
+/**
+ * The driver's lease on its application directory and the sweep that deletes the directories of
+ * dead drivers (NkShuffleCleaner's, and each driver's at its first shuffle).
+ */
+public class DriverLeaseTest {
+  @ClassRule public static final TestCluster.Rule CLUSTER = new TestCluster.Rule();
+
+  @Test
+  public void theTimeoutIsTenMinutesByDefaultAndAtLeastASecond() {
+    assertEquals(600_000, new NkShuffleConf(new SparkConf(false)).driverTimeoutMs);
+    SparkConf c = new SparkConf(false).set(NkShuffleConf.DRIVER_TIMEOUT, "30s");
+    assertEquals(30_000, new NkShuffleConf(c).driverTimeoutMs);
+    assertThrows(
+        IllegalArgumentException.class,
+        () -> new NkShuffleConf(new SparkConf(false).set(NkShuffleConf.DRIVER_TIMEOUT, "10ms")));
+  }
+
+  @Test
+  public void aLeaseExpiresAfterItsOwnTimeout() {
+    byte[] lease = NkDriverLease.value(1_000, 5_000);
+    assertFalse(NkDriverLease.expired(lease, 6_000));
+    assertTrue(NkDriverLease.expired(lease, 6_001));
+    assertFalse("unreadable: left alone", NkDriverLease.expired("x".getBytes(), 1L << 60));
+  }
+
+  @Test
+  public void theSweepDeletesOnlyDirectoriesWhoseLeaseExpired() throws Exception {
+    NodeKernel nk = CLUSTER.client();
+    String root = "/lease-sweep";
+    long now = 1_000_000;
+    for (String app : List.of("dead", "live", "self", "old")) {
+      nk.mkdir(root + "/" + app + "/s0", true);
+      nk.put(root + "/" + app + "/s0/data", new byte[] {1, 2, 3});
+    }
+    nk.put(root + "/dead.driver", NkDriverLease.value(now - 10_001, 10_000));
+    nk.put(root + "/live.driver", NkDriverLease.value(now - 9_000, 10_000));
+    nk.put(root + "/self.driver", NkDriverLease.value(0, 10_000));
+    // "old" has no lease (an earlier version's): left alone.
+    assertEquals(List.of("dead"), NkDriverLease.sweep(nk, root, "self", now));
+    assertFalse(nk.exists(root + "/dead"));
+    assertFalse(nk.exists(root + "/dead.driver"));
+    for (String kept : List.of("live", "live.driver", "self", "self.driver", "old")) {
+      assertTrue(kept, nk.exists(root + "/" + kept));
+    }
+    assertEquals(List.of(), NkDriverLease.sweep(nk, "/no-such-root", null, now));
+    nk.delete(root, true);
+  }
+}
