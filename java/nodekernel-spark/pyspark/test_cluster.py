@@ -647,10 +647,10 @@ def test_driver_killed_its_shuffle_data_removed_by_the_cleaner(spark_cluster):
     job.proc.wait(timeout=HANG_S)
 
     app_dir = f"/spark-shuffle/{app}"
-    assert c.nk("test", "-e", f"{app_dir}.driver").returncode == 0
+    assert c.nk("test", "-e", f"/spark-shuffle/.drivers/{app}").returncode == 0
     left = stored_bytes(c, app_dir)
     assert left > 0, left
-    lease = c.nk("get", f"{app_dir}.driver")
+    lease = c.nk("get", f"/spark-shuffle/.drivers/{app}")
     say(f"  left behind: {app_dir}, {left} bytes stored; lease {lease.stdout.strip()!r}")
     # The documented cleanup, once the lease is older than its timeout.
     time.sleep(max(0.0, killed + DRIVER_TIMEOUT_S + 2 - time.monotonic()))

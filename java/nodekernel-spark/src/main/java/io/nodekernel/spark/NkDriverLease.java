@@ -1,7 +1,9 @@
 package io.nodekernel.spark;
 
+import io.nodekernel.CreateOptions;
 import io.nodekernel.NodeKernel;
 import io.nodekernel.NodeKernelException;
+import io.nodekernel.NodeType;
 import java.io.IOException;
 import java.net.InetAddress;
 import java.nio.charset.StandardCharsets;
@@ -12,8 +14,8 @@ import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
 
 /**
- * An application directory's lease: the driver keeps a KeyValue {@code <root>/<appId>.driver} (next
- * to the directory, whose children stay the shuffles) holding the wall-clock time of its last
+ * An application directory's lease: the driver keeps a KeyValue {@code <root>/.drivers/<appId>}
+ * (outside the directory, whose children stay the shuffles) holding the wall-clock time of its last
  * renewal and its timeout, renewed every tenth of the timeout while the application runs. A
  * directory whose lease is older than its timeout belongs to a driver that died without {@code
  * stop()} (killed, its host lost): {@link #sweep} deletes it. Every driver sweeps the root once
@@ -22,8 +24,8 @@ import java.util.concurrent.TimeUnit;
  * drivers and sweepers must agree to well within the timeout.
  */
 final class NkDriverLease {
-  /** The lease of {@code <root>/<appId>} is the KeyValue {@code <root>/<appId>.driver}. */
-  static final String SUFFIX = ".driver";
+  /** The Table of the leases: that of {@code <root>/<appId>} is its KeyValue {@code <appId>}. */
+  static final String TABLE = ".drivers";
 
   private final String root;
   private final long timeoutMs;
@@ -39,7 +41,13 @@ final class NkDriverLease {
     if (renewer != null) {
       return;
     }
-    String path = appDir + SUFFIX;
+    String path = path(root, appDir.substring(appDir.lastIndexOf('/') + 1));
+    try {
+      nk.createContainer(
+          path.substring(0, path.lastIndexOf('/')), NodeType.TABLE, CreateOptions.defaults());
+    } catch (NodeKernelException.AlreadyExists e) {
+      // another driver's
+    }
     nk.put(path, value(System.currentTimeMillis(), timeoutMs));
     renewer =
         Executors.newSingleThreadScheduledExecutor(
@@ -116,29 +124,23 @@ final class NkDriverLease {
   static List<String> sweep(NodeKernel nk, String root, String except, long nowMs)
       throws IOException {
     List<String> deleted = new ArrayList<>();
-    List<String> names;
+    String parent = root.endsWith("/") ? root : root + "/";
+    List<String> apps;
     try {
-      names = nk.enumerate(root);
+      apps = nk.enumerate(parent + TABLE);
     } catch (NodeKernelException.NotFound e) {
       return deleted;
     }
-    String parent = root.endsWith("/") ? root : root + "/";
-    for (String name : names) {
-      if (!name.endsWith(SUFFIX)) {
-        continue;
-      }
-      String app = name.substring(0, name.length() - SUFFIX.length());
-      if (app.isEmpty() || app.equals(except)) {
+    for (String app : apps) {
+      if (app.equals(except)) {
         continue;
       }
       byte[] lease;
       try {
-        lease = nk.get(parent + name);
-      } catch (NodeKernelException.NotFound
-          | NodeKernelException.TypeMismatch
-          | NodeKernelException.DataLost e) {
-        // Deleted meanwhile, not a lease, or lost with its storage server: left alone (a live
-        // driver puts it again).
+        lease = nk.get(path(root, app));
+      } catch (NodeKernelException.NotFound | NodeKernelException.DataLost e) {
+        // Deleted meanwhile, or lost with its storage server: left alone (a live driver puts it
+        // again).
         continue;
       }
       if (!expired(lease, nowMs)) {
@@ -146,10 +148,15 @@ final class NkDriverLease {
       }
       // The directory first: a sweep stopped in between finds the lease again.
       deleteIfThere(nk, parent + app);
-      deleteIfThere(nk, parent + name);
+      deleteIfThere(nk, path(root, app));
       deleted.add(app);
     }
     return deleted;
+  }
+
+  /** The lease of application {@code app}'s directory under {@code root}. */
+  static String path(String root, String app) {
+    return (root.endsWith("/") ? root : root + "/") + TABLE + "/" + app;
   }
 
   static void deleteIfThere(NodeKernel nk, String path) throws IOException {

@@ -370,7 +370,7 @@ public class NodeKernelShuffleManager implements ShuffleManager {
       if (isDriver && sparkConf.contains("spark.app.id")) {
         lease.stop();
         delete(appDir());
-        delete(appDir() + NkDriverLease.SUFFIX);
+        delete(NkDriverLease.path(conf.root(), sparkConf.getAppId()));
       }
     } finally {
       synchronized (this) {

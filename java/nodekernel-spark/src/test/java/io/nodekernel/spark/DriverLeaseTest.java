@@ -5,7 +5,9 @@ import static org.junit.Assert.assertFalse;
 import static org.junit.Assert.assertThrows;
 import static org.junit.Assert.assertTrue;
 
+import io.nodekernel.CreateOptions;
 import io.nodekernel.NodeKernel;
+import io.nodekernel.NodeType;
 import io.nodekernel.TestCluster;
 import java.util.List;
 import org.apache.spark.SparkConf;
@@ -44,18 +46,22 @@ public class DriverLeaseTest {
     long now = 1_000_000;
     for (String app : List.of("dead", "live", "self", "old")) {
       nk.mkdir(root + "/" + app + "/s0", true);
-      nk.put(root + "/" + app + "/s0/data", new byte[] {1, 2, 3});
+      nk.createContainer(root + "/" + app + "/s0/idx", NodeType.TABLE, CreateOptions.defaults());
+      nk.put(root + "/" + app + "/s0/idx/m0", new byte[] {1, 2, 3});
     }
-    nk.put(root + "/dead.driver", NkDriverLease.value(now - 10_001, 10_000));
-    nk.put(root + "/live.driver", NkDriverLease.value(now - 9_000, 10_000));
-    nk.put(root + "/self.driver", NkDriverLease.value(0, 10_000));
+    nk.createContainer(root + "/.drivers", NodeType.TABLE, CreateOptions.defaults());
+    nk.put(NkDriverLease.path(root, "dead"), NkDriverLease.value(now - 10_001, 10_000));
+    nk.put(NkDriverLease.path(root, "live"), NkDriverLease.value(now - 9_000, 10_000));
+    nk.put(NkDriverLease.path(root, "self"), NkDriverLease.value(0, 10_000));
     // "old" has no lease (an earlier version's): left alone.
     assertEquals(List.of("dead"), NkDriverLease.sweep(nk, root, "self", now));
     assertFalse(nk.exists(root + "/dead"));
-    assertFalse(nk.exists(root + "/dead.driver"));
-    for (String kept : List.of("live", "live.driver", "self", "self.driver", "old")) {
+    assertFalse(nk.exists(NkDriverLease.path(root, "dead")));
+    for (String kept : List.of("live", "self", "old")) {
       assertTrue(kept, nk.exists(root + "/" + kept));
     }
+    assertTrue(nk.exists(NkDriverLease.path(root, "live")));
+    assertTrue(nk.exists(NkDriverLease.path(root, "self")));
     assertEquals(List.of(), NkDriverLease.sweep(nk, "/no-such-root", null, now));
     nk.delete(root, true);
   }

@@ -96,14 +96,17 @@ public class ShuffleLifecycleTest {
           sums(data),
           new TreeMap<>(sc.parallelizePairs(data, 4).reduceByKey(Long::sum, 3).collectAsMap()));
       assertTrue(nk.exists(app));
-      // The driver's lease, next to the directory (DriverLeaseTest).
-      assertTrue(NkDriverLease.expired(nk.get(app + ".driver"), Long.MAX_VALUE / 2));
-      assertFalse(NkDriverLease.expired(nk.get(app + ".driver"), System.currentTimeMillis()));
+      // The driver's lease (DriverLeaseTest).
+      String lease = NkDriverLease.path(NkShuffleConf.DEFAULT_ROOT, sc.sc().applicationId());
+      assertTrue(NkDriverLease.expired(nk.get(lease), Long.MAX_VALUE / 2));
+      assertFalse(NkDriverLease.expired(nk.get(lease), System.currentTimeMillis()));
     } finally {
       sc.stop();
     }
     assertFalse(app + " left after SparkContext.stop()", nk.exists(app));
-    assertFalse(app + ".driver left after SparkContext.stop()", nk.exists(app + ".driver"));
+    assertFalse(
+        "lease left after SparkContext.stop()",
+        nk.exists(NkDriverLease.path(NkShuffleConf.DEFAULT_ROOT, sc.sc().applicationId())));
   }
 
   /** Fetch failures and retried stages, as the scheduler reports them. */
