@@ -437,7 +437,8 @@ def tasks_by_job_group(event_log: str) -> dict[str, list[dict]]:
                         "stage": ev["Stage ID"],
                         "attempt": ev["Stage Attempt ID"],
                         "type": ev["Task Type"],
-                        "index": ev["Task Info"]["Index"],
+                        # The partition (a stage's rerun numbers its tasks from 0).
+                        "index": ev["Task Info"].get("Partition ID", ev["Task Info"]["Index"]),
                         "host": ev["Task Info"]["Host"],
                         "executor": ev["Task Info"]["Executor ID"],
                         "reason": ev["Task End Reason"]["Reason"],

@@ -46,6 +46,12 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
 
   private boolean done;
 
+  /**
+   * A segment whose publishing failed. Kryo's {@code Output.close()} ignores the IOException of the
+   * stream it closes, so a writer may go on to commit: the commit rethrows it.
+   */
+  private IOException publishFailed;
+
   NkMapOutputWriter(
       NodeKernelShuffleManager manager,
       int shuffleId,
@@ -81,6 +87,11 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
       throws IOException {
     if (done) {
       throw new IllegalStateException("map output of task " + mapTaskId + " already finished");
+    }
+    if (publishFailed != null) {
+      throw new IOException(
+          "a segment of map task " + mapTaskId + " was not published: " + publishFailed,
+          publishFailed);
     }
     if (!open.isEmpty()) {
       throw new IllegalStateException("a partition stream of task " + mapTaskId + " is open");
@@ -289,7 +300,14 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
           return; // aborted meanwhile
         }
         long t0 = System.nanoTime();
-        out.close();
+        try {
+          out.close();
+        } catch (IOException e) {
+          if (publishFailed == null) {
+            publishFailed = e;
+          }
+          throw e;
+        }
         metrics.incWriteTime(System.nanoTime() - t0);
         open.remove(out);
         lengths[pw.p] = pw.written;
