@@ -249,7 +249,15 @@ def store_loss(sc, markers: str) -> dict:
     before = sorted(summed.collect())
     open(os.path.join(markers, "mapped"), "w").close()
     wait_file(os.path.join(markers, "go"))
-    return {"storeLostBefore": before, "storeLost": sorted(summed.collect())}
+    after = sorted(summed.collect())
+    # What the map output tracker lists for the shuffle now (a diagnostic the
+    # test prints when the result is wrong).
+    tracker = sc._jvm.org.apache.spark.SparkEnv.get().mapOutputTracker()
+    it = tracker.getMapSizesByExecutorId(0, 0, 2_147_483_647, 0, 4)
+    listed = []
+    while it.hasNext():
+        listed.append(it.next().toString())
+    return {"storeLostBefore": before, "storeLost": after, "storeLostOutputs": listed}
 
 
 def driver_loss(sc, markers: str) -> dict:

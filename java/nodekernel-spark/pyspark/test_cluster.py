@@ -728,7 +728,7 @@ def test_storage_server_killed_reduce_stage_refetches_rerun_maps(spark_cluster):
         sums[i % KEYS] = sums.get(i % KEYS, 0) + i
     want = sorted([k, v] for k, v in sums.items())
     assert res["results"]["storeLostBefore"] == want
-    assert res["results"]["storeLost"] == want
+    assert res["results"]["storeLost"] == want, res["results"]["storeLostOutputs"]
 
     tasks = tasks_by_job_group(res["event_log"])["storeLost"]
     maps = [t for t in tasks if t["type"] == "ShuffleMapTask"]
