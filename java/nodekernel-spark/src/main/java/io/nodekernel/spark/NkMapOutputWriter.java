@@ -47,10 +47,13 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
   private boolean done;
 
   /**
-   * A segment whose publishing failed. Kryo's {@code Output.close()} ignores the IOException of the
-   * stream it closes, so a writer may go on to commit: the commit rethrows it.
+   * The first failure of a segment stream (opening its File, writing, publishing). Kryo's {@code
+   * Output.close()} ignores the IOException of the stream it closes, and that close is where LZ4
+   * writes a segment's last bytes, so a writer may go on to commit as if the segment were written:
+   * the commit throws it instead (else the map output would be committed without the segment, an
+   * empty MapStatus, and reducers would silently read nothing of it).
    */
-  private IOException publishFailed;
+  private IOException streamFailed;
 
   NkMapOutputWriter(
       NodeKernelShuffleManager manager,
@@ -88,10 +91,9 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
     if (done) {
       throw new IllegalStateException("map output of task " + mapTaskId + " already finished");
     }
-    if (publishFailed != null) {
+    if (streamFailed != null) {
       throw new IOException(
-          "a segment of map task " + mapTaskId + " was not published: " + publishFailed,
-          publishFailed);
+          "a segment of map task " + mapTaskId + " was not written: " + streamFailed, streamFailed);
     }
     if (!open.isEmpty()) {
       throw new IllegalStateException("a partition stream of task " + mapTaskId + " is open");
@@ -155,6 +157,14 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
       open.clear();
       finish();
     }
+  }
+
+  /** Records a segment stream's failure for the commit to throw; returns it. */
+  private synchronized IOException failed(IOException e) {
+    if (streamFailed == null) {
+      streamFailed = e;
+    }
+    return e;
   }
 
   private void finish() {
@@ -246,7 +256,11 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
             throw new IllegalStateException("map output of task " + mapTaskId + " not writable");
           }
           long t0 = System.nanoTime();
-          out = manager.openSlotFile(shuffleId, pw.p, slot, direct);
+          try {
+            out = manager.openSlotFile(shuffleId, pw.p, slot, direct);
+          } catch (IOException e) {
+            throw failed(e);
+          }
           offsets[pw.p] = out.position();
           open.add(out);
           metrics.incWriteTime(System.nanoTime() - t0);
@@ -257,7 +271,12 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
 
     @Override
     public void write(int b) throws IOException {
-      out().write(b);
+      NkOutputStream o = out();
+      try {
+        o.write(b);
+      } catch (IOException e) {
+        throw failed(e);
+      }
       pw.written++;
     }
 
@@ -269,7 +288,11 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
       }
       NkOutputStream o = out();
       long t0 = System.nanoTime();
-      o.write(src);
+      try {
+        o.write(src);
+      } catch (IOException e) {
+        throw failed(e);
+      }
       metrics.incWriteTime(System.nanoTime() - t0);
       pw.written += len;
     }
@@ -281,7 +304,11 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
       }
       NkOutputStream o = out();
       long t0 = System.nanoTime();
-      o.write(b, off, len);
+      try {
+        o.write(b, off, len);
+      } catch (IOException e) {
+        throw failed(e);
+      }
       metrics.incWriteTime(System.nanoTime() - t0);
       pw.written += len;
     }
@@ -303,10 +330,7 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
         try {
           out.close();
         } catch (IOException e) {
-          if (publishFailed == null) {
-            publishFailed = e;
-          }
-          throw e;
+          throw failed(e);
         }
         metrics.incWriteTime(System.nanoTime() - t0);
         open.remove(out);
