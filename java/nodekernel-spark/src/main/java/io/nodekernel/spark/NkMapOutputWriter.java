@@ -169,7 +169,14 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
 
   private void finish() {
     done = true;
-    manager.slots().release(slot);
+    if (streamFailed == null) {
+      manager.slots().release(slot);
+    } else {
+      // A slot File that failed may stay unwritable for a while (a failed publish can leave its
+      // write lease held until the lease times out): later tasks of this executor take other
+      // slots, and so other Files.
+      manager.slots().retire(slot);
+    }
   }
 
   private final class PartitionWriter implements ShufflePartitionWriter {
