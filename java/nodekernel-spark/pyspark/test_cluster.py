@@ -22,7 +22,11 @@ tasks ran on at least two hosts, and its reduce tasks (on at least two hosts
 but for the AQE-coalesced default job) read map output written on another
 host. Then executor JVMs killed (kill -9) in the middle of a map stage and
 of a reduce stage with NodeKernel's shuffle: the results are right and no
-map task ran twice.
+map task ran twice. Then the driver killed in the middle of a job: its
+application's directory stays until NkShuffleCleaner deletes it once the
+driver's lease has expired. Last, a storage server killed between two jobs
+reading one shuffle: the second gets FetchFailed, Spark reruns the lost map
+outputs, the result is right (the server is started again).
 
 Needs root and `ip netns`: skipped with a notice without them, unless
 NK_REQUIRE_NETNS=1. Every wait is bounded only to catch a hang."""
@@ -697,8 +701,6 @@ def test_storage_server_killed_reduce_stage_refetches_rerun_maps(spark_cluster):
     wait_for(
         "the first job", lambda: os.path.exists(os.path.join(markers, "mapped")), job.proc, job.log
     )
-    with open(job.log, errors="replace") as f:
-        app = re.search(r"app-\d+-\d+", f.read()).group(0)
     # The host (of 1 and 2) whose executor wrote most map outputs.
     counts = {1: 0, 2: 0}
     for name in os.listdir(markers):
@@ -709,8 +711,7 @@ def test_storage_server_killed_reduce_stage_refetches_rerun_maps(spark_cluster):
                     counts[i] += 1
     victim = max(counts, key=counts.get)
     ip = c.hosts[victim].ip
-    blocks = c.nk("stat", "--blocks", "--json", f"/spark-shuffle/{app}/s0/p0")
-    say(f"  map outputs by host: {counts}; {blocks.stdout[:2000]}")
+    say(f"  map tasks by host: {counts}")
     os.kill(c.stores[victim].pid, signal.SIGKILL)
     say(f"  kill -9 of nk store on host {victim} ({ip})")
     wait_for("the metadata server to mark the store dead", lambda: c.alive_stores() == WORKERS - 1)
