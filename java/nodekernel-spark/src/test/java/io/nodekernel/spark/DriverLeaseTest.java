@@ -11,8 +11,10 @@ import io.nodekernel.NodeType;
 import io.nodekernel.TestCluster;
 import java.util.List;
 import org.apache.spark.SparkConf;
+import org.apache.spark.api.java.JavaSparkContext;
 import org.junit.ClassRule;
 import org.junit.Test;
+import scala.Tuple2;
 
 /**
  * The driver's lease on its application directory and the sweep that deletes the directories of
@@ -64,5 +66,34 @@ public class DriverLeaseTest {
     assertTrue(nk.exists(NkDriverLease.path(root, "self")));
     assertEquals(List.of(), NkDriverLease.sweep(nk, "/no-such-root", null, now));
     nk.delete(root, true);
+  }
+
+  /** A driver sweeps the root when it registers its first shuffle: a dead driver's data goes. */
+  @Test
+  public void theNextDriverSweepsADeadDriversDirectory() throws Exception {
+    NodeKernel nk = CLUSTER.client();
+    String root = NkShuffleConf.DEFAULT_ROOT;
+    nk.mkdir(root + "/app-dead/s0", true);
+    nk.createContainer(root + "/.drivers", NodeType.TABLE, CreateOptions.defaults());
+    long now = System.currentTimeMillis();
+    nk.put(NkDriverLease.path(root, "app-dead"), NkDriverLease.value(now - 60_000, 10_000));
+    JavaSparkContext sc = new JavaSparkContext(ShuffleJobTest.conf("local[2]", CLUSTER.cluster()));
+    try {
+      assertEquals(
+          2L,
+          sc.parallelizePairs(List.of(new Tuple2<>(1, 1), new Tuple2<>(2, 2), new Tuple2<>(1, 3)))
+              .reduceByKey(Integer::sum)
+              .count());
+      // The sweep runs in the background: bounded only to catch a hang.
+      long deadline = System.nanoTime() + 120_000_000_000L;
+      while (nk.exists(root + "/app-dead") && System.nanoTime() < deadline) {
+        Thread.sleep(50);
+      }
+      assertFalse(nk.exists(root + "/app-dead"));
+      assertFalse(nk.exists(NkDriverLease.path(root, "app-dead")));
+      assertTrue(nk.exists(NkDriverLease.path(root, sc.sc().applicationId())));
+    } finally {
+      sc.stop();
+    }
   }
 }
