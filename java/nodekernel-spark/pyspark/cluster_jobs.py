@@ -5,7 +5,8 @@ and writes, as JSON to OUT, the shuffle manager's class, the application
 id, the hosts of the driver and executors, each job's result and the final
 plans of the AQE jobs.
 
-    spark-submit ... cluster_jobs.py OUT EXECUTORS [--nk NK_BIN] [--executor-loss DIR]
+    spark-submit ... cluster_jobs.py OUT EXECUTORS [--nk NK_BIN]
+        [--executor-loss DIR | --store-loss DIR | --driver-loss DIR]
 
 EXECUTORS: how many executors to wait for before the first job, so that
 tasks spread over the hosts. --nk: with NodeKernel's shuffle, `nk ls` of
@@ -15,7 +16,8 @@ executor-loss jobs instead, two groupByKeys for the test to kill an executor
 in: in the first each map task, in the second each reduce task once it has
 read its input, leaves a file `<map|reduce>-<partition>-<executor JVM's
 pid>` in DIR and takes a few seconds more (the second's map tasks leave
-`shuffled-...`, without waiting)."""
+`shuffled-...`, without waiting). --store-loss, --driver-loss: the jobs
+the test kills a storage server or the driver in (store_loss, driver_loss)."""
 
 from __future__ import annotations
 
@@ -223,12 +225,63 @@ def executor_loss(sc, markers: str, executors: int) -> dict:
     return out
 
 
+def wait_file(path: str) -> None:
+    deadline = time.monotonic() + HANG_S
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {path}")
+        time.sleep(0.2)
+
+
+def store_loss(sc, markers: str) -> dict:
+    """One shuffle read by two jobs: the first runs its map and reduce
+    stages, then (after `mapped` in DIR) the test kills a storage server and
+    leaves `go`; the second job's reduce stage reads the kept map outputs,
+    some of them lost with the server."""
+
+    def marked_map(index, it):
+        open(os.path.join(markers, f"shuffled-{index}-{executor_pid()}"), "w").close()
+        return it
+
+    sc.setJobGroup("storeLost", "storeLost")
+    pairs = sc.parallelize(range(N), 6).mapPartitionsWithIndex(marked_map)
+    summed = pairs.map(lambda i: (i % KEYS, i)).reduceByKey(lambda a, b: a + b, 4)
+    before = sorted(summed.collect())
+    open(os.path.join(markers, "mapped"), "w").close()
+    wait_file(os.path.join(markers, "go"))
+    after = sorted(summed.collect())
+    # What the map output tracker lists for the shuffle now (a diagnostic the
+    # test prints when the result is wrong).
+    tracker = sc._jvm.org.apache.spark.SparkEnv.get().mapOutputTracker()
+    it = tracker.getMapSizesByExecutorId(0, 0, 2_147_483_647, 0, 4)
+    listed = []
+    while it.hasNext():
+        listed.append(it.next().toString())
+    return {"storeLostBefore": before, "storeLost": after, "storeLostOutputs": listed}
+
+
+def driver_loss(sc, markers: str) -> dict:
+    """A groupByKey of 9 slow map tasks (each leaves `map-<partition>-<pid>`
+    in DIR and takes 3 s): the test kills the driver in it."""
+
+    def slow_map(index, it):
+        open(os.path.join(markers, f"map-{index}-{executor_pid()}"), "w").close()
+        time.sleep(3)
+        return it
+
+    sc.setJobGroup("driverLost", "driverLost")
+    pairs = sc.parallelize(range(N), 9).mapPartitionsWithIndex(slow_map)
+    return {"driverLost": sorted(pairs.map(lambda i: (i % KEYS, i)).groupByKey(4).keys().collect())}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("executors", type=int)
     ap.add_argument("--nk")
     ap.add_argument("--executor-loss")
+    ap.add_argument("--store-loss")
+    ap.add_argument("--driver-loss")
     args = ap.parse_args()
     spark = SparkSession.builder.appName("nodekernel-cluster").getOrCreate()
     sc = spark.sparkContext
@@ -237,6 +290,10 @@ def main() -> None:
         hosts = wait_for_executors(sc, args.executors)
         if args.executor_loss:
             results = executor_loss(sc, args.executor_loss, args.executors)
+        elif args.store_loss:
+            results = store_loss(sc, args.store_loss)
+        elif args.driver_loss:
+            results = driver_loss(sc, args.driver_loss)
         else:
             results = rdd_jobs(sc)
             sql, plans = sql_jobs(spark)

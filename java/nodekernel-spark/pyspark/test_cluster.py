@@ -22,7 +22,11 @@ tasks ran on at least two hosts, and its reduce tasks (on at least two hosts
 but for the AQE-coalesced default job) read map output written on another
 host. Then executor JVMs killed (kill -9) in the middle of a map stage and
 of a reduce stage with NodeKernel's shuffle: the results are right and no
-map task ran twice.
+map task ran twice. Then the driver killed in the middle of a job: its
+application's directory stays until NkShuffleCleaner deletes it once the
+driver's lease has expired. Last, a storage server killed between two jobs
+reading one shuffle: the second gets FetchFailed, Spark reruns the lost map
+outputs, the result is right (the server is started again).
 
 Needs root and `ip netns`: skipped with a notice without them, unless
 NK_REQUIRE_NETNS=1. Every wait is bounded only to catch a hang."""
@@ -197,22 +201,11 @@ class SparkCluster:
             0, "meta", [self.nk_bin, "meta", "--listen", self.meta, "--config", meta_cfg]
         )
         wait_for("nk meta", lambda: log_has(log, "metadata server listening on"), p, log)
+        self.stores: dict[int, subprocess.Popen] = {}
         for i in range(WORKERS):
-            h = self.hosts[i]
-            cfg = self.path(f"store-h{i}.toml")
-            with open(cfg, "w") as f:
-                f.write(
-                    self._client_section(h)
-                    + f'[[store]]\nclass = 0\nclass_name = "dram"\nmedium = "dram"\n'
-                    f'size = "{STORE_DRAM}"\nlisten = "{h.ip}:{STORE_PORT}"\n'
-                    f'location = "{h.ip}"\ndata_dir = "{self.path(f"store-h{i}")}"\n'
-                )
-            say(f"host {i} ({h.ip}): nk store, {STORE_DRAM} of DRAM")
-            p, log = self.spawn(i, f"store-h{i}", [self.nk_bin, "store", "--config", cfg])
-            wait_for(
-                f"nk store on host {i}", lambda log=log: log_has(log, "storage server 0"), p, log
-            )
-        wait_for("three live storage servers", self._stores_alive)
+            say(f"host {i} ({self.hosts[i].ip}): nk store, {STORE_DRAM} of DRAM")
+            self.start_store(i)
+        wait_for("three live storage servers", lambda: self.alive_stores() >= WORKERS)
 
         say(f"host 0: Spark master at {self.master}")
         p, master_log = self.spawn(
@@ -261,20 +254,43 @@ class SparkCluster:
 
         wait_for("three Spark workers registered", registered, p, master_log)
 
-    def _stores_alive(self) -> bool:
-        r = subprocess.run(
-            self.hosts[3].argv(self.nk_bin, "status", "--json"),
-            capture_output=True,
-            text=True,
-            env=self.env(3),
-            timeout=HANG_S,
-        )
-        if r.returncode != 0:
-            return False
-        return json.loads(r.stdout)["alive_servers"] >= WORKERS
+    def start_store(self, i: int) -> None:
+        """Host i's storage server (again, after a kill: its DRAM tier is
+        volatile, so it comes back empty, with its identity)."""
+        h = self.hosts[i]
+        cfg = self.path(f"store-h{i}.toml")
+        with open(cfg, "w") as f:
+            f.write(
+                self._client_section(h)
+                + f'[[store]]\nclass = 0\nclass_name = "dram"\nmedium = "dram"\n'
+                f'size = "{STORE_DRAM}"\nlisten = "{h.ip}:{STORE_PORT}"\n'
+                f'location = "{h.ip}"\ndata_dir = "{self.path(f"store-h{i}")}"\n'
+            )
+        log = self.path(f"store-h{i}.log")
+        start = os.path.getsize(log) if os.path.exists(log) else 0
 
-    def submit(self, nodekernel: bool, name: str, *job_args: str) -> Submitted:
-        """Starts cluster_jobs.py from host 3 with spark-submit (client mode)."""
+        def up() -> bool:
+            with open(log, errors="replace") as f:
+                f.seek(start)
+                return "storage server 0" in f.read()
+
+        p, log = self.spawn(i, f"store-h{i}", [self.nk_bin, "store", "--config", cfg])
+        wait_for(f"nk store on host {i}", up, p, log)
+        self.stores[i] = p
+
+    def status(self) -> dict | None:
+        r = self.nk("status", "--json")
+        return json.loads(r.stdout) if r.returncode == 0 else None
+
+    def alive_stores(self) -> int:
+        st = self.status()
+        return st["alive_servers"] if st else -1
+
+    def submit(
+        self, nodekernel: bool, name: str, *job_args: str, conf: dict[str, str] | None = None
+    ) -> Submitted:
+        """Starts cluster_jobs.py from host 3 with spark-submit (client mode),
+        with the Spark settings `conf` too."""
         out = self.path(f"jobs-{name}.json")
         argv = [
             str(SPARK_HOME / "bin" / "spark-submit"),
@@ -301,6 +317,8 @@ class SparkCluster:
             "--conf",
             f"spark.pyspark.python={sys.executable}",
         ]
+        for k, v in (conf or {}).items():
+            argv += ["--conf", f"{k}={v}"]
         args = [out, str(WORKERS), *job_args]
         if nodekernel:
             # docs/spark.md, "Running on a Spark standalone cluster".
@@ -423,7 +441,8 @@ def tasks_by_job_group(event_log: str) -> dict[str, list[dict]]:
                         "stage": ev["Stage ID"],
                         "attempt": ev["Stage Attempt ID"],
                         "type": ev["Task Type"],
-                        "index": ev["Task Info"]["Index"],
+                        # The partition (a stage's rerun numbers its tasks from 0).
+                        "index": ev["Task Info"].get("Partition ID", ev["Task Info"]["Index"]),
                         "host": ev["Task Info"]["Host"],
                         "executor": ev["Task Info"]["Executor ID"],
                         "reason": ev["Task End Reason"]["Reason"],
@@ -583,5 +602,153 @@ def test_executors_killed_in_map_and_reduce_stages_keep_their_map_outputs(spark_
         if t["type"] == "ResultTask" and t["ok"] and t["index"] == int(partition)
     )
     say(f"  reduce stage: executor {sorted(lost)} lost, its map outputs read by the others")
+    r = c.nk("test", "-e", f"/spark-shuffle/{res['app']}")
+    assert r.returncode == 1, (r.returncode, r.stderr)
+
+
+def stored_bytes(c: SparkCluster, path: str = "/") -> int:
+    """What the nodes under `path` take of the cluster (`nk du --stored`)."""
+    r = c.nk("du", "-s", "--stored", "--json", path)
+    assert r.returncode == 0, r.stderr
+    return sum(e["stored"] for e in json.loads(r.stdout))
+
+
+LEASES = "/spark-shuffle/.drivers"  # the drivers' leases (NkDriverLease)
+
+
+def stored_but_leases(c: SparkCluster) -> int:
+    """What the whole namespace takes of the cluster, but the Table of the
+    drivers' leases (made by the first driver, kept for the next ones)."""
+    leases = stored_bytes(c, LEASES) if c.nk("test", "-e", LEASES).returncode == 0 else 0
+    return stored_bytes(c) - leases
+
+
+DRIVER_TIMEOUT_S = 10
+
+
+def test_driver_killed_its_shuffle_data_removed_by_the_cleaner(spark_cluster):
+    """kill -9 of the driver JVM in the middle of a map stage: its
+    application's directory stays, with a lease its driver no longer
+    renews; once the lease is older than spark.nodekernel.shuffle.driverTimeout,
+    NkShuffleCleaner (docs/spark.md, "If the driver dies") deletes it and
+    what it took of the cluster is free again."""
+    c = spark_cluster
+    markers = c.path("driver-loss-markers")
+    os.makedirs(markers)
+    # The root and the leases' Table as a driver leaves them (made by the
+    # first application; here if this test runs alone).
+    if c.nk("test", "-e", LEASES).returncode == 1:
+        r = c.nk("mkdir", "-p", "--type", "table", LEASES)
+        assert r.returncode == 0, r.stderr
+    before = stored_but_leases(c)
+    say(f"spark-submit with NodeKernel's shuffle, driverTimeout {DRIVER_TIMEOUT_S} s; 9 slow maps")
+    job = c.submit(
+        True,
+        "driver-lost",
+        "--driver-loss",
+        markers,
+        conf={"spark.nodekernel.shuffle.driverTimeout": f"{DRIVER_TIMEOUT_S}s"},
+    )
+    # Four map tasks started: the first wave's three have written output.
+    wait_for("map tasks", lambda: len(os.listdir(markers)) >= 4, job.proc, job.log)
+    driver = [
+        pid
+        for pid in c.net.pids(c.hosts[3])
+        if b"org.apache.spark.deploy.SparkSubmit" in open(f"/proc/{pid}/cmdline", "rb").read()
+    ]
+    assert len(driver) == 1, driver
+    with open(job.log, errors="replace") as f:
+        app = re.search(r"app-\d+-\d+", f.read()).group(0)
+    os.kill(driver[0], signal.SIGKILL)
+    killed = time.monotonic()
+    say(
+        f"  kill -9 of the driver (pid {driver[0]}, {app}) with {len(os.listdir(markers))} maps started"
+    )
+    job.proc.wait(timeout=HANG_S)
+
+    app_dir = f"/spark-shuffle/{app}"
+    assert c.nk("test", "-e", f"{LEASES}/{app}").returncode == 0
+    left = stored_bytes(c, app_dir)
+    assert left > 0, left
+    lease = c.nk("get", f"{LEASES}/{app}", "-")
+    say(f"  left behind: {app_dir}, {left} bytes stored; lease {lease.stdout.strip()!r}")
+    # The documented cleanup, once the lease is older than its timeout.
+    time.sleep(max(0.0, killed + DRIVER_TIMEOUT_S + 2 - time.monotonic()))
+    jars = ":".join(jar(j) for j in JARS[:2])
+    r = subprocess.run(
+        c.hosts[3].argv("java", "-cp", jars, "io.nodekernel.spark.NkShuffleCleaner"),
+        capture_output=True,
+        text=True,
+        env=c.env(3),
+        timeout=HANG_S,
+    )
+    assert r.returncode == 0, r.stderr
+    say(f"  NkShuffleCleaner: {r.stdout.strip()!r}")
+    assert r.stdout.split() == ["deleted", app], r.stdout
+    assert c.nk("test", "-e", app_dir).returncode == 1
+    assert c.nk("test", "-e", f"{LEASES}/{app}").returncode == 1
+    after = stored_but_leases(c)
+    say(f"  stored bytes of the cluster: {before} before the application, {after} after the sweep")
+    assert after == before, (after, before)
+
+
+def test_storage_server_killed_reduce_stage_refetches_rerun_maps(spark_cluster):
+    """kill -9 of one host's `nk store` after a shuffle's map stage: the
+    next job reading that shuffle gets FetchFailed for the outputs the dead
+    server held, Spark runs the map stage again (a second attempt) for
+    them, and the result is right. The store is started again (empty) for
+    the tests after this one."""
+    c = spark_cluster
+    markers = c.path("store-loss-markers")
+    os.makedirs(markers)
+    say("spark-submit with NodeKernel's shuffle: a reduceByKey read by two jobs")
+    job = c.submit(True, "store-lost", "--store-loss", markers)
+    wait_for(
+        "the first job", lambda: os.path.exists(os.path.join(markers, "mapped")), job.proc, job.log
+    )
+    # The host (of 1 and 2) whose executor wrote most map outputs.
+    counts = {1: 0, 2: 0}
+    for name in os.listdir(markers):
+        if name.startswith("shuffled-"):
+            pid = int(name.split("-")[2])
+            for i in counts:
+                if pid in c.net.pids(c.hosts[i]):
+                    counts[i] += 1
+    victim = max(counts, key=counts.get)
+    ip = c.hosts[victim].ip
+    say(f"  map tasks by host: {counts}")
+    os.kill(c.stores[victim].pid, signal.SIGKILL)
+    say(f"  kill -9 of nk store on host {victim} ({ip})")
+    wait_for("the metadata server to mark the store dead", lambda: c.alive_stores() == WORKERS - 1)
+    open(os.path.join(markers, "go"), "w").close()
+    try:
+        res = job.result()
+    finally:
+        say(f"  nk store on host {victim} started again")
+        c.start_store(victim)
+        wait_for("three live storage servers", lambda: c.alive_stores() >= WORKERS)
+    say(f"  done ({res['app']})")
+
+    sums: dict[int, int] = {}
+    for i in range(N):
+        sums[i % KEYS] = sums.get(i % KEYS, 0) + i
+    want = sorted([k, v] for k, v in sums.items())
+    assert res["results"]["storeLostBefore"] == want
+    assert res["results"]["storeLost"] == want, res["results"]["storeLostOutputs"]
+
+    tasks = tasks_by_job_group(res["event_log"])["storeLost"]
+    maps = [t for t in tasks if t["type"] == "ShuffleMapTask"]
+    first = [t for t in maps if t["attempt"] == 0 and t["ok"]]
+    rerun = [t for t in maps if t["attempt"] >= 1 and t["ok"]]
+    fetch_failed = [t for t in tasks if t["reason"] == "FetchFailed"]
+    say(
+        f"  {len(fetch_failed)} reduce tasks FetchFailed; map tasks rerun: "
+        f"{sorted(t['index'] for t in rerun)} (first run on the dead host: "
+        f"{sorted(t['index'] for t in first if t['host'] == ip)})"
+    )
+    assert fetch_failed, tasks
+    assert rerun, maps
+    # Every map output written on the dead host was written again.
+    assert {t["index"] for t in first if t["host"] == ip} <= {t["index"] for t in rerun}, maps
     r = c.nk("test", "-e", f"/spark-shuffle/{res['app']}")
     assert r.returncode == 1, (r.returncode, r.stderr)

@@ -46,6 +46,15 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
 
   private boolean done;
 
+  /**
+   * The first failure of a segment stream (opening its File, writing, publishing). Kryo's {@code
+   * Output.close()} ignores the IOException of the stream it closes, and that close is where LZ4
+   * writes a segment's last bytes, so a writer may go on to commit as if the segment were written:
+   * the commit throws it instead (else the map output would be committed without the segment, an
+   * empty MapStatus, and reducers would silently read nothing of it).
+   */
+  private IOException streamFailed;
+
   NkMapOutputWriter(
       NodeKernelShuffleManager manager,
       int shuffleId,
@@ -81,6 +90,10 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
       throws IOException {
     if (done) {
       throw new IllegalStateException("map output of task " + mapTaskId + " already finished");
+    }
+    if (streamFailed != null) {
+      throw new IOException(
+          "a segment of map task " + mapTaskId + " was not written: " + streamFailed, streamFailed);
     }
     if (!open.isEmpty()) {
       throw new IllegalStateException("a partition stream of task " + mapTaskId + " is open");
@@ -146,9 +159,24 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
     }
   }
 
+  /** Records a segment stream's failure for the commit to throw; returns it. */
+  private synchronized IOException failed(IOException e) {
+    if (streamFailed == null) {
+      streamFailed = e;
+    }
+    return e;
+  }
+
   private void finish() {
     done = true;
-    manager.slots().release(slot);
+    if (streamFailed == null) {
+      manager.slots().release(slot);
+    } else {
+      // A slot File that failed may stay unwritable for a while (a failed publish can leave its
+      // write lease held until the lease times out): later tasks of this executor take other
+      // slots, and so other Files.
+      manager.slots().retire(slot);
+    }
   }
 
   private final class PartitionWriter implements ShufflePartitionWriter {
@@ -235,7 +263,11 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
             throw new IllegalStateException("map output of task " + mapTaskId + " not writable");
           }
           long t0 = System.nanoTime();
-          out = manager.openSlotFile(shuffleId, pw.p, slot, direct);
+          try {
+            out = manager.openSlotFile(shuffleId, pw.p, slot, direct);
+          } catch (IOException e) {
+            throw failed(e);
+          }
           offsets[pw.p] = out.position();
           open.add(out);
           metrics.incWriteTime(System.nanoTime() - t0);
@@ -246,7 +278,12 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
 
     @Override
     public void write(int b) throws IOException {
-      out().write(b);
+      NkOutputStream o = out();
+      try {
+        o.write(b);
+      } catch (IOException e) {
+        throw failed(e);
+      }
       pw.written++;
     }
 
@@ -258,7 +295,11 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
       }
       NkOutputStream o = out();
       long t0 = System.nanoTime();
-      o.write(src);
+      try {
+        o.write(src);
+      } catch (IOException e) {
+        throw failed(e);
+      }
       metrics.incWriteTime(System.nanoTime() - t0);
       pw.written += len;
     }
@@ -270,7 +311,11 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
       }
       NkOutputStream o = out();
       long t0 = System.nanoTime();
-      o.write(b, off, len);
+      try {
+        o.write(b, off, len);
+      } catch (IOException e) {
+        throw failed(e);
+      }
       metrics.incWriteTime(System.nanoTime() - t0);
       pw.written += len;
     }
@@ -289,7 +334,11 @@ final class NkMapOutputWriter implements ShuffleMapOutputWriter {
           return; // aborted meanwhile
         }
         long t0 = System.nanoTime();
-        out.close();
+        try {
+          out.close();
+        } catch (IOException e) {
+          throw failed(e);
+        }
         metrics.incWriteTime(System.nanoTime() - t0);
         open.remove(out);
         lengths[pw.p] = pw.written;

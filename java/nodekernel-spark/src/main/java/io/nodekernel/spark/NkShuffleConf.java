@@ -25,6 +25,17 @@ public final class NkShuffleConf {
   /** The preferred storage class of map output (-1, the default: the parent's preference). */
   public static final String STORAGE_CLASS = "spark.nodekernel.shuffle.storageClass";
 
+  /**
+   * How long an application's directory outlives its driver's last lease renewal before a sweep
+   * (the next driver's, or {@link NkShuffleCleaner}) deletes it; the driver renews it every tenth
+   * of this. Default 10 minutes.
+   */
+  public static final String DRIVER_TIMEOUT = "spark.nodekernel.shuffle.driverTimeout";
+
+  public static final long DEFAULT_DRIVER_TIMEOUT_MS = 600_000;
+
+  final long driverTimeoutMs;
+
   final String meta;
   final String config;
 
@@ -51,6 +62,10 @@ public final class NkShuffleConf {
       r = r.substring(0, r.length() - 1);
     }
     root = r;
+    driverTimeoutMs = conf.getTimeAsMs(DRIVER_TIMEOUT, DEFAULT_DRIVER_TIMEOUT_MS + "ms");
+    if (driverTimeoutMs < 1000) {
+      throw new IllegalArgumentException(DRIVER_TIMEOUT + " must be at least 1s");
+    }
     readsInFlight = conf.getInt(READS_IN_FLIGHT, 0);
     if (readsInFlight < 0) {
       throw new IllegalArgumentException(READS_IN_FLIGHT + " must not be negative");
@@ -60,6 +75,11 @@ public final class NkShuffleConf {
             .local(conf.getBoolean(LOCAL_PLACEMENT, true))
             .storageClass(conf.getInt(STORAGE_CLASS, -1));
     directFileOptions = fileOptions.buffer(256 << 10, 128 << 10);
+  }
+
+  /** The root of the application directories, {@code /} if it is the namespace's root. */
+  String root() {
+    return root.isEmpty() ? "/" : root;
   }
 
   /** The directory of an application's shuffles and broadcasts. */

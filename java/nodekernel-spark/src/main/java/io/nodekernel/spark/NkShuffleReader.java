@@ -345,9 +345,19 @@ final class NkShuffleReader<K, C> implements ShuffleReader<K, C> {
       }
     }
 
+    /**
+     * A read error of the current segment becomes its FetchFailed, also where the deserializer
+     * wrapped it (Kryo's {@code KryoException} around a {@code DataLost} of the segment's block on
+     * a dead storage server): else the task fails as a task, and Spark retries it against the same
+     * lost block until the job aborts instead of running the map again.
+     */
     private RuntimeException failure(Exception e) {
-      if (e instanceof IOException && current != null) {
-        return sneaky(fetchFailed(current, "cannot read", e));
+      if (current != null) {
+        for (Throwable t = e; t != null; t = t.getCause()) {
+          if (t instanceof IOException) {
+            return sneaky(fetchFailed(current, "cannot read", e));
+          }
+        }
       }
       return sneaky(e);
     }

@@ -70,6 +70,9 @@ public class NodeKernelShuffleManager implements ShuffleManager {
   private NodeKernel client;
   private boolean stopped;
 
+  /** On the driver: the application's lease, and the sweep of dead applications' directories. */
+  private final NkDriverLease lease;
+
   public NodeKernelShuffleManager(SparkConf sparkConf, boolean isDriver) {
     SparkLine.check();
     for (String key :
@@ -86,6 +89,7 @@ public class NodeKernelShuffleManager implements ShuffleManager {
     this.sparkConf = sparkConf;
     this.isDriver = isDriver;
     this.conf = new NkShuffleConf(sparkConf);
+    this.lease = new NkDriverLease(conf.root(), conf.driverTimeoutMs);
     // The SparkContext reads the plugin from this same conf after creating the shuffle manager.
     if (isDriver) {
       sparkConf.setIfMissing(NkShuffleDataIO.PLUGIN, NkShuffleDataIO.class.getName());
@@ -187,7 +191,17 @@ public class NodeKernelShuffleManager implements ShuffleManager {
       for (long id : batch) {
         keys.add(indexPath(shuffleId, id));
       }
-      List<byte[]> values = client().getMany(keys, conf.readsInFlight);
+      List<byte[]> values;
+      try {
+        values = client().getMany(keys, conf.readsInFlight);
+      } catch (NodeKernelException.DataLost | NodeKernelException.Unavailable e) {
+        // One lost index (its storage server died) fails the whole batch: find which, so that
+        // the reducer's FetchFailed names a map whose index is gone, not the batch's first.
+        values = new ArrayList<>(keys.size());
+        for (String key : keys) {
+          values.add(lostAsMissing(key));
+        }
+      }
       for (int i = 0; i < batch.size(); i++) {
         if (values.get(i) != null) {
           MapIndex idx = MapIndex.decode(values.get(i));
@@ -199,6 +213,17 @@ public class NodeKernelShuffleManager implements ShuffleManager {
     return found;
   }
 
+  /** The value at {@code key}; null when it is missing or its storage server is gone. */
+  private byte[] lostAsMissing(String key) throws IOException {
+    try {
+      return client().get(key);
+    } catch (NodeKernelException.NotFound
+        | NodeKernelException.DataLost
+        | NodeKernelException.Unavailable e) {
+      return null;
+    }
+  }
+
   @Override
   public <K, V, C> ShuffleHandle registerShuffle(int shuffleId, ShuffleDependency<K, V, C> dep) {
     String dir = shuffleDir(shuffleId);
@@ -206,6 +231,9 @@ public class NodeKernelShuffleManager implements ShuffleManager {
       NodeKernel nk = client();
       nk.mkdir(dir, true);
       create(nk, dir + "/idx", NodeType.TABLE);
+      if (isDriver) {
+        lease.start(nk, appDir());
+      }
     } catch (IOException e) {
       throw new UncheckedIOException("cannot create shuffle directory " + dir, e);
     }
@@ -340,7 +368,9 @@ public class NodeKernelShuffleManager implements ShuffleManager {
     }
     try {
       if (isDriver && sparkConf.contains("spark.app.id")) {
+        lease.stop();
         delete(appDir());
+        delete(NkDriverLease.path(conf.root(), sparkConf.getAppId()));
       }
     } finally {
       synchronized (this) {

@@ -22,4 +22,11 @@ final class SlotPool {
     }
     used.clear(slot);
   }
+
+  /** Takes a slot out of use for good (its Files are left to readers), instead of releasing it. */
+  synchronized void retire(int slot) {
+    if (!used.get(slot)) {
+      throw new IllegalStateException("slot " + slot + " retired while free");
+    }
+  }
 }

@@ -4,12 +4,16 @@ import static org.junit.Assert.assertEquals;
 import static org.junit.Assert.assertFalse;
 import static org.junit.Assert.assertTrue;
 
+import io.nodekernel.CreateOptions;
+import io.nodekernel.NkOutputStream;
 import io.nodekernel.NodeKernel;
 import io.nodekernel.NodeStatus;
+import io.nodekernel.NodeType;
 import io.nodekernel.TestCluster;
 import java.io.IOException;
 import java.io.ObjectOutputStream;
 import java.io.Serializable;
+import java.io.UncheckedIOException;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
@@ -17,6 +21,7 @@ import java.util.TreeMap;
 import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.atomic.AtomicLong;
 import org.apache.spark.FetchFailed;
+import org.apache.spark.HashPartitioner;
 import org.apache.spark.ShuffleDependency;
 import org.apache.spark.SparkConf;
 import org.apache.spark.TaskContext;
@@ -96,10 +101,17 @@ public class ShuffleLifecycleTest {
           sums(data),
           new TreeMap<>(sc.parallelizePairs(data, 4).reduceByKey(Long::sum, 3).collectAsMap()));
       assertTrue(nk.exists(app));
+      // The driver's lease (DriverLeaseTest).
+      String lease = NkDriverLease.path(NkShuffleConf.DEFAULT_ROOT, sc.sc().applicationId());
+      assertTrue(NkDriverLease.expired(nk.get(lease), Long.MAX_VALUE / 2));
+      assertFalse(NkDriverLease.expired(nk.get(lease), System.currentTimeMillis()));
     } finally {
       sc.stop();
     }
     assertFalse(app + " left after SparkContext.stop()", nk.exists(app));
+    assertFalse(
+        "lease left after SparkContext.stop()",
+        nk.exists(NkDriverLease.path(NkShuffleConf.DEFAULT_ROOT, sc.sc().applicationId())));
   }
 
   /** Fetch failures and retried stages, as the scheduler reports them. */
@@ -236,6 +248,65 @@ public class ShuffleLifecycleTest {
         throw new IOException("bomb: map task 1 fails in the middle of its output");
       }
       out.defaultWriteObject();
+    }
+  }
+
+  /**
+   * A slot File that cannot be opened when a segment's bytes first reach it fails the map task, and
+   * its retry writes the output. With Kryo and compression that first write is LZ4's last block,
+   * inside Kryo's {@code Output.close()}, which swallows the IOException: the task used to commit
+   * an empty output for the partition, and the job's result silently lacked those records (seen
+   * after a storage server was killed: the slot File was Busy with the lease of an attempt that had
+   * failed on it).
+   */
+  @Test
+  public void aSlotFileThatCannotBeOpenedFailsTheMapTask() throws IOException {
+    NodeKernel nk = CLUSTER.client();
+    // local[2,4]: up to three retries per task.
+    JavaSparkContext sc =
+        new JavaSparkContext(
+            ShuffleJobTest.conf("local[2,4]", CLUSTER.cluster())
+                .set("spark.serializer", "org.apache.spark.serializer.KryoSerializer"));
+    List<NkOutputStream> held = new CopyOnWriteArrayList<>();
+    List<String> failures = new CopyOnWriteArrayList<>();
+    sc.sc()
+        .addSparkListener(
+            new SparkListener() {
+              @Override
+              public void onTaskEnd(SparkListenerTaskEnd end) {
+                if (!end.reason().toString().equals("Success")) {
+                  failures.add(end.reason().toString());
+                  for (NkOutputStream out : held) {
+                    try {
+                      out.abort(); // the retries find the slot Files free
+                    } catch (IOException e) {
+                      throw new UncheckedIOException(e);
+                    }
+                  }
+                }
+              }
+            });
+    try {
+      List<Tuple2<Integer, Long>> data = pairs(8000, 8);
+      // No map-side combine, 4 partitions: NkDirectWriter.
+      JavaPairRDD<Integer, Long> parted =
+          sc.parallelizePairs(data, 4).partitionBy(new HashPartitioner(4));
+      int shuffleId = ((ShuffleDependency<?, ?, ?>) parted.rdd().dependencies().head()).shuffleId();
+      // Another writer holds partition 0's slot Files of both task slots.
+      String bag = appDir(sc) + "/s" + shuffleId + "/p0";
+      nk.createContainer(bag, NodeType.BAG, CreateOptions.defaults());
+      for (int slot = 0; slot < 2; slot++) {
+        held.add(nk.appendOrCreate(bag + "/edriver-t" + slot, CreateOptions.defaults()));
+      }
+      Map<Integer, Long> got = new TreeMap<>();
+      for (Tuple2<Integer, Long> t : parted.collect()) {
+        got.merge(t._1(), t._2(), Long::sum);
+      }
+      assertEquals(sums(data), got);
+      assertFalse("no map task failed", failures.isEmpty());
+      assertTrue(failures.toString(), failures.get(0).contains("was not written"));
+    } finally {
+      sc.stop();
     }
   }
 
