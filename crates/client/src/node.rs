@@ -833,9 +833,17 @@ impl Node {
         }
     }
 
-    /// Publishes everything written and releases the write lease.
+    /// Publishes everything written and releases the write lease. A close
+    /// that fails still releases the lease (as [`Node::abort`]: a File
+    /// keeps what its last sync published, a put leaves nothing): the
+    /// handle goes with this call, and other writers would get `Busy`
+    /// until the lease lapsed.
     pub async fn close(mut self) -> Result<()> {
-        self.close_in_place().await
+        let r = self.close_in_place().await;
+        if r.is_err() {
+            let _ = self.abort().await;
+        }
+        r
     }
 
     /// [`Node::close`] that keeps the handle (to abort after a failure).

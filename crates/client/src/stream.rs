@@ -512,9 +512,14 @@ impl BufferedWriter {
     }
 
     /// Flushes, then publishes everything and releases the write lease
-    /// ([`Node::close`]).
+    /// ([`Node::close`]). A close that fails still releases the lease (as
+    /// [`BufferedWriter::abort`]): the handle goes with this call, and
+    /// other writers would get `Busy` until the lease lapsed.
     pub async fn close(mut self) -> Result<()> {
-        self.flush().await?;
+        if let Err(e) = self.flush().await {
+            let _ = self.abort().await;
+            return Err(e);
+        }
         let written = self.start;
         let path = self.node.path().to_string();
         let mut node = Arc::try_unwrap(self.node).map_err(|_| still_shared(&path))?;

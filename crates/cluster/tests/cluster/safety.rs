@@ -5,7 +5,9 @@
 use crate::common;
 
 use common::{pattern, start_on_path, start_with, BS};
-use nodekernel_client::{Access, AccessHook, Client, CreateOptions, ErrorCode, NodeType};
+use nodekernel_client::{
+    Access, AccessHook, BufferedWriter, Client, CreateOptions, ErrorCode, NodeType, StreamOptions,
+};
 use nodekernel_cluster::{ByteSize, Medium, StoreSection};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -321,6 +323,46 @@ async fn writes_move_off_a_silently_dead_store(shared_memory: bool) {
 }
 
 on_both_paths!(#[tokio::test] puts_survive_a_silently_dead_store => writes_move_off_a_silently_dead_store);
+
+/// A File's close that fails (the storage server its last bytes were
+/// going to is gone, the only one) still releases its write lease: another
+/// writer opens it at once instead of getting `Busy` until the lease (ten
+/// minutes here) lapses. The Spark shuffle's retries met that `Busy`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_that_fails_releases_the_write_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = common::config(0, 0, &dir);
+    cfg.client.shared_memory = false;
+    cfg.meta.lease_timeout_ms = 600_000;
+    cfg.store = vec![StoreSection {
+        size: ByteSize(64 * BS),
+        medium: Medium::Dram,
+        ..StoreSection::default()
+    }];
+    let t = start_with(cfg, dir).await;
+    let c = &t.client;
+    let node = c
+        .create("/f", NodeType::File, CreateOptions::default())
+        .await
+        .unwrap();
+    let mut w = BufferedWriter::new(node, StreamOptions::default()).unwrap();
+    // Buffered, not sent yet: the close sends it.
+    w.write_all(&pattern(1, (BS / 2) as usize)).await.unwrap();
+    t.cluster.stores[0].shutdown();
+    let e = tokio::time::timeout(HANG, w.close())
+        .await
+        .expect("the close hung")
+        .unwrap_err();
+    assert_ne!(e.code, ErrorCode::Busy, "{e}");
+    let again = tokio::time::timeout(HANG, c.open_write("/f"))
+        .await
+        .expect("open_write hung");
+    assert!(
+        again.is_ok(),
+        "the failed close kept the write lease: {:?}",
+        again.err()
+    );
+}
 
 /// A storage server that proves who it is (it answers `Identify`, so its
 /// registration is taken) and never answers anything else.
