@@ -390,15 +390,7 @@ mod tests {
         client: impl FnOnce(rustls::ClientConnection, std::net::TcpStream) + Send + 'static,
     ) -> (Vec<u8>, std::io::Result<()>) {
         use super::*;
-        let dir = tempfile::tempdir().unwrap();
-        let g = generate(dir.path(), &["127.0.0.1".into()]).unwrap();
-        let tls = Tls::load(&TlsFiles {
-            ca_file: Some(&g.ca_file),
-            cert_file: Some(&g.cert_file),
-            key_file: Some(&g.key_file),
-            ..TlsFiles::default()
-        })
-        .unwrap();
+        let (_dir, tls) = loopback_tls();
         let (ours, theirs) = tcp_pair().await;
         let name = tls.name_for("127.0.0.1:1").unwrap();
         let conn = rustls::ClientConnection::new(tls.client.clone(), name).unwrap();

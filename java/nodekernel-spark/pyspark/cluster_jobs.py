@@ -72,6 +72,22 @@ def rdd_jobs(sc) -> dict:
     return out
 
 
+def expected_frames(n: int, keys: int) -> tuple[dict[int, tuple], dict[int, tuple]]:
+    """What `frames`' facts give, computed without Spark: per key, (count,
+    sum, max) of its values, and for the keys `names` has (the even ones),
+    (sum of values, count of flagged ones)."""
+    grouped: dict[int, tuple] = {}
+    joined: dict[int, tuple] = {}
+    for v in range(n):
+        k = v % keys
+        count, total, top = grouped.get(k, (0, 0, -1))
+        grouped[k] = (count + 1, total + v, max(top, v))
+        if k % 2 == 0:
+            total, flags = joined.get(k, (0, 0))
+            joined[k] = (total + v, flags + (v % 7 == 0))
+    return grouped, joined
+
+
 def frames(spark, n: int, keys: int, parts: int):
     facts = spark.range(0, n, numPartitions=parts).select(
         (F.col("id") % keys).alias("k"),

@@ -48,6 +48,7 @@ import pyspark
 import pytest
 
 import netns
+from cluster_jobs import KEYS, PARTS, N, expected_frames
 from conftest import jar, py_tests
 
 HANG_S = 600  # only catches a hang: a JVM on a loaded 2-core machine is slow
@@ -67,8 +68,6 @@ JARS = (
     "nodekernel-client/target/nodekernel-client-VERSION.jar",
     "nodekernel-hadoop/target/nodekernel-hadoop-VERSION.jar",
 )
-# The same jobs as cluster_jobs.py, computed without Spark.
-N, KEYS, PARTS = 6_000, 53, 4
 
 
 def say(msg: str) -> None:
@@ -391,15 +390,7 @@ def expected() -> dict:
     for i in range(N):
         groups.setdefault(i % KEYS, []).append(i)
     keyed = sorted(((i * 7919) % 10_007, i) for i in range(N))
-    frame: dict[int, tuple] = {}
-    joined: dict[int, tuple] = {}
-    for v in range(N):
-        k = v % KEYS
-        n, total, top = frame.get(k, (0, 0, -1))
-        frame[k] = (n + 1, total + v, max(top, v))
-        if k % 2 == 0:
-            total, flags = joined.get(k, (0, 0))
-            joined[k] = (total + v, flags + (v % 7 == 0))
+    frame, joined = expected_frames(N, KEYS)
     skew: dict[int, int] = {}
     for v in range(N):
         k = 0 if v % 2 == 0 else v % 40

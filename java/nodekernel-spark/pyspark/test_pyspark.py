@@ -22,6 +22,8 @@ import sys
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from cluster_jobs import expected_frames
+from cluster_jobs import frames as cluster_frames
 from conftest import HANG_S, jar, project_version
 
 SPARK_HANG_S = 5 * HANG_S  # only catches a hang: a JVM on a loaded machine
@@ -79,19 +81,7 @@ def shuffle_manager(spark: SparkSession) -> str:
 
 def frames(spark: SparkSession):
     """A groupBy with aggregates, and a join with an aggregation after it."""
-    facts = spark.range(0, N, numPartitions=4).select(
-        (F.col("id") % KEYS).alias("k"),
-        F.col("id").alias("v"),
-        (F.col("id") % 7 == 0).alias("flag"),
-    )
-    names = (
-        spark.range(0, KEYS, numPartitions=2)
-        .where(F.col("id") % 2 == 0)
-        .select(
-            F.col("id").alias("k"),
-            F.concat(F.lit("name"), F.col("id").cast("string")).alias("name"),
-        )
-    )
+    facts, names = cluster_frames(spark, N, KEYS, 4)
     grouped = facts.groupBy("k").agg(
         F.count("*").alias("n"), F.sum("v").alias("total"), F.max("v").alias("top")
     )
@@ -109,14 +99,7 @@ def rows(df) -> list[tuple]:
 
 def expected() -> dict[str, list[tuple]]:
     """The jobs' results, computed without Spark."""
-    grouped, joined = {}, {}
-    for v in range(N):
-        k = v % KEYS
-        n, total, top = grouped.get(k, (0, 0, -1))
-        grouped[k] = (n + 1, total + v, max(top, v))
-        if k % 2 == 0:
-            total, flags = joined.get(k, (0, 0))
-            joined[k] = (total + v, flags + (v % 7 == 0))
+    grouped, joined = expected_frames(N, KEYS)
     return {
         "grouped": sorted((k, *t) for k, t in grouped.items()),
         "joined": sorted((k, f"name{k}", *t) for k, t in joined.items()),
