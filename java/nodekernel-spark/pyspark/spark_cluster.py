@@ -1,0 +1,388 @@
+"""The Spark standalone cluster of test_cluster.py (and of the cluster
+benchmark, scripts/bench-spark-cluster.sh) over network-namespace hosts
+(netns.py), with NodeKernel under it, set up as docs/spark.md's "Running on
+a Spark standalone cluster" tells a user:
+
+    host 0: nk meta, nk store, Spark master, Spark worker
+    host 1: nk store, Spark worker
+    host 2: nk store, Spark worker
+    host 3: the driver (spark-submit --master spark://host0:7077, client mode)
+
+Each worker has one core and runs one executor (512 MiB); each storage server
+has 256 MiB of DRAM and no file tier. The cluster is secure by default: one
+cluster token, named in every host's client configuration (NK_CONFIG).
+Spark is the `pyspark` wheel's (3.5.3, Scala 2.12; its bin/spark-class starts
+the master and workers), the jars those scripts/java.sh built.
+
+No pytest here: the jars and the nk binary are found by the caller
+(conftest.jar, py_tests.nk_binary) and passed in. Every wait is bounded only
+to catch a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import pyspark
+
+import netns
+
+HANG_S = 600  # only catches a hang: a JVM on a loaded 2-core machine is slow
+HERE = pathlib.Path(__file__).resolve().parent
+SPARK_HOME = pathlib.Path(pyspark.__file__).resolve().parent
+MANAGER = "io.nodekernel.spark.NodeKernelShuffleManager"
+DEFAULT_MANAGER = "org.apache.spark.shuffle.sort.SortShuffleManager"
+META_PORT = 9060
+STORE_PORT = 9070
+MASTER_PORT = 7077
+WORKERS = 3  # hosts 0..2; the driver runs on host 3
+STORE_DRAM = "256MiB"
+# docs/spark.md: the jar of this Spark's line, the client (it carries the
+# native library) and the Hadoop FileSystem, on both extraClassPaths.
+JARS = (
+    "nodekernel-spark/spark-3.5_2.12/target/nodekernel-spark-3.5_2.12-VERSION.jar",
+    "nodekernel-client/target/nodekernel-client-VERSION.jar",
+    "nodekernel-hadoop/target/nodekernel-hadoop-VERSION.jar",
+)
+
+
+def say(msg: str) -> None:
+    """What the test is doing (pytest -s shows it as it happens)."""
+    print(f"[spark cluster] {msg}", file=sys.stderr, flush=True)
+
+
+def wait_for(what: str, cond, proc: subprocess.Popen | None = None, log: str | None = None):
+    deadline = time.monotonic() + HANG_S
+    while True:
+        v = cond()
+        if v:
+            return v
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what}: the process exited ({proc.returncode}){tail(log)}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}{tail(log)}")
+        time.sleep(0.2)
+
+
+def tail(log: str | None, n: int = 4000) -> str:
+    if not log or not os.path.exists(log):
+        return ""
+    with open(log, errors="replace") as f:
+        return f"\n--- {log} ---\n{f.read()[-n:]}"
+
+
+def log_has(log: str, text: str) -> bool:
+    with open(log, errors="replace") as f:
+        return text in f.read()
+
+
+class Submitted:
+    """A running spark-submit of cluster_jobs.py."""
+
+    def __init__(self, cluster, name: str, proc: subprocess.Popen, out: str, log: str):
+        self.cluster, self.name, self.proc, self.out, self.log = cluster, name, proc, out, log
+
+    def result(self) -> dict:
+        """Waits for the application's end: its JSON output, with the path
+        of its event log."""
+        try:
+            rc = self.proc.wait(timeout=HANG_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        if rc != 0:
+            raise AssertionError(
+                f"spark-submit ({self.name}) exited {rc}{tail(self.log, 12000)}"
+                f"{self.cluster.executor_logs()}"
+            )
+        with open(self.out) as f:
+            res = json.load(f)
+        res["event_log"] = os.path.join(self.cluster.events, res["app"])
+        return res
+
+
+class SparkCluster:
+    """The hosts and what runs on them; see the module docs."""
+
+    def __init__(self, net: netns.Net, nk_bin: str, jars: list[str]):
+        self.net = net
+        self.jars = jars
+        self.hosts = net.hosts
+        self.dir = tempfile.mkdtemp(prefix="nk-spark-cluster-")
+        self.nk_bin = nk_bin
+        self.meta = f"{self.hosts[0].ip}:{META_PORT}"
+        self.master = f"spark://{self.hosts[0].ip}:{MASTER_PORT}"
+        self.events = os.path.join(self.dir, "events")
+        os.makedirs(self.events)
+        self.token = os.path.join(self.dir, "token")
+        subprocess.run([self.nk_bin, "token", "new", self.token], check=True, capture_output=True)
+        # An empty configuration directory: no spark-defaults.conf of the
+        # machine's leaks in.
+        self.spark_conf_dir = os.path.join(self.dir, "spark-conf")
+        os.makedirs(self.spark_conf_dir)
+        for h in self.hosts:
+            with open(self.client_config(h.index), "w") as f:
+                f.write(self._client_section(h))
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.dir, *parts)
+
+    def client_config(self, host: int) -> str:
+        """Host `host`'s client configuration (what /etc/nodekernel would
+        hold on a real host): the metadata server, this host's location, the
+        cluster token."""
+        return self.path(f"client-h{host}.toml")
+
+    def _client_section(self, h: netns.Host) -> str:
+        return (
+            f'[client]\nmeta = ["{self.meta}"]\ntimeout_ms = {HANG_S * 1000}\n'
+            f'location = "{h.ip}"\n[security]\ntoken_file = "{self.token}"\n'
+        )
+
+    def env(self, host: int, **extra: str) -> dict[str, str]:
+        """The environment of a process on `host`: this machine's, without
+        any cluster or Spark settings of its own."""
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("NK_", "SPARK_", "PYSPARK_")) and k != "JAVA_TOOL_OPTIONS"
+        }
+        run = self.path(f"run-h{host}")
+        os.makedirs(run, exist_ok=True)
+        env.update(
+            NK_RUNTIME_DIR=run,
+            NK_CONFIG=self.client_config(host),
+            SPARK_HOME=str(SPARK_HOME),
+            SPARK_CONF_DIR=self.spark_conf_dir,
+            SPARK_LOCAL_IP=self.hosts[host].ip,
+            SPARK_LOG_DIR=self.path(f"spark-logs-h{host}"),
+            SPARK_LOCAL_DIRS=self.path(f"spark-local-h{host}"),
+            PYSPARK_PYTHON=sys.executable,
+        )
+        env.update(extra)
+        return env
+
+    def spawn(self, host: int, name: str, argv: list[str], **env: str):
+        log = self.path(f"{name}.log")
+        p = self.net.spawn(self.hosts[host], argv, log, self.env(host, **env))
+        return p, log
+
+    def start(self) -> None:
+        h0 = self.hosts[0]
+        meta_cfg = self.path("meta.toml")
+        with open(meta_cfg, "w") as f:
+            f.write(f'[meta]\n[security]\ntoken_file = "{self.token}"\n')
+        say(f"host 0 ({h0.ip}): nk meta on {self.meta}")
+        p, log = self.spawn(
+            0, "meta", [self.nk_bin, "meta", "--listen", self.meta, "--config", meta_cfg]
+        )
+        wait_for("nk meta", lambda: log_has(log, "metadata server listening on"), p, log)
+        self.stores: dict[int, subprocess.Popen] = {}
+        for i in range(WORKERS):
+            say(f"host {i} ({self.hosts[i].ip}): nk store, {STORE_DRAM} of DRAM")
+            self.start_store(i)
+        wait_for("three live storage servers", lambda: self.alive_stores() >= WORKERS)
+
+        say(f"host 0: Spark master at {self.master}")
+        p, master_log = self.spawn(
+            0,
+            "spark-master",
+            [
+                str(SPARK_HOME / "bin" / "spark-class"),
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                h0.ip,
+                "--port",
+                str(MASTER_PORT),
+                "--webui-port",
+                "8080",
+            ],
+            SPARK_DAEMON_MEMORY="256m",
+        )
+        wait_for("the Spark master", lambda: log_has(master_log, "New state: ALIVE"), p, master_log)
+        for i in range(WORKERS):
+            h = self.hosts[i]
+            say(f"host {i}: Spark worker, 1 core")
+            self.spawn(
+                i,
+                f"spark-worker-h{i}",
+                [
+                    str(SPARK_HOME / "bin" / "spark-class"),
+                    "org.apache.spark.deploy.worker.Worker",
+                    "--host",
+                    h.ip,
+                    "--cores",
+                    "1",
+                    "--memory",
+                    "1g",
+                    "--work-dir",
+                    self.path(f"spark-work-h{i}"),
+                    "--webui-port",
+                    "8081",
+                    self.master,
+                ],
+                SPARK_DAEMON_MEMORY="256m",
+            )
+
+        def registered() -> bool:
+            with open(master_log, errors="replace") as f:
+                return len(set(re.findall(r"Registering worker (\S+)", f.read()))) >= WORKERS
+
+        wait_for("three Spark workers registered", registered, p, master_log)
+
+    def start_store(self, i: int) -> None:
+        """Host i's storage server (again, after a kill: its DRAM tier is
+        volatile, so it comes back empty, with its identity)."""
+        h = self.hosts[i]
+        cfg = self.path(f"store-h{i}.toml")
+        with open(cfg, "w") as f:
+            f.write(
+                self._client_section(h)
+                + f'[[store]]\nclass = 0\nclass_name = "dram"\nmedium = "dram"\n'
+                f'size = "{STORE_DRAM}"\nlisten = "{h.ip}:{STORE_PORT}"\n'
+                f'location = "{h.ip}"\ndata_dir = "{self.path(f"store-h{i}")}"\n'
+            )
+        log = self.path(f"store-h{i}.log")
+        start = os.path.getsize(log) if os.path.exists(log) else 0
+
+        def up() -> bool:
+            with open(log, errors="replace") as f:
+                f.seek(start)
+                return "storage server 0" in f.read()
+
+        p, log = self.spawn(i, f"store-h{i}", [self.nk_bin, "store", "--config", cfg])
+        wait_for(f"nk store on host {i}", up, p, log)
+        self.stores[i] = p
+
+    def status(self) -> dict | None:
+        r = self.nk("status", "--json")
+        return json.loads(r.stdout) if r.returncode == 0 else None
+
+    def alive_stores(self) -> int:
+        st = self.status()
+        return st["alive_servers"] if st else -1
+
+    def submit(
+        self, nodekernel: bool, name: str, *job_args: str, conf: dict[str, str] | None = None
+    ) -> Submitted:
+        """Starts cluster_jobs.py from host 3 with spark-submit (client mode),
+        with the Spark settings `conf` too."""
+        out = self.path(f"jobs-{name}.json")
+        argv = [
+            str(SPARK_HOME / "bin" / "spark-submit"),
+            "--master",
+            self.master,
+            "--deploy-mode",
+            "client",
+            "--name",
+            f"cluster-jobs-{name}",
+            "--driver-memory",
+            "512m",
+            "--executor-memory",
+            "512m",
+            "--total-executor-cores",
+            str(WORKERS),
+            "--conf",
+            f"spark.driver.host={self.hosts[3].ip}",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--conf",
+            "spark.eventLog.enabled=true",
+            "--conf",
+            f"spark.eventLog.dir=file://{self.events}",
+            "--conf",
+            f"spark.pyspark.python={sys.executable}",
+        ]
+        for k, v in (conf or {}).items():
+            argv += ["--conf", f"{k}={v}"]
+        args = [out, str(WORKERS), *job_args]
+        if nodekernel:
+            # docs/spark.md, "Running on a Spark standalone cluster".
+            jars = ":".join(self.jars)
+            argv += [
+                "--driver-class-path",
+                jars,
+                "--conf",
+                f"spark.executor.extraClassPath={jars}",
+                "--conf",
+                f"spark.shuffle.manager={MANAGER}",
+                "--conf",
+                f"spark.nodekernel.meta={self.meta}",
+            ]
+            args += ["--nk", self.nk_bin]
+        argv += [str(HERE / "cluster_jobs.py"), *args]
+        log = self.path(f"driver-{name}.log")
+        p = self.net.spawn(self.hosts[3], argv, log, self.env(3))
+        return Submitted(self, name, p, out, log)
+
+    def run(self, nodekernel: bool, name: str, *job_args: str) -> dict:
+        """cluster_jobs.py to its end (see Submitted.result)."""
+        t0 = time.monotonic()
+        res = self.submit(nodekernel, name, *job_args).result()
+        say(f"  done in {time.monotonic() - t0:.0f} s ({res['app']})")
+        return res
+
+    def executor_logs(self) -> str:
+        logs = sorted(pathlib.Path(self.dir).glob("spark-work-h*/app-*/*/stderr"))
+        return "".join(tail(str(p), 3000) for p in logs[-6:])
+
+    def nk(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            self.hosts[3].argv(self.nk_bin, *args),
+            capture_output=True,
+            text=True,
+            env=self.env(3),
+            timeout=HANG_S,
+        )
+
+    def close(self, keep: bool) -> None:
+        self.net.close()
+        if keep:
+            say(f"logs kept in {self.dir}")
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def tasks_by_job_group(event_log: str) -> dict[str, list[dict]]:
+    """The finished tasks of each job group (cluster_jobs.py names one per
+    job), from the application's event log."""
+    group_of_stage: dict[int, str] = {}
+    tasks = []
+    with open(event_log) as f:
+        for line in f:
+            ev = json.loads(line)
+            kind = ev["Event"]
+            if kind == "SparkListenerJobStart":
+                group = (ev.get("Properties") or {}).get("spark.jobGroup.id")
+                for s in ev["Stage IDs"]:
+                    group_of_stage[s] = group
+            elif kind == "SparkListenerTaskEnd":
+                m = ev.get("Task Metrics") or {}
+                tasks.append(
+                    {
+                        "stage": ev["Stage ID"],
+                        "attempt": ev["Stage Attempt ID"],
+                        "type": ev["Task Type"],
+                        # The partition (a stage's rerun numbers its tasks from 0).
+                        "index": ev["Task Info"].get("Partition ID", ev["Task Info"]["Index"]),
+                        "host": ev["Task Info"]["Host"],
+                        "executor": ev["Task Info"]["Executor ID"],
+                        "reason": ev["Task End Reason"]["Reason"],
+                        "ok": ev["Task End Reason"]["Reason"] == "Success",
+                        "read": m.get("Shuffle Read Metrics", {}).get("Total Records Read", 0),
+                        "written": m.get("Shuffle Write Metrics", {}).get(
+                            "Shuffle Records Written", 0
+                        ),
+                    }
+                )
+    out: dict[str, list[dict]] = {}
+    for t in tasks:
+        out.setdefault(group_of_stage.get(t["stage"]), []).append(t)
+    return out
