@@ -270,10 +270,17 @@ class SparkCluster:
         return st["alive_servers"] if st else -1
 
     def submit(
-        self, nodekernel: bool, name: str, *job_args: str, conf: dict[str, str] | None = None
+        self,
+        nodekernel: bool,
+        name: str,
+        *job_args: str,
+        conf: dict[str, str] | None = None,
+        java: tuple[str, str] | None = None,
     ) -> Submitted:
         """Starts cluster_jobs.py from host 3 with spark-submit (client mode),
-        with the Spark settings `conf` too."""
+        with the Spark settings `conf` too; `java`: (main class, application
+        jar) of a Java application to start instead (its arguments: the
+        output file, the number of executors, `job_args`)."""
         out = self.path(f"jobs-{name}.json")
         argv = [
             str(SPARK_HOME / "bin" / "spark-submit"),
@@ -316,8 +323,12 @@ class SparkCluster:
                 "--conf",
                 f"spark.nodekernel.meta={self.meta}",
             ]
-            args += ["--nk", self.nk_bin]
-        argv += [str(HERE / "cluster_jobs.py"), *args]
+            if java is None:
+                args += ["--nk", self.nk_bin]
+        if java is None:
+            argv += [str(HERE / "cluster_jobs.py"), *args]
+        else:
+            argv += ["--class", java[0], java[1], *args]
         log = self.path(f"driver-{name}.log")
         p = self.net.spawn(self.hosts[3], argv, log, self.env(3))
         return Submitted(self, name, p, out, log)
