@@ -6,7 +6,7 @@ id, the hosts of the driver and executors, each job's result and the final
 plans of the AQE jobs.
 
     spark-submit ... cluster_jobs.py OUT EXECUTORS [--nk NK_BIN]
-        [--executor-loss DIR | --store-loss DIR | --driver-loss DIR]
+        [--executor-loss DIR | --store-loss DIR | --driver-loss DIR | --host-cut DIR]
 
 EXECUTORS: how many executors to wait for before the first job, so that
 tasks spread over the hosts. --nk: with NodeKernel's shuffle, `nk ls` of
@@ -16,8 +16,9 @@ executor-loss jobs instead, two groupByKeys for the test to kill an executor
 in: in the first each map task, in the second each reduce task once it has
 read its input, leaves a file `<map|reduce>-<partition>-<executor JVM's
 pid>` in DIR and takes a few seconds more (the second's map tasks leave
-`shuffled-...`, without waiting). --store-loss, --driver-loss: the jobs
-the test kills a storage server or the driver in (store_loss, driver_loss)."""
+`shuffled-...`, without waiting). --store-loss, --driver-loss, --host-cut:
+the jobs the test kills a storage server or the driver in, or cuts a host
+off in (store_loss, driver_loss, host_cut)."""
 
 from __future__ import annotations
 
@@ -249,17 +250,17 @@ def wait_file(path: str) -> None:
         time.sleep(0.2)
 
 
-def store_loss(sc, markers: str) -> dict:
+def store_loss(sc, markers: str, group: str = "storeLost") -> dict:
     """One shuffle read by two jobs: the first runs its map and reduce
-    stages, then (after `mapped` in DIR) the test kills a storage server and
-    leaves `go`; the second job's reduce stage reads the kept map outputs,
-    some of them lost with the server."""
+    stages, then (after `mapped` in DIR) the test kills a storage server (or
+    cuts a host off) and leaves `go`; the second job's reduce stage reads the
+    kept map outputs, some of them lost with the server. Job group `group`."""
 
     def marked_map(index, it):
         open(os.path.join(markers, f"shuffled-{index}-{executor_pid()}"), "w").close()
         return it
 
-    sc.setJobGroup("storeLost", "storeLost")
+    sc.setJobGroup(group, group)
     pairs = sc.parallelize(range(N), 6).mapPartitionsWithIndex(marked_map)
     summed = pairs.map(lambda i: (i % KEYS, i)).reduceByKey(lambda a, b: a + b, 4)
     before = sorted(summed.collect())
@@ -273,7 +274,20 @@ def store_loss(sc, markers: str) -> dict:
     listed = []
     while it.hasNext():
         listed.append(it.next().toString())
-    return {"storeLostBefore": before, "storeLost": after, "storeLostOutputs": listed}
+    return {f"{group}Before": before, group: after, f"{group}Outputs": listed}
+
+
+def host_cut(sc, markers: str) -> dict:
+    """store_loss's two jobs, the test cutting a host off between them; then
+    `read` in DIR, and after `mended` (the host back) a job of a new
+    shuffle (job group hostBack)."""
+    results = store_loss(sc, markers, "hostCut")
+    open(os.path.join(markers, "read"), "w").close()
+    wait_file(os.path.join(markers, "mended"))
+    sc.setJobGroup("hostBack", "hostBack")
+    pairs = sc.parallelize(range(N), 6).map(lambda i: (i % KEYS, i))
+    results["hostBack"] = sorted(pairs.reduceByKey(lambda a, b: a + b, 4).collect())
+    return results
 
 
 def driver_loss(sc, markers: str) -> dict:
@@ -298,6 +312,7 @@ def main() -> None:
     ap.add_argument("--executor-loss")
     ap.add_argument("--store-loss")
     ap.add_argument("--driver-loss")
+    ap.add_argument("--host-cut")
     args = ap.parse_args()
     spark = SparkSession.builder.appName("nodekernel-cluster").getOrCreate()
     sc = spark.sparkContext
@@ -310,6 +325,8 @@ def main() -> None:
             results = store_loss(sc, args.store_loss)
         elif args.driver_loss:
             results = driver_loss(sc, args.driver_loss)
+        elif args.host_cut:
+            results = host_cut(sc, args.host_cut)
         else:
             results = rdd_jobs(sc)
             sql, plans = sql_jobs(spark)

@@ -188,6 +188,15 @@ class Net:
         self.procs.append(p)
         return p
 
+    def cut(self, host: Host) -> None:
+        """Cuts `host`'s link at the switch: its packets are dropped, nothing
+        is refused (its processes keep running and see no error)."""
+        ip("-n", self.switch, "link", "set", host.port, "down")
+
+    def mend(self, host: Host) -> None:
+        """Mends a link cut by `cut`."""
+        ip("-n", self.switch, "link", "set", host.port, "up")
+
     def pids(self, host: Host) -> list[int]:
         """Every process in `host`, whoever started it."""
         return [int(p) for p in ip("netns", "pids", host.ns).split()]

@@ -178,7 +178,9 @@ class SparkCluster:
         h0 = self.hosts[0]
         meta_cfg = self.path("meta.toml")
         with open(meta_cfg, "w") as f:
-            f.write(f'[meta]\n[security]\ntoken_file = "{self.token}"\n')
+            # A host may be away (cut off) ten minutes and come back with its
+            # blocks, as docs/deployment.md's examples set it.
+            f.write(f'[meta]\nretire_after_ms = 600000\n[security]\ntoken_file = "{self.token}"\n')
         say(f"host 0 ({h0.ip}): nk meta on {self.meta}")
         p, log = self.spawn(
             0, "meta", [self.nk_bin, "meta", "--listen", self.meta, "--config", meta_cfg]

@@ -15,7 +15,12 @@ map task ran twice. Then the driver killed in the middle of a job: its
 application's directory stays until NkShuffleCleaner deletes it once the
 driver's lease has expired. Last, a storage server killed between two jobs
 reading one shuffle: the second gets FetchFailed, Spark reruns the lost map
-outputs, the result is right (the server is started again).
+outputs, the result is right (the server is started again). Then a whole
+host cut off from the network between those two jobs and back: the same
+FetchFailed and rerun, then the host's store alive again with its blocks, a
+new shuffle right, nothing left behind. Last, a Java application
+(ClusterJob.java) started with spark-submit --class: its shuffles and an
+NkBroadcast across the hosts.
 
 Needs root and `ip netns`: skipped with a notice without them, unless
 NK_REQUIRE_NETNS=1. Every wait is bounded only to catch a hang."""
@@ -37,8 +42,10 @@ from conftest import jar, py_tests
 from spark_cluster import (
     DEFAULT_MANAGER,
     HANG_S,
+    HERE,
     JARS,
     MANAGER,
+    SPARK_HOME,
     WORKERS,
     SparkCluster,
     Submitted,
@@ -247,6 +254,11 @@ def stored_bytes(c: SparkCluster, path: str = "/") -> int:
     return sum(e["stored"] for e in json.loads(r.stdout))
 
 
+def used_by_server(c: SparkCluster) -> dict[str, int]:
+    """The bytes each storage server's blocks in use take (`nk status`)."""
+    return {s["addr"]: s["used_bytes"] for s in c.status()["servers"]}
+
+
 LEASES = "/spark-shuffle/.drivers"  # the drivers' leases (NkDriverLease)
 
 
@@ -340,17 +352,8 @@ def test_storage_server_killed_reduce_stage_refetches_rerun_maps(spark_cluster):
     wait_for(
         "the first job", lambda: os.path.exists(os.path.join(markers, "mapped")), job.proc, job.log
     )
-    # The host (of 1 and 2) whose executor wrote most map outputs.
-    counts = {1: 0, 2: 0}
-    for name in os.listdir(markers):
-        if name.startswith("shuffled-"):
-            pid = int(name.split("-")[2])
-            for i in counts:
-                if pid in c.net.pids(c.hosts[i]):
-                    counts[i] += 1
-    victim = max(counts, key=counts.get)
+    victim = busiest_host(c, markers)
     ip = c.hosts[victim].ip
-    say(f"  map tasks by host: {counts}")
     os.kill(c.stores[victim].pid, signal.SIGKILL)
     say(f"  kill -9 of nk store on host {victim} ({ip})")
     wait_for("the metadata server to mark the store dead", lambda: c.alive_stores() == WORKERS - 1)
@@ -363,26 +366,203 @@ def test_storage_server_killed_reduce_stage_refetches_rerun_maps(spark_cluster):
         wait_for("three live storage servers", lambda: c.alive_stores() >= WORKERS)
     say(f"  done ({res['app']})")
 
+    check_lost_outputs_rerun(c, res, "storeLost", ip)
+
+
+def busiest_host(c: SparkCluster, markers: str) -> int:
+    """The host (of 1 and 2) whose executor wrote most of store_loss's map
+    outputs (its map tasks' `shuffled-<partition>-<pid>` in `markers`)."""
+    counts = {1: 0, 2: 0}
+    for name in os.listdir(markers):
+        if name.startswith("shuffled-"):
+            pid = int(name.split("-")[2])
+            for i in counts:
+                if pid in c.net.pids(c.hosts[i]):
+                    counts[i] += 1
+    say(f"  map tasks by host: {counts}")
+    return max(counts, key=counts.get)
+
+
+def summed() -> list[list[int]]:
+    """The reduceByKey of store_loss and host_cut (cluster_jobs.py)."""
     sums: dict[int, int] = {}
     for i in range(N):
         sums[i % KEYS] = sums.get(i % KEYS, 0) + i
-    want = sorted([k, v] for k, v in sums.items())
-    assert res["results"]["storeLostBefore"] == want
-    assert res["results"]["storeLost"] == want, res["results"]["storeLostOutputs"]
+    return sorted([k, v] for k, v in sums.items())
 
-    tasks = tasks_by_job_group(res["event_log"])["storeLost"]
+
+def check_lost_outputs_rerun(c: SparkCluster, res: dict, group: str, ip: str) -> None:
+    """store_loss's second job (group `group`) got FetchFailed, the map
+    outputs first written on host `ip` were written again by a rerun of the
+    map stage, both jobs' results are right, and the application's directory
+    went with it."""
+    want = summed()
+    assert res["results"][f"{group}Before"] == want
+    assert res["results"][group] == want, res["results"][f"{group}Outputs"]
+
+    tasks = tasks_by_job_group(res["event_log"])[group]
     maps = [t for t in tasks if t["type"] == "ShuffleMapTask"]
     first = [t for t in maps if t["attempt"] == 0 and t["ok"]]
     rerun = [t for t in maps if t["attempt"] >= 1 and t["ok"]]
     fetch_failed = [t for t in tasks if t["reason"] == "FetchFailed"]
     say(
         f"  {len(fetch_failed)} reduce tasks FetchFailed; map tasks rerun: "
-        f"{sorted(t['index'] for t in rerun)} (first run on the dead host: "
+        f"{sorted(t['index'] for t in rerun)} (first run on the lost host: "
         f"{sorted(t['index'] for t in first if t['host'] == ip)})"
     )
     assert fetch_failed, tasks
     assert rerun, maps
-    # Every map output written on the dead host was written again.
+    # Every map output written on the lost host was written again.
     assert {t["index"] for t in first if t["host"] == ip} <= {t["index"] for t in rerun}, maps
+    r = c.nk("test", "-e", f"/spark-shuffle/{res['app']}")
+    assert r.returncode == 1, (r.returncode, r.stderr)
+
+
+def test_a_host_cut_off_and_back(spark_cluster):
+    """A whole host (worker, executor and storage server) cut off from the
+    network after a shuffle's map stage, its processes left running: once
+    the metadata server holds its store dead and the driver its executor
+    lost, the next job reading that shuffle gets FetchFailed for the outputs
+    the host held, Spark reruns those maps elsewhere, the result is right.
+    With the link back, the store is alive again with what it held (a file
+    put there before the cut reads back), a new shuffle job is right, and
+    the application leaves nothing behind."""
+    c = spark_cluster
+    markers = c.path("host-cut-markers")
+    os.makedirs(markers)
+    if c.nk("test", "-e", LEASES).returncode == 1:
+        r = c.nk("mkdir", "-p", "--type", "table", LEASES)
+        assert r.returncode == 0, r.stderr
+    before = stored_but_leases(c)
+    used_before = used_by_server(c)
+    say("spark-submit with NodeKernel's shuffle: a reduceByKey read by two jobs, then another")
+    # The driver gives up on a silent executor after 20 s, not the default 120.
+    job = c.submit(
+        True,
+        "host-cut",
+        "--host-cut",
+        markers,
+        conf={
+            "spark.network.timeout": "20s",
+            "spark.executor.heartbeatInterval": "2s",
+            "spark.network.timeoutInterval": "2s",
+        },
+    )
+    wait_for(
+        "the first job", lambda: os.path.exists(os.path.join(markers, "mapped")), job.proc, job.log
+    )
+    victim = busiest_host(c, markers)
+    host = c.hosts[victim]
+    # A file on the host's store (written there), to read back once it is back.
+    probe = c.path("probe")
+    with open(probe, "wb") as f:
+        f.write(os.urandom(3 << 19))
+    r = subprocess.run(
+        host.argv(c.nk_bin, "put", "--local-placement", probe, "/probe"),
+        capture_output=True,
+        text=True,
+        env=c.env(victim),
+        timeout=HANG_S,
+    )
+    assert r.returncode == 0, r.stderr
+    probe_bytes = stored_bytes(c, "/probe")
+
+    c.net.cut(host)
+    cut = time.monotonic()
+    say(f"  host {victim} ({host.ip}) cut off: worker, executor and nk store left running")
+    wait_for("the metadata server to hold the store dead", lambda: c.alive_stores() == WORKERS - 1)
+    lost = re.compile(rf"Lost executor \S+ on {re.escape(host.ip)}")
+    wait_for(
+        "the driver to lose the executor",
+        lambda: lost.search(open(job.log, errors="replace").read()),
+        job.proc,
+        job.log,
+    )
+    say(f"  store dead and executor lost after {time.monotonic() - cut:.0f} s")
+    open(os.path.join(markers, "go"), "w").close()
+    wait_for(
+        "the second job", lambda: os.path.exists(os.path.join(markers, "read")), job.proc, job.log
+    )
+    c.net.mend(host)
+    say(f"  link back after {time.monotonic() - cut:.0f} s")
+    wait_for("three live storage servers", lambda: c.alive_stores() == WORKERS)
+    back = subprocess.run(
+        c.hosts[3].argv(c.nk_bin, "get", "/probe", "-"),
+        capture_output=True,
+        env=c.env(3),
+        timeout=HANG_S,
+    )
+    assert back.returncode == 0, back.stderr
+    with open(probe, "rb") as f:
+        assert back.stdout == f.read(), "the file put on the host before the cut"
+    say("  the store is back with its blocks: the file put before the cut reads back")
+    open(os.path.join(markers, "mended"), "w").close()
+    res = job.result()
+    say(f"  done ({res['app']})")
+
+    check_lost_outputs_rerun(c, res, "hostCut", host.ip)
+    assert res["results"]["hostBack"] == summed()
+    # What the application took of the cluster, on every host, is free again.
+    assert stored_but_leases(c) == before + probe_bytes, (before, probe_bytes)
+    assert c.nk("rm", "/probe").returncode == 0
+    assert stored_but_leases(c) == before
+    # And each storage server's blocks, the cut host's too, are free again
+    # (blocks clients reserved ahead come back once those clients are gone).
+    wait_for("every server's blocks free again", lambda: used_by_server(c) == used_before)
+
+
+def java_app(c: SparkCluster) -> str:
+    """ClusterJob.java compiled against the cluster's Spark and NodeKernel's
+    jars, in a jar of its own: a user's Java application."""
+    out = c.path("java-app")
+    classes = os.path.join(out, "classes")
+    os.makedirs(classes)
+    cp = ":".join([str(SPARK_HOME / "jars" / "*"), *c.jars])
+    r = subprocess.run(
+        ["javac", "-d", classes, "-cp", cp, str(HERE / "ClusterJob.java")],
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+    )
+    assert r.returncode == 0, r.stderr
+    app = os.path.join(out, "cluster-job.jar")
+    subprocess.run(["jar", "cf", app, "-C", classes, "."], check=True, timeout=HANG_S)
+    return app
+
+
+def test_a_java_application_from_spark_submit(spark_cluster):
+    """A Java application, compiled and started with `spark-submit --class`
+    as docs/spark.md tells a user: its reduceByKey, groupByKey and sortByKey
+    on NodeKernel's shuffle give the right results with map and reduce tasks
+    on different hosts, and every task on every executor reads its
+    NkBroadcast."""
+    c = spark_cluster
+    app = java_app(c)
+    say("spark-submit --class of a Java application with NodeKernel's shuffle")
+    job = c.submit(
+        True, "java", str(N), str(KEYS), java=("io.nodekernel.clustertest.ClusterJob", app)
+    )
+    res = job.result()
+    say(f"  done ({res['app']})")
+    assert res["manager"] == MANAGER
+    want = expected()
+    assert res["javaReduceByKey"] == want["reduceByKey"]
+    assert res["javaGroupByKey"] == want["groupByKey"]
+    assert res["javaSortByKey"] == want["sortByKey"]
+    b = res["javaBroadcast"]
+    assert b["got"] == [b["want"]] * 6, b
+
+    workers = {h.ip for h in c.hosts[:WORKERS]}
+    by_group = tasks_by_job_group(res["event_log"])
+    for job_name in ("javaReduceByKey", "javaGroupByKey", "javaSortByKey"):
+        tasks = by_group[job_name]
+        maps = {t["host"] for t in tasks if t["written"] > 0}
+        reduces = {t["host"] for t in tasks if t["read"] > 0}
+        where = f"{job_name}: map tasks on {sorted(maps)}, reduce tasks on {sorted(reduces)}"
+        say(f"  {where}")
+        assert maps <= workers and reduces <= workers, where
+        assert len(maps) >= 2 and len(reduces) >= 2, where
+        assert all(t["ok"] and t["attempt"] == 0 for t in tasks), where
+    assert len({t["host"] for t in by_group["javaBroadcast"]}) >= 2, by_group["javaBroadcast"]
     r = c.nk("test", "-e", f"/spark-shuffle/{res['app']}")
     assert r.returncode == 1, (r.returncode, r.stderr)
