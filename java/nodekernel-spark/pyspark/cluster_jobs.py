@@ -2,8 +2,9 @@
 spark://...` to the netns Spark standalone cluster. Runs each job under a
 job group of its name (the test finds its tasks in the event log by it)
 and writes, as JSON to OUT, the shuffle manager's class, the application
-id, the hosts of the driver and executors, each job's result and the final
-plans of the AQE jobs.
+id, the hosts of the driver and executors, each job's result, the final
+plans of the AQE jobs and the Scala and Spark versions of the driver and
+the executors.
 
     spark-submit ... cluster_jobs.py OUT EXECUTORS [--nk NK_BIN]
         [--executor-loss DIR | --store-loss DIR | --driver-loss DIR | --host-cut DIR]
@@ -49,6 +50,24 @@ def wait_for_executors(sc, n: int) -> list[str]:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{len(infos) - 1} of {n} executors registered")
         time.sleep(0.5)
+
+
+def jvm_versions(spark, executors: int) -> dict:
+    """The Scala and Spark versions of the driver's JVM, and of each
+    executor's from a SQL expression its tasks evaluate (`reflect`), with
+    the executor's host (SPARK_LOCAL_IP, which a worker's executors
+    inherit): [host, Scala, Spark] rows. One task per executor at least, in
+    the first wave."""
+    jvm = spark.sparkContext._jvm
+    probe = spark.range(0, 4 * executors, numPartitions=4 * executors).selectExpr(
+        "reflect('java.lang.System', 'getenv', 'SPARK_LOCAL_IP')",
+        "reflect('scala.util.Properties', 'versionNumberString')",
+        "reflect('org.apache.spark.package', 'SPARK_VERSION')",
+    )
+    return {
+        "driver": [jvm.scala.util.Properties.versionNumberString(), spark.version],
+        "executors": sorted({tuple(r) for r in probe.collect()}),
+    }
 
 
 def rdd_jobs(sc) -> dict:
@@ -316,7 +335,7 @@ def main() -> None:
     args = ap.parse_args()
     spark = SparkSession.builder.appName("nodekernel-cluster").getOrCreate()
     sc = spark.sparkContext
-    plans = {}
+    plans, versions = {}, None
     try:
         hosts = wait_for_executors(sc, args.executors)
         if args.executor_loss:
@@ -328,6 +347,8 @@ def main() -> None:
         elif args.host_cut:
             results = host_cut(sc, args.host_cut)
         else:
+            # First, outside the jobs' groups.
+            versions = jvm_versions(spark, args.executors)
             results = rdd_jobs(sc)
             sql, plans = sql_jobs(spark)
             results.update(sql)
@@ -354,6 +375,7 @@ def main() -> None:
                 "shuffle_dirs": shuffle_dirs,
                 "results": results,
                 "plans": plans,
+                "versions": versions,
             },
             f,
         )

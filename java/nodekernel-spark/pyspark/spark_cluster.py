@@ -11,8 +11,9 @@ a Spark standalone cluster" tells a user:
 Each worker has one core and runs one executor (512 MiB); each storage server
 has 256 MiB of DRAM and no file tier. The cluster is secure by default: one
 cluster token, named in every host's client configuration (NK_CONFIG).
-Spark is the `pyspark` wheel's (3.5.3, Scala 2.12; its bin/spark-class starts
-the master and workers), the jars those scripts/java.sh built.
+Spark is that of the Spark line NK_SPARK_LINE names (LINE below; its
+bin/spark-class starts the master and workers), with the jars of that line
+that scripts/java.sh built.
 
 No pytest here: the jars and the nk binary are found by the caller
 (conftest.jar, py_tests.nk_binary) and passed in. Every wait is bounded only
@@ -36,7 +37,36 @@ import netns
 
 HANG_S = 600  # only catches a hang: a JVM on a loaded 2-core machine is slow
 HERE = pathlib.Path(__file__).resolve().parent
-SPARK_HOME = pathlib.Path(pyspark.__file__).resolve().parent
+# The Spark line (docs/spark.md, "Which jar goes with which Spark"): NK_SPARK_LINE,
+# run by the python of the venv `scripts/pyspark-env.sh LINE` makes. 3.5_2.12 (the
+# default) and 4.0_2.13: the pyspark wheel's Spark, SPARK_HOME its package
+# directory; 3.5_2.13: the SPARK_HOME pyspark-env.sh assembles in the venv (Spark's
+# _2.13 jars of the wheel's version, the wheel's scripts and Python).
+LINES = ("3.5_2.12", "3.5_2.13", "4.0_2.13")
+LINE = os.environ.get("NK_SPARK_LINE", LINES[0])
+SCALA = LINE.partition("_")[2]  # the Scala binary version
+
+
+def _spark_home() -> pathlib.Path:
+    wheel = pathlib.Path(pyspark.__file__).resolve().parent
+    home = pathlib.Path(sys.prefix) / f"spark-{LINE}" if LINE == "3.5_2.13" else wheel
+    scala = [p.name for p in home.glob("jars/scala-library-*.jar")]
+    spark = LINE.partition("_")[0]
+    if not (
+        LINE in LINES
+        and pyspark.__version__.startswith(f"{spark}.")
+        and len(scala) == 1
+        and scala[0].startswith(f"scala-library-{SCALA}.")
+    ):
+        raise RuntimeError(
+            f"NK_SPARK_LINE={LINE} (one of {', '.join(LINES)}) but {sys.executable} has "
+            f"pyspark {pyspark.__version__} and {home}/jars {scala or 'no scala-library'}: "
+            f"run with the python of `scripts/pyspark-env.sh {LINE}`"
+        )
+    return home
+
+
+SPARK_HOME = _spark_home()
 MANAGER = "io.nodekernel.spark.NodeKernelShuffleManager"
 DEFAULT_MANAGER = "org.apache.spark.shuffle.sort.SortShuffleManager"
 META_PORT = 9060
@@ -47,7 +77,7 @@ STORE_DRAM = "256MiB"
 # docs/spark.md: the jar of this Spark's line, the client (it carries the
 # native library) and the Hadoop FileSystem, on both extraClassPaths.
 JARS = (
-    "nodekernel-spark/spark-3.5_2.12/target/nodekernel-spark-3.5_2.12-VERSION.jar",
+    f"nodekernel-spark/spark-{LINE}/target/nodekernel-spark-{LINE}-VERSION.jar",
     "nodekernel-client/target/nodekernel-client-VERSION.jar",
     "nodekernel-hadoop/target/nodekernel-hadoop-VERSION.jar",
 )
@@ -306,6 +336,9 @@ class SparkCluster:
             "spark.eventLog.enabled=true",
             "--conf",
             f"spark.eventLog.dir=file://{self.events}",
+            # Spark 4.0 compresses event logs by default; they are read as text.
+            "--conf",
+            "spark.eventLog.compress=false",
             "--conf",
             f"spark.pyspark.python={sys.executable}",
         ]

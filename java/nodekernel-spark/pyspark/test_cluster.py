@@ -44,7 +44,9 @@ from spark_cluster import (
     HANG_S,
     HERE,
     JARS,
+    LINE,
     MANAGER,
+    SCALA,
     SPARK_HOME,
     WORKERS,
     SparkCluster,
@@ -55,16 +57,43 @@ from spark_cluster import (
 )
 
 
+def open_scala_libraries(c: SparkCluster, main_class: str) -> list[list[str]]:
+    """For each JVM of `main_class` in the hosts, the scala-library jars it
+    has open: what its class loader read Scala's classes from."""
+    found = []
+    for h in c.hosts:
+        for pid in c.net.pids(h):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if main_class.encode() not in f.read():
+                        continue
+                fds = os.listdir(f"/proc/{pid}/fd")
+                paths = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds}
+            except FileNotFoundError:
+                continue  # exited meanwhile
+            found.append(sorted(os.path.basename(p) for p in paths if "/scala-library-" in p))
+    return found
+
+
 @pytest.fixture(scope="module")
 def spark_cluster(request):
     jars = [jar(j) for j in JARS]  # exits naming the build step when one is missing
     net = netns.Net.create(WORKERS + 1)
     if net is None:
         pytest.skip("needs root and ip netns (NK_REQUIRE_NETNS=1 fails instead)")
+    say(f"Spark line {LINE}: SPARK_HOME {SPARK_HOME}, {os.path.basename(jars[0])}")
     c = SparkCluster(net, py_tests.nk_binary(), jars)
     failed = True
     try:
         c.start()
+        # The master and the workers run the line's Scala (the executors:
+        # test_jobs_across_hosts_match_the_default_shuffle).
+        for main_class, n in (("deploy.master.Master", 1), ("deploy.worker.Worker", WORKERS)):
+            libs = open_scala_libraries(c, main_class)
+            say(f"  {main_class}: {libs}")
+            assert len(libs) == n and all(
+                len(js) == 1 and js[0].startswith(f"scala-library-{SCALA}.") for js in libs
+            ), (main_class, libs)
         yield c
         failed = request.session.testsfailed > 0
     finally:
@@ -133,6 +162,13 @@ def test_jobs_across_hosts_match_the_default_shuffle(spark_cluster):
 
     assert nk["manager"] == MANAGER
     assert default["manager"] == DEFAULT_MANAGER
+    # The driver and every executor ran the line's Scala and Spark.
+    for res in (nk, default):
+        (scala, spark), executors = res["versions"]["driver"], res["versions"]["executors"]
+        say(f"  driver: Scala {scala}, Spark {spark}; executors [host, Scala, Spark]: {executors}")
+        assert scala.startswith(f"{SCALA}.") and spark.startswith(LINE.partition("_")[0] + ".")
+        assert sorted(h for h, _, _ in executors) == sorted(workers), executors
+        assert all(v == [scala, spark] for _, *v in executors), executors
     # The driver's host and the three executors' (one per worker).
     for res in (nk, default):
         assert sorted(res["executor_hosts"]) == sorted([c.hosts[3].ip, *workers]), res[
