@@ -336,7 +336,10 @@ class SparkCluster:
             "spark.eventLog.enabled=true",
             "--conf",
             f"spark.eventLog.dir=file://{self.events}",
-            # Spark 4.0 compresses event logs by default; they are read as text.
+            # One uncompressed file: Spark 4.0 rolls event logs into a directory
+            # (eventlog_v2_<app>) and compresses them by default.
+            "--conf",
+            "spark.eventLog.rolling.enabled=false",
             "--conf",
             "spark.eventLog.compress=false",
             "--conf",
