@@ -22,6 +22,11 @@ new shuffle right, nothing left behind. Last, a Java application
 (ClusterJob.java) started with spark-submit --class: its shuffles and an
 NkBroadcast across the hosts.
 
+On the Spark line NK_SPARK_LINE names (spark_cluster.LINE: 3.5_2.12, the
+default, 3.5_2.13 or 4.0_2.13), run with the python of `scripts/pyspark-env.sh
+LINE`; the fixture and the first test check that the master, the workers, the
+driver and the executors run that line's Scala.
+
 Needs root and `ip netns`: skipped with a notice without them, unless
 NK_REQUIRE_NETNS=1. Every wait is bounded only to catch a hang."""
 
