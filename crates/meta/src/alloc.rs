@@ -34,7 +34,7 @@
 //! state without changing it; the effects it returns reproduce exactly
 //! that sequence when applied.
 
-use nodekernel_proto::cap::CapKey;
+use nodekernel_proto::cap::{CapKey, CapSigner};
 use nodekernel_proto::codec::{Dec, Enc};
 use nodekernel_proto::{Error, ErrorCode, Result, ServerStatus, Traffic, NO_CLASS};
 use std::collections::{BTreeMap, BTreeSet};
@@ -170,6 +170,9 @@ struct Liveness {
 #[derive(Debug)]
 pub struct Server {
     pub spec: ServerSpec,
+    /// `spec.cap_key` made ready: every location handed out mints a
+    /// capability with it.
+    signer: CapSigner,
     pub free: FreeList,
     live: Liveness,
     /// Being drained (soft state, like liveness): no new blocks.
@@ -446,6 +449,7 @@ impl BlockAllocator {
             id,
             Server {
                 free: FreeList::new(spec.first_block, spec.num_blocks),
+                signer: CapSigner::new(&spec.cap_key),
                 spec: spec.clone(),
                 live: Liveness {
                     alive: true,
@@ -472,6 +476,7 @@ impl BlockAllocator {
                     s.live.seq = 0;
                 }
                 s.spec.cap_key = *k;
+                s.signer = CapSigner::new(k);
             }
         }
     }
@@ -479,6 +484,11 @@ impl BlockAllocator {
     /// The key server `id` checks capabilities with.
     pub fn cap_key(&self, id: u32) -> Option<&CapKey> {
         self.servers.get(&id).map(|s| &s.spec.cap_key)
+    }
+
+    /// What mints the capabilities server `id` checks.
+    pub fn signer(&self, id: u32) -> Option<&CapSigner> {
+        self.servers.get(&id).map(|s| &s.signer)
     }
 
     /// Removes a server for good (applier): its blocks are lost, and the

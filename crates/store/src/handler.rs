@@ -8,7 +8,7 @@ use crate::blocks::BlockStore;
 use crate::capacity::Capacity;
 use crate::metrics::StoreMetrics;
 use bytes::{BufMut, Bytes, BytesMut};
-use nodekernel_proto::cap::{identify_proof, unix_now, Cap, CapKey, Rights, Use};
+use nodekernel_proto::cap::{identify_proof, unix_now, Cap, CapKey, CapSigner, Rights, Use};
 use nodekernel_proto::store::{
     decode_write_prefix, encode_shm_info, op as store_op, read_reply_data, Claim, Identity,
     StoreRequest, TagCheck, READ_CHANGED_HANDS, READ_OK, READ_TRAILER_LEN, TAG_LEN,
@@ -35,6 +35,8 @@ pub(crate) struct StoreHandler {
     /// What data-plane capabilities are checked with (drawn at start,
     /// given to the metadata servers at registration).
     pub(crate) cap_key: CapKey,
+    /// `cap_key` made ready: every request's capability is checked with it.
+    pub(crate) signer: CapSigner,
     /// Who this server is, for `Identify`.
     pub(crate) identity: String,
     pub(crate) incarnation: u64,
@@ -363,8 +365,8 @@ impl StoreHandler {
         len: u32,
         needs: Rights,
     ) -> Result<()> {
-        cap.check(
-            &self.cap_key,
+        self.signer.check(
+            cap,
             Use {
                 block,
                 gen,

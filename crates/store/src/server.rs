@@ -18,7 +18,7 @@ use crate::registrar::{Registrar, Who};
 use crate::share::Share;
 use crate::StoreError;
 use nodekernel_admin::status::StoreStatusOut;
-use nodekernel_proto::cap::CapKey;
+use nodekernel_proto::cap::{CapKey, CapSigner};
 use nodekernel_proto::store::{op as store_op, Claim};
 use nodekernel_proto::Error;
 use nodekernel_rpc::{ConnOptions, Role, ServerHandle};
@@ -181,6 +181,7 @@ impl StorageServer {
                 .pool(Role::StorageServer, ConnOptions::new(cfg.rpc_timeout)),
             handshake: cfg.security.handshake(Role::StorageServer),
             cap_key: who.cap_key,
+            signer: CapSigner::new(&who.cap_key),
             identity: who.identity.clone(),
             incarnation: who.incarnation,
             in_place: in_place.clone(),

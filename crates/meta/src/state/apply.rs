@@ -264,7 +264,16 @@ impl MetaState {
     /// [`MetaState::claim`] that also clears the tag at `clear_tag_at`.
     fn claim_with(&mut self, b: BlockRef, clear_tag_at: Option<u32>) {
         if let Some(addr) = self.alloc.server_addr(b.server) {
-            let key = self.alloc.cap_key(b.server).copied().unwrap_or_default();
+            let cap = self.alloc.signer(b.server).map_or_else(Cap::default, |s| {
+                s.mint(
+                    b.block,
+                    b.gen,
+                    0,
+                    self.alloc.block_size(),
+                    Rights::MANAGE,
+                    0,
+                )
+            });
             self.claims.push(BlockClaim {
                 server: b.server,
                 addr: addr.to_string(),
@@ -273,15 +282,7 @@ impl MetaState {
                 clear_tag_at,
                 release: false,
                 scrub: false,
-                cap: Cap::mint(
-                    &key,
-                    b.block,
-                    b.gen,
-                    0,
-                    self.alloc.block_size(),
-                    Rights::MANAGE,
-                    0,
-                ),
+                cap,
             });
         }
     }

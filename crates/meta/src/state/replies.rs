@@ -309,7 +309,6 @@ impl MetaState {
     /// a client expires after the capability lifetime, in the clock of
     /// the block's storage server.
     pub(super) fn cap(&self, b: &BlockRef, lo: u32, hi: u32, g: Grant) -> Cap {
-        let key = self.alloc.cap_key(b.server).copied().unwrap_or_default();
         let expires = if g.rights == Rights::MANAGE {
             0
         } else {
@@ -317,7 +316,11 @@ impl MetaState {
             let theirs = wall_s.saturating_add(self.alloc.clock_offset_s(b.server));
             (theirs.saturating_add(self.cap_clock.lifetime_s as i64)).max(1) as u64
         };
-        Cap::mint(&key, b.block, b.gen, lo, hi, g.rights, expires)
+        match self.alloc.signer(b.server) {
+            Some(s) => s.mint(b.block, b.gen, lo, hi, g.rights, expires),
+            // A server gone meanwhile: a capability nothing verifies.
+            None => Cap::default(),
+        }
     }
 
     /// Where block `b` is, with the capability `g` grants for bytes
