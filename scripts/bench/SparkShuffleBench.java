@@ -529,8 +529,11 @@ public class SparkShuffleBench {
     @Override
     public synchronized void onJobStart(SparkListenerJobStart e) {
       if (e.properties() != null && TIMED.equals(e.properties().getProperty("spark.jobGroup.id"))) {
-        for (Object id : scala.jdk.javaapi.CollectionConverters.asJava(e.stageIds())) {
-          stages.add((Integer) id);
+        // A Scala iterator, not CollectionConverters: this file also compiles against Scala 2.12
+        // (scripts/bench/SparkClusterBench.java uses its jobs on the pyspark wheel's Spark).
+        scala.collection.Iterator<Object> ids = e.stageIds().iterator();
+        while (ids.hasNext()) {
+          stages.add((Integer) ids.next());
         }
       }
     }

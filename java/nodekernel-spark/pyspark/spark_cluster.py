@@ -141,8 +141,33 @@ class Submitted:
 class SparkCluster:
     """The hosts and what runs on them; see the module docs."""
 
-    def __init__(self, net: netns.Net, nk_bin: str, jars: list[str]):
+    def __init__(
+        self,
+        net: netns.Net,
+        nk_bin: str,
+        jars: list[str],
+        *,
+        store_hosts: tuple[int, ...] = tuple(range(WORKERS)),
+        store_medium: str = "dram",
+        store_size: str = STORE_DRAM,
+        executor_memory: str = "512m",
+        driver_memory: str = "512m",
+        worker_memory: str = "1g",
+        worker_opts: str | None = None,
+    ):
+        """The keyword arguments, for the benchmark (their defaults are the
+        test's cluster): the hosts that run a storage server (host 0 runs
+        `nk meta` whichever they are), each server's medium ("dram", or
+        "file": a file tier, its block file in the server's data directory
+        under the cluster's temporary one) and size, the
+        executors', driver's and workers' memory, and SPARK_WORKER_OPTS of
+        the workers (e.g. `-Dspark.shuffle.service.enabled=true`: Spark's
+        external shuffle service in each worker)."""
         self.net = net
+        self.store_hosts = store_hosts
+        self.store_medium, self.store_size = store_medium, store_size
+        self.executor_memory, self.driver_memory = executor_memory, driver_memory
+        self.worker_memory, self.worker_opts = worker_memory, worker_opts
         self.jars = jars
         self.hosts = net.hosts
         self.dir = tempfile.mkdtemp(prefix="nk-spark-cluster-")
@@ -217,10 +242,11 @@ class SparkCluster:
         )
         wait_for("nk meta", lambda: log_has(log, "metadata server listening on"), p, log)
         self.stores: dict[int, subprocess.Popen] = {}
-        for i in range(WORKERS):
-            say(f"host {i} ({self.hosts[i].ip}): nk store, {STORE_DRAM} of DRAM")
+        for i in self.store_hosts:
+            say(f"host {i}: nk store, {self.store_size} of {self.store_medium}")
             self.start_store(i)
-        wait_for("three live storage servers", lambda: self.alive_stores() >= WORKERS)
+        n = len(self.store_hosts)
+        wait_for(f"{n} live storage servers", lambda: self.alive_stores() >= n)
 
         say(f"host 0: Spark master at {self.master}")
         p, master_log = self.spawn(
@@ -239,6 +265,9 @@ class SparkCluster:
             SPARK_DAEMON_MEMORY="256m",
         )
         wait_for("the Spark master", lambda: log_has(master_log, "New state: ALIVE"), p, master_log)
+        worker_env = {"SPARK_DAEMON_MEMORY": "256m"}
+        if self.worker_opts:
+            worker_env["SPARK_WORKER_OPTS"] = self.worker_opts
         for i in range(WORKERS):
             h = self.hosts[i]
             say(f"host {i}: Spark worker, 1 core")
@@ -253,14 +282,14 @@ class SparkCluster:
                     "--cores",
                     "1",
                     "--memory",
-                    "1g",
+                    self.worker_memory,
                     "--work-dir",
                     self.path(f"spark-work-h{i}"),
                     "--webui-port",
                     "8081",
                     self.master,
                 ],
-                SPARK_DAEMON_MEMORY="256m",
+                **worker_env,
             )
 
         def registered() -> bool:
@@ -277,8 +306,9 @@ class SparkCluster:
         with open(cfg, "w") as f:
             f.write(
                 self._client_section(h)
-                + f'[[store]]\nclass = 0\nclass_name = "dram"\nmedium = "dram"\n'
-                f'size = "{STORE_DRAM}"\nlisten = "{h.ip}:{STORE_PORT}"\n'
+                + f'[[store]]\nclass = 0\nclass_name = "{self.store_medium}"\n'
+                f'medium = "{self.store_medium}"\n'
+                f'size = "{self.store_size}"\nlisten = "{h.ip}:{STORE_PORT}"\n'
                 f'location = "{h.ip}"\ndata_dir = "{self.path(f"store-h{i}")}"\n'
             )
         log = self.path(f"store-h{i}.log")
@@ -323,9 +353,9 @@ class SparkCluster:
             "--name",
             f"cluster-jobs-{name}",
             "--driver-memory",
-            "512m",
+            self.driver_memory,
             "--executor-memory",
-            "512m",
+            self.executor_memory,
             "--total-executor-cores",
             str(WORKERS),
             "--conf",
