@@ -8,6 +8,7 @@ import io.nodekernel.NodeKernel;
 import io.nodekernel.NodeStatus;
 import io.nodekernel.TestCluster;
 import java.io.IOException;
+import java.lang.ref.Reference;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
@@ -16,11 +17,14 @@ import java.util.Random;
 import java.util.Set;
 import java.util.TreeMap;
 import java.util.TreeSet;
+import org.apache.spark.Dependency;
+import org.apache.spark.ShuffleDependency;
 import org.apache.spark.SparkConf;
 import org.apache.spark.SparkEnv;
 import org.apache.spark.api.java.JavaPairRDD;
 import org.apache.spark.api.java.JavaRDD;
 import org.apache.spark.api.java.JavaSparkContext;
+import org.apache.spark.rdd.RDD;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.SparkSession;
@@ -132,19 +136,24 @@ public class ShuffleJobTest {
       String writer = writerOf.get(job);
       long runBefore = writersUsed().getOrDefault(writer, 0L);
       ShuffleMetrics m = ShuffleMetrics.listen(sc.sc());
-      long count =
+      RDD<?> rdd =
           switch (job) {
-            case "reduceByKey" -> input().reduceByKey(Integer::sum, 3).count();
-            case "repartition5" -> input().values().repartition(5).count();
-            default -> input().values().repartition(250).count();
+            case "reduceByKey" -> input().reduceByKey(Integer::sum, 3).rdd();
+            case "repartition5" -> input().values().repartition(5).rdd();
+            default -> input().values().repartition(250).rdd();
           };
+      long count = rdd.count();
       m.close();
       assertEquals(job.equals("reduceByKey") ? 97 : N, count);
       assertEquals(job + " wrote with " + writer, runBefore + 4, (long) writersUsed().get(writer));
+      // Its own shuffle's directory (the ContextCleaner may remove earlier ones meanwhile, never
+      // this one while the RDD is reachable).
+      String dir =
+          NkShuffleConf.DEFAULT_ROOT + "/" + sc.sc().applicationId() + "/s" + shuffleId(rdd);
       Set<String> dirs = shuffleDirs();
       dirs.removeAll(before);
-      assertEquals(job + " made one shuffle", 1, dirs.size());
-      long indexed = indexedBytes(dirs.iterator().next());
+      assertEquals(job + " made one shuffle", Set.of(dir), dirs);
+      long indexed = indexedBytes(dir);
       assertTrue(job + ": no bytes indexed", indexed > 0);
       assertEquals(job + ": bytes written", indexed, m.bytesWritten);
       assertEquals(job + ": bytes read", indexed, m.bytesRead);
@@ -154,6 +163,7 @@ public class ShuffleJobTest {
       assertTrue(job + ": records written", m.recordsWritten > 0);
       assertTrue(job + ": write time", m.writeTimeNanos > 0);
       assertTrue(job + ": blocks fetched", m.blocksFetched > 0);
+      Reference.reachabilityFence(rdd);
     }
   }
 
@@ -164,22 +174,37 @@ public class ShuffleJobTest {
       expected.computeIfAbsent(p._1(), k -> new ArrayList<>()).add(p._2());
     }
     Map<Integer, List<Integer>> got = new TreeMap<>();
-    for (Tuple2<Integer, Iterable<Integer>> t : input().groupByKey(3).collect()) {
+    JavaPairRDD<Integer, Iterable<Integer>> grouped = input().groupByKey(3);
+    for (Tuple2<Integer, Iterable<Integer>> t : grouped.collect()) {
       List<Integer> vs = new ArrayList<>();
       t._2().forEach(vs::add);
       Collections.sort(vs);
       got.put(t._1(), vs);
     }
     assertEquals(expected, got);
-    // The data went through NodeKernel: map indexes and slot Files under the app's directory.
+    // The data went through NodeKernel: map indexes under this job's shuffle directory (not
+    // any shuffle's: the ContextCleaner removes earlier tests' shuffles at any time).
     NodeKernel nk = CLUSTER.client();
-    String app = NkShuffleConf.DEFAULT_ROOT + "/" + sc.sc().applicationId();
-    boolean sawIndex = false;
-    for (NodeStatus s : nk.list(app)) {
-      String dir = s.path().startsWith("/") ? s.path() : app + "/" + s.path();
-      sawIndex |= !nk.list(dir + "/idx").isEmpty();
+    String dir =
+        NkShuffleConf.DEFAULT_ROOT
+            + "/"
+            + sc.sc().applicationId()
+            + "/s"
+            + shuffleId(grouped.rdd());
+    assertFalse("no map index in " + dir, nk.list(dir + "/idx").isEmpty());
+    // The shuffle stays while its RDD is reachable.
+    Reference.reachabilityFence(grouped);
+  }
+
+  /** The id of the shuffle nearest to {@code rdd} in its lineage. */
+  private static int shuffleId(RDD<?> rdd) {
+    while (true) {
+      Dependency<?> d = rdd.dependencies().head();
+      if (d instanceof ShuffleDependency<?, ?, ?> s) {
+        return s.shuffleId();
+      }
+      rdd = d.rdd();
     }
-    assertTrue("no map index in " + app, sawIndex);
   }
 
   @Test
