@@ -14,6 +14,7 @@ import java.io.IOException;
 import java.io.ObjectOutputStream;
 import java.io.Serializable;
 import java.io.UncheckedIOException;
+import java.lang.ref.Reference;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
@@ -367,6 +368,8 @@ public class ShuffleLifecycleTest {
       for (NodeStatus s : indexes) {
         assertFalse(s.path().endsWith("/m" + failed) || s.path().equals("m" + failed));
       }
+      // The ContextCleaner removes the shuffle once its RDD is unreachable.
+      Reference.reachabilityFence(grouped);
     } finally {
       sc.stop();
     }

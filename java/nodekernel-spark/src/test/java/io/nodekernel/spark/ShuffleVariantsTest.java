@@ -6,6 +6,7 @@ import static org.junit.Assert.assertTrue;
 
 import io.nodekernel.NkInputStream;
 import io.nodekernel.NodeKernel;
+import io.nodekernel.NodeKernelException;
 import io.nodekernel.NodeStatus;
 import io.nodekernel.TestCluster;
 import java.io.IOException;
@@ -204,7 +205,13 @@ public class ShuffleVariantsTest {
     List<String> dirs = new ArrayList<>(List.of(NkShuffleConf.DEFAULT_ROOT));
     while (!dirs.isEmpty()) {
       String dir = dirs.remove(dirs.size() - 1);
-      for (NodeStatus st : nk.list(dir)) {
+      List<NodeStatus> entries;
+      try {
+        entries = nk.list(dir);
+      } catch (NodeKernelException.NotFound e) {
+        continue; // removed meanwhile (the ContextCleaner): it holds nothing any more
+      }
+      for (NodeStatus st : entries) {
         String path = st.path().startsWith("/") ? st.path() : dir + "/" + st.path();
         switch (st.type()) {
           case DIRECTORY, BAG -> dirs.add(path);
@@ -214,6 +221,8 @@ public class ShuffleVariantsTest {
               if (bytes.contains(new String(needle, StandardCharsets.ISO_8859_1))) {
                 return true;
               }
+            } catch (NodeKernelException.NotFound e) {
+              // Removed meanwhile, as above.
             }
           }
           default -> {}
