@@ -81,7 +81,8 @@ public final class ClusterJob {
               .map(t -> "[" + t._1() + "," + t._2() + "]")
               .collect(Collectors.joining(",", "[", "]")));
 
-      // Every task reads the broadcast value (8 MB of longs) and returns its sum.
+      // Every task reads the broadcast value (8 MB of longs) and returns its sum; each takes half
+      // a second, so that the tasks spread over the executors.
       sc.setJobGroup("javaBroadcast", "javaBroadcast", false);
       long[] value = new long[1 << 20];
       long want = 0;
@@ -94,6 +95,7 @@ public final class ClusterJob {
           sc.parallelize(range, 6)
               .mapPartitions(
                   it -> {
+                    Thread.sleep(500);
                     long s = 0;
                     for (long v : b.value()) {
                       s += v;
