@@ -13,7 +13,7 @@ import sys
 import time
 
 import netns
-from spark_cluster import DEFAULT_MANAGER, MANAGER, WORKERS, SparkCluster
+from spark_cluster import DEFAULT_MANAGER, MANAGER, WORKERS, SparkCluster, read_event_log
 
 APP_CLASS = "SparkClusterBench"
 ALL_JOBS = ("sort", "group", "join", "broadcast")
@@ -98,55 +98,49 @@ def breakdown(event_log: str) -> dict[str, dict]:
     shuffle and reads none, a reduce stage reads one and writes none, a
     middle stage does both, other stages neither), the task metrics summed,
     and every stage's attempts (a rerun shows as attempt > 0)."""
-    group_of_stage: dict[int, str] = {}
+    events, group_of_stage = read_event_log(event_log)
     stage_ms: dict[tuple[int, int], int] = {}
     per_stage: dict[int, dict] = {}
-    with open(event_log) as f:
-        for line in f:
-            ev = json.loads(line)
-            kind = ev["Event"]
-            if kind == "SparkListenerJobStart":
-                group = (ev.get("Properties") or {}).get("spark.jobGroup.id")
-                for s in ev["Stage IDs"]:
-                    group_of_stage[s] = group
-            elif kind == "SparkListenerStageCompleted":
-                info = ev["Stage Info"]
-                if "Submission Time" in info and "Completion Time" in info:
-                    key = (info["Stage ID"], info["Stage Attempt ID"])
-                    stage_ms[key] = info["Completion Time"] - info["Submission Time"]
-            elif kind == "SparkListenerTaskEnd":
-                m = ev.get("Task Metrics") or {}
-                r = m.get("Shuffle Read Metrics", {})
-                w = m.get("Shuffle Write Metrics", {})
-                s = per_stage.setdefault(
-                    ev["Stage ID"],
-                    {
-                        "tasks": 0,
-                        "failed": 0,
-                        "attempts": set(),
-                        "written": 0,
-                        "write_ns": 0,
-                        "remote_read": 0,
-                        "local_read": 0,
-                        "fetch_wait_ms": 0,
-                        "run_ms": 0,
-                        "cpu_ns": 0,
-                        "gc_ms": 0,
-                        "hosts": set(),
-                    },
-                )
-                s["tasks"] += 1
-                s["failed"] += ev["Task End Reason"]["Reason"] != "Success"
-                s["attempts"].add(ev["Stage Attempt ID"])
-                s["written"] += w.get("Shuffle Bytes Written", 0)
-                s["write_ns"] += w.get("Shuffle Write Time", 0)
-                s["remote_read"] += r.get("Remote Bytes Read", 0)
-                s["local_read"] += r.get("Local Bytes Read", 0)
-                s["fetch_wait_ms"] += r.get("Fetch Wait Time", 0)
-                s["run_ms"] += m.get("Executor Run Time", 0)
-                s["cpu_ns"] += m.get("Executor CPU Time", 0)
-                s["gc_ms"] += m.get("JVM GC Time", 0)
-                s["hosts"].add(ev["Task Info"]["Host"])
+    for ev in events:
+        kind = ev["Event"]
+        if kind == "SparkListenerStageCompleted":
+            info = ev["Stage Info"]
+            if "Submission Time" in info and "Completion Time" in info:
+                key = (info["Stage ID"], info["Stage Attempt ID"])
+                stage_ms[key] = info["Completion Time"] - info["Submission Time"]
+        elif kind == "SparkListenerTaskEnd":
+            m = ev.get("Task Metrics") or {}
+            r = m.get("Shuffle Read Metrics", {})
+            w = m.get("Shuffle Write Metrics", {})
+            s = per_stage.setdefault(
+                ev["Stage ID"],
+                {
+                    "tasks": 0,
+                    "failed": 0,
+                    "attempts": set(),
+                    "written": 0,
+                    "write_ns": 0,
+                    "remote_read": 0,
+                    "local_read": 0,
+                    "fetch_wait_ms": 0,
+                    "run_ms": 0,
+                    "cpu_ns": 0,
+                    "gc_ms": 0,
+                    "hosts": set(),
+                },
+            )
+            s["tasks"] += 1
+            s["failed"] += ev["Task End Reason"]["Reason"] != "Success"
+            s["attempts"].add(ev["Stage Attempt ID"])
+            s["written"] += w.get("Shuffle Bytes Written", 0)
+            s["write_ns"] += w.get("Shuffle Write Time", 0)
+            s["remote_read"] += r.get("Remote Bytes Read", 0)
+            s["local_read"] += r.get("Local Bytes Read", 0)
+            s["fetch_wait_ms"] += r.get("Fetch Wait Time", 0)
+            s["run_ms"] += m.get("Executor Run Time", 0)
+            s["cpu_ns"] += m.get("Executor CPU Time", 0)
+            s["gc_ms"] += m.get("JVM GC Time", 0)
+            s["hosts"].add(ev["Task Info"]["Host"])
     out: dict[str, dict] = {}
     for sid, s in per_stage.items():
         g = out.setdefault(

@@ -429,38 +429,45 @@ class SparkCluster:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def tasks_by_job_group(event_log: str) -> dict[str, list[dict]]:
-    """The finished tasks of each job group (cluster_jobs.py names one per
-    job), from the application's event log."""
-    group_of_stage: dict[int, str] = {}
-    tasks = []
+def read_event_log(event_log: str) -> tuple[list[dict], dict[int, str | None]]:
+    """An application's event log: its events, and the job group of each
+    stage (the spark.jobGroup.id of the job it ran in; None without one)."""
+    events: list[dict] = []
+    group_of_stage: dict[int, str | None] = {}
     with open(event_log) as f:
         for line in f:
             ev = json.loads(line)
-            kind = ev["Event"]
-            if kind == "SparkListenerJobStart":
+            events.append(ev)
+            if ev["Event"] == "SparkListenerJobStart":
                 group = (ev.get("Properties") or {}).get("spark.jobGroup.id")
                 for s in ev["Stage IDs"]:
                     group_of_stage[s] = group
-            elif kind == "SparkListenerTaskEnd":
-                m = ev.get("Task Metrics") or {}
-                tasks.append(
-                    {
-                        "stage": ev["Stage ID"],
-                        "attempt": ev["Stage Attempt ID"],
-                        "type": ev["Task Type"],
-                        # The partition (a stage's rerun numbers its tasks from 0).
-                        "index": ev["Task Info"].get("Partition ID", ev["Task Info"]["Index"]),
-                        "host": ev["Task Info"]["Host"],
-                        "executor": ev["Task Info"]["Executor ID"],
-                        "reason": ev["Task End Reason"]["Reason"],
-                        "ok": ev["Task End Reason"]["Reason"] == "Success",
-                        "read": m.get("Shuffle Read Metrics", {}).get("Total Records Read", 0),
-                        "written": m.get("Shuffle Write Metrics", {}).get(
-                            "Shuffle Records Written", 0
-                        ),
-                    }
-                )
+    return events, group_of_stage
+
+
+def tasks_by_job_group(event_log: str) -> dict[str, list[dict]]:
+    """The finished tasks of each job group (cluster_jobs.py names one per
+    job), from the application's event log."""
+    events, group_of_stage = read_event_log(event_log)
+    tasks = []
+    for ev in events:
+        if ev["Event"] == "SparkListenerTaskEnd":
+            m = ev.get("Task Metrics") or {}
+            tasks.append(
+                {
+                    "stage": ev["Stage ID"],
+                    "attempt": ev["Stage Attempt ID"],
+                    "type": ev["Task Type"],
+                    # The partition (a stage's rerun numbers its tasks from 0).
+                    "index": ev["Task Info"].get("Partition ID", ev["Task Info"]["Index"]),
+                    "host": ev["Task Info"]["Host"],
+                    "executor": ev["Task Info"]["Executor ID"],
+                    "reason": ev["Task End Reason"]["Reason"],
+                    "ok": ev["Task End Reason"]["Reason"] == "Success",
+                    "read": m.get("Shuffle Read Metrics", {}).get("Total Records Read", 0),
+                    "written": m.get("Shuffle Write Metrics", {}).get("Shuffle Records Written", 0),
+                }
+            )
     out: dict[str, list[dict]] = {}
     for t in tasks:
         out.setdefault(group_of_stage.get(t["stage"]), []).append(t)

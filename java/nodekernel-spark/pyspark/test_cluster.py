@@ -312,6 +312,15 @@ def stored_but_leases(c: SparkCluster) -> int:
     return stored_bytes(c) - leases
 
 
+def stored_before_an_application(c: SparkCluster) -> int:
+    """stored_but_leases, with the root and the leases' Table as a driver
+    leaves them (made by the first application; here if a test runs alone)."""
+    if c.nk("test", "-e", LEASES).returncode == 1:
+        r = c.nk("mkdir", "-p", "--type", "table", LEASES)
+        assert r.returncode == 0, r.stderr
+    return stored_but_leases(c)
+
+
 DRIVER_TIMEOUT_S = 10
 
 
@@ -324,12 +333,7 @@ def test_driver_killed_its_shuffle_data_removed_by_the_cleaner(spark_cluster):
     c = spark_cluster
     markers = c.path("driver-loss-markers")
     os.makedirs(markers)
-    # The root and the leases' Table as a driver leaves them (made by the
-    # first application; here if this test runs alone).
-    if c.nk("test", "-e", LEASES).returncode == 1:
-        r = c.nk("mkdir", "-p", "--type", "table", LEASES)
-        assert r.returncode == 0, r.stderr
-    before = stored_but_leases(c)
+    before = stored_before_an_application(c)
     say(f"spark-submit with NodeKernel's shuffle, driverTimeout {DRIVER_TIMEOUT_S} s; 9 slow maps")
     job = c.submit(
         True,
@@ -473,10 +477,7 @@ def test_a_host_cut_off_and_back(spark_cluster):
     c = spark_cluster
     markers = c.path("host-cut-markers")
     os.makedirs(markers)
-    if c.nk("test", "-e", LEASES).returncode == 1:
-        r = c.nk("mkdir", "-p", "--type", "table", LEASES)
-        assert r.returncode == 0, r.stderr
-    before = stored_but_leases(c)
+    before = stored_before_an_application(c)
     used_before = used_by_server(c)
     say("spark-submit with NodeKernel's shuffle: a reduceByKey read by two jobs, then another")
     # The driver gives up on a silent executor after 20 s, not the default 120.
