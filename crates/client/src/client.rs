@@ -4,7 +4,7 @@
 //! nodes is in `open.rs`, enumeration in `listing.rs`.
 
 use crate::blockio::{BlockIo, DataPathStats};
-use crate::config::ClientConfig;
+use crate::config::{ClientConfig, Ttl};
 use crate::leases::{self, Leases};
 use crate::start::Starting;
 use bytes::BytesMut;
@@ -16,6 +16,7 @@ use nodekernel_proto::{
 };
 use nodekernel_rpc::{ConnOptions, ConnectionPool};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Writes a child record (or its clear) takes before it gives up on a
 /// piece whose shared block keeps getting new generations under it (each
@@ -465,11 +466,41 @@ impl Client {
         mode: Option<u32>,
         mtime: Option<u64>,
     ) -> Result<NodeInfo> {
+        self.change_attrs(p, mode, mtime, None, None).await
+    }
+
+    /// Makes the node at `p` (with its subtree) expire `ttl` from now, or
+    /// never (`docs/lifecycle.md`); returns the node as it is now, whose
+    /// `expires_ms` says when (wall-clock milliseconds, the metadata
+    /// server's clock).
+    pub async fn expire(&self, p: &str, ttl: Ttl) -> Result<NodeInfo> {
+        self.change_attrs(p, None, None, Some(ttl.wire_ms()), None)
+            .await
+    }
+
+    /// Gives the Directory, Table or Bag at `p` a TTL for the children
+    /// created in it from now on whose create names none (`None`: no
+    /// child TTL); returns the node as it is now.
+    pub async fn set_child_ttl(&self, p: &str, ttl: Option<Duration>) -> Result<NodeInfo> {
+        let ms = ttl.map_or(0, |d| crate::config::duration_ms(d).max(1));
+        self.change_attrs(p, None, None, None, Some(ms)).await
+    }
+
+    async fn change_attrs(
+        &self,
+        p: &str,
+        mode: Option<u32>,
+        mtime: Option<u64>,
+        ttl_ms: Option<u64>,
+        child_ttl_ms: Option<u64>,
+    ) -> Result<NodeInfo> {
         path::components(p)?;
         let req = MetaRequest::SetAttrs {
             path: p.to_string(),
             mode,
             mtime,
+            ttl_ms,
+            child_ttl_ms,
         };
         self.node_reply(self.partition(p), &req).await
     }

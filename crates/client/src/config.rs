@@ -3,6 +3,7 @@
 //! [`CreateOptions`] of a create.
 
 use crate::blockio::AccessHook;
+use nodekernel_proto::meta::TTL_NEVER;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -121,6 +122,39 @@ pub struct CreateOptions {
     pub mode: Option<u32>,
     /// Modification time (nanoseconds since the Unix epoch); `None` is now.
     pub mtime: Option<u64>,
+    /// When the node (with its subtree) expires (`docs/lifecycle.md`):
+    /// `None` takes the parent's child TTL, if it has one.
+    pub ttl: Option<Ttl>,
+    /// For a Directory, Table or Bag: the TTL of new children whose create
+    /// names none (`None`: no child TTL).
+    pub child_ttl: Option<Duration>,
+}
+
+/// How long a node lives (`docs/lifecycle.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ttl {
+    /// It expires this long from now (rounded up to whole milliseconds;
+    /// at most about 100 years).
+    After(Duration),
+    /// It never expires (not even under a parent with a child TTL).
+    Never,
+}
+
+impl Ttl {
+    /// The milliseconds a request carries ([`TTL_NEVER`] for never).
+    pub fn wire_ms(self) -> u64 {
+        match self {
+            Ttl::Never => TTL_NEVER,
+            Ttl::After(d) => duration_ms(d).max(1),
+        }
+    }
+}
+
+/// `d` in whole milliseconds, rounded up (saturating; the server refuses
+/// what is too long).
+pub(crate) fn duration_ms(d: Duration) -> u64 {
+    let ms = d.as_nanos().div_ceil(1_000_000);
+    u64::try_from(ms).unwrap_or(u64::MAX - 1).min(u64::MAX - 1)
 }
 
 impl Default for CreateOptions {
@@ -133,6 +167,8 @@ impl Default for CreateOptions {
             pinned: false,
             mode: None,
             mtime: None,
+            ttl: None,
+            child_ttl: None,
         }
     }
 }

@@ -52,7 +52,7 @@ pub use bag::{
 };
 pub use blockio::{Access, AccessHook, DataPathStats, MAX_RELOCATIONS, OPEN_ATTEMPTS};
 pub use client::Client;
-pub use config::{default_location, now_ns, ClientConfig, CreateOptions};
+pub use config::{default_location, now_ns, ClientConfig, CreateOptions, Ttl};
 pub use crypt::EncryptionKey;
 pub use node::{Node, Reader};
 /// Prefix of Unix-socket addresses (see [`Client::meta_route`]).

@@ -133,6 +133,8 @@ impl Client {
             first_block: None,
             record: None,
             stored: 0,
+            expires_ms: 0,
+            child_ttl_ms: 0,
         };
         let node = Node::new(self.clone(), p.to_string(), idx, info);
         let locs = match node.block_locations().await {

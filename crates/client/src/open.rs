@@ -4,7 +4,7 @@
 //! (`crate::reserve` keeps their books).
 
 use crate::client::{leaf, Client};
-use crate::config::{now_ns, CreateOptions};
+use crate::config::{now_ns, CreateOptions, Ttl};
 use crate::node::Node;
 use crate::reserve::{PoolKey, Reserved, FAILED_FOR, UNFIT_FOR};
 use futures::future::BoxFuture;
@@ -55,6 +55,10 @@ impl Client {
             mode: opts.mode.unwrap_or(ty.default_mode()),
             mtime: opts.mtime.unwrap_or_else(now_ns),
             open_existing,
+            ttl_ms: opts.ttl.map_or(0, Ttl::wire_ms),
+            child_ttl_ms: opts
+                .child_ttl
+                .map_or(0, |d| crate::config::duration_ms(d).max(1)),
         };
         let info = self.node_reply(idx, &req).await?;
         if let Some(rec) = &info.record {
@@ -175,9 +179,26 @@ impl Client {
     /// stored the whole new value or left the old one. The bytes of
     /// `value` are not used after the future is dropped.
     pub async fn put(&self, p: &str, value: &[u8]) -> Result<()> {
+        self.put_with(p, value, CreateOptions::default()).await
+    }
+
+    /// [`Client::put`] with create options: a TTL, a storage class, a
+    /// mode, pinning (`size_hint` is the value's length). A put with any
+    /// of them makes its own create rather than take a put reserved
+    /// ahead (which knows no options; it gets its Table's child TTL).
+    pub async fn put_with(&self, p: &str, value: &[u8], opts: CreateOptions) -> Result<()> {
         path::components(p)?;
         let part = self.partition(p);
-        if let Some(r) = self.take_reserved(part, p, value.len()) {
+        let plain = opts.ttl.is_none()
+            && opts.storage_class.is_none()
+            && !opts.local
+            && !opts.pinned
+            && opts.mode.is_none()
+            && opts.mtime.is_none();
+        if let Some(r) = plain
+            .then(|| self.take_reserved(part, p, value.len()))
+            .flatten()
+        {
             // One exchange with the metadata server (`crate::reserve`);
             // whatever stops it, the put goes the usual way below.
             match self.put_reserved(p, part, r, value).await {
@@ -187,7 +208,7 @@ impl Client {
         }
         let opts = CreateOptions {
             size_hint: value.len() as u64,
-            ..CreateOptions::default()
+            ..opts
         };
         match self.put_created(p, value, opts.clone()).await {
             // This client's unused reservations may hold the space.

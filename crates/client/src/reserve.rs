@@ -270,6 +270,8 @@ mod tests {
             first_block: None,
             record: None,
             stored: 0,
+            expires_ms: 0,
+            child_ttl_ms: 0,
         }
     }
 

@@ -640,6 +640,8 @@ pub extern "system" fn Java_io_nodekernel_Native_create<'l>(
                 m => Some(u32::try_from(m).map_err(|_| Fail::Arg(format!("bad mode {m}")))?),
             },
             mtime: None,
+            ttl: None,
+            child_ttl: None,
         };
         let sopts = stream_options(buffer_size, slice_size)?;
         let node = if open_existing != 0 {

@@ -3,7 +3,7 @@
 //! prints it, and its health.
 
 use crate::handler::MetaHandler;
-use nodekernel_admin::metrics::{counters, encode, gauge, gauges, Labels};
+use nodekernel_admin::metrics::{counter, counters, encode, gauge, gauges, Labels};
 use nodekernel_admin::prometheus_client::registry::Registry;
 use nodekernel_admin::status::StatusOut;
 use nodekernel_admin::Source;
@@ -115,6 +115,16 @@ impl Source for MetaAdmin {
                 by("call", &h.claims_by_call),
                 by("request", &h.claims_by_request),
             ]),
+        );
+        reg.register(
+            "expired",
+            "Nodes removed because they expired (each with its subtree; unclosed puts among them)",
+            counter(h.expired.load(Ordering::Relaxed)),
+        );
+        reg.register(
+            "expiring_nodes",
+            "Nodes that carry an expiry time",
+            gauge(h.state().ns().lifetimes().expiring() as u64),
         );
         reg.register(
             "pending_claims",

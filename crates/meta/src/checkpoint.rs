@@ -11,8 +11,8 @@
 //! counters, allocator, slabs, moves, blocks held for snapshots and
 //! ballooned blocks, in format [`FORMAT`]; formats 1, without held blocks,
 //! 2, without ballooned ones, 3, without the storage servers'
-//! capability keys, and 4, without slabs' encryption flags, are read
-//! too). It is
+//! capability keys, 4, without slabs' encryption flags, and 5, without
+//! nodes' lifetimes, are read too). It is
 //! written whole to `checkpoint.tmp` (created with mode 0600 whatever the
 //! umask; a checkpoint found open to others is set to 0600 when read),
 //! committed (redb syncs it), and only
@@ -40,7 +40,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// The format of the `state` part written; the only one read.
-pub const FORMAT: u8 = 5;
+pub const FORMAT: u8 = 6;
 const TMP_FILE: &str = "checkpoint.tmp";
 
 const NODES: TableDefinition<u64, &[u8]> = TableDefinition::new("nodes");
@@ -132,6 +132,11 @@ impl MetaState {
                 e.u32(server).u32(block).u64(gen);
             }
         }
+        let lifetimes = self.ns().lifetimes().entries();
+        e.u32(lifetimes.len() as u32);
+        for (node, expires_ms, child_ttl_ms) in lifetimes {
+            e.u64(node).u64(expires_ms).u64(child_ttl_ms);
+        }
         image.state = buf.to_vec();
         image
     }
@@ -150,7 +155,7 @@ impl MetaState {
         let format = d.u8()?;
         // Format 1 had no held blocks (no snapshots), format 2 no
         // ballooned ones (no dynamic capacity), format 3 no capability
-        // keys, format 4 no slab encryption flags.
+        // keys, format 4 no slab encryption flags, format 5 no lifetimes.
         if !(1..=FORMAT).contains(&format) {
             return Err(Error::protocol(format!(
                 "checkpoint format {format}; this build reads format {FORMAT}"
@@ -190,11 +195,27 @@ impl MetaState {
         };
         let held = blocks(2)?;
         let ballooned = blocks(3)?;
+        let mut lifetimes = Vec::new();
+        if format >= 6 {
+            let n = d.count(24)?;
+            for _ in 0..n {
+                lifetimes.push((d.u64()?, d.u64()?, d.u64()?));
+            }
+        }
         dec.finish()?;
+        let mut ns = Namespace::from_checkpoint(next_id, nodes)?;
+        for (node, expires_ms, child_ttl_ms) in lifetimes {
+            if ns.get(node).is_none() {
+                return Err(Error::protocol(format!(
+                    "node {node} has a lifetime but no record"
+                )));
+            }
+            ns.set_lifetime(node, expires_ms, child_ttl_ms);
+        }
         Ok(MetaState::from_parts(
             lease_ms,
             Parts {
-                ns: Namespace::from_checkpoint(next_id, nodes)?,
+                ns,
                 alloc,
                 slabs,
                 next_lease,

@@ -65,6 +65,8 @@ mod tag {
     pub const PIECE_OUTGROWN: u8 = 35;
     /// A reserved put given its table and name (`Effect::Aimed`).
     pub const AIMED: u8 = 36;
+    /// A node's expiry and child TTL (`Effect::LifetimeSet`).
+    pub const LIFETIME_SET: u8 = 37;
 }
 
 fn block(e: &mut Enc, b: &BlockRef) {
@@ -253,6 +255,16 @@ pub fn encode_effects(effects: &[Effect], out: &mut BytesMut) {
             }
             Effect::AttrsSet { node, mode, mtime } => {
                 e.u8(tag::ATTRS_SET).u64(*node).u16(*mode).u64(*mtime);
+            }
+            Effect::LifetimeSet {
+                node,
+                expires_ms,
+                child_ttl_ms,
+            } => {
+                e.u8(tag::LIFETIME_SET)
+                    .u64(*node)
+                    .u64(*expires_ms)
+                    .u64(*child_ttl_ms);
             }
         }
     }
@@ -455,6 +467,11 @@ pub fn decode_effects(buf: &[u8]) -> Result<Vec<Effect>> {
                     mtime: d.u64()?,
                 }
             }
+            tag::LIFETIME_SET => Effect::LifetimeSet {
+                node: d.u64()?,
+                expires_ms: d.u64()?,
+                child_ttl_ms: d.u64()?,
+            },
             t => return Err(Error::protocol(format!("unknown logged effect {t}"))),
         });
     }
@@ -619,6 +636,11 @@ mod tests {
                 node: 12,
                 mode: 0o1777,
                 mtime: 1_700_000_000_000_000_000,
+            },
+            Effect::LifetimeSet {
+                node: 12,
+                expires_ms: 1_800_000_000_000,
+                child_ttl_ms: 600_000,
             },
         ]
     }

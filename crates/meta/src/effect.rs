@@ -164,4 +164,12 @@ pub enum Effect {
     /// `node`'s permission bits (at most `MAX_MODE`) and modification time
     /// (nanoseconds since the Unix epoch, as the client's clock said).
     AttrsSet { node: NodeId, mode: u16, mtime: u64 },
+    /// `node` expires at `expires_ms` (wall-clock milliseconds since the
+    /// Unix epoch; 0: never) and gives new children a TTL of
+    /// `child_ttl_ms` (0: none) (`docs/lifecycle.md`).
+    LifetimeSet {
+        node: NodeId,
+        expires_ms: u64,
+        child_ttl_ms: u64,
+    },
 }

@@ -77,6 +77,8 @@ pub(crate) struct MetaHandler {
     /// requests over a socket (the admin endpoint's metrics).
     pub(crate) claims_by_call: std::sync::atomic::AtomicU64,
     pub(crate) claims_by_request: std::sync::atomic::AtomicU64,
+    /// Nodes removed because they expired (the admin endpoint's metrics).
+    pub(crate) expired: std::sync::atomic::AtomicU64,
     /// Wakes the reaper.
     pub(crate) reap: Notify,
     /// Wakes the drainer (a drain was asked for).
@@ -127,6 +129,7 @@ impl MetaHandler {
             local: Default::default(),
             claims_by_call: Default::default(),
             claims_by_request: Default::default(),
+            expired: Default::default(),
             reap: Notify::new(),
             drain: Notify::new(),
             next_move: std::sync::Mutex::new(Instant::now()),
@@ -531,6 +534,25 @@ impl MetaHandler {
         copied
     }
 
+    /// Removes what has expired at `now` (`docs/lifecycle.md`), a bounded
+    /// decision at a time, until nothing is due: the shell does this
+    /// before each request under the same lock, so no request sees a
+    /// node past its expiry. Returns the claims and the last log record
+    /// written (0: none).
+    pub(crate) fn expire_due(&self, st: &mut MetaState, now: u64) -> (Vec<BlockClaim>, u64) {
+        let mut claims = Vec::new();
+        let mut seq = 0;
+        while let Some(d) = st.decide_expiry(now) {
+            let n = d.notes().expired();
+            let (c, s) = self.commit_logged(st, d, now);
+            self.expired
+                .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            claims.extend(c);
+            seq = s;
+        }
+        (claims, seq)
+    }
+
     /// Reaps removed subtrees, a bounded step per lock hold, until none is
     /// left or `budget` has passed; returns whether some are left.
     pub(crate) async fn reap_for(&self, budget: Duration) -> bool {
@@ -690,6 +712,7 @@ impl MetaHandler {
         let now = self.now_ms();
         let (reply, notes, claims, reap, seq) = {
             let mut st = self.state();
+            let (mut claims, expired) = self.expire_due(&mut st, now);
             match st.execute(&req, now) {
                 Ok(o) => {
                     let seq = match &self.journal {
@@ -697,11 +720,13 @@ impl MetaHandler {
                         None => 0,
                     };
                     let reap = !st.ns().graveyard_is_empty();
-                    (Ok(o.reply), o.notes, st.take_claims(), reap, seq)
+                    claims.extend(st.take_claims());
+                    (Ok(o.reply), o.notes, claims, reap, seq)
                 }
                 Err(e) => {
-                    let seen = self.journal.as_ref().map_or(0, Journal::last);
-                    (Err(e), Notes::default(), Vec::new(), false, seen)
+                    let seen = self.journal.as_ref().map_or(expired, Journal::last);
+                    let reap = !st.ns().graveyard_is_empty();
+                    (Err(e), Notes::default(), claims, reap, seen)
                 }
             }
         };

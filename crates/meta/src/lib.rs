@@ -3,6 +3,7 @@
 //! - [`namespace`]: the node tree and its type rules;
 //! - [`alloc`]: storage servers, free blocks, generations, placement;
 //! - [`slab`]: small values in pieces of shared blocks;
+//! - [`lifetimes`]: when nodes expire, and containers' child TTLs;
 //! - [`effect`]: the changes a decision makes, the only way state changes;
 //! - [`state`]: all of it plus write leases, decided request by request;
 //! - [`floor`]: the last log record known on stable storage, which a
@@ -25,6 +26,7 @@ mod config;
 pub mod effect;
 pub mod floor;
 mod handler;
+pub mod lifetimes;
 pub mod namespace;
 pub mod server;
 pub mod slab;

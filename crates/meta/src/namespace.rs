@@ -16,6 +16,7 @@
 //! delete never holds the state for long.
 
 use crate::alloc::BlockRef;
+use crate::lifetimes::Lifetimes;
 use crate::slab::Piece;
 use bytes::BytesMut;
 use nodekernel_proto::codec::{Dec, Enc};
@@ -447,6 +448,8 @@ pub struct Namespace {
     /// Write leases by (expiry, node), so the sweep finds lapsed ones
     /// without walking every node.
     leases: BTreeSet<(u64, NodeId)>,
+    /// Expiry times and child TTLs of the nodes that have them.
+    life: Lifetimes,
 }
 
 impl Default for Namespace {
@@ -522,6 +525,7 @@ impl Namespace {
             shadows: BTreeSet::new(),
             graveyard: BTreeSet::new(),
             leases: BTreeSet::new(),
+            life: Lifetimes::default(),
         }
     }
 
@@ -566,6 +570,12 @@ impl Namespace {
         self.shadows.iter().filter_map(|(_, id)| self.get(*id))
     }
 
+    /// Whether `id` is a put not closed yet.
+    pub fn is_unclosed(&self, id: NodeId) -> bool {
+        self.get(id)
+            .is_some_and(|n| self.shadows.contains(&(n.parent, id)))
+    }
+
     /// Puts in progress into `table`.
     pub fn shadows_of(&self, table: NodeId) -> impl Iterator<Item = NodeId> + '_ {
         self.shadows
@@ -593,6 +603,33 @@ impl Namespace {
     /// Roots of removed subtrees not reaped yet.
     pub fn graveyard(&self) -> impl Iterator<Item = NodeId> + '_ {
         self.graveyard.iter().copied()
+    }
+
+    /// Expiry times and child TTLs.
+    pub fn lifetimes(&self) -> &Lifetimes {
+        &self.life
+    }
+
+    /// When node `id` expires, if it does.
+    pub fn expires_at(&self, id: NodeId) -> Option<u64> {
+        self.life.expires_at(id)
+    }
+
+    /// Container `id`'s TTL for new children, if it has one.
+    pub fn child_ttl(&self, id: NodeId) -> Option<u64> {
+        self.life.child_ttl(id)
+    }
+
+    /// Node `id` expires at `expires_ms` (0: never) and gives new
+    /// children a TTL of `child_ttl_ms` (0: none). A node that does not
+    /// exist keeps nothing.
+    pub(crate) fn set_lifetime(&mut self, id: NodeId, expires_ms: u64, child_ttl_ms: u64) {
+        if self.nodes.contains_key(&id) {
+            self.life.set_expiry(id, expires_ms);
+            self.life.set_child_ttl(id, child_ttl_ms);
+        } else {
+            self.life.forget(id);
+        }
     }
 
     pub fn graveyard_is_empty(&self) -> bool {
@@ -836,6 +873,7 @@ impl Namespace {
         for id in ids {
             let _ = writeln!(out, "{:?}", self.nodes[id]);
         }
+        let _ = writeln!(out, "lifetimes {:?}", self.life.entries());
         out
     }
 
@@ -978,6 +1016,7 @@ impl Namespace {
         let Some(o) = self.nodes.remove(&old) else {
             return;
         };
+        self.life.forget(old);
         if let Some(l) = o.lease {
             self.leases.remove(&(l.expires_ms, old));
         }
@@ -1024,6 +1063,7 @@ impl Namespace {
         };
         debug_assert!(n.children.is_empty(), "children are dropped first");
         self.graveyard.remove(&id);
+        self.life.forget(id);
         if let Some(l) = n.lease {
             self.leases.remove(&(l.expires_ms, id));
         }
@@ -1174,6 +1214,7 @@ impl Namespace {
             shadows: BTreeSet::new(),
             graveyard: BTreeSet::new(),
             leases: BTreeSet::new(),
+            life: Lifetimes::default(),
         };
         for r in records {
             let (id, rec) = r?;

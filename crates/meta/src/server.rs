@@ -259,6 +259,9 @@ fn recover(state: &mut MetaState, p: &Persistence) -> Result<(Journal, u64), Met
             restored.set_classes(state.classes().to_vec());
             restored.set_placement(state.placement());
             restored.set_tier_settings(state.tier_settings().clone());
+            // The clock too: capabilities and expiry times count from it.
+            let (base_ms, lifetime_s) = state.cap_clock();
+            restored.set_cap_clock(base_ms, lifetime_s);
             *state = restored;
             (state.ns().len(), covered)
         }
@@ -324,12 +327,15 @@ fn recover(state: &mut MetaState, p: &Persistence) -> Result<(Journal, u64), Met
     Ok((journal, covered))
 }
 
-/// Liveness, retirement, sweeping after vanished writers, retrying claims.
+/// Liveness, retirement, expiry, sweeping after vanished writers, retrying
+/// claims.
 async fn ticker(h: Arc<MetaHandler>, cfg: MetaConfig) {
     let dead_after = cfg.dead_after.as_millis() as u64;
     let retire_after = cfg.retire_after.as_millis() as u64;
     let lease_ms = cfg.lease_timeout.as_millis() as u64;
-    let period = (cfg.dead_after / 4).max(Duration::from_millis(10));
+    // At least every second: nodes expire on time with no request to
+    // look at them (`docs/lifecycle.md`).
+    let period = (cfg.dead_after / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
     let mut tick = tokio::time::interval(period);
     // The log's floor as last written (at start) and when.
     let mut floor = (
@@ -358,6 +364,11 @@ async fn ticker(h: Arc<MetaHandler>, cfg: MetaConfig) {
                 }
                 None => 0,
             };
+            let (expired, _) = h.expire_due(&mut st, now);
+            claims.extend(expired);
+            if !st.ns().graveyard_is_empty() {
+                h.reap.notify_one();
+            }
             if let Some(d) = st.decide_snapshot_expiry(now) {
                 tracing::warn!(
                     "snapshot(s) not used for {} s ended; their held blocks are freed",

@@ -196,6 +196,8 @@ impl Sim {
             mode: 0o644,
             mtime: 0,
             open_existing: false,
+            ttl_ms: 0,
+            child_ttl_ms: 0,
         };
         match op {
             Op::Create(p, NodeType::KeyValue) | Op::Put(p) => {

@@ -260,6 +260,14 @@ pub enum MetaRequest {
         /// so a writer that may have to create its File makes one call.
         /// Another node type at `path` is still `AlreadyExists`.
         open_existing: bool,
+        /// Time to live in milliseconds (`docs/lifecycle.md`): the node
+        /// (with its subtree) expires this long after the create. 0: the
+        /// parent's child TTL, if it has one; [`TTL_NEVER`]: never, even
+        /// under a parent with a child TTL. At most [`MAX_TTL_MS`].
+        ttl_ms: u64,
+        /// For a container: the TTL its new children get when their create
+        /// names none (0: none). At most [`MAX_TTL_MS`].
+        child_ttl_ms: u64,
     },
     Lookup {
         path: String,
@@ -470,14 +478,29 @@ pub enum MetaRequest {
         size: u64,
         mtime: u64,
     },
-    /// Changes the permission bits and/or the modification time of the
-    /// node at `path`; the reply is the node as it is now.
+    /// Changes the permission bits, the modification time, the expiry
+    /// and/or the child TTL of the node at `path`; the reply is the node
+    /// as it is now.
     SetAttrs {
         path: String,
         mode: Option<u32>,
         mtime: Option<u64>,
+        /// The node expires this many milliseconds from now (1 to
+        /// [`MAX_TTL_MS`]), or never ([`TTL_NEVER`]).
+        ttl_ms: Option<u64>,
+        /// A container's TTL for new children (0: none; at most
+        /// [`MAX_TTL_MS`]).
+        child_ttl_ms: Option<u64>,
     },
 }
+
+/// A TTL meaning "never expires" (in a create: not even under a parent
+/// with a child TTL; in `SetAttrs`: the expiry is cleared).
+pub const TTL_NEVER: u64 = u64::MAX;
+
+/// The longest TTL a node may carry: about 100 years, in milliseconds
+/// (expiry times are wall-clock milliseconds and must not overflow).
+pub const MAX_TTL_MS: u64 = 100 * 366 * 24 * 3600 * 1000;
 
 /// The permission bits a node keeps (`rwx` for user, group and others,
 /// plus set-user-id, set-group-id and sticky).
@@ -533,6 +556,8 @@ impl MetaRequest {
                 mode,
                 mtime,
                 open_existing,
+                ttl_ms,
+                child_ttl_ms,
             } => {
                 e.str(path)
                     .u8(*ty as u8)
@@ -543,7 +568,9 @@ impl MetaRequest {
                     .bool(*pinned)
                     .u32(*mode)
                     .u64(*mtime)
-                    .bool(*open_existing);
+                    .bool(*open_existing)
+                    .u64(*ttl_ms)
+                    .u64(*child_ttl_ms);
             }
             MetaRequest::Lookup { path }
             | MetaRequest::Enumerate { path }
@@ -688,16 +715,24 @@ impl MetaRequest {
             } => {
                 e.u64(*node).u64(*lease).u64(*size).u64(*mtime);
             }
-            MetaRequest::SetAttrs { path, mode, mtime } => {
+            MetaRequest::SetAttrs {
+                path,
+                mode,
+                mtime,
+                ttl_ms,
+                child_ttl_ms,
+            } => {
                 e.str(path);
                 match mode {
                     Some(m) => e.bool(true).u32(*m),
                     None => e.bool(false),
                 };
-                match mtime {
-                    Some(t) => e.bool(true).u64(*t),
-                    None => e.bool(false),
-                };
+                for t in [mtime, ttl_ms, child_ttl_ms] {
+                    match t {
+                        Some(t) => e.bool(true).u64(*t),
+                        None => e.bool(false),
+                    };
+                }
             }
         }
     }
@@ -718,6 +753,8 @@ impl MetaRequest {
                 mode: d.u32()?,
                 mtime: d.u64()?,
                 open_existing: d.bool()?,
+                ttl_ms: d.u64()?,
+                child_ttl_ms: d.u64()?,
             },
             op::LOOKUP => MetaRequest::Lookup { path: d.string()? },
             op::ENUMERATE => MetaRequest::Enumerate { path: d.string()? },
@@ -859,6 +896,8 @@ impl MetaRequest {
                 path: d.string()?,
                 mode: if d.bool()? { Some(d.u32()?) } else { None },
                 mtime: if d.bool()? { Some(d.u64()?) } else { None },
+                ttl_ms: if d.bool()? { Some(d.u64()?) } else { None },
+                child_ttl_ms: if d.bool()? { Some(d.u64()?) } else { None },
             },
             op::RENEW => {
                 let n = d.count(16)?;

@@ -17,6 +17,8 @@ fn samples() -> Vec<MetaRequest> {
             mode: 0o4755,
             mtime: 1_700_000_000_123_456_789,
             open_existing: true,
+            ttl_ms: 0,
+            child_ttl_ms: 0,
         },
         MetaRequest::Lookup { path: "/x".into() },
         MetaRequest::Remove {
@@ -69,11 +71,15 @@ fn samples() -> Vec<MetaRequest> {
             path: "/f".into(),
             mode: Some(0o600),
             mtime: None,
+            ttl_ms: None,
+            child_ttl_ms: None,
         },
         MetaRequest::SetAttrs {
             path: "/f".into(),
             mode: None,
             mtime: Some(u64::MAX),
+            ttl_ms: None,
+            child_ttl_ms: None,
         },
         MetaRequest::Register(ServerSpec {
             addr: "127.0.0.1:1".into(),
@@ -222,6 +228,8 @@ fn every_request_at_its_largest_fits_its_kinds_limit() {
             mode: MAX_MODE,
             mtime: u64::MAX,
             open_existing: true,
+            ttl_ms: 0,
+            child_ttl_ms: 0,
         },
         MetaRequest::Move {
             src: path.clone(),
@@ -232,6 +240,8 @@ fn every_request_at_its_largest_fits_its_kinds_limit() {
             path: path.clone(),
             mode: Some(MAX_MODE),
             mtime: Some(u64::MAX),
+            ttl_ms: None,
+            child_ttl_ms: None,
         },
         MetaRequest::RecordNames {
             container: u64::MAX,
@@ -353,6 +363,8 @@ fn replies_round_trip() {
             offset: 3584,
         }),
         stored: 1 << 20,
+        expires_ms: 0,
+        child_ttl_ms: 0,
     };
     let rec = RecordLoc {
         container: 2,
@@ -633,6 +645,8 @@ fn a_reserved_reply_counts_nodes_at_their_smallest_and_is_bounded() {
         first_block: None,
         record: None,
         stored: 0,
+        expires_ms: 0,
+        child_ttl_ms: 0,
     };
     let mut b = BytesMut::new();
     let reserved = |puts| MetaReply::Reserved { lease_ms: 1, puts };

@@ -278,11 +278,17 @@ pub struct NodeInfo {
     /// writer's unpublished ones too) or its piece; for a container, the
     /// pieces and blocks of its child records (`docs/records.md`).
     pub stored: u64,
+    /// When the node expires (`docs/lifecycle.md`): wall-clock
+    /// milliseconds since the Unix epoch, as the metadata server's clock
+    /// counts them; 0: never.
+    pub expires_ms: u64,
+    /// A container's TTL for new children, in milliseconds (0: none).
+    pub child_ttl_ms: u64,
 }
 
 impl NodeInfo {
     /// Its smallest encoding (empty location, no block, no record).
-    pub(crate) const MIN_LEN: usize = 8 + 1 + 8 + 4 + 1 + 4 + 1 + 4 + 8 + 8 + 1 + 1 + 1 + 8;
+    pub(crate) const MIN_LEN: usize = 8 + 1 + 8 + 4 + 1 + 4 + 1 + 4 + 8 + 8 + 1 + 1 + 1 + 8 + 8 + 8;
 
     pub(crate) fn encode(&self, e: &mut Enc) {
         e.u64(self.id)
@@ -306,7 +312,9 @@ impl NodeInfo {
             }
         }
         RecordLoc::encode_opt(&self.record, e);
-        e.u64(self.stored);
+        e.u64(self.stored)
+            .u64(self.expires_ms)
+            .u64(self.child_ttl_ms);
     }
     pub(crate) fn decode(d: &mut Dec) -> Result<NodeInfo> {
         Ok(NodeInfo {
@@ -328,6 +336,8 @@ impl NodeInfo {
             },
             record: RecordLoc::decode_opt(d)?,
             stored: d.u64()?,
+            expires_ms: d.u64()?,
+            child_ttl_ms: d.u64()?,
         })
     }
 }

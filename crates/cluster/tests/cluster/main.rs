@@ -13,6 +13,7 @@ mod direct_reads;
 mod drain;
 mod encryption;
 mod faults;
+mod lifetimes;
 mod local_claims;
 mod namespace;
 mod persistence;

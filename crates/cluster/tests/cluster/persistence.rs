@@ -420,3 +420,55 @@ async fn records_after_a_checkpoint_are_demanded_too() {
         "{msg}"
     );
 }
+
+/// Expiry times are durable (`docs/lifecycle.md`): one kept in a
+/// checkpoint and one in the log's tail come back with the same time, a
+/// child TTL with its container, and what expires while the server is
+/// down is gone once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_times_survive_a_restart() {
+    use nodekernel_client::Ttl;
+    use std::time::Duration;
+    let mut t = persistent(64 * BS, |_| {}).await;
+    let c = t.client.clone();
+    let hour = |ms| CreateOptions {
+        ttl: Some(Ttl::After(Duration::from_millis(ms))),
+        child_ttl: Some(Duration::from_secs(60)),
+        ..CreateOptions::default()
+    };
+    let long = c
+        .create("/long", NodeType::Directory, hour(3_600_000))
+        .await
+        .unwrap();
+    c.create("/short", NodeType::Directory, hour(1_000))
+        .await
+        .unwrap();
+    t.cluster.meta.checkpoint().await.unwrap().expect("written");
+    // In the log's tail, after the checkpoint.
+    let tail = c
+        .create("/tail", NodeType::Directory, hour(3_600_000))
+        .await
+        .unwrap();
+    let child = c
+        .create("/long/child", NodeType::Directory, CreateOptions::default())
+        .await
+        .unwrap();
+    restart_meta(&mut t, FsyncMode::Always).await;
+    let c = t.cluster.client().await.unwrap();
+    for (p, before) in [("/long", &long), ("/tail", &tail), ("/long/child", &child)] {
+        let now = c.lookup(p).await.unwrap();
+        assert!(before.info().expires_ms > 0, "{p}");
+        assert_eq!(now.info().expires_ms, before.info().expires_ms, "{p}");
+        assert_eq!(now.info().child_ttl_ms, before.info().child_ttl_ms, "{p}");
+    }
+    assert_eq!(c.lookup("/long").await.unwrap().info().child_ttl_ms, 60_000);
+    let start = std::time::Instant::now();
+    while c.lookup("/short").await.is_ok() {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "/short never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(c.lookup("/long").await.is_ok());
+}

@@ -46,6 +46,8 @@ fn mkdir(path: &str) -> (u16, Vec<u8>) {
         mode: 0o755,
         mtime: 0,
         open_existing: false,
+        ttl_ms: 0,
+        child_ttl_ms: 0,
     };
     let mut b = BytesMut::new();
     req.encode(&mut b);

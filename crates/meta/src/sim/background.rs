@@ -417,13 +417,18 @@ impl Sim {
             })?;
         }
         for _ in 0..10_000 {
-            let sweep = self.st.decide_sweep(self.now, LEASE_MS);
-            let reap = self.st.decide_reap();
-            if sweep.is_none() && reap.is_none() {
-                break;
-            }
-            for d in [sweep, reap].into_iter().flatten() {
+            // Each decided on the state the one before left.
+            let mut idle = true;
+            if let Some(d) = self.st.decide_sweep(self.now, LEASE_MS) {
                 self.commit(d)?;
+                idle = false;
+            }
+            if let Some(d) = self.st.decide_reap() {
+                self.commit(d)?;
+                idle = false;
+            }
+            if idle {
+                break;
             }
             self.st.check_invariants()?;
         }

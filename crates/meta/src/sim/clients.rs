@@ -90,6 +90,7 @@ impl Sim {
             };
             // An append-or-create opens a File that is there.
             let open_existing = ty == NodeType::File && self.rng.chance(30);
+            let ttl_ms = self.ttl();
             self.exec(MetaRequest::Create {
                 path,
                 ty,
@@ -101,6 +102,8 @@ impl Sim {
                 mode: 0o644,
                 mtime: 0,
                 open_existing,
+                ttl_ms,
+                child_ttl_ms: 0,
             })?
         };
         if let Ok(MetaReply::Node(info)) = reply {
@@ -546,8 +549,28 @@ impl Sim {
         }
     }
 
+    /// A create's TTL: mostly none, sometimes a few seconds (some
+    /// steps' worth), now and then never (under a parent's child TTL).
+    fn ttl(&mut self) -> u64 {
+        match self.rng.below(100) {
+            0..=14 => 1 + self.rng.below(3000),
+            15..=17 => nodekernel_proto::meta::TTL_NEVER,
+            _ => 0,
+        }
+    }
+
+    /// A container's child TTL: mostly none.
+    fn child_ttl(&mut self) -> u64 {
+        if self.rng.chance(15) {
+            1 + self.rng.below(3000)
+        } else {
+            0
+        }
+    }
+
     pub(super) fn namespace_op(&mut self) -> Result<(), String> {
         let path = self.path();
+        let (ttl_ms, child_ttl_ms) = (self.ttl(), self.child_ttl());
         let req = match self.rng.below(7) {
             0 | 1 => MetaRequest::Create {
                 ty: if path.starts_with("/t") && self.rng.chance(80) || self.rng.chance(30) {
@@ -564,6 +587,8 @@ impl Sim {
                 mode: 0o644,
                 mtime: 0,
                 open_existing: false,
+                ttl_ms,
+                child_ttl_ms,
             },
             2 | 3 => MetaRequest::Remove {
                 path,
@@ -581,6 +606,8 @@ impl Sim {
                 path,
                 mode: self.rng.chance(50).then_some(0o600),
                 mtime: self.rng.chance(50).then_some(self.rng.below(1 << 40)),
+                ttl_ms: self.rng.chance(40).then_some(ttl_ms).filter(|t| *t != 0),
+                child_ttl_ms: self.rng.chance(20).then_some(child_ttl_ms),
             },
             _ => MetaRequest::Enumerate { path },
         };

@@ -153,6 +153,8 @@ pub(crate) struct Stats {
     pub snapshot_reads: u64,
     /// Record locations asked again (`RecordAt`) and checked.
     pub record_locations: u64,
+    /// Nodes removed because they expired (subtrees and unclosed puts).
+    pub expired: u64,
 }
 
 /// A snapshot a simulated client is taking: its id, and the blocks (and
@@ -292,6 +294,7 @@ impl Sim {
 
     /// Executes one request; refusals are fine but must not be internal.
     fn exec(&mut self, req: MetaRequest) -> Result<Result<MetaReply, ErrorCode>, String> {
+        self.expire_due()?;
         self.trace.push(format!("t={} {req:?}", self.now));
         match self.st.execute(&req, self.now) {
             Ok(o) => {
@@ -307,6 +310,23 @@ impl Sim {
                 self.trace.push(format!("  -> {:?}: {}", e.code, e.message));
                 Ok(Err(e.code))
             }
+        }
+    }
+
+    /// What the shell does before each request: removes what has expired,
+    /// after which no node past its expiry is left to be seen.
+    fn expire_due(&mut self) -> Result<(), String> {
+        while let Some(d) = self.st.decide_expiry(self.now) {
+            self.stats.expired += d.notes().expired();
+            self.commit(d)?;
+        }
+        match self.st.visible_expired(self.now) {
+            Some(id) => Err(format!(
+                "node {id} expired at {:?} and is still there at {}",
+                self.st.ns().expires_at(id),
+                self.st.wall_ms(self.now)
+            )),
+            None => Ok(()),
         }
     }
 

@@ -55,6 +55,7 @@ fn simulation_keeps_every_invariant() {
         total.snapshot_reads += s.snapshot_reads;
         total.snapshot_held_reads += s.snapshot_held_reads;
         total.record_locations += s.record_locations;
+        total.expired += s.expired;
         total.refused += s.refused;
         total.applied += s.applied;
     }
@@ -91,6 +92,7 @@ fn simulation_keeps_every_invariant() {
             "snapshot reads of freed (held) blocks and pieces",
             total.snapshot_held_reads,
         ),
+        ("expired nodes", total.expired),
         ("refusals", total.refused),
     ] {
         assert!(n > 0, "no {what} in the simulation: {total:?}");

@@ -79,6 +79,11 @@ impl MetaState {
                 self.claim(*block);
             }
             Effect::AttrsSet { node, mode, mtime } => self.ns.set_attrs(*node, *mode, *mtime),
+            Effect::LifetimeSet {
+                node,
+                expires_ms,
+                child_ttl_ms,
+            } => self.ns.set_lifetime(*node, *expires_ms, *child_ttl_ms),
             Effect::Ballooned { block } => {
                 self.alloc.balloon(block.server, block.block, block.gen);
                 if self.alloc.server(block.server).is_some() {

@@ -79,6 +79,13 @@ impl MetaState {
             }
             Ok(())
         };
+        let life = self.ns.lifetimes();
+        if !life.is_consistent() {
+            return Err("the expiry index disagrees with the expiry times".into());
+        }
+        if let Some(id) = life.nodes().find(|id| self.ns.get(*id).is_none()) {
+            return Err(format!("node {id} has a lifetime but does not exist"));
+        }
         for n in self.ns.nodes() {
             for b in &n.blocks {
                 if self.alloc.server(b.server).is_some() {
@@ -367,7 +374,8 @@ impl MetaState {
                 | Effect::LeaseCleared { node }
                 | Effect::PieceOutgrown { node }
                 | Effect::Aimed { node, .. }
-                | Effect::AttrsSet { node, .. } => {
+                | Effect::AttrsSet { node, .. }
+                | Effect::LifetimeSet { node, .. } => {
                     nodes.insert(*node);
                 }
                 Effect::BlockAdded { node, block } | Effect::BlockSwapped { node, block, .. } => {

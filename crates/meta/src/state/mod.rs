@@ -28,6 +28,8 @@
 //!   record slots, attributes;
 //! - `writes.rs`: map, open for writing, sync, truncate, abort, block
 //!   replacement;
+//! - `lifetimes.rs`: expiry times and child TTLs, and the expiry of
+//!   what is due;
 //! - `leases.rs`: write leases: granted, renewed, lapsed; the sweep after
 //!   vanished writers and the restart decision;
 //! - `blocks.rs`: a node's blocks handed out and freed inside a decision;
@@ -56,6 +58,7 @@ mod blocks;
 mod drains;
 mod invariants;
 mod leases;
+mod lifetimes;
 mod migrate;
 mod moves;
 mod names;
@@ -69,6 +72,7 @@ mod writes;
 
 pub(crate) use apply::Parts;
 pub use drains::Drain;
+pub use lifetimes::EXPIRE_NODES;
 pub use migrate::{Migration, Tiering};
 use moves::slab_of;
 pub use moves::{move_name, slab_move_index, Move, SLAB_MOVE};
@@ -253,6 +257,12 @@ impl MetaState {
         };
     }
 
+    /// The clock capabilities are minted by: (wall-clock milliseconds when
+    /// `now` was 0, a capability's lifetime in seconds).
+    pub fn cap_clock(&self) -> (u64, u64) {
+        (self.cap_clock.base_ms, self.cap_clock.lifetime_s)
+    }
+
     /// Sets the abstract Unix socket name the server shell also listens on
     /// (answered by `LocalSocket`; empty for none).
     pub fn set_local_socket(&mut self, name: String) {
@@ -336,6 +346,8 @@ impl MetaState {
                 mode,
                 mtime,
                 open_existing,
+                ttl_ms,
+                child_ttl_ms,
             } => d.create(
                 path,
                 *ty,
@@ -346,6 +358,8 @@ impl MetaState {
                     pinned: *pinned,
                     mode: *mode,
                     mtime: *mtime,
+                    ttl_ms: *ttl_ms,
+                    child_ttl_ms: *child_ttl_ms,
                 },
                 *size_hint,
                 *open_existing,
@@ -362,7 +376,13 @@ impl MetaState {
                 slot,
                 name,
             } => d.record_at(*container, *slot, name)?,
-            MetaRequest::SetAttrs { path, mode, mtime } => d.set_attrs(path, *mode, *mtime)?,
+            MetaRequest::SetAttrs {
+                path,
+                mode,
+                mtime,
+                ttl_ms,
+                child_ttl_ms,
+            } => d.set_attrs(path, *mode, *mtime, (*ttl_ms, *child_ttl_ms), now)?,
             // writes.rs, leases.rs
             MetaRequest::Map {
                 node,

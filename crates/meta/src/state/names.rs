@@ -27,6 +27,9 @@ pub(super) struct NodeFlags<'a> {
     pub(super) pinned: bool,
     pub(super) mode: u32,
     pub(super) mtime: u64,
+    /// The create's TTL and child TTL (`MetaRequest::Create`).
+    pub(super) ttl_ms: u64,
+    pub(super) child_ttl_ms: u64,
 }
 
 /// `mode` as a node keeps it, if it holds only permission bits.
@@ -72,6 +75,8 @@ impl<'a> Draft<'a> {
             pinned,
             mode,
             mtime,
+            ttl_ms,
+            child_ttl_ms,
         } = f;
         let mode = check_mode(mode)?;
         self.st.check_partition(path)?;
@@ -117,6 +122,7 @@ impl<'a> Draft<'a> {
             mode,
             mtime,
         });
+        self.created_lifetime(id, parent, ttl_ms, child_ttl_ms, ty.is_container(), now)?;
         if !ty.replaces_on_create() {
             self.push(Effect::Linked { id, slot });
         }
@@ -393,19 +399,24 @@ impl<'a> Draft<'a> {
         path: &str,
         mode: Option<u32>,
         mtime: Option<u64>,
+        (ttl_ms, child_ttl_ms): (Option<u64>, Option<u64>),
+        now: u64,
     ) -> Result<Reply> {
         self.st.check_partition(path)?;
         let id = self.ns().resolve(path)?;
         let n = self.ns().get(id).ok_or_else(|| stale(id))?;
-        let mode = match mode {
-            Some(m) => check_mode(m)?,
-            None => n.mode,
-        };
-        self.push(Effect::AttrsSet {
-            node: id,
-            mode,
-            mtime: mtime.unwrap_or(n.mtime),
-        });
+        if mode.is_some() || mtime.is_some() {
+            let mode = match mode {
+                Some(m) => check_mode(m)?,
+                None => n.mode,
+            };
+            self.push(Effect::AttrsSet {
+                node: id,
+                mode,
+                mtime: mtime.unwrap_or(n.mtime),
+            });
+        }
+        self.changed_lifetime(id, ttl_ms, child_ttl_ms, now)?;
         Ok(Reply::Node {
             id,
             lease: 0,

@@ -37,6 +37,9 @@ pub struct Notes {
     pub(super) policy: Option<PolicyChange>,
     /// A server's resize target, in blocks (`MetaRequest::Resize`).
     pub(super) resize: Option<(u32, u32)>,
+    /// Nodes removed because they expired (unclosed puts among them),
+    /// for the metrics ([`MetaState::decide_expiry`]).
+    pub(super) expired: u64,
 }
 
 /// A change of the tiering and placement policy: the settings after it,
@@ -52,6 +55,11 @@ impl Notes {
     /// asked to export a new size.
     pub fn wakes_drainer(&self) -> bool {
         matches!(self.drain, Some((_, true))) || self.resize.is_some()
+    }
+
+    /// How many nodes the decision removed because they expired.
+    pub fn expired(&self) -> u64 {
+        self.expired
     }
 
     /// The policy changes (key, value) applied, to log.

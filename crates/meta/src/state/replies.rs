@@ -438,6 +438,8 @@ impl MetaState {
                 first_block: None,
                 record: None,
                 stored: 0,
+                expires_ms: 0,
+                child_ttl_ms: 0,
             };
         };
         let size = if n.ty.is_container() {
@@ -472,6 +474,8 @@ impl MetaState {
             first_block,
             record: None,
             stored: self.stored(n),
+            expires_ms: self.ns.expires_at(id).unwrap_or(0),
+            child_ttl_ms: self.ns.child_ttl(id).unwrap_or(0),
         }
     }
 }

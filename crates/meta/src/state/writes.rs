@@ -238,6 +238,7 @@ impl<'a> Draft<'a> {
                 class_name(n.storage_class)
             )));
         }
+        self.linked_lifetime(node, parent, now);
         self.publish(node, lease, size, true, mtime, Some((parent, name)), now)
     }
 
@@ -275,6 +276,11 @@ impl<'a> Draft<'a> {
         // Closing a put makes the value visible, replacing any older one:
         // check it can be linked before changing anything.
         let table = aim.as_ref().map_or(n.parent, |(p, _)| *p);
+        if !n.linked && !self.ns().is_unclosed(node) {
+            // Removed (deleted or expired) while its writer wrote on: a
+            // close must not link it back.
+            return Err(stale(node));
+        }
         let link = if close && !n.linked {
             let name = aim.as_ref().map_or(&*n.name, |(_, m)| m);
             Some(self.plan_link(table, name)?)

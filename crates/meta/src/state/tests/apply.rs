@@ -19,6 +19,8 @@ fn decisions_change_nothing_and_effects_replay_to_the_same_state() {
         mode: 0o644,
         mtime: 0,
         open_existing: false,
+        ttl_ms: 0,
+        child_ttl_ms: 0,
     };
     let d = s.decide(&req, 5).unwrap();
     assert!(!d.effects.is_empty());
@@ -48,6 +50,8 @@ fn decisions_change_nothing_and_effects_replay_to_the_same_state() {
         mode: 0o644,
         mtime: 0,
         open_existing: false,
+        ttl_ms: 0,
+        child_ttl_ms: 0,
     };
     assert_eq!(s.apply(bad, 0).unwrap_err().code, ErrorCode::TypeMismatch);
     assert_eq!(s.dump(), before);

@@ -293,6 +293,8 @@ fn a_restart_keeps_what_was_closed_and_forgets_writers() {
         mode: 0o644,
         mtime: 0,
         open_existing: false,
+        ttl_ms: 0,
+        child_ttl_ms: 0,
     };
     let node = |r: MetaReply| match r {
         MetaReply::Node(n) => n,

@@ -18,6 +18,7 @@ mod drains;
 mod encryption;
 mod invariants;
 mod leases;
+mod lifetimes;
 mod moves;
 mod names;
 mod pieces;
@@ -101,6 +102,8 @@ fn create_req(
             mode: 0o644,
             mtime: 0,
             open_existing,
+            ttl_ms: 0,
+            child_ttl_ms: 0,
         },
         now,
     )? {
@@ -298,6 +301,8 @@ fn create_hinted(s: &mut MetaState, path: &str, class: u8, size: u64) -> Result<
         mode: 0o644,
         mtime: 0,
         open_existing: false,
+        ttl_ms: 0,
+        child_ttl_ms: 0,
     };
     match s.apply(req, 0)? {
         MetaReply::Node(n) => Ok(n),

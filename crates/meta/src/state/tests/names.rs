@@ -321,6 +321,8 @@ fn set_attrs(
             path: path.into(),
             mode,
             mtime,
+            ttl_ms: None,
+            child_ttl_ms: None,
         },
         0,
     )? {
@@ -357,6 +359,8 @@ fn modes_and_times_are_kept_through_the_log_and_a_checkpoint() {
         mode,
         mtime,
         open_existing: false,
+        ttl_ms: 0,
+        child_ttl_ms: 0,
     };
     let MetaReply::Node(d) = logged(&mut s, l, mk("/d", Directory, 0o700, 11)).unwrap() else {
         panic!()
@@ -407,6 +411,8 @@ fn modes_and_times_are_kept_through_the_log_and_a_checkpoint() {
             path: "/d/f".into(),
             mode: Some(0o600),
             mtime: None,
+            ttl_ms: None,
+            child_ttl_ms: None,
         },
     )
     .unwrap();
@@ -419,6 +425,8 @@ fn modes_and_times_are_kept_through_the_log_and_a_checkpoint() {
             path: "/d".into(),
             mode: None,
             mtime: Some(5),
+            ttl_ms: None,
+            child_ttl_ms: None,
         },
     )
     .unwrap() else {
@@ -432,6 +440,8 @@ fn modes_and_times_are_kept_through_the_log_and_a_checkpoint() {
             path: "/d/f".into(),
             mode: Some(0o170000),
             mtime: None,
+            ttl_ms: None,
+            child_ttl_ms: None,
         },
     ] {
         let before = s.dump();

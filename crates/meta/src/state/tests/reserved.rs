@@ -144,6 +144,8 @@ fn unused_reservations_lapse_and_the_log_rebuilds_linked_ones() {
         mode: 0o755,
         mtime: 0,
         open_existing: false,
+        ttl_ms: 0,
+        child_ttl_ms: 0,
     };
     logged(&mut s, &mut log, t).unwrap();
     let used = used_blocks(&s, 0);

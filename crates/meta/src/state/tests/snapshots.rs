@@ -284,6 +284,8 @@ fn what_a_snapshot_held_survives_a_replay_and_a_checkpoint_and_a_restart_frees_i
             mode: 0o644,
             mtime: 0,
             open_existing: false,
+            ttl_ms: 0,
+            child_ttl_ms: 0,
         },
     )
     .unwrap();

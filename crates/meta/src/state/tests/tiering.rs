@@ -63,6 +63,8 @@ fn migration_moves_the_coldest_unpinned_blocks_and_promotes_hot_ones() {
                 mode: 0o644,
                 mtime: 0,
                 open_existing: false,
+                ttl_ms: 0,
+                child_ttl_ms: 0,
             },
             1,
         )
