@@ -185,3 +185,106 @@ mod tests {
         );
     }
 }
+
+/// A duration as the CLI takes it (`--ttl`, `nk expire`): a number with a
+/// unit, `ms`, `s`, `m`, `h` or `d` (`90s`, `30m`, `1.5h`); a bare number
+/// is seconds.
+pub fn parse_duration(s: &str) -> anyhow::Result<std::time::Duration> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let scale = match unit.trim() {
+        "ms" => 0.001,
+        "" | "s" => 1.0,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        "d" => 86_400.0,
+        u => {
+            return Err(invalid(format!(
+                "{s:?}: unknown unit {u:?} (give ms, s, m, h or d, as in 30m)"
+            )))
+        }
+    };
+    let n: f64 = num.parse().map_err(|_| {
+        invalid(format!(
+            "{s:?} is not a duration (as in 90s, 30m, 1h or 2d)"
+        ))
+    })?;
+    let secs = n * scale;
+    if !secs.is_finite() || secs <= 0.0 || secs > 3.16e9 {
+        return Err(invalid(format!(
+            "{s:?}: a duration is more than 0 and at most about 100 years"
+        )));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
+}
+
+/// A TTL as the CLI takes it: a duration, or `never`.
+pub fn parse_ttl(s: &str) -> anyhow::Result<nodekernel_client::Ttl> {
+    if s.trim() == "never" {
+        return Ok(nodekernel_client::Ttl::Never);
+    }
+    parse_duration(s).map(nodekernel_client::Ttl::After)
+}
+
+/// `ms` as a short duration (`90s`, `30m`, `2h`, `1d`, `1500ms`).
+pub fn short_duration(ms: u64) -> String {
+    for (unit, size) in [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1000),
+    ] {
+        if ms >= size && ms.is_multiple_of(size) {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    if ms >= 1000 {
+        return format!("{:.1}s", ms as f64 / 1000.0);
+    }
+    format!("{ms}ms")
+}
+
+/// `ms` to the second, in its two largest units (`1h59m`, `3m20s`,
+/// `2d4h`, `45s`).
+pub fn rough_duration(ms: u64) -> String {
+    let mut secs = ms.div_ceil(1000);
+    let mut parts = Vec::new();
+    for (unit, size) in [("d", 86_400), ("h", 3600), ("m", 60), ("s", 1)] {
+        if secs >= size || (unit == "s" && parts.is_empty()) {
+            parts.push(format!("{}{unit}", secs / size));
+            secs %= size;
+        }
+        if parts.len() == 2 {
+            break;
+        }
+    }
+    parts.join("")
+}
+
+#[cfg(test)]
+mod duration_tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_parse_with_units_and_bad_ones_are_refused() {
+        assert_eq!(parse_duration("90").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("30m").unwrap(), Duration::from_secs(1800));
+        assert_eq!(parse_duration("1.5h").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("2d").unwrap(), Duration::from_secs(172_800));
+        for bad in ["", "0", "-1s", "5x", "h", "1e400s", "200000d"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(parse_ttl("never").unwrap(), nodekernel_client::Ttl::Never);
+        assert_eq!(short_duration(1_800_000), "30m");
+        assert_eq!(short_duration(1_500), "1.5s");
+        assert_eq!(short_duration(250), "250ms");
+        assert_eq!(rough_duration(7_199_000), "1h59m");
+        assert_eq!(rough_duration(200_000), "3m20s");
+        assert_eq!(rough_duration(1), "1s");
+    }
+}

@@ -69,6 +69,15 @@ pub const TOUCH: &str = "\
 Examples:
   nk touch /jobs/job1/_SUCCESS";
 
+pub const EXPIRE: &str = "\
+Examples:
+  nk expire /jobs/j1 2h              # /jobs/j1 and all in it go in 2 hours
+  nk expire /cache/big never         # keep it after all
+  nk expire --child /cache 10m       # new children of /cache live 10 minutes
+  nk mkdir --ttl 30m /tmp/scratch    # the same at create (nk put --ttl too)
+  nk stat /jobs/j1                   # expires: ... (in 1h59m)
+";
+
 pub const STAT: &str = "\
 Examples:
   nk stat /jobs/in.csv

@@ -270,6 +270,8 @@ pub struct MkdirOpts {
     pub ty: String,
     pub non_enumerable: bool,
     pub class: Option<u8>,
+    pub ttl: Option<nodekernel_client::Ttl>,
+    pub child_ttl: Option<std::time::Duration>,
 }
 
 /// `nk mkdir`: each path in turn; stops at the first that fails.
@@ -293,6 +295,8 @@ pub async fn mkdir(client: &Client, paths: &[String], o: &MkdirOpts) -> anyhow::
             storage_class: o.class,
             local: false,
             enumerable: !o.non_enumerable,
+            ttl: o.ttl,
+            child_ttl: o.child_ttl,
             ..CreateOptions::default()
         };
         match client.create(&path, ty, opts).await {
@@ -473,8 +477,88 @@ struct StatOut {
     mode: u32,
     /// Modification time, nanoseconds since the Unix epoch.
     mtime_ns: u64,
+    /// When it expires, milliseconds since the Unix epoch (the metadata
+    /// server's clock); null: never.
+    expires_ms: Option<u64>,
+    /// A container's TTL for new children, in milliseconds; null: none.
+    child_ttl_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     block_list: Option<Vec<BlockOut>>,
+}
+
+/// An expiry time (milliseconds since the Unix epoch) as `nk stat` and
+/// `nk expire` print it: the time, and how far off it is by this
+/// machine's clock.
+fn expiry(ms: Option<u64>) -> String {
+    let Some(ms) = ms else {
+        return "never".to_string();
+    };
+    let now = crate::fs::now_ms();
+    let when = utc(ms.saturating_mul(1_000_000));
+    if ms > now {
+        format!("{when} (in {})", crate::common::rough_duration(ms - now))
+    } else {
+        format!("{when} (due now)")
+    }
+}
+
+fn now_ms() -> u64 {
+    nodekernel_client::now_ns() / 1_000_000
+}
+
+/// Nodes' expiry as `nk expire --json` prints it.
+#[derive(Serialize)]
+struct ExpiryOut {
+    path: String,
+    /// Milliseconds since the Unix epoch; null: never.
+    expires_ms: Option<u64>,
+    /// Milliseconds; null: none.
+    child_ttl_ms: Option<u64>,
+}
+
+/// `nk expire`: sets each node's expiry (or, with `child`, a container's
+/// TTL for new children); stops at the first that fails.
+pub async fn expire(
+    client: &Client,
+    paths: &[String],
+    ttl: &str,
+    child: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    let paths = crate::paths::expand_all(client, paths).await?;
+    let mut outs = Vec::new();
+    for p in &paths {
+        let info = if child {
+            let ttl = match ttl.trim() {
+                "never" | "none" => None,
+                d => Some(crate::common::parse_duration(d)?),
+            };
+            client.set_child_ttl(p, ttl).await?
+        } else {
+            client.expire(p, crate::common::parse_ttl(ttl)?).await?
+        };
+        let out = ExpiryOut {
+            path: p.clone(),
+            expires_ms: (info.expires_ms != 0).then_some(info.expires_ms),
+            child_ttl_ms: (info.child_ttl_ms != 0).then_some(info.child_ttl_ms),
+        };
+        if !json {
+            match (child, out.child_ttl_ms) {
+                (true, Some(ms)) => println!(
+                    "{}: new children expire {} after their create",
+                    printable(p),
+                    crate::common::short_duration(ms)
+                ),
+                (true, None) => println!("{}: no child TTL", printable(p)),
+                (false, _) => println!("{}: expires {}", printable(p), expiry(out.expires_ms)),
+            }
+        }
+        outs.push(out);
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&outs)?);
+    }
+    Ok(())
 }
 
 /// `ns` (since the Unix epoch) as a UTC date and time.
@@ -590,6 +674,8 @@ async fn stat_one(client: &Client, path: &str, blocks: bool) -> anyhow::Result<S
         enumerable: i.enumerable,
         mode: i.mode,
         mtime_ns: i.mtime,
+        expires_ms: (i.expires_ms != 0).then_some(i.expires_ms),
+        child_ttl_ms: (i.child_ttl_ms != 0).then_some(i.child_ttl_ms),
         block_list,
     })
 }
@@ -624,6 +710,10 @@ fn print_stat(out: &StatOut) {
     }
     println!("mode:          {:04o}", out.mode);
     println!("modified:      {}", utc(out.mtime_ns));
+    println!("expires:       {}", expiry(out.expires_ms));
+    if let Some(ms) = out.child_ttl_ms {
+        println!("child TTL:     {}", crate::common::short_duration(ms));
+    }
     println!("id:            {}", out.id);
     if let Some(list) = &out.block_list {
         println!(

@@ -190,6 +190,33 @@ enum Cmd {
         /// Preferred storage class, inherited by children
         #[arg(long, value_name = "CLASS")]
         class: Option<u8>,
+        /// The container (with everything in it) expires this long from
+        /// now: 90s, 30m, 1h, 2d; or never (not even under a parent's
+        /// --child-ttl)
+        #[arg(long, value_name = "DURATION", value_parser = common::parse_ttl)]
+        ttl: Option<nodekernel_client::Ttl>,
+        /// New children created in it without a TTL of their own expire
+        /// this long after their create
+        #[arg(long, value_name = "DURATION", value_parser = common::parse_duration)]
+        child_ttl: Option<std::time::Duration>,
+    },
+    /// Set when nodes expire (with everything in them), or a container's
+    /// TTL for new children
+    #[command(after_help = examples::EXPIRE)]
+    Expire {
+        /// Paths or wildcard patterns
+        #[arg(value_name = "PATH", required = true, num_args = 1..)]
+        paths: Vec<String>,
+        /// How long from now: 90s, 30m, 1h, 2d; or never (with --child:
+        /// none)
+        #[arg(value_name = "DURATION", allow_hyphen_values = false)]
+        ttl: String,
+        /// Set the TTL of the container's new children instead
+        #[arg(long)]
+        child: bool,
+        /// Print JSON: each node's path and expiry
+        #[arg(long)]
+        json: bool,
     },
     /// Copy local files or directories (or stdin) into the cluster
     #[command(after_help = examples::PUT)]
@@ -552,6 +579,10 @@ struct PlaceFlags {
     /// data that must stay in DRAM)
     #[arg(long)]
     pinned: bool,
+    /// The new files expire this long from now: 90s, 30m, 1h, 2d; or
+    /// never (not even under a container's child TTL)
+    #[arg(long, value_name = "DURATION", value_parser = common::parse_ttl)]
+    ttl: Option<nodekernel_client::Ttl>,
 }
 
 impl PlaceFlags {
@@ -560,6 +591,7 @@ impl PlaceFlags {
             storage_class: self.class,
             local: self.local_placement,
             pinned: self.pinned,
+            ttl: self.ttl,
             ..Default::default()
         }
     }
@@ -802,15 +834,25 @@ async fn run_command(cli: Cli) -> anyhow::Result<bool> {
             ty,
             non_enumerable,
             class,
+            ttl,
+            child_ttl,
         } => {
             let o = fs::MkdirOpts {
                 parents,
                 ty,
                 non_enumerable,
                 class,
+                ttl,
+                child_ttl,
             };
             fs::mkdir(&client, &paths, &o).await?
         }
+        Cmd::Expire {
+            paths,
+            ttl,
+            child,
+            json,
+        } => fs::expire(&client, &paths, &ttl, child, json).await?,
         Cmd::Put {
             sources,
             dest,

@@ -642,3 +642,55 @@ fn logs_written_to_a_file_have_no_colour_codes() {
         "colour codes in a log file: {text}"
     );
 }
+
+#[test]
+fn ttls_are_set_shown_and_honoured() {
+    let e = Env::start();
+    e.write("v.txt", b"value");
+    e.ok(&["mkdir", "--ttl", "1h", "--child-ttl", "10m", "/jobs"]);
+    let st = e.json(&["stat", "/jobs", "--json"]);
+    assert_eq!(st["child_ttl_ms"], 600_000, "{st}");
+    let expires = st["expires_ms"].as_u64().expect("an expiry");
+    let human = e.ok(&["stat", "/jobs"]);
+    assert!(
+        human.contains("expires:") && human.contains("(in "),
+        "{human}"
+    );
+    assert!(human.contains("child TTL:     10m"), "{human}");
+    // A child without a TTL of its own gets the container's.
+    e.ok(&["put", "v.txt", "/jobs/a"]);
+    let a = e.json(&["stat", "/jobs/a", "--json"])["expires_ms"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        a < expires,
+        "10 minutes is sooner than an hour: {a} {expires}"
+    );
+    e.ok(&["put", "--ttl", "never", "v.txt", "/jobs/b"]);
+    assert!(e.json(&["stat", "/jobs/b", "--json"])["expires_ms"].is_null());
+    // nk expire: a new time, never, a child TTL cleared; --json.
+    let out = e.json(&["expire", "--json", "/jobs/b", "2h"]);
+    assert!(out[0]["expires_ms"].as_u64().unwrap() > expires, "{out}");
+    e.ok(&["expire", "/jobs", "never"]);
+    assert!(e.json(&["stat", "/jobs", "--json"])["expires_ms"].is_null());
+    assert!(e
+        .ok(&["expire", "--child", "/jobs", "none"])
+        .contains("no child TTL"));
+    assert!(e.json(&["stat", "/jobs", "--json"])["child_ttl_ms"].is_null());
+    e.fails(&["expire", "/jobs", "soon"], "InvalidArgument");
+    e.fails(&["expire", "/jobs", "0s"], "InvalidArgument");
+    e.fails(&["expire", "--child", "/jobs/a", "1m"], "InvalidArgument");
+    e.fails(&["expire", "/nothing", "1m"], "NotFound");
+    // A short TTL: the node is gone once it is due.
+    e.ok(&["expire", "/jobs/a", "200ms"]);
+    let start = std::time::Instant::now();
+    while e.nk(&["stat", "/jobs/a"]).status.success() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(120),
+            "never expired"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    e.fails(&["cat", "/jobs/a"], "NotFound");
+    assert_eq!(e.cluster_bytes("/jobs/b"), b"value");
+}
