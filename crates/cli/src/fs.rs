@@ -493,7 +493,7 @@ fn expiry(ms: Option<u64>) -> String {
     let Some(ms) = ms else {
         return "never".to_string();
     };
-    let now = crate::fs::now_ms();
+    let now = now_ms();
     let when = utc(ms.saturating_mul(1_000_000));
     if ms > now {
         format!("{when} (in {})", crate::common::rough_duration(ms - now))

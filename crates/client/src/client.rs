@@ -482,7 +482,7 @@ impl Client {
     /// created in it from now on whose create names none (`None`: no
     /// child TTL); returns the node as it is now.
     pub async fn set_child_ttl(&self, p: &str, ttl: Option<Duration>) -> Result<NodeInfo> {
-        let ms = ttl.map_or(0, |d| crate::config::duration_ms(d).max(1));
+        let ms = ttl.map_or(0, crate::config::ttl_ms);
         self.change_attrs(p, None, None, None, Some(ms)).await
     }
 

@@ -145,16 +145,18 @@ impl Ttl {
     pub fn wire_ms(self) -> u64 {
         match self {
             Ttl::Never => TTL_NEVER,
-            Ttl::After(d) => duration_ms(d).max(1),
+            Ttl::After(d) => ttl_ms(d),
         }
     }
 }
 
-/// `d` in whole milliseconds, rounded up (saturating; the server refuses
-/// what is too long).
-pub(crate) fn duration_ms(d: Duration) -> u64 {
+/// `d` as a request's TTL: whole milliseconds, rounded up, at least 1
+/// (saturating below [`TTL_NEVER`]; the server refuses what is too long).
+pub(crate) fn ttl_ms(d: Duration) -> u64 {
     let ms = d.as_nanos().div_ceil(1_000_000);
-    u64::try_from(ms).unwrap_or(u64::MAX - 1).min(u64::MAX - 1)
+    u64::try_from(ms)
+        .unwrap_or(u64::MAX)
+        .clamp(1, TTL_NEVER - 1)
 }
 
 impl Default for CreateOptions {

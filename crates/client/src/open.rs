@@ -56,9 +56,7 @@ impl Client {
             mtime: opts.mtime.unwrap_or_else(now_ns),
             open_existing,
             ttl_ms: opts.ttl.map_or(0, Ttl::wire_ms),
-            child_ttl_ms: opts
-                .child_ttl
-                .map_or(0, |d| crate::config::duration_ms(d).max(1)),
+            child_ttl_ms: opts.child_ttl.map_or(0, crate::config::ttl_ms),
         };
         let info = self.node_reply(idx, &req).await?;
         if let Some(rec) = &info.record {

@@ -4,6 +4,20 @@
 use super::*;
 use nodekernel_proto::meta::{MAX_TTL_MS, TTL_NEVER};
 
+/// A Create of `path` with a TTL and a child TTL.
+fn ttl_request(path: &str, ty: NodeType, ttl: u64, child_ttl: u64) -> MetaRequest {
+    let mut req = create_request(path, ty);
+    if let MetaRequest::Create {
+        ttl_ms,
+        child_ttl_ms,
+        ..
+    } = &mut req
+    {
+        (*ttl_ms, *child_ttl_ms) = (ttl, child_ttl);
+    }
+    req
+}
+
 fn create_ttl(
     s: &mut MetaState,
     path: &str,
@@ -12,21 +26,7 @@ fn create_ttl(
     child_ttl_ms: u64,
     now: u64,
 ) -> Result<NodeInfo> {
-    let req = MetaRequest::Create {
-        path: path.into(),
-        ty,
-        storage_class: NO_CLASS,
-        location: String::new(),
-        enumerable: true,
-        size_hint: 0,
-        pinned: false,
-        mode: 0o644,
-        mtime: 0,
-        open_existing: false,
-        ttl_ms,
-        child_ttl_ms,
-    };
-    match s.apply(req, now)? {
+    match s.apply(ttl_request(path, ty, ttl_ms, child_ttl_ms), now)? {
         MetaReply::Node(n) => Ok(n),
         r => panic!("unexpected {r:?}"),
     }
@@ -239,34 +239,12 @@ fn one_decision_expires_a_bounded_number_and_the_rest_follow() {
 fn expiry_survives_the_log_and_a_checkpoint() {
     let mut s = state();
     let mut log = Vec::new();
-    let req = |path: &str, ty, ttl_ms, child_ttl_ms| MetaRequest::Create {
-        path: path.into(),
-        ty,
-        storage_class: NO_CLASS,
-        location: String::new(),
-        enumerable: true,
-        size_hint: 0,
-        pinned: false,
-        mode: 0o755,
-        mtime: 0,
-        open_existing: false,
-        ttl_ms,
-        child_ttl_ms,
-    };
     // (`logged` decides at time 0.)
-    logged(&mut s, &mut log, req("/a", Directory, 0, 2_000)).unwrap();
-    logged(&mut s, &mut log, req("/a/x", Directory, 0, 0)).unwrap();
-    logged(&mut s, &mut log, req("/b", Directory, 9_000, 0)).unwrap();
-    let mut fresh = MetaState::new(BS, 1000, 1);
-    for (class, n) in [(0u8, 4u32), (1, 9)] {
-        fresh
-            .apply(
-                MetaRequest::Register(spec(&format!("h:{class}"), class, n)),
-                0,
-            )
-            .unwrap();
-    }
-    create(&mut fresh, "/setup", Directory, 0).unwrap();
+    logged(&mut s, &mut log, ttl_request("/a", Directory, 0, 2_000)).unwrap();
+    logged(&mut s, &mut log, ttl_request("/a/x", Directory, 0, 0)).unwrap();
+    logged(&mut s, &mut log, ttl_request("/b", Directory, 9_000, 0)).unwrap();
+    // The same start as `s`, then the log.
+    let mut fresh = state();
     for rec in &log {
         fresh.replay(rec).unwrap();
     }

@@ -90,25 +90,38 @@ fn create_req(
     open_existing: bool,
     now: u64,
 ) -> Result<NodeInfo> {
-    match s.apply(
-        MetaRequest::Create {
-            path: path.into(),
-            ty,
-            storage_class: class,
-            location: String::new(),
-            enumerable,
-            size_hint: 0,
-            pinned: false,
-            mode: 0o644,
-            mtime: 0,
-            open_existing,
-            ttl_ms: 0,
-            child_ttl_ms: 0,
-        },
-        now,
-    )? {
+    let mut req = create_request(path, ty);
+    if let MetaRequest::Create {
+        storage_class,
+        enumerable: e,
+        open_existing: o,
+        ..
+    } = &mut req
+    {
+        (*storage_class, *e, *o) = (class, enumerable, open_existing);
+    }
+    match s.apply(req, now)? {
         MetaReply::Node(n) => Ok(n),
         r => panic!("unexpected {r:?}"),
+    }
+}
+
+/// A plain Create of `path` (mode 0o644, no class, no TTL), for a test to
+/// change what it needs.
+fn create_request(path: &str, ty: NodeType) -> MetaRequest {
+    MetaRequest::Create {
+        path: path.into(),
+        ty,
+        storage_class: NO_CLASS,
+        location: String::new(),
+        enumerable: true,
+        size_hint: 0,
+        pinned: false,
+        mode: 0o644,
+        mtime: 0,
+        open_existing: false,
+        ttl_ms: 0,
+        child_ttl_ms: 0,
     }
 }
 
@@ -290,20 +303,15 @@ fn create_with_hint(s: &mut MetaState, path: &str, size: u64) -> Result<NodeInfo
 
 /// A KeyValue of class `class` (or none) whose size, `size`, is known.
 fn create_hinted(s: &mut MetaState, path: &str, class: u8, size: u64) -> Result<NodeInfo> {
-    let req = MetaRequest::Create {
-        path: path.into(),
-        ty: KeyValue,
-        storage_class: class,
-        location: String::new(),
-        enumerable: true,
-        size_hint: size,
-        pinned: false,
-        mode: 0o644,
-        mtime: 0,
-        open_existing: false,
-        ttl_ms: 0,
-        child_ttl_ms: 0,
-    };
+    let mut req = create_request(path, KeyValue);
+    if let MetaRequest::Create {
+        storage_class,
+        size_hint,
+        ..
+    } = &mut req
+    {
+        (*storage_class, *size_hint) = (class, size);
+    }
     match s.apply(req, 0)? {
         MetaReply::Node(n) => Ok(n),
         r => panic!("unexpected {r:?}"),
