@@ -13,8 +13,11 @@
 //! metadata server's clock counts them (the state reads no clock: the
 //! time comes in with each decision), so an expiry survives a restart.
 
-use crate::namespace::NodeId;
 use std::collections::{BTreeSet, HashMap};
+
+/// A node id (`crate::namespace::NodeId`; the namespace owns the lifetimes,
+/// so this module does not import it).
+type NodeId = u64;
 
 #[derive(Debug, Default, Clone)]
 pub struct Lifetimes {
