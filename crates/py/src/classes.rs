@@ -5,7 +5,9 @@ use crate::buffers::Input;
 use crate::client::batch_keys;
 use crate::client::check_in_flight;
 use crate::client::check_path;
+use crate::client::child_ttl_arg;
 use crate::client::put_items;
+use crate::client::ttl_arg;
 use crate::client::Core;
 use crate::client::DEFAULT_IN_FLIGHT;
 use crate::errors::Out;
@@ -22,6 +24,7 @@ use crate::values::parse_type;
 use crate::values::Value;
 use nk::NodeType;
 use nodekernel_client as nk;
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::IntoPyObjectExt;
 use std::future::Future;
@@ -38,7 +41,11 @@ macro_rules! client_methods {
         impl $ty {
             $($extra)*
 
-            #[pyo3(signature = (path, r#type = "dir", parents = false, enumerable = true))]
+            #[pyo3(signature = (
+                path, r#type = "dir", parents = false, enumerable = true, *, ttl = None,
+                child_ttl = None
+            ))]
+            #[allow(clippy::too_many_arguments)]
             fn mkdir<'py>(
                 &self,
                 py: Python<'py>,
@@ -46,6 +53,8 @@ macro_rules! client_methods {
                 r#type: &str,
                 parents: bool,
                 enumerable: bool,
+                ttl: Option<&Bound<'py, PyAny>>,
+                child_ttl: Option<&Bound<'py, PyAny>>,
             ) -> PyResult<$ret> {
                 self.core.check()?;
                 check_path(path)?;
@@ -53,16 +62,56 @@ macro_rules! client_methods {
                     r#type,
                     &[NodeType::Directory, NodeType::Table, NodeType::Bag],
                 )?;
+                let life = ops::Life {
+                    ttl: ttl_arg(ttl)?,
+                    child_ttl: child_ttl_arg(child_ttl)?,
+                };
                 let core = self.core.clone();
-                $run(py, ops::mkdir(core, path.into(), ty, parents, enumerable))
+                $run(py, ops::mkdir(core, path.into(), ty, parents, enumerable, life))
             }
 
-            #[pyo3(signature = (path, r#type = "file"))]
-            fn create<'py>(&self, py: Python<'py>, path: &str, r#type: &str) -> PyResult<$ret> {
+            #[pyo3(signature = (path, r#type = "file", *, ttl = None))]
+            fn create<'py>(
+                &self,
+                py: Python<'py>,
+                path: &str,
+                r#type: &str,
+                ttl: Option<&Bound<'py, PyAny>>,
+            ) -> PyResult<$ret> {
                 self.core.check()?;
                 check_path(path)?;
                 let ty = parse_type(r#type, &[NodeType::File, NodeType::KeyValue])?;
-                $to_end(py, ops::create(self.core.clone(), path.into(), ty, $aio))
+                let ttl = ttl_arg(ttl)?;
+                $to_end(py, ops::create(self.core.clone(), path.into(), ty, ttl, $aio))
+            }
+
+            /// The node at `path` (with its subtree) expires `ttl` from now
+            /// (or never); returns its stat.
+            fn expire<'py>(
+                &self,
+                py: Python<'py>,
+                path: &str,
+                ttl: &Bound<'py, PyAny>,
+            ) -> PyResult<$ret> {
+                self.core.check()?;
+                check_path(path)?;
+                let ttl = ttl_arg(Some(ttl))?
+                    .ok_or_else(|| PyValueError::new_err("ttl must be given"))?;
+                $run(py, ops::expire(self.core.clone(), path.into(), Ok(ttl)))
+            }
+
+            /// The container at `path` gives its new children `child_ttl`
+            /// (`None`: no child TTL); returns its stat.
+            fn set_child_ttl<'py>(
+                &self,
+                py: Python<'py>,
+                path: &str,
+                child_ttl: Option<&Bound<'py, PyAny>>,
+            ) -> PyResult<$ret> {
+                self.core.check()?;
+                check_path(path)?;
+                let child = child_ttl_arg(child_ttl)?;
+                $run(py, ops::expire(self.core.clone(), path.into(), Err(child)))
             }
 
             fn lookup<'py>(&self, py: Python<'py>, path: &str) -> PyResult<$ret> {
@@ -71,11 +120,18 @@ macro_rules! client_methods {
                 $to_end(py, ops::lookup(self.core.clone(), path.into(), $aio))
             }
 
-            #[pyo3(signature = (path, mode = "rb"))]
-            fn open<'py>(&self, py: Python<'py>, path: &str, mode: &str) -> PyResult<$ret> {
+            #[pyo3(signature = (path, mode = "rb", *, ttl = None))]
+            fn open<'py>(
+                &self,
+                py: Python<'py>,
+                path: &str,
+                mode: &str,
+                ttl: Option<&Bound<'py, PyAny>>,
+            ) -> PyResult<$ret> {
                 self.core.check()?;
                 check_path(path)?;
-                $to_end(py, ops::open(self.core.clone(), path.into(), mode.into(), $aio))
+                let ttl = ttl_arg(ttl)?;
+                $to_end(py, ops::open(self.core.clone(), path.into(), mode.into(), ttl, $aio))
             }
 
             fn stat<'py>(&self, py: Python<'py>, path: &str) -> PyResult<$ret> {
@@ -117,16 +173,19 @@ macro_rules! client_methods {
                 $run(py, ops::status(self.core.clone()))
             }
 
+            #[pyo3(signature = (path, value, *, ttl = None))]
             fn put<'py>(
                 &self,
                 py: Python<'py>,
                 path: &str,
                 value: &Bound<'py, PyAny>,
+                ttl: Option<&Bound<'py, PyAny>>,
             ) -> PyResult<$ret> {
                 self.core.check()?;
                 check_path(path)?;
                 let input = Input::new(value)?;
-                $run(py, ops::put(self.core.clone(), path.into(), input))
+                let ttl = ttl_arg(ttl)?;
+                $run(py, ops::put(self.core.clone(), path.into(), input, ttl))
             }
 
             #[pyo3(signature = (items, in_flight = DEFAULT_IN_FLIGHT))]

@@ -202,3 +202,55 @@ pub(crate) fn child_path(dir: &str, name: &str) -> String {
         format!("{dir}/{name}")
     }
 }
+
+/// A `ttl=` argument (`docs/lifecycle.md`): seconds (an int or float
+/// above 0), a `datetime.timedelta`, or `"never"` (not even under a parent
+/// with a child TTL); `None` when absent.
+pub(crate) fn ttl_arg(ttl: Option<&Bound<'_, PyAny>>) -> PyResult<Option<nk::Ttl>> {
+    let Some(t) = ttl.filter(|t| !t.is_none()) else {
+        return Ok(None);
+    };
+    if let Ok(s) = t.extract::<String>() {
+        return match s.as_str() {
+            "never" => Ok(Some(nk::Ttl::Never)),
+            _ => Err(PyValueError::new_err(format!(
+                "ttl must be seconds, a timedelta or \"never\", not {s:?}"
+            ))),
+        };
+    }
+    Ok(Some(nk::Ttl::After(duration_arg("ttl", t)?)))
+}
+
+/// A `child_ttl=` argument: seconds (above 0) or a `datetime.timedelta`;
+/// `None` when absent.
+pub(crate) fn child_ttl_arg(
+    ttl: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<std::time::Duration>> {
+    match ttl.filter(|t| !t.is_none()) {
+        None => Ok(None),
+        Some(t) => duration_arg("child_ttl", t).map(Some),
+    }
+}
+
+/// Seconds (an int or float above 0, finite) or a `datetime.timedelta`
+/// (positive), as a duration.
+fn duration_arg(what: &str, t: &Bound<'_, PyAny>) -> PyResult<std::time::Duration> {
+    let secs: f64 = if t.hasattr("total_seconds")? {
+        t.call_method0("total_seconds")?.extract()?
+    } else {
+        t.extract().map_err(|_| {
+            PyTypeError::new_err(format!(
+                "{what} must be seconds (int or float) or a timedelta, not {}",
+                type_name(t)
+            ))
+        })?
+    };
+    // About 100 years at most: the server refuses longer.
+    const MAX_SECS: f64 = 100.0 * 365.25 * 86_400.0;
+    if !(secs > 0.0 && secs <= MAX_SECS) {
+        return Err(PyValueError::new_err(format!(
+            "{what} must be above 0 and at most about 100 years, not {secs} seconds"
+        )));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
+}

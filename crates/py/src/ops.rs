@@ -30,9 +30,10 @@ pub(crate) async fn mkdir(
     ty: NodeType,
     parents: bool,
     enumerable: bool,
+    life: Life,
 ) -> Out<Value> {
     let c = &core.client;
-    if ty == NodeType::Directory && enumerable {
+    if ty == NodeType::Directory && enumerable && life.is_none() {
         c.mkdir(&path, parents).await.at(&path)?;
         return Ok(Value::None);
     }
@@ -45,16 +46,50 @@ pub(crate) async fn mkdir(
     }
     let opts = nk::CreateOptions {
         enumerable,
-        ..Default::default()
+        ..life.options()
     };
     c.create(&path, ty, opts).await.at(&path)?;
     Ok(Value::None)
 }
 
-pub(crate) async fn create(core: Arc<Core>, path: String, ty: NodeType, aio: bool) -> Out<Opened> {
+/// The TTL and child TTL a call gives the node it creates.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Life {
+    pub(crate) ttl: Option<nk::Ttl>,
+    pub(crate) child_ttl: Option<std::time::Duration>,
+}
+
+impl Life {
+    pub(crate) fn ttl(ttl: Option<nk::Ttl>) -> Life {
+        Life {
+            ttl,
+            child_ttl: None,
+        }
+    }
+
+    fn is_none(&self) -> bool {
+        self.ttl.is_none() && self.child_ttl.is_none()
+    }
+
+    fn options(&self) -> nk::CreateOptions {
+        nk::CreateOptions {
+            ttl: self.ttl,
+            child_ttl: self.child_ttl,
+            ..Default::default()
+        }
+    }
+}
+
+pub(crate) async fn create(
+    core: Arc<Core>,
+    path: String,
+    ty: NodeType,
+    ttl: Option<nk::Ttl>,
+    aio: bool,
+) -> Out<Opened> {
     let node = core
         .client
-        .create(&path, ty, nk::CreateOptions::default())
+        .create(&path, ty, Life::ttl(ttl).options())
         .await
         .at(&path)?;
     let f = FileCore::writer(core, path, "wb", node)?;
@@ -64,9 +99,18 @@ pub(crate) async fn create(core: Arc<Core>, path: String, ty: NodeType, aio: boo
     })
 }
 
-pub(crate) async fn open(core: Arc<Core>, path: String, mode: String, aio: bool) -> Out<Opened> {
+pub(crate) async fn open(
+    core: Arc<Core>,
+    path: String,
+    mode: String,
+    ttl: Option<nk::Ttl>,
+    aio: bool,
+) -> Out<Opened> {
     let c = &core.client;
     let f = match mode.as_str() {
+        "rb" | "r" if ttl.is_some() => {
+            return Err(PyValueError::new_err("ttl is for writing: mode 'wb' or 'ab'").into())
+        }
         "rb" | "r" => {
             let node = c.lookup(&path).await.at(&path)?;
             match node.info().ty {
@@ -82,7 +126,7 @@ pub(crate) async fn open(core: Arc<Core>, path: String, mode: String, aio: bool)
             }
         }
         "wb" | "w" => {
-            let opts = nk::CreateOptions::default();
+            let opts = Life::ttl(ttl).options();
             // An existing File is replaced, as Python's open(..., "wb")
             // truncates (see `Client::create_replacing` for writers racing).
             let node = match c.create_replacing(&path, opts.clone()).await {
@@ -97,10 +141,23 @@ pub(crate) async fn open(core: Arc<Core>, path: String, mode: String, aio: bool)
         "ab" | "a" => {
             let node = match c.open_write(&path).await {
                 Err(e) if e.code == ErrorCode::NotFound => c
-                    .create(&path, NodeType::File, nk::CreateOptions::default())
+                    .create(&path, NodeType::File, Life::ttl(ttl).options())
                     .await
                     .at(&path)?,
-                r => r.at(&path)?,
+                Ok(node) => {
+                    // An existing File: it gets the TTL from now.
+                    if let Some(ttl) = ttl {
+                        c.expire(&path, ttl).await.at(&path)?;
+                    }
+                    node
+                }
+                Err(e) => {
+                    return Err(Failure {
+                        err: e,
+                        path: Some(path),
+                    }
+                    .into())
+                }
             };
             FileCore::writer(core.clone(), path, "ab", node)?
         }
@@ -118,7 +175,7 @@ pub(crate) async fn open(core: Arc<Core>, path: String, mode: String, aio: bool)
 }
 
 pub(crate) async fn lookup(core: Arc<Core>, path: String, aio: bool) -> Out<Opened> {
-    open(core, path, "rb".into(), aio).await
+    open(core, path, "rb".into(), None, aio).await
 }
 
 pub(crate) async fn stat(core: Arc<Core>, path: String) -> Out<Value> {
@@ -184,9 +241,34 @@ pub(crate) async fn status(core: Arc<Core>) -> Out<Value> {
     Ok(Value::Status(Status(s)))
 }
 
-pub(crate) async fn put(core: Arc<Core>, path: String, value: Input) -> Out<Value> {
-    core.client.put(&path, value.data()).await.at(&path)?;
+pub(crate) async fn put(
+    core: Arc<Core>,
+    path: String,
+    value: Input,
+    ttl: Option<nk::Ttl>,
+) -> Out<Value> {
+    let opts = Life::ttl(ttl).options();
+    core.client
+        .put_with(&path, value.data(), opts)
+        .await
+        .at(&path)?;
     Ok(Value::None)
+}
+
+/// Gives the node at `path` a TTL from now (`Ok`), or a container a
+/// child TTL (`Err`; `None` clears it); returns its stat.
+pub(crate) async fn expire(
+    core: Arc<Core>,
+    path: String,
+    ttl: Result<nk::Ttl, Option<std::time::Duration>>,
+) -> Out<Value> {
+    let c = &core.client;
+    let info = match ttl {
+        Ok(ttl) => c.expire(&path, ttl).await,
+        Err(child) => c.set_child_ttl(&path, child).await,
+    }
+    .at(&path)?;
+    Ok(Value::Stat(Stat { info, name: path }))
 }
 
 pub(crate) async fn get(core: Arc<Core>, path: String) -> Out<Value> {

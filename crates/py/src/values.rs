@@ -62,6 +62,12 @@ impl<'py> IntoPyObject<'py> for Stat {
         d.set_item("mode", self.info.mode)?;
         // Seconds since the Unix epoch, as `os.stat` gives them.
         d.set_item("mtime", self.info.mtime as f64 / 1e9)?;
+        // When it expires, in seconds since the Unix epoch (None: never),
+        // and a container's TTL for new children, in seconds (None: none).
+        let expires = (self.info.expires_ms != 0).then(|| self.info.expires_ms as f64 / 1e3);
+        d.set_item("expires", expires)?;
+        let child_ttl = (self.info.child_ttl_ms != 0).then(|| self.info.child_ttl_ms as f64 / 1e3);
+        d.set_item("child_ttl", child_ttl)?;
         Ok(d)
     }
 }

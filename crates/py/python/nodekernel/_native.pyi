@@ -6,6 +6,7 @@ Paths are absolute (`/a/b`). Node types are named "dir", "file", "table",
 """
 
 from collections.abc import Awaitable, Iterable, Mapping
+from datetime import timedelta
 from typing import Any, Literal, Optional, Union, final, overload
 
 __all__ = [
@@ -25,6 +26,10 @@ _ContainerTypeName = Literal["dir", "table", "bag"]
 _DataTypeName = Literal["file", "kv"]
 _OpenMode = Literal["rb", "wb", "ab"]
 _Items = Union[Mapping[str, _Buffer], Iterable[tuple[str, _Buffer]]]
+# A TTL (docs/lifecycle.md): seconds above 0, a timedelta, or "never" (not
+# even under a parent with a child TTL). A child TTL: seconds or a timedelta.
+_Ttl = Union[float, timedelta, Literal["never"]]
+_ChildTtl = Union[float, timedelta]
 
 DEFAULT_META: str
 """The metadata server a client uses when nothing else names one."""
@@ -54,9 +59,25 @@ class Client:
         type: _ContainerTypeName = "dir",
         parents: bool = False,
         enumerable: bool = True,
-    ) -> None: ...
-    def create(self, path: str, type: _DataTypeName = "file") -> File:
-        """Creates a File (or a KeyValue: a put in steps) open for writing."""
+        *,
+        ttl: Optional[_Ttl] = None,
+        child_ttl: Optional[_ChildTtl] = None,
+    ) -> None:
+        """Makes a Directory, Table or Bag. `ttl`: it expires with its
+        subtree this long from now; `child_ttl`: the TTL of the children
+        created in it that name none (docs/lifecycle.md)."""
+    def create(
+        self, path: str, type: _DataTypeName = "file", *, ttl: Optional[_Ttl] = None
+    ) -> File:
+        """Creates a File (or a KeyValue: a put in steps) open for writing;
+        with `ttl`, it expires this long after the create."""
+    def expire(self, path: str, ttl: _Ttl) -> dict[str, Any]:
+        """The node at `path` (with its subtree) expires `ttl` from now, or
+        never ("never"); returns its stat. An expired node is gone as if
+        deleted."""
+    def set_child_ttl(self, path: str, child_ttl: Optional[_ChildTtl]) -> dict[str, Any]:
+        """The container at `path` gives the children created in it from
+        now on that name no TTL this one (None: none); returns its stat."""
     def lookup(self, path: str) -> File:
         """Opens an existing data node for reading (a handle: if the node is
         replaced or deleted, its next read raises Stale)."""
@@ -66,8 +87,10 @@ class Client:
         children for containers), id, block_size, stored (bytes of the
         cluster it takes: its blocks or piece, a container's child records),
         enumerable (bool), encrypted (bool: its clients encrypt its data,
-        docs/encryption.md), mode (permission bits) and mtime (seconds
-        since the Unix epoch)."""
+        docs/encryption.md), mode (permission bits), mtime (seconds
+        since the Unix epoch), expires (when it expires, seconds since the
+        Unix epoch, or None) and child_ttl (a container's TTL for new
+        children, in seconds, or None)."""
     @overload
     def ls(self, path: str = "/", detail: Literal[False] = False) -> list[str]:
         """Child names of a container (sorted), or with detail=True the
@@ -84,8 +107,9 @@ class Client:
     def move(self, src: str, dst: str) -> None: ...
     def exists(self, path: str) -> bool: ...
     def status(self) -> dict[str, Any]: ...
-    def put(self, path: str, value: _Buffer) -> None:
-        """Stores a KeyValue (replacing any old value)."""
+    def put(self, path: str, value: _Buffer, *, ttl: Optional[_Ttl] = None) -> None:
+        """Stores a KeyValue (replacing any old value); with `ttl`, it
+        expires this long from now."""
     def get(self, path: str) -> bytes: ...
     def put_many(self, items: _Items, in_flight: int = 64) -> None:
         """Puts many values, each as `put`, with up to `in_flight` (1 to
@@ -118,10 +142,11 @@ class Client:
     def get_into(self, path: str, buffer: _Buffer) -> int:
         """Reads a whole value into a writable buffer; returns its length.
         Raises ValueError if the buffer is too small."""
-    def open(self, path: str, mode: _OpenMode = "rb") -> File:
+    def open(self, path: str, mode: _OpenMode = "rb", *, ttl: Optional[_Ttl] = None) -> File:
         """ "rb": read a File, KeyValue or Bag; "wb": write a new File,
         replacing one (in a Table: a KeyValue, a put in steps); "ab":
-        append to a File (created if missing)."""
+        append to a File (created if missing). `ttl` (writing only): the
+        node written expires this long from now."""
     def close(self) -> None:
         """Closes the client; later calls raise ValueError. Open files keep
         working until closed."""
@@ -182,8 +207,17 @@ class AsyncClient:
         type: _ContainerTypeName = "dir",
         parents: bool = False,
         enumerable: bool = True,
+        *,
+        ttl: Optional[_Ttl] = None,
+        child_ttl: Optional[_ChildTtl] = None,
     ) -> Awaitable[None]: ...
-    def create(self, path: str, type: _DataTypeName = "file") -> Awaitable[AsyncFile]: ...
+    def create(
+        self, path: str, type: _DataTypeName = "file", *, ttl: Optional[_Ttl] = None
+    ) -> Awaitable[AsyncFile]: ...
+    def expire(self, path: str, ttl: _Ttl) -> Awaitable[dict[str, Any]]: ...
+    def set_child_ttl(
+        self, path: str, child_ttl: Optional[_ChildTtl]
+    ) -> Awaitable[dict[str, Any]]: ...
     def lookup(self, path: str) -> Awaitable[AsyncFile]: ...
     def stat(self, path: str) -> Awaitable[dict[str, Any]]: ...
     @overload
@@ -200,7 +234,7 @@ class AsyncClient:
     def move(self, src: str, dst: str) -> Awaitable[None]: ...
     def exists(self, path: str) -> Awaitable[bool]: ...
     def status(self) -> Awaitable[dict[str, Any]]: ...
-    def put(self, path: str, value: _Buffer) -> Awaitable[None]: ...
+    def put(self, path: str, value: _Buffer, *, ttl: Optional[_Ttl] = None) -> Awaitable[None]: ...
     def get(self, path: str) -> Awaitable[bytes]: ...
     def put_many(self, items: _Items, in_flight: int = 64) -> Awaitable[None]:
         """As Client.put_many. Cancelled, it aborts every put it had started
@@ -215,7 +249,9 @@ class AsyncClient:
         """As Client.delete_many. Cancelled, it starts no further delete;
         one already sent may still happen."""
     def get_into(self, path: str, buffer: _Buffer) -> Awaitable[int]: ...
-    def open(self, path: str, mode: _OpenMode = "rb") -> Awaitable[AsyncFile]: ...
+    def open(
+        self, path: str, mode: _OpenMode = "rb", *, ttl: Optional[_Ttl] = None
+    ) -> Awaitable[AsyncFile]: ...
     def close(self) -> Awaitable[None]: ...
     def __aenter__(self) -> Awaitable[AsyncClient]: ...
     def __aexit__(self, *exc: object) -> Awaitable[None]: ...

@@ -205,6 +205,10 @@ class NodeKernelFileSystem(AbstractFileSystem):
             "enumerable": st.get("enumerable", True),
             "mode": st.get("mode"),
             "mtime": st.get("mtime"),
+            # When it expires (seconds since the Unix epoch, or None) and a
+            # container's TTL for new children (seconds, or None).
+            "expires": st.get("expires"),
+            "child_ttl": st.get("child_ttl"),
         }
         if is_dir:
             out["children"] = st["size"]
@@ -268,8 +272,20 @@ class NodeKernelFileSystem(AbstractFileSystem):
 
     # -- directories --------------------------------------------------------
 
-    def mkdir(self, path, create_parents=True, type="dir", enumerable=True, **kwargs):
-        """Makes a Directory (or `type="table"` / `"bag"`) at `path`.
+    def mkdir(
+        self,
+        path,
+        create_parents=True,
+        type="dir",
+        enumerable=True,
+        ttl=None,
+        child_ttl=None,
+        **kwargs,
+    ):
+        """Makes a Directory (or `type="table"` / `"bag"`) at `path`; with
+        `ttl` (seconds, a timedelta, or "never") it expires with its subtree
+        that long from now, with `child_ttl` the children made in it that
+        name no TTL get that one (docs/lifecycle.md).
 
         Raises FileExistsError if `path` exists; with `create_parents`
         (the default) missing parents are made first, else their absence
@@ -278,13 +294,21 @@ class NodeKernelFileSystem(AbstractFileSystem):
         if path == "/":
             raise FileExistsError(path)
         c = self.client
+        life = {"ttl": ttl, "child_ttl": child_ttl}
         try:
-            c.mkdir(path, type=type, parents=False, enumerable=enumerable)
+            c.mkdir(path, type=type, parents=False, enumerable=enumerable, **life)
         except NotFound:
             if not create_parents:
                 raise
             c.mkdir(self._parent(path), parents=True)
-            c.mkdir(path, type=type, parents=False, enumerable=enumerable)
+            c.mkdir(path, type=type, parents=False, enumerable=enumerable, **life)
+
+    def expire(self, path, ttl):
+        """The node at `path` (with its subtree) expires `ttl` (seconds, a
+        timedelta) from now, or never (`"never"`): then it is gone as if
+        deleted. Returns its info."""
+        path = self._strip_protocol(path)
+        return self._to_info(self.client.expire(_abs(path), ttl), path)
 
     def makedirs(self, path, exist_ok=False):
         path = _abs(self._strip_protocol(path))
@@ -361,10 +385,11 @@ class NodeKernelFileSystem(AbstractFileSystem):
 
     # -- writing ------------------------------------------------------------
 
-    def _open_writer(self, path: str, mode: str = "wb", kind: str = "file"):
+    def _open_writer(self, path: str, mode: str = "wb", kind: str = "file", ttl=None):
         """A native writer for `path`: "wb" replaces, "xb" fails with
         FileExistsError if `path` exists, "ab" appends. Missing parent
-        directories are made; under a Table the node is a KeyValue."""
+        directories are made; under a Table the node is a KeyValue. With
+        `ttl`, the node written expires that long from now."""
         path = _abs(path)
         c = self.client
         made_parents = False
@@ -375,10 +400,10 @@ class NodeKernelFileSystem(AbstractFileSystem):
                         raise TypeMismatch(f"{path}: a KeyValue cannot be appended to", path)
                     if mode == "xb" and c.exists(path):
                         raise AlreadyExists(f"{path} already exists", path)
-                    return c.create(path, "kv")
+                    return c.create(path, "kv", ttl=ttl)
                 if mode == "xb":
-                    return c.create(path, "file")
-                return c.open(path, "ab" if mode == "ab" else "wb")
+                    return c.create(path, "file", ttl=ttl)
+                return c.open(path, "ab" if mode == "ab" else "wb", ttl=ttl)
             except NotFound:
                 parent = self._parent(path)
                 if made_parents or self.exists(parent):
@@ -397,9 +422,11 @@ class NodeKernelFileSystem(AbstractFileSystem):
                     raise IsADirectoryError(path) from e
                 raise
 
-    def pipe_file(self, path, value, mode="overwrite", **kwargs):
+    def pipe_file(self, path, value, mode="overwrite", ttl=None, **kwargs):
+        """Writes `value` to `path`; with `ttl` the file expires that long
+        from now."""
         path = self._strip_protocol(path)
-        w = self._open_writer(path, "xb" if mode == "create" else "wb")
+        w = self._open_writer(path, "xb" if mode == "create" else "wb", ttl=ttl)
         try:
             w.write(value)
         except BaseException:
@@ -521,12 +548,15 @@ class NodeKernelFile(AbstractBufferedFile):
         autocommit: bool = True,
         cache_type: str = "readahead",
         cache_options=None,
+        ttl=None,
         **kwargs,
     ):
         self._handle: Any = None  # the native File, once opened
         self._lock = threading.Lock()
         self._temp: str | None = None
         if mode == "rb":
+            if ttl is not None:
+                raise ValueError("ttl is for writing: mode 'wb', 'xb' or 'ab'")
             self._handle = fs._open_reader(path)
             kwargs["size"] = self._handle.size
         elif mode in ("wb", "xb", "ab"):
@@ -538,7 +568,7 @@ class NodeKernelFile(AbstractBufferedFile):
                     raise FileExistsError(path)
                 name = f".{posixpath.basename(path)}.nk-{uuid.uuid4().hex[:12]}"
                 self._temp = target = _child(fs._parent(path), name)
-            self._handle = fs._open_writer(target, mode)
+            self._handle = fs._open_writer(target, mode, ttl=ttl)
         super().__init__(
             fs,
             path,
