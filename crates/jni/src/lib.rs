@@ -37,6 +37,7 @@ use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 use tokio::runtime::Runtime;
 
 // ---------------------------------------------------------------------------
@@ -293,7 +294,7 @@ unsafe fn buffer<'b>(
 }
 
 /// Longs per node in the status arrays Java decodes (`NodeStatus`).
-const STAT_FIELDS: usize = 9;
+const STAT_FIELDS: usize = 11;
 
 fn stat_of(info: &nk::NodeInfo, out: &mut Vec<i64>) {
     out.extend_from_slice(&[
@@ -306,7 +307,33 @@ fn stat_of(info: &nk::NodeInfo, out: &mut Vec<i64>) {
         info.storage_class as i64,
         (info.enumerable as i64) | ((info.encrypted as i64) << 1),
         info.stored as i64,
+        info.expires_ms as i64,
+        info.child_ttl_ms as i64,
     ]);
+}
+
+/// A TTL from Java: 0 none given, -1 never, otherwise milliseconds.
+fn ttl_of(ms: jlong) -> R<Option<nk::Ttl>> {
+    Ok(match ms {
+        0 => None,
+        -1 => Some(nk::Ttl::Never),
+        ms => Some(nk::Ttl::After(Duration::from_millis(positive_ms(ms)?))),
+    })
+}
+
+/// A child TTL from Java: 0 none, otherwise milliseconds.
+fn child_ttl_of(ms: jlong) -> R<Option<Duration>> {
+    Ok(match ms {
+        0 => None,
+        ms => Some(Duration::from_millis(positive_ms(ms)?)),
+    })
+}
+
+fn positive_ms(ms: jlong) -> R<u64> {
+    u64::try_from(ms)
+        .ok()
+        .filter(|&m| m > 0)
+        .ok_or_else(|| Fail::Arg(format!("{ms} ms is not a positive TTL")))
 }
 
 fn long_array<'l>(env: &mut JNIEnv<'l>, v: &[i64]) -> R<JLongArray<'l>> {
@@ -503,6 +530,47 @@ pub extern "system" fn Java_io_nodekernel_Native_setAttrs<'l>(
     })
 }
 
+/// Gives a node a new TTL (`ttl`: -1 never, otherwise milliseconds);
+/// returns its status as it is now.
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_expire<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    c: jlong,
+    p: JString<'l>,
+    ttl: jlong,
+) -> jobject {
+    call(&mut env, std::ptr::null_mut(), |env| {
+        let client = CLIENTS.get(c)?;
+        let p = path(env, &p)?;
+        let ttl = ttl_of(ttl)?.ok_or_else(|| Fail::Arg("no TTL given".into()))?;
+        let info = block_on(client.expire(&p, ttl))??;
+        let mut st = Vec::with_capacity(STAT_FIELDS);
+        stat_of(&info, &mut st);
+        Ok(long_array(env, &st)?.into_raw())
+    })
+}
+
+/// Gives a container a child TTL (`ttl`: 0 none, otherwise milliseconds);
+/// returns its status as it is now.
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_setChildTtl<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    c: jlong,
+    p: JString<'l>,
+    ttl: jlong,
+) -> jobject {
+    call(&mut env, std::ptr::null_mut(), |env| {
+        let client = CLIENTS.get(c)?;
+        let p = path(env, &p)?;
+        let info = block_on(client.set_child_ttl(&p, child_ttl_of(ttl)?))??;
+        let mut st = Vec::with_capacity(STAT_FIELDS);
+        stat_of(&info, &mut st);
+        Ok(long_array(env, &st)?.into_raw())
+    })
+}
+
 /// Children looked up at once, at most this many at a time.
 const LIST_LOOKUPS_IN_FLIGHT: usize = 32;
 
@@ -617,6 +685,8 @@ pub extern "system" fn Java_io_nodekernel_Native_create<'l>(
     buffer_size: jint,
     slice_size: jint,
     open_existing: jboolean,
+    ttl: jlong,
+    child_ttl: jlong,
 ) -> jlong {
     call(&mut env, 0, |env| {
         let client = CLIENTS.get(c)?;
@@ -640,8 +710,8 @@ pub extern "system" fn Java_io_nodekernel_Native_create<'l>(
                 m => Some(u32::try_from(m).map_err(|_| Fail::Arg(format!("bad mode {m}")))?),
             },
             mtime: None,
-            ttl: None,
-            child_ttl: None,
+            ttl: ttl_of(ttl)?,
+            child_ttl: child_ttl_of(child_ttl)?,
         };
         let sopts = stream_options(buffer_size, slice_size)?;
         let node = if open_existing != 0 {

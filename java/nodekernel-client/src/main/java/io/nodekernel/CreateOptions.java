@@ -1,5 +1,7 @@
 package io.nodekernel;
 
+import java.time.Duration;
+
 /**
  * How a node is created besides its path and type. Immutable; each setter returns a copy.
  *
@@ -18,6 +20,8 @@ public final class CreateOptions {
   long sizeHint;
   int bufferSize;
   int sliceSize;
+  long ttlMillis; // 0: none given (the parent's child TTL applies), -1: never
+  long childTtlMillis; // 0: none
 
   private CreateOptions() {}
 
@@ -32,6 +36,8 @@ public final class CreateOptions {
     c.sizeHint = sizeHint;
     c.bufferSize = bufferSize;
     c.sliceSize = sliceSize;
+    c.ttlMillis = ttlMillis;
+    c.childTtlMillis = childTtlMillis;
     return c;
   }
 
@@ -111,5 +117,46 @@ public final class CreateOptions {
     c.bufferSize = bufferSize;
     c.sliceSize = sliceSize;
     return c;
+  }
+
+  /**
+   * The node, with its subtree, expires this long after it is created (rounded up to whole
+   * milliseconds; at most about 100 years): it then disappears as if deleted. Without one the
+   * parent's child TTL, if any, applies. See docs/lifecycle.md.
+   */
+  public CreateOptions ttl(Duration ttl) {
+    CreateOptions c = copy();
+    c.ttlMillis = millis("TTL", ttl);
+    return c;
+  }
+
+  /** The node never expires, not even under a parent with a child TTL. */
+  public CreateOptions ttlNever() {
+    CreateOptions c = copy();
+    c.ttlMillis = -1;
+    return c;
+  }
+
+  /**
+   * For a Directory, Table or Bag: the TTL of the children created in it that name none ({@code
+   * null}: no child TTL).
+   */
+  public CreateOptions childTtl(Duration ttl) {
+    CreateOptions c = copy();
+    c.childTtlMillis = ttl == null ? 0 : millis("child TTL", ttl);
+    return c;
+  }
+
+  /** A positive duration in whole milliseconds, rounded up. */
+  static long millis(String what, Duration d) {
+    if (d == null || d.isNegative() || d.isZero()) {
+      throw new IllegalArgumentException(what + " " + d + " is not a positive duration");
+    }
+    try {
+      long ms = d.toMillis();
+      return Duration.ofMillis(ms).equals(d) ? ms : Math.addExact(ms, 1);
+    } catch (ArithmeticException e) {
+      throw new IllegalArgumentException(what + " " + d + " is too long", e);
+    }
   }
 }

@@ -35,6 +35,13 @@ final class Native {
   static native long[] setAttrs(long client, String path, int mode, long mtimeNanos)
       throws NodeKernelException;
 
+  /** {@code ttlMillis}: -1 never, otherwise positive. */
+  static native long[] expire(long client, String path, long ttlMillis) throws NodeKernelException;
+
+  /** {@code ttlMillis}: 0 none, otherwise positive. */
+  static native long[] setChildTtl(long client, String path, long ttlMillis)
+      throws NodeKernelException;
+
   static native Object[] list(long client, String path) throws NodeKernelException;
 
   static native String[] enumerate(long client, String path) throws NodeKernelException;
@@ -53,7 +60,9 @@ final class Native {
       long sizeHint,
       int bufferSize,
       int sliceSize,
-      boolean openExisting)
+      boolean openExisting,
+      long ttlMillis,
+      long childTtlMillis)
       throws NodeKernelException;
 
   static native long append(long client, String path, int bufferSize, int sliceSize)

@@ -2,6 +2,7 @@ package io.nodekernel;
 
 import java.io.IOException;
 import java.nio.ByteBuffer;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
@@ -114,6 +115,24 @@ public final class NodeKernel implements AutoCloseable {
     return NodeStatus.decode(path, Native.setAttrs(handle(), path(path), mode, mtimeNanos), 0);
   }
 
+  /**
+   * Gives the node at {@code path} (with its subtree) a new TTL from now, or with {@code null} none
+   * (it then never expires); returns its status as it is now. See docs/lifecycle.md.
+   */
+  public NodeStatus expire(String path, Duration ttl) throws IOException {
+    long ms = ttl == null ? -1 : CreateOptions.millis("TTL", ttl);
+    return NodeStatus.decode(path, Native.expire(handle(), path(path), ms), 0);
+  }
+
+  /**
+   * Gives the Directory, Table or Bag at {@code path} a TTL for the children created in it from now
+   * on that name none ({@code null}: no child TTL); returns its status as it is now.
+   */
+  public NodeStatus setChildTtl(String path, Duration ttl) throws IOException {
+    long ms = ttl == null ? 0 : CreateOptions.millis("child TTL", ttl);
+    return NodeStatus.decode(path, Native.setChildTtl(handle(), path(path), ms), 0);
+  }
+
   /** Whether a node exists at {@code path}. */
   public boolean exists(String path) throws IOException {
     try {
@@ -182,7 +201,9 @@ public final class NodeKernel implements AutoCloseable {
         o.sizeHint,
         o.bufferSize,
         o.sliceSize,
-        openExisting);
+        openExisting,
+        o.ttlMillis,
+        o.childTtlMillis);
   }
 
   /** Creates a node of a container type (Directory, Table or Bag). */

@@ -1,5 +1,9 @@
 package io.nodekernel;
 
+import java.time.Duration;
+import java.time.Instant;
+import java.util.Optional;
+
 /**
  * What the metadata server knows of one node.
  *
@@ -15,6 +19,8 @@ package io.nodekernel;
  * @param encrypted whether its clients encrypt its bytes
  * @param stored bytes of the cluster it takes: its blocks and pieces (a container's: those of its
  *     child records)
+ * @param expiresMillis when it expires, milliseconds since the Unix epoch, or 0 for never
+ * @param childTtlMillis for a container, the TTL of new children that name none, or 0 for none
  */
 public record NodeStatus(
     String path,
@@ -27,10 +33,12 @@ public record NodeStatus(
     int storageClass,
     boolean enumerable,
     boolean encrypted,
-    long stored) {
+    long stored,
+    long expiresMillis,
+    long childTtlMillis) {
 
   /** Longs per node in the arrays the native library returns. */
-  static final int FIELDS = 9;
+  static final int FIELDS = 11;
 
   static NodeStatus decode(String path, long[] a, int at) {
     int cls = (int) a[at + 6];
@@ -45,7 +53,19 @@ public record NodeStatus(
         cls == 255 ? -1 : cls,
         (a[at + 7] & 1) != 0,
         (a[at + 7] & 2) != 0,
-        a[at + 8]);
+        a[at + 8],
+        a[at + 9],
+        a[at + 10]);
+  }
+
+  /** When the node expires, if it does. */
+  public Optional<Instant> expires() {
+    return expiresMillis == 0 ? Optional.empty() : Optional.of(Instant.ofEpochMilli(expiresMillis));
+  }
+
+  /** The TTL of a container's new children that name none, if it has one. */
+  public Optional<Duration> childTtl() {
+    return childTtlMillis == 0 ? Optional.empty() : Optional.of(Duration.ofMillis(childTtlMillis));
   }
 
   /** Modification time in milliseconds since the Unix epoch. */

@@ -12,10 +12,13 @@ import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.time.Duration;
+import java.time.Instant;
 import java.util.Arrays;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Optional;
 import java.util.Random;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.stream.Collectors;
@@ -431,6 +434,56 @@ public class ClientTest {
     assertThrows(NodeKernelException.NotEmpty.class, () -> nk().deleteMany(List.of(t), false, 0));
     nk().deleteMany(List.of(t), true, 0);
     assertThrows(NodeKernelException.NotFound.class, () -> nk().get(t + "/kept"));
+  }
+
+  /** Waits until {@code path} is gone; the bound only catches a hang (expiry is the server's). */
+  static void awaitGone(String path) throws Exception {
+    long deadline = System.nanoTime() + Duration.ofSeconds(60).toNanos();
+    while (nk().exists(path)) {
+      assertTrue(path + " never expired", System.nanoTime() < deadline);
+      Thread.sleep(50);
+    }
+  }
+
+  @Test
+  public void ttlsGivenAtCreateAreShownChangedAndHonoured() throws Exception {
+    String t = dir + "/ttl";
+    nk().createContainer(
+            t, NodeType.TABLE, CreateOptions.defaults().childTtl(Duration.ofMillis(200)));
+    assertEquals(Optional.of(Duration.ofMillis(200)), nk().lookup(t).childTtl());
+    try (NkOutputStream out = nk().createKeyValue(t + "/inherits", CreateOptions.defaults())) {
+      out.write(1);
+    }
+    try (NkOutputStream out =
+        nk().createKeyValue(t + "/kept", CreateOptions.defaults().ttlNever())) {
+      out.write(2);
+    }
+    long before = System.currentTimeMillis();
+    try (NkOutputStream out =
+        nk().createFile(dir + "/hour", CreateOptions.defaults().ttl(Duration.ofHours(1)))) {
+      out.write(3);
+    }
+    Instant at = nk().lookup(dir + "/hour").expires().orElseThrow();
+    assertTrue(at.toString(), at.toEpochMilli() > before + 3_590_000);
+    assertTrue(at.toString(), at.toEpochMilli() < System.currentTimeMillis() + 3_610_000);
+
+    awaitGone(t + "/inherits");
+    assertArrayEquals(new byte[] {2}, nk().get(t + "/kept"));
+    assertEquals(Optional.empty(), nk().lookup(t + "/kept").expires());
+    // expire(null) clears a TTL; a short one removes the node.
+    assertEquals(Optional.empty(), nk().expire(dir + "/hour", null).expires());
+    nk().expire(dir + "/hour", Duration.ofMillis(100));
+    awaitGone(dir + "/hour");
+    assertEquals(Optional.empty(), nk().setChildTtl(t, null).childTtl());
+
+    assertThrows(
+        NodeKernelException.InvalidArgument.class,
+        () -> nk().setChildTtl(t + "/kept", Duration.ofMinutes(1)));
+    assertThrows(IllegalArgumentException.class, () -> CreateOptions.defaults().ttl(Duration.ZERO));
+    assertThrows(
+        IllegalArgumentException.class, () -> nk().expire(t + "/kept", Duration.ofSeconds(-1)));
+    // Rounded up to whole milliseconds, never down to none.
+    assertEquals(1, CreateOptions.millis("TTL", Duration.ofNanos(1)));
   }
 
   @Test

@@ -74,10 +74,19 @@ public class NativeFailureTest {
     assertThrows(IllegalArgumentException.class, () -> Native.lookup(h, null));
     assertThrows(
         IllegalArgumentException.class,
-        () -> Native.create(h, "/nf/k", 99, -1, false, false, true, -1, 0, 0, 0, false));
+        () -> Native.create(h, "/nf/k", 99, -1, false, false, true, -1, 0, 0, 0, false, 0, 0));
     assertThrows(
         NodeKernelException.InvalidArgument.class,
-        () -> Native.create(h, "/nf/k2", 1, -1, false, false, true, -1, 0, 1, 2, false));
+        () -> Native.create(h, "/nf/k2", 1, -1, false, false, true, -1, 0, 1, 2, false, 0, 0));
+    // TTLs: -1 (never) and 0 (none) are the only non-positive values.
+    assertThrows(
+        IllegalArgumentException.class,
+        () -> Native.create(h, "/nf/k3", 1, -1, false, false, true, -1, 0, 0, 0, false, -2, 0));
+    assertThrows(
+        IllegalArgumentException.class,
+        () -> Native.create(h, "/nf/k3", 1, -1, false, false, true, -1, 0, 0, 0, false, 0, -1));
+    assertThrows(IllegalArgumentException.class, () -> Native.expire(h, "/nf", 0));
+    assertThrows(IllegalArgumentException.class, () -> Native.setChildTtl(h, "/nf", -1));
     assertThrows(IllegalArgumentException.class, () -> Native.raise(999, "no such code"));
   }
 
