@@ -140,7 +140,9 @@ impl MetaState {
 impl Draft<'_> {
     /// The lifetime a node created under `parent` gets: its own TTL, or
     /// the parent's child TTL (`ttl_ms` 0), or none ([`TTL_NEVER`]); and,
-    /// for a container, the child TTL it gives.
+    /// for a container, the child TTL it gives: its own, or (`child_ttl_ms`
+    /// 0) the parent's, so a child TTL reaches down the subtree as storage
+    /// affinity does.
     pub(super) fn created_lifetime(
         &mut self,
         id: NodeId,
@@ -155,7 +157,10 @@ impl Draft<'_> {
             TTL_NEVER => 0,
             t => t,
         };
-        let child = check_ttl("a child TTL", child_ttl_ms)?;
+        let child = match check_ttl("a child TTL", child_ttl_ms)? {
+            0 if container => self.ns().child_ttl(parent).unwrap_or(0),
+            c => c,
+        };
         if child != 0 && (!container || child == TTL_NEVER) {
             return Err(Error::invalid_argument(if container {
                 "a child TTL of never is no child TTL: give 0".to_string()

@@ -158,6 +158,27 @@ fn children_inherit_a_containers_child_ttl_unless_they_name_their_own() {
 }
 
 #[test]
+fn a_child_ttl_reaches_down_through_new_containers() {
+    let mut s = state();
+    create_ttl(&mut s, "/scratch", Directory, 0, 10_000, 0).unwrap();
+    // A new directory expires with the child TTL and passes it on.
+    let job = create(&mut s, "/scratch/job", Directory, 1_000).unwrap();
+    assert_eq!((job.expires_ms, job.child_ttl_ms), (11_000, 10_000));
+    let kept = create_ttl(&mut s, "/scratch/kept", Directory, TTL_NEVER, 0, 1_000).unwrap();
+    assert_eq!((kept.expires_ms, kept.child_ttl_ms), (0, 10_000));
+    let f = create(&mut s, "/scratch/kept/f", File, 2_000).unwrap();
+    assert_eq!(f.expires_ms, 12_000);
+    // Its own child TTL wins; a cleared one stops it.
+    let own = create_ttl(&mut s, "/scratch/own", Table, 0, 500, 1_000).unwrap();
+    assert_eq!(own.child_ttl_ms, 500);
+    set_ttl(&mut s, "/scratch/kept", None, Some(0), 3_000).unwrap();
+    let g = create(&mut s, "/scratch/kept/g", File, 3_000).unwrap();
+    assert_eq!(g.expires_ms, 0);
+    // A data node under it gets no child TTL to keep.
+    assert_eq!(f.child_ttl_ms, 0);
+}
+
+#[test]
 fn a_ttl_is_set_changed_and_cleared_and_bad_ones_are_refused() {
     let mut s = state();
     let f = create(&mut s, "/setup/f", File, 0).unwrap();
