@@ -279,3 +279,22 @@ fn expiry_survives_the_log_and_a_checkpoint() {
     assert_eq!(tick(&mut back, 9_000), 1);
     assert!(gone(&mut back, "/b"));
 }
+
+#[test]
+fn a_renamed_node_keeps_its_expiry() {
+    let mut s = state();
+    create(&mut s, "/a", Directory, 0).unwrap();
+    create(&mut s, "/b", Directory, 0).unwrap();
+    let f = create_ttl(&mut s, "/a/f", File, 5_000, 0, 0).unwrap();
+    close(&mut s, &f, 0).unwrap();
+    let req = MetaRequest::Move {
+        src: "/a/f".into(),
+        dst: "/b/g".into(),
+        replace: false,
+    };
+    s.apply(req, 1_000).unwrap();
+    assert_eq!(lookup(&mut s, "/b/g").unwrap().expires_ms, 5_000);
+    assert_eq!(tick(&mut s, 5_000), 1);
+    assert!(gone(&mut s, "/b/g"));
+    assert!(!gone(&mut s, "/b"));
+}
