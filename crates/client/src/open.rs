@@ -57,6 +57,7 @@ impl Client {
             open_existing,
             ttl_ms: opts.ttl.map_or(0, Ttl::wire_ms),
             child_ttl_ms: opts.child_ttl.map_or(0, crate::config::ttl_ms),
+            session: None,
         };
         let info = self.node_reply(idx, &req).await?;
         if let Some(rec) = &info.record {

@@ -122,6 +122,16 @@ impl Source for MetaAdmin {
             counter(h.expired.load(Ordering::Relaxed)),
         );
         reg.register(
+            "sessions_lapsed",
+            "Sessions ended because their client stopped renewing the lease (what they bound is removed)",
+            counter(h.sessions_lapsed.load(Ordering::Relaxed)),
+        );
+        reg.register(
+            "sessions_open",
+            "Sessions open (docs/lifecycle.md, Sessions)",
+            gauge(h.state().ns().lifetimes().open_sessions() as u64),
+        );
+        reg.register(
             "expiring_nodes",
             "Nodes that carry an expiry time",
             gauge(h.state().ns().lifetimes().expiring() as u64),

@@ -11,8 +11,9 @@
 //! counters, allocator, slabs, moves, blocks held for snapshots and
 //! ballooned blocks, in format [`FORMAT`]; formats 1, without held blocks,
 //! 2, without ballooned ones, 3, without the storage servers'
-//! capability keys, 4, without slabs' encryption flags, and 5, without
-//! nodes' lifetimes, are read too). It is
+//! capability keys, 4, without slabs' encryption flags, 5, without
+//! nodes' lifetimes, and 6, without sessions and their bound nodes, are
+//! read too). It is
 //! written whole to `checkpoint.tmp` (created with mode 0600 whatever the
 //! umask; a checkpoint found open to others is set to 0600 when read),
 //! committed (redb syncs it), and only
@@ -27,6 +28,7 @@
 //! the log before it is gone.
 
 use crate::alloc::{BlockAllocator, BlockRef};
+use crate::lifetimes::Session;
 use crate::namespace::{Namespace, NodeId};
 use crate::slab::Slabs;
 use crate::state::{MetaState, Move, Parts};
@@ -40,7 +42,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// The format of the `state` part written; the only one read.
-pub const FORMAT: u8 = 6;
+pub const FORMAT: u8 = 7;
 const TMP_FILE: &str = "checkpoint.tmp";
 
 const NODES: TableDefinition<u64, &[u8]> = TableDefinition::new("nodes");
@@ -137,6 +139,19 @@ impl MetaState {
         for (node, expires_ms, child_ttl_ms) in lifetimes {
             e.u64(node).u64(expires_ms).u64(child_ttl_ms);
         }
+        let life = self.ns().lifetimes();
+        e.u64(life.next_session()).u32(life.open_sessions() as u32);
+        for (id, s) in life.sessions() {
+            e.u64(id)
+                .u64(s.secret as u64)
+                .u64((s.secret >> 64) as u64)
+                .u64(s.lease_ms);
+        }
+        let bindings = life.bindings();
+        e.u32(bindings.len() as u32);
+        for (node, session) in bindings {
+            e.u64(node).u64(session);
+        }
         image.state = buf.to_vec();
         image
     }
@@ -155,7 +170,8 @@ impl MetaState {
         let format = d.u8()?;
         // Format 1 had no held blocks (no snapshots), format 2 no
         // ballooned ones (no dynamic capacity), format 3 no capability
-        // keys, format 4 no slab encryption flags, format 5 no lifetimes.
+        // keys, format 4 no slab encryption flags, format 5 no lifetimes,
+        // format 6 no sessions.
         if !(1..=FORMAT).contains(&format) {
             return Err(Error::protocol(format!(
                 "checkpoint format {format}; this build reads format {FORMAT}"
@@ -202,6 +218,28 @@ impl MetaState {
                 lifetimes.push((d.u64()?, d.u64()?, d.u64()?));
             }
         }
+        let mut next_session = 1;
+        let mut sessions = Vec::new();
+        let mut bindings = Vec::new();
+        if format >= 7 {
+            next_session = d.u64()?;
+            let n = d.count(32)?;
+            for _ in 0..n {
+                let id = d.u64()?;
+                let secret = u128::from(d.u64()?) | u128::from(d.u64()?) << 64;
+                let lease_ms = d.u64()?;
+                if id == 0 || id >= next_session {
+                    return Err(Error::protocol(format!(
+                        "session {id} is not below the next session id {next_session}"
+                    )));
+                }
+                sessions.push((id, Session { secret, lease_ms }));
+            }
+            let n = d.count(16)?;
+            for _ in 0..n {
+                bindings.push((d.u64()?, d.u64()?));
+            }
+        }
         dec.finish()?;
         let mut ns = Namespace::from_checkpoint(next_id, nodes)?;
         for (node, expires_ms, child_ttl_ms) in lifetimes {
@@ -211,6 +249,19 @@ impl MetaState {
                 )));
             }
             ns.set_lifetime(node, expires_ms, child_ttl_ms);
+        }
+        let life = ns.lifetimes_mut();
+        life.raise_next_session(next_session);
+        for (id, s) in sessions {
+            life.open_session(id, s);
+        }
+        for (node, session) in bindings {
+            if ns.get(node).is_none() || ns.lifetimes().session(session).is_none() {
+                return Err(Error::protocol(format!(
+                    "node {node} is bound to session {session}, but one of them does not exist"
+                )));
+            }
+            ns.bind_session(node, session);
         }
         Ok(MetaState::from_parts(
             lease_ms,

@@ -67,6 +67,12 @@ mod tag {
     pub const AIMED: u8 = 36;
     /// A node's expiry and child TTL (`Effect::LifetimeSet`).
     pub const LIFETIME_SET: u8 = 37;
+    /// A session opened (`Effect::SessionOpened`).
+    pub const SESSION_OPENED: u8 = 38;
+    /// A session ended (`Effect::SessionEnded`).
+    pub const SESSION_ENDED: u8 = 39;
+    /// A node bound to a session (`Effect::SessionBound`).
+    pub const SESSION_BOUND: u8 = 41;
 }
 
 fn block(e: &mut Enc, b: &BlockRef) {
@@ -265,6 +271,23 @@ pub fn encode_effects(effects: &[Effect], out: &mut BytesMut) {
                     .u64(*node)
                     .u64(*expires_ms)
                     .u64(*child_ttl_ms);
+            }
+            Effect::SessionOpened {
+                id,
+                secret,
+                lease_ms,
+            } => {
+                e.u8(tag::SESSION_OPENED)
+                    .u64(*id)
+                    .u64(*secret as u64)
+                    .u64((*secret >> 64) as u64)
+                    .u64(*lease_ms);
+            }
+            Effect::SessionEnded { id, at_ms } => {
+                e.u8(tag::SESSION_ENDED).u64(*id).u64(*at_ms);
+            }
+            Effect::SessionBound { node, session } => {
+                e.u8(tag::SESSION_BOUND).u64(*node).u64(*session);
             }
         }
     }
@@ -472,6 +495,19 @@ pub fn decode_effects(buf: &[u8]) -> Result<Vec<Effect>> {
                 expires_ms: d.u64()?,
                 child_ttl_ms: d.u64()?,
             },
+            tag::SESSION_OPENED => Effect::SessionOpened {
+                id: d.u64()?,
+                secret: u128::from(d.u64()?) | u128::from(d.u64()?) << 64,
+                lease_ms: d.u64()?,
+            },
+            tag::SESSION_ENDED => Effect::SessionEnded {
+                id: d.u64()?,
+                at_ms: d.u64()?,
+            },
+            tag::SESSION_BOUND => Effect::SessionBound {
+                node: d.u64()?,
+                session: d.u64()?,
+            },
             t => return Err(Error::protocol(format!("unknown logged effect {t}"))),
         });
     }
@@ -641,6 +677,19 @@ mod tests {
                 node: 12,
                 expires_ms: 1_800_000_000_000,
                 child_ttl_ms: 600_000,
+            },
+            Effect::SessionOpened {
+                id: 3,
+                secret: 0x0123_4567_89ab_cdef_fedc_ba98_7654_3210,
+                lease_ms: 10_000,
+            },
+            Effect::SessionEnded {
+                id: 3,
+                at_ms: 1_800_000_000_000,
+            },
+            Effect::SessionBound {
+                node: 12,
+                session: 3,
             },
         ]
     }

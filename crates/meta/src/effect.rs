@@ -172,4 +172,16 @@ pub enum Effect {
         expires_ms: u64,
         child_ttl_ms: u64,
     },
+    /// Session `id` is open, proved by `secret`, with a lease of
+    /// `lease_ms` (`docs/lifecycle.md`, *Sessions*).
+    SessionOpened {
+        id: u64,
+        secret: u128,
+        lease_ms: u64,
+    },
+    /// Session `id` ended at `at_ms` (wall-clock milliseconds): closed, or
+    /// its lease lapsed. The nodes bound to it expire then.
+    SessionEnded { id: u64, at_ms: u64 },
+    /// `node` is bound to session `session`.
+    SessionBound { node: NodeId, session: u64 },
 }

@@ -79,6 +79,8 @@ pub(crate) struct MetaHandler {
     pub(crate) claims_by_request: std::sync::atomic::AtomicU64,
     /// Nodes removed because they expired (the admin endpoint's metrics).
     pub(crate) expired: std::sync::atomic::AtomicU64,
+    /// Sessions ended because their lease lapsed (the metrics).
+    pub(crate) sessions_lapsed: std::sync::atomic::AtomicU64,
     /// Wakes the reaper.
     pub(crate) reap: Notify,
     /// Wakes the drainer (a drain was asked for).
@@ -130,6 +132,7 @@ impl MetaHandler {
             claims_by_call: Default::default(),
             claims_by_request: Default::default(),
             expired: Default::default(),
+            sessions_lapsed: Default::default(),
             reap: Notify::new(),
             drain: Notify::new(),
             next_move: std::sync::Mutex::new(Instant::now()),
@@ -534,14 +537,26 @@ impl MetaHandler {
         copied
     }
 
-    /// Removes what has expired at `now` (`docs/lifecycle.md`), a bounded
-    /// decision at a time, until nothing is due: the shell does this
-    /// before each request under the same lock, so no request sees a
-    /// node past its expiry. Returns the claims and the last log record
-    /// written (0: none).
+    /// Ends the sessions whose lease lapsed and removes what has expired
+    /// at `now` (`docs/lifecycle.md`), what a session bound among it, a
+    /// bounded decision at a time, until nothing is due: the shell does
+    /// this before each request under the same lock, so no request sees a
+    /// node past its expiry or its session. Returns the claims and the
+    /// last log record written (0: none).
     pub(crate) fn expire_due(&self, st: &mut MetaState, now: u64) -> (Vec<BlockClaim>, u64) {
         let mut claims = Vec::new();
         let mut seq = 0;
+        while let Some(d) = st.decide_session_lapse(now) {
+            let n = d.notes().sessions_lapsed();
+            tracing::info!(
+                "{n} session(s) lapsed: their clients stopped renewing; what they bound is removed"
+            );
+            let (c, s) = self.commit_logged(st, d, now);
+            self.sessions_lapsed
+                .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            claims.extend(c);
+            seq = s;
+        }
         while let Some(d) = st.decide_expiry(now) {
             let n = d.notes().expired();
             let (c, s) = self.commit_logged(st, d, now);

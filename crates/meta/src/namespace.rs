@@ -632,6 +632,18 @@ impl Namespace {
         }
     }
 
+    pub(crate) fn lifetimes_mut(&mut self) -> &mut Lifetimes {
+        &mut self.life
+    }
+
+    /// Node `id` is bound to `session` (a node that does not exist, or a
+    /// session that is not open, keeps nothing).
+    pub(crate) fn bind_session(&mut self, id: NodeId, session: u64) {
+        if self.nodes.contains_key(&id) && self.life.session(session).is_some() {
+            self.life.bind(id, session);
+        }
+    }
+
     pub fn graveyard_is_empty(&self) -> bool {
         self.graveyard.is_empty()
     }
@@ -874,6 +886,14 @@ impl Namespace {
             let _ = writeln!(out, "{:?}", self.nodes[id]);
         }
         let _ = writeln!(out, "lifetimes {:?}", self.life.entries());
+        let sessions: Vec<_> = self.life.sessions().collect();
+        let _ = writeln!(
+            out,
+            "sessions {:?} next {} bound {:?}",
+            sessions,
+            self.life.next_session(),
+            self.life.bindings()
+        );
         out
     }
 

@@ -198,6 +198,7 @@ impl Sim {
             open_existing: false,
             ttl_ms: 0,
             child_ttl_ms: 0,
+            session: None,
         };
         match op {
             Op::Create(p, NodeType::KeyValue) | Op::Put(p) => {

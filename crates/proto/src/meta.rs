@@ -107,7 +107,19 @@ meta_ops! {
     RESERVE = 28, Reserve, "reserve", PATH_REQUEST_MAX => Reserved;
     LINK = 29, Link, "link", PATH_REQUEST_MAX => Record;
     RECORD_AT = 30, RecordAt, "record_at", PATH_REQUEST_MAX => Record;
+    SESSION_OPEN = 31, SessionOpen, "session_open", SMALL_REQUEST_MAX => Session;
+    SESSION_RENEW = 32, SessionRenew, "session_renew", SMALL_REQUEST_MAX => Session;
+    SESSION_CLOSE = 36, SessionClose, "session_close", SMALL_REQUEST_MAX => Done;
 }
+
+/// Shortest lease a session may ask for: its client renews it a few
+/// times per lease, so a shorter one would cost more requests than it
+/// saves waiting (`docs/lifecycle.md`, *Sessions*).
+pub const MIN_SESSION_LEASE_MS: u64 = 1_000;
+
+/// Longest lease a session may ask for: how long what a dead client bound
+/// may outlive it.
+pub const MAX_SESSION_LEASE_MS: u64 = 3_600_000;
 
 /// Most puts one `Reserve` request reserves.
 pub const MAX_RESERVE: u32 = 64;
@@ -268,6 +280,10 @@ pub enum MetaRequest {
         /// For a container: the TTL its new children get when their create
         /// names none (0: none). At most [`MAX_TTL_MS`].
         child_ttl_ms: u64,
+        /// The session the node is bound to, if any: it is removed, with
+        /// its subtree, when that session ends or its lease lapses
+        /// (`docs/lifecycle.md`, *Sessions*).
+        session: Option<SessionRef>,
     },
     Lookup {
         path: String,
@@ -492,6 +508,26 @@ pub enum MetaRequest {
         /// [`MAX_TTL_MS`]).
         child_ttl_ms: Option<u64>,
     },
+    /// Opens a session (`docs/lifecycle.md`, *Sessions*): nodes created
+    /// bound to it are removed when it ends, or when `lease_ms` passes
+    /// with no renewal. `secret` is the client's random proof of
+    /// ownership, which renewing and closing it must show. The lease is
+    /// clamped to [`MIN_SESSION_LEASE_MS`]..=[`MAX_SESSION_LEASE_MS`];
+    /// the reply says what was given.
+    SessionOpen {
+        secret: u128,
+        lease_ms: u64,
+    },
+    /// Renews a session's lease; `NotFound` once it has ended.
+    SessionRenew {
+        id: u64,
+        secret: u128,
+    },
+    /// Ends a session: what is bound to it is removed.
+    SessionClose {
+        id: u64,
+        secret: u128,
+    },
 }
 
 /// A TTL meaning "never expires" (in a create: not even under a parent
@@ -558,6 +594,7 @@ impl MetaRequest {
                 open_existing,
                 ttl_ms,
                 child_ttl_ms,
+                session,
             } => {
                 e.str(path)
                     .u8(*ty as u8)
@@ -571,6 +608,23 @@ impl MetaRequest {
                     .bool(*open_existing)
                     .u64(*ttl_ms)
                     .u64(*child_ttl_ms);
+                match session {
+                    None => {
+                        e.u64(0);
+                    }
+                    Some(s) => {
+                        e.u64(s.id);
+                        put_secret(e, s.secret);
+                    }
+                }
+            }
+            MetaRequest::SessionOpen { secret, lease_ms } => {
+                put_secret(e, *secret);
+                e.u64(*lease_ms);
+            }
+            MetaRequest::SessionRenew { id, secret } | MetaRequest::SessionClose { id, secret } => {
+                e.u64(*id);
+                put_secret(e, *secret);
             }
             MetaRequest::Lookup { path }
             | MetaRequest::Enumerate { path }
@@ -755,6 +809,25 @@ impl MetaRequest {
                 open_existing: d.bool()?,
                 ttl_ms: d.u64()?,
                 child_ttl_ms: d.u64()?,
+                session: match d.u64()? {
+                    0 => None,
+                    id => Some(SessionRef {
+                        id,
+                        secret: secret(d)?,
+                    }),
+                },
+            },
+            op::SESSION_OPEN => MetaRequest::SessionOpen {
+                secret: secret(d)?,
+                lease_ms: d.u64()?,
+            },
+            op::SESSION_RENEW => MetaRequest::SessionRenew {
+                id: d.u64()?,
+                secret: secret(d)?,
+            },
+            op::SESSION_CLOSE => MetaRequest::SessionClose {
+                id: d.u64()?,
+                secret: secret(d)?,
             },
             op::LOOKUP => MetaRequest::Lookup { path: d.string()? },
             op::ENUMERATE => MetaRequest::Enumerate { path: d.string()? },
@@ -925,12 +998,32 @@ impl MetaRequest {
     }
 }
 
+/// A session's secret as the wire carries it: two little-endian halves.
+fn secret(d: &mut Dec) -> Result<u128> {
+    let lo = d.u64()?;
+    Ok(u128::from(lo) | u128::from(d.u64()?) << 64)
+}
+
+fn put_secret(e: &mut Enc, secret: u128) {
+    e.u64(secret as u64).u64((secret >> 64) as u64);
+}
+
+/// A session as a create names it, to bind the node to it: its id (never
+/// 0) and the secret that proves the creator holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionRef {
+    pub id: u64,
+    pub secret: u128,
+}
+
 /// Successful replies; which variant answers which op is fixed by the
 /// table of `meta_ops!` (its last column).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MetaReply {
     /// The node (a create, lookup, open or attribute change).
     Node(NodeInfo),
+    /// A session opened or renewed: its id and the lease it was given.
+    Session { id: u64, lease_ms: u64 },
     /// Nothing to report.
     Done,
     /// Remove: the record to clear; Sync: the record to write (a closed
@@ -1068,6 +1161,9 @@ impl MetaReply {
                 }
             }
             MetaReply::Resized(s) => s.encode(e),
+            MetaReply::Session { id, lease_ms } => {
+                e.u64(*id).u64(*lease_ms);
+            }
             MetaReply::Reserved { lease_ms, puts } => {
                 e.u64(*lease_ms).u32(puts.len() as u32);
                 for n in puts {
@@ -1196,6 +1292,10 @@ impl MetaReply {
                 MetaReply::Policy(set)
             }
             ReplyKind::Resized => MetaReply::Resized(ResizeStatus::decode(&mut d)?),
+            ReplyKind::Session => MetaReply::Session {
+                id: d.u64()?,
+                lease_ms: d.u64()?,
+            },
         };
         d.finish()?;
         Ok(reply)
@@ -1224,6 +1324,7 @@ enum ReplyKind {
     Resized,
     Renewed,
     Reserved,
+    Session,
 }
 
 #[cfg(test)]

@@ -19,6 +19,34 @@ fn samples() -> Vec<MetaRequest> {
             open_existing: true,
             ttl_ms: 0,
             child_ttl_ms: 0,
+            session: None,
+        },
+        MetaRequest::Create {
+            path: "/jobs/j1".into(),
+            ty: NodeType::Directory,
+            storage_class: crate::NO_CLASS,
+            location: String::new(),
+            enumerable: true,
+            size_hint: 0,
+            pinned: false,
+            mode: 0o755,
+            mtime: 1,
+            open_existing: false,
+            ttl_ms: 60_000,
+            child_ttl_ms: 1_000,
+            session: Some(SessionRef {
+                id: 7,
+                secret: u128::MAX - 3,
+            }),
+        },
+        MetaRequest::SessionOpen {
+            secret: 0x0011_2233_4455_6677_8899_aabb_ccdd_eeff,
+            lease_ms: 10_000,
+        },
+        MetaRequest::SessionRenew { id: 7, secret: 1 },
+        MetaRequest::SessionClose {
+            id: u64::MAX,
+            secret: 1 << 100,
         },
         MetaRequest::Lookup { path: "/x".into() },
         MetaRequest::Remove {
@@ -230,6 +258,7 @@ fn every_request_at_its_largest_fits_its_kinds_limit() {
             open_existing: true,
             ttl_ms: 0,
             child_ttl_ms: 0,
+            session: None,
         },
         MetaRequest::Move {
             src: path.clone(),
@@ -455,6 +484,21 @@ fn replies_round_trip() {
             },
         ),
         (op::REGISTER, MetaReply::Registered { server: 3 }),
+        (
+            op::SESSION_OPEN,
+            MetaReply::Session {
+                id: 7,
+                lease_ms: 10_000,
+            },
+        ),
+        (
+            op::SESSION_RENEW,
+            MetaReply::Session {
+                id: 7,
+                lease_ms: 10_000,
+            },
+        ),
+        (op::SESSION_CLOSE, MetaReply::Done),
         (
             op::RESERVE,
             MetaReply::Reserved {

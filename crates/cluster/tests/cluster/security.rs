@@ -48,6 +48,7 @@ fn mkdir(path: &str) -> (u16, Vec<u8>) {
         open_existing: false,
         ttl_ms: 0,
         child_ttl_ms: 0,
+        session: None,
     };
     let mut b = BytesMut::new();
     req.encode(&mut b);

@@ -104,6 +104,7 @@ impl Sim {
                 open_existing,
                 ttl_ms,
                 child_ttl_ms: 0,
+                session: None,
             })?
         };
         if let Ok(MetaReply::Node(info)) = reply {
@@ -589,6 +590,7 @@ impl Sim {
                 open_existing: false,
                 ttl_ms,
                 child_ttl_ms,
+                session: None,
             },
             2 | 3 => MetaRequest::Remove {
                 path,

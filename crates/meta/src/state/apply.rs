@@ -7,6 +7,7 @@
 use super::{slab_of, MetaState, Move, SLAB_MOVE};
 use crate::alloc::{BlockAllocator, BlockClaim, BlockRef};
 use crate::effect::Effect;
+use crate::lifetimes::Session;
 use crate::namespace::{Namespace, NodeId};
 use crate::slab::Piece;
 use crate::slab::Slabs;
@@ -84,6 +85,19 @@ impl MetaState {
                 expires_ms,
                 child_ttl_ms,
             } => self.ns.set_lifetime(*node, *expires_ms, *child_ttl_ms),
+            Effect::SessionOpened {
+                id,
+                secret,
+                lease_ms,
+            } => self.ns.lifetimes_mut().open_session(
+                *id,
+                Session {
+                    secret: *secret,
+                    lease_ms: *lease_ms,
+                },
+            ),
+            Effect::SessionEnded { id, at_ms } => self.ns.lifetimes_mut().end_session(*id, *at_ms),
+            Effect::SessionBound { node, session } => self.ns.bind_session(*node, *session),
             Effect::Ballooned { block } => {
                 self.alloc.balloon(block.server, block.block, block.gen);
                 if self.alloc.server(block.server).is_some() {

@@ -81,7 +81,9 @@ impl MetaState {
         };
         let life = self.ns.lifetimes();
         if !life.is_consistent() {
-            return Err("the expiry index disagrees with the expiry times".into());
+            return Err(
+                "the lifetimes' indexes disagree (expiries, bindings or session deadlines)".into(),
+            );
         }
         if let Some(id) = life.nodes().find(|id| self.ns.get(*id).is_none()) {
             return Err(format!("node {id} has a lifetime but does not exist"));
@@ -375,7 +377,8 @@ impl MetaState {
                 | Effect::PieceOutgrown { node }
                 | Effect::Aimed { node, .. }
                 | Effect::AttrsSet { node, .. }
-                | Effect::LifetimeSet { node, .. } => {
+                | Effect::LifetimeSet { node, .. }
+                | Effect::SessionBound { node, .. } => {
                     nodes.insert(*node);
                 }
                 Effect::BlockAdded { node, block } | Effect::BlockSwapped { node, block, .. } => {
@@ -415,7 +418,9 @@ impl MetaState {
                 | Effect::ServerReaddressed { id, .. } => {
                     servers.insert(*id);
                 }
-                Effect::CountersRaised { .. } => {}
+                Effect::CountersRaised { .. }
+                | Effect::SessionOpened { .. }
+                | Effect::SessionEnded { .. } => {}
             }
         }
         let below_next = |server: u32, block: u32, gen: u64| {

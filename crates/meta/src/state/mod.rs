@@ -67,6 +67,7 @@ mod pieces;
 mod replies;
 mod resize;
 mod servers;
+mod sessions;
 mod snapshots;
 mod writes;
 
@@ -348,6 +349,7 @@ impl MetaState {
                 open_existing,
                 ttl_ms,
                 child_ttl_ms,
+                session,
             } => d.create(
                 path,
                 *ty,
@@ -360,6 +362,7 @@ impl MetaState {
                     mtime: *mtime,
                     ttl_ms: *ttl_ms,
                     child_ttl_ms: *child_ttl_ms,
+                    session: *session,
                 },
                 *size_hint,
                 *open_existing,
@@ -464,6 +467,12 @@ impl MetaState {
                 block,
             } => d.snapshot_locate(*id, *node, *index, *server, *block, now)?,
             MetaRequest::SnapshotEnd { id } => d.snapshot_end(*id)?,
+            // sessions.rs
+            MetaRequest::SessionOpen { secret, lease_ms } => {
+                d.session_open(*secret, *lease_ms, now)?
+            }
+            MetaRequest::SessionRenew { id, secret } => d.session_renew(*id, *secret)?,
+            MetaRequest::SessionClose { id, secret } => d.session_close(*id, *secret, now)?,
         };
         Ok(d.finish(reply))
     }

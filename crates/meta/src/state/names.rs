@@ -30,6 +30,8 @@ pub(super) struct NodeFlags<'a> {
     /// The create's TTL and child TTL (`MetaRequest::Create`).
     pub(super) ttl_ms: u64,
     pub(super) child_ttl_ms: u64,
+    /// The session the node is bound to, if any.
+    pub(super) session: Option<nodekernel_proto::meta::SessionRef>,
 }
 
 /// `mode` as a node keeps it, if it holds only permission bits.
@@ -77,6 +79,7 @@ impl<'a> Draft<'a> {
             mtime,
             ttl_ms,
             child_ttl_ms,
+            session,
         } = f;
         let mode = check_mode(mode)?;
         self.st.check_partition(path)?;
@@ -123,6 +126,7 @@ impl<'a> Draft<'a> {
             mtime,
         });
         self.created_lifetime(id, parent, ttl_ms, child_ttl_ms, ty.is_container(), now)?;
+        self.bind_created(id, session)?;
         if !ty.replaces_on_create() {
             self.push(Effect::Linked { id, slot });
         }

@@ -40,6 +40,11 @@ pub struct Notes {
     /// Nodes removed because they expired (unclosed puts among them),
     /// for the metrics ([`MetaState::decide_expiry`]).
     pub(super) expired: u64,
+    /// A session opened or renewed: its lease runs from now.
+    pub(super) session_renewed: Option<u64>,
+    /// Sessions ended because their lease lapsed, for the metrics
+    /// ([`MetaState::decide_session_lapse`]).
+    pub(super) sessions_lapsed: u64,
 }
 
 /// A change of the tiering and placement policy: the settings after it,
@@ -62,6 +67,11 @@ impl Notes {
         self.expired
     }
 
+    /// How many sessions the decision ended because their lease lapsed.
+    pub fn sessions_lapsed(&self) -> u64 {
+        self.sessions_lapsed
+    }
+
     /// The policy changes (key, value) applied, to log.
     pub fn policy_changes(&self) -> Option<&[(String, String)]> {
         self.policy.as_ref().map(|p| &p.changes[..])
@@ -82,6 +92,12 @@ impl MetaState {
             let _ = self.alloc.heartbeat(id, now);
             if let Some(t) = traffic {
                 self.alloc.set_traffic(id, t);
+            }
+        }
+        if let Some(id) = n.session_renewed {
+            let life = self.ns.lifetimes_mut();
+            if let Some(lease) = life.session(id).map(|s| s.lease_ms) {
+                life.set_deadline(id, Some(now.saturating_add(lease)));
             }
         }
         if let Some(id) = n.suspect {

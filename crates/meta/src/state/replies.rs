@@ -58,6 +58,11 @@ pub(super) enum Reply {
     Renewed(Vec<NodeId>),
     /// Reserved puts: (node, lease).
     Reserved(Vec<(NodeId, u64)>),
+    /// A session opened or renewed.
+    Session {
+        id: u64,
+        lease_ms: u64,
+    },
 }
 
 /// What a block location handed out lets its holder do, and when it was
@@ -106,6 +111,10 @@ impl MetaState {
                 MetaReply::Node(info)
             }
             Reply::Done => MetaReply::Done,
+            Reply::Session { id, lease_ms } => MetaReply::Session {
+                id: *id,
+                lease_ms: *lease_ms,
+            },
             Reply::Record(r) => MetaReply::Record(r.and_then(|s| self.record_loc(s, now))),
             Reply::Moved {
                 ty,

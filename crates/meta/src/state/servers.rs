@@ -146,11 +146,18 @@ impl MetaState {
 
     /// After a replay: every known storage server counts as seen `now`,
     /// so it has the usual time to heartbeat (or re-register) before it is
-    /// declared dead.
+    /// declared dead, and every open session has a lease from `now`.
     pub fn restarted(&mut self, now: u64) {
         let ids: Vec<u32> = self.alloc.servers().map(|(id, _)| id).collect();
         for id in ids {
             let _ = self.alloc.heartbeat(id, now);
+        }
+        // Every open session has one lease from now to be renewed
+        // (`docs/lifecycle.md`, *Sessions*): its deadline was soft state.
+        let life = self.ns.lifetimes_mut();
+        let leases: Vec<(u64, u64)> = life.sessions().map(|(id, s)| (id, s.lease_ms)).collect();
+        for (id, lease) in leases {
+            life.set_deadline(id, Some(now.saturating_add(lease)));
         }
     }
 

@@ -21,6 +21,7 @@ fn decisions_change_nothing_and_effects_replay_to_the_same_state() {
         open_existing: false,
         ttl_ms: 0,
         child_ttl_ms: 0,
+        session: None,
     };
     let d = s.decide(&req, 5).unwrap();
     assert!(!d.effects.is_empty());
@@ -52,6 +53,7 @@ fn decisions_change_nothing_and_effects_replay_to_the_same_state() {
         open_existing: false,
         ttl_ms: 0,
         child_ttl_ms: 0,
+        session: None,
     };
     assert_eq!(s.apply(bad, 0).unwrap_err().code, ErrorCode::TypeMismatch);
     assert_eq!(s.dump(), before);

@@ -295,6 +295,7 @@ fn a_restart_keeps_what_was_closed_and_forgets_writers() {
         open_existing: false,
         ttl_ms: 0,
         child_ttl_ms: 0,
+        session: None,
     };
     let node = |r: MetaReply| match r {
         MetaReply::Node(n) => n,

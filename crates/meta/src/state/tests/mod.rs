@@ -25,6 +25,7 @@ mod pieces;
 mod replies;
 mod reserved;
 mod servers;
+mod sessions;
 mod small_files;
 mod snapshots;
 mod tiering;
@@ -122,6 +123,7 @@ fn create_request(path: &str, ty: NodeType) -> MetaRequest {
         open_existing: false,
         ttl_ms: 0,
         child_ttl_ms: 0,
+        session: None,
     }
 }
 

@@ -361,6 +361,7 @@ fn modes_and_times_are_kept_through_the_log_and_a_checkpoint() {
         open_existing: false,
         ttl_ms: 0,
         child_ttl_ms: 0,
+        session: None,
     };
     let MetaReply::Node(d) = logged(&mut s, l, mk("/d", Directory, 0o700, 11)).unwrap() else {
         panic!()

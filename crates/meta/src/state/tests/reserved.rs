@@ -146,6 +146,7 @@ fn unused_reservations_lapse_and_the_log_rebuilds_linked_ones() {
         open_existing: false,
         ttl_ms: 0,
         child_ttl_ms: 0,
+        session: None,
     };
     logged(&mut s, &mut log, t).unwrap();
     let used = used_blocks(&s, 0);

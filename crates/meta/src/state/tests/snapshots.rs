@@ -286,6 +286,7 @@ fn what_a_snapshot_held_survives_a_replay_and_a_checkpoint_and_a_restart_frees_i
             open_existing: false,
             ttl_ms: 0,
             child_ttl_ms: 0,
+            session: None,
         },
     )
     .unwrap();

@@ -65,6 +65,7 @@ fn migration_moves_the_coldest_unpinned_blocks_and_promotes_hot_ones() {
                 open_existing: false,
                 ttl_ms: 0,
                 child_ttl_ms: 0,
+                session: None,
             },
             1,
         )
