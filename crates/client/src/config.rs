@@ -128,6 +128,10 @@ pub struct CreateOptions {
     /// For a Directory, Table or Bag: the TTL of new children whose create
     /// names none (`None`: no child TTL).
     pub child_ttl: Option<Duration>,
+    /// The session the node is bound to ([`Client::session`](crate::Client::session)):
+    /// it is removed, with its subtree, when the session ends or its lease
+    /// lapses (`docs/lifecycle.md`, *Sessions*).
+    pub session: Option<crate::Session>,
 }
 
 /// How long a node lives (`docs/lifecycle.md`).
@@ -171,6 +175,7 @@ impl Default for CreateOptions {
             mtime: None,
             ttl: None,
             child_ttl: None,
+            session: None,
         }
     }
 }

@@ -40,6 +40,15 @@ impl Client {
     ) -> Result<Node> {
         path::components(p)?;
         let idx = self.partition(p);
+        let session = match &opts.session {
+            Some(s) if !s.belongs_to(self) => {
+                return Err(Error::invalid_argument(
+                    "the session was opened by another client: bind nodes with the client that opened it",
+                ))
+            }
+            Some(s) => Some(s.bind(idx)?),
+            None => None,
+        };
         let req = MetaRequest::Create {
             path: p.to_string(),
             ty,
@@ -57,7 +66,7 @@ impl Client {
             open_existing,
             ttl_ms: opts.ttl.map_or(0, Ttl::wire_ms),
             child_ttl_ms: opts.child_ttl.map_or(0, crate::config::ttl_ms),
-            session: None,
+            session,
         };
         let info = self.node_reply(idx, &req).await?;
         if let Some(rec) = &info.record {
@@ -193,7 +202,8 @@ impl Client {
             && !opts.local
             && !opts.pinned
             && opts.mode.is_none()
-            && opts.mtime.is_none();
+            && opts.mtime.is_none()
+            && opts.session.is_none();
         if let Some(r) = plain
             .then(|| self.take_reserved(part, p, value.len()))
             .flatten()

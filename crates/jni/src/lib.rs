@@ -712,6 +712,7 @@ pub extern "system" fn Java_io_nodekernel_Native_create<'l>(
             mtime: None,
             ttl: ttl_of(ttl)?,
             child_ttl: child_ttl_of(child_ttl)?,
+            session: None,
         };
         let sopts = stream_options(buffer_size, slice_size)?;
         let node = if open_existing != 0 {

@@ -22,6 +22,7 @@ mod reserved;
 mod safety;
 mod security;
 mod semantics;
+mod sessions;
 mod small_files;
 mod small_values;
 mod snapshot;

@@ -1,0 +1,227 @@
+//! Sessions (`docs/lifecycle.md`, *Sessions*): a client opens one with a
+//! lease that a background task renews, and nodes created bound to it
+//! ([`CreateOptions::session`](crate::CreateOptions)) are removed, each
+//! with its subtree, when the session is closed or its lease lapses: the
+//! process died, hung or was cut off. ZooKeeper's ephemeral nodes work the
+//! same way.
+//!
+//! A session is open in every metadata partition (a node is bound in the
+//! partition that owns its path), with one random secret that proves the
+//! holder to each. Costs: per session one task, asleep between renewals,
+//! and one `SessionRenew` per partition a few times per lease; on each
+//! metadata server about 100 bytes.
+
+use crate::Client;
+use nodekernel_proto::meta::{MetaReply, MetaRequest, SessionRef};
+use nodekernel_proto::{Error, ErrorCode, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+/// The lease a session gets unless asked otherwise: a client that stops
+/// renewing (it died) loses what it bound within about this long.
+pub const DEFAULT_SESSION_LEASE: Duration = Duration::from_secs(10);
+
+/// Renewals per lease: a client that stalls for up to two thirds of a
+/// lease keeps its session.
+const RENEWS_PER_LEASE: u32 = 3;
+
+/// An open session. Cheap to clone; the session ends when
+/// [`Session::close`] is called, or when the last handle is dropped (then
+/// in the background, as the process exits, its lease lapses if the close
+/// did not get out).
+#[derive(Clone)]
+pub struct Session {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    secret: u128,
+    /// The session's id in each partition.
+    ids: Vec<u64>,
+    lease: Duration,
+    /// Known to have ended: closed, or a metadata server said it lapsed.
+    ended: AtomicBool,
+    renewer: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("ids", &self.inner.ids)
+            .field("lease", &self.inner.lease)
+            .field("ended", &self.has_ended())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// Opens a session with a lease of `lease` (the metadata servers keep
+    /// it between 1 s and 1 h; [`DEFAULT_SESSION_LEASE`] is a good
+    /// default), renewed in the background from now on. Must be called
+    /// within a Tokio runtime, which runs the renewals.
+    pub async fn session(&self, lease: Duration) -> Result<Session> {
+        let mut secret = [0u8; 16];
+        nodekernel_rpc::random_bytes(&mut secret)
+            .map_err(|e| Error::internal(format!("no random bytes for a session's secret: {e}")))?;
+        let secret = u128::from_le_bytes(secret);
+        let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+        let req = MetaRequest::SessionOpen { secret, lease_ms };
+        let parts = self.inner.cfg.metas.len();
+        let opened = futures::future::join_all((0..parts).map(|p| self.meta_at(p, &req))).await;
+        let mut ids = Vec::with_capacity(parts);
+        let mut granted = Duration::MAX;
+        let mut failed = None;
+        for r in opened {
+            match r {
+                Ok(MetaReply::Session { id, lease_ms }) => {
+                    ids.push(id);
+                    granted = granted.min(Duration::from_millis(lease_ms));
+                }
+                Ok(other) => failed = Some(crate::client::unexpected(other)),
+                Err(e) => failed = Some(e),
+            }
+        }
+        if let Some(e) = failed {
+            // Leave nothing open behind.
+            for (part, id) in ids.iter().enumerate() {
+                let close = MetaRequest::SessionClose { id: *id, secret };
+                let _ = self.meta_at(part, &close).await;
+            }
+            return Err(e);
+        }
+        let inner = Arc::new_cyclic(|weak: &Weak<Inner>| Inner {
+            client: self.clone(),
+            secret,
+            ids,
+            lease: granted,
+            ended: AtomicBool::new(false),
+            renewer: tokio::spawn(keep(weak.clone(), granted / RENEWS_PER_LEASE)),
+        });
+        Ok(Session { inner })
+    }
+}
+
+impl Session {
+    /// The lease the metadata servers gave.
+    pub fn lease(&self) -> Duration {
+        self.inner.lease
+    }
+
+    /// Whether the session is known to have ended (closed, or its lease
+    /// lapsed: what was bound to it is gone).
+    pub fn has_ended(&self) -> bool {
+        self.inner.ended.load(Ordering::Relaxed)
+    }
+
+    /// The session as a create in partition `part` names it.
+    pub(crate) fn bind(&self, part: usize) -> Result<SessionRef> {
+        if self.has_ended() {
+            return Err(Error::not_found(
+                "the session has ended (closed, or its lease lapsed): nothing more is bound to it",
+            ));
+        }
+        let id = *self
+            .inner
+            .ids
+            .get(part)
+            .ok_or_else(|| Error::invalid_argument("the session is another client's"))?;
+        Ok(SessionRef {
+            id,
+            secret: self.inner.secret,
+        })
+    }
+
+    /// Whether this session was opened by `client` (the same connection
+    /// pool and partitions).
+    pub(crate) fn belongs_to(&self, client: &Client) -> bool {
+        Arc::ptr_eq(&self.inner.client.inner, &client.inner)
+    }
+
+    /// Ends the session: everything bound to it is removed (with its
+    /// subtree) before any later request sees it. Closing an ended
+    /// session is not an error.
+    pub async fn close(&self) -> Result<()> {
+        if self.inner.ended.swap(true, Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.inner.renewer.abort();
+        let mut first_err = None;
+        for (part, id) in self.inner.ids.iter().enumerate() {
+            let req = MetaRequest::SessionClose {
+                id: *id,
+                secret: self.inner.secret,
+            };
+            match self.inner.client.meta_at(part, &req).await {
+                Ok(_) => {}
+                // It lapsed already: what it bound is gone either way.
+                Err(e) if e.code == ErrorCode::NotFound => {}
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.renewer.abort();
+        if self.ended.load(Ordering::Relaxed) {
+            return;
+        }
+        // The last handle is gone without a close: close in the
+        // background if a runtime is still running; else the lease lapses.
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (client, secret, ids) = (self.client.clone(), self.secret, self.ids.clone());
+        rt.spawn(async move {
+            for (part, id) in ids.into_iter().enumerate() {
+                let _ = client
+                    .meta_at(part, &MetaRequest::SessionClose { id, secret })
+                    .await;
+            }
+        });
+    }
+}
+
+/// Renews the session behind `weak` every `period` while it exists. A
+/// renewal that fails is tried again the next period; one answered
+/// `NotFound` means the session lapsed (this client was cut off for longer
+/// than its lease) and what it bound is gone: it is renewed no more.
+async fn keep(weak: Weak<Inner>, period: Duration) {
+    loop {
+        tokio::time::sleep(period).await;
+        let Some(s) = weak.upgrade() else {
+            return;
+        };
+        let renewals = s.ids.iter().enumerate().map(|(part, id)| {
+            let req = MetaRequest::SessionRenew {
+                id: *id,
+                secret: s.secret,
+            };
+            let client = &s.client;
+            async move { (part, client.meta_at(part, &req).await) }
+        });
+        for (part, r) in futures::future::join_all(renewals).await {
+            match r {
+                Ok(_) => {}
+                Err(e) if e.code == ErrorCode::NotFound => {
+                    tracing::warn!(
+                        "session {} lapsed in metadata partition {part}: what it bound is removed",
+                        s.ids[part]
+                    );
+                    s.ended.store(true, Ordering::Relaxed);
+                    return;
+                }
+                Err(e) => tracing::debug!("renewing session {} failed: {e}", s.ids[part]),
+            }
+        }
+    }
+}
