@@ -78,6 +78,14 @@ Examples:
   nk stat /jobs/j1                   # expires: ... (in 1h59m)
 ";
 
+pub const RUN: &str = "\
+Examples:
+  nk run --bind /jobs/j1 -- ./etl.sh      # /jobs/j1 exists while etl.sh runs
+  nk run --bind /jobs/j1 -- sh -c 'nk put out.csv $NK_BIND/'
+  nk run --lease 30s --bind /tmp/a --bind /tmp/b -- make
+  (if nk run is killed, the directories go once the lease lapses)
+";
+
 pub const STAT: &str = "\
 Examples:
   nk stat /jobs/in.csv

@@ -13,6 +13,7 @@ mod policy;
 #[cfg(test)]
 mod reference;
 mod resize;
+mod run;
 mod servers;
 mod snapshot;
 mod status;
@@ -442,6 +443,11 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Run a command with cluster directories that live as long as it
+    /// does: removed with everything in them when it exits, or when nk run
+    /// dies (`docs/lifecycle.md`)
+    #[command(after_help = examples::RUN)]
+    Run(run::RunArgs),
     /// Benchmark a cluster (create, putkey, getkey, lookup, enumerate)
     Bench(bench::BenchArgs),
     /// Move every block of a storage server to other servers (of its
@@ -758,6 +764,11 @@ fn usage_error(e: clap::Error, json: bool) -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<u8> {
+    if let Cmd::Run(a) = &cli.cmd {
+        // The command's exit status is nk run's.
+        let client = nodekernel_client::Client::connect(cli.client_config()?).await?;
+        return run::run(&client, a).await;
+    }
     run_command(cli)
         .await
         .map(|holds| if holds { 0 } else { FAILED })
@@ -1029,6 +1040,7 @@ async fn run_command(cli: Cli) -> anyhow::Result<bool> {
             ..
         }) => resize::run(&client, action).await?,
         Cmd::Bench(_)
+        | Cmd::Run(_)
         | Cmd::Mount(_)
         | Cmd::Umount(_)
         | Cmd::Token(_)

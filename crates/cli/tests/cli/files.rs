@@ -694,3 +694,126 @@ fn ttls_are_set_shown_and_honoured() {
     e.fails(&["cat", "/jobs/a"], "NotFound");
     assert_eq!(e.cluster_bytes("/jobs/b"), b"value");
 }
+
+/// `nk ARGS` in `e`'s working directory, with this `nk` first on PATH
+/// (for the commands `nk run` runs).
+fn nk_run(e: &Env, args: &[&str]) -> std::process::Command {
+    let bin = Path::new(env!("CARGO_BIN_EXE_nk")).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut cmd = client(&e.up.meta);
+    cmd.args(args).env("PATH", path).current_dir(e.dir.path());
+    cmd
+}
+
+#[test]
+fn nk_run_binds_directories_to_the_commands_life() {
+    let e = Env::start();
+    e.write("v.txt", b"value");
+    e.ok(&["mkdir", "/jobs"]);
+    e.ok(&["put", "v.txt", "/jobs/keep"]);
+    // The command sees its directory (NK_BIND) and writes into it; its
+    // exit status is nk run's; the directory is gone after.
+    let out = nk_run(&e, &[
+        "run",
+        "--bind",
+        "/jobs/j1",
+        "--bind",
+        "/jobs/deep/j2",
+        "--",
+        "sh",
+        "-c",
+        "nk put v.txt $NK_BIND/out && nk test -d /jobs/deep/j2 && echo inside:$NK_BIND && exit 7",
+    ])
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(7), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("inside:/jobs/j1"),
+        "{out:?}"
+    );
+    assert!(!e.exists("/jobs/j1") && !e.exists("/jobs/deep/j2"));
+    assert!(e.exists("/jobs/deep"), "parents made for it stay");
+    assert_eq!(e.cluster_bytes("/jobs/keep"), b"value");
+    // A directory that exists is refused, and the command is not run.
+    let out = e.nk(&["run", "--bind", "/jobs/keep", "--", "sh", "-c", "echo ran"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("AlreadyExists"),
+        "{out:?}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("ran"));
+    // A command that cannot start: 127, and nothing left behind.
+    let out = e.nk(&["run", "--bind", "/jobs/j3", "--", "/no/such/program"]);
+    assert_eq!(out.status.code(), Some(127), "{out:?}");
+    assert!(!e.exists("/jobs/j3"));
+    // A signal that ends the command: 128 + it, as a shell reports.
+    let out = e.nk(&[
+        "run",
+        "--bind",
+        "/jobs/j4",
+        "--",
+        "sh",
+        "-c",
+        "kill -TERM $$",
+    ]);
+    assert_eq!(out.status.code(), Some(128 + 15), "{out:?}");
+    assert!(!e.exists("/jobs/j4"));
+}
+
+#[test]
+fn a_killed_nk_run_leaves_nothing_once_its_lease_lapses() {
+    let e = Env::start();
+    e.write("v.txt", b"value");
+    e.ok(&["mkdir", "/jobs"]);
+    e.ok(&["put", "v.txt", "/jobs/keep"]);
+    let mut run = nk_run(&e, &[])
+        .args([
+            "run",
+            "--lease",
+            "1s",
+            "--bind",
+            "/jobs/j1",
+            "--",
+            "sh",
+            "-c",
+            "nk put v.txt $NK_BIND/out && echo ready $$ && exec sleep 600",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(run.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let sleeper: i32 = line.trim().strip_prefix("ready ").unwrap().parse().unwrap();
+    // The command outlives a killed nk run, as any orphan does: the test
+    // ends it at the end (it holds the test's stderr).
+    struct Reap(i32);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            // SAFETY: kill with a pid and a valid signal.
+            unsafe { libc::kill(self.0, libc::SIGKILL) };
+        }
+    }
+    let _reap = Reap(sleeper);
+    // Renewed while it runs: several leases pass and the directory stays.
+    std::thread::sleep(std::time::Duration::from_millis(2_500));
+    assert_eq!(e.cluster_bytes("/jobs/j1/out"), b"value");
+    run.kill().unwrap(); // SIGKILL: no chance to clean up
+    run.wait().unwrap();
+    let start = std::time::Instant::now();
+    while e.exists("/jobs/j1") {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(120),
+            "the bound directory outlived its lease"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(e.cluster_bytes("/jobs/keep"), b"value");
+}

@@ -72,7 +72,10 @@ async fn closing_a_session_removes_what_it_bound_and_nothing_else() {
     job(&c, &s, "/jobs/j1").await;
     // A reader holds the bound File when the session ends.
     let r = c.lookup("/jobs/j1/part-0").await.unwrap();
-    assert_eq!(r.read(0, 10).await.unwrap(), pattern(7, 3 * BS as usize)[..10]);
+    assert_eq!(
+        r.read(0, 10).await.unwrap(),
+        pattern(7, 3 * BS as usize)[..10]
+    );
     assert!(used_blocks(&c).await > baseline);
     s.close().await.unwrap();
     assert!(s.has_ended());
