@@ -1,0 +1,151 @@
+//! Quotas and disk usage on the wire (`docs/lifecycle.md`, *Quotas* and
+//! *Disk usage*): a subtree's limits ([`Quota`]) and what it holds
+//! ([`UsageInfo`]), as `QuotaSet`, `Usage` and `Quotas` answer them.
+
+use crate::codec::{Dec, Enc};
+use crate::error::{Error, Result};
+use crate::types::NodeType;
+
+/// A limit that is not set (a quota on bytes only, or on nodes only).
+pub const NO_LIMIT: u64 = u64::MAX;
+
+/// Most quota roots one metadata partition keeps (so that `Quotas`, the
+/// metrics and the check of a write stay bounded).
+pub const MAX_QUOTAS: usize = 4096;
+
+/// The class of blocks held on a storage server since retired (their data
+/// is lost; they still count until their nodes are removed).
+pub const RETIRED_CLASS: u8 = crate::types::NO_CLASS;
+
+/// A container's limits on its subtree: the storage it may hold (bytes of
+/// blocks and pieces, as [`UsageInfo::held`] counts them) and the nodes
+/// below it ([`UsageInfo::nodes`]); [`NO_LIMIT`] where none is set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    pub bytes: u64,
+    pub nodes: u64,
+}
+
+impl Quota {
+    /// No limit at all: setting it clears a quota.
+    pub const NONE: Quota = Quota {
+        bytes: NO_LIMIT,
+        nodes: NO_LIMIT,
+    };
+
+    pub fn is_none(&self) -> bool {
+        *self == Quota::NONE
+    }
+
+    pub(crate) fn encode(&self, e: &mut Enc) {
+        e.u64(self.bytes).u64(self.nodes);
+    }
+
+    pub(crate) fn decode(d: &mut Dec) -> Result<Quota> {
+        Ok(Quota {
+            bytes: d.u64()?,
+            nodes: d.u64()?,
+        })
+    }
+}
+
+/// What a subtree holds in one storage class: whole blocks, and bytes of
+/// small values' pieces of shared blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ClassUsage {
+    /// [`RETIRED_CLASS`] for blocks on servers since retired.
+    pub class: u8,
+    pub blocks: u64,
+    pub piece_bytes: u64,
+}
+
+/// A subtree's disk usage, from the metadata server's incremental
+/// accounting: for a container, everything below it (not itself); for a
+/// data node, the node itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageInfo {
+    /// The path asked about (`Quotas`: the quota root's path).
+    pub path: String,
+    pub ty: NodeType,
+    /// Nodes below a container (a data node: 1).
+    pub nodes: u64,
+    /// Logical bytes: the sum of the published sizes of its data nodes.
+    pub bytes: u64,
+    /// Storage held: the bytes of the blocks and pieces its data nodes
+    /// hold (what a byte quota limits).
+    pub held: u64,
+    /// Held storage per class, in class order.
+    pub classes: Vec<ClassUsage>,
+    /// The container's own quota, if it has one.
+    pub quota: Option<Quota>,
+}
+
+impl UsageInfo {
+    /// Encoded length with no path and no class.
+    pub const MIN_LEN: usize = 4 + 1 + 8 + 8 + 8 + 4 + 1;
+
+    pub(crate) fn encode(&self, e: &mut Enc) {
+        e.str(&self.path)
+            .u8(self.ty as u8)
+            .u64(self.nodes)
+            .u64(self.bytes)
+            .u64(self.held)
+            .u32(self.classes.len() as u32);
+        for c in &self.classes {
+            e.u8(c.class).u64(c.blocks).u64(c.piece_bytes);
+        }
+        match &self.quota {
+            Some(q) => {
+                e.bool(true);
+                q.encode(e);
+            }
+            None => {
+                e.bool(false);
+            }
+        }
+    }
+
+    pub(crate) fn decode(d: &mut Dec) -> Result<UsageInfo> {
+        let path = d.string()?;
+        let ty = NodeType::from_u8(d.u8()?)?;
+        let (nodes, bytes, held) = (d.u64()?, d.u64()?, d.u64()?);
+        let n = d.count(1 + 8 + 8)?;
+        if n > 256 {
+            return Err(Error::protocol(format!("{n} storage classes in a usage")));
+        }
+        let mut classes = Vec::with_capacity(n);
+        for _ in 0..n {
+            classes.push(ClassUsage {
+                class: d.u8()?,
+                blocks: d.u64()?,
+                piece_bytes: d.u64()?,
+            });
+        }
+        let quota = if d.bool()? {
+            Some(Quota::decode(d)?)
+        } else {
+            None
+        };
+        Ok(UsageInfo {
+            path,
+            ty,
+            nodes,
+            bytes,
+            held,
+            classes,
+            quota,
+        })
+    }
+
+    /// The blocks and piece bytes it holds in `class` (zeros if none).
+    pub fn class(&self, class: u8) -> ClassUsage {
+        self.classes
+            .iter()
+            .find(|c| c.class == class)
+            .copied()
+            .unwrap_or(ClassUsage {
+                class,
+                ..ClassUsage::default()
+            })
+    }
+}
