@@ -11,8 +11,9 @@
 //! counters, allocator, slabs, moves, blocks held for snapshots and
 //! ballooned blocks, in format [`FORMAT`]; formats 1, without held blocks,
 //! 2, without ballooned ones, 3, without the storage servers'
-//! capability keys, 4, without slabs' encryption flags, and 5, without
-//! nodes' lifetimes, are read too). It is
+//! capability keys, 4, without slabs' encryption flags, 5, without
+//! nodes' lifetimes, and 6, without quotas, are read too; containers'
+//! usage is not kept: it is recounted from the nodes). It is
 //! written whole to `checkpoint.tmp` (created with mode 0600 whatever the
 //! umask; a checkpoint found open to others is set to 0600 when read),
 //! committed (redb syncs it), and only
@@ -40,7 +41,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// The format of the `state` part written; the only one read.
-pub const FORMAT: u8 = 6;
+pub const FORMAT: u8 = 7;
 const TMP_FILE: &str = "checkpoint.tmp";
 
 const NODES: TableDefinition<u64, &[u8]> = TableDefinition::new("nodes");
@@ -137,6 +138,10 @@ impl MetaState {
         for (node, expires_ms, child_ttl_ms) in lifetimes {
             e.u64(node).u64(expires_ms).u64(child_ttl_ms);
         }
+        e.u32(self.accounts().quota_count() as u32);
+        for (node, q) in self.accounts().quotas() {
+            e.u64(node).u64(q.bytes).u64(q.nodes);
+        }
         image.state = buf.to_vec();
         image
     }
@@ -155,7 +160,8 @@ impl MetaState {
         let format = d.u8()?;
         // Format 1 had no held blocks (no snapshots), format 2 no
         // ballooned ones (no dynamic capacity), format 3 no capability
-        // keys, format 4 no slab encryption flags, format 5 no lifetimes.
+        // keys, format 4 no slab encryption flags, format 5 no lifetimes,
+        // format 6 no quotas.
         if !(1..=FORMAT).contains(&format) {
             return Err(Error::protocol(format!(
                 "checkpoint format {format}; this build reads format {FORMAT}"
@@ -202,6 +208,20 @@ impl MetaState {
                 lifetimes.push((d.u64()?, d.u64()?, d.u64()?));
             }
         }
+        let mut quotas = Vec::new();
+        if format >= 7 {
+            let n = d.count(24)?;
+            for _ in 0..n {
+                let node = d.u64()?;
+                quotas.push((
+                    node,
+                    nodekernel_proto::quota::Quota {
+                        bytes: d.u64()?,
+                        nodes: d.u64()?,
+                    },
+                ));
+            }
+        }
         dec.finish()?;
         let mut ns = Namespace::from_checkpoint(next_id, nodes)?;
         for (node, expires_ms, child_ttl_ms) in lifetimes {
@@ -211,6 +231,13 @@ impl MetaState {
                 )));
             }
             ns.set_lifetime(node, expires_ms, child_ttl_ms);
+        }
+        for (node, _) in &quotas {
+            if !ns.get(*node).is_some_and(|n| n.ty.is_container()) {
+                return Err(Error::protocol(format!(
+                    "node {node} has a quota but is not a container"
+                )));
+            }
         }
         Ok(MetaState::from_parts(
             lease_ms,
@@ -222,6 +249,7 @@ impl MetaState {
                 moves,
                 held,
                 ballooned,
+                quotas,
             },
         ))
     }

@@ -67,6 +67,9 @@ mod tag {
     pub const AIMED: u8 = 36;
     /// A node's expiry and child TTL (`Effect::LifetimeSet`).
     pub const LIFETIME_SET: u8 = 37;
+    // 38 and 39 are taken by sessions.
+    /// A container's quota (`Effect::QuotaSet`).
+    pub const QUOTA_SET: u8 = 40;
 }
 
 fn block(e: &mut Enc, b: &BlockRef) {
@@ -265,6 +268,9 @@ pub fn encode_effects(effects: &[Effect], out: &mut BytesMut) {
                     .u64(*node)
                     .u64(*expires_ms)
                     .u64(*child_ttl_ms);
+            }
+            Effect::QuotaSet { node, bytes, nodes } => {
+                e.u8(tag::QUOTA_SET).u64(*node).u64(*bytes).u64(*nodes);
             }
         }
     }
@@ -472,6 +478,11 @@ pub fn decode_effects(buf: &[u8]) -> Result<Vec<Effect>> {
                 expires_ms: d.u64()?,
                 child_ttl_ms: d.u64()?,
             },
+            tag::QUOTA_SET => Effect::QuotaSet {
+                node: d.u64()?,
+                bytes: d.u64()?,
+                nodes: d.u64()?,
+            },
             t => return Err(Error::protocol(format!("unknown logged effect {t}"))),
         });
     }
@@ -641,6 +652,11 @@ mod tests {
                 node: 12,
                 expires_ms: 1_800_000_000_000,
                 child_ttl_ms: 600_000,
+            },
+            Effect::QuotaSet {
+                node: 12,
+                bytes: 50 << 30,
+                nodes: u64::MAX,
             },
         ]
     }

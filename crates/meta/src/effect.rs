@@ -172,4 +172,12 @@ pub enum Effect {
         expires_ms: u64,
         child_ttl_ms: u64,
     },
+    /// Container `node`'s quota: at most `bytes` of storage held and
+    /// `nodes` nodes below it (`NO_LIMIT` for none; both none clears it)
+    /// (`docs/lifecycle.md`, *Quotas*).
+    QuotaSet {
+        node: NodeId,
+        bytes: u64,
+        nodes: u64,
+    },
 }

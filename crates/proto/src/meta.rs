@@ -502,10 +502,15 @@ pub enum MetaRequest {
     /// ([`NO_LIMIT`](crate::quota::NO_LIMIT) for none; both none clears
     /// it). A limit below what the subtree holds already is kept: only
     /// growth is refused. The reply is the container's usage.
-    QuotaSet { path: String, quota: Quota },
+    QuotaSet {
+        path: String,
+        quota: Quota,
+    },
     /// The disk usage of the subtree at `path` (`nk du`), from the
     /// incremental accounting: no walk.
-    Usage { path: String },
+    Usage {
+        path: String,
+    },
     /// Every quota root of this partition with its usage (at most
     /// [`MAX_QUOTAS`]).
     Quotas,

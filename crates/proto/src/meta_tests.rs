@@ -169,7 +169,9 @@ fn samples() -> Vec<MetaRequest> {
                 nodes: crate::quota::NO_LIMIT,
             },
         },
-        MetaRequest::Usage { path: "/q/ü".into() },
+        MetaRequest::Usage {
+            path: "/q/ü".into(),
+        },
         MetaRequest::Quotas,
     ]
 }
@@ -549,7 +551,10 @@ fn replies_round_trip() {
                 ..usage.clone()
             }),
         ),
-        (op::QUOTAS, MetaReply::Quotas(vec![usage.clone(), usage.clone()])),
+        (
+            op::QUOTAS,
+            MetaReply::Quotas(vec![usage.clone(), usage.clone()]),
+        ),
         (op::QUOTAS, MetaReply::Quotas(Vec::new())),
         (op::LOCAL_SOCKET, MetaReply::LocalSocket("nk-meta-1".into())),
         (op::LOCAL_SOCKET, MetaReply::LocalSocket(String::new())),
