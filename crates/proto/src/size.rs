@@ -50,7 +50,7 @@ pub fn format_bytes(n: u64) -> String {
         return format!("{n} B");
     }
     let v = n as f64 / (1u64 << (10 * unit)) as f64;
-    if n % (1u64 << (10 * unit)) == 0 {
+    if n.is_multiple_of(1u64 << (10 * unit)) {
         format!("{v:.0} {}", UNITS[unit])
     } else {
         format!("{v:.1} {}", UNITS[unit])

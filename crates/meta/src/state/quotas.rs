@@ -124,11 +124,29 @@ impl MetaState {
         }
     }
 
-    /// Every quota root with its usage, in path order.
+    /// Whether node `id` is reachable from the root (not in a removed
+    /// subtree, not a put in progress).
+    pub fn reachable(&self, id: NodeId) -> bool {
+        let mut at = id;
+        for _ in 0..WALK_MAX {
+            if at == ROOT {
+                return true;
+            }
+            match self.ns.get(at) {
+                Some(n) if n.linked => at = n.parent,
+                _ => return false,
+            }
+        }
+        false
+    }
+
+    /// Every quota root with its usage, in path order (a removed one,
+    /// waiting to be reaped, no longer).
     pub fn quota_infos(&self) -> Vec<UsageInfo> {
         let mut all: Vec<UsageInfo> = self
             .acct
             .quotas()
+            .filter(|(id, _)| self.reachable(*id))
             .map(|(id, _)| self.usage_info(id, self.path_of(id)))
             .collect();
         all.sort_by(|a, b| a.path.cmp(&b.path));
