@@ -149,3 +149,38 @@ impl UsageInfo {
             })
     }
 }
+
+/// What follows the quota root's path in a `QuotaExceeded` message
+/// (`"/q: its quota of 3 nodes would be exceeded (...)"`).
+pub const EXCEEDED_AFTER_ROOT: &str = ": its quota of ";
+
+/// The message of a `QuotaExceeded` refusal at quota root `root`; `rest`
+/// names the limit and the usage (`"3 nodes would be exceeded (...)"`).
+pub fn exceeded(root: &str, rest: &str) -> Error {
+    Error::quota_exceeded(format!("{root}{EXCEEDED_AFTER_ROOT}{rest}"))
+}
+
+/// The path of the quota root a `QuotaExceeded` error hit (`None` for
+/// another error).
+pub fn exceeded_root(e: &Error) -> Option<&str> {
+    if e.code != crate::error::ErrorCode::QuotaExceeded {
+        return None;
+    }
+    e.message.find(EXCEEDED_AFTER_ROOT).map(|i| &e.message[..i])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_names_its_quota_root() {
+        let e = exceeded(
+            "/a: b/q",
+            "3 nodes would be exceeded (3 below it, 1 more asked)",
+        );
+        assert_eq!(e.code, crate::error::ErrorCode::QuotaExceeded);
+        assert_eq!(exceeded_root(&e), Some("/a: b/q"));
+        assert_eq!(exceeded_root(&Error::not_found("/q: its quota of")), None);
+    }
+}

@@ -31,7 +31,7 @@ use crate::effect::Effect;
 use crate::namespace::{Node, NodeId, ROOT};
 use crate::usage::Usage;
 use nodekernel_proto::path::MAX_DEPTH;
-use nodekernel_proto::quota::{Quota, UsageInfo, MAX_QUOTAS, NO_LIMIT, RETIRED_CLASS};
+use nodekernel_proto::quota::{exceeded, Quota, UsageInfo, MAX_QUOTAS, NO_LIMIT, RETIRED_CLASS};
 use nodekernel_proto::size::format_bytes;
 use nodekernel_proto::{Error, Result};
 use std::collections::HashMap;
@@ -346,21 +346,24 @@ impl MetaState {
             let u = self.acct.usage(root);
             let (nodes, held) = (i128::from(u.nodes) + dn, i128::from(u.held(bs)) + dh);
             if dn > 0 && q.nodes != NO_LIMIT && nodes > i128::from(q.nodes) {
-                return Err(Error::quota_exceeded(format!(
-                    "{}: its quota of {} nodes would be exceeded ({} nodes below it, {dn} more asked)",
-                    self.path_of(root),
-                    q.nodes,
-                    u.nodes
-                )));
+                return Err(exceeded(
+                    &self.path_of(root),
+                    &format!(
+                        "{} nodes would be exceeded ({} nodes below it, {dn} more asked)",
+                        q.nodes, u.nodes
+                    ),
+                ));
             }
             if dh > 0 && q.bytes != NO_LIMIT && held > i128::from(q.bytes) {
-                return Err(Error::quota_exceeded(format!(
-                    "{}: its quota of {} would be exceeded ({} held below it, {} more asked)",
-                    self.path_of(root),
-                    format_bytes(q.bytes),
-                    format_bytes(u.held(bs)),
-                    format_bytes(dh as u64)
-                )));
+                return Err(exceeded(
+                    &self.path_of(root),
+                    &format!(
+                        "{} would be exceeded ({} held below it, {} more asked)",
+                        format_bytes(q.bytes),
+                        format_bytes(u.held(bs)),
+                        format_bytes(dh as u64)
+                    ),
+                ));
             }
         }
         Ok(out)

@@ -65,7 +65,11 @@ fn abort(s: &mut MetaState, n: &NodeInfo) {
 fn refused(r: Result<impl std::fmt::Debug>, root: &str) -> Error {
     let e = r.expect_err("past the quota");
     assert_eq!(e.code, ErrorCode::QuotaExceeded, "{e}");
-    assert!(e.message.starts_with(&format!("{root}: ")), "{e}");
+    assert_eq!(
+        nodekernel_proto::quota::exceeded_root(&e),
+        Some(root),
+        "{e}"
+    );
     e
 }
 
