@@ -226,8 +226,8 @@ public class NodeKernelException extends IOException {
   }
 
   /**
-   * A write or create would take a subtree past its quota of bytes or nodes; the message names
-   * the path whose quota it hit. Nothing was changed.
+   * A write or create would take a subtree past its quota of bytes or nodes; the message names the
+   * path whose quota it hit. Nothing was changed.
    */
   public static final class QuotaExceeded extends NodeKernelException {
     public QuotaExceeded(String message) {
