@@ -161,12 +161,16 @@ pub fn exceeded(root: &str, rest: &str) -> Error {
 }
 
 /// The path of the quota root a `QuotaExceeded` error hit (`None` for
-/// another error).
+/// another error). The client puts the path of the request before the
+/// server's message (`"/q/t/k: /q: its quota of ..."`), so the root is
+/// what follows the last `": /"` before [`EXCEEDED_AFTER_ROOT`] (a root
+/// with a name ending in `": "` is not told apart from such a prefix).
 pub fn exceeded_root(e: &Error) -> Option<&str> {
     if e.code != crate::error::ErrorCode::QuotaExceeded {
         return None;
     }
-    e.message.find(EXCEEDED_AFTER_ROOT).map(|i| &e.message[..i])
+    let head = &e.message[..e.message.rfind(EXCEEDED_AFTER_ROOT)?];
+    Some(head.rfind(": /").map_or(head, |i| &head[i + 2..]))
 }
 
 #[cfg(test)]
@@ -181,6 +185,10 @@ mod tests {
         );
         assert_eq!(e.code, crate::error::ErrorCode::QuotaExceeded);
         assert_eq!(exceeded_root(&e), Some("/a: b/q"));
+        // With the request's path before it, as the client adds it.
+        let prefixed = Error::quota_exceeded(format!("/a: b/q/k: {}", e.message));
+        assert_eq!(exceeded_root(&prefixed), Some("/a: b/q"));
+        assert_eq!(exceeded_root(&exceeded("/", "1 nodes")), Some("/"));
         assert_eq!(exceeded_root(&Error::not_found("/q: its quota of")), None);
     }
 }
