@@ -1054,7 +1054,7 @@ fn java_limit(v: jlong, what: &str) -> R<Option<u64>> {
 }
 
 /// Sets (limits -1: none; both: clears) the quota of the container at
-/// `p`; returns its usage (see [`usage_longs`]).
+/// `p`; returns its usage (see `usage_longs`).
 #[no_mangle]
 pub extern "system" fn Java_io_nodekernel_Native_setQuota<'l>(
     mut env: JNIEnv<'l>,
@@ -1073,7 +1073,7 @@ pub extern "system" fn Java_io_nodekernel_Native_setQuota<'l>(
     })
 }
 
-/// The disk usage of the subtree at `p` (see [`usage_longs`]), from the
+/// The disk usage of the subtree at `p` (see `usage_longs`), from the
 /// metadata servers' accounting.
 #[no_mangle]
 pub extern "system" fn Java_io_nodekernel_Native_du<'l>(

@@ -3,7 +3,7 @@
 //! and the quota limits some containers carry.
 //!
 //! Plain data: the state (`state/quotas.rs`) decides which node's change
-//! reaches which containers and calls [`Accounts::add`] for each of them.
+//! reaches which containers and calls `Accounts::add` for each of them.
 //! The usage is derived from the namespace (it is recounted in one pass
 //! when a checkpoint is loaded), so only the limits are durable.
 //!
