@@ -100,9 +100,18 @@ Examples:
 
 pub const DU: &str = "\
 Examples:
-  nk du -sh /jobs
-  nk du -sh --stored /jobs     what /jobs takes of the cluster
-  nk du /jobs --json";
+  nk du -sh /jobs              instant: from the metadata servers' accounting
+  nk du -sh --stored /jobs     what /jobs's data takes of the cluster
+  nk du -s /jobs --json        nodes, blocks per storage class, quota
+  nk du /jobs                  every container below /jobs (a walk)";
+
+pub const QUOTA_SET: &str = "\
+Examples:
+  nk quota set /jobs --bytes 50GiB --nodes 1M
+  nk quota set /jobs --nodes none      keep the byte limit, drop the node limit
+  nk quota set /jobs --clear
+  nk quota show
+  nk du -sh /jobs";
 
 pub const TEST: &str = "\
 Examples:

@@ -10,6 +10,7 @@ mod inspect;
 mod mount;
 mod paths;
 mod policy;
+mod quota;
 #[cfg(test)]
 mod reference;
 mod resize;
@@ -361,23 +362,28 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Bytes of data under paths, per container (children first)
+    /// Bytes of data under paths, per container (children first); with
+    /// -s, each path's totals from the metadata servers' accounting
+    /// (instant, whatever the subtree's size)
     #[command(disable_help_flag = true, after_help = examples::DU)]
     Du {
         /// Paths or wildcard patterns [default: /]
         #[arg(value_name = "PATH")]
         paths: Vec<String>,
-        /// Only each path's total
+        /// Only each path's total, from the accounting (no walk): with
+        /// --json also its nodes, blocks per storage class and quota
         #[arg(short, long)]
         summarize: bool,
         /// Sizes in KiB, MiB, GiB instead of bytes
         #[arg(short = 'h', long = "human-readable")]
         human: bool,
         /// The bytes of the cluster the nodes take (blocks, pieces, child
-        /// records) instead of the bytes of data
+        /// records; with -s, data nodes' blocks and pieces) instead of the
+        /// bytes of data
         #[arg(long)]
         stored: bool,
         /// Print a JSON array of {path, bytes, stored, files, containers}
+        /// (with -s: {path, type, nodes, bytes, stored, classes, quota})
         #[arg(long)]
         json: bool,
         /// Print help
@@ -492,6 +498,10 @@ enum Cmd {
     /// metadata partition; `docs/tiering.md`)
     #[command(subcommand)]
     Policy(policy::PolicyCmd),
+    /// Quotas on the storage and nodes of containers' subtrees
+    /// (`docs/lifecycle.md`)
+    #[command(subcommand)]
+    Quota(quota::QuotaCmd),
     /// Show storage servers, classes, capacity and use, per metadata
     /// partition too; exits 1 (after printing) when a metadata partition
     /// is unreachable
@@ -970,7 +980,11 @@ async fn run_command(cli: Cli) -> anyhow::Result<bool> {
             } else {
                 paths
             };
-            inspect::du(&client, &roots, summarize, human, stored, json).await?
+            if summarize {
+                quota::du_summary(&client, &roots, human, stored, json).await?
+            } else {
+                inspect::du(&client, &roots, summarize, human, stored, json).await?
+            }
         }
         Cmd::Test {
             path,
@@ -1035,6 +1049,7 @@ async fn run_command(cli: Cli) -> anyhow::Result<bool> {
             drain::drain(&client, &server, cancel, !no_wait, json, stuck).await?
         }
         Cmd::Policy(cmd) => policy::run(&client, cmd).await?,
+        Cmd::Quota(cmd) => quota::run(&client, cmd).await?,
         Cmd::Store(servers::StoreArgs {
             action: Some(action),
             ..

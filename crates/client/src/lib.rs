@@ -40,6 +40,7 @@ mod listing;
 mod local;
 mod node;
 mod open;
+mod quota;
 mod reserve;
 mod session;
 pub mod settings;
@@ -56,6 +57,9 @@ pub use client::Client;
 pub use config::{default_location, now_ns, ClientConfig, CreateOptions, Ttl};
 pub use crypt::EncryptionKey;
 pub use node::{Node, Reader};
+pub use nodekernel_proto::quota::{
+    exceeded_root, ClassUsage, Quota, UsageInfo, NO_LIMIT, RETIRED_CLASS,
+};
 /// Prefix of Unix-socket addresses (see [`Client::meta_route`]).
 pub use nodekernel_proto::sync;
 pub use nodekernel_proto::types::{DrainState, DrainStatus, PartitionDown};

@@ -20,6 +20,7 @@ pub fn errno_of(e: &Error) -> i32 {
         ErrorCode::InvalidArgument => libc::EINVAL,
         ErrorCode::TryAgain => libc::EAGAIN,
         ErrorCode::Unauthenticated => libc::EACCES,
+        ErrorCode::QuotaExceeded => libc::EDQUOT,
         ErrorCode::Unavailable
         | ErrorCode::DataLost
         | ErrorCode::Timeout
@@ -56,6 +57,10 @@ mod tests {
         assert_eq!(
             errno_of(&Error::new(ErrorCode::CrossPartition, "x")),
             libc::EXDEV
+        );
+        assert_eq!(
+            errno_of(&Error::new(ErrorCode::QuotaExceeded, "x")),
+            libc::EDQUOT
         );
     }
 }

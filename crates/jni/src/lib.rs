@@ -1084,6 +1084,83 @@ pub extern "system" fn Java_io_nodekernel_Native_capacity<'l>(
     })
 }
 
+/// A usage as `Native.du` and `Native.setQuota` return it (`Usage.of` in
+/// Java reads it): `{nodes, bytes, stored, quotaBytes, quotaNodes,
+/// classes, then (class, blocks, pieceBytes) per class}`; a quota limit is
+/// -1 when not set, and both are -2 when there is no quota.
+fn usage_longs(u: &nk::UsageInfo) -> Vec<i64> {
+    let limit = |v: u64| {
+        if v == nk::NO_LIMIT {
+            -1
+        } else {
+            i64::try_from(v).unwrap_or(i64::MAX)
+        }
+    };
+    let big = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    let (qb, qn) = u
+        .quota
+        .map_or((-2, -2), |q| (limit(q.bytes), limit(q.nodes)));
+    let mut out = vec![
+        big(u.nodes),
+        big(u.bytes),
+        big(u.held),
+        qb,
+        qn,
+        u.classes.len() as i64,
+    ];
+    for c in &u.classes {
+        out.extend([i64::from(c.class), big(c.blocks), big(c.piece_bytes)]);
+    }
+    out
+}
+
+/// A limit from Java: -1 for none, else at least 0.
+fn java_limit(v: jlong, what: &str) -> R<Option<u64>> {
+    match v {
+        -1 => Ok(None),
+        v => u64::try_from(v)
+            .map(Some)
+            .map_err(|_| Fail::Arg(format!("bad quota limit of {what} {v} (-1: no limit)"))),
+    }
+}
+
+/// Sets (limits -1: none; both: clears) the quota of the container at
+/// `p`; returns its usage (see `usage_longs`).
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_setQuota<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    c: jlong,
+    p: JString<'l>,
+    bytes: jlong,
+    nodes: jlong,
+) -> jobject {
+    call(&mut env, std::ptr::null_mut(), |env| {
+        let client = CLIENTS.get(c)?;
+        let p = path(env, &p)?;
+        let (bytes, nodes) = (java_limit(bytes, "bytes")?, java_limit(nodes, "nodes")?);
+        let u = block_on(client.set_quota(&p, bytes, nodes))??;
+        Ok(long_array(env, &usage_longs(&u))?.into_raw())
+    })
+}
+
+/// The disk usage of the subtree at `p` (see `usage_longs`), from the
+/// metadata servers' accounting.
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_du<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    c: jlong,
+    p: JString<'l>,
+) -> jobject {
+    call(&mut env, std::ptr::null_mut(), |env| {
+        let client = CLIENTS.get(c)?;
+        let p = path(env, &p)?;
+        let u = block_on(client.du(&p))??;
+        Ok(long_array(env, &usage_longs(&u))?.into_raw())
+    })
+}
+
 // ---------------------------------------------------------------------------
 // Entry points: input streams
 

@@ -56,6 +56,11 @@ impl MetaAdmin {
     }
 }
 
+/// A quota limit, if one is set.
+fn limit(v: u64) -> Option<u64> {
+    (v != nodekernel_proto::quota::NO_LIMIT).then_some(v)
+}
+
 /// `server`, `addr` and `class` labels of a storage server.
 fn server_labels(s: &nodekernel_admin::status::ServerOut) -> Labels {
     vec![
@@ -135,6 +140,53 @@ impl Source for MetaAdmin {
             "expiring_nodes",
             "Nodes that carry an expiry time",
             gauge(h.state().ns().lifetimes().expiring() as u64),
+        );
+        reg.register(
+            "quota_refused",
+            "Requests refused because they would take a subtree past its quota",
+            counter(h.quota_refused_total.load(Ordering::Relaxed)),
+        );
+        let refused: Vec<(Labels, u64)> = sync::lock(&h.quota_refused)
+            .iter()
+            .map(|(root, n)| (vec![("root", root.clone())], *n))
+            .collect();
+        reg.register(
+            "quota_refused_by_root",
+            "Requests refused by each quota root (its path when refused)",
+            counters(refused),
+        );
+        // Usage per quota root (at most MAX_QUOTAS), from the accounting.
+        let roots = h.state().quota_infos();
+        let per_root = |f: fn(&nodekernel_proto::quota::UsageInfo) -> Option<u64>| {
+            roots
+                .iter()
+                .filter_map(move |u| f(u).map(|v| (vec![("root", u.path.clone())], v)))
+                .collect::<Vec<(Labels, u64)>>()
+        };
+        reg.register(
+            "quota_used_bytes",
+            "Storage a quota root's subtree holds (blocks and pieces)",
+            gauges(per_root(|u| Some(u.held))),
+        );
+        reg.register(
+            "quota_used_nodes",
+            "Nodes below a quota root",
+            gauges(per_root(|u| Some(u.nodes))),
+        );
+        reg.register(
+            "quota_data_bytes",
+            "Bytes of data (published sizes) below a quota root",
+            gauges(per_root(|u| Some(u.bytes))),
+        );
+        reg.register(
+            "quota_limit_bytes",
+            "A quota root's limit on storage held (only roots with one)",
+            gauges(per_root(|u| u.quota.and_then(|q| limit(q.bytes)))),
+        );
+        reg.register(
+            "quota_limit_nodes",
+            "A quota root's limit on nodes (only roots with one)",
+            gauges(per_root(|u| u.quota.and_then(|q| limit(q.nodes)))),
         );
         reg.register(
             "pending_claims",

@@ -12,8 +12,9 @@
 //! ballooned blocks, in format [`FORMAT`]; formats 1, without held blocks,
 //! 2, without ballooned ones, 3, without the storage servers'
 //! capability keys, 4, without slabs' encryption flags, 5, without
-//! nodes' lifetimes, and 6, without sessions and their bound nodes, are
-//! read too). It is
+//! nodes' lifetimes, 6, without sessions and their bound nodes, and 7,
+//! without quotas, are read too; containers' usage is not kept: it is
+//! recounted from the nodes). It is
 //! written whole to `checkpoint.tmp` (created with mode 0600 whatever the
 //! umask; a checkpoint found open to others is set to 0600 when read),
 //! committed (redb syncs it), and only
@@ -42,7 +43,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// The format of the `state` part written; the only one read.
-pub const FORMAT: u8 = 7;
+pub const FORMAT: u8 = 8;
 const TMP_FILE: &str = "checkpoint.tmp";
 
 const NODES: TableDefinition<u64, &[u8]> = TableDefinition::new("nodes");
@@ -152,6 +153,10 @@ impl MetaState {
         for (node, session) in bindings {
             e.u64(node).u64(session);
         }
+        e.u32(self.accounts().quota_count() as u32);
+        for (node, q) in self.accounts().quotas() {
+            e.u64(node).u64(q.bytes).u64(q.nodes);
+        }
         image.state = buf.to_vec();
         image
     }
@@ -171,7 +176,7 @@ impl MetaState {
         // Format 1 had no held blocks (no snapshots), format 2 no
         // ballooned ones (no dynamic capacity), format 3 no capability
         // keys, format 4 no slab encryption flags, format 5 no lifetimes,
-        // format 6 no sessions.
+        // format 6 no sessions, format 7 no quotas.
         if !(1..=FORMAT).contains(&format) {
             return Err(Error::protocol(format!(
                 "checkpoint format {format}; this build reads format {FORMAT}"
@@ -240,6 +245,20 @@ impl MetaState {
                 bindings.push((d.u64()?, d.u64()?));
             }
         }
+        let mut quotas = Vec::new();
+        if format >= 8 {
+            let n = d.count(24)?;
+            for _ in 0..n {
+                let node = d.u64()?;
+                quotas.push((
+                    node,
+                    nodekernel_proto::quota::Quota {
+                        bytes: d.u64()?,
+                        nodes: d.u64()?,
+                    },
+                ));
+            }
+        }
         dec.finish()?;
         let mut ns = Namespace::from_checkpoint(next_id, nodes)?;
         for (node, expires_ms, child_ttl_ms) in lifetimes {
@@ -263,6 +282,13 @@ impl MetaState {
             }
             ns.bind_session(node, session);
         }
+        for (node, _) in &quotas {
+            if !ns.get(*node).is_some_and(|n| n.ty.is_container()) {
+                return Err(Error::protocol(format!(
+                    "node {node} has a quota but is not a container"
+                )));
+            }
+        }
         Ok(MetaState::from_parts(
             lease_ms,
             Parts {
@@ -273,6 +299,7 @@ impl MetaState {
                 moves,
                 held,
                 ballooned,
+                quotas,
             },
         ))
     }

@@ -71,6 +71,8 @@ mod tag {
     pub const SESSION_OPENED: u8 = 38;
     /// A session ended (`Effect::SessionEnded`).
     pub const SESSION_ENDED: u8 = 39;
+    /// A container's quota (`Effect::QuotaSet`).
+    pub const QUOTA_SET: u8 = 40;
     /// A node bound to a session (`Effect::SessionBound`).
     pub const SESSION_BOUND: u8 = 41;
 }
@@ -288,6 +290,9 @@ pub fn encode_effects(effects: &[Effect], out: &mut BytesMut) {
             }
             Effect::SessionBound { node, session } => {
                 e.u8(tag::SESSION_BOUND).u64(*node).u64(*session);
+            }
+            Effect::QuotaSet { node, bytes, nodes } => {
+                e.u8(tag::QUOTA_SET).u64(*node).u64(*bytes).u64(*nodes);
             }
         }
     }
@@ -508,6 +513,11 @@ pub fn decode_effects(buf: &[u8]) -> Result<Vec<Effect>> {
                 node: d.u64()?,
                 session: d.u64()?,
             },
+            tag::QUOTA_SET => Effect::QuotaSet {
+                node: d.u64()?,
+                bytes: d.u64()?,
+                nodes: d.u64()?,
+            },
             t => return Err(Error::protocol(format!("unknown logged effect {t}"))),
         });
     }
@@ -690,6 +700,11 @@ mod tests {
             Effect::SessionBound {
                 node: 12,
                 session: 3,
+            },
+            Effect::QuotaSet {
+                node: 12,
+                bytes: 50 << 30,
+                nodes: u64::MAX,
             },
         ]
     }

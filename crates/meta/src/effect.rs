@@ -184,4 +184,12 @@ pub enum Effect {
     SessionEnded { id: u64, at_ms: u64 },
     /// `node` is bound to session `session`.
     SessionBound { node: NodeId, session: u64 },
+    /// Container `node`'s quota: at most `bytes` of storage held and
+    /// `nodes` nodes below it (`NO_LIMIT` for none; both none clears it)
+    /// (`docs/lifecycle.md`, *Quotas*).
+    QuotaSet {
+        node: NodeId,
+        bytes: u64,
+        nodes: u64,
+    },
 }

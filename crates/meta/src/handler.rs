@@ -81,6 +81,12 @@ pub(crate) struct MetaHandler {
     pub(crate) expired: std::sync::atomic::AtomicU64,
     /// Sessions ended because their lease lapsed (the metrics).
     pub(crate) sessions_lapsed: std::sync::atomic::AtomicU64,
+    /// Requests refused with `QuotaExceeded`, by the path of the quota
+    /// root they hit (as it was then; at most `MAX_QUOTAS` paths, about
+    /// 64 bytes each, further ones only in the total) and in all (the
+    /// admin endpoint's metrics).
+    pub(crate) quota_refused: Mutex<HashMap<String, u64>>,
+    pub(crate) quota_refused_total: std::sync::atomic::AtomicU64,
     /// Wakes the reaper.
     pub(crate) reap: Notify,
     /// Wakes the drainer (a drain was asked for).
@@ -133,6 +139,8 @@ impl MetaHandler {
             claims_by_request: Default::default(),
             expired: Default::default(),
             sessions_lapsed: Default::default(),
+            quota_refused: Default::default(),
+            quota_refused_total: Default::default(),
             reap: Notify::new(),
             drain: Notify::new(),
             next_move: std::sync::Mutex::new(Instant::now()),
@@ -182,6 +190,21 @@ pub(crate) fn log_effects(journal: &Journal, effects: &[Effect]) -> Result<u64, 
 }
 
 impl MetaHandler {
+    /// Counts a request refused with `QuotaExceeded` `e`.
+    fn count_quota_refusal(&self, e: &Error) {
+        use std::sync::atomic::Ordering;
+        self.quota_refused_total.fetch_add(1, Ordering::Relaxed);
+        let Some(root) = nodekernel_proto::quota::exceeded_root(e) else {
+            return;
+        };
+        let mut by_root = sync::lock(&self.quota_refused);
+        if let Some(n) = by_root.get_mut(root) {
+            *n += 1;
+        } else if by_root.len() < nodekernel_proto::quota::MAX_QUOTAS {
+            by_root.insert(root.to_string(), 1);
+        }
+    }
+
     pub(crate) fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
     }
@@ -739,6 +762,9 @@ impl MetaHandler {
                     (Ok(o.reply), o.notes, claims, reap, seq)
                 }
                 Err(e) => {
+                    if e.code == nodekernel_proto::ErrorCode::QuotaExceeded {
+                        self.count_quota_refusal(&e);
+                    }
                     let seen = self.journal.as_ref().map_or(expired, Journal::last);
                     let reap = !st.ns().graveyard_is_empty();
                     (Err(e), Notes::default(), claims, reap, seen)

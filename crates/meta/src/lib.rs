@@ -4,6 +4,7 @@
 //! - [`alloc`]: storage servers, free blocks, generations, placement;
 //! - [`slab`]: small values in pieces of shared blocks;
 //! - [`lifetimes`]: when nodes expire, and containers' child TTLs;
+//! - [`usage`]: containers' disk usage and quota limits;
 //! - [`effect`]: the changes a decision makes, the only way state changes;
 //! - [`state`]: all of it plus write leases, decided request by request;
 //! - [`floor`]: the last log record known on stable storage, which a
@@ -33,6 +34,7 @@ pub mod slab;
 pub mod snapshot;
 pub mod state;
 pub mod tier;
+pub mod usage;
 
 #[cfg(test)]
 mod sim;

@@ -49,11 +49,15 @@ pub enum ErrorCode {
     /// were changed (or moved, or written with another key). Never
     /// returned with bytes.
     Integrity = 23,
+    /// A write or create would take a subtree past its quota of bytes or
+    /// nodes (`nk quota`, `docs/lifecycle.md`); the message names the
+    /// path whose quota it hit. Nothing changed.
+    QuotaExceeded = 24,
 }
 
 impl ErrorCode {
     /// All codes, in numeric order (used by bindings and tests).
-    pub const ALL: [ErrorCode; 23] = [
+    pub const ALL: [ErrorCode; 24] = [
         ErrorCode::NotFound,
         ErrorCode::AlreadyExists,
         ErrorCode::NotEmpty,
@@ -77,6 +81,7 @@ impl ErrorCode {
         ErrorCode::VersionMismatch,
         ErrorCode::Unauthenticated,
         ErrorCode::Integrity,
+        ErrorCode::QuotaExceeded,
     ];
 
     pub fn from_u16(v: u16) -> Option<ErrorCode> {
@@ -109,6 +114,7 @@ impl ErrorCode {
             ErrorCode::VersionMismatch => "VersionMismatch",
             ErrorCode::Unauthenticated => "Unauthenticated",
             ErrorCode::Integrity => "Integrity",
+            ErrorCode::QuotaExceeded => "QuotaExceeded",
         }
     }
 }
@@ -159,6 +165,7 @@ ctor! {
     version_mismatch => VersionMismatch,
     unauthenticated => Unauthenticated,
     integrity => Integrity,
+    quota_exceeded => QuotaExceeded,
 }
 
 impl Error {

@@ -38,7 +38,7 @@ pub const HELLO_ID: u64 = 0;
 pub const HELLO_MAGIC: [u8; 6] = *b"NKWIRE";
 /// The wire version this build speaks. Bumped on any incompatible change to
 /// a message's layout or meaning.
-pub const WIRE_VERSION: u16 = 15;
+pub const WIRE_VERSION: u16 = 16;
 /// The frame kind of the client's proof of the cluster token, the frame
 /// after the HELLO exchange when the server's HELLO carries a nonce
 /// (`nodekernel_rpc::auth` has the exchange). Its answer, with id
@@ -247,7 +247,7 @@ mod tests {
     fn layout_is_frozen() {
         let mut b = BytesMut::new();
         Hello::new(Role::MetaServer).encode(&mut b).unwrap();
-        assert_eq!(&b[..], b"NKWIRE\x0f\x00\x03\x00\x00\x00\x00");
+        assert_eq!(&b[..], b"NKWIRE\x10\x00\x03\x00\x00\x00\x00");
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod frame;
 pub mod hello;
 pub mod meta;
 pub mod path;
+pub mod quota;
 pub mod record;
 pub mod size;
 pub mod store;

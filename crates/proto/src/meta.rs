@@ -12,6 +12,7 @@ pub const NO_STORAGE_SERVER_YET: &str =
 use crate::cap::{CapKey, Signed, SIGNED_LEN};
 use crate::codec::{Dec, Enc};
 use crate::error::{Error, Result};
+use crate::quota::{Quota, UsageInfo, MAX_QUOTAS};
 use crate::types::{
     BlockLoc, ClusterStatus, DrainStatus, NodeInfo, NodeType, RecordLoc, ResizeStatus, ServerSpec,
     Traffic,
@@ -109,6 +110,9 @@ meta_ops! {
     RECORD_AT = 30, RecordAt, "record_at", PATH_REQUEST_MAX => Record;
     SESSION_OPEN = 31, SessionOpen, "session_open", SMALL_REQUEST_MAX => Session;
     SESSION_RENEW = 32, SessionRenew, "session_renew", SMALL_REQUEST_MAX => Session;
+    QUOTA_SET = 33, QuotaSet, "quota_set", PATH_REQUEST_MAX => Usage;
+    USAGE = 34, Usage, "usage", PATH_REQUEST_MAX => Usage;
+    QUOTAS = 35, Quotas, "quotas", SMALL_REQUEST_MAX => Quotas;
     SESSION_CLOSE = 36, SessionClose, "session_close", SMALL_REQUEST_MAX => Done;
 }
 
@@ -528,6 +532,23 @@ pub enum MetaRequest {
         id: u64,
         secret: u128,
     },
+    /// Sets the quota of the container at `path` (`nk quota set`):
+    /// limits on the storage its subtree holds and on the nodes below it
+    /// ([`NO_LIMIT`](crate::quota::NO_LIMIT) for none; both none clears
+    /// it). A limit below what the subtree holds already is kept: only
+    /// growth is refused. The reply is the container's usage.
+    QuotaSet {
+        path: String,
+        quota: Quota,
+    },
+    /// The disk usage of the subtree at `path` (`nk du`), from the
+    /// incremental accounting: no walk.
+    Usage {
+        path: String,
+    },
+    /// Every quota root of this partition with its usage (at most
+    /// [`MAX_QUOTAS`]).
+    Quotas,
 }
 
 /// A TTL meaning "never expires" (in a create: not even under a parent
@@ -695,7 +716,14 @@ impl MetaRequest {
                 traffic.encode(e);
                 signed.encode(e);
             }
-            MetaRequest::Status | MetaRequest::LocalSocket => {}
+            MetaRequest::Status | MetaRequest::LocalSocket | MetaRequest::Quotas => {}
+            MetaRequest::QuotaSet { path, quota } => {
+                e.str(path);
+                quota.encode(e);
+            }
+            MetaRequest::Usage { path } => {
+                e.str(path);
+            }
             MetaRequest::ReleaseSlot { container, slot } => {
                 e.u64(*container).u32(*slot);
             }
@@ -889,6 +917,12 @@ impl MetaRequest {
             },
             op::STATUS => MetaRequest::Status,
             op::LOCAL_SOCKET => MetaRequest::LocalSocket,
+            op::QUOTA_SET => MetaRequest::QuotaSet {
+                path: d.string()?,
+                quota: Quota::decode(d)?,
+            },
+            op::USAGE => MetaRequest::Usage { path: d.string()? },
+            op::QUOTAS => MetaRequest::Quotas,
             op::RELEASE_SLOT => MetaRequest::ReleaseSlot {
                 container: d.u64()?,
                 slot: d.u32()?,
@@ -1085,6 +1119,10 @@ pub enum MetaReply {
     /// lease and its piece (`first_block`); fewer than asked when space
     /// ran out or a new slab was started.
     Reserved { lease_ms: u64, puts: Vec<NodeInfo> },
+    /// QuotaSet, Usage: the subtree's usage and quota.
+    Usage(UsageInfo),
+    /// Quotas: every quota root with its usage, in path order.
+    Quotas(Vec<UsageInfo>),
 }
 
 impl MetaReply {
@@ -1174,6 +1212,13 @@ impl MetaReply {
                 e.u64(*lease_ms).u32(lost.len() as u32);
                 for n in lost {
                     e.u64(*n);
+                }
+            }
+            MetaReply::Usage(u) => u.encode(e),
+            MetaReply::Quotas(all) => {
+                e.u32(all.len() as u32);
+                for u in all {
+                    u.encode(e);
                 }
             }
         }
@@ -1296,6 +1341,20 @@ impl MetaReply {
                 id: d.u64()?,
                 lease_ms: d.u64()?,
             },
+            ReplyKind::Usage => MetaReply::Usage(UsageInfo::decode(&mut d)?),
+            ReplyKind::Quotas => {
+                let n = d.count(UsageInfo::MIN_LEN)?;
+                if n > MAX_QUOTAS {
+                    return Err(Error::protocol(format!(
+                        "{n} quota roots in one reply (at most {MAX_QUOTAS})"
+                    )));
+                }
+                let mut all = Vec::with_capacity(n);
+                for _ in 0..n {
+                    all.push(UsageInfo::decode(&mut d)?);
+                }
+                MetaReply::Quotas(all)
+            }
         };
         d.finish()?;
         Ok(reply)
@@ -1325,6 +1384,8 @@ enum ReplyKind {
     Renewed,
     Reserved,
     Session,
+    Usage,
+    Quotas,
 }
 
 #[cfg(test)]

@@ -190,6 +190,17 @@ fn samples() -> Vec<MetaRequest> {
         MetaRequest::Renew {
             leases: vec![(1, 2), (u64::MAX, 7)],
         },
+        MetaRequest::QuotaSet {
+            path: "/q".into(),
+            quota: crate::quota::Quota {
+                bytes: 50 << 30,
+                nodes: crate::quota::NO_LIMIT,
+            },
+        },
+        MetaRequest::Usage {
+            path: "/q/ü".into(),
+        },
+        MetaRequest::Quotas,
     ]
 }
 
@@ -452,6 +463,29 @@ fn replies_round_trip() {
             log_bytes: 4096,
         }],
     };
+    let usage = crate::quota::UsageInfo {
+        path: "/q".into(),
+        ty: NodeType::Directory,
+        nodes: 3,
+        bytes: 5000,
+        held: (2 << 20) + 640,
+        classes: vec![
+            crate::quota::ClassUsage {
+                class: 0,
+                blocks: 2,
+                piece_bytes: 640,
+            },
+            crate::quota::ClassUsage {
+                class: crate::quota::RETIRED_CLASS,
+                blocks: 1,
+                piece_bytes: 0,
+            },
+        ],
+        quota: Some(crate::quota::Quota {
+            bytes: 1 << 30,
+            nodes: 10,
+        }),
+    };
     let cases = [
         (op::LOOKUP, MetaReply::Node(node.clone())),
         (op::HEARTBEAT, MetaReply::Done),
@@ -552,6 +586,20 @@ fn replies_round_trip() {
                 used_blocks: 40,
             }),
         ),
+        (op::USAGE, MetaReply::Usage(usage.clone())),
+        (
+            op::QUOTA_SET,
+            MetaReply::Usage(crate::quota::UsageInfo {
+                quota: None,
+                classes: Vec::new(),
+                ..usage.clone()
+            }),
+        ),
+        (
+            op::QUOTAS,
+            MetaReply::Quotas(vec![usage.clone(), usage.clone()]),
+        ),
+        (op::QUOTAS, MetaReply::Quotas(Vec::new())),
         (op::LOCAL_SOCKET, MetaReply::LocalSocket("nk-meta-1".into())),
         (op::LOCAL_SOCKET, MetaReply::LocalSocket(String::new())),
         (

@@ -38,9 +38,36 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     }
     Ok(bytes as u64)
 }
+/// A size as people read it: `512 B`, `64 KiB`, `1.5 GiB` (binary
+/// units, one decimal when not whole).
+pub fn format_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut unit = 0;
+    while unit + 1 < UNITS.len() && n >= 1u64 << (10 * (unit + 1)) {
+        unit += 1;
+    }
+    if unit == 0 {
+        return format!("{n} B");
+    }
+    let v = n as f64 / (1u64 << (10 * unit)) as f64;
+    if n.is_multiple_of(1u64 << (10 * unit)) {
+        format!("{v:.0} {}", UNITS[unit])
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::parse_bytes;
+    use super::{format_bytes, parse_bytes};
+
+    #[test]
+    fn formats_sizes() {
+        assert_eq!(format_bytes(512), "512 B");
+        assert_eq!(format_bytes(64 << 10), "64 KiB");
+        assert_eq!(format_bytes(3 << 29), "1.5 GiB");
+        assert_eq!(format_bytes(50 << 30), "50 GiB");
+    }
 
     #[test]
     fn parses_units() {

@@ -173,6 +173,37 @@ macro_rules! client_methods {
                 $run(py, ops::status(self.core.clone()))
             }
 
+            #[pyo3(signature = (path, bytes = None, nodes = None))]
+            fn set_quota<'py>(
+                &self,
+                py: Python<'py>,
+                path: &str,
+                bytes: Option<u64>,
+                nodes: Option<u64>,
+            ) -> PyResult<$ret> {
+                self.core.check()?;
+                check_path(path)?;
+                $run(py, ops::set_quota(self.core.clone(), path.into(), bytes, nodes))
+            }
+
+            fn quota<'py>(&self, py: Python<'py>, path: &str) -> PyResult<$ret> {
+                self.core.check()?;
+                check_path(path)?;
+                $run(py, ops::quota(self.core.clone(), path.into()))
+            }
+
+            fn quotas<'py>(&self, py: Python<'py>) -> PyResult<$ret> {
+                self.core.check()?;
+                $run(py, ops::quotas(self.core.clone()))
+            }
+
+            #[pyo3(signature = (path = "/"))]
+            fn du<'py>(&self, py: Python<'py>, path: &str) -> PyResult<$ret> {
+                self.core.check()?;
+                check_path(path)?;
+                $run(py, ops::du(self.core.clone(), path.into()))
+            }
+
             #[pyo3(signature = (path, value, *, ttl = None))]
             fn put<'py>(
                 &self,

@@ -18,6 +18,7 @@ use crate::file::FileCore;
 use crate::file::Opened;
 use crate::values::Stat;
 use crate::values::Status;
+use crate::values::Usage;
 use crate::values::Value;
 use nk::{ErrorCode, NodeType};
 use nodekernel_client as nk;
@@ -239,6 +240,33 @@ pub(crate) async fn status(core: Arc<Core>) -> Out<Value> {
         .await
         .map_err(|err| Failure { err, path: None })?;
     Ok(Value::Status(Status(s)))
+}
+
+pub(crate) async fn set_quota(
+    core: Arc<Core>,
+    path: String,
+    bytes: Option<u64>,
+    nodes: Option<u64>,
+) -> Out<Value> {
+    let u = core.client.set_quota(&path, bytes, nodes).await.at(&path)?;
+    Ok(Value::Usage(Usage(u)))
+}
+
+pub(crate) async fn quota(core: Arc<Core>, path: String) -> Out<Value> {
+    Ok(Value::Quota(core.client.quota(&path).await.at(&path)?))
+}
+
+pub(crate) async fn quotas(core: Arc<Core>) -> Out<Value> {
+    let all = core
+        .client
+        .quotas()
+        .await
+        .map_err(|err| Failure { err, path: None })?;
+    Ok(Value::Usages(all.into_iter().map(Usage).collect()))
+}
+
+pub(crate) async fn du(core: Arc<Core>, path: String) -> Out<Value> {
+    Ok(Value::Usage(Usage(core.client.du(&path).await.at(&path)?)))
 }
 
 pub(crate) async fn put(

@@ -145,6 +145,52 @@ impl<'py> IntoPyObject<'py> for Status {
     }
 }
 
+/// A subtree's disk usage (`du`, `set_quota`, `quotas`), returned as a
+/// dict: path, type, nodes (below a container; a data node: 1), bytes (of
+/// data), stored (storage held: blocks and pieces), classes (per storage
+/// class: class, blocks, piece_bytes) and quota (None, or bytes and nodes,
+/// each None for no limit).
+pub(crate) struct Usage(pub(crate) nk::UsageInfo);
+
+/// A quota as a dict of bytes and nodes (None: no limit).
+fn quota_dict<'py>(py: Python<'py>, q: nk::Quota) -> PyResult<Bound<'py, PyDict>> {
+    let limit = |v: u64| (v != nk::NO_LIMIT).then_some(v);
+    let d = PyDict::new(py);
+    d.set_item("bytes", limit(q.bytes))?;
+    d.set_item("nodes", limit(q.nodes))?;
+    Ok(d)
+}
+
+impl<'py> IntoPyObject<'py> for Usage {
+    type Target = PyDict;
+    type Output = Bound<'py, PyDict>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let u = self.0;
+        let d = PyDict::new(py);
+        d.set_item("path", u.path)?;
+        d.set_item("type", type_name_of(u.ty))?;
+        d.set_item("nodes", u.nodes)?;
+        d.set_item("bytes", u.bytes)?;
+        d.set_item("stored", u.held)?;
+        let classes = PyList::empty(py);
+        for c in u.classes {
+            let e = PyDict::new(py);
+            e.set_item("class", c.class)?;
+            e.set_item("blocks", c.blocks)?;
+            e.set_item("piece_bytes", c.piece_bytes)?;
+            classes.append(e)?;
+        }
+        d.set_item("classes", classes)?;
+        match u.quota {
+            Some(q) => d.set_item("quota", quota_dict(py, q)?)?,
+            None => d.set_item("quota", py.None())?,
+        }
+        Ok(d)
+    }
+}
+
 /// A value or listing: plain data, or Python objects made when finished.
 pub(crate) enum Value {
     None,
@@ -154,6 +200,10 @@ pub(crate) enum Value {
     Stats(Vec<Stat>),
     Stat(Stat),
     Status(Status),
+    Usage(Usage),
+    Usages(Vec<Usage>),
+    /// A container's quota, or None.
+    Quota(Option<nk::Quota>),
     Bytes(Target),
     /// Values of several keys in order; `None` for a missing one.
     Values(Vec<Option<Target>>),
@@ -173,6 +223,10 @@ impl<'py> IntoPyObject<'py> for Value {
             Value::Stats(v) => v.into_pyobject(py)?.into_any(),
             Value::Stat(s) => s.into_pyobject(py)?.into_any(),
             Value::Status(s) => s.into_pyobject(py)?.into_any(),
+            Value::Usage(u) => u.into_pyobject(py)?.into_any(),
+            Value::Usages(v) => v.into_pyobject(py)?.into_any(),
+            Value::Quota(None) => py.None().into_bound(py),
+            Value::Quota(Some(q)) => quota_dict(py, q)?.into_any(),
             Value::Bytes(t) => t.into_bytes(py)?.into_any(),
             Value::Values(v) => {
                 let list = PyList::empty(py);

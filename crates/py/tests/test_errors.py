@@ -36,6 +36,7 @@ BUILTIN = {
     "VersionMismatch": (ConnectionError, errno.EPROTO),
     "Unauthenticated": (PermissionError, errno.EACCES),
     "Integrity": (OSError, errno.EIO),
+    "QuotaExceeded": (OSError, errno.EDQUOT),
 }
 
 

@@ -7,13 +7,13 @@ use crate::common;
 use common::{client, nk_ok, start_role};
 use std::process::Child;
 
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
+pub(crate) fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u32).wrapping_mul(2654435761).to_le_bytes()[(seed % 4) as usize] ^ seed)
         .collect()
 }
 
-struct Killed(Vec<Child>);
+pub(crate) struct Killed(pub(crate) Vec<Child>);
 
 impl Drop for Killed {
     fn drop(&mut self) {
@@ -26,7 +26,7 @@ impl Drop for Killed {
 
 /// Two metadata partitions (`nk meta` processes, 64 KiB blocks, each
 /// expecting 2 storage servers): their addresses, in partition order.
-fn two_partitions(dir: &std::path::Path, procs: &mut Killed) -> Vec<String> {
+pub(crate) fn two_partitions(dir: &std::path::Path, procs: &mut Killed) -> Vec<String> {
     let mut metas = Vec::new();
     for p in 0..2 {
         let cfg = dir.join(format!("meta{p}.toml"));
@@ -51,7 +51,7 @@ fn two_partitions(dir: &std::path::Path, procs: &mut Killed) -> Vec<String> {
 /// A DRAM `nk store` of `size` with 64 KiB blocks (the size of
 /// [`two_partitions`]' cluster), registered with the metadata servers in
 /// `list`: the process and its address.
-fn start_store(dir: &std::path::Path, list: &str, size: &str) -> (Child, String) {
+pub(crate) fn start_store(dir: &std::path::Path, list: &str, size: &str) -> (Child, String) {
     let cfg = dir.join("store.toml");
     std::fs::write(&cfg, "[meta]\nblock_size = \"64KiB\"\n").unwrap();
     start_role(

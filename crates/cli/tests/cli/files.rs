@@ -462,7 +462,8 @@ fn find_du_and_test_answer_scripts() {
     );
     let out = e.nk(&["find", "/f", "--type", "x"]);
     failed_with(&out, &["find", "--type", "x"], "InvalidArgument", 2);
-    // du: per container, children first; -s totals; -h; --json.
+    // du: per container, children first (a walk); -s totals from the
+    // metadata server's accounting; -h; --json.
     let du = e.ok(&["du", "/f"]);
     assert_eq!(
         names(&du),
@@ -470,24 +471,52 @@ fn find_du_and_test_answer_scripts() {
     );
     assert_eq!(e.ok(&["du", "-s", "/f", "/f/a"]), "305\t/f\n200\t/f/a\n");
     assert_eq!(e.ok(&["du", "-sh", "/f/a"]), "200 B\t/f/a\n");
-    let j = e.json(&["du", "-s", "/f", "--json"]);
     // --stored: what the nodes take of the cluster, as `nk stat` says of
     // each: a table holding one 5-byte key takes its 640-byte record
-    // piece and the key's 64-byte piece.
+    // piece and the key's 64-byte piece. The walk counts both; the
+    // accounting (-s) counts what data nodes hold.
     let stored = |p: &str| e.json(&["stat", p, "--json"])["stored"].as_u64().unwrap();
     assert_eq!((stored("/f/t"), stored("/f/t/k")), (640, 64));
-    assert_eq!(e.ok(&["du", "-s", "--stored", "/f/t"]), "704\t/f/t\n");
+    assert_eq!(e.ok(&["du", "--stored", "/f/t"]), "704\t/f/t\n");
+    assert_eq!(e.ok(&["du", "-s", "--stored", "/f/t"]), "64\t/f/t\n");
     let all: u64 = names(&e.ok(&["find", "/f"]))
         .iter()
         .map(|p| stored(p))
         .sum();
+    let data: u64 = names(&e.ok(&["find", "/f", "--type", "f,k"]))
+        .iter()
+        .map(|p| stored(p))
+        .sum();
+    let walk = e.json(&["du", "/f", "--json"]);
     assert_eq!(
-        j,
-        serde_json::json!([{"path": "/f", "bytes": 305, "stored": all, "files": 4, "containers": 4}])
+        walk.as_array().unwrap().last().unwrap(),
+        &serde_json::json!({"path": "/f", "bytes": 305, "stored": all, "files": 4, "containers": 4})
     );
     assert_eq!(
+        e.ok(&["du", "--stored", "/f"]).lines().last().unwrap(),
+        format!("{all}\t/f")
+    );
+    let j = e.json(&["du", "-s", "/f", "--json"]);
+    let classes = j[0]["classes"].as_array().unwrap();
+    // 100-byte files and a 5-byte value: small values, in pieces.
+    let pieces: u64 = classes
+        .iter()
+        .map(|c| c["piece_bytes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        (&j[0]["path"], &j[0]["type"], &j[0]["nodes"], &j[0]["bytes"]),
+        (&"/f".into(), &"Directory".into(), &7.into(), &305.into()),
+        "{j}"
+    );
+    assert_eq!(j[0]["stored"].as_u64(), Some(data), "{j}");
+    assert_eq!(j[0]["quota"], Value::Null);
+    assert!(classes.iter().all(|c| c["name"].is_string()), "{j}");
+    if classes.iter().all(|c| c["blocks"] == 0) {
+        assert_eq!(pieces, data, "{j}");
+    }
+    assert_eq!(
         e.ok(&["du", "-s", "--stored", "/f"]),
-        format!("{all}\t/f\n")
+        format!("{data}\t/f\n")
     );
     // test: 0 if it holds, 1 if not, 2 if it cannot tell.
     let code = |args: &[&str]| e.nk(args).status.code();
@@ -816,4 +845,64 @@ fn a_killed_nk_run_leaves_nothing_once_its_lease_lapses() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     assert_eq!(e.cluster_bytes("/jobs/keep"), b"value");
+}
+
+/// `nk quota`: limits set, kept and cleared; a create or put past a limit
+/// fails with QuotaExceeded naming the quota root and leaves nothing.
+#[test]
+fn quotas_refuse_growth_and_show_their_usage() {
+    let e = Env::start();
+    e.ok(&["mkdir", "/q"]);
+    let set = e.ok(&["quota", "set", "/q", "--nodes", "2", "--bytes", "1MiB"]);
+    assert_eq!(
+        set, "/q: 0 B held (quota: 1 MiB), 0 nodes (quota: 2)\n",
+        "{set}"
+    );
+    e.ok(&["mkdir", "/q/a"]);
+    e.ok(&["mkdir", "/q/b"]);
+    let msg = e.fails(&["mkdir", "/q/c"], "QuotaExceeded");
+    assert!(msg.contains("/q: its quota of 2 nodes"), "{msg}");
+    assert!(!e.exists("/q/c"));
+    let j = e.json(&["quota", "show", "--json"]);
+    assert_eq!(j.as_array().unwrap().len(), 1, "{j}");
+    assert_eq!(
+        (&j[0]["path"], &j[0]["nodes"], &j[0]["quota"]),
+        (
+            &"/q".into(),
+            &2.into(),
+            &serde_json::json!({"bytes": 1 << 20, "nodes": 2})
+        )
+    );
+    // A limit not given is kept; none removes one.
+    let j = e.json(&["quota", "set", "/q", "--nodes", "none", "--json"]);
+    assert_eq!(
+        j["quota"],
+        serde_json::json!({"bytes": 1 << 20, "nodes": null})
+    );
+    e.ok(&["mkdir", "/q/c"]);
+    // A copy past the byte limit fails and leaves no node.
+    e.write("big", &vec![7u8; 2 << 20]);
+    let msg = e.fails(&["put", "big", "/q/big"], "QuotaExceeded");
+    assert!(msg.contains("/q: its quota of 1 MiB"), "{msg}");
+    assert!(!e.exists("/q/big"));
+    assert_eq!(e.json(&["du", "-s", "/q", "--json"])[0]["nodes"], 3);
+    e.write("small", b"fits");
+    e.ok(&["put", "small", "/q/small"]);
+    assert_eq!(
+        e.ok(&["quota", "show", "/q/a"]),
+        "/q/a: 0 B held (quota: no limit), 0 nodes (quota: no limit)\n"
+    );
+    e.ok(&["quota", "set", "/q", "--nodes", "1M"]);
+    assert_eq!(
+        e.json(&["quota", "show", "--json"])[0]["quota"],
+        serde_json::json!({"bytes": 1 << 20, "nodes": 1_000_000})
+    );
+    e.ok(&["quota", "clear", "/q"]);
+    assert_eq!(e.ok(&["quota", "show"]), "no quotas\n");
+    e.ok(&["put", "big", "/q/big"]);
+    // Only containers carry quotas; a set names what it sets.
+    e.fails(&["quota", "set", "/q/big", "--nodes", "1"], "TypeMismatch");
+    e.fails(&["quota", "set", "/q"], "InvalidArgument");
+    let out = e.nk(&["quota", "set", "/q", "--nodes", "1.5M"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
 }

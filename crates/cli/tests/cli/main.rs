@@ -11,4 +11,5 @@ mod files;
 mod first_minute;
 mod mount;
 mod multihost;
+mod quota;
 mod snapshot;

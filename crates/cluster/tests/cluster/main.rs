@@ -18,6 +18,7 @@ mod local_claims;
 mod namespace;
 mod persistence;
 mod placement;
+mod quotas;
 mod reserved;
 mod safety;
 mod security;

@@ -572,7 +572,7 @@ impl Sim {
     pub(super) fn namespace_op(&mut self) -> Result<(), String> {
         let path = self.path();
         let (ttl_ms, child_ttl_ms) = (self.ttl(), self.child_ttl());
-        let req = match self.rng.below(7) {
+        let req = match self.rng.below(8) {
             0 | 1 => MetaRequest::Create {
                 ty: if path.starts_with("/t") && self.rng.chance(80) || self.rng.chance(30) {
                     NodeType::Table
@@ -611,7 +611,34 @@ impl Sim {
                 ttl_ms: self.rng.chance(40).then_some(ttl_ms).filter(|t| *t != 0),
                 child_ttl_ms: self.rng.chance(20).then_some(child_ttl_ms),
             },
-            _ => MetaRequest::Enumerate { path },
+            6 => MetaRequest::Enumerate { path },
+            _ => {
+                // Small limits, so that writers meet them; sometimes one
+                // limit only, sometimes none (cleared).
+                use nodekernel_proto::quota::{Quota, NO_LIMIT};
+                let bytes = if self.rng.chance(70) {
+                    self.rng.below(24) * u64::from(super::BS)
+                } else {
+                    NO_LIMIT
+                };
+                let nodes = if self.rng.chance(60) {
+                    self.rng.below(12)
+                } else {
+                    NO_LIMIT
+                };
+                self.stats.quotas_set += 1;
+                // Mostly on the top-level containers, which most writes
+                // go into.
+                let path = if self.rng.chance(70) {
+                    format!("/{}", ["d0", "d1", "t0", "t1"][self.rng.below(4) as usize])
+                } else {
+                    path
+                };
+                MetaRequest::QuotaSet {
+                    path,
+                    quota: Quota { bytes, nodes },
+                }
+            }
         };
         match self.exec(req)? {
             Ok(MetaReply::Record(Some(r))) => self.clearing.push((r.container, r.slot)),

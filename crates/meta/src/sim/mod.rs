@@ -14,6 +14,8 @@
 //! - generations only grow: every block a decision hands out, fences or
 //!   frees gets a generation above any it had before;
 //! - no internal errors: every refusal carries a user-facing code;
+//! - no quota root that holds more than a limit grows (under the same
+//!   limits), whatever ran;
 //! - reads see their own node's bytes: a block (or a small value's piece
 //!   of a shared block) read at its current generation holds bytes
 //!   written for the node being read, never another's (the model stores
@@ -155,6 +157,9 @@ pub(crate) struct Stats {
     pub record_locations: u64,
     /// Nodes removed because they expired (subtrees and unclosed puts).
     pub expired: u64,
+    /// Quotas set (or cleared), and requests they refused.
+    pub quotas_set: u64,
+    pub quota_refusals: u64,
 }
 
 /// A snapshot a simulated client is taking: its id, and the blocks (and
@@ -182,6 +187,9 @@ pub(crate) struct Sim {
     claims: Vec<BlockClaim>,
     /// The highest generation each (server, block) was given.
     last_gen: BTreeMap<(u32, u32), u64>,
+    /// Each quota root's limits and (nodes, storage held) after the last
+    /// step: a root past a limit must not grow past it.
+    quota_seen: BTreeMap<NodeId, (nodekernel_proto::quota::Quota, u64, u64)>,
     /// Record slots a client must release once it cleared them.
     clearing: Vec<(NodeId, u32)>,
     /// Block moves started and not yet ended: the source, and whether
@@ -254,6 +262,7 @@ impl Sim {
             checkpoint: None,
             claims: Vec::new(),
             last_gen: BTreeMap::new(),
+            quota_seen: BTreeMap::new(),
             clearing: Vec::new(),
             moving: Vec::new(),
             handles: Vec::new(),
@@ -274,6 +283,7 @@ impl Sim {
             self.st
                 .check_invariants()
                 .map_err(|e| self.failure(step, &e))?;
+            self.check_quotas().map_err(|e| self.failure(step, &e))?;
             if step % 64 == 63 {
                 self.check_replay().map_err(|e| self.failure(step, &e))?;
             }
@@ -307,6 +317,9 @@ impl Sim {
             }
             Err(e) => {
                 self.stats.refused += 1;
+                if e.code == ErrorCode::QuotaExceeded {
+                    self.stats.quota_refusals += 1;
+                }
                 self.trace.push(format!("  -> {:?}: {}", e.code, e.message));
                 Ok(Err(e.code))
             }
@@ -328,6 +341,47 @@ impl Sim {
             )),
             None => Ok(()),
         }
+    }
+
+    /// No quota root grew past a limit: whatever ran (client requests,
+    /// the ticker, reaping, moves, restarts), a root that holds more than
+    /// a limit holds no more than it did after the last step, under the
+    /// same limits.
+    fn check_quotas(&mut self) -> Result<(), String> {
+        let bs = u64::from(BS);
+        let now: BTreeMap<NodeId, (nodekernel_proto::quota::Quota, u64, u64)> = self
+            .st
+            .accounts()
+            .quotas()
+            .map(|(id, q)| {
+                let u = self.st.accounts().usage(id);
+                (id, (q, u.nodes, u.held(bs)))
+            })
+            .collect();
+        for (id, &(q, nodes, held)) in &now {
+            let Some(&(q0, nodes0, held0)) = self.quota_seen.get(id) else {
+                continue;
+            };
+            if q0 != q {
+                continue;
+            }
+            if nodes > q.nodes && nodes > nodes0 {
+                return Err(format!(
+                    "quota root {id} ({}) grew from {nodes0} to {nodes} nodes, past its limit of {}",
+                    self.st.path_of(*id),
+                    q.nodes
+                ));
+            }
+            if held > q.bytes && held > held0 {
+                return Err(format!(
+                    "quota root {id} ({}) grew from {held0} to {held} bytes held, past its limit of {}",
+                    self.st.path_of(*id),
+                    q.bytes
+                ));
+            }
+        }
+        self.quota_seen = now;
+        Ok(())
     }
 
     /// Commits a decision made outside `execute` (ticker, reaper, moves).

@@ -56,6 +56,8 @@ fn simulation_keeps_every_invariant() {
         total.snapshot_held_reads += s.snapshot_held_reads;
         total.record_locations += s.record_locations;
         total.expired += s.expired;
+        total.quotas_set += s.quotas_set;
+        total.quota_refusals += s.quota_refusals;
         total.refused += s.refused;
         total.applied += s.applied;
     }
@@ -93,6 +95,8 @@ fn simulation_keeps_every_invariant() {
             total.snapshot_held_reads,
         ),
         ("expired nodes", total.expired),
+        ("quotas set", total.quotas_set),
+        ("requests a quota refused", total.quota_refusals),
         ("refusals", total.refused),
     ] {
         assert!(n > 0, "no {what} in the simulation: {total:?}");

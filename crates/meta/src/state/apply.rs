@@ -21,13 +21,32 @@ impl MetaState {
     /// queued for [`MetaState::take_claims`].
     pub fn apply_effect(&mut self, e: &Effect) {
         match e {
-            Effect::NodeCreated(n) => self.ns.insert(n),
-            Effect::Linked { id, slot } => self.ns.link(*id, *slot),
-            Effect::Replaced { old, new } => self.ns.replace(*old, *new),
-            Effect::Unlinked { id } => self.ns.unlink(*id),
+            // Each change of where a node counts takes its usage away
+            // from its ancestors before, and adds it back after
+            // (`quotas.rs`).
+            Effect::NodeCreated(n) => {
+                self.ns.insert(n);
+                self.count(n.id);
+            }
+            Effect::Linked { id, slot } => {
+                self.uncount(*id);
+                self.ns.link(*id, *slot);
+                self.count(*id);
+            }
+            Effect::Replaced { old, new } => {
+                self.uncount(*old);
+                self.ns.replace(*old, *new);
+                self.acct.forget(*old);
+            }
+            Effect::Unlinked { id } => {
+                self.uncount(*id);
+                self.ns.unlink(*id);
+            }
             Effect::Dropped { ids } => {
                 for id in ids {
+                    self.uncount(*id);
                     self.ns.drop_node(*id);
+                    self.acct.forget(*id);
                     self.forget_heat(*id);
                 }
             }
@@ -36,10 +55,15 @@ impl MetaState {
                 parent,
                 name,
                 slot,
-            } => self.ns.move_node(*id, *parent, name, *slot),
+            } => {
+                self.uncount(*id);
+                self.ns.move_node(*id, *parent, name, *slot);
+                self.count(*id);
+            }
             Effect::SlotReleased { container, slot } => self.ns.release_slot(*container, *slot),
             Effect::BlockAdded { node, block } => {
                 self.alloc.take(block.server, block.block, block.gen);
+                self.charge_block(*node, block.server, true);
                 if let Some(n) = self.ns.get_mut(*node) {
                     n.blocks.push(*block);
                     if n.ty.is_container() {
@@ -51,6 +75,15 @@ impl MetaState {
             }
             Effect::BlockSwapped { node, index, block } => {
                 self.alloc.take(block.server, block.block, block.gen);
+                if let Some(old) = self
+                    .ns
+                    .get(*node)
+                    .and_then(|n| n.blocks.get(*index as usize))
+                    .map(|b| b.server)
+                {
+                    self.charge_block(*node, old, false);
+                    self.charge_block(*node, block.server, true);
+                }
                 if let Some(n) = self.ns.get_mut(*node) {
                     if let Some(b) = n.blocks.get_mut(*index as usize) {
                         *b = *block;
@@ -63,6 +96,7 @@ impl MetaState {
                 }
             }
             Effect::BlocksTruncated { node, len } => {
+                self.charge_truncate(*node, *len);
                 if let Some(n) = self.ns.get_mut(*node) {
                     n.blocks.truncate(*len as usize);
                 }
@@ -98,6 +132,17 @@ impl MetaState {
             ),
             Effect::SessionEnded { id, at_ms } => self.ns.lifetimes_mut().end_session(*id, *at_ms),
             Effect::SessionBound { node, session } => self.ns.bind_session(*node, *session),
+            Effect::QuotaSet { node, bytes, nodes } => {
+                if self.ns.get(*node).is_some_and(|n| n.ty.is_container()) {
+                    self.acct.set_quota(
+                        *node,
+                        nodekernel_proto::quota::Quota {
+                            bytes: *bytes,
+                            nodes: *nodes,
+                        },
+                    );
+                }
+            }
             Effect::Ballooned { block } => {
                 self.alloc.balloon(block.server, block.block, block.gen);
                 if self.alloc.server(block.server).is_some() {
@@ -138,6 +183,7 @@ impl MetaState {
                 }
             }
             Effect::SizeSet { node, size } => {
+                self.charge_size(*node, *size);
                 if let Some(n) = self.ns.get_mut(*node) {
                     n.size = *size;
                 }
@@ -155,6 +201,8 @@ impl MetaState {
                 self.held.retain(|(server, _), _| server != id);
                 self.ballooned.retain(|(server, _), _| server != id);
                 self.resize.remove(id);
+                // Its blocks now count as on a retired server.
+                self.recount_usage();
             }
             Effect::ServerReaddressed { id, addr, cap_key } => {
                 self.alloc.readdress(*id, addr, cap_key.as_ref())
@@ -201,9 +249,27 @@ impl MetaState {
                                 index: i,
                                 size,
                             };
+                            let own_piece = self.ns.get(owner).is_some_and(|n| {
+                                n.piece.is_some_and(|p| {
+                                    (p.server, p.block, p.index) == (server, block, i)
+                                })
+                            });
+                            if own_piece {
+                                self.charge_piece(owner, server, size, false);
+                                self.charge_piece(owner, m.to.server, size, true);
+                            }
                             self.ns.move_piece(owner, (server, block), piece);
                         }
                     } else if *done {
+                        if let Some(old) = self
+                            .ns
+                            .get(*node)
+                            .and_then(|n| n.blocks.get(*index as usize))
+                            .map(|b| b.server)
+                        {
+                            self.charge_block(*node, old, false);
+                            self.charge_block(*node, m.to.server, true);
+                        }
                         if let Some(b) = self
                             .ns
                             .get_mut(*node)
@@ -230,10 +296,23 @@ impl MetaState {
             }
             Effect::PieceTaken { node, piece } => {
                 self.slabs.take(piece, *node);
+                if let Some(old) = self.ns.get(*node).and_then(|n| n.piece) {
+                    self.charge_piece(*node, old.server, old.size, false);
+                }
+                self.charge_piece(*node, piece.server, piece.size, true);
                 self.ns.take_piece(*node, *piece);
             }
-            Effect::PieceOutgrown { node } => self.ns.outgrow_piece(*node),
-            Effect::Aimed { node, parent, name } => self.ns.aim(*node, *parent, name),
+            Effect::PieceOutgrown { node } => {
+                if let Some(old) = self.ns.get(*node).and_then(|n| n.piece) {
+                    self.charge_piece(*node, old.server, old.size, false);
+                }
+                self.ns.outgrow_piece(*node);
+            }
+            Effect::Aimed { node, parent, name } => {
+                self.uncount(*node);
+                self.ns.aim(*node, *parent, name);
+                self.count(*node);
+            }
             Effect::RecordPieceSwapped { node, index, piece } => {
                 self.slabs.take(piece, *node);
                 self.ns.swap_record_piece(*node, *index as usize, *piece);
@@ -353,6 +432,8 @@ pub(crate) struct Parts {
     pub moves: BTreeMap<(NodeId, u64), Move>,
     pub held: BTreeMap<(u32, u32), u64>,
     pub ballooned: BTreeMap<(u32, u32), u64>,
+    /// Quota roots and their limits.
+    pub quotas: Vec<(NodeId, nodekernel_proto::quota::Quota)>,
 }
 
 impl MetaState {
@@ -374,6 +455,11 @@ impl MetaState {
             st.alloc.set_ballooned(server, n);
         }
         st.ballooned = parts.ballooned;
+        for (id, q) in parts.quotas {
+            st.acct.set_quota(id, q);
+        }
+        // The usage is derived: one pass over the nodes.
+        st.recount_usage();
         st
     }
 

@@ -30,7 +30,7 @@ impl MetaState {
     #[cfg(test)]
     pub(crate) fn dump(&self) -> String {
         format!(
-            "{}{}{:?}\nnext_lease {} lease_ms {} moves {:?}\nheld {:?}\nballooned {:?}\n",
+            "{}{}{:?}\nnext_lease {} lease_ms {} moves {:?}\nheld {:?}\nballooned {:?}\nquotas {:?}\n",
             self.ns.dump(),
             self.alloc.dump(),
             self.slabs,
@@ -38,7 +38,8 @@ impl MetaState {
             self.lease_ms,
             self.moves,
             self.held,
-            self.ballooned
+            self.ballooned,
+            self.acct.quotas().collect::<Vec<_>>()
         )
     }
 
@@ -54,7 +55,9 @@ impl MetaState {
     ///   past its published size (closes, aborts, lapsed leases and
     ///   restarts give them back);
     /// - puts in progress are unlinked KeyValues, the graveyard holds only
-    ///   unlinked roots.
+    ///   unlinked roots;
+    /// - every container's usage, kept as effects apply, is what a recount
+    ///   of the namespace finds, and every quota root is a container.
     ///
     /// Costs time in proportion to the whole state: for tests and the
     /// simulation.
@@ -240,6 +243,7 @@ impl MetaState {
         if !self.ns.leases_indexed() {
             return Err("the lease index disagrees with the nodes' leases".into());
         }
+        self.check_usage()?;
         Ok(())
     }
 
@@ -380,6 +384,14 @@ impl MetaState {
                 | Effect::LifetimeSet { node, .. }
                 | Effect::SessionBound { node, .. } => {
                     nodes.insert(*node);
+                }
+                Effect::QuotaSet { node, .. } => {
+                    nodes.insert(*node);
+                    if self.acct.quota(*node).is_some()
+                        && !self.ns.get(*node).is_some_and(|n| n.ty.is_container())
+                    {
+                        return Err(format!("node {node} has a quota but is not a container"));
+                    }
                 }
                 Effect::BlockAdded { node, block } | Effect::BlockSwapped { node, block, .. } => {
                     nodes.insert(*node);

@@ -30,6 +30,9 @@
 //!   replacement;
 //! - `lifetimes.rs`: expiry times and child TTLs, and the expiry of
 //!   what is due;
+//! - `quotas.rs`: quotas and disk usage: the requests, the accounting
+//!   of every container's usage as effects apply, and the check that
+//!   refuses growth past a quota;
 //! - `leases.rs`: write leases: granted, renewed, lapsed; the sweep after
 //!   vanished writers and the restart decision;
 //! - `blocks.rs`: a node's blocks handed out and freed inside a decision;
@@ -47,6 +50,7 @@ use crate::effect::Effect;
 use crate::namespace::{Namespace, NodeId};
 use crate::slab::Slabs;
 use crate::snapshot::Snapshots;
+use crate::usage::Accounts;
 use nodekernel_proto::cap::CAP_LIFETIME_SECS;
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
 use nodekernel_proto::path;
@@ -64,6 +68,7 @@ mod moves;
 mod names;
 mod notes;
 mod pieces;
+mod quotas;
 mod replies;
 mod resize;
 mod servers;
@@ -111,6 +116,11 @@ pub struct Decision {
     reply: Reply,
     /// The soft state it changes besides its effects.
     notes: Notes,
+    /// The change of each quota root's (nodes, held bytes) its effects
+    /// bring, as the quota check predicted it (checked after commit).
+    /// `None` for background work, which does not pass the check.
+    #[cfg(debug_assertions)]
+    quota_delta: Option<Vec<(NodeId, i128, i128)>>,
     /// How many decisions (and log records) the state had applied when
     /// this one was decided: it must be applied to exactly that state.
     #[cfg(debug_assertions)]
@@ -139,6 +149,9 @@ pub struct MetaState {
     alloc: BlockAllocator,
     /// Blocks shared by small values.
     slabs: Slabs,
+    /// Every container's usage and the quota roots' limits (the usage is
+    /// derived from `ns`, the limits are durable).
+    acct: Accounts,
     lease_ms: u64,
     next_lease: u64,
     placement: Placement,
@@ -184,6 +197,7 @@ impl MetaState {
             ns: Namespace::new(),
             alloc: BlockAllocator::new(block_size, first_gen),
             slabs: Slabs::default(),
+            acct: Accounts::default(),
             lease_ms,
             next_lease: 1,
             placement: Placement::default(),
@@ -218,6 +232,11 @@ impl MetaState {
 
     pub fn slabs(&self) -> &Slabs {
         &self.slabs
+    }
+
+    /// Every container's usage and the quota roots' limits.
+    pub fn accounts(&self) -> &Accounts {
+        &self.acct
     }
 
     /// Running snapshots.
@@ -312,9 +331,13 @@ impl MetaState {
             );
             self.applied += 1;
         }
+        #[cfg(debug_assertions)]
+        let quota_before = self.quota_roots_usage();
         for e in &d.effects {
             self.apply_effect(e);
         }
+        #[cfg(debug_assertions)]
+        self.check_quota_prediction(&quota_before, &d);
         self.apply_notes(&mut d.notes, now);
         match &d.reply {
             Reply::Node { id, .. } | Reply::Blocks { node: id, .. } => self.touch(*id, now),
@@ -473,8 +496,49 @@ impl MetaState {
             }
             MetaRequest::SessionRenew { id, secret } => d.session_renew(*id, *secret)?,
             MetaRequest::SessionClose { id, secret } => d.session_close(*id, *secret, now)?,
+            // quotas.rs
+            MetaRequest::QuotaSet { path, quota } => d.quota_set(path, *quota)?,
+            MetaRequest::Usage { path } => d.usage(path)?,
+            MetaRequest::Quotas => Reply::Quotas,
         };
-        Ok(d.finish(reply))
+        // The one place a client's growth meets the quotas: whatever
+        // request it is, its effects pass the check or nothing happens.
+        let _quota_delta = self.check_quotas(&d.effects)?;
+        let mut decision = d.finish(reply);
+        #[cfg(debug_assertions)]
+        {
+            decision.quota_delta = Some(_quota_delta);
+        }
+        Ok(decision)
+    }
+
+    /// Debug builds: the quota check's prediction of how each quota root's
+    /// usage changes is what applying the decision did.
+    #[cfg(debug_assertions)]
+    fn check_quota_prediction(&self, before: &[(NodeId, u64, u64)], d: &Decision) {
+        let Some(predicted_all) = &d.quota_delta else {
+            return;
+        };
+        let after = self.quota_roots_usage();
+        for &(id, n0, h0) in before {
+            let Some(&(_, n1, h1)) = after.iter().find(|a| a.0 == id) else {
+                continue;
+            };
+            let actual = (
+                i128::from(n1) - i128::from(n0),
+                i128::from(h1) - i128::from(h0),
+            );
+            let predicted = predicted_all
+                .iter()
+                .find(|p| p.0 == id)
+                .map_or((0, 0), |p| (p.1, p.2));
+            assert_eq!(
+                actual, predicted,
+                "quota root {id}: the quota check predicted (nodes, held) {predicted:?}, \
+                 applying the decision changed them by {actual:?}: {:?}",
+                d.effects
+            );
+        }
     }
 
     /// Refuses a path whose top-level name another partition owns (every
@@ -541,6 +605,8 @@ impl<'a> Draft<'a> {
             effects: self.effects,
             reply,
             notes: self.notes,
+            #[cfg(debug_assertions)]
+            quota_delta: None,
             #[cfg(debug_assertions)]
             basis: self.st.applied,
         }

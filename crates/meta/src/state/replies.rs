@@ -63,6 +63,10 @@ pub(super) enum Reply {
         id: u64,
         lease_ms: u64,
     },
+    /// The usage of a node's subtree (and its quota).
+    Usage(NodeId),
+    /// Every quota root with its usage.
+    Quotas,
 }
 
 /// What a block location handed out lets its holder do, and when it was
@@ -192,6 +196,8 @@ impl MetaState {
                     .map(|&(id, lease)| self.info(id, lease, now))
                     .collect(),
             },
+            Reply::Usage(id) => MetaReply::Usage(self.usage_info(*id, self.path_of(*id))),
+            Reply::Quotas => MetaReply::Quotas(self.quota_infos()),
         }
     }
 

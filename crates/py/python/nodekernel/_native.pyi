@@ -107,6 +107,28 @@ class Client:
     def move(self, src: str, dst: str) -> None: ...
     def exists(self, path: str) -> bool: ...
     def status(self) -> dict[str, Any]: ...
+    def set_quota(
+        self, path: str, bytes: Optional[int] = None, nodes: Optional[int] = None
+    ) -> dict[str, Any]:
+        """Sets the quota of the Directory, Table or Bag at `path`: at most
+        `bytes` of storage held below it (blocks and small values' pieces)
+        and at most `nodes` nodes below it; None for no limit (both None
+        clears it). A write or create past a limit then raises
+        QuotaExceeded (an OSError with errno EDQUOT) naming the quota root,
+        and changes nothing. Returns the usage dict (see `du`)."""
+    def quota(self, path: str) -> Optional[dict[str, Optional[int]]]:
+        """The quota of the container at `path` ({"bytes", "nodes"}, each
+        None for no limit), or None."""
+    def quotas(self) -> list[dict[str, Any]]:
+        """Every quota root of the cluster with its usage (see `du`), in
+        path order."""
+    def du(self, path: str = "/") -> dict[str, Any]:
+        """The disk usage of the subtree at `path`, from the metadata
+        servers' accounting (instant whatever its size): path, type, nodes
+        (below a container; a data node: 1), bytes (of data: published
+        sizes), stored (storage held: blocks and pieces), classes (per
+        storage class: class, blocks, piece_bytes) and quota (None, or
+        {"bytes", "nodes"})."""
     def put(self, path: str, value: _Buffer, *, ttl: Optional[_Ttl] = None) -> None:
         """Stores a KeyValue (replacing any old value); with `ttl`, it
         expires this long from now."""
@@ -234,6 +256,12 @@ class AsyncClient:
     def move(self, src: str, dst: str) -> Awaitable[None]: ...
     def exists(self, path: str) -> Awaitable[bool]: ...
     def status(self) -> Awaitable[dict[str, Any]]: ...
+    def set_quota(
+        self, path: str, bytes: Optional[int] = None, nodes: Optional[int] = None
+    ) -> Awaitable[dict[str, Any]]: ...
+    def quota(self, path: str) -> Awaitable[Optional[dict[str, Optional[int]]]]: ...
+    def quotas(self) -> Awaitable[list[dict[str, Any]]]: ...
+    def du(self, path: str = "/") -> Awaitable[dict[str, Any]]: ...
     def put(self, path: str, value: _Buffer, *, ttl: Optional[_Ttl] = None) -> Awaitable[None]: ...
     def get(self, path: str) -> Awaitable[bytes]: ...
     def put_many(self, items: _Items, in_flight: int = 64) -> Awaitable[None]:

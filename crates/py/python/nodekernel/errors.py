@@ -198,6 +198,15 @@ class Integrity(_OSErrorBase):
     errno_value = _errno.EIO
 
 
+class QuotaExceeded(_OSErrorBase):
+    """A write or create would take a subtree past its quota of bytes or
+    nodes (`nk quota`); the message names the path whose quota it hit.
+    Nothing was changed."""
+
+    code = "QuotaExceeded"
+    errno_value = _errno.EDQUOT
+
+
 BY_CODE: dict[str, type[Error]] = {
     c.code: c
     for c in (
@@ -224,6 +233,7 @@ BY_CODE: dict[str, type[Error]] = {
         VersionMismatch,
         Unauthenticated,
         Integrity,
+        QuotaExceeded,
     )
 }
 
@@ -288,4 +298,5 @@ __all__ = [
     "VersionMismatch",
     "Unauthenticated",
     "Integrity",
+    "QuotaExceeded",
 ]

@@ -246,6 +246,22 @@ class NodeKernelFileSystem(AbstractFileSystem):
             # Below a File, or not a valid NodeKernel path: nothing there.
             return False
 
+    def du(self, path, total=True, maxdepth=None, withdirs=False, **kwargs):
+        """Bytes of the files at and below `path`, as fsspec's `du`. The
+        total of a whole subtree (`total=True`, no `maxdepth`) comes from
+        the metadata servers' accounting, with no walk, so it is instant
+        whatever the subtree's size (and counts the keys of non-enumerable
+        Tables too); otherwise fsspec walks (`total=False` maps each path
+        to its size). A path that does not exist holds 0 bytes, as
+        fsspec's walk finds."""
+        if not total or maxdepth is not None:
+            return super().du(path, total=total, maxdepth=maxdepth, withdirs=withdirs, **kwargs)
+        path = self._strip_protocol(path)
+        try:
+            return self.client.du(_abs(path))["bytes"]
+        except (NotFound, TypeMismatch):
+            return 0
+
     def isdir(self, path):
         try:
             return self.info(path)["type"] == "directory"

@@ -164,14 +164,14 @@ async fn the_hello_exchange_on_the_wire() {
     )
     .await;
     let mut s = tokio::net::TcpStream::connect(&server.addr).await.unwrap();
-    let mut hello = frame(0, 0xFFFF, b"NKWIRE\x0f\x00\x01\x00\x00\x00\x00");
+    let mut hello = frame(0, 0xFFFF, b"NKWIRE\x10\x00\x01\x00\x00\x00\x00");
     // The first request right behind the HELLO, in the same write.
     hello.extend_from_slice(&frame(9, 2, b"hi"));
-    assert_eq!(WIRE_VERSION, 15, "update the bytes above with the version");
+    assert_eq!(WIRE_VERSION, 16, "update the bytes above with the version");
     s.write_all(&hello).await.unwrap();
     let (id, status, payload) = read_frame(&mut s).await.expect("the answer");
     assert_eq!((id, status), (HELLO_ID, STATUS_OK));
-    assert_eq!(&payload[..], b"NKWIRE\x0e\x00\x00\x00\x00\x00\x00");
+    assert_eq!(&payload[..], b"NKWIRE\x10\x00\x00\x00\x00\x00\x00");
     let (id, status, payload) = read_frame(&mut s).await.expect("the reply");
     assert_eq!((id, status, &payload[..]), (9, STATUS_OK, &b"hi"[..]));
 }

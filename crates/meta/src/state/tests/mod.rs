@@ -22,6 +22,7 @@ mod lifetimes;
 mod moves;
 mod names;
 mod pieces;
+mod quotas;
 mod replies;
 mod reserved;
 mod servers;

@@ -27,7 +27,8 @@ public enum ErrorCode {
   WRONG_PARTITION(20, "WrongPartition"),
   VERSION_MISMATCH(21, "VersionMismatch"),
   UNAUTHENTICATED(22, "Unauthenticated"),
-  INTEGRITY(23, "Integrity");
+  INTEGRITY(23, "Integrity"),
+  QUOTA_EXCEEDED(24, "QuotaExceeded");
 
   private final int code;
   private final String wireName;

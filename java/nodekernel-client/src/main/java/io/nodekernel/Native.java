@@ -94,6 +94,13 @@ final class Native {
 
   static native long[] capacity(long client) throws NodeKernelException;
 
+  /** A usage (see {@code Usage.of}); limits -1 for none. */
+  static native long[] setQuota(long client, String path, long bytes, long nodes)
+      throws NodeKernelException;
+
+  /** A usage (see {@code Usage.of}). */
+  static native long[] du(long client, String path) throws NodeKernelException;
+
   /** {@code {handle, stat...}}. */
   static native long[] openReader(long client, String path) throws NodeKernelException;
 

@@ -8,6 +8,7 @@ import java.util.Arrays;
 import java.util.List;
 import java.util.Map;
 import java.util.Objects;
+import java.util.OptionalLong;
 
 /**
  * A connection to a NodeKernel cluster: the Java face of the Rust client (through JNI; Java never
@@ -425,6 +426,44 @@ public final class NodeKernel implements AutoCloseable {
               hostAddr.length > 1 ? hostAddr[1] : hostAddr[0]));
     }
     return out;
+  }
+
+  /**
+   * Sets the quota of the Directory, Table or Bag at {@code path}: at most {@code bytes} of storage
+   * held below it (blocks and small values' pieces) and at most {@code nodes} nodes below it; an
+   * empty limit is no limit, and both empty clear the quota. A write or create that would take the
+   * subtree past a limit then throws {@link NodeKernelException.QuotaExceeded}, whose message
+   * starts with the quota root's path, and changes nothing; a limit below what the subtree holds
+   * refuses only growth.
+   *
+   * @return the subtree's usage with its new quota
+   */
+  public Usage setQuota(String path, OptionalLong bytes, OptionalLong nodes) throws IOException {
+    long b = limit(bytes, "bytes");
+    long n = limit(nodes, "nodes");
+    return Usage.of(Native.setQuota(handle(), path(path), b, n));
+  }
+
+  /** Removes the quota of the container at {@code path}. */
+  public Usage clearQuota(String path) throws IOException {
+    return setQuota(path, OptionalLong.empty(), OptionalLong.empty());
+  }
+
+  private static long limit(OptionalLong v, String what) {
+    Objects.requireNonNull(v, what);
+    if (v.isPresent() && v.getAsLong() < 0) {
+      throw new IllegalArgumentException(
+          "a quota of " + v.getAsLong() + " " + what + ": limits are at least 0");
+    }
+    return v.orElse(-1);
+  }
+
+  /**
+   * The disk usage of the subtree at {@code path} (its nodes, bytes of data, storage held per
+   * class, and quota), from the metadata servers' accounting: instant whatever the subtree's size.
+   */
+  public Usage du(String path) throws IOException {
+    return Usage.of(Native.du(handle(), path(path)));
   }
 
   /** Capacity and use over the live storage servers. */

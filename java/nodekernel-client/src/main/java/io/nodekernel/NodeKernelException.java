@@ -60,6 +60,7 @@ public class NodeKernelException extends IOException {
       case VERSION_MISMATCH -> new VersionMismatch(message);
       case UNAUTHENTICATED -> new Unauthenticated(message);
       case INTEGRITY -> new Integrity(message);
+      case QUOTA_EXCEEDED -> new QuotaExceeded(message);
     };
   }
 
@@ -221,6 +222,16 @@ public class NodeKernelException extends IOException {
   public static final class Integrity extends NodeKernelException {
     public Integrity(String message) {
       super(ErrorCode.INTEGRITY, message);
+    }
+  }
+
+  /**
+   * A write or create would take a subtree past its quota of bytes or nodes; the message names the
+   * path whose quota it hit. Nothing was changed.
+   */
+  public static final class QuotaExceeded extends NodeKernelException {
+    public QuotaExceeded(String message) {
+      super(ErrorCode.QUOTA_EXCEEDED, message);
     }
   }
 }

@@ -3,6 +3,7 @@ package io.nodekernel;
 import static org.junit.Assert.assertArrayEquals;
 import static org.junit.Assert.assertEquals;
 import static org.junit.Assert.assertFalse;
+import static org.junit.Assert.assertNull;
 import static org.junit.Assert.assertThrows;
 import static org.junit.Assert.assertTrue;
 
@@ -19,6 +20,7 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Optional;
+import java.util.OptionalLong;
 import java.util.Random;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.stream.Collectors;
@@ -514,6 +516,39 @@ public class ClientTest {
     Capacity c = nk().capacity();
     assertTrue(c.capacity() >= 1L << 30);
     assertTrue(c.used() >= size);
+  }
+
+  /** A quota refuses growth past it with QuotaExceeded (nothing left); du reads the accounting. */
+  @Test
+  public void aQuotaRefusesGrowthAndDuCountsTheSubtree() throws Exception {
+    String q = dir + "/q";
+    nk().mkdir(q, false);
+    Usage set = nk().setQuota(q, OptionalLong.empty(), OptionalLong.of(2));
+    assertEquals(new Usage.Quota(OptionalLong.empty(), OptionalLong.of(2)), set.quota());
+    assertEquals(0, set.nodes());
+    nk().mkdir(q + "/a", false);
+    file(q + "/f", pattern(100, 2));
+    NodeKernelException.QuotaExceeded e =
+        assertThrows(NodeKernelException.QuotaExceeded.class, () -> nk().mkdir(q + "/b", false));
+    assertEquals(ErrorCode.QUOTA_EXCEEDED, e.code());
+    assertTrue(e.getMessage(), e.getMessage().contains(q + ": its quota of 2 nodes"));
+    assertThrows(NodeKernelException.NotFound.class, () -> nk().lookup(q + "/b"));
+    Usage u = nk().du(q);
+    assertEquals(2, u.nodes());
+    assertEquals(100, u.bytes());
+    // A 100-byte File takes a 112-byte piece of a shared block.
+    assertEquals(112, u.stored());
+    assertEquals(112, u.classes().stream().mapToLong(Usage.ClassUsage::pieceBytes).sum());
+    assertEquals(1, nk().du(q + "/f").nodes());
+    assertNull(nk().clearQuota(q).quota());
+    nk().mkdir(q + "/b", false);
+    assertEquals(3, nk().du(q).nodes());
+    assertThrows(
+        IllegalArgumentException.class,
+        () -> nk().setQuota(q, OptionalLong.of(-5), OptionalLong.empty()));
+    assertThrows(
+        NodeKernelException.TypeMismatch.class,
+        () -> nk().setQuota(q + "/f", OptionalLong.empty(), OptionalLong.of(1)));
   }
 
   /** A client's location is its configuration's, which the shuffle manager places map output by. */
