@@ -6,6 +6,7 @@ use crate::client::batch_keys;
 use crate::client::check_in_flight;
 use crate::client::check_path;
 use crate::client::child_ttl_arg;
+use crate::client::duration_arg;
 use crate::client::put_items;
 use crate::client::ttl_arg;
 use crate::client::Core;
@@ -20,6 +21,7 @@ use crate::runtime::block;
 use crate::runtime::block_on_workers;
 use crate::runtime::spawn;
 use crate::runtime::spawn_to_end;
+use crate::session::Session;
 use crate::values::parse_type;
 use crate::values::Value;
 use nk::NodeType;
@@ -31,6 +33,18 @@ use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+/// A create's `ttl=` and `session=` arguments.
+fn life(
+    ttl: Option<&Bound<'_, PyAny>>,
+    session: Option<PyRef<'_, Session>>,
+) -> PyResult<ops::Life> {
+    Ok(ops::Life {
+        ttl: ttl_arg(ttl)?,
+        session: session.map(|s| s.inner.clone()),
+        ..Default::default()
+    })
+}
+
 /// Client methods, generated for the sync and the asyncio class: `$run`
 /// is `block` or `spawn`, `$to_end` the same for calls that run to their
 /// end even if cancelled (`spawn_to_end`), `$aio` says which file class to
@@ -41,9 +55,26 @@ macro_rules! client_methods {
         impl $ty {
             $($extra)*
 
+            /// Opens a session with a lease of `lease` seconds (or a
+            /// timedelta; default 10 s), renewed in the background; see
+            /// `Session`.
+            #[pyo3(signature = (lease = None))]
+            fn session<'py>(
+                &self,
+                py: Python<'py>,
+                lease: Option<&Bound<'py, PyAny>>,
+            ) -> PyResult<$ret> {
+                self.core.check()?;
+                let lease = match lease.filter(|l| !l.is_none()) {
+                    Some(l) => duration_arg("lease", l)?,
+                    None => nk::DEFAULT_SESSION_LEASE,
+                };
+                $run(py, ops::session(self.core.clone(), lease))
+            }
+
             #[pyo3(signature = (
                 path, r#type = "dir", parents = false, enumerable = true, *, ttl = None,
-                child_ttl = None
+                child_ttl = None, session = None
             ))]
             #[allow(clippy::too_many_arguments)]
             fn mkdir<'py>(
@@ -55,6 +86,7 @@ macro_rules! client_methods {
                 enumerable: bool,
                 ttl: Option<&Bound<'py, PyAny>>,
                 child_ttl: Option<&Bound<'py, PyAny>>,
+                session: Option<PyRef<'py, Session>>,
             ) -> PyResult<$ret> {
                 self.core.check()?;
                 check_path(path)?;
@@ -65,24 +97,26 @@ macro_rules! client_methods {
                 let life = ops::Life {
                     ttl: ttl_arg(ttl)?,
                     child_ttl: child_ttl_arg(child_ttl)?,
+                    session: session.map(|s| s.inner.clone()),
                 };
                 let core = self.core.clone();
                 $run(py, ops::mkdir(core, path.into(), ty, parents, enumerable, life))
             }
 
-            #[pyo3(signature = (path, r#type = "file", *, ttl = None))]
+            #[pyo3(signature = (path, r#type = "file", *, ttl = None, session = None))]
             fn create<'py>(
                 &self,
                 py: Python<'py>,
                 path: &str,
                 r#type: &str,
                 ttl: Option<&Bound<'py, PyAny>>,
+                session: Option<PyRef<'py, Session>>,
             ) -> PyResult<$ret> {
                 self.core.check()?;
                 check_path(path)?;
                 let ty = parse_type(r#type, &[NodeType::File, NodeType::KeyValue])?;
-                let ttl = ttl_arg(ttl)?;
-                $to_end(py, ops::create(self.core.clone(), path.into(), ty, ttl, $aio))
+                let life = life(ttl, session)?;
+                $to_end(py, ops::create(self.core.clone(), path.into(), ty, life, $aio))
             }
 
             /// The node at `path` (with its subtree) expires `ttl` from now
@@ -120,18 +154,19 @@ macro_rules! client_methods {
                 $to_end(py, ops::lookup(self.core.clone(), path.into(), $aio))
             }
 
-            #[pyo3(signature = (path, mode = "rb", *, ttl = None))]
+            #[pyo3(signature = (path, mode = "rb", *, ttl = None, session = None))]
             fn open<'py>(
                 &self,
                 py: Python<'py>,
                 path: &str,
                 mode: &str,
                 ttl: Option<&Bound<'py, PyAny>>,
+                session: Option<PyRef<'py, Session>>,
             ) -> PyResult<$ret> {
                 self.core.check()?;
                 check_path(path)?;
-                let ttl = ttl_arg(ttl)?;
-                $to_end(py, ops::open(self.core.clone(), path.into(), mode.into(), ttl, $aio))
+                let life = life(ttl, session)?;
+                $to_end(py, ops::open(self.core.clone(), path.into(), mode.into(), life, $aio))
             }
 
             fn stat<'py>(&self, py: Python<'py>, path: &str) -> PyResult<$ret> {
@@ -204,19 +239,20 @@ macro_rules! client_methods {
                 $run(py, ops::du(self.core.clone(), path.into()))
             }
 
-            #[pyo3(signature = (path, value, *, ttl = None))]
+            #[pyo3(signature = (path, value, *, ttl = None, session = None))]
             fn put<'py>(
                 &self,
                 py: Python<'py>,
                 path: &str,
                 value: &Bound<'py, PyAny>,
                 ttl: Option<&Bound<'py, PyAny>>,
+                session: Option<PyRef<'py, Session>>,
             ) -> PyResult<$ret> {
                 self.core.check()?;
                 check_path(path)?;
                 let input = Input::new(value)?;
-                let ttl = ttl_arg(ttl)?;
-                $run(py, ops::put(self.core.clone(), path.into(), input, ttl))
+                let life = life(ttl, session)?;
+                $run(py, ops::put(self.core.clone(), path.into(), input, life))
             }
 
             #[pyo3(signature = (items, in_flight = DEFAULT_IN_FLIGHT))]

@@ -234,7 +234,7 @@ pub(crate) fn child_ttl_arg(
 
 /// Seconds (an int or float above 0, finite) or a `datetime.timedelta`
 /// (positive), as a duration.
-fn duration_arg(what: &str, t: &Bound<'_, PyAny>) -> PyResult<std::time::Duration> {
+pub(crate) fn duration_arg(what: &str, t: &Bound<'_, PyAny>) -> PyResult<std::time::Duration> {
     let secs: f64 = if t.hasattr("total_seconds")? {
         t.call_method0("total_seconds")?.extract()?
     } else {

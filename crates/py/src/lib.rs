@@ -44,6 +44,7 @@ mod errors;
 mod file;
 mod ops;
 mod runtime;
+mod session;
 mod values;
 
 use crate::classes::AsyncClient;
@@ -98,6 +99,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<AsyncClient>()?;
     m.add_class::<File>()?;
     m.add_class::<AsyncFile>()?;
+    m.add_class::<session::Session>()?;
     m.add("DEFAULT_META", nk::DEFAULT_META)?;
     // Before Python finalizes, runtime threads stop taking the GIL.
     let hook = wrap_pyfunction!(runtime::at_exit, m)?;

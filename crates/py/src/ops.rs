@@ -53,44 +53,49 @@ pub(crate) async fn mkdir(
     Ok(Value::None)
 }
 
-/// The TTL and child TTL a call gives the node it creates.
-#[derive(Clone, Copy, Default)]
+/// The TTL, child TTL and session a call gives the node it creates.
+#[derive(Clone, Default)]
 pub(crate) struct Life {
     pub(crate) ttl: Option<nk::Ttl>,
     pub(crate) child_ttl: Option<std::time::Duration>,
+    pub(crate) session: Option<nk::Session>,
 }
 
 impl Life {
-    pub(crate) fn ttl(ttl: Option<nk::Ttl>) -> Life {
-        Life {
-            ttl,
-            child_ttl: None,
-        }
-    }
-
     fn is_none(&self) -> bool {
-        self.ttl.is_none() && self.child_ttl.is_none()
+        self.ttl.is_none() && self.child_ttl.is_none() && self.session.is_none()
     }
 
     fn options(&self) -> nk::CreateOptions {
         nk::CreateOptions {
             ttl: self.ttl,
             child_ttl: self.child_ttl,
+            session: self.session.clone(),
             ..Default::default()
         }
     }
+}
+
+/// Opens a session with a lease of `lease` (`docs/lifecycle.md`).
+pub(crate) async fn session(core: Arc<Core>, lease: std::time::Duration) -> Out<Value> {
+    let s = core
+        .client
+        .session(lease)
+        .await
+        .map_err(|err| Failure { err, path: None })?;
+    Ok(Value::Session(s))
 }
 
 pub(crate) async fn create(
     core: Arc<Core>,
     path: String,
     ty: NodeType,
-    ttl: Option<nk::Ttl>,
+    life: Life,
     aio: bool,
 ) -> Out<Opened> {
     let node = core
         .client
-        .create(&path, ty, Life::ttl(ttl).options())
+        .create(&path, ty, life.options())
         .await
         .at(&path)?;
     let f = FileCore::writer(core, path, "wb", node)?;
@@ -104,13 +109,15 @@ pub(crate) async fn open(
     core: Arc<Core>,
     path: String,
     mode: String,
-    ttl: Option<nk::Ttl>,
+    life: Life,
     aio: bool,
 ) -> Out<Opened> {
     let c = &core.client;
     let f = match mode.as_str() {
-        "rb" | "r" if ttl.is_some() => {
-            return Err(PyValueError::new_err("ttl is for writing: mode 'wb' or 'ab'").into())
+        "rb" | "r" if !life.is_none() => {
+            return Err(
+                PyValueError::new_err("ttl and session are for writing: mode 'wb' or 'ab'").into(),
+            )
         }
         "rb" | "r" => {
             let node = c.lookup(&path).await.at(&path)?;
@@ -127,7 +134,7 @@ pub(crate) async fn open(
             }
         }
         "wb" | "w" => {
-            let opts = Life::ttl(ttl).options();
+            let opts = life.options();
             // An existing File is replaced, as Python's open(..., "wb")
             // truncates (see `Client::create_replacing` for writers racing).
             let node = match c.create_replacing(&path, opts.clone()).await {
@@ -142,12 +149,18 @@ pub(crate) async fn open(
         "ab" | "a" => {
             let node = match c.open_write(&path).await {
                 Err(e) if e.code == ErrorCode::NotFound => c
-                    .create(&path, NodeType::File, Life::ttl(ttl).options())
+                    .create(&path, NodeType::File, life.options())
                     .await
                     .at(&path)?,
+                Ok(_) if life.session.is_some() => {
+                    return Err(PyValueError::new_err(format!(
+                        "{path} exists: a session binds only what it creates"
+                    ))
+                    .into())
+                }
                 Ok(node) => {
                     // An existing File: it gets the TTL from now.
-                    if let Some(ttl) = ttl {
+                    if let Some(ttl) = life.ttl {
                         c.expire(&path, ttl).await.at(&path)?;
                     }
                     node
@@ -176,7 +189,7 @@ pub(crate) async fn open(
 }
 
 pub(crate) async fn lookup(core: Arc<Core>, path: String, aio: bool) -> Out<Opened> {
-    open(core, path, "rb".into(), None, aio).await
+    open(core, path, "rb".into(), Life::default(), aio).await
 }
 
 pub(crate) async fn stat(core: Arc<Core>, path: String) -> Out<Value> {
@@ -269,13 +282,8 @@ pub(crate) async fn du(core: Arc<Core>, path: String) -> Out<Value> {
     Ok(Value::Usage(Usage(core.client.du(&path).await.at(&path)?)))
 }
 
-pub(crate) async fn put(
-    core: Arc<Core>,
-    path: String,
-    value: Input,
-    ttl: Option<nk::Ttl>,
-) -> Out<Value> {
-    let opts = Life::ttl(ttl).options();
+pub(crate) async fn put(core: Arc<Core>, path: String, value: Input, life: Life) -> Out<Value> {
+    let opts = life.options();
     core.client
         .put_with(&path, value.data(), opts)
         .await

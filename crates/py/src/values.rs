@@ -204,6 +204,8 @@ pub(crate) enum Value {
     Usages(Vec<Usage>),
     /// A container's quota, or None.
     Quota(Option<nk::Quota>),
+    /// A session opened (`client.session()`).
+    Session(nk::Session),
     Bytes(Target),
     /// Values of several keys in order; `None` for a missing one.
     Values(Vec<Option<Target>>),
@@ -224,6 +226,9 @@ impl<'py> IntoPyObject<'py> for Value {
             Value::Stat(s) => s.into_pyobject(py)?.into_any(),
             Value::Status(s) => s.into_pyobject(py)?.into_any(),
             Value::Usage(u) => u.into_pyobject(py)?.into_any(),
+            Value::Session(inner) => {
+                pyo3::Bound::new(py, crate::session::Session { inner })?.into_any()
+            }
             Value::Usages(v) => v.into_pyobject(py)?.into_any(),
             Value::Quota(None) => py.None().into_bound(py),
             Value::Quota(Some(q)) => quota_dict(py, q)?.into_any(),

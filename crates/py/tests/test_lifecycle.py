@@ -145,3 +145,108 @@ def test_fsspec_passes_ttls_through_its_kwargs(nk_meta, nk_dir):
         wait_gone(c, f"{nk_dir}/o")
     finally:
         c.close()
+
+
+# -- sessions -----------------------------------------------------------------
+
+
+def test_what_a_session_binds_goes_when_it_closes(nk, nk_dir):
+    t = table(nk, nk_dir)
+    nk.put(f"{t}/keep", b"stays")
+    with nk.session(lease=30) as s:
+        assert s.lease == 30 and not s.ended
+        nk.mkdir(f"{nk_dir}/job", session=s)
+        with nk.open(f"{nk_dir}/job/part-0", "wb") as f:
+            f.write(b"inside a bound directory")
+        nk.put(f"{t}/bound", b"a bound value", session=s)
+        with nk.open(f"{nk_dir}/bound-file", "wb", session=s) as f:
+            f.write(b"bound too")
+        assert nk.exists(f"{nk_dir}/job/part-0")
+    assert s.ended
+    for p in [f"{nk_dir}/job", f"{nk_dir}/job/part-0", f"{t}/bound", f"{nk_dir}/bound-file"]:
+        assert not nk.exists(p), p
+    assert nk.get(f"{t}/keep") == b"stays"
+    # An ended session binds nothing more; closing it again is no error.
+    with pytest.raises(NotFound):
+        nk.mkdir(f"{nk_dir}/late", session=s)
+    assert not nk.exists(f"{nk_dir}/late")
+    s.close()
+
+
+def test_a_session_binds_only_what_it_creates(nk, nk_dir):
+    with nk.open(f"{nk_dir}/f", "wb") as f:
+        f.write(b"x")
+    with nk.session() as s:
+        assert s.lease == 10
+        with pytest.raises(ValueError):
+            nk.open(f"{nk_dir}/f", "rb", session=s)
+        with pytest.raises(ValueError):
+            nk.open(f"{nk_dir}/f", "ab", session=s)
+    assert nk.exists(f"{nk_dir}/f")
+    with pytest.raises(ValueError):
+        nk.session(lease=0)
+
+
+KILLED = """
+import sys, time, nodekernel
+c = nodekernel.connect(sys.argv[1])
+s = c.session(lease=1)
+c.mkdir(sys.argv[2], session=s)
+with c.open(sys.argv[2] + "/data", "wb") as f:
+    f.write(b"held while the process lives")
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_process_loses_its_bound_subtree_once_the_lease_lapses(
+    nk, nk_meta, nk_dir, tmp_path
+):
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED)
+    nk.mkdir(f"{nk_dir}/other")
+    p = subprocess.Popen(
+        [sys.executable, str(script), nk_meta, f"{nk_dir}/job"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        # Renewed while it lives: more than a lease passes and it stays.
+        time.sleep(2.5)
+        assert nk.exists(f"{nk_dir}/job/data")
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait(HANG_S)
+    wait_gone(nk, f"{nk_dir}/job")
+    assert nk.exists(f"{nk_dir}/other")
+
+
+def test_the_async_client_and_fsspec_offer_sessions(nk_meta, nk_dir):
+    async def main():
+        async with await nodekernel.aio.connect(nk_meta) as c:
+            async with await c.session(lease=5) as s:
+                await c.mkdir(f"{nk_dir}/a", session=s)
+                assert await c.exists(f"{nk_dir}/a")
+            assert not await c.exists(f"{nk_dir}/a")
+            s2 = await c.session()
+            await c.mkdir(f"{nk_dir}/b", session=s2)
+            await s2.aclose()
+            assert not await c.exists(f"{nk_dir}/b")
+
+    asyncio.run(asyncio.wait_for(main(), HANG_S))
+
+    fs = fsspec.filesystem("nk", meta=nk_meta, skip_instance_cache=True)
+    with fs.session(lease=5) as s:
+        fs.mkdir(f"{nk_dir}/job", session=s)
+        fs.pipe_file(f"{nk_dir}/piped", b"bound", session=s)
+        with fs.open(f"{nk_dir}/opened", "wb", session=s) as f:
+            f.write(b"bound")
+        fs.pipe_file(f"{nk_dir}/job/inside", b"goes with job")
+        assert fs.exists(f"{nk_dir}/job/inside")
+    for p in ["job", "piped", "opened"]:
+        assert not fs.exists(f"{nk_dir}/{p}"), p
+    with pytest.raises(ValueError):
+        fs.open(f"{nk_dir}/x", "rb", session=s)

@@ -17,7 +17,7 @@ from collections.abc import Iterator, MutableMapping
 from typing import Any, Optional
 
 from . import aio, errors
-from ._native import DEFAULT_META, AsyncClient, AsyncFile, Client, File
+from ._native import DEFAULT_META, AsyncClient, AsyncFile, Client, File, Session
 from ._native import connect as _connect
 from .errors import *  # noqa: F403
 from .errors import NotFound
@@ -29,6 +29,7 @@ __all__ = [
     "File",
     "AsyncClient",
     "AsyncFile",
+    "Session",
     "Table",
     "errors",
     "DEFAULT_META",

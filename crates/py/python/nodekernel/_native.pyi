@@ -62,15 +62,27 @@ class Client:
         *,
         ttl: Optional[_Ttl] = None,
         child_ttl: Optional[_ChildTtl] = None,
+        session: Optional[Session] = None,
     ) -> None:
         """Makes a Directory, Table or Bag. `ttl`: it expires with its
         subtree this long from now; `child_ttl`: the TTL of the children
-        created in it that name none (docs/lifecycle.md)."""
+        created in it that name none; `session`: it is removed with its
+        subtree when that session ends (docs/lifecycle.md)."""
+    def session(self, lease: Optional[Union[float, timedelta]] = None) -> Session:
+        """Opens a session with a lease of `lease` seconds (default 10),
+        renewed in the background: nodes made with `session=` go when it
+        is closed, or when this process dies and the lease lapses."""
     def create(
-        self, path: str, type: _DataTypeName = "file", *, ttl: Optional[_Ttl] = None
+        self,
+        path: str,
+        type: _DataTypeName = "file",
+        *,
+        ttl: Optional[_Ttl] = None,
+        session: Optional[Session] = None,
     ) -> File:
         """Creates a File (or a KeyValue: a put in steps) open for writing;
-        with `ttl`, it expires this long after the create."""
+        with `ttl`, it expires this long after the create; with `session`,
+        it goes when that session ends."""
     def expire(self, path: str, ttl: _Ttl) -> dict[str, Any]:
         """The node at `path` (with its subtree) expires `ttl` from now, or
         never ("never"); returns its stat. An expired node is gone as if
@@ -129,7 +141,14 @@ class Client:
         sizes), stored (storage held: blocks and pieces), classes (per
         storage class: class, blocks, piece_bytes) and quota (None, or
         {"bytes", "nodes"})."""
-    def put(self, path: str, value: _Buffer, *, ttl: Optional[_Ttl] = None) -> None:
+    def put(
+        self,
+        path: str,
+        value: _Buffer,
+        *,
+        ttl: Optional[_Ttl] = None,
+        session: Optional[Session] = None,
+    ) -> None:
         """Stores a KeyValue (replacing any old value); with `ttl`, it
         expires this long from now."""
     def get(self, path: str) -> bytes: ...
@@ -164,11 +183,19 @@ class Client:
     def get_into(self, path: str, buffer: _Buffer) -> int:
         """Reads a whole value into a writable buffer; returns its length.
         Raises ValueError if the buffer is too small."""
-    def open(self, path: str, mode: _OpenMode = "rb", *, ttl: Optional[_Ttl] = None) -> File:
+    def open(
+        self,
+        path: str,
+        mode: _OpenMode = "rb",
+        *,
+        ttl: Optional[_Ttl] = None,
+        session: Optional[Session] = None,
+    ) -> File:
         """ "rb": read a File, KeyValue or Bag; "wb": write a new File,
         replacing one (in a Table: a KeyValue, a put in steps); "ab":
         append to a File (created if missing). `ttl` (writing only): the
-        node written expires this long from now."""
+        node written expires this long from now; `session` (a node it
+        creates only): it goes when that session ends."""
     def close(self) -> None:
         """Closes the client; later calls raise ValueError. Open files keep
         working until closed."""
@@ -232,9 +259,16 @@ class AsyncClient:
         *,
         ttl: Optional[_Ttl] = None,
         child_ttl: Optional[_ChildTtl] = None,
+        session: Optional[Session] = None,
     ) -> Awaitable[None]: ...
+    def session(self, lease: Optional[Union[float, timedelta]] = None) -> Awaitable[Session]: ...
     def create(
-        self, path: str, type: _DataTypeName = "file", *, ttl: Optional[_Ttl] = None
+        self,
+        path: str,
+        type: _DataTypeName = "file",
+        *,
+        ttl: Optional[_Ttl] = None,
+        session: Optional[Session] = None,
     ) -> Awaitable[AsyncFile]: ...
     def expire(self, path: str, ttl: _Ttl) -> Awaitable[dict[str, Any]]: ...
     def set_child_ttl(
@@ -262,7 +296,14 @@ class AsyncClient:
     def quota(self, path: str) -> Awaitable[Optional[dict[str, Optional[int]]]]: ...
     def quotas(self) -> Awaitable[list[dict[str, Any]]]: ...
     def du(self, path: str = "/") -> Awaitable[dict[str, Any]]: ...
-    def put(self, path: str, value: _Buffer, *, ttl: Optional[_Ttl] = None) -> Awaitable[None]: ...
+    def put(
+        self,
+        path: str,
+        value: _Buffer,
+        *,
+        ttl: Optional[_Ttl] = None,
+        session: Optional[Session] = None,
+    ) -> Awaitable[None]: ...
     def get(self, path: str) -> Awaitable[bytes]: ...
     def put_many(self, items: _Items, in_flight: int = 64) -> Awaitable[None]:
         """As Client.put_many. Cancelled, it aborts every put it had started
@@ -278,11 +319,38 @@ class AsyncClient:
         one already sent may still happen."""
     def get_into(self, path: str, buffer: _Buffer) -> Awaitable[int]: ...
     def open(
-        self, path: str, mode: _OpenMode = "rb", *, ttl: Optional[_Ttl] = None
+        self,
+        path: str,
+        mode: _OpenMode = "rb",
+        *,
+        ttl: Optional[_Ttl] = None,
+        session: Optional[Session] = None,
     ) -> Awaitable[AsyncFile]: ...
     def close(self) -> Awaitable[None]: ...
     def __aenter__(self) -> Awaitable[AsyncClient]: ...
     def __aexit__(self, *exc: object) -> Awaitable[None]: ...
+
+@final
+class Session:
+    """A client's session (docs/lifecycle.md, *Sessions*), renewed in the
+    background while open. Nodes made with `session=` are removed, with
+    their subtree, when it is closed (`close`, or the end of a `with` /
+    `async with` block) or when its lease lapses because this process
+    died, hung or was cut off."""
+
+    @property
+    def lease(self) -> float:
+        """The lease the metadata servers gave, in seconds."""
+    @property
+    def ended(self) -> bool:
+        """Whether it has ended (closed, or its lease lapsed)."""
+    def close(self) -> None:
+        """Ends it: everything bound to it is removed. Again: nothing."""
+    def aclose(self) -> Awaitable[None]: ...
+    def __enter__(self) -> Session: ...
+    def __exit__(self, *exc: object) -> bool: ...
+    def __aenter__(self) -> Awaitable[Session]: ...
+    def __aexit__(self, *exc: object) -> Awaitable[bool]: ...
 
 @final
 class AsyncFile:

@@ -296,12 +296,14 @@ class NodeKernelFileSystem(AbstractFileSystem):
         enumerable=True,
         ttl=None,
         child_ttl=None,
+        session=None,
         **kwargs,
     ):
         """Makes a Directory (or `type="table"` / `"bag"`) at `path`; with
         `ttl` (seconds, a timedelta, or "never") it expires with its subtree
         that long from now, with `child_ttl` the children made in it that
-        name no TTL get that one (docs/lifecycle.md).
+        name no TTL get that one (docs/lifecycle.md); with `session` (from
+        `session()`) it is removed with its subtree when that session ends.
 
         Raises FileExistsError if `path` exists; with `create_parents`
         (the default) missing parents are made first, else their absence
@@ -310,7 +312,7 @@ class NodeKernelFileSystem(AbstractFileSystem):
         if path == "/":
             raise FileExistsError(path)
         c = self.client
-        life = {"ttl": ttl, "child_ttl": child_ttl}
+        life = {"ttl": ttl, "child_ttl": child_ttl, "session": session}
         try:
             c.mkdir(path, type=type, parents=False, enumerable=enumerable, **life)
         except NotFound:
@@ -318,6 +320,15 @@ class NodeKernelFileSystem(AbstractFileSystem):
                 raise
             c.mkdir(self._parent(path), parents=True)
             c.mkdir(path, type=type, parents=False, enumerable=enumerable, **life)
+
+    def session(self, lease=None):
+        """Opens a session (docs/lifecycle.md, *Sessions*) with a lease of
+        `lease` seconds (default 10), renewed in the background while this
+        process lives: what `mkdir`, `open` or `pipe_file` make with
+        `session=` it is removed, with its subtree, when the session is
+        closed (`close()`, or the end of a `with` block) or, if the process
+        dies, once the lease lapses."""
+        return self.client.session(lease)
 
     def expire(self, path, ttl):
         """The node at `path` (with its subtree) expires `ttl` (seconds, a
@@ -401,11 +412,12 @@ class NodeKernelFileSystem(AbstractFileSystem):
 
     # -- writing ------------------------------------------------------------
 
-    def _open_writer(self, path: str, mode: str = "wb", kind: str = "file", ttl=None):
+    def _open_writer(self, path: str, mode: str = "wb", kind: str = "file", ttl=None, session=None):
         """A native writer for `path`: "wb" replaces, "xb" fails with
         FileExistsError if `path` exists, "ab" appends. Missing parent
         directories are made; under a Table the node is a KeyValue. With
-        `ttl`, the node written expires that long from now."""
+        `ttl`, the node written expires that long from now; with `session`,
+        it goes when that session ends."""
         path = _abs(path)
         c = self.client
         made_parents = False
@@ -416,10 +428,10 @@ class NodeKernelFileSystem(AbstractFileSystem):
                         raise TypeMismatch(f"{path}: a KeyValue cannot be appended to", path)
                     if mode == "xb" and c.exists(path):
                         raise AlreadyExists(f"{path} already exists", path)
-                    return c.create(path, "kv", ttl=ttl)
+                    return c.create(path, "kv", ttl=ttl, session=session)
                 if mode == "xb":
-                    return c.create(path, "file", ttl=ttl)
-                return c.open(path, "ab" if mode == "ab" else "wb", ttl=ttl)
+                    return c.create(path, "file", ttl=ttl, session=session)
+                return c.open(path, "ab" if mode == "ab" else "wb", ttl=ttl, session=session)
             except NotFound:
                 parent = self._parent(path)
                 if made_parents or self.exists(parent):
@@ -438,11 +450,11 @@ class NodeKernelFileSystem(AbstractFileSystem):
                     raise IsADirectoryError(path) from e
                 raise
 
-    def pipe_file(self, path, value, mode="overwrite", ttl=None, **kwargs):
+    def pipe_file(self, path, value, mode="overwrite", ttl=None, session=None, **kwargs):
         """Writes `value` to `path`; with `ttl` the file expires that long
         from now."""
         path = self._strip_protocol(path)
-        w = self._open_writer(path, "xb" if mode == "create" else "wb", ttl=ttl)
+        w = self._open_writer(path, "xb" if mode == "create" else "wb", ttl=ttl, session=session)
         try:
             w.write(value)
         except BaseException:
@@ -565,14 +577,15 @@ class NodeKernelFile(AbstractBufferedFile):
         cache_type: str = "readahead",
         cache_options=None,
         ttl=None,
+        session=None,
         **kwargs,
     ):
         self._handle: Any = None  # the native File, once opened
         self._lock = threading.Lock()
         self._temp: str | None = None
         if mode == "rb":
-            if ttl is not None:
-                raise ValueError("ttl is for writing: mode 'wb', 'xb' or 'ab'")
+            if ttl is not None or session is not None:
+                raise ValueError("ttl and session are for writing: mode 'wb', 'xb' or 'ab'")
             self._handle = fs._open_reader(path)
             kwargs["size"] = self._handle.size
         elif mode in ("wb", "xb", "ab"):
@@ -584,7 +597,7 @@ class NodeKernelFile(AbstractBufferedFile):
                     raise FileExistsError(path)
                 name = f".{posixpath.basename(path)}.nk-{uuid.uuid4().hex[:12]}"
                 self._temp = target = _child(fs._parent(path), name)
-            self._handle = fs._open_writer(target, mode, ttl=ttl)
+            self._handle = fs._open_writer(target, mode, ttl=ttl, session=session)
         super().__init__(
             fs,
             path,
