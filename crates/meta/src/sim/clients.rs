@@ -91,6 +91,7 @@ impl Sim {
             // An append-or-create opens a File that is there.
             let open_existing = ty == NodeType::File && self.rng.chance(30);
             let ttl_ms = self.ttl();
+            let session = self.session_ref();
             self.exec(MetaRequest::Create {
                 path,
                 ty,
@@ -104,9 +105,12 @@ impl Sim {
                 open_existing,
                 ttl_ms,
                 child_ttl_ms: 0,
-                session: None,
+                session,
             })?
         };
+        if let Ok(MetaReply::Node(info)) = &reply {
+            self.note_bound(info.id);
+        }
         if let Ok(MetaReply::Node(info)) = reply {
             if info.lease != 0 {
                 // A new File's first write: most small (a piece), some not.
@@ -569,10 +573,77 @@ impl Sim {
         }
     }
 
+    /// A session opened, renewed (sometimes with a wrong secret) or
+    /// closed. A renewal refused with the right secret must be of a
+    /// session that has ended.
+    fn session_op(&mut self) -> Result<(), String> {
+        let pick = (!self.sessions.is_empty())
+            .then(|| self.rng.below(self.sessions.len() as u64) as usize);
+        match (self.rng.below(10), pick) {
+            (0..=3, _) | (_, None) => {
+                let secret = u128::from(self.rng.next()) << 64 | u128::from(self.rng.next());
+                let lease_ms = 1_000 + self.rng.below(2_000);
+                if let Ok(MetaReply::Session { id, .. }) =
+                    self.exec(MetaRequest::SessionOpen { secret, lease_ms })?
+                {
+                    self.stats.sessions_opened += 1;
+                    self.sessions.push((id, secret));
+                }
+            }
+            (4..=7, Some(i)) => {
+                let (id, secret) = self.sessions[i];
+                let wrong = self.rng.chance(10);
+                let secret = if wrong { secret ^ 1 } else { secret };
+                match self.exec(MetaRequest::SessionRenew { id, secret })? {
+                    Ok(_) if wrong => {
+                        return Err(format!("session {id} was renewed with a wrong secret"))
+                    }
+                    Err(ErrorCode::NotFound) if !wrong => {
+                        if self.st.ns().lifetimes().session(id).is_some() {
+                            return Err(format!("the renewal of open session {id} was refused"));
+                        }
+                        self.sessions.swap_remove(i);
+                    }
+                    _ => {}
+                }
+            }
+            (_, Some(i)) => {
+                let (id, secret) = self.sessions.swap_remove(i);
+                if self.exec(MetaRequest::SessionClose { id, secret })?.is_ok() {
+                    self.stats.sessions_closed += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps node `id` to check, if a create just bound it to a session.
+    fn note_bound(&mut self, id: NodeId) {
+        if let Some(s) = self.st.ns().lifetimes().bound_to(id) {
+            self.bound.push((id, s));
+        }
+    }
+
+    /// A create's session: mostly none; now and then one the clients
+    /// opened (perhaps ended since), rarely with a wrong secret.
+    fn session_ref(&mut self) -> Option<nodekernel_proto::meta::SessionRef> {
+        if self.sessions.is_empty() || !self.rng.chance(25) {
+            return None;
+        }
+        let (id, secret) = self.sessions[self.rng.below(self.sessions.len() as u64) as usize];
+        let secret = if self.rng.chance(5) { !secret } else { secret };
+        Some(nodekernel_proto::meta::SessionRef { id, secret })
+    }
+
     pub(super) fn namespace_op(&mut self) -> Result<(), String> {
         let path = self.path();
         let (ttl_ms, child_ttl_ms) = (self.ttl(), self.child_ttl());
-        let req = match self.rng.below(8) {
+        let session = self.session_ref();
+        if session.is_some() {
+            self.stats.bound += 1;
+        }
+        let req = match self.rng.below(9) {
+            8 => return self.session_op(),
             0 | 1 => MetaRequest::Create {
                 ty: if path.starts_with("/t") && self.rng.chance(80) || self.rng.chance(30) {
                     NodeType::Table
@@ -590,7 +661,7 @@ impl Sim {
                 open_existing: false,
                 ttl_ms,
                 child_ttl_ms,
-                session: None,
+                session,
             },
             2 | 3 => MetaRequest::Remove {
                 path,
@@ -641,6 +712,7 @@ impl Sim {
             }
         };
         match self.exec(req)? {
+            Ok(MetaReply::Node(info)) => self.note_bound(info.id),
             Ok(MetaReply::Record(Some(r))) => self.clearing.push((r.container, r.slot)),
             Ok(MetaReply::Moved {
                 clear, replaced, ..

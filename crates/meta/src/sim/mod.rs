@@ -160,6 +160,11 @@ pub(crate) struct Stats {
     /// Quotas set (or cleared), and requests they refused.
     pub quotas_set: u64,
     pub quota_refusals: u64,
+    /// Sessions opened, closed and lapsed, and nodes created bound to one.
+    pub sessions_opened: u64,
+    pub sessions_closed: u64,
+    pub sessions_lapsed: u64,
+    pub bound: u64,
 }
 
 /// A snapshot a simulated client is taking: its id, and the blocks (and
@@ -192,6 +197,10 @@ pub(crate) struct Sim {
     quota_seen: BTreeMap<NodeId, (nodekernel_proto::quota::Quota, u64, u64)>,
     /// Record slots a client must release once it cleared them.
     clearing: Vec<(NodeId, u32)>,
+    /// Sessions the clients opened and have not seen end: (id, secret).
+    sessions: Vec<(u64, u128)>,
+    /// Nodes created bound to a session: (node, session).
+    bound: Vec<(NodeId, u64)>,
     /// Block moves started and not yet ended: the source, and whether
     /// the copy was made (and succeeded) yet.
     moving: Vec<(NodeId, u64, BlockLoc, Option<bool>)>,
@@ -264,6 +273,8 @@ impl Sim {
             last_gen: BTreeMap::new(),
             quota_seen: BTreeMap::new(),
             clearing: Vec::new(),
+            sessions: Vec::new(),
+            bound: Vec::new(),
             moving: Vec::new(),
             handles: Vec::new(),
             snaps: Vec::new(),
@@ -329,6 +340,17 @@ impl Sim {
     /// What the shell does before each request: removes what has expired,
     /// after which no node past its expiry is left to be seen.
     fn expire_due(&mut self) -> Result<(), String> {
+        while let Some(d) = self.st.decide_session_lapse(self.now) {
+            self.stats.sessions_lapsed += d.notes().sessions_lapsed();
+            self.commit(d)?;
+        }
+        if self.st.session_lapse_due(self.now) {
+            return Err(format!(
+                "a session's lease lapsed by {} and it is still open",
+                self.now
+            ));
+        }
+        self.check_bound()?;
         while let Some(d) = self.st.decide_expiry(self.now) {
             self.stats.expired += d.notes().expired();
             self.commit(d)?;
@@ -341,6 +363,30 @@ impl Sim {
             )),
             None => Ok(()),
         }
+    }
+
+    /// Nothing bound to an ended session is left to be seen (the expiry
+    /// decisions just run removed it).
+    fn check_bound(&mut self) -> Result<(), String> {
+        let mut err = None;
+        let (st, now) = (&self.st, self.now);
+        self.bound.retain(|&(node, session)| {
+            if st.ns().lifetimes().session(session).is_some() {
+                return true;
+            }
+            if st.is_reachable(node)
+                && st
+                    .ns()
+                    .expires_at(node)
+                    .is_none_or(|at| at > st.wall_ms(now))
+            {
+                err.get_or_insert(format!(
+                    "node {node} is still there at {now}, after session {session} ended"
+                ));
+            }
+            false
+        });
+        err.map_or(Ok(()), Err)
     }
 
     /// No quota root grew past a limit: whatever ran (client requests,

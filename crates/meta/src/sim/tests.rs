@@ -58,6 +58,10 @@ fn simulation_keeps_every_invariant() {
         total.expired += s.expired;
         total.quotas_set += s.quotas_set;
         total.quota_refusals += s.quota_refusals;
+        total.sessions_opened += s.sessions_opened;
+        total.sessions_closed += s.sessions_closed;
+        total.sessions_lapsed += s.sessions_lapsed;
+        total.bound += s.bound;
         total.refused += s.refused;
         total.applied += s.applied;
     }
@@ -97,6 +101,10 @@ fn simulation_keeps_every_invariant() {
         ("expired nodes", total.expired),
         ("quotas set", total.quotas_set),
         ("requests a quota refused", total.quota_refusals),
+        ("sessions opened", total.sessions_opened),
+        ("sessions closed", total.sessions_closed),
+        ("sessions lapsed", total.sessions_lapsed),
+        ("creates bound to a session", total.bound),
         ("refusals", total.refused),
     ] {
         assert!(n > 0, "no {what} in the simulation: {total:?}");
@@ -136,6 +144,15 @@ fn simulation_catches_an_injected_leak() {
     let e = catch(Bug::LeakOnReplace);
     assert!(
         e.contains("free != capacity") || e.contains("blocks are free") || e.contains("is leaked"),
+        "caught for the wrong reason: {e}"
+    );
+}
+
+#[test]
+fn simulation_catches_bound_nodes_that_outlive_their_session() {
+    let e = catch(Bug::SessionEndKeepsBound);
+    assert!(
+        e.contains("after session") && e.contains("ended"),
         "caught for the wrong reason: {e}"
     );
 }

@@ -130,7 +130,15 @@ impl MetaState {
                     lease_ms: *lease_ms,
                 },
             ),
-            Effect::SessionEnded { id, at_ms } => self.ns.lifetimes_mut().end_session(*id, *at_ms),
+            Effect::SessionEnded { id, at_ms } => {
+                #[cfg(test)]
+                if self.bug == Some(super::Bug::SessionEndKeepsBound) {
+                    // Expiry 0 is none: the bound nodes stay.
+                    self.ns.lifetimes_mut().end_session(*id, 0);
+                    return;
+                }
+                self.ns.lifetimes_mut().end_session(*id, *at_ms)
+            }
             Effect::SessionBound { node, session } => self.ns.bind_session(*node, *session),
             Effect::QuotaSet { node, bytes, nodes } => {
                 if self.ns.get(*node).is_some_and(|n| n.ty.is_container()) {

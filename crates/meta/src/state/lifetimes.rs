@@ -103,6 +103,12 @@ impl MetaState {
             .find(|id| !matches!(self.expired(*id), Expired::Removed))
     }
 
+    /// Whether node `id` can still be seen: linked under linked ancestors,
+    /// or a put not closed yet.
+    pub(crate) fn is_reachable(&self, id: NodeId) -> bool {
+        !matches!(self.expired(id), Expired::Removed)
+    }
+
     fn expired(&self, id: NodeId) -> Expired {
         let Some(n) = self.ns.get(id) else {
             return Expired::Removed;

@@ -650,6 +650,9 @@ pub(crate) enum Bug {
     /// A File that outgrows its piece switches to its new block at once,
     /// before its writer has copied the piece there.
     OutgrowSwitchesEarly,
+    /// A session's end forgets what it bound without making it expire
+    /// (the bound nodes outlive their session).
+    SessionEndKeepsBound,
 }
 
 #[cfg(test)]
