@@ -104,7 +104,8 @@ impl MetaState {
     }
 
     /// Whether node `id` can still be seen: linked under linked ancestors,
-    /// or a put not closed yet.
+    /// or a put not closed yet (the simulation's check).
+    #[cfg(test)]
     pub(crate) fn is_reachable(&self, id: NodeId) -> bool {
         !matches!(self.expired(id), Expired::Removed)
     }
