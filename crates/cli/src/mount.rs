@@ -41,6 +41,12 @@ pub struct MountArgs {
     /// Where a background mount writes its log (default: nowhere)
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
+    /// How long files unlinked while open outlive a mount that dies
+    /// (killed, its machine lost): the lease of the mount's session
+    /// (`docs/lifecycle.md`), 1s to 1h
+    #[arg(long, value_name = "DURATION", default_value = "10s",
+          value_parser = crate::common::parse_duration)]
+    pub lease: Duration,
 }
 
 #[derive(clap::Args)]
@@ -110,11 +116,21 @@ async fn serve(
             "Directory, Table or Bag",
         ));
     }
+    // Without a session (a metadata server that refuses one), hidden
+    // files of a mount that dies wait for the next mount or an rmdir.
+    let session = match client.session(a.lease).await {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!("no session for the mount ({e}): files unlinked while open outlive a mount that dies");
+            None
+        }
+    };
     let opts = nodekernel_fuse::MountOptions {
         root: root.clone(),
         allow_other: a.allow_other,
         threads: a.threads,
         attr_ttl: Duration::from_millis(a.attr_ttl_ms),
+        session,
     };
     let mp = a.mountpoint.clone();
     let rt = tokio::runtime::Handle::current();

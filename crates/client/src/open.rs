@@ -46,7 +46,7 @@ impl Client {
                     "the session was opened by another client: bind nodes with the client that opened it",
                 ))
             }
-            Some(s) => Some(s.bind(idx)?),
+            Some(s) => Some(s.in_partition(idx)?),
             None => None,
         };
         let req = MetaRequest::Create {

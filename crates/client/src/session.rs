@@ -116,7 +116,7 @@ impl Session {
     }
 
     /// The session as a create in partition `part` names it.
-    pub(crate) fn bind(&self, part: usize) -> Result<SessionRef> {
+    pub(crate) fn in_partition(&self, part: usize) -> Result<SessionRef> {
         if self.has_ended() {
             return Err(Error::not_found(
                 "the session has ended (closed, or its lease lapsed): nothing more is bound to it",
@@ -131,6 +131,22 @@ impl Session {
             id,
             secret: self.inner.secret,
         })
+    }
+
+    /// Binds the existing node at `p` to the session, as a create with
+    /// it would have: it is removed, with its subtree, when the session
+    /// ends (`nk mount` binds the files it hides while they are open).
+    pub async fn bind_existing(&self, p: &str) -> Result<()> {
+        nodekernel_proto::path::components(p)?;
+        let client = &self.inner.client;
+        let part = client.partition(p);
+        let SessionRef { id, secret } = self.in_partition(part)?;
+        let req = MetaRequest::SessionBind {
+            id,
+            secret,
+            path: p.to_string(),
+        };
+        client.meta_at(part, &req).await.map(drop)
     }
 
     /// Whether this session was opened by `client` (the same connection

@@ -59,6 +59,8 @@ pub(crate) struct Inner {
     pub(crate) mount_id: u64,
     /// The metadata servers' write lease, in ms (0 until known).
     pub(crate) lease_ms: AtomicU64,
+    /// The session hidden files are bound to, if one could be opened.
+    pub(crate) session: Option<nodekernel_client::Session>,
     pub(crate) names: Mutex<Inodes>,
     /// Files open through the mount, by inode: one state per file however
     /// many descriptors have it open.
@@ -544,7 +546,16 @@ impl Inner {
             st.hold = self.try_hold(path).await;
         }
         match self.client.rename(path, &hidden).await {
-            Ok(()) => {}
+            Ok(()) => {
+                // Bound to the mount's session, it goes if the mount dies
+                // (else the next mount of its directory, or an rmdir of
+                // it, removes it: see above).
+                if let Some(s) = &self.session {
+                    if let Err(e) = s.bind_existing(&hidden).await {
+                        tracing::debug!("{hidden}: not bound to the mount's session: {e}");
+                    }
+                }
+            }
             // A new KeyValue whose first value is still being written
             // here: nothing is at its name yet, and its value, dropped at
             // its close, never will be.

@@ -30,6 +30,10 @@ pub struct MountOptions {
     pub threads: usize,
     /// How long the kernel may cache attributes and names.
     pub attr_ttl: Duration,
+    /// The mount's session: the files it hides while they are open
+    /// (unlinked while open) are bound to it, so they go if the mount
+    /// dies (`docs/lifecycle.md`, *Sessions*).
+    pub session: Option<nodekernel_client::Session>,
 }
 
 impl Default for MountOptions {
@@ -39,6 +43,7 @@ impl Default for MountOptions {
             allow_other: false,
             threads: 4,
             attr_ttl: Duration::from_secs(1),
+            session: None,
         }
     }
 }
@@ -110,6 +115,7 @@ pub(crate) fn mount(
             partitions,
             mount_id: std::process::id() as u64 ^ now_ns().rotate_left(17),
             lease_ms: AtomicU64::new(0),
+            session: opts.session.clone(),
             names: Mutex::new(Inodes::new(&opts.root)),
             files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),

@@ -114,6 +114,7 @@ meta_ops! {
     USAGE = 34, Usage, "usage", PATH_REQUEST_MAX => Usage;
     QUOTAS = 35, Quotas, "quotas", SMALL_REQUEST_MAX => Quotas;
     SESSION_CLOSE = 36, SessionClose, "session_close", SMALL_REQUEST_MAX => Done;
+    SESSION_BIND = 37, SessionBind, "session_bind", PATH_REQUEST_MAX => Done;
 }
 
 /// Shortest lease a session may ask for: its client renews it a few
@@ -532,6 +533,14 @@ pub enum MetaRequest {
         id: u64,
         secret: u128,
     },
+    /// Binds the existing node at `path` to a session, as a create with
+    /// the session would have (a file a mount hides while it is open, so
+    /// it goes if the mount dies).
+    SessionBind {
+        id: u64,
+        secret: u128,
+        path: String,
+    },
     /// Sets the quota of the container at `path` (`nk quota set`):
     /// limits on the storage its subtree holds and on the nodes below it
     /// ([`NO_LIMIT`](crate::quota::NO_LIMIT) for none; both none clears
@@ -646,6 +655,11 @@ impl MetaRequest {
             MetaRequest::SessionRenew { id, secret } | MetaRequest::SessionClose { id, secret } => {
                 e.u64(*id);
                 put_secret(e, *secret);
+            }
+            MetaRequest::SessionBind { id, secret, path } => {
+                e.u64(*id);
+                put_secret(e, *secret);
+                e.str(path);
             }
             MetaRequest::Lookup { path }
             | MetaRequest::Enumerate { path }
@@ -856,6 +870,11 @@ impl MetaRequest {
             op::SESSION_CLOSE => MetaRequest::SessionClose {
                 id: d.u64()?,
                 secret: secret(d)?,
+            },
+            op::SESSION_BIND => MetaRequest::SessionBind {
+                id: d.u64()?,
+                secret: secret(d)?,
+                path: d.string()?,
             },
             op::LOOKUP => MetaRequest::Lookup { path: d.string()? },
             op::ENUMERATE => MetaRequest::Enumerate { path: d.string()? },

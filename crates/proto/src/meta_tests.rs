@@ -44,6 +44,11 @@ fn samples() -> Vec<MetaRequest> {
             lease_ms: 10_000,
         },
         MetaRequest::SessionRenew { id: 7, secret: 1 },
+        MetaRequest::SessionBind {
+            id: 7,
+            secret: 2,
+            path: "/d/.nk-unlinked-1".into(),
+        },
         MetaRequest::SessionClose {
             id: u64::MAX,
             secret: 1 << 100,
@@ -533,6 +538,7 @@ fn replies_round_trip() {
             },
         ),
         (op::SESSION_CLOSE, MetaReply::Done),
+        (op::SESSION_BIND, MetaReply::Done),
         (
             op::RESERVE,
             MetaReply::Reserved {

@@ -61,6 +61,8 @@ struct Mounted {
     mnt: PathBuf,
     /// The foreground `nk mount`.
     mount: Option<Child>,
+    /// `nk mount --lease`: how long hidden files outlive a dead mount.
+    session_lease: &'static str,
     stores: Vec<Proc>,
     _metas: Vec<Proc>,
 }
@@ -73,6 +75,8 @@ struct Setup {
     root: &'static str,
     /// `meta.lease_timeout_ms` (0: the default).
     lease_ms: u64,
+    /// `nk mount --lease`.
+    session_lease: &'static str,
 }
 
 impl Default for Setup {
@@ -83,6 +87,7 @@ impl Default for Setup {
             client_timeout_ms: 120_000,
             root: "/m",
             lease_ms: 0,
+            session_lease: "10s",
         }
     }
 }
@@ -148,6 +153,7 @@ impl Mounted {
             _dir: dir,
             mnt,
             mount: None,
+            session_lease: s.session_lease,
             stores,
             _metas: metas,
         };
@@ -213,7 +219,15 @@ impl Mounted {
     fn spawn_mount(&self, mnt: &Path, root: &str) -> Child {
         let mnt = mnt.to_str().unwrap().to_string();
         let mut child = self
-            .nk(&["mount", &mnt, "--root", root, "--foreground"])
+            .nk(&[
+                "mount",
+                &mnt,
+                "--root",
+                root,
+                "--foreground",
+                "--lease",
+                self.session_lease,
+            ])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -1115,6 +1129,11 @@ fn hidden_files_of_a_killed_mount_are_removed_and_a_live_mounts_stay() {
     const LEASE_MS: u64 = 1000;
     let mut m = Mounted::start(Setup {
         lease_ms: LEASE_MS,
+        // The mount's session outlives the test: what is tested here is
+        // what removes a dead mount's hidden files without one (a mount
+        // whose session could not be opened, or a dead mount's files
+        // before its session lapses).
+        session_lease: "1h",
         ..Setup::default()
     });
     // Another mount of the same subtree, up before anything is hidden.
@@ -1205,6 +1224,46 @@ fn hidden_files_of_a_killed_mount_are_removed_and_a_live_mounts_stay() {
     });
     drop(other);
     m.unmount();
+}
+
+/// Issue 41: files a mount hid (unlinked while open) are bound to the
+/// mount's session, so when the mount is killed they are removed once its
+/// lease lapses, with no other mount or rmdir to find them; the rest stays.
+#[test]
+fn a_killed_mounts_hidden_files_go_when_its_session_lapses() {
+    if !fuse_available() {
+        return;
+    }
+    let mut m = Mounted::start(Setup {
+        session_lease: "1s",
+        ..Setup::default()
+    });
+    std::fs::create_dir(m.path("d")).unwrap();
+    std::fs::write(m.path("d/keep"), b"stays").unwrap();
+    let p = m.path("d/f");
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&p)
+        .unwrap();
+    std::io::Write::write_all(&mut f, b"unlinked while open").unwrap();
+    f.sync_all().unwrap();
+    std::fs::remove_file(&p).unwrap();
+    assert!(m.ls("/m/d").contains(".nk-unlinked-"), "{}", m.ls("/m/d"));
+    // Alive, the mount renews its session: its hidden file stays.
+    std::thread::sleep(Duration::from_millis(2_500));
+    assert!(m.ls("/m/d").contains(".nk-unlinked-"), "{}", m.ls("/m/d"));
+    let mut child = m.mount.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(f);
+    m.nk_ok(&["umount", "--lazy", m.mnt.to_str().unwrap()]);
+    eventually("the dead mount's hidden file to go", || {
+        !m.ls("/m/d").contains(".nk-unlinked-")
+    });
+    assert_eq!(m.nk_ok(&["cat", "/m/d/keep"]), b"stays");
 }
 
 /// A file of a Table (a KeyValue) unlinked while open for writing stays

@@ -496,6 +496,7 @@ impl MetaState {
             }
             MetaRequest::SessionRenew { id, secret } => d.session_renew(*id, *secret)?,
             MetaRequest::SessionClose { id, secret } => d.session_close(*id, *secret, now)?,
+            MetaRequest::SessionBind { id, secret, path } => d.session_bind(*id, *secret, path)?,
             // quotas.rs
             MetaRequest::QuotaSet { path, quota } => d.quota_set(path, *quota)?,
             MetaRequest::Usage { path } => d.usage(path)?,

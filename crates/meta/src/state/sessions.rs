@@ -91,6 +91,29 @@ impl Draft<'_> {
         Ok(Reply::Done)
     }
 
+    /// Binds the node at `path` to session `id`, as a create naming it
+    /// would have (the root cannot be bound).
+    pub(super) fn session_bind(
+        &mut self,
+        id: SessionId,
+        secret: u128,
+        path: &str,
+    ) -> Result<Reply> {
+        self.st.check_partition(path)?;
+        let node = self.ns().resolve(path)?;
+        if node == crate::namespace::ROOT {
+            return Err(Error::invalid_argument(
+                "the root directory / is bound to no session",
+            ));
+        }
+        if self.ns().lifetimes().bound_to(node) == Some(id) {
+            self.owned_session(id, secret)?;
+            return Ok(Reply::Done);
+        }
+        self.bind_created(node, Some(SessionRef { id, secret }))?;
+        Ok(Reply::Done)
+    }
+
     /// Session `id`'s lease, if it is open and `secret` is its own. One
     /// that is not open and one whose secret is wrong get the same answer,
     /// so a guess learns nothing.

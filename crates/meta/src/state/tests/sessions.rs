@@ -241,3 +241,37 @@ fn sessions_survive_the_log_and_a_checkpoint_and_a_restart_gives_each_a_lease() 
         assert!(next > id);
     }
 }
+
+#[test]
+fn an_existing_node_is_bound_by_its_path() {
+    let mut s = state();
+    let (id, _) = open(&mut s, 60_000, 0);
+    create(&mut s, "/d", Directory, 0).unwrap();
+    let f = file(&mut s, "/d/.hidden", 1);
+    let bind = |secret| MetaRequest::SessionBind {
+        id,
+        secret,
+        path: "/d/.hidden".into(),
+    };
+    assert_eq!(
+        s.apply(bind(SECRET ^ 1), 0).unwrap_err().code,
+        ErrorCode::NotFound
+    );
+    s.apply(bind(SECRET), 0).unwrap();
+    s.apply(bind(SECRET), 0).unwrap(); // again: no change
+    assert_eq!(s.ns().lifetimes().bound_to(f.id), Some(id));
+    assert_eq!(s.ns().lifetimes().bound_count(id), 1);
+    let root = MetaRequest::SessionBind {
+        id,
+        secret: SECRET,
+        path: "/".into(),
+    };
+    assert_eq!(
+        s.apply(root, 0).unwrap_err().code,
+        ErrorCode::InvalidArgument
+    );
+    close_session(&mut s, id, SECRET, 1).unwrap();
+    assert_eq!(tick(&mut s, 1), (0, 1));
+    assert!(gone(&mut s, "/d/.hidden"));
+    assert!(!gone(&mut s, "/d"));
+}
