@@ -276,6 +276,27 @@ impl Client {
         self.inner.io.stats()
     }
 
+    /// Opens a session with a lease of `lease` (the metadata servers keep
+    /// it between 1 s and 1 h; [`DEFAULT_SESSION_LEASE`](crate::DEFAULT_SESSION_LEASE)
+    /// is a good default), renewed in the background from now on
+    /// (`docs/lifecycle.md`, *Sessions*). Must be called within a Tokio
+    /// runtime, which runs the renewals.
+    pub async fn session(&self, lease: Duration) -> Result<crate::Session> {
+        let client = self.clone();
+        let send: crate::session::Send = Arc::new(move |part, req| {
+            let client = client.clone();
+            Box::pin(async move { client.meta_at(part, &req).await })
+        });
+        let parts = self.inner.cfg.metas.len();
+        crate::Session::open(send, self.owner(), parts, lease).await
+    }
+
+    /// This client's identity among clones of others (a session names the
+    /// client that opened it).
+    pub(crate) fn owner(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
     pub(crate) fn partition(&self, p: &str) -> usize {
         path::partition_of(p, self.inner.cfg.metas.len())
     }

@@ -41,7 +41,7 @@ impl Client {
         path::components(p)?;
         let idx = self.partition(p);
         let session = match &opts.session {
-            Some(s) if !s.belongs_to(self) => {
+            Some(s) if s.owner() != self.owner() => {
                 return Err(Error::invalid_argument(
                     "the session was opened by another client: bind nodes with the client that opened it",
                 ))

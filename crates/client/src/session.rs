@@ -11,12 +11,25 @@
 //! and one `SessionRenew` per partition a few times per lease; on each
 //! metadata server about 100 bytes.
 
-use crate::Client;
 use nodekernel_proto::meta::{MetaReply, MetaRequest, SessionRef};
 use nodekernel_proto::{Error, ErrorCode, Result};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
+
+/// How a session sends a request to a metadata partition: the client's
+/// metadata call, given by the client that opens it (so this module needs
+/// no `Client`, as the lease keeper needs none).
+pub(crate) type Send = Arc<
+    dyn Fn(
+            usize,
+            MetaRequest,
+        ) -> Pin<Box<dyn Future<Output = Result<MetaReply>> + std::marker::Send>>
+        + std::marker::Send
+        + Sync,
+>;
 
 /// The lease a session gets unless asked otherwise: a client that stops
 /// renewing (it died) loses what it bound within about this long.
@@ -36,7 +49,9 @@ pub struct Session {
 }
 
 struct Inner {
-    client: Client,
+    send: Send,
+    /// Which client opened it (its identity, for [`Session::owner`]).
+    owner: usize,
     secret: u128,
     /// The session's id in each partition.
     ids: Vec<u64>,
@@ -56,21 +71,24 @@ impl std::fmt::Debug for Session {
     }
 }
 
-impl Client {
-    /// Opens a session with a lease of `lease` (the metadata servers keep
-    /// it between 1 s and 1 h; [`DEFAULT_SESSION_LEASE`] is a good
-    /// default), renewed in the background from now on. Must be called
-    /// within a Tokio runtime, which runs the renewals.
-    pub async fn session(&self, lease: Duration) -> Result<Session> {
+impl Session {
+    /// Opens a session with a lease of `lease` in each of `partitions`,
+    /// sending through `send`, and renews it from now on (within a Tokio
+    /// runtime). `owner` names the client that opens it.
+    pub(crate) async fn open(
+        send: Send,
+        owner: usize,
+        partitions: usize,
+        lease: Duration,
+    ) -> Result<Session> {
         let mut secret = [0u8; 16];
         nodekernel_rpc::random_bytes(&mut secret)
             .map_err(|e| Error::internal(format!("no random bytes for a session's secret: {e}")))?;
         let secret = u128::from_le_bytes(secret);
         let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
         let req = MetaRequest::SessionOpen { secret, lease_ms };
-        let parts = self.inner.cfg.metas.len();
-        let opened = futures::future::join_all((0..parts).map(|p| self.meta_at(p, &req))).await;
-        let mut ids = Vec::with_capacity(parts);
+        let opened = futures::future::join_all((0..partitions).map(|p| send(p, req.clone()))).await;
+        let mut ids = Vec::with_capacity(partitions);
         let mut granted = Duration::MAX;
         let mut failed = None;
         for r in opened {
@@ -79,20 +97,24 @@ impl Client {
                     ids.push(id);
                     granted = granted.min(Duration::from_millis(lease_ms));
                 }
-                Ok(other) => failed = Some(crate::client::unexpected(other)),
+                Ok(other) => {
+                    failed = Some(Error::protocol(format!(
+                        "a session's open was answered with {other:?}"
+                    )))
+                }
                 Err(e) => failed = Some(e),
             }
         }
         if let Some(e) = failed {
             // Leave nothing open behind.
             for (part, id) in ids.iter().enumerate() {
-                let close = MetaRequest::SessionClose { id: *id, secret };
-                let _ = self.meta_at(part, &close).await;
+                let _ = send(part, MetaRequest::SessionClose { id: *id, secret }).await;
             }
             return Err(e);
         }
         let inner = Arc::new_cyclic(|weak: &Weak<Inner>| Inner {
-            client: self.clone(),
+            send,
+            owner,
             secret,
             ids,
             lease: granted,
@@ -138,21 +160,19 @@ impl Session {
     /// ends (`nk mount` binds the files it hides while they are open).
     pub async fn bind_existing(&self, p: &str) -> Result<()> {
         nodekernel_proto::path::components(p)?;
-        let client = &self.inner.client;
-        let part = client.partition(p);
+        let part = nodekernel_proto::path::partition_of(p, self.inner.ids.len());
         let SessionRef { id, secret } = self.in_partition(part)?;
         let req = MetaRequest::SessionBind {
             id,
             secret,
             path: p.to_string(),
         };
-        client.meta_at(part, &req).await.map(drop)
+        (self.inner.send)(part, req).await.map(drop)
     }
 
-    /// Whether this session was opened by `client` (the same connection
-    /// pool and partitions).
-    pub(crate) fn belongs_to(&self, client: &Client) -> bool {
-        Arc::ptr_eq(&self.inner.client.inner, &client.inner)
+    /// The client that opened it (see [`Session::open`]).
+    pub(crate) fn owner(&self) -> usize {
+        self.inner.owner
     }
 
     /// Ends the session: everything bound to it is removed (with its
@@ -169,7 +189,7 @@ impl Session {
                 id: *id,
                 secret: self.inner.secret,
             };
-            match self.inner.client.meta_at(part, &req).await {
+            match (self.inner.send)(part, req).await {
                 Ok(_) => {}
                 // It lapsed already: what it bound is gone either way.
                 Err(e) if e.code == ErrorCode::NotFound => {}
@@ -196,12 +216,10 @@ impl Drop for Inner {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (client, secret, ids) = (self.client.clone(), self.secret, self.ids.clone());
+        let (send, secret, ids) = (self.send.clone(), self.secret, self.ids.clone());
         rt.spawn(async move {
             for (part, id) in ids.into_iter().enumerate() {
-                let _ = client
-                    .meta_at(part, &MetaRequest::SessionClose { id, secret })
-                    .await;
+                let _ = send(part, MetaRequest::SessionClose { id, secret }).await;
             }
         });
     }
@@ -222,8 +240,8 @@ async fn keep(weak: Weak<Inner>, period: Duration) {
                 id: *id,
                 secret: s.secret,
             };
-            let client = &s.client;
-            async move { (part, client.meta_at(part, &req).await) }
+            let send = &s.send;
+            async move { (part, send(part, req).await) }
         });
         for (part, r) in futures::future::join_all(renewals).await {
             match r {

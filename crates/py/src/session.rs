@@ -5,7 +5,6 @@
 
 use crate::errors::Out;
 use crate::runtime::{block, spawn};
-use crate::values::Value;
 use nodekernel_client as nk;
 use pyo3::prelude::*;
 
@@ -33,7 +32,7 @@ impl Session {
     /// again does nothing.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         let s = self.inner.clone();
-        block(py, async move { close(s).await.map(|_| ()) })
+        block(py, close(s))
     }
 
     /// `close` as an awaitable, for asyncio.
@@ -58,7 +57,7 @@ impl Session {
 
     fn __aenter__<'py>(slf: Py<Self>, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let inner = slf.get().inner.clone();
-        spawn(py, async move { Ok(Value::Session(inner)) })
+        spawn(py, async move { Ok(Session { inner }) })
     }
 
     fn __aexit__<'py>(
@@ -71,7 +70,7 @@ impl Session {
         let s = self.inner.clone();
         spawn(py, async move {
             close(s).await?;
-            Ok(Value::Bool(false))
+            Ok(false)
         })
     }
 
@@ -84,9 +83,8 @@ impl Session {
     }
 }
 
-async fn close(s: nk::Session) -> Out<Value> {
+async fn close(s: nk::Session) -> Out<()> {
     s.close()
         .await
-        .map_err(|err| crate::errors::Failure { err, path: None })?;
-    Ok(Value::None)
+        .map_err(|err| crate::errors::Failure { err, path: None }.into())
 }
