@@ -44,13 +44,8 @@ impl Session {
         slf
     }
 
-    fn __exit__(
-        &self,
-        py: Python<'_>,
-        _ty: Option<&Bound<'_, PyAny>>,
-        _value: Option<&Bound<'_, PyAny>>,
-        _tb: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<bool> {
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
         self.close(py)?;
         Ok(false)
     }
@@ -60,12 +55,11 @@ impl Session {
         spawn(py, async move { Ok(Session { inner }) })
     }
 
+    #[pyo3(signature = (*_exc))]
     fn __aexit__<'py>(
         &self,
         py: Python<'py>,
-        _ty: Option<&Bound<'py, PyAny>>,
-        _value: Option<&Bound<'py, PyAny>>,
-        _tb: Option<&Bound<'py, PyAny>>,
+        _exc: &Bound<'py, pyo3::types::PyTuple>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let s = self.inner.clone();
         spawn(py, async move {

@@ -17,6 +17,7 @@ __all__ = [
     "AsyncClient",
     "File",
     "AsyncFile",
+    "Session",
     "DEFAULT_META",
 ]
 
