@@ -107,9 +107,7 @@ impl Session {
         }
         if let Some(e) = failed {
             // Leave nothing open behind.
-            for (part, id) in ids.iter().enumerate() {
-                let _ = send(part, MetaRequest::SessionClose { id: *id, secret }).await;
-            }
+            let _ = close_in(&send, secret, &ids).await;
             return Err(e);
         }
         let inner = Arc::new_cyclic(|weak: &Weak<Inner>| Inner {
@@ -183,25 +181,7 @@ impl Session {
             return Ok(());
         }
         self.inner.renewer.abort();
-        let mut first_err = None;
-        for (part, id) in self.inner.ids.iter().enumerate() {
-            let req = MetaRequest::SessionClose {
-                id: *id,
-                secret: self.inner.secret,
-            };
-            match (self.inner.send)(part, req).await {
-                Ok(_) => {}
-                // It lapsed already: what it bound is gone either way.
-                Err(e) if e.code == ErrorCode::NotFound => {}
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
-        match first_err {
-            None => Ok(()),
-            Some(e) => Err(e),
-        }
+        close_in(&self.inner.send, self.inner.secret, &self.inner.ids).await
     }
 }
 
@@ -218,11 +198,25 @@ impl Drop for Inner {
         };
         let (send, secret, ids) = (self.send.clone(), self.secret, self.ids.clone());
         rt.spawn(async move {
-            for (part, id) in ids.into_iter().enumerate() {
-                let _ = send(part, MetaRequest::SessionClose { id, secret }).await;
-            }
+            let _ = close_in(&send, secret, &ids).await;
         });
     }
+}
+
+/// Closes the session (`ids`, one per partition) everywhere; the first
+/// failure is returned once every partition was asked. One that lapsed
+/// already is no failure: what it bound is gone either way.
+async fn close_in(send: &Send, secret: u128, ids: &[u64]) -> Result<()> {
+    let mut first_err = None;
+    for (part, id) in ids.iter().enumerate() {
+        match send(part, MetaRequest::SessionClose { id: *id, secret }).await {
+            Err(e) if e.code != ErrorCode::NotFound => {
+                first_err.get_or_insert(e);
+            }
+            _ => {}
+        }
+    }
+    first_err.map_or(Ok(()), Err)
 }
 
 /// Renews the session behind `weak` every `period` while it exists. A

@@ -21,6 +21,7 @@ use crate::runtime::block;
 use crate::runtime::block_on_workers;
 use crate::runtime::spawn;
 use crate::runtime::spawn_to_end;
+use crate::runtime::SelfRef;
 use crate::session::Session;
 use crate::values::parse_type;
 use crate::values::Value;
@@ -417,19 +418,6 @@ client_methods!(
         }
     }
 );
-
-/// Returns an existing Python object from an awaitable.
-pub(crate) struct SelfRef(Py<PyAny>);
-
-impl<'py> IntoPyObject<'py> for SelfRef {
-    type Target = PyAny;
-    type Output = Bound<'py, PyAny>;
-    type Error = PyErr;
-
-    fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        Ok(self.0.into_bound(py))
-    }
-}
 
 /// File attributes, shared by [`File`] and [`AsyncFile`].
 macro_rules! file_attrs {

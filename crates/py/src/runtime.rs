@@ -259,3 +259,17 @@ pub(crate) fn resolve<T>(
 pub(crate) fn panicked(e: tokio::task::JoinError) -> PyErr {
     PyRuntimeError::new_err(format!("a nodekernel call panicked: {e}"))
 }
+
+/// Returns an existing Python object from an awaitable (an `__aenter__`
+/// that hands back `self`).
+pub(crate) struct SelfRef(pub(crate) Py<PyAny>);
+
+impl<'py> IntoPyObject<'py> for SelfRef {
+    type Target = PyAny;
+    type Output = Bound<'py, PyAny>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        Ok(self.0.into_bound(py))
+    }
+}

@@ -4,7 +4,7 @@
 //! lease lapses (the process died or was cut off).
 
 use crate::errors::Out;
-use crate::runtime::{block, spawn};
+use crate::runtime::{block, spawn, SelfRef};
 use nodekernel_client as nk;
 use pyo3::prelude::*;
 
@@ -51,8 +51,7 @@ impl Session {
     }
 
     fn __aenter__<'py>(slf: Py<Self>, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let inner = slf.get().inner.clone();
-        spawn(py, async move { Ok(Session { inner }) })
+        spawn(py, async move { Ok(SelfRef(slf.into_any())) })
     }
 
     #[pyo3(signature = (*_exc))]
@@ -61,11 +60,7 @@ impl Session {
         py: Python<'py>,
         _exc: &Bound<'py, pyo3::types::PyTuple>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let s = self.inner.clone();
-        spawn(py, async move {
-            close(s).await?;
-            Ok(false)
-        })
+        self.aclose(py)
     }
 
     fn __repr__(&self) -> String {

@@ -190,7 +190,7 @@ def test_a_session_binds_only_what_it_creates(nk, nk_dir):
 KILLED = """
 import sys, time, nodekernel
 c = nodekernel.connect(sys.argv[1])
-s = c.session(lease=1)
+s = c.session(lease=3)
 c.mkdir(sys.argv[2], session=s)
 with c.open(sys.argv[2] + "/data", "wb") as f:
     f.write(b"held while the process lives")
@@ -215,7 +215,7 @@ def test_a_killed_process_loses_its_bound_subtree_once_the_lease_lapses(
     try:
         assert p.stdout.readline().strip() == "ready"
         # Renewed while it lives: more than a lease passes and it stays.
-        time.sleep(2.5)
+        time.sleep(4)
         assert nk.exists(f"{nk_dir}/job/data")
     finally:
         p.send_signal(signal.SIGKILL)

@@ -803,7 +803,7 @@ fn a_killed_nk_run_leaves_nothing_once_its_lease_lapses() {
         .args([
             "run",
             "--lease",
-            "1s",
+            "3s",
             "--bind",
             "/jobs/j1",
             "--",
@@ -831,8 +831,8 @@ fn a_killed_nk_run_leaves_nothing_once_its_lease_lapses() {
         }
     }
     let _reap = Reap(sleeper);
-    // Renewed while it runs: several leases pass and the directory stays.
-    std::thread::sleep(std::time::Duration::from_millis(2_500));
+    // Renewed while it runs: more than a lease passes and the directory stays.
+    std::thread::sleep(std::time::Duration::from_millis(4_000));
     assert_eq!(e.cluster_bytes("/jobs/j1/out"), b"value");
     run.kill().unwrap(); // SIGKILL: no chance to clean up
     run.wait().unwrap();

@@ -1235,7 +1235,7 @@ fn a_killed_mounts_hidden_files_go_when_its_session_lapses() {
         return;
     }
     let mut m = Mounted::start(Setup {
-        session_lease: "1s",
+        session_lease: "3s",
         ..Setup::default()
     });
     std::fs::create_dir(m.path("d")).unwrap();
@@ -1253,7 +1253,7 @@ fn a_killed_mounts_hidden_files_go_when_its_session_lapses() {
     std::fs::remove_file(&p).unwrap();
     assert!(m.ls("/m/d").contains(".nk-unlinked-"), "{}", m.ls("/m/d"));
     // Alive, the mount renews its session: its hidden file stays.
-    std::thread::sleep(Duration::from_millis(2_500));
+    std::thread::sleep(Duration::from_millis(4_000));
     assert!(m.ls("/m/d").contains(".nk-unlinked-"), "{}", m.ls("/m/d"));
     let mut child = m.mount.take().unwrap();
     child.kill().unwrap();

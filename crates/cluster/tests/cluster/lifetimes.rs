@@ -7,32 +7,12 @@
 use crate::admin::{scrape, sum};
 use crate::common;
 
-use common::{pattern, BS};
-use nodekernel_client::{Client, CreateOptions, ErrorCode, NodeType, Ttl};
+use common::{pattern, until_gone, used_blocks, BS};
+use nodekernel_client::{CreateOptions, ErrorCode, NodeType, Ttl};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Generous: only a hang takes this long.
 const HANG: Duration = Duration::from_secs(120);
-
-async fn used_blocks(c: &Client) -> u64 {
-    let st = c.status().await.unwrap();
-    st.servers.iter().map(|s| s.used_blocks).sum()
-}
-
-/// Waits until `p` is gone (each lookup is a request, before which the
-/// metadata server expires what is due).
-async fn until_gone(c: &Client, p: &str) {
-    let start = Instant::now();
-    loop {
-        match c.lookup(p).await {
-            Err(e) if e.code == ErrorCode::NotFound => return,
-            Err(e) => panic!("{p}: {e}"),
-            Ok(_) => {}
-        }
-        assert!(start.elapsed() < HANG, "{p} never expired");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 fn wall_ms() -> u64 {
     SystemTime::now()

@@ -26,7 +26,7 @@ async fn persistent(dram: u64, tweak: impl FnOnce(&mut Config)) -> TestCluster {
 
 /// Stops the metadata server and returns the settings to start it again
 /// on the same address and directory.
-fn stop_meta(t: &TestCluster) -> MetaConfig {
+pub(crate) fn stop_meta(t: &TestCluster) -> MetaConfig {
     let addr = t.cluster.meta_addr();
     t.cluster.meta.shutdown();
     let mut cfg = t.cluster.config.meta_config().unwrap();

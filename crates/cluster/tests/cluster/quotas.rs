@@ -228,14 +228,7 @@ async fn persistent() -> TestCluster {
 /// directory (as `persistence.rs` does); returns a new client.
 async fn restart_meta(t: &mut TestCluster) -> Client {
     t.cluster.config.meta.fsync = FsyncMode::Always;
-    let addr = t.cluster.meta_addr();
-    t.cluster.meta.shutdown();
-    let mut cfg = t.cluster.config.meta_config().unwrap();
-    cfg.listen = addr.to_string();
-    cfg.persistence = t
-        .cluster
-        .config
-        .meta_persistence(Some(&t.cluster.data_dir().join("meta")));
+    let cfg = crate::persistence::stop_meta(t);
     t.cluster.meta = MetaServer::start(cfg).await.expect("restarts");
     t.cluster.client().await.unwrap()
 }

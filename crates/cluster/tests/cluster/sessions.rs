@@ -7,30 +7,12 @@
 
 use crate::common;
 
-use common::{pattern, BS};
+use common::{pattern, until_gone, used_blocks, BS};
 use nodekernel_client::{Client, CreateOptions, ErrorCode, NodeType, Session};
 use std::time::{Duration, Instant};
 
 /// Generous: only a hang takes this long.
 const HANG: Duration = Duration::from_secs(120);
-
-async fn used_blocks(c: &Client) -> u64 {
-    let st = c.status().await.unwrap();
-    st.servers.iter().map(|s| s.used_blocks).sum()
-}
-
-async fn until_gone(c: &Client, p: &str) {
-    let start = Instant::now();
-    loop {
-        match c.lookup(p).await {
-            Err(e) if e.code == ErrorCode::NotFound => return,
-            Err(e) => panic!("{p}: {e}"),
-            Ok(_) => {}
-        }
-        assert!(start.elapsed() < HANG, "{p} is still there");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 fn bound(s: &Session) -> CreateOptions {
     CreateOptions {
@@ -128,10 +110,10 @@ async fn a_session_whose_client_stops_renewing_lapses_and_its_subtree_goes() {
             .unwrap();
         rt.block_on(async {
             let c = Client::connect(meta).await.unwrap();
-            let s = c.session(Duration::from_secs(1)).await.unwrap();
+            let s = c.session(Duration::from_secs(3)).await.unwrap();
             job(&c, &s, "/jobs/dies").await;
-            // Renewed for a while: several leases pass and it lives on.
-            tokio::time::sleep(Duration::from_millis(2_500)).await;
+            // Renewed for a while: more than a lease passes (3 s leases: a stall of 2 s is survived) and it lives on.
+            tokio::time::sleep(Duration::from_millis(4_000)).await;
             tx.send(()).unwrap();
             // Then the process "dies": its runtime stops, and with it
             // every renewal (and the close a drop would send).

@@ -5,15 +5,10 @@
 
 use crate::common;
 
-use common::{pattern, PutFile};
+use common::{pattern, used_blocks, PutFile};
 use nodekernel_client::{BufferedWriter, Client, CreateOptions, NodeType, StreamOptions};
 
 const MIB: u64 = 1 << 20;
-
-async fn used_blocks(c: &Client) -> u64 {
-    let st = c.status().await.unwrap();
-    st.servers.iter().map(|s| s.used_blocks).sum()
-}
 
 /// Whether `path`'s block 0 is a piece of a shared block.
 async fn in_piece(c: &Client, path: &str) -> bool {

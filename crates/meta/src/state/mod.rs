@@ -491,9 +491,7 @@ impl MetaState {
             } => d.snapshot_locate(*id, *node, *index, *server, *block, now)?,
             MetaRequest::SnapshotEnd { id } => d.snapshot_end(*id)?,
             // sessions.rs
-            MetaRequest::SessionOpen { secret, lease_ms } => {
-                d.session_open(*secret, *lease_ms, now)?
-            }
+            MetaRequest::SessionOpen { secret, lease_ms } => d.session_open(*secret, *lease_ms)?,
             MetaRequest::SessionRenew { id, secret } => d.session_renew(*id, *secret)?,
             MetaRequest::SessionClose { id, secret } => d.session_close(*id, *secret, now)?,
             MetaRequest::SessionBind { id, secret, path } => d.session_bind(*id, *secret, path)?,

@@ -60,7 +60,7 @@ impl MetaState {
 }
 
 impl Draft<'_> {
-    pub(super) fn session_open(&mut self, secret: u128, lease_ms: u64, _now: u64) -> Result<Reply> {
+    pub(super) fn session_open(&mut self, secret: u128, lease_ms: u64) -> Result<Reply> {
         let life = self.ns().lifetimes();
         if life.open_sessions() >= MAX_SESSIONS {
             return Err(Error::busy(format!(

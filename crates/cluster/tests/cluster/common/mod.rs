@@ -244,3 +244,29 @@ pub async fn no_puts_in_progress(c: &Client) {
     .await;
     waited.expect("the puts in progress of clients that are gone end");
 }
+
+/// Blocks in use on every storage server, as the metadata server counts
+/// them.
+pub async fn used_blocks(c: &Client) -> u64 {
+    let st = c.status().await.unwrap();
+    st.servers.iter().map(|s| s.used_blocks).sum()
+}
+
+/// Waits until nothing is at `p` (each lookup is a request, before which
+/// the metadata server removes what expired or lost its session); the
+/// bound only catches a hang.
+pub async fn until_gone(c: &Client, p: &str) {
+    let start = std::time::Instant::now();
+    loop {
+        match c.lookup(p).await {
+            Err(e) if e.code == nodekernel_client::ErrorCode::NotFound => return,
+            Err(e) => panic!("{p}: {e}"),
+            Ok(_) => {}
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(120),
+            "{p} is still there"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
