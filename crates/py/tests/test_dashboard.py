@@ -11,6 +11,7 @@ With `NK_DASHBOARD_SCREENSHOT=PATH` it also writes a screenshot there
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -112,6 +113,10 @@ def test_dashboard_renders_live_data_without_errors():
                     timeout=HANG_S * 1000,
                 )
                 assert page.text_content("#ready") == "ready"
+                # The lifecycle cards read the metadata server's counters.
+                assert re.fullmatch(r"\d+ / \d+", page.text_content("#c-sessions"))
+                assert re.fullmatch(r"[\d,]+", page.text_content("#c-expired"))
+                assert re.fullmatch(r"[\d,]+", page.text_content("#c-quota"))
                 rows = page.locator("#servers tbody tr.server")
                 addrs = {rows.nth(i).get_attribute("data-addr") for i in range(2)}
                 assert all(a and ":" in a for a in addrs), addrs
