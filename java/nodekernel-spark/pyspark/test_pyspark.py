@@ -138,7 +138,7 @@ def test_dataframe_jobs_shuffle_through_nodekernel_and_parquet_on_nk(nk, tmp_pat
             assert s.startswith("s"), shuffles
             assert ls(nk, f"{app_dir}/{s}/idx"), f"no map index in {app_dir}/{s}"
         [du] = json.loads(nk.run("du", "-s", "--json", app_dir).stdout)
-        assert du["bytes"] > 0 and du["files"] > 0, du
+        assert du["bytes"] > 0 and du["nodes"] > 0, du
         assert local_shuffle_files(nk_local) == []
 
         # Parquet on nk://, through the Hadoop FileSystem.
