@@ -409,8 +409,9 @@ impl BufferedWriter {
     }
 
     fn poison(&mut self, e: Error) -> Error {
-        // Later slice writes finish in the background, unused.
-        self.in_flight.clear();
+        // Later slice writes go on, unused: they stay in `in_flight` (no
+        // call but `abort` waits for them), since each holds the node and
+        // `abort` can only release the lease once they have let go.
         self.current = Vec::new();
         self.failed = Some(e.clone());
         e

@@ -128,11 +128,6 @@ def test_fsspec_du_totals_from_the_accounting(nk_meta, nk_dir):
     assert fs.du(nk_dir, withdirs=True) == 35
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 41: a KeyValue streamed past a quota is refused, but its unclosed put "
-    "stays counted (and held) after the writer's abort; see the issue's note",
-)
 def test_a_streamed_put_refused_by_a_quota_leaves_no_unclosed_put(nk, nk_dir):
     q = f"{nk_dir}/q"
     nk.mkdir(q)

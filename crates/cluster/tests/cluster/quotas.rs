@@ -8,7 +8,10 @@ use crate::admin::{scrape, sum};
 use crate::common;
 
 use common::{pattern, TestCluster, BS};
-use nodekernel_client::{exceeded_root, Client, CreateOptions, ErrorCode, NodeType, UsageInfo};
+use nodekernel_client::{
+    exceeded_root, BufferedWriter, Client, CreateOptions, ErrorCode, NodeType, StreamOptions,
+    UsageInfo,
+};
 use nodekernel_cluster::config::FsyncMode;
 use nodekernel_meta::MetaServer;
 use std::collections::{BTreeMap, BTreeSet};
@@ -38,6 +41,14 @@ async fn walk(c: &Client, p: &str) -> (u64, u64, u64) {
         }
     }
     (nodes, bytes, stored)
+}
+
+/// The Directory `/q` (the quota root of the tests) and its Table `/q/t`.
+async fn quota_table(c: &Client) {
+    c.mkdir("/q", false).await.unwrap();
+    c.create("/q/t", NodeType::Table, CreateOptions::default())
+        .await
+        .unwrap();
 }
 
 fn numbers(u: &UsageInfo) -> (u64, u64, u64) {
@@ -84,10 +95,7 @@ async fn eight_writers_never_take_a_quota_past_its_limits() {
     let limit_nodes = 60;
     let t = common::start(512 * BS, 0).await;
     let c = t.client.clone();
-    c.mkdir("/q", false).await.unwrap();
-    c.create("/q/t", NodeType::Table, CreateOptions::default())
-        .await
-        .unwrap();
+    quota_table(&c).await;
     let u = c
         .set_quota("/q", Some(limit_bytes), Some(limit_nodes))
         .await
@@ -214,6 +222,53 @@ async fn eight_writers_never_take_a_quota_past_its_limits() {
     assert!(c.quotas().await.unwrap().is_empty());
     let s = scrape(admin).await;
     assert_eq!(sum(&s, "nodekernel_meta_quota_used_bytes", &root), 0.0);
+}
+
+/// A put streamed past a quota through a `BufferedWriter` with many slices
+/// in flight: the refused slice poisons the writer while later slices are
+/// still being written; the abort then waits for them and drops the put,
+/// so nothing of it stays named, counted or held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_streamed_past_a_quota_leaves_nothing_after_its_abort() {
+    let t = common::start(512 * BS, 0).await;
+    let c = t.client.clone();
+    quota_table(&c).await;
+    c.set_quota("/q", Some(2 * BS), None).await.unwrap();
+    let before = c.du("/q").await.unwrap();
+    let put = c
+        .create(
+            "/q/t/streamed",
+            NodeType::KeyValue,
+            CreateOptions::default(),
+        )
+        .await
+        .unwrap();
+    let slice = (BS / 4) as usize;
+    let mut w = BufferedWriter::new(put, StreamOptions::new(16 * slice, slice).unwrap()).unwrap();
+    let chunk = pattern(7, slice);
+    let mut refused = None;
+    for _ in 0..64 {
+        if let Err(e) = w.write_all(&chunk).await {
+            refused = Some(e);
+            break;
+        }
+    }
+    let e = match refused {
+        Some(e) => e,
+        None => w
+            .flush()
+            .await
+            .expect_err("16 blocks do not fit a 2-block quota"),
+    };
+    assert_eq!(e.code, ErrorCode::QuotaExceeded, "{e}");
+    w.abort().await.expect("the abort releases the put");
+    assert_eq!(
+        c.lookup("/q/t/streamed").await.unwrap_err().code,
+        ErrorCode::NotFound
+    );
+    let after = c.du("/q").await.unwrap();
+    assert_eq!(numbers(&after), numbers(&before), "{after:?}");
+    assert_eq!(c.status().await.unwrap().puts_in_progress, 0);
 }
 
 /// A cluster whose metadata server keeps its log in `<data dir>/meta`.
