@@ -4,6 +4,7 @@
 //! run.
 //! The `--json` output is documented in `docs/bench.md`.
 
+mod expiry;
 mod memcached;
 mod redis;
 mod zipf;
@@ -41,6 +42,11 @@ pub enum Mode {
     Getkey,
     /// Enumerate a Directory of COUNT Files
     Enumerate,
+    /// Delete empty Files (made before the run, not measured)
+    Delete,
+    /// Lookups of --clients clients while a subtree of COUNT empty Files
+    /// expires, against the same lookups before it (docs/bench.md)
+    Expire,
     /// Write and read back SIZE with DRAM holding 100/50/10/0% of it
     /// (embedded clusters; the rest on the file tier)
     Tiering,
@@ -95,6 +101,15 @@ pub struct BenchArgs {
     /// Put keys into a non-enumerable table (no child records written)
     #[arg(long)]
     non_enumerable: bool,
+    /// Every node the run makes carries this TTL (its root gives it to new
+    /// children, and to theirs); make it outlast the run
+    #[arg(long, value_name = "DURATION", value_parser = crate::common::parse_duration)]
+    ttl: Option<Duration>,
+    /// Each of the run's roots carries a quota (limits far above what the
+    /// run makes), so that every create, put and delete is counted
+    /// against it
+    #[arg(long)]
+    quota: bool,
     /// Keep the nodes the run made (under /nk-bench-PID) instead of removing
     /// them at the end, e.g. to time a restart holding them
     #[arg(long)]
@@ -182,6 +197,11 @@ pub struct Report {
     pub mb_per_sec: f64,
     pub gb_per_sec: f64,
     pub non_enumerable: bool,
+    /// `--ttl`: the TTL every node of the run carried, in seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<f64>,
+    /// `--quota`: the run's roots carried quotas.
+    pub quota: bool,
     pub latency_us: Latency,
     /// How block bytes moved: `shared-memory`, `network`, `mixed`, or
     /// `none` (metadata-only modes, baselines).
@@ -263,6 +283,9 @@ pub async fn run(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<()> {
     if a.mode == Mode::Tiering {
         return tiering(a).await;
     }
+    if a.mode == Mode::Expire && !a.vs.is_empty() {
+        bail!("expire has no peer to compare with (--vs)");
+    }
     if matches!(a.mode, Mode::Memcpy | Mode::Tcp) {
         let report = baseline(a).await?;
         if a.json {
@@ -295,6 +318,15 @@ pub async fn run(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<()> {
     }
     if a.vs.contains(&Peer::Memcached) {
         memcached::check(a.mode)?;
+    }
+    if a.mode == Mode::Expire {
+        let report = expiry::run(cfg, a).await?;
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            expiry::print_human(&report);
+        }
+        return Ok(());
     }
     let mut report = bench(cfg, a).await?;
     for peer in &a.vs {
@@ -446,7 +478,7 @@ pub async fn bench(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<Report> {
         zipf,
     });
     for root in &plan.roots {
-        setup.mkdir(root, false).await?;
+        make_root(&setup, root, a).await?;
     }
     let result = run_clients(&setup, cfg, a, plan.clone()).await;
     let cleanup = if a.keep {
@@ -466,7 +498,7 @@ pub async fn bench(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<Report> {
     cleanup?;
     let (ops, secs) = (run.hist.len(), run.seconds);
     let bytes_per_op = match a.mode {
-        Mode::Create | Mode::Lookup | Mode::Enumerate => 0,
+        Mode::Create | Mode::Lookup | Mode::Enumerate | Mode::Delete | Mode::Expire => 0,
         Mode::Multistream => a.size.0 * a.count,
         _ => a.size.0,
     };
@@ -482,6 +514,8 @@ pub async fn bench(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<Report> {
         mb_per_sec: bytes / secs / 1e6,
         gb_per_sec: bytes / secs / 1e9,
         non_enumerable: a.non_enumerable,
+        ttl_seconds: a.ttl.map(|t| t.as_secs_f64()),
+        quota: a.quota,
         latency_us: Latency::of(&run.hist),
         data_path: run.paths.data_path(),
         meta_transport: run.paths.meta_transport(),
@@ -492,6 +526,24 @@ pub async fn bench(cfg: ClientConfig, a: &BenchArgs) -> anyhow::Result<Report> {
         zipf: run.zipf,
     })
 }
+
+/// Makes the run's root `root`, with `--ttl` and `--quota`.
+async fn make_root(c: &Client, root: &str, a: &BenchArgs) -> anyhow::Result<()> {
+    c.mkdir(root, false).await?;
+    if let Some(ttl) = a.ttl {
+        c.set_child_ttl(root, Some(ttl)).await?;
+    }
+    if a.quota {
+        c.set_quota(root, Some(QUOTA_BYTES), Some(QUOTA_NODES))
+            .await?;
+    }
+    Ok(())
+}
+
+/// `--quota`'s limits: never reached by a run, but checked by each create
+/// and write as any limit is.
+const QUOTA_BYTES: u64 = 1 << 60;
+const QUOTA_NODES: u64 = 1 << 40;
 
 /// What the clients of a run measured.
 struct Run {
@@ -665,6 +717,14 @@ async fn prepare(c: &Client, plan: &Plan, dir: &str, value: &[u8]) -> anyhow::Re
                         .close()
                         .await?
                 }
+                Mode::Delete => {
+                    for i in 0..plan.total() {
+                        c.create(&format!("{dir}/f{i}"), NodeType::File, plan.opts.clone())
+                            .await?
+                            .close()
+                            .await?;
+                    }
+                }
                 Mode::Enumerate => {
                     for i in 0..plan.count {
                         c.create(&format!("{dir}/f{i}"), NodeType::File, plan.opts.clone())
@@ -784,6 +844,9 @@ async fn one_client(
                     Mode::Lookup => {
                         client.lookup(&format!("{dir}/f")).await?;
                     }
+                    Mode::Delete => {
+                        client.delete(&format!("{dir}/f{i}"), false).await?;
+                    }
                     Mode::Putkey => {
                         let key = if plan.new_keys { i } else { i % plan.keys };
                         client.put(&format!("{dir}/k{key}"), &value).await?;
@@ -825,6 +888,7 @@ async fn one_client(
                     | Mode::Randread
                     | Mode::Write
                     | Mode::Tiering
+                    | Mode::Expire
                     | Mode::Memcpy
                     | Mode::Tcp => {
                         unreachable!("handled above")
@@ -1049,6 +1113,8 @@ async fn baseline(a: &BenchArgs) -> anyhow::Result<Report> {
         mb_per_sec: bytes / secs / 1e6,
         gb_per_sec: bytes / secs / 1e9,
         non_enumerable: false,
+        ttl_seconds: None,
+        quota: false,
         latency_us: Latency::of(&hist),
         data_path: "none",
         meta_transport: "none",

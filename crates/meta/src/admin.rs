@@ -132,6 +132,11 @@ impl Source for MetaAdmin {
             counter(h.sessions_lapsed.load(Ordering::Relaxed)),
         );
         reg.register(
+            "session_removed",
+            "Nodes bound to sessions that ended, closed or lapsed (each removed with its subtree; counted in expired too)",
+            counter(h.session_removed.load(Ordering::Relaxed)),
+        );
+        reg.register(
             "sessions_open",
             "Sessions open (docs/lifecycle.md, Sessions)",
             gauge(h.state().ns().lifetimes().open_sessions() as u64),

@@ -81,6 +81,8 @@ pub(crate) struct MetaHandler {
     pub(crate) expired: std::sync::atomic::AtomicU64,
     /// Sessions ended because their lease lapsed (the metrics).
     pub(crate) sessions_lapsed: std::sync::atomic::AtomicU64,
+    /// Bound nodes of sessions that ended (the admin endpoint's metrics).
+    pub(crate) session_removed: std::sync::atomic::AtomicU64,
     /// Requests refused with `QuotaExceeded`, by the path of the quota
     /// root they hit (as it was then; at most `MAX_QUOTAS` paths, about
     /// 64 bytes each, further ones only in the total) and in all (the
@@ -139,6 +141,7 @@ impl MetaHandler {
             claims_by_request: Default::default(),
             expired: Default::default(),
             sessions_lapsed: Default::default(),
+            session_removed: Default::default(),
             quota_refused: Default::default(),
             quota_refused_total: Default::default(),
             reap: Notify::new(),
@@ -571,6 +574,10 @@ impl MetaHandler {
         let mut seq = 0;
         while let Some(d) = st.decide_session_lapse(now) {
             let n = d.notes().sessions_lapsed();
+            self.session_removed.fetch_add(
+                d.notes().session_removed(),
+                std::sync::atomic::Ordering::Relaxed,
+            );
             tracing::info!(
                 "{n} session(s) lapsed: their clients stopped renewing; what they bound is removed"
             );
@@ -780,6 +787,12 @@ impl MetaHandler {
         // put returns, old handles get Stale.
         self.send_claims(claims).await;
         let reply = reply.map(|r| self.with_log(r));
+        if notes.session_removed() > 0 {
+            self.session_removed.fetch_add(
+                notes.session_removed(),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
         if notes.wakes_drainer() {
             self.drain.notify_one();
         }

@@ -481,6 +481,7 @@ fn bench_reports_valid_json() {
         "putkey",
         "getkey",
         "enumerate",
+        "delete",
     ];
     for mode in modes {
         let out = common::nk()
@@ -526,6 +527,7 @@ fn bench_reports_valid_json() {
     ]);
     check_report("read", &r, 30);
     check_paths(&r, "network", "tcp");
+    lifecycle_bench_runs(&up);
     drop(up);
 
     let dir = tempfile::tempdir().unwrap();
@@ -592,6 +594,57 @@ fn bench_reports_valid_json() {
     } else {
         assert!(String::from_utf8_lossy(&out.stderr).contains("apt-get install redis-server"));
     }
+}
+
+/// `nk bench --ttl --quota` makes every node carry the TTL under a quota
+/// root, and `nk bench expire` times a subtree's removal and leaves
+/// nothing behind (`docs/bench.md`).
+fn lifecycle_bench_runs(up: &Up) {
+    let r = up.json(&[
+        "bench", "create", "-k", "20", "-w", "2", "--ttl", "1h", "--quota", "--keep", "--json",
+    ]);
+    check_report("create", &r, 20);
+    assert_eq!(r["ttl_seconds"], 3600.0, "{r}");
+    assert_eq!(r["quota"], true, "{r}");
+    let roots = up.json(&["ls", "/", "--json"]);
+    let root = roots
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap().to_string())
+        .find(|n| n.starts_with("nk-bench-"))
+        .unwrap_or_else(|| panic!("the kept run's root: {roots}"));
+    let f = up.json(&["stat", "--json", &format!("/{root}/c0/f21")]);
+    assert!(f["expires_ms"].as_u64().is_some_and(|t| t > 0), "{f}");
+    let q = up.json(&["quota", "show", "--json"]);
+    let q: Vec<&Value> = q
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|u| u["path"] == format!("/{root}"))
+        .collect();
+    assert_eq!(q.len(), 1, "the run's root carries a quota");
+    // The root, its client's directory and 22 Files.
+    assert_eq!(q[0]["nodes"], 23, "{q:?}");
+    up.ok(&["rm", "-r", &format!("/{root}")]);
+
+    let e = up.json(&[
+        "bench", "expire", "-k", "2500", "-c", "2", "-w", "5", "--json",
+    ]);
+    assert_eq!(e["mode"], "expire");
+    assert_eq!(e["nodes"], 2500);
+    assert_eq!(e["directories"], 3);
+    assert!(e["before"]["ops"].as_u64().unwrap() > 0, "{e}");
+    let (gone, reaped) = (
+        e["gone_after_seconds"].as_f64().unwrap(),
+        e["reaped_after_seconds"].as_f64().unwrap(),
+    );
+    assert!(gone > 0.0 && gone <= reaped, "{e}");
+    assert!(e["p99_ratio"].as_f64().is_some(), "{e}");
+    // The subtree expired and the rest of the run was removed: only the
+    // root directory is left.
+    let st = up.json(&["status", "--json"]);
+    assert_eq!(st["nodes"], 1, "{st}");
 }
 
 /// Runs a client command against `addr` that must succeed; its stdout.

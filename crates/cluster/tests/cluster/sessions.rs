@@ -5,6 +5,7 @@
 //! lease arithmetic is the state machine's (its tests move the clock);
 //! every wait here only catches a hang.
 
+use crate::admin::{scrape, sum};
 use crate::common;
 
 use common::{pattern, until_gone, used_blocks, BS};
@@ -51,6 +52,11 @@ async fn closing_a_session_removes_what_it_bound_and_nothing_else() {
 
     let s = c.session(Duration::from_secs(30)).await.unwrap();
     assert_eq!(s.lease(), Duration::from_secs(30));
+    let admin = t.cluster.meta.admin_addr().expect("meta.admin is on");
+    assert_eq!(
+        sum(&scrape(admin).await, "nodekernel_meta_sessions_open", &[]),
+        1.0
+    );
     job(&c, &s, "/jobs/j1").await;
     // A reader holds the bound File when the session ends.
     let r = c.lookup("/jobs/j1/part-0").await.unwrap();
@@ -71,6 +77,13 @@ async fn closing_a_session_removes_what_it_bound_and_nothing_else() {
     }
     let keep = c.lookup("/jobs/keep").await.unwrap();
     assert_eq!(keep.read(0, 5).await.unwrap(), b"stays");
+    // The metrics: the session is no longer open; its one bound node was
+    // removed with it (and counted as expired); it did not lapse.
+    let m = scrape(admin).await;
+    assert_eq!(sum(&m, "nodekernel_meta_sessions_open", &[]), 0.0);
+    assert_eq!(sum(&m, "nodekernel_meta_session_removed_total", &[]), 1.0);
+    assert_eq!(sum(&m, "nodekernel_meta_expired_total", &[]), 1.0);
+    assert_eq!(sum(&m, "nodekernel_meta_sessions_lapsed_total", &[]), 0.0);
     let e = r.read(BS, 10).await.unwrap_err();
     assert!(
         matches!(e.code, ErrorCode::Stale | ErrorCode::NotFound),
@@ -129,6 +142,11 @@ async fn a_session_whose_client_stops_renewing_lapses_and_its_subtree_goes() {
     other.join().unwrap();
     until_gone(&c, "/jobs/dies").await;
     assert!(c.lookup("/jobs").await.is_ok());
+    let admin = t.cluster.meta.admin_addr().expect("meta.admin is on");
+    let m = scrape(admin).await;
+    assert_eq!(sum(&m, "nodekernel_meta_sessions_lapsed_total", &[]), 1.0);
+    assert_eq!(sum(&m, "nodekernel_meta_session_removed_total", &[]), 1.0);
+    assert_eq!(sum(&m, "nodekernel_meta_sessions_open", &[]), 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -45,6 +45,10 @@ pub struct Notes {
     /// Sessions ended because their lease lapsed, for the metrics
     /// ([`MetaState::decide_session_lapse`]).
     pub(super) sessions_lapsed: u64,
+    /// Nodes bound to the sessions the decision ended (closed or lapsed),
+    /// each removed with its subtree by the expiry that follows, for the
+    /// metrics.
+    pub(super) session_removed: u64,
 }
 
 /// A change of the tiering and placement policy: the settings after it,
@@ -70,6 +74,11 @@ impl Notes {
     /// How many sessions the decision ended because their lease lapsed.
     pub fn sessions_lapsed(&self) -> u64 {
         self.sessions_lapsed
+    }
+
+    /// How many bound nodes the decision's ended sessions held.
+    pub fn session_removed(&self) -> u64 {
+        self.session_removed
     }
 
     /// The policy changes (key, value) applied, to log.

@@ -46,6 +46,7 @@ impl MetaState {
         let mut d = Draft::new(self);
         let at_ms = self.wall_ms(now);
         for id in lapsed {
+            d.notes.session_removed += self.ns.lifetimes().bound_count(id) as u64;
             d.push(Effect::SessionEnded { id, at_ms });
         }
         d.notes.sessions_lapsed = d.effects.len() as u64;
@@ -86,6 +87,7 @@ impl Draft<'_> {
 
     pub(super) fn session_close(&mut self, id: SessionId, secret: u128, now: u64) -> Result<Reply> {
         self.owned_session(id, secret)?;
+        self.notes.session_removed = self.ns().lifetimes().bound_count(id) as u64;
         let at_ms = self.st.wall_ms(now);
         self.push(Effect::SessionEnded { id, at_ms });
         Ok(Reply::Done)
