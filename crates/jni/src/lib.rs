@@ -3,7 +3,7 @@
 //! `io.nodekernel.Native`). Java never speaks the protocol itself; every
 //! call goes through the one Rust client.
 //!
-//! **Handles.** Java holds clients and streams as `long` handles: keys into
+//! **Handles.** Java holds clients, streams and sessions as `long` handles: keys into
 //! per-kind tables of this library, never pointers. A closed, forged or
 //! never-opened handle finds nothing and raises `IllegalStateException`; it
 //! cannot reach freed memory. Each call takes its object out of the table
@@ -228,6 +228,12 @@ type Writer = Option<nk::BufferedWriter>;
 static CLIENTS: Table<nk::Client> = Table::new("NodeKernel client");
 static READERS: Table<Mutex<Reader>> = Table::new("input stream");
 static WRITERS: Table<Mutex<Writer>> = Table::new("output stream");
+static SESSIONS: Table<nk::Session> = Table::new("session");
+
+/// Most sessions one process keeps open at once: each is a task renewing
+/// it and a request per metadata partition every third of its lease (and
+/// a metadata server keeps at most 65,536).
+const MAX_SESSIONS: usize = 4096;
 
 // ---------------------------------------------------------------------------
 // Arguments and results
@@ -668,6 +674,7 @@ fn stream_options(buffer_size: jint, slice_size: jint) -> R<nk::StreamOptions> {
 /// Creates a node; for a File or KeyValue returns a writer handle, for a
 /// container 0. `storage_class` and `mode` are -1 for "not set". With
 /// `open_existing` (a File only) an existing File is opened for appending.
+/// `session` is the handle of the session to bind the new node to, or 0.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub extern "system" fn Java_io_nodekernel_Native_create<'l>(
@@ -687,11 +694,16 @@ pub extern "system" fn Java_io_nodekernel_Native_create<'l>(
     open_existing: jboolean,
     ttl: jlong,
     child_ttl: jlong,
+    session: jlong,
 ) -> jlong {
     call(&mut env, 0, |env| {
         let client = CLIENTS.get(c)?;
         let p = path(env, &p)?;
         let ty = node_type(ty)?;
+        let session = match session {
+            0 => None,
+            s => Some(SESSIONS.get(s)?.as_ref().clone()),
+        };
         let opts = nk::CreateOptions {
             storage_class: match storage_class {
                 -1 => None,
@@ -712,7 +724,7 @@ pub extern "system" fn Java_io_nodekernel_Native_create<'l>(
             mtime: None,
             ttl: ttl_of(ttl)?,
             child_ttl: child_ttl_of(child_ttl)?,
-            session: None,
+            session,
         };
         let sopts = stream_options(buffer_size, slice_size)?;
         let node = if open_existing != 0 {
@@ -1158,6 +1170,105 @@ pub extern "system" fn Java_io_nodekernel_Native_du<'l>(
         let p = path(env, &p)?;
         let u = block_on(client.du(&p))??;
         Ok(long_array(env, &usage_longs(&u))?.into_raw())
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Entry points: sessions
+
+/// Opens a session of the client with a lease of `lease_ms` (0: the
+/// default); returns `{handle, the lease the metadata servers gave in ms}`.
+/// The session is renewed in the background until `closeSession` or
+/// `dropSession`, whatever becomes of the client's handle.
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_openSession<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    c: jlong,
+    lease_ms: jlong,
+) -> jobject {
+    call(&mut env, std::ptr::null_mut(), |env| {
+        let client = CLIENTS.get(c)?;
+        let lease = match lease_ms {
+            0 => nk::DEFAULT_SESSION_LEASE,
+            ms => Duration::from_millis(
+                u64::try_from(ms)
+                    .map_err(|_| Fail::Arg(format!("{ms} ms is not a positive lease")))?,
+            ),
+        };
+        if SESSIONS.lock().len() >= MAX_SESSIONS {
+            return Err(Fail::Nk(nk::Error::new(
+                ErrorCode::Busy,
+                format!("{MAX_SESSIONS} sessions are open in this process, the most it keeps: close some"),
+            )));
+        }
+        // Within the runtime: the session's renewals run on it.
+        let session = block_on(client.session(lease))??;
+        let granted = i64::try_from(session.lease().as_millis()).unwrap_or(i64::MAX);
+        let h = SESSIONS.insert(session);
+        Ok(long_array(env, &[h, granted])?.into_raw())
+    })
+}
+
+/// Ends the session: what is bound to it is removed before this returns.
+/// The handle is gone afterwards, whether the close got through or not
+/// (if not, the session is renewed no more and its lease lapses).
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_closeSession<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    s: jlong,
+) {
+    call(&mut env, (), |_| {
+        let session = SESSIONS.remove(s)?;
+        Ok(block_on(session.close())??)
+    })
+}
+
+/// Forgets a session without waiting (a Java `Session` collected
+/// unclosed): it is closed in the background, or, if that does not get
+/// out, its lease lapses.
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_dropSession<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    s: jlong,
+) {
+    call(&mut env, (), |_| {
+        let session = SESSIONS.remove(s)?;
+        // Dropped within the runtime, the last handle's drop closes it
+        // there, in a task of its own.
+        let _in_runtime = runtime()?.enter();
+        drop(session);
+        Ok(())
+    })
+}
+
+/// Whether the session is known to have ended (its lease lapsed: what it
+/// bound is gone).
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_sessionEnded<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    s: jlong,
+) -> jboolean {
+    call(&mut env, 0, |_| {
+        Ok(jboolean::from(SESSIONS.get(s)?.has_ended()))
+    })
+}
+
+/// Binds the existing node at `p` to the session (removed with it).
+#[no_mangle]
+pub extern "system" fn Java_io_nodekernel_Native_bindSession<'l>(
+    mut env: JNIEnv<'l>,
+    _: JClass<'l>,
+    s: jlong,
+    p: JString<'l>,
+) {
+    call(&mut env, (), |env| {
+        let session = SESSIONS.get(s)?;
+        let p = path(env, &p)?;
+        Ok(block_on(session.bind_existing(&p))??)
     })
 }
 

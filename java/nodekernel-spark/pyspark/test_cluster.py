@@ -12,8 +12,8 @@ but for the AQE-coalesced default job) read map output written on another
 host. Then executor JVMs killed (kill -9) in the middle of a map stage and
 of a reduce stage with NodeKernel's shuffle: the results are right and no
 map task ran twice. Then the driver killed in the middle of a job: its
-application's directory stays until NkShuffleCleaner deletes it once the
-driver's lease has expired. Last, a storage server killed between two jobs
+application's directory, bound to the driver's session, is removed by the
+metadata server once the session's lease lapses, with no cleaner. Last, a storage server killed between two jobs
 reading one shuffle: the second gets FetchFailed, Spark reruns the lost map
 outputs, the result is right (the server is started again). Then a whole
 host cut off from the network between those two jobs and back: the same
@@ -302,34 +302,28 @@ def used_by_server(c: SparkCluster) -> dict[str, int]:
     return {s["addr"]: s["used_bytes"] for s in c.status()["servers"]}
 
 
-LEASES = "/spark-shuffle/.drivers"  # the drivers' leases (NkDriverLease)
-
-
-def stored_but_leases(c: SparkCluster) -> int:
-    """What the whole namespace takes of the cluster, but the Table of the
-    drivers' leases (made by the first driver, kept for the next ones)."""
-    leases = stored_bytes(c, LEASES) if c.nk("test", "-e", LEASES).returncode == 0 else 0
-    return stored_bytes(c) - leases
+ROOT = "/spark-shuffle"  # the application directories' parent (made by the first driver)
 
 
 def stored_before_an_application(c: SparkCluster) -> int:
-    """stored_but_leases, with the root and the leases' Table as a driver
-    leaves them (made by the first application; here if a test runs alone)."""
-    if c.nk("test", "-e", LEASES).returncode == 1:
-        r = c.nk("mkdir", "-p", "--type", "table", LEASES)
-        assert r.returncode == 0, r.stderr
-    return stored_but_leases(c)
+    """stored_bytes of the whole namespace, with the root of the application
+    directories as a driver leaves it (made by the first application; here
+    if a test runs alone)."""
+    r = c.nk("mkdir", "-p", ROOT)
+    assert r.returncode == 0, r.stderr
+    return stored_bytes(c)
 
 
 DRIVER_TIMEOUT_S = 10
 
 
-def test_driver_killed_its_shuffle_data_removed_by_the_cleaner(spark_cluster):
+def test_driver_killed_its_shuffle_data_removed_with_its_session(spark_cluster):
     """kill -9 of the driver JVM in the middle of a map stage: its
-    application's directory stays, with a lease its driver no longer
-    renews; once the lease is older than spark.nodekernel.shuffle.driverTimeout,
-    NkShuffleCleaner (docs/spark.md, "If the driver dies") deletes it and
-    what it took of the cluster is free again."""
+    application's directory is bound to the driver's session (lease
+    spark.nodekernel.shuffle.driverTimeout), which nobody renews any more, so
+    the metadata server removes it once the lease lapses (docs/spark.md,
+    "Driver loss"): no cleaner is needed, and what the application took of
+    the cluster is free again."""
     c = spark_cluster
     markers = c.path("driver-loss-markers")
     os.makedirs(markers)
@@ -352,36 +346,24 @@ def test_driver_killed_its_shuffle_data_removed_by_the_cleaner(spark_cluster):
     assert len(driver) == 1, driver
     with open(job.log, errors="replace") as f:
         app = re.search(r"app-\d+-\d+", f.read()).group(0)
+    app_dir = f"{ROOT}/{app}"
+    # While the driver lives (and renews its session) its data is there.
+    left = stored_bytes(c, app_dir)
+    assert left > 0, left
     os.kill(driver[0], signal.SIGKILL)
     killed = time.monotonic()
     say(
-        f"  kill -9 of the driver (pid {driver[0]}, {app}) with {len(os.listdir(markers))} maps started"
+        f"  kill -9 of the driver (pid {driver[0]}, {app}) with {len(os.listdir(markers))} maps"
+        f" started; {app_dir} held {left} bytes"
     )
     job.proc.wait(timeout=HANG_S)
-
-    app_dir = f"/spark-shuffle/{app}"
-    assert c.nk("test", "-e", f"{LEASES}/{app}").returncode == 0
-    left = stored_bytes(c, app_dir)
-    assert left > 0, left
-    lease = c.nk("get", f"{LEASES}/{app}", "-")
-    say(f"  left behind: {app_dir}, {left} bytes stored; lease {lease.stdout.strip()!r}")
-    # The documented cleanup, once the lease is older than its timeout.
-    time.sleep(max(0.0, killed + DRIVER_TIMEOUT_S + 2 - time.monotonic()))
-    jars = ":".join(jar(j) for j in JARS[:2])
-    r = subprocess.run(
-        c.hosts[3].argv("java", "-cp", jars, "io.nodekernel.spark.NkShuffleCleaner"),
-        capture_output=True,
-        text=True,
-        env=c.env(3),
-        timeout=HANG_S,
-    )
-    assert r.returncode == 0, r.stderr
-    say(f"  NkShuffleCleaner: {r.stdout.strip()!r}")
-    assert r.stdout.split() == ["deleted", app], r.stdout
-    assert c.nk("test", "-e", app_dir).returncode == 1
-    assert c.nk("test", "-e", f"{LEASES}/{app}").returncode == 1
-    after = stored_but_leases(c)
-    say(f"  stored bytes of the cluster: {before} before the application, {after} after the sweep")
+    # Removed by the metadata server once the lease lapses (bounded only to
+    # catch a hang); nothing else is needed.
+    wait_for(f"{app_dir} removed", lambda: c.nk("test", "-e", app_dir).returncode == 1)
+    say(f"  {app_dir} removed {time.monotonic() - killed:.1f} s after the kill")
+    assert c.nk("test", "-e", f"{ROOT}/.drivers").returncode == 1, "no lease KeyValues"
+    after = stored_bytes(c)
+    say(f"  stored bytes of the cluster: {before} before the application, {after} after")
     assert after == before, (after, before)
 
 
@@ -547,9 +529,9 @@ def test_a_host_cut_off_and_back(spark_cluster):
     check_lost_outputs_rerun(c, res, "hostCut", host.ip)
     assert res["results"]["hostBack"] == summed()
     # What the application took of the cluster, on every host, is free again.
-    assert stored_but_leases(c) == before + probe_bytes, (before, probe_bytes)
+    assert stored_bytes(c) == before + probe_bytes, (before, probe_bytes)
     assert c.nk("rm", "/probe").returncode == 0
-    assert stored_but_leases(c) == before
+    assert stored_bytes(c) == before
     # And each storage server's blocks, the cut host's too, are free again
     # (blocks clients reserved ahead come back once those clients are gone).
     wait_for("every server's blocks free again", lambda: used_by_server(c) == used_before)

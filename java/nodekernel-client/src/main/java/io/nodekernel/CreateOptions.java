@@ -22,6 +22,7 @@ public final class CreateOptions {
   int sliceSize;
   long ttlMillis; // 0: none given (the parent's child TTL applies), -1: never
   long childTtlMillis; // 0: none
+  Session session; // null: none
 
   private CreateOptions() {}
 
@@ -38,6 +39,7 @@ public final class CreateOptions {
     c.sliceSize = sliceSize;
     c.ttlMillis = ttlMillis;
     c.childTtlMillis = childTtlMillis;
+    c.session = session;
     return c;
   }
 
@@ -144,6 +146,20 @@ public final class CreateOptions {
   public CreateOptions childTtl(Duration ttl) {
     CreateOptions c = copy();
     c.childTtlMillis = ttl == null ? 0 : millis("child TTL", ttl);
+    return c;
+  }
+
+  /**
+   * Binds the node to {@code session} ({@code null}: to none): it is removed, with its subtree,
+   * when the session is closed or its lease lapses (docs/lifecycle.md, "Sessions"). Only a node the
+   * call creates is bound ({@link NodeKernel#appendOrCreate} leaves an existing File as it is);
+   * nodes created inside a bound container need no binding of their own. The session must be of the
+   * client that creates the node ({@link NodeKernelException.InvalidArgument} otherwise), and open
+   * ({@link NodeKernelException.NotFound} once it has ended).
+   */
+  public CreateOptions session(Session session) {
+    CreateOptions c = copy();
+    c.session = session;
     return c;
   }
 

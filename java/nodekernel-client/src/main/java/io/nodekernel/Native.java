@@ -62,7 +62,8 @@ final class Native {
       int sliceSize,
       boolean openExisting,
       long ttlMillis,
-      long childTtlMillis)
+      long childTtlMillis,
+      long session)
       throws NodeKernelException;
 
   static native long append(long client, String path, int bufferSize, int sliceSize)
@@ -100,6 +101,18 @@ final class Native {
 
   /** A usage (see {@code Usage.of}). */
   static native long[] du(long client, String path) throws NodeKernelException;
+
+  /** {@code {handle, granted lease in ms}}; {@code leaseMillis} 0: the default. */
+  static native long[] openSession(long client, long leaseMillis) throws NodeKernelException;
+
+  static native void closeSession(long session) throws NodeKernelException;
+
+  /** Forgets the session without waiting: closed in the background, else its lease lapses. */
+  static native void dropSession(long session);
+
+  static native boolean sessionEnded(long session);
+
+  static native void bindSession(long session, String path) throws NodeKernelException;
 
   /** {@code {handle, stat...}}. */
   static native long[] openReader(long client, String path) throws NodeKernelException;

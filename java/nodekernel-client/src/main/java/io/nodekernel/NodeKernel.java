@@ -204,7 +204,8 @@ public final class NodeKernel implements AutoCloseable {
         o.sliceSize,
         openExisting,
         o.ttlMillis,
-        o.childTtlMillis);
+        o.childTtlMillis,
+        o.session == null ? 0 : o.session.handle());
   }
 
   /** Creates a node of a container type (Directory, Table or Bag). */
@@ -466,6 +467,20 @@ public final class NodeKernel implements AutoCloseable {
     return Usage.of(Native.du(handle(), path(path)));
   }
 
+  /**
+   * Opens a session with a lease of {@code lease} (the metadata servers keep it between 1 s and 1
+   * h; {@link Session#DEFAULT_LEASE}, 10 s, is a good default), renewed in the background from now
+   * on. A node created with {@link CreateOptions#session(Session)}, or bound later with {@link
+   * Session#bindExisting(String)}, is removed with its subtree when the session is closed, or when
+   * its lease lapses because this process stopped renewing it (it was killed, crashed, hung or was
+   * cut off). See docs/lifecycle.md, "Sessions".
+   */
+  public Session session(Duration lease) throws IOException {
+    long ms = CreateOptions.millis("session lease", lease);
+    long[] r = Native.openSession(handle(), ms);
+    return new Session(r[0], Duration.ofMillis(r[1]));
+  }
+
   /** Capacity and use over the live storage servers. */
   public Capacity capacity() throws IOException {
     long[] c = Native.capacity(handle());
@@ -474,7 +489,8 @@ public final class NodeKernel implements AutoCloseable {
 
   /**
    * Disconnects. Calls still running finish first; later calls throw {@link IOException}. Streams
-   * opened from this client stay usable until closed. Closing twice does nothing; a client
+   * and sessions opened from this client stay usable until closed (a session keeps what it bound
+   * until it is closed, collected or its process exits). Closing twice does nothing; a client
    * collected unclosed is disconnected then.
    */
   @Override

@@ -7,8 +7,10 @@ import static org.junit.Assert.assertNull;
 import static org.junit.Assert.assertThrows;
 import static org.junit.Assert.assertTrue;
 
+import java.io.BufferedReader;
 import java.io.ByteArrayOutputStream;
 import java.io.EOFException;
+import java.io.InputStreamReader;
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
@@ -22,6 +24,7 @@ import java.util.Map;
 import java.util.Optional;
 import java.util.OptionalLong;
 import java.util.Random;
+import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.stream.Collectors;
 import org.junit.Before;
@@ -486,6 +489,131 @@ public class ClientTest {
         IllegalArgumentException.class, () -> nk().expire(t + "/kept", Duration.ofSeconds(-1)));
     // Rounded up to whole milliseconds, never down to none.
     assertEquals(1, CreateOptions.millis("TTL", Duration.ofNanos(1)));
+  }
+
+  /** Sessions short enough for the tests, long enough for a stalled 2-core machine to renew. */
+  static final Duration LEASE = Duration.ofSeconds(3);
+
+  @Test
+  public void whatASessionBindsGoesWhenItIsClosedAndNothingElse() throws Exception {
+    Session s = nk().session(LEASE);
+    assertEquals(LEASE, s.lease());
+    assertFalse(s.hasEnded());
+    CreateOptions bound = CreateOptions.defaults().session(s);
+    nk().createContainer(dir + "/job", NodeType.DIRECTORY, bound);
+    file(dir + "/job/inside", pattern(100, 1));
+    try (NkOutputStream out = nk().createFile(dir + "/bound-file", bound)) {
+      out.write(pattern(10, 2));
+    }
+    nk().createContainer(dir + "/t", NodeType.TABLE, CreateOptions.defaults());
+    try (NkOutputStream out = nk().createKeyValue(dir + "/t/bound-kv", bound)) {
+      out.write(3);
+    }
+    file(dir + "/sibling", pattern(10, 4));
+    // Renewed in the background: more than a lease later it all stays.
+    Thread.sleep(LEASE.toMillis() + 1000);
+    assertTrue(nk().exists(dir + "/job/inside"));
+    s.close();
+    assertTrue(s.hasEnded());
+    for (String gone : List.of("/job", "/bound-file", "/t/bound-kv")) {
+      assertFalse(gone, nk().exists(dir + gone));
+    }
+    assertTrue(nk().exists(dir + "/sibling"));
+    assertTrue(nk().exists(dir + "/t"));
+    s.close(); // twice: nothing
+    // An ended session binds nothing more.
+    assertThrows(
+        NodeKernelException.NotFound.class,
+        () -> nk().createContainer(dir + "/late", NodeType.DIRECTORY, bound));
+    assertThrows(NodeKernelException.NotFound.class, () -> s.bindExisting(dir + "/sibling"));
+    assertFalse(nk().exists(dir + "/late"));
+  }
+
+  @Test
+  public void bindExistingBindsANodeMadeWithoutTheSession() throws Exception {
+    nk().mkdir(dir + "/made", false);
+    file(dir + "/made/f", pattern(10, 5));
+    nk().mkdir(dir + "/kept", false);
+    try (Session s = nk().session(LEASE)) {
+      s.bindExisting(dir + "/made");
+      s.bindExisting(dir + "/made"); // again: nothing
+      assertThrows(NodeKernelException.NotFound.class, () -> s.bindExisting(dir + "/missing"));
+      assertThrows(NodeKernelException.InvalidArgument.class, () -> s.bindExisting("/"));
+      assertTrue(nk().exists(dir + "/made/f"));
+    }
+    assertFalse(nk().exists(dir + "/made"));
+    assertTrue(nk().exists(dir + "/kept"));
+    // appendOrCreate binds only what it creates: an existing File stays.
+    file(dir + "/kept/old", pattern(10, 6));
+    try (Session s = nk().session(LEASE)) {
+      CreateOptions bound = CreateOptions.defaults().session(s);
+      nk().appendOrCreate(dir + "/kept/old", bound).close();
+      nk().appendOrCreate(dir + "/kept/new", bound).close();
+    }
+    assertTrue(nk().exists(dir + "/kept/old"));
+    assertFalse(nk().exists(dir + "/kept/new"));
+  }
+
+  @Test
+  public void aSessionBindsOnlyForTheClientThatOpenedIt() throws Exception {
+    NodeKernel other = CLUSTER.cluster().connect();
+    try (Session s = other.session(LEASE)) {
+      assertThrows(
+          NodeKernelException.InvalidArgument.class,
+          () ->
+              nk().createContainer(
+                      dir + "/foreign", NodeType.DIRECTORY, CreateOptions.defaults().session(s)));
+      assertFalse(nk().exists(dir + "/foreign"));
+      // Closing the client leaves its session open and renewed.
+      other.createContainer(
+          dir + "/outlives", NodeType.DIRECTORY, CreateOptions.defaults().session(s));
+      other.close();
+      Thread.sleep(LEASE.toMillis() + 1000);
+      assertTrue(nk().exists(dir + "/outlives"));
+      assertFalse(s.hasEnded());
+    } finally {
+      other.close();
+    }
+    assertFalse(nk().exists(dir + "/outlives"));
+    assertThrows(IllegalArgumentException.class, () -> nk().session(Duration.ZERO));
+    assertThrows(IllegalArgumentException.class, () -> nk().session(null));
+  }
+
+  /**
+   * A JVM holding a session is killed (SIGKILL): its bound directory goes once the lease lapses,
+   * the rest stays.
+   */
+  @Test
+  public void aKilledJvmLosesWhatItsSessionBoundOnceTheLeaseLapses() throws Exception {
+    file(dir + "/other", pattern(10, 7));
+    String cp =
+        System.getProperty("surefire.test.class.path", System.getProperty("java.class.path"));
+    String java = Path.of(System.getProperty("java.home"), "bin", "java").toString();
+    Process p =
+        new ProcessBuilder(
+                java,
+                "-cp",
+                cp,
+                SessionHolder.class.getName(),
+                CLUSTER.cluster().meta(),
+                CLUSTER.cluster().clientConfig(),
+                dir + "/job",
+                "" + LEASE.toMillis())
+            .redirectError(ProcessBuilder.Redirect.INHERIT)
+            .start();
+    try {
+      BufferedReader out =
+          new BufferedReader(new InputStreamReader(p.getInputStream(), StandardCharsets.UTF_8));
+      assertEquals("ready", out.readLine());
+      // Renewed while it lives: more than a lease passes and it stays.
+      Thread.sleep(LEASE.toMillis() + 1000);
+      assertTrue(nk().exists(dir + "/job/data"));
+    } finally {
+      p.destroyForcibly(); // SIGKILL
+      assertTrue(p.waitFor(TestCluster.HANG_SECONDS, TimeUnit.SECONDS));
+    }
+    awaitGone(dir + "/job");
+    assertTrue(nk().exists(dir + "/other"));
   }
 
   @Test

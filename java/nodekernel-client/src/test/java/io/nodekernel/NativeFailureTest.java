@@ -1,6 +1,7 @@
 package io.nodekernel;
 
 import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertFalse;
 import static org.junit.Assert.assertNotNull;
 import static org.junit.Assert.assertThrows;
 import static org.junit.Assert.assertTrue;
@@ -9,6 +10,7 @@ import java.io.IOException;
 import java.net.ServerSocket;
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.Collections;
@@ -74,17 +76,17 @@ public class NativeFailureTest {
     assertThrows(IllegalArgumentException.class, () -> Native.lookup(h, null));
     assertThrows(
         IllegalArgumentException.class,
-        () -> Native.create(h, "/nf/k", 99, -1, false, false, true, -1, 0, 0, 0, false, 0, 0));
+        () -> Native.create(h, "/nf/k", 99, -1, false, false, true, -1, 0, 0, 0, false, 0, 0, 0));
     assertThrows(
         NodeKernelException.InvalidArgument.class,
-        () -> Native.create(h, "/nf/k2", 1, -1, false, false, true, -1, 0, 1, 2, false, 0, 0));
+        () -> Native.create(h, "/nf/k2", 1, -1, false, false, true, -1, 0, 1, 2, false, 0, 0, 0));
     // TTLs: -1 (never) and 0 (none) are the only non-positive values.
     assertThrows(
         IllegalArgumentException.class,
-        () -> Native.create(h, "/nf/k3", 1, -1, false, false, true, -1, 0, 0, 0, false, -2, 0));
+        () -> Native.create(h, "/nf/k3", 1, -1, false, false, true, -1, 0, 0, 0, false, -2, 0, 0));
     assertThrows(
         IllegalArgumentException.class,
-        () -> Native.create(h, "/nf/k3", 1, -1, false, false, true, -1, 0, 0, 0, false, 0, -1));
+        () -> Native.create(h, "/nf/k3", 1, -1, false, false, true, -1, 0, 0, 0, false, 0, -1, 0));
     assertThrows(IllegalArgumentException.class, () -> Native.expire(h, "/nf", 0));
     assertThrows(IllegalArgumentException.class, () -> Native.setChildTtl(h, "/nf", -1));
     assertThrows(IllegalArgumentException.class, () -> Native.raise(999, "no such code"));
@@ -102,7 +104,46 @@ public class NativeFailureTest {
           () -> Native.write(forged, ByteBuffer.allocateDirect(1), 0, 1));
       assertThrows(IllegalStateException.class, () -> Native.closeReader(forged));
       assertThrows(IllegalStateException.class, () -> Native.disconnect(forged));
+      assertThrows(IllegalStateException.class, () -> Native.closeSession(forged));
+      assertThrows(IllegalStateException.class, () -> Native.dropSession(forged));
+      assertThrows(IllegalStateException.class, () -> Native.sessionEnded(forged));
+      assertThrows(IllegalStateException.class, () -> Native.bindSession(forged, "/nf"));
+      assertThrows(IllegalStateException.class, () -> Native.openSession(forged, 3000));
     }
+  }
+
+  @Test
+  public void closedAndForgedSessionsAreRefusedClearly() throws Exception {
+    long h = nk().handle();
+    // A session handle that is not one (here a client's) finds no session.
+    IllegalStateException e =
+        assertThrows(
+            IllegalStateException.class,
+            () ->
+                Native.create(h, "/nf/s1", 2, -1, false, false, true, -1, 0, 0, 0, false, 0, 0, h));
+    assertTrue(e.getMessage(), e.getMessage().contains("session"));
+    assertThrows(IllegalArgumentException.class, () -> Native.openSession(h, -5));
+    Session s = nk().session(Duration.ofSeconds(3));
+    long sh = s.handle();
+    s.close();
+    assertTrue(s.hasEnded());
+    // The Java object refuses as an ended session does; its old handle finds nothing.
+    assertThrows(
+        NodeKernelException.NotFound.class,
+        () ->
+            nk().createContainer(
+                    "/nf/s2", NodeType.DIRECTORY, CreateOptions.defaults().session(s)));
+    assertThrows(NodeKernelException.NotFound.class, () -> s.bindExisting("/nf"));
+    assertThrows(IllegalStateException.class, () -> Native.closeSession(sh));
+    assertThrows(
+        IllegalStateException.class,
+        () -> Native.create(h, "/nf/s3", 2, -1, false, false, true, -1, 0, 0, 0, false, 0, 0, sh));
+    assertFalse(nk().exists("/nf/s1"));
+    assertFalse(nk().exists("/nf/s3"));
+    // A session on a closed client's handle: the Java client refuses before the library.
+    NodeKernel other = CLUSTER.cluster().connect();
+    other.close();
+    assertThrows(IOException.class, () -> other.session(Duration.ofSeconds(3)));
   }
 
   @Test

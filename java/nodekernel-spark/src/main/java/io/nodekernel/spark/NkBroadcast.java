@@ -142,7 +142,12 @@ public final class NkBroadcast<T> extends Broadcast<T> {
     app.paths.add(b.path);
     try {
       NodeKernel nk = client(env);
-      nk.mkdir(dir, true);
+      if (env.shuffleManager() instanceof NodeKernelShuffleManager manager) {
+        // Bound to the driver's session: it goes with a driver that dies without stop().
+        manager.bindAppDir();
+      } else {
+        nk.mkdir(dir, true);
+      }
       b.write(nk, env, value);
     } catch (IOException e) {
       throw new UncheckedIOException("cannot write " + b + " to NodeKernel", e);

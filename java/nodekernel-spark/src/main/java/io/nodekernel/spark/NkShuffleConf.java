@@ -26,9 +26,10 @@ public final class NkShuffleConf {
   public static final String STORAGE_CLASS = "spark.nodekernel.shuffle.storageClass";
 
   /**
-   * How long an application's directory outlives its driver's last lease renewal before a sweep
-   * (the next driver's, or {@link NkShuffleCleaner}) deletes it; the driver renews it every tenth
-   * of this. Default 10 minutes.
+   * The lease of the driver's session, which the application's directory is bound to: how long the
+   * directory outlives a driver that died without {@code stop()} (or stalled, cut off from the
+   * metadata servers) before the metadata server removes it. The driver renews the session every
+   * third of this. Default 10 minutes; at least 1 s, and the metadata servers keep it at most 1 h.
    */
   public static final String DRIVER_TIMEOUT = "spark.nodekernel.shuffle.driverTimeout";
 

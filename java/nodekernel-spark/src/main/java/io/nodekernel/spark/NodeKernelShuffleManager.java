@@ -5,8 +5,10 @@ import io.nodekernel.NkOutputStream;
 import io.nodekernel.NodeKernel;
 import io.nodekernel.NodeKernelException;
 import io.nodekernel.NodeType;
+import io.nodekernel.Session;
 import java.io.IOException;
 import java.io.UncheckedIOException;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Collection;
 import java.util.HashMap;
@@ -52,6 +54,11 @@ import org.apache.spark.util.TaskCompletionListener;
  * s&lt;shuffleId&gt;/p&lt;reduceId&gt;/e&lt;execId&gt;-t&lt;slot&gt;  File (in a Bag per reduce partition, made by its first writer): segments of the slot's map tasks
  * s&lt;shuffleId&gt;/idx/m&lt;mapTaskId&gt;               KeyValue (in a Table): a map attempt's index, its commit marker
  * </pre>
+ *
+ * <p>The driver creates {@code <root>/<appId>} bound to a session of its own ({@link Session},
+ * lease {@link NkShuffleConf#DRIVER_TIMEOUT}): {@link #stop()} deletes it and closes the session,
+ * and if the driver dies without {@code stop()}, the metadata server removes the directory once the
+ * session's lease lapses.
  */
 public class NodeKernelShuffleManager implements ShuffleManager {
   private final SparkConf sparkConf;
@@ -70,8 +77,11 @@ public class NodeKernelShuffleManager implements ShuffleManager {
   private NodeKernel client;
   private boolean stopped;
 
-  /** On the driver: the application's lease, and the sweep of dead applications' directories. */
-  private final NkDriverLease lease;
+  /**
+   * On the driver: the session the application's directory is bound to, opened when the directory
+   * is first needed (a shuffle or an NkBroadcast); guarded by this.
+   */
+  private Session session;
 
   public NodeKernelShuffleManager(SparkConf sparkConf, boolean isDriver) {
     SparkLine.check();
@@ -89,7 +99,6 @@ public class NodeKernelShuffleManager implements ShuffleManager {
     this.sparkConf = sparkConf;
     this.isDriver = isDriver;
     this.conf = new NkShuffleConf(sparkConf);
-    this.lease = new NkDriverLease(conf.root(), conf.driverTimeoutMs);
     // The SparkContext reads the plugin from this same conf after creating the shuffle manager.
     if (isDriver) {
       sparkConf.setIfMissing(NkShuffleDataIO.PLUGIN, NkShuffleDataIO.class.getName());
@@ -135,6 +144,44 @@ public class NodeKernelShuffleManager implements ShuffleManager {
   /** This application's directory. */
   String appDir() {
     return conf.appDir(sparkConf.getAppId());
+  }
+
+  /**
+   * On the driver, makes the application's directory bound to the driver's session, opening the
+   * session first (with a lease of {@link NkShuffleConf#DRIVER_TIMEOUT}), or again if the last one
+   * lapsed (the driver was cut off for longer than its lease: the metadata server removed the
+   * directory with what it held). A directory made already, unbound (an earlier version's
+   * broadcast, say), is bound as it is.
+   */
+  synchronized void bindAppDir() throws IOException {
+    if (session != null && !session.hasEnded()) {
+      return;
+    }
+    NodeKernel nk = client();
+    Session s = nk.session(Duration.ofMillis(conf.driverTimeoutMs));
+    try {
+      String dir = appDir();
+      if (!conf.root().equals("/")) {
+        nk.mkdir(conf.root(), true);
+      }
+      try {
+        nk.createContainer(dir, NodeType.DIRECTORY, CreateOptions.defaults().session(s));
+      } catch (NodeKernelException.AlreadyExists e) {
+        s.bindExisting(dir);
+      }
+    } catch (IOException | RuntimeException e) {
+      try {
+        s.close();
+      } catch (IOException closing) {
+        e.addSuppressed(closing);
+      }
+      throw e;
+    }
+    Session old = session;
+    session = s;
+    if (old != null) {
+      old.close();
+    }
   }
 
   String shuffleDir(int shuffleId) {
@@ -229,11 +276,14 @@ public class NodeKernelShuffleManager implements ShuffleManager {
     String dir = shuffleDir(shuffleId);
     try {
       NodeKernel nk = client();
-      nk.mkdir(dir, true);
-      create(nk, dir + "/idx", NodeType.TABLE);
       if (isDriver) {
-        lease.start(nk, appDir());
+        bindAppDir();
+        // Not with parents: the application's directory is the one bound to the session.
+        create(nk, dir, NodeType.DIRECTORY);
+      } else {
+        nk.mkdir(dir, true);
       }
+      create(nk, dir + "/idx", NodeType.TABLE);
     } catch (IOException e) {
       throw new UncheckedIOException("cannot create shuffle directory " + dir, e);
     }
@@ -357,7 +407,10 @@ public class NodeKernelShuffleManager implements ShuffleManager {
     return resolver;
   }
 
-  /** On the driver, deletes the application's shuffle directory; closes the client. */
+  /**
+   * On the driver, deletes the application's shuffle directory and closes the session it was bound
+   * to; closes the client.
+   */
   @Override
   public void stop() {
     synchronized (this) {
@@ -368,12 +421,18 @@ public class NodeKernelShuffleManager implements ShuffleManager {
     }
     try {
       if (isDriver && sparkConf.contains("spark.app.id")) {
-        lease.stop();
         delete(appDir());
-        delete(NkDriverLease.path(conf.root(), sparkConf.getAppId()));
       }
     } finally {
       synchronized (this) {
+        if (session != null) {
+          try {
+            session.close();
+          } catch (IOException e) {
+            // Renewed no more: what it bound goes when its lease lapses.
+          }
+          session = null;
+        }
         stopped = true;
         client.close();
         client = null;

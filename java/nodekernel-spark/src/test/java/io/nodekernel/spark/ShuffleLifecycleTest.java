@@ -102,17 +102,14 @@ public class ShuffleLifecycleTest {
           sums(data),
           new TreeMap<>(sc.parallelizePairs(data, 4).reduceByKey(Long::sum, 3).collectAsMap()));
       assertTrue(nk.exists(app));
-      // The driver's lease (DriverLeaseTest).
-      String lease = NkDriverLease.path(NkShuffleConf.DEFAULT_ROOT, sc.sc().applicationId());
-      assertTrue(NkDriverLease.expired(nk.get(lease), Long.MAX_VALUE / 2));
-      assertFalse(NkDriverLease.expired(nk.get(lease), System.currentTimeMillis()));
+      // Bound to the driver's session (DriverSessionTest), with no lease KeyValue of its own.
+      assertFalse(
+          nk.exists(
+              NkShuffleCleaner.leasePath(NkShuffleConf.DEFAULT_ROOT, sc.sc().applicationId())));
     } finally {
       sc.stop();
     }
     assertFalse(app + " left after SparkContext.stop()", nk.exists(app));
-    assertFalse(
-        "lease left after SparkContext.stop()",
-        nk.exists(NkDriverLease.path(NkShuffleConf.DEFAULT_ROOT, sc.sc().applicationId())));
   }
 
   /** Fetch failures and retried stages, as the scheduler reports them. */
