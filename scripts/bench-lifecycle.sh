@@ -4,8 +4,9 @@
 # 1. Quota accounting and TTL bookkeeping on create, put and delete: each
 #    `nk bench` mode plain, and with every node carrying a TTL (--ttl 1h,
 #    from its root's child TTL) under a quota root (--quota), alternated
-#    ROUNDS times; the medians of p50 (1 client) and throughput (4 clients)
-#    and their ratios. Target: within noise, at most 5% worse.
+#    ROUNDS (default 7) times; the medians of p50 (1 client) and
+#    throughput (4 clients) and their ratios. Target: within noise, at
+#    most 5% worse.
 # 2. Expiry of a million-node subtree (`nk bench expire`): lookups of two
 #    other clients before and while it is removed. Target: their p99 within
 #    2x of before.
@@ -13,7 +14,7 @@
 #   scripts/bench-lifecycle.sh [--json-out FILE]   # prints Markdown tables
 #
 # Starts its own cluster (`nk up`, 4 GiB of DRAM, no file tier), stops it at
-# exit. NO_BUILD=1 reuses the release build; ROUNDS (default 5), COUNT
+# exit. NO_BUILD=1 reuses the release build; ROUNDS (default 7), COUNT
 # (operations per client, default 20000) and EXPIRE_NODES (default
 # 1000000) change the sizes.
 set -euo pipefail
@@ -35,7 +36,7 @@ fi
 source scripts/lib/bench-servers.sh
 bench_start_nk 4GiB
 export NK_META=$META
-ROUNDS=${ROUNDS:-5}
+ROUNDS=${ROUNDS:-7}
 COUNT=${COUNT:-20000}
 EXPIRE_NODES=${EXPIRE_NODES:-1000000}
 RESULTS=$TMP/results.jsonl

@@ -648,6 +648,11 @@ impl Namespace {
         self.graveyard.is_empty()
     }
 
+    /// Removed subtrees waiting in the graveyard.
+    pub fn graveyard_len(&self) -> usize {
+        self.graveyard.len()
+    }
+
     /// Resolves a path to a node id.
     pub fn resolve(&self, p: &str) -> Result<NodeId> {
         let comps = path::components(p)?;

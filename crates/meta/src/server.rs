@@ -537,8 +537,8 @@ async fn migrator(h: Arc<MetaHandler>) {
 async fn reaper(h: Arc<MetaHandler>) {
     loop {
         h.reap.notified().await;
-        while h.reap_for(Duration::from_millis(50)).await {
-            // Let requests in between steps.
+        while h.reap_round().await {
+            // Let requests in between rounds.
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }

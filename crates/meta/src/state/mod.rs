@@ -503,6 +503,7 @@ impl MetaState {
         // The one place a client's growth meets the quotas: whatever
         // request it is, its effects pass the check or nothing happens.
         let _quota_delta = self.check_quotas(&d.effects)?;
+        #[cfg_attr(not(debug_assertions), allow(unused_mut))]
         let mut decision = d.finish(reply);
         #[cfg(debug_assertions)]
         {

@@ -50,12 +50,18 @@ impl MetaState {
     /// [`REAP_NODES`] nodes and [`REAP_BLOCKS`] blocks); `None` when the
     /// graveyard is empty.
     pub fn decide_reap(&self) -> Option<Decision> {
+        self.decide_reap_up_to(REAP_NODES)
+    }
+
+    /// [`MetaState::decide_reap`], dropping at most `max_nodes` nodes (a
+    /// shorter hold of the state while other requests are coming in).
+    pub fn decide_reap_up_to(&self, max_nodes: usize) -> Option<Decision> {
         if self.ns.graveyard_is_empty() {
             return None;
         }
         let mut d = Draft::new(self);
         let roots: Vec<NodeId> = self.ns.graveyard().collect();
-        d.reap(&roots, REAP_NODES, REAP_BLOCKS);
+        d.reap(&roots, max_nodes.clamp(1, REAP_NODES), REAP_BLOCKS);
         Some(d.finish(Reply::Done))
     }
 }
