@@ -168,6 +168,14 @@ pub async fn up(mut cfg: Config, a: &UpArgs) -> anyhow::Result<()> {
         "  {}",
         token_text(cluster.has_token(), cluster.token_file().as_deref())
     );
+    for t in cluster.tenants() {
+        println!(
+            "  tenant {}: sees {} as / ({}; its clients prove its own token)",
+            t.name,
+            t.root,
+            t.rights.names().join(", ")
+        );
+    }
     println!("export NK_META={addr}   # then try: nk status");
     let sig = wait_for_signal().await?;
     println!("{sig}: stopping NodeKernel");

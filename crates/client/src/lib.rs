@@ -69,7 +69,9 @@ pub use nodekernel_proto::{
 pub use nodekernel_rpc::UNIX_PREFIX;
 pub use open::{GET_ATTEMPTS, MAX_DELETE_MANY, MAX_GET_MANY, MAX_PUT_MANY, REPLACE_ATTEMPTS};
 pub use session::{Session, DEFAULT_SESSION_LEASE};
-pub use settings::{discover, ClientSection, SecuritySection, TlsSection, DEFAULT_META};
+pub use settings::{
+    discover, ClientSection, SecuritySection, TenantSection, TlsSection, DEFAULT_META,
+};
 pub use stream::{
     BufferedReader, BufferedWriter, StreamOptions, DEFAULT_STREAM_BUFFER_SIZE,
     DEFAULT_STREAM_SLICE_SIZE, MAX_STREAM_BUFFER_SIZE,

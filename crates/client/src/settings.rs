@@ -5,6 +5,7 @@
 
 use crate::config::ClientConfig;
 use crate::crypt::EncryptionKey;
+use nodekernel_proto::tenant::{Rights, Tenant, MAX_TENANTS};
 use nodekernel_proto::{Error, Result};
 use nodekernel_rpc::auth::MAX_TOKEN_LEN;
 use nodekernel_rpc::{LocalPeers, Security, Tls, TlsFiles, Token};
@@ -147,6 +148,26 @@ pub struct SecuritySection {
     /// and `nk store` refuse to start, and `nk up` makes a token of its
     /// own (`docs/security.md`, *Secure by default*).
     pub insecure: bool,
+    /// Servers only: the tenants (`[[security.tenant]]`,
+    /// `docs/security.md`, *Tenants*). A client that is a tenant needs
+    /// none of this: it proves its tenant's token as its `token_file`.
+    pub tenant: Vec<TenantSection>,
+}
+
+/// One `[[security.tenant]]` entry: a credential whose connections see
+/// only the namespace below `root` (as their `/`), with `rights`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TenantSection {
+    /// The tenant's name (in logs, metrics and refusals).
+    pub name: String,
+    /// A file holding the tenant's own token (`nk token new FILE`).
+    pub token_file: Option<PathBuf>,
+    /// The path its connections see as `/`; the metadata server makes the
+    /// directory (and its parents) at start if it is missing.
+    pub root: String,
+    /// Any of `read`, `write`, `admin` (quotas below its root).
+    pub rights: Vec<String>,
 }
 
 /// The `[security.tls]` table: TLS on every TCP connection
@@ -283,11 +304,69 @@ impl SecuritySection {
 
     /// All of them, for a server.
     pub fn load(&self) -> Result<Security> {
-        Ok(Security {
+        let mut s = Security {
             token: self.token()?,
             local_peers: self.local_peers()?,
             tls: self.tls()?,
-        })
+            tenants: Arc::new([]),
+        };
+        self.add_tenants(&mut s)?;
+        Ok(s)
+    }
+
+    /// The tenants, their tokens added to the servers' token (they need
+    /// one: a tenant is a credential narrower than the cluster token).
+    fn add_tenants(&self, s: &mut Security) -> Result<()> {
+        if self.tenant.is_empty() {
+            return Ok(());
+        }
+        if self.tenant.len() > MAX_TENANTS {
+            return Err(Error::invalid_argument(format!(
+                "[[security.tenant]]: {} tenants, at most {MAX_TENANTS}",
+                self.tenant.len()
+            )));
+        }
+        let tenants = self.tenant_list()?;
+        let Some(token) = &s.token else {
+            if self.insecure {
+                return Err(Error::invalid_argument(
+                    "[[security.tenant]] needs a cluster token, and insecure = true runs without \
+                     one: tenants are credentials narrower than the token, and a server without \
+                     one lets everyone in",
+                ));
+            }
+            // No server starts so (`nk meta` and `nk store` require a
+            // token; `nk up` makes its own and loads these again with it).
+            s.tenants = tenants.into();
+            return Ok(());
+        };
+        let mut token = Token::clone(token);
+        for (t, section) in tenants.iter().zip(&self.tenant) {
+            let f = section.token_file.as_ref().expect("checked by tenant_list");
+            let what = format!("tenant {}'s token file {}", t.name, f.display());
+            token = token.with_tenant(&t.name, &read_secret(f, "token file")?, &what)?;
+        }
+        s.token = Some(Arc::new(token));
+        s.tenants = tenants.into();
+        Ok(())
+    }
+
+    /// The tenants' names, roots and rights, checked (their tokens are
+    /// read by [`SecuritySection::load`]).
+    fn tenant_list(&self) -> Result<Vec<Tenant>> {
+        self.tenant
+            .iter()
+            .map(|t| {
+                let bad = |m: String| Error::invalid_argument(format!("tenant {:?}: {m}", t.name));
+                let rights = Rights::parse(&t.rights).map_err(|e| bad(e.message))?;
+                if t.token_file.is_none() {
+                    return Err(bad(
+                        "no token_file (make one with `nk token new FILE`)".into()
+                    ));
+                }
+                Tenant::new(&t.name, &t.root, rights)
+            })
+            .collect()
     }
 }
 
@@ -559,6 +638,69 @@ mod tests {
         let c = discover(Some("x:9, y:9"), Some(&f)).unwrap();
         assert_eq!(c.metas, ["x:9", "y:9"]);
         assert_eq!(c.timeout, Duration::from_millis(7));
+    }
+
+    #[test]
+    fn tenants_are_checked_when_servers_load_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = |name: &str| {
+            let f = dir.path().join(name);
+            write_new_secret(&f).unwrap();
+            f.display().to_string()
+        };
+        let (cluster, a, b) = (secret("cluster"), secret("a"), secret("b"));
+        let load = |text: &str| {
+            let (_, s) = parse_sections(text, Path::new("nk.toml")).unwrap();
+            s.load()
+        };
+        let tenant = |name: &str, file: &str, rights: &str| {
+            format!(
+                "[[security.tenant]]\nname = \"{name}\"\ntoken_file = \"{file}\"\n\
+                 root = \"/tenants/{name}\"\nrights = [{rights}]\n"
+            )
+        };
+        let head = format!("[security]\ntoken_file = \"{cluster}\"\n");
+        let ok = load(&format!(
+            "{head}{}{}",
+            tenant("a", &a, "\"read\", \"write\""),
+            tenant("b", &b, "\"read\"")
+        ))
+        .unwrap();
+        assert_eq!(ok.tenants.len(), 2);
+        assert_eq!(ok.tenants[1].root, "/tenants/b");
+        assert!(ok.tenants[1].rights.read && !ok.tenants[1].rights.write);
+        for (text, says) in [
+            // The cluster's secret, or another tenant's, is no tenant's.
+            (tenant("a", &cluster, "\"read\""), "the same secret"),
+            (
+                format!(
+                    "{}{}",
+                    tenant("a", &a, "\"read\""),
+                    tenant("b", &a, "\"read\"")
+                ),
+                "the same secret",
+            ),
+            (tenant("a", &a, "\"everything\""), "unknown right"),
+            (tenant("a", &a, ""), "at least one right"),
+            (tenant("a b", &a, "\"read\""), "tenant name"),
+            (
+                "[[security.tenant]]\nname = \"a\"\nroot = \"/a\"\nrights = [\"read\"]\n".into(),
+                "no token_file",
+            ),
+        ] {
+            let e = load(&format!("{head}{text}")).unwrap_err();
+            assert!(e.message.contains(says), "{says}: {e}");
+        }
+        // Without a cluster token: refused with insecure, otherwise left
+        // for `nk up` to add its own (no server starts without one).
+        let e = load(&format!(
+            "[security]\ninsecure = true\n{}",
+            tenant("a", &a, "\"read\"")
+        ))
+        .unwrap_err();
+        assert!(e.message.contains("needs a cluster token"), "{e}");
+        let s = load(&tenant("a", &a, "\"read\"")).unwrap();
+        assert!(s.token.is_none() && s.tenants.len() == 1);
     }
 
     #[test]

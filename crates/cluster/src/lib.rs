@@ -39,6 +39,13 @@ pub enum ClusterError {
         class_name: String,
         error: StoreError,
     },
+    /// A tenant's root could not be made (`[[security.tenant]]`).
+    #[error("tenant {tenant}'s root {root}: {error}")]
+    TenantRoot {
+        tenant: String,
+        root: String,
+        error: nodekernel_client::Error,
+    },
 }
 
 impl From<MetaError> for ClusterError {
@@ -181,8 +188,34 @@ impl LocalCluster {
                 return Err(e);
             }
         }
+        cluster.make_tenant_roots().await?;
         cluster.dir.started();
         Ok(cluster)
+    }
+
+    /// Makes each tenant's root directory (and its parents) where it is
+    /// missing, so a tenant's `/` exists from the start
+    /// (`docs/security.md`, *Tenants*).
+    async fn make_tenant_roots(&self) -> Result<(), ClusterError> {
+        if self.security.tenants.is_empty() {
+            return Ok(());
+        }
+        let failed = |t: &nodekernel_proto::tenant::Tenant, error| ClusterError::TenantRoot {
+            tenant: t.name.clone(),
+            root: t.root.clone(),
+            error,
+        };
+        let first = &self.security.tenants[0];
+        let c = self.client().await.map_err(|e| failed(first, e))?;
+        for t in self.security.tenants.iter() {
+            match c.lookup(&t.root).await {
+                Ok(_) => continue,
+                Err(e) if e.code == nodekernel_client::ErrorCode::NotFound => {}
+                Err(e) => return Err(failed(t, e)),
+            }
+            c.mkdir(&t.root, true).await.map_err(|e| failed(t, e))?;
+        }
+        Ok(())
     }
 
     /// Starts one more storage server and registers it. Its data directory
@@ -241,6 +274,11 @@ impl LocalCluster {
             Arc::new(InProcess(store.local_claims())),
         );
         Ok(store)
+    }
+
+    /// The tenants the servers let in (`[[security.tenant]]`).
+    pub fn tenants(&self) -> &[nodekernel_proto::tenant::Tenant] {
+        &self.security.tenants
     }
 
     /// Whether the servers require a cluster token.

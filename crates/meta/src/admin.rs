@@ -56,6 +56,53 @@ impl MetaAdmin {
     }
 }
 
+/// One number of a subtree's usage, if it has it.
+type Of = fn(&nodekernel_proto::quota::UsageInfo) -> Option<u64>;
+
+/// The usage gauges `{prefix}_used_bytes`, `_used_nodes`, `_data_bytes`,
+/// `_limit_bytes` and `_limit_nodes` of `rows`, each labelled `label.0`
+/// with its name; `label.1` says what a row is, in the help texts.
+fn usage_gauges(
+    reg: &mut Registry,
+    prefix: &str,
+    (label, what): (&'static str, &str),
+    rows: &[(String, nodekernel_proto::quota::UsageInfo)],
+) {
+    let per_row = |f: Of| {
+        rows.iter()
+            .filter_map(|(name, u)| f(u).map(|v| (vec![(label, name.clone())], v)))
+            .collect::<Vec<(Labels, u64)>>()
+    };
+    let gauges_of: [(&str, String, Of); 5] = [
+        (
+            "used_bytes",
+            format!("Storage {what}'s subtree holds (blocks and pieces)"),
+            |u| Some(u.held),
+        ),
+        ("used_nodes", format!("Nodes below {what}"), |u| {
+            Some(u.nodes)
+        }),
+        (
+            "data_bytes",
+            format!("Bytes of data (published sizes) below {what}"),
+            |u| Some(u.bytes),
+        ),
+        (
+            "limit_bytes",
+            format!("The limit on storage held of {what} (only those with one)"),
+            |u| u.quota.and_then(|q| limit(q.bytes)),
+        ),
+        (
+            "limit_nodes",
+            format!("The limit on nodes of {what} (only those with one)"),
+            |u| u.quota.and_then(|q| limit(q.nodes)),
+        ),
+    ];
+    for (name, help, f) in gauges_of {
+        reg.register(format!("{prefix}_{name}"), help, gauges(per_row(f)));
+    }
+}
+
 /// A quota limit, if one is set.
 fn limit(v: u64) -> Option<u64> {
     (v != nodekernel_proto::quota::NO_LIMIT).then_some(v)
@@ -160,39 +207,20 @@ impl Source for MetaAdmin {
             "Requests refused by each quota root (its path when refused)",
             counters(refused),
         );
-        // Usage per quota root (at most MAX_QUOTAS), from the accounting.
-        let roots = h.state().quota_infos();
-        let per_root = |f: fn(&nodekernel_proto::quota::UsageInfo) -> Option<u64>| {
-            roots
-                .iter()
-                .filter_map(move |u| f(u).map(|v| (vec![("root", u.path.clone())], v)))
-                .collect::<Vec<(Labels, u64)>>()
+        // Usage per quota root (at most MAX_QUOTAS) and per tenant (its
+        // root's; at most MAX_TENANTS), from the accounting.
+        let (roots, tenants) = {
+            let st = h.state();
+            let tenants: Vec<_> = h
+                .tenants
+                .values()
+                .filter_map(|t| Some((t.name.clone(), st.usage_at(&t.root)?)))
+                .collect();
+            let roots = st.quota_infos().into_iter().map(|u| (u.path.clone(), u));
+            (roots.collect::<Vec<_>>(), tenants)
         };
-        reg.register(
-            "quota_used_bytes",
-            "Storage a quota root's subtree holds (blocks and pieces)",
-            gauges(per_root(|u| Some(u.held))),
-        );
-        reg.register(
-            "quota_used_nodes",
-            "Nodes below a quota root",
-            gauges(per_root(|u| Some(u.nodes))),
-        );
-        reg.register(
-            "quota_data_bytes",
-            "Bytes of data (published sizes) below a quota root",
-            gauges(per_root(|u| Some(u.bytes))),
-        );
-        reg.register(
-            "quota_limit_bytes",
-            "A quota root's limit on storage held (only roots with one)",
-            gauges(per_root(|u| u.quota.and_then(|q| limit(q.bytes)))),
-        );
-        reg.register(
-            "quota_limit_nodes",
-            "A quota root's limit on nodes (only roots with one)",
-            gauges(per_root(|u| u.quota.and_then(|q| limit(q.nodes)))),
-        );
+        usage_gauges(reg, "quota", ("root", "a quota root"), &roots);
+        usage_gauges(reg, "tenant", ("tenant", "a tenant's root"), &tenants);
         reg.register(
             "pending_claims",
             "Block claims storage servers have not acknowledged yet (retried by the ticker)",

@@ -29,6 +29,7 @@ use crate::checkpoint::{self, CheckpointError};
 use crate::config::{CheckpointStats, MetaConfig, MetaError, Persistence};
 use crate::effect::Effect;
 use crate::state::{Decision, MetaState, Notes, REAP_NODES};
+use crate::tenant;
 use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
 use nodekernel_journal::{Fsync, Journal, JournalError};
@@ -36,11 +37,12 @@ use nodekernel_proto::cap::verify_identify;
 use nodekernel_proto::meta::{MetaReply, MetaRequest};
 use nodekernel_proto::store::{Claim, Identity, StoreRequest, IDENTIFY_NONCE_LEN, MAX_CLAIM_BATCH};
 use nodekernel_proto::sync;
+use nodekernel_proto::tenant::Tenant;
 use nodekernel_proto::Result;
 use nodekernel_proto::ServerSpec;
 use nodekernel_proto::{Error, LogStatus};
 use nodekernel_rpc::{
-    ConnOptions, ConnectionPool, Handler, Role, ServerHandshake, VersionHandshake,
+    ConnOptions, ConnectionPool, Handler, Reply, Role, ServerHandshake, VersionHandshake,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -108,6 +110,9 @@ pub(crate) struct MetaHandler {
     checkpointed: std::sync::atomic::AtomicU64,
     /// Requests handled, by type (the admin endpoint's metrics).
     pub(crate) requests: nodekernel_admin::metrics::RequestMetrics,
+    /// The tenants (`[[security.tenant]]`), by name: what their
+    /// connections see ([`crate::tenant`]).
+    pub(crate) tenants: HashMap<Arc<str>, Tenant>,
 }
 
 impl MetaHandler {
@@ -156,6 +161,12 @@ impl MetaHandler {
             checkpointing: Default::default(),
             checkpointed: covered.into(),
             requests: Default::default(),
+            tenants: cfg
+                .security
+                .tenants
+                .iter()
+                .map(|t| (t.name.as_str().into(), t.clone()))
+                .collect(),
         }
     }
 }
@@ -795,18 +806,53 @@ impl Handler for MetaHandler {
         nodekernel_proto::meta::max_request_len(op)
     }
 
+    /// A tenant's connection may make every request but the members'
+    /// ([`crate::tenant::tenant_may`]), within its root.
+    fn tenant_may(&self, op: u16) -> bool {
+        crate::tenant::tenant_may(op)
+    }
+
     async fn handle(&self, op: u16, payload: Bytes, out: &mut BytesMut) -> Result<()> {
-        let started = Instant::now();
-        let result = self.serve(op, payload, out).await;
-        let name = nodekernel_proto::meta::op::name(op);
-        self.requests.observe(name, started.elapsed());
-        result
+        self.handle_as(None, op, payload, out).await
+    }
+
+    async fn handle_reply(&self, op: u16, payload: Bytes, reply: &mut Reply) -> Result<()> {
+        let tenant = match reply.tenant() {
+            None => None,
+            Some(name) => Some(self.tenants.get(name).ok_or_else(|| {
+                Error::unauthenticated(format!("tenant {name} is not configured here"))
+            })?),
+        };
+        self.handle_as(tenant, op, payload, reply.out()).await
     }
 }
 
 impl MetaHandler {
-    /// Handles one request (see [`Handler::handle`]).
-    async fn serve(&self, op: u16, payload: Bytes, out: &mut BytesMut) -> Result<()> {
+    /// Handles one request of `tenant`'s connection, or a member's.
+    async fn handle_as(
+        &self,
+        tenant: Option<&Tenant>,
+        op: u16,
+        payload: Bytes,
+        out: &mut BytesMut,
+    ) -> Result<()> {
+        let started = Instant::now();
+        let result = self.serve(tenant, op, payload, out).await;
+        let name = nodekernel_proto::meta::op::name(op);
+        self.requests.observe(name, started.elapsed());
+        result
+    }
+
+    /// Handles one request (see [`Handler::handle`]); a tenant's is
+    /// checked and mapped into its root first, and its reply and error
+    /// mapped back ([`crate::tenant`]).
+    async fn serve(
+        &self,
+        tenant: Option<&Tenant>,
+        op: u16,
+        payload: Bytes,
+        out: &mut BytesMut,
+    ) -> Result<()> {
         let req = MetaRequest::decode(op, &payload)?;
         self.log_ok()?;
         if let MetaRequest::Register(spec) = &req {
@@ -819,7 +865,15 @@ impl MetaHandler {
             let mut st = self.state();
             let (mut claims, expired) = self.expire_due(&mut st, now);
             let graves = st.ns().graveyard_len();
-            match st.execute(&req, now) {
+            let admitted = match tenant {
+                Some(t) => tenant::admit(t, &req, &st).map(Some),
+                None => Ok(None),
+            };
+            let outcome = match &admitted {
+                Ok(a) => st.execute(a.as_ref().map_or(&req, |a| &a.req), now),
+                Err(e) => Err(e.clone()),
+            };
+            match outcome {
                 Ok(o) => {
                     let seq = match &self.journal {
                         Some(j) => log_effects(j, &o.effects).map_err(log_failed)?,
@@ -827,7 +881,11 @@ impl MetaHandler {
                     };
                     let reap = reap_after(st.ns().graveyard_len(), graves);
                     claims.extend(st.take_claims());
-                    (Ok(o.reply), o.notes, claims, reap, seq)
+                    let reply = match (tenant, admitted) {
+                        (Some(t), Ok(Some(a))) => Ok((o.reply, Some((t, a)))),
+                        _ => Ok((o.reply, None)),
+                    };
+                    (reply, o.notes, claims, reap, seq)
                 }
                 Err(e) => {
                     if e.code == nodekernel_proto::ErrorCode::QuotaExceeded {
@@ -835,6 +893,10 @@ impl MetaHandler {
                     }
                     let seen = self.journal.as_ref().map_or(expired, Journal::last);
                     let reap = reap_after(st.ns().graveyard_len(), graves);
+                    let e = match tenant {
+                        Some(t) => tenant::own_error(t, e),
+                        None => e,
+                    };
                     (Err(e), Notes::default(), claims, reap, seen)
                 }
             }
@@ -847,7 +909,13 @@ impl MetaHandler {
         // Claims go out before the reply, so once a delete or a replacing
         // put returns, old handles get Stale.
         self.send_claims(claims).await;
-        let reply = reply.map(|r| self.with_log(r));
+        let reply = reply.map(|(r, view)| {
+            let r = self.with_log(r);
+            match view {
+                Some((t, a)) => tenant::own_reply(t, a, r),
+                None => r,
+            }
+        });
         if notes.session_removed() > 0 {
             self.session_removed.fetch_add(
                 notes.session_removed(),

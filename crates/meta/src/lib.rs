@@ -33,6 +33,7 @@ pub mod server;
 pub mod slab;
 pub mod snapshot;
 pub mod state;
+mod tenant;
 pub mod tier;
 pub mod usage;
 

@@ -20,6 +20,7 @@ pub mod record;
 pub mod size;
 pub mod store;
 pub mod sync;
+pub mod tenant;
 pub mod types;
 
 pub use error::{Error, ErrorCode, Result};

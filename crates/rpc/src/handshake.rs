@@ -37,6 +37,13 @@ pub struct PeerInfo {
     pub version: u16,
     /// What the peer says it is.
     pub role: Role,
+    /// Server end: the tenant whose token the peer proved
+    /// ([`Token::with_tenant`](crate::Token::with_tenant)); `None` for a
+    /// member of the cluster (or a server without a token). The transport
+    /// refuses a tenant every request its handler does not open to tenants
+    /// ([`Handler::tenant_may`](crate::Handler::tenant_may)) and hands the
+    /// name to the rest ([`Reply::tenant`](crate::Reply::tenant)).
+    pub tenant: Option<std::sync::Arc<str>>,
 }
 
 /// The client end of a connection's handshake. Object safe: configured as

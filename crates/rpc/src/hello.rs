@@ -4,7 +4,7 @@
 //! a cluster [`Token`] each end's proof of it ([`crate::auth`]). Built on
 //! the handshake plug of [`crate::handshake`].
 
-use crate::auth::Token;
+use crate::auth::{Proven, Token};
 use crate::handshake::{ClientHandshake, HandshakeIo, PeerInfo, ServerHandshake};
 use crate::tls::Tls;
 use bytes::BytesMut;
@@ -120,6 +120,7 @@ impl VersionHandshake {
         let info = PeerInfo {
             version: theirs.version,
             role: theirs.role,
+            tenant: None,
         };
         let (Some(token), Some(ours)) = (&self.token, ours) else {
             return Ok(info);
@@ -202,6 +203,7 @@ impl VersionHandshake {
                 self.version
             )));
         }
+        let mut tenant = None;
         if let (Some(token), Some(ours), Some(theirs_nonce)) = (&self.token, ours, peer_nonce) {
             let proof = io.recv().await?;
             if proof.kind != AUTH_KIND || proof.id != HELLO_ID {
@@ -211,7 +213,7 @@ impl VersionHandshake {
                     proof.kind, proof.id
                 )));
             }
-            let Some(key) = token.check_client(&ours, &theirs_nonce, &proof.payload) else {
+            let Some(who) = token.check_client(&ours, &theirs_nonce, &proof.payload) else {
                 tracing::warn!(
                     "refused a connection from {} ({}): wrong cluster token",
                     io.peer(),
@@ -225,13 +227,17 @@ impl VersionHandshake {
             io.send(
                 HELLO_ID,
                 STATUS_OK,
-                &token.server_proof(key, &theirs_nonce, &ours),
+                &token.server_proof(who, &theirs_nonce, &ours),
             )
             .await?;
+            if let Proven::Tenant(i) = who {
+                tenant = Some(token.tenant_name(i));
+            }
         }
         Ok(PeerInfo {
             version: theirs.version,
             role: theirs.role,
+            tenant,
         })
     }
 }

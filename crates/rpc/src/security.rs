@@ -9,6 +9,7 @@ use crate::hello::VersionHandshake;
 use crate::tls::Tls;
 use crate::transport::LocalPeers;
 use nodekernel_proto::hello::Role;
+use nodekernel_proto::tenant::Tenant;
 use std::sync::Arc;
 
 /// Who a server lets in: peers proving its cluster token (when it has
@@ -20,6 +21,10 @@ pub struct Security {
     pub local_peers: LocalPeers,
     /// TLS on TCP connections, made and (with a certificate) served.
     pub tls: Option<Arc<Tls>>,
+    /// The tenants (`[[security.tenant]]`, `docs/security.md`,
+    /// *Tenants*): their tokens are in `token`, accepted as theirs; what
+    /// each may see and do is its metadata server's business.
+    pub tenants: Arc<[Tenant]>,
 }
 
 impl Default for Security {
@@ -28,6 +33,7 @@ impl Default for Security {
             token: None,
             local_peers: LocalPeers::owner(),
             tls: None,
+            tenants: Arc::new([]),
         }
     }
 }

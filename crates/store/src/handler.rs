@@ -127,6 +127,15 @@ impl Handler for StoreHandler {
         self.handshake.clone()
     }
 
+    /// A tenant (`docs/security.md`, *Tenants*) reads and writes blocks
+    /// with the capabilities its metadata server gave it, and pings; the
+    /// rest is for members: the shared-memory offer (a mapped region holds
+    /// every tenant's blocks), claims, copies, resizes, identification.
+    fn tenant_may(&self, op: u16) -> bool {
+        use nodekernel_proto::store::op;
+        matches!(op, op::READ | op::WRITE | op::PING)
+    }
+
     /// A write carries at most one block, a claim a bounded batch, the
     /// rest a few hundred bytes: a larger frame is refused from its
     /// header, before any of it is buffered.

@@ -1195,6 +1195,79 @@ fn a_token_file_guards_the_cluster_and_nk_token_new_makes_one() {
     assert!(String::from_utf8_lossy(&out).contains('d'));
 }
 
+/// Tenants with separately started servers (`docs/security.md`,
+/// *Tenants*): both `nk meta` and `nk store` list the tenant; a member
+/// makes its root; the tenant's `nk` (its own token as `NK_TOKEN_FILE`)
+/// sees that root as `/`, reads and writes its data over the network (no
+/// shared memory for tenants), and is refused the members' commands.
+#[test]
+fn a_tenant_sees_its_root_through_nk() {
+    let dir = tempfile::tempdir().unwrap();
+    let (token, a_token) = (dir.path().join("token"), dir.path().join("a.token"));
+    new_secret_file("token", &token);
+    new_secret_file("token", &a_token);
+    let cfg = dir.path().join("nk.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[security]\ntoken_file = {:?}\n\n[[security.tenant]]\nname = \"a\"\n\
+             token_file = {:?}\nroot = \"/tenants/a\"\nrights = [\"read\", \"write\"]\n",
+            token.display().to_string(),
+            a_token.display().to_string()
+        ),
+    )
+    .unwrap();
+    let (_meta, _store, addr) = meta_and_dram_store(&cfg.display().to_string());
+    let elsewhere = tempfile::tempdir().unwrap();
+    let admin = || {
+        let mut c = client(&addr);
+        c.env("NK_TOKEN_FILE", &token);
+        c
+    };
+    let tenant = || {
+        let mut c = client(&addr);
+        c.env("NK_TOKEN_FILE", &a_token)
+            .env("NK_RUNTIME_DIR", elsewhere.path());
+        c
+    };
+    succeeds(admin().args(["mkdir", "-p", "/tenants/a", "/private"]));
+    let local = dir.path().join("data");
+    std::fs::write(&local, b"a's data, from a local file").unwrap();
+    succeeds(tenant().args(["mkdir", "/d"]));
+    succeeds(tenant().arg("put").arg(&local).arg("/d/f"));
+    let ls = String::from_utf8(succeeds(tenant().args(["ls", "/"]))).unwrap();
+    assert!(
+        ls.contains('d') && !ls.contains("tenants") && !ls.contains("private"),
+        "{ls}"
+    );
+    let got = succeeds(tenant().args(["cat", "/d/f"]));
+    assert_eq!(got, b"a's data, from a local file");
+    assert_eq!(
+        succeeds(admin().args(["cat", "/tenants/a/d/f"])),
+        b"a's data, from a local file"
+    );
+    let err = fails(tenant().args(["stat", "/private"]));
+    assert!(
+        err.contains("NotFound") && !err.contains("/tenants/a"),
+        "{err}"
+    );
+    let err = fails(tenant().args(["rm", "-r", "/"]));
+    assert!(err.contains("Unauthenticated"), "{err}");
+    let err = fails(tenant().args(["policy", "set", "migrate_interval_ms", "1000"]));
+    assert!(err.contains("Unauthenticated"), "{err}");
+    // Its status and du are its own.
+    let du = String::from_utf8(succeeds(tenant().args(["du", "/", "--json"]))).unwrap();
+    let du: serde_json::Value = serde_json::from_str(&du).unwrap();
+    let root = du.as_array().and_then(|a| a.last()).expect("a list");
+    assert_eq!(root["path"], "/", "{du}");
+    assert_eq!(
+        (root["files"].clone(), root["bytes"].clone()),
+        (1.into(), 27.into()),
+        "{du}"
+    );
+    succeeds(tenant().args(["status"]));
+}
+
 /// Secure by default (issue 36): `nk meta` and `nk store` refuse to start
 /// without a cluster token, naming the way out, unless `--insecure` says
 /// so; `nk up` makes a token of its own in its data directory, which

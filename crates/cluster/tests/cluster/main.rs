@@ -29,4 +29,5 @@ mod small_values;
 mod snapshot;
 mod store_restart;
 mod streams;
+mod tenants;
 mod tiering;

@@ -86,6 +86,7 @@ use names::NodeFlags;
 pub use names::{REAP_BLOCKS, REAP_NODES};
 pub use notes::Notes;
 use replies::{CapClock, Reply};
+pub(crate) use snapshots::snapshot_gone;
 
 /// Where this metadata server sits among the partitions, and what it waits
 /// for before it calls itself ready.

@@ -142,6 +142,13 @@ impl MetaState {
 
     /// Every quota root with its usage, in path order (a removed one,
     /// waiting to be reaped, no longer).
+    /// What the subtree at path `p` holds, if `p` exists (a tenant's root,
+    /// for the admin endpoint's metrics).
+    pub fn usage_at(&self, p: &str) -> Option<UsageInfo> {
+        let id = self.ns.resolve(p).ok()?;
+        Some(self.usage_info(id, p.to_string()))
+    }
+
     pub fn quota_infos(&self) -> Vec<UsageInfo> {
         let mut all: Vec<UsageInfo> = self
             .acct

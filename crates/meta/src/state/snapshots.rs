@@ -20,12 +20,17 @@ use std::collections::BTreeSet;
 impl MetaState {
     /// The running snapshot `id`, or the error that says it is gone.
     pub(super) fn snapshot(&self, id: u64) -> Result<&Snapshot> {
-        self.snapshots.get(id).ok_or_else(|| {
-            Error::not_found(format!(
-                "snapshot {id} is gone (ended, expired after {} s without a call, or the metadata server restarted): start the snapshot again",
-                SNAPSHOT_TTL_MS / 1000
-            ))
-        })
+        self.snapshots.get(id).ok_or_else(|| snapshot_gone(id))
+    }
+
+    /// The node at the root of running snapshot `id` (whose it is, for a
+    /// tenant's request), or the error that says it is gone.
+    pub(crate) fn snapshot_root(&self, id: u64) -> Result<NodeId> {
+        let s = self.snapshot(id)?;
+        s.entries
+            .first()
+            .map(|e| e.node)
+            .ok_or_else(|| snapshot_gone(id))
     }
 
     /// The frozen listing of the subtree at `root`: every linked node,
@@ -292,4 +297,12 @@ impl Draft<'_> {
             self.release_piece(p);
         }
     }
+}
+
+/// The error for snapshot `id` that is not running.
+pub(crate) fn snapshot_gone(id: u64) -> Error {
+    Error::not_found(format!(
+        "snapshot {id} is gone (ended, expired after {} s without a call, or the metadata server restarted): start the snapshot again",
+        SNAPSHOT_TTL_MS / 1000
+    ))
 }

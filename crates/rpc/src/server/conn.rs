@@ -47,13 +47,20 @@ pub(super) async fn connection<H: Handler>(
     opts: ServeOptions,
 ) {
     let mut io = HandshakeIo::new(stream, peer);
-    match tokio::time::timeout(opts.handshake_timeout, handshake.accept(&mut io)).await {
-        Ok(Ok(info)) => tracing::debug!(
-            "connection from {} ({}, wire version {})",
-            io.peer(),
-            info.role,
-            info.version
-        ),
+    let tenant = match tokio::time::timeout(opts.handshake_timeout, handshake.accept(&mut io)).await
+    {
+        Ok(Ok(info)) => {
+            tracing::debug!(
+                "connection from {} ({}, wire version {}{})",
+                io.peer(),
+                info.role,
+                info.version,
+                info.tenant
+                    .as_ref()
+                    .map_or(String::new(), |t| format!(", tenant {t}"))
+            );
+            info.tenant
+        }
         Ok(Err(e)) => {
             tracing::debug!("refused the connection from {}: {e}", io.peer());
             if e.code == ErrorCode::Protocol {
@@ -70,13 +77,13 @@ pub(super) async fn connection<H: Handler>(
             );
             return;
         }
-    }
+    };
     if !state.sockets.established(registered.id) {
         return; // closed meanwhile to make room
     }
     let peer: Arc<str> = io.peer().into();
     let (stream, leftover) = io.into_parts();
-    serve_requests(stream, leftover, peer, handler, &state, opts).await;
+    serve_requests(stream, leftover, peer, tenant, handler, &state, opts).await;
 }
 
 /// Serves the requests of one connection whose handshake is done.
@@ -84,11 +91,13 @@ async fn serve_requests<H: Handler>(
     stream: Stream,
     leftover: BytesMut,
     peer: Arc<str>,
+    tenant: Option<Arc<str>>,
     handler: Arc<H>,
     state: &ServerState,
     opts: ServeOptions,
 ) {
     let mut conn = Serving::new(stream, leftover, peer, handler, state, opts);
+    let tenant = &tenant;
     let mut pending = FuturesUnordered::new();
     loop {
         // Start every complete request, up to the bounds.
@@ -100,12 +109,13 @@ async fn serve_requests<H: Handler>(
             match admitted {
                 Admit::Request(header, payload, held) => {
                     let (h, peer) = (conn.handler.clone(), conn.peer.clone());
-                    let done = handle_one(h, header, payload, peer, held);
+                    let done = handle_one(h, header, payload, peer, tenant.clone(), held);
                     pending.push(Either::Left(done));
                 }
                 Admit::Direct(header, prefix, sink, permit) => {
                     let (h, peer) = (conn.handler.clone(), conn.peer.clone());
-                    let done = handle_direct_one(h, header, prefix, sink, peer, permit);
+                    let done =
+                        handle_direct_one(h, header, prefix, sink, peer, tenant.clone(), permit);
                     pending.push(Either::Right(done));
                 }
                 Admit::Stop(why) => {

@@ -32,6 +32,14 @@ pub trait Handler: Send + Sync + 'static {
         Arc::new(VersionHandshake::new(Role::Unspecified))
     }
 
+    /// Whether a tenant's connection ([`crate::PeerInfo::tenant`]) may make
+    /// request `op`: the transport refuses every other one with
+    /// `Unauthenticated` before the handler sees it. The default: none (a
+    /// server that knows nothing of tenants serves only members).
+    fn tenant_may(&self, _op: u16) -> bool {
+        false
+    }
+
     /// The largest payload a request of kind `op` may have on this server.
     /// A frame over it is refused from its header alone, before any of its
     /// payload is buffered: it is answered with a `Protocol` error naming
@@ -160,6 +168,8 @@ pub struct Reply {
     /// The bytes reserved for it ([`Handler::reply_len`]), given back once
     /// it was sent (or dropped).
     pub(super) reserved: Option<OwnedSemaphorePermit>,
+    /// The tenant whose connection made the request (`None`: a member).
+    pub(super) tenant: Option<Arc<str>>,
 }
 
 impl Reply {
@@ -167,6 +177,22 @@ impl Reply {
     /// handlers).
     pub fn new() -> Reply {
         Reply::default()
+    }
+
+    /// An empty reply to a request of tenant `tenant` (for tests of
+    /// handlers).
+    #[doc(hidden)]
+    pub fn for_tenant(tenant: Option<&str>) -> Reply {
+        Reply {
+            tenant: tenant.map(Into::into),
+            ..Reply::default()
+        }
+    }
+
+    /// The tenant whose connection made this request, if a tenant's
+    /// ([`crate::PeerInfo::tenant`]); `None` for a member of the cluster.
+    pub fn tenant(&self) -> Option<&str> {
+        self.tenant.as_deref()
     }
 
     /// Bytes reserved for this reply.

@@ -9,7 +9,7 @@ use crate::sock::push_error;
 use crate::transport::{ReadHalf, WriteHalf};
 use bytes::{Bytes, BytesMut};
 use nodekernel_proto::frame::STATUS_OK;
-use nodekernel_proto::{ErrorCode, FrameHeader, Result};
+use nodekernel_proto::{Error, ErrorCode, FrameHeader, Result};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncWriteExt, BufWriter};
@@ -24,6 +24,7 @@ pub(super) async fn handle_one<H: Handler>(
     header: FrameHeader,
     payload: Bytes,
     peer: Arc<str>,
+    tenant: Option<Arc<str>>,
     held: Held,
 ) -> Reply {
     let Held {
@@ -35,10 +36,27 @@ pub(super) async fn handle_one<H: Handler>(
         out: BytesMut::with_capacity(256),
         body: None,
         reserved,
+        tenant,
     };
     let start = FrameHeader::begin(&mut reply.out, header.id, STATUS_OK);
-    let result = handler.handle_reply(header.kind, payload, &mut reply).await;
+    let result = match admitted(&*handler, header.kind, &reply.tenant) {
+        Ok(()) => handler.handle_reply(header.kind, payload, &mut reply).await,
+        Err(e) => Err(e),
+    };
     finish_reply(&peer, header, start, result, reply)
+}
+
+/// Refuses request `op` of a tenant's connection unless the handler opens
+/// it to tenants: members' requests (a registration, a block copy, the
+/// shared-memory offer) never reach a handler from a tenant.
+fn admitted<H: Handler>(handler: &H, op: u16, tenant: &Option<Arc<str>>) -> Result<()> {
+    match tenant {
+        Some(t) if !handler.tenant_may(op) => Err(Error::unauthenticated(format!(
+            "tenant {t} may not make request {op} here: it is for members of the cluster \
+             (the cluster token), not tenants"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Handles one request whose data went into `sink`, like [`handle_one`].
@@ -48,13 +66,19 @@ pub(super) async fn handle_direct_one<H: Handler>(
     prefix: Bytes,
     sink: Box<dyn DirectSink>,
     peer: Arc<str>,
+    tenant: Option<Arc<str>>,
     _permit: OwnedSemaphorePermit,
 ) -> Reply {
     let mut reply = Reply::default();
     let start = FrameHeader::begin(&mut reply.out, header.id, STATUS_OK);
-    let result = handler
-        .handle_direct(header.kind, prefix, sink, &mut reply.out)
-        .await;
+    let result = match admitted(&*handler, header.kind, &tenant) {
+        Ok(()) => {
+            handler
+                .handle_direct(header.kind, prefix, sink, &mut reply.out)
+                .await
+        }
+        Err(e) => Err(e),
+    };
     finish_reply(&peer, header, start, result, reply)
 }
 

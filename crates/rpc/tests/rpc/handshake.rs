@@ -60,7 +60,8 @@ async fn a_client_of_another_wire_version_fails_at_connect_naming_both_versions(
             conn.peer_info(),
             &PeerInfo {
                 version: WIRE_VERSION,
-                role: Role::Unspecified
+                role: Role::Unspecified,
+                tenant: None,
             }
         );
         assert_eq!(
@@ -198,6 +199,7 @@ impl ClientHandshake for Token {
             Ok(PeerInfo {
                 version: theirs.version,
                 role: theirs.role,
+                tenant: None,
             })
         })
     }
@@ -218,6 +220,7 @@ impl ServerHandshake for Token {
             Ok(PeerInfo {
                 version: theirs.version,
                 role: theirs.role,
+                tenant: None,
             })
         })
     }
