@@ -67,6 +67,20 @@ impl MetaServer {
                 ),
             });
         }
+        if p.partitions > 1 && !cfg.security.tenants.is_empty() {
+            // A tenant's client routes its paths by their top-level name,
+            // which is not the cluster's: its requests would reach
+            // partitions that do not hold its root.
+            return Err(MetaError::Config {
+                key: "security.tenant",
+                reason: format!(
+                    "tenants need a cluster of one metadata partition (this one is partition {} \
+                     of {}): a tenant's paths are routed by their own top-level names, not by \
+                     its root's",
+                    p.partition, p.partitions
+                ),
+            });
+        }
         let listener = TcpListener::bind(&cfg.listen)
             .await
             .map_err(|error| MetaError::Bind {

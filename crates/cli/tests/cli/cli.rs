@@ -592,7 +592,8 @@ fn bench_reports_valid_json() {
         assert_eq!(r["peer"]["op"], "GET");
         assert!(r["peer"]["p50_ratio"].as_f64().unwrap() > 0.0);
     } else {
-        assert!(String::from_utf8_lossy(&out.stderr).contains("apt-get install redis-server"));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("apt-get install redis-server"), "{err}");
     }
 }
 

@@ -444,3 +444,26 @@ async fn a_tenants_quota_holds_and_its_usage_is_measured() {
         0.0
     );
 }
+
+/// A tenant's client routes its paths by their own top-level names, so a
+/// cluster of several metadata partitions refuses tenants at start,
+/// saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_need_one_metadata_partition() {
+    let tokens = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(16 << 20, 0, &dir);
+    cfg.security.token = Some(SECRET.into());
+    cfg.security.tenant = vec![tenant(tokens.path(), "a", "/a", &["read"])];
+    let mut meta = cfg.meta_config().unwrap();
+    meta.placement.partitions = 2;
+    let e = nodekernel_meta::MetaServer::start(meta)
+        .await
+        .err()
+        .expect("refused");
+    let e = e.to_string();
+    assert!(
+        e.contains("security.tenant") && e.contains("one metadata partition"),
+        "{e}"
+    );
+}
