@@ -67,19 +67,20 @@ impl MetaServer {
                 ),
             });
         }
-        if p.partitions > 1 && !cfg.security.tenants.is_empty() {
-            // A tenant's client routes its paths by their top-level name,
-            // which is not the cluster's: its requests would reach
-            // partitions that do not hold its root.
-            return Err(MetaError::Config {
-                key: "security.tenant",
-                reason: format!(
-                    "tenants need a cluster of one metadata partition (this one is partition {} \
-                     of {}): a tenant's paths are routed by their own top-level names, not by \
-                     its root's",
-                    p.partition, p.partitions
-                ),
-            });
+        if let Some(t) = cfg.security.tenants.iter().find(|t| t.root == "/") {
+            if p.partitions > 1 {
+                // A tenant's clients talk to the one partition of its root
+                // (`crate::tenant`): `/` is in all of them.
+                return Err(MetaError::Config {
+                    key: "security.tenant",
+                    reason: format!(
+                        "tenant {} has root /, which spans all {} metadata partitions: a tenant's \
+                         root must be below a top-level directory (its tree then lies in one \
+                         partition)",
+                        t.name, p.partitions
+                    ),
+                });
+            }
         }
         let listener = TcpListener::bind(&cfg.listen)
             .await

@@ -108,6 +108,17 @@ pub(crate) fn admit<'r>(t: &Tenant, req: &'r MetaRequest, st: &MetaState) -> Res
         Needs::Admin if !r.admin => return Err(refused(t, "set quotas")),
         _ => {}
     }
+    let pl = st.placement();
+    let owner = nodekernel_proto::path::partition_of(&t.root, pl.partitions as usize) as u32;
+    if owner != pl.partition {
+        // A tenant's tree lies in the partition of its root's top-level
+        // name: its clients talk to that one only, as to a cluster of one.
+        return Err(Error::wrong_partition(format!(
+            "tenant {}'s data is kept by metadata partition {owner} of {}, not this one \
+             ({}): give the tenant's clients that partition's metadata server only",
+            t.name, pl.partitions, pl.partition
+        )));
+    }
     let root = st.ns().resolve(&t.root).map_err(|_| {
         Error::not_found(format!(
             "tenant {}'s root does not exist (it was removed): ask the cluster's admin",
@@ -265,6 +276,10 @@ pub(crate) fn own_reply(t: &Tenant, admitted: Admitted<'_>, reply: MetaReply) ->
             // What the servers are (a client needs their existence and
             // classes), not what anyone else keeps on them.
             s.nodes = admitted.nodes;
+            // Its whole tree is in this partition (`admit`): to it, the
+            // cluster has one.
+            s.partition = 0;
+            s.partitions = 1;
             s.puts_in_progress = 0;
             s.reserved_puts = 0;
             s.reclaiming = 0;

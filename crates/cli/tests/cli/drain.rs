@@ -27,13 +27,22 @@ impl Drop for Killed {
 /// Two metadata partitions (`nk meta` processes, 64 KiB blocks, each
 /// expecting 2 storage servers): their addresses, in partition order.
 pub(crate) fn two_partitions(dir: &std::path::Path, procs: &mut Killed) -> Vec<String> {
+    two_partitions_with(dir, procs, "")
+}
+
+/// [`two_partitions`], with `extra` added to each one's configuration.
+pub(crate) fn two_partitions_with(
+    dir: &std::path::Path,
+    procs: &mut Killed,
+    extra: &str,
+) -> Vec<String> {
     let mut metas = Vec::new();
     for p in 0..2 {
         let cfg = dir.join(format!("meta{p}.toml"));
         std::fs::write(
             &cfg,
             format!(
-                "[meta]\nlisten = \"127.0.0.1:0\"\nblock_size = \"64KiB\"\npartition = {p}\npartitions = 2\nexpect_servers = 2\n"
+                "[meta]\nlisten = \"127.0.0.1:0\"\nblock_size = \"64KiB\"\npartition = {p}\npartitions = 2\nexpect_servers = 2\n{extra}"
             ),
         )
         .unwrap();
@@ -52,8 +61,18 @@ pub(crate) fn two_partitions(dir: &std::path::Path, procs: &mut Killed) -> Vec<S
 /// [`two_partitions`]' cluster), registered with the metadata servers in
 /// `list`: the process and its address.
 pub(crate) fn start_store(dir: &std::path::Path, list: &str, size: &str) -> (Child, String) {
+    start_store_with(dir, list, size, "")
+}
+
+/// [`start_store`], with `extra` added to its configuration.
+pub(crate) fn start_store_with(
+    dir: &std::path::Path,
+    list: &str,
+    size: &str,
+    extra: &str,
+) -> (Child, String) {
     let cfg = dir.join("store.toml");
-    std::fs::write(&cfg, "[meta]\nblock_size = \"64KiB\"\n").unwrap();
+    std::fs::write(&cfg, format!("[meta]\nblock_size = \"64KiB\"\n{extra}")).unwrap();
     start_role(
         &[
             "--config",

@@ -13,3 +13,4 @@ mod mount;
 mod multihost;
 mod quota;
 mod snapshot;
+mod tenants;

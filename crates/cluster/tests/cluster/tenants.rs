@@ -445,16 +445,16 @@ async fn a_tenants_quota_holds_and_its_usage_is_measured() {
     );
 }
 
-/// A tenant's client routes its paths by their own top-level names, so a
-/// cluster of several metadata partitions refuses tenants at start,
-/// saying why.
+/// A tenant's clients talk to the one partition that keeps its root, so
+/// a tenant rooted at `/` (in every partition) is refused at start by a
+/// partitioned metadata server, saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tenants_need_one_metadata_partition() {
+async fn a_tenant_rooted_at_slash_needs_one_metadata_partition() {
     let tokens = tempfile::tempdir().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(16 << 20, 0, &dir);
     cfg.security.token = Some(SECRET.into());
-    cfg.security.tenant = vec![tenant(tokens.path(), "a", "/a", &["read"])];
+    cfg.security.tenant = vec![tenant(tokens.path(), "all", "/", &["read"])];
     let mut meta = cfg.meta_config().unwrap();
     meta.placement.partitions = 2;
     let e = nodekernel_meta::MetaServer::start(meta)
@@ -463,7 +463,7 @@ async fn tenants_need_one_metadata_partition() {
         .expect("refused");
     let e = e.to_string();
     assert!(
-        e.contains("security.tenant") && e.contains("one metadata partition"),
+        e.contains("security.tenant") && e.contains("spans all 2"),
         "{e}"
     );
 }
