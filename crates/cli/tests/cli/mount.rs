@@ -25,7 +25,7 @@ use common::{start_role, Proc};
 /// Generous bound that only catches hangs.
 const HANG: Duration = Duration::from_secs(120);
 
-fn fuse_available() -> bool {
+pub(crate) fn fuse_available() -> bool {
     let ok = OpenOptions::new()
         .read(true)
         .write(true)
