@@ -138,8 +138,11 @@ def expected() -> dict:
 def check_placement(res: dict, worker_ips: set[str]) -> dict[str, tuple[set, set]]:
     """Each job's map tasks (shuffle records written) ran on two hosts or
     more and some reduce task (records read) on a host other than some map
-    task's; the reduce tasks too on two or more, but for the job at Spark's
-    defaults, whose 200 small partitions AQE may coalesce into one task."""
+    task's; the reduce tasks too on two or more, but for the jobs whose
+    reduce tasks AQE makes: the job at Spark's defaults, whose 200 small
+    partitions it may coalesce into one task, and the skew join, whose few
+    tasks (small partitions coalesced, the skewed one split) may all run
+    on one executor (seen once in a full run)."""
     by_group = tasks_by_job_group(res["event_log"])
     seen = {}
     for job in expected():
@@ -150,7 +153,7 @@ def check_placement(res: dict, worker_ips: set[str]) -> dict[str, tuple[set, set
         assert maps <= worker_ips and reduces <= worker_ips, where
         assert len(maps) >= 2, where
         assert reduces and any(r != m for r in reduces for m in maps), where
-        if job != "defaults":
+        if job not in ("defaults", "skewJoin"):
             assert len(reduces) >= 2, where
         seen[job] = (maps, reduces)
     return seen
