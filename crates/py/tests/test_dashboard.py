@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from conftest import HANG_S, Cluster
+from conftest import HANG_S, Cluster, nk_binary
 
 CHROMIUM = os.environ.get("NK_CHROMIUM", "/usr/bin/chromium")
 ARGS = [
@@ -73,7 +73,20 @@ def test_dashboard_renders_live_data_without_errors():
         _missing("the playwright package is not installed")
     if not os.path.exists(CHROMIUM):
         _missing(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
-    cluster = Cluster(dram="64MiB", file="128MiB")
+    # A tenant, and below a quota root: the quotas-and-tenants table.
+    setup = tempfile.mkdtemp(prefix="nk-dashboard-")
+    token = os.path.join(setup, "a.token")
+    subprocess.run([nk_binary(), "token", "new", token], check=True, capture_output=True)
+    cfg = os.path.join(setup, "nk.toml")
+    with open(cfg, "w") as f:
+        f.write(
+            f'[[security.tenant]]\nname = "a"\ntoken_file = "{token}"\n'
+            'root = "/tenants/a"\nrights = ["read", "write"]\n'
+        )
+    cluster = Cluster(dram="64MiB", file="128MiB", extra=("--config", cfg))
+    env = {**os.environ, "NK_META": cluster.meta}
+    for args in (["mkdir", "/q"], ["quota", "set", "/q", "--bytes", "32MiB", "--nodes", "1000"]):
+        subprocess.run([cluster.bin, *args], env=env, check=True, capture_output=True)
     stop = threading.Event()
     errors: list[str] = []
     traffic = threading.Thread(target=_traffic, args=(cluster, stop, errors), daemon=True)
@@ -117,6 +130,15 @@ def test_dashboard_renders_live_data_without_errors():
                 assert re.fullmatch(r"\d+ / \d+", page.text_content("#c-sessions"))
                 assert re.fullmatch(r"[\d,]+", page.text_content("#c-expired"))
                 assert re.fullmatch(r"[\d,]+", page.text_content("#c-quota"))
+                # Each quota root's and each tenant's usage and limits.
+                page.wait_for_function(
+                    "document.querySelector('#usage tr[data-root=\"/q\"]') !== null"
+                    " && document.querySelector('#usage tr[data-tenant=\"a\"]') !== null",
+                    timeout=HANG_S * 1000,
+                )
+                cells = page.locator('#usage tr[data-root="/q"] td').all_text_contents()
+                assert cells[0] == "/q" and cells[3] == "32.0 MiB" and cells[5] == "1,000", cells
+                assert page.text_content('#usage tr[data-tenant="a"] td') == "tenant a"
                 rows = page.locator("#servers tbody tr.server")
                 addrs = {rows.nth(i).get_attribute("data-addr") for i in range(2)}
                 assert all(a and ":" in a for a in addrs), addrs
@@ -135,3 +157,4 @@ def test_dashboard_renders_live_data_without_errors():
         stop.set()
         traffic.join(timeout=HANG_S)
         cluster.stop()
+        shutil.rmtree(setup, ignore_errors=True)
