@@ -78,12 +78,13 @@ cpu_ticks() {
     echo $((${12} + ${13}))
 }
 
-# `nk up` with DRAM of $1 and a file tier of $2 (default 0: none); sets META
+# `nk up` with DRAM of $1, a file tier of $2 (default 0: none) and the
+# further arguments (`--config FILE`, say); sets META
 # once it is ready and idle (the DRAM tier is prefaulted in the background
 # after start-up: wait, at most 60 s, so the first measurements do not
 # compete with it).
 bench_start_nk() {
-    "$NK" up --port 0 --dram "$1" --file "${2:-0}" --data-dir "$TMP/nk" >"$TMP/nk.log" 2>&1 &
+    "$NK" up --port 0 --dram "$1" --file "${2:-0}" --data-dir "$TMP/nk" "${@:3}" >"$TMP/nk.log" 2>&1 &
     NK_PID=$!
     META=
     for _ in $(seq 600); do

@@ -179,16 +179,6 @@ impl Reply {
         Reply::default()
     }
 
-    /// An empty reply to a request of tenant `tenant` (for tests of
-    /// handlers).
-    #[doc(hidden)]
-    pub fn for_tenant(tenant: Option<&str>) -> Reply {
-        Reply {
-            tenant: tenant.map(Into::into),
-            ..Reply::default()
-        }
-    }
-
     /// The tenant whose connection made this request, if a tenant's
     /// ([`crate::PeerInfo::tenant`]); `None` for a member of the cluster.
     pub fn tenant(&self) -> Option<&str> {
