@@ -40,6 +40,9 @@ pub struct MetaArgs {
     /// Keep the namespace in DIR across restarts (an operation log; turns on meta.persistence) [default: meta.data_dir when meta.persistence is set]
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
+    /// This server's partition, its index (from 0) in the metadata servers' list (--meta / NK_META, else [client] meta); with it, --listen may be a wildcard address such as 0.0.0.0:9060 (as in a Kubernetes pod, whose index gives it) [default: the place of --listen in --meta, else meta.partition]
+    #[arg(long, value_name = "N")]
+    partition: Option<u32>,
     /// Admin HTTP endpoint (metrics, status, dashboard); "" turns it off [default: meta.admin, 127.0.0.1:0]
     #[arg(long, value_name = "ADDR")]
     admin: Option<String>,
@@ -83,6 +86,15 @@ pub struct StoreArgs {
     /// Keep the blocks across restarts of this server (needs --data-dir; docs/persistence.md)
     #[arg(long)]
     persistent: bool,
+    /// DRAM only: follow the memory available to this server (the host's, or its container's memory limit, whichever is less), exporting between --min-size and --size and leaving --reserve free (docs/tiering.md, "Dynamic capacity")
+    #[arg(long)]
+    dynamic: bool,
+    /// With --dynamic: the least it exports
+    #[arg(long, value_parser = crate::common::parse_size, default_value = "0", requires = "dynamic")]
+    min_size: ByteSize,
+    /// With --dynamic: memory left free to everything else
+    #[arg(long, value_parser = crate::common::parse_size, default_value = "1GiB", requires = "dynamic")]
+    reserve: ByteSize,
     /// Admin HTTP endpoint (metrics, status, dashboard) of every server started; "" turns it off [default: the section's admin, 127.0.0.1:0]
     #[arg(long, value_name = "ADDR")]
     admin: Option<String>,
@@ -222,12 +234,19 @@ pub async fn meta(mut cfg: Config, metas: Option<&str>, a: &MetaArgs) -> anyhow:
     if let Some(l) = &a.listen {
         cfg.meta.listen = l.clone();
     }
-    if let Some(list) = metas {
-        let list = nodekernel_client::settings::parse_meta_list(list);
-        if let Some((partition, partitions)) = partition_in(&cfg, &list)? {
-            cfg.meta.partition = partition;
-            cfg.meta.partitions = partitions;
-        }
+    let list = metas.map(nodekernel_client::settings::parse_meta_list);
+    let place = match (a.partition, list) {
+        (Some(p), list) => Some(partition_given(
+            &cfg,
+            p,
+            list.as_deref().unwrap_or(&cfg.client.meta),
+        )?),
+        (None, Some(list)) => partition_in(&cfg, &list)?,
+        (None, None) => None,
+    };
+    if let Some((partition, partitions)) = place {
+        cfg.meta.partition = partition;
+        cfg.meta.partitions = partitions;
     }
     if let Some(d) = &a.data_dir {
         cfg.meta.persistence = true;
@@ -296,6 +315,9 @@ pub async fn store(mut cfg: Config, metas: Vec<String>, a: &StoreArgs) -> anyhow
             advertise: a.advertise.clone(),
             location: a.location.clone().unwrap_or_default(),
             persistent: Some(a.persistent),
+            dynamic: a.dynamic,
+            min_size: a.min_size,
+            reserve: a.reserve,
             ..StoreSection::default()
         }];
     }
@@ -376,16 +398,41 @@ fn partition_in(cfg: &Config, list: &[String]) -> anyhow::Result<Option<(u32, u3
             list.join(",")
         )));
     };
-    let (partition, partitions) = (i as u32, list.len() as u32);
+    agreed(cfg, i as u32, list.len() as u32, "--meta / NK_META lists it as").map(Some)
+}
+
+/// `--partition N`: this server is partition `n` of `list` (the metadata
+/// servers in partition order), which must have it; the config, if it
+/// says, must agree.
+fn partition_given(cfg: &Config, n: u32, list: &[String]) -> anyhow::Result<(u32, u32)> {
+    let partitions = u32::try_from(list.len()).unwrap_or(u32::MAX).max(1);
+    if n >= partitions {
+        return Err(crate::common::invalid(format!(
+            "--partition {n} is not a partition: the metadata servers' list (--meta / \
+             NK_META, else [client] meta) has {partitions}, numbered from 0"
+        )));
+    }
+    agreed(cfg, n, partitions, "--partition makes it")
+}
+
+/// `(partition, partitions)`, unless the config gives this server another
+/// place (`meta.partition`, `meta.partitions`); `how` says where the
+/// place came from, for the error.
+fn agreed(
+    cfg: &Config,
+    partition: u32,
+    partitions: u32,
+    how: &str,
+) -> anyhow::Result<(u32, u32)> {
     let (p, n) = (cfg.meta.partition, cfg.meta.partitions);
     if (p, n) != (0, 1) && (p, n) != (partition, partitions) {
         return Err(crate::common::invalid(format!(
             "the config makes this metadata server partition {p} of {n} (meta.partition, \
-             meta.partitions), but --meta / NK_META lists it as partition {partition} of \
-             {partitions}: make them agree, or leave one out"
+             meta.partitions), but {how} partition {partition} of {partitions}: make them \
+             agree, or leave one out"
         )));
     }
-    Ok(Some((partition, partitions)))
+    Ok((partition, partitions))
 }
 
 /// The index of the entry of `list` that names the address `listen`: the
@@ -464,5 +511,23 @@ mod tests {
             e.contains("partition 0 of 2") && e.contains("partition 1 of 2"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_given_partition_needs_no_listen_address_in_the_list() {
+        let mut cfg = Config::default();
+        cfg.meta.listen = "0.0.0.0:9060".into();
+        let l = list("nk-meta-0.nk:9060,nk-meta-1.nk:9060,nk-meta-2.nk:9060");
+        assert_eq!(partition_given(&cfg, 2, &l).unwrap(), (2, 3));
+        assert_eq!(partition_given(&cfg, 0, &list("a:9060")).unwrap(), (0, 1));
+        let e = partition_given(&cfg, 3, &l).unwrap_err().to_string();
+        assert!(e.contains("--partition 3") && e.contains("has 3"), "{e}");
+        (cfg.meta.partition, cfg.meta.partitions) = (1, 3);
+        let e = partition_given(&cfg, 2, &l).unwrap_err().to_string();
+        assert!(
+            e.contains("partition 1 of 3") && e.contains("--partition makes it partition 2"),
+            "{e}"
+        );
+        assert_eq!(partition_given(&cfg, 1, &l).unwrap(), (1, 3));
     }
 }

@@ -21,21 +21,86 @@ pub trait MemorySource: Debug + Send + Sync {
     fn budget(&self, exported: u64) -> u64;
 }
 
-/// The host's memory: `MemAvailable` of `/proc/meminfo` plus what the
-/// server exports, less `reserve` left to everything else.
+/// The memory this server may use: `MemAvailable` of `/proc/meminfo` or,
+/// in a container (a control group with a memory limit, as a Kubernetes
+/// pod's), the room left under that limit, whichever is less; plus what
+/// the server exports, less `reserve` left to everything else.
 #[derive(Debug, Clone, Copy)]
 pub struct HostMemory {
     pub reserve: u64,
 }
 
 impl HostMemory {
-    /// `MemAvailable` in bytes, if the kernel reports it.
+    /// Bytes available to this process, if the kernel reports any: the
+    /// host's `MemAvailable`, capped by [`cgroup_room`].
     pub fn available() -> Option<u64> {
-        let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-        let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-        kib.checked_mul(1024)
+        let read = |p: &str| std::fs::read_to_string(p).ok();
+        let host = read("/proc/meminfo").and_then(|t| mem_available(&t));
+        let group = read("/proc/self/cgroup").and_then(|t| cgroup_room(&t, &read));
+        match (host, group) {
+            (Some(h), Some(g)) => Some(h.min(g)),
+            (h, g) => h.or(g),
+        }
     }
+}
+
+/// `MemAvailable` of a `/proc/meminfo` text, in bytes.
+fn mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// The room under the memory limit of the control group that
+/// `proc_self_cgroup` (the text of `/proc/self/cgroup`) names, read
+/// through `read` (a path to its text): the limit less the group's working
+/// set (what it uses, less the inactive file cache the kernel reclaims
+/// first, as the kubelet counts it). cgroup v2 (`memory.max`,
+/// `memory.current`) or v1 (the `memory` controller's
+/// `memory.limit_in_bytes`, `memory.usage_in_bytes`); `None` without a
+/// limit. Inside a container the group's path may not exist in its own
+/// view of `/sys/fs/cgroup`, whose root is then the container's group.
+pub fn cgroup_room(proc_self_cgroup: &str, read: &dyn Fn(&str) -> Option<String>) -> Option<u64> {
+    let number = |text: Option<String>| text?.trim().parse::<u64>().ok();
+    let stat = |text: Option<String>, key: &str| {
+        text?
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse::<u64>().ok())
+    };
+    for line in proc_self_cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let (root, limit, usage, inactive) = if controllers.is_empty() {
+            ("/sys/fs/cgroup", "memory.max", "memory.current", "inactive_file")
+        } else if controllers.split(',').any(|c| c == "memory") {
+            (
+                "/sys/fs/cgroup/memory",
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+                "total_inactive_file",
+            )
+        } else {
+            continue;
+        };
+        let path = path.trim_end_matches('/');
+        let dirs = [format!("{root}{path}"), root.to_string()];
+        for dir in dirs {
+            // "max" (v2) or a page-rounded 2^63 (v1): no limit.
+            let Some(max) = number(read(&format!("{dir}/{limit}"))) else {
+                continue;
+            };
+            if max >= 1 << 62 {
+                return None;
+            }
+            let used = number(read(&format!("{dir}/{usage}")))?;
+            let cache = stat(read(&format!("{dir}/memory.stat")), inactive).unwrap_or(0);
+            return Some(max.saturating_sub(used.saturating_sub(cache)));
+        }
+    }
+    None
 }
 
 impl MemorySource for HostMemory {
@@ -163,6 +228,57 @@ mod tests {
             assert!(sum <= t, "{t}: {sum}");
             assert!(t - sum < 3, "rounding loses less than a block each");
         }
+    }
+
+    #[test]
+    fn a_containers_memory_limit_caps_what_is_available() {
+        use std::collections::HashMap;
+        let files = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let room = |cgroup: &str, fs: &HashMap<String, String>| {
+            cgroup_room(cgroup, &|p: &str| fs.get(p).cloned())
+        };
+        // cgroup v2, the pod's own view (its group is the root).
+        let v2 = files(&[
+            ("/sys/fs/cgroup/memory.max", "4294967296\n"),
+            ("/sys/fs/cgroup/memory.current", "1073741824\n"),
+            ("/sys/fs/cgroup/memory.stat", "anon 1\ninactive_file 268435456\nactive_file 5\n"),
+        ]);
+        assert_eq!(room("0::/\n", &v2), Some((4 << 30) - (1 << 30) + (256 << 20)));
+        // A path the container's view does not have: its root is the group.
+        assert_eq!(room("0::/kubepods/pod1/abc\n", &v2), Some((3 << 30) + (256 << 20)));
+        // No limit.
+        let open = files(&[("/sys/fs/cgroup/memory.max", "max\n")]);
+        assert_eq!(room("0::/\n", &open), None);
+        // cgroup v1, hybrid: the memory controller's line, under its path.
+        let v1 = files(&[
+            ("/sys/fs/cgroup/memory/pod/memory.limit_in_bytes", "2147483648\n"),
+            ("/sys/fs/cgroup/memory/pod/memory.usage_in_bytes", "2415919104\n"),
+            ("/sys/fs/cgroup/memory/pod/memory.stat", "cache 9\ntotal_inactive_file 536870912\n"),
+        ]);
+        let hybrid = "9:name=systemd:/\n4:memory:/pod\n3:cpuset:/\n0::/\n";
+        assert_eq!(room(hybrid, &v1), Some((2048 + 512 - 2304) << 20));
+        let unlimited = files(&[(
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "9223372036854771712\n",
+        )]);
+        assert_eq!(room("4:memory:/\n", &unlimited), None);
+        // Over the limit: no room, not an underflow; nothing readable: None.
+        let over = files(&[
+            ("/sys/fs/cgroup/memory.max", "100\n"),
+            ("/sys/fs/cgroup/memory.current", "200\n"),
+        ]);
+        assert_eq!(room("0::/\n", &over), Some(0));
+        assert_eq!(room("0::/\n", &HashMap::new()), None);
+        assert_eq!(room("garbage", &v2), None);
+        assert_eq!(
+            mem_available("MemTotal: 10 kB\nMemAvailable:    2048 kB\n"),
+            Some(2 << 20)
+        );
     }
 
     #[derive(Debug)]
