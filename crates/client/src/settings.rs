@@ -204,7 +204,7 @@ fn read_secret(path: &Path, what: &str) -> Result<Vec<u8>> {
     if !meta.is_file() {
         return Err(bad("not a regular file".into()));
     }
-    if meta.mode() & 0o077 != 0 {
+    if open_to_others(meta.mode(), meta.gid(), &own_groups()) {
         tracing::warn!(
             "{what} {} may be read by other users (mode {:o}); chmod 600 it",
             path.display(),
@@ -219,6 +219,30 @@ fn read_secret(path: &Path, what: &str) -> Result<Vec<u8>> {
         return Err(bad(format!("larger than {limit} bytes")));
     }
     Ok(bytes.trim_ascii().to_vec())
+}
+
+/// Whether a secret file of `mode` and group `gid` is open to users other
+/// than its owner and the members of `own` (this process's groups): any
+/// bit for others, or a group bit for a group this process is not in. A
+/// Kubernetes Secret volume is `0440` with the pod's `fsGroup`, the group
+/// the pod's processes run in: no warning there.
+fn open_to_others(mode: u32, gid: u32, own: &[u32]) -> bool {
+    mode & 0o007 != 0 || (mode & 0o070 != 0 && !own.contains(&gid))
+}
+
+/// This process's effective group and its supplementary groups.
+fn own_groups() -> Vec<u32> {
+    // SAFETY: getegid has no preconditions; getgroups writes at most `n`
+    // entries into a buffer of `n`.
+    let mut groups = vec![unsafe { libc::getegid() }];
+    let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+    if n > 0 {
+        let mut more = vec![0 as libc::gid_t; n as usize];
+        let got = unsafe { libc::getgroups(n, more.as_mut_ptr()) };
+        more.truncate(got.max(0) as usize);
+        groups.extend(more);
+    }
+    groups
 }
 
 impl SecuritySection {
@@ -621,6 +645,18 @@ fn publish_token_in(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_secret_is_open_to_others_unless_only_its_owner_and_own_groups_read_it() {
+        let own = [10001, 27];
+        assert!(!open_to_others(0o100600, 0, &own), "owner only");
+        assert!(!open_to_others(0o100440, 10001, &own), "a Secret volume's fsGroup");
+        assert!(!open_to_others(0o100640, 27, &own), "a supplementary group");
+        assert!(open_to_others(0o100640, 100, &own), "a group this process is not in");
+        assert!(open_to_others(0o100444, 10001, &own), "everyone");
+        assert!(open_to_others(0o100602, 0, &own), "writable by everyone");
+        assert!(own_groups().contains(&unsafe { libc::getegid() }));
+    }
 
     #[test]
     fn section_of_a_full_file() {
