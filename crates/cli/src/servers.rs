@@ -398,7 +398,13 @@ fn partition_in(cfg: &Config, list: &[String]) -> anyhow::Result<Option<(u32, u3
             list.join(",")
         )));
     };
-    agreed(cfg, i as u32, list.len() as u32, "--meta / NK_META lists it as").map(Some)
+    agreed(
+        cfg,
+        i as u32,
+        list.len() as u32,
+        "--meta / NK_META lists it as",
+    )
+    .map(Some)
 }
 
 /// `--partition N`: this server is partition `n` of `list` (the metadata
@@ -418,12 +424,7 @@ fn partition_given(cfg: &Config, n: u32, list: &[String]) -> anyhow::Result<(u32
 /// `(partition, partitions)`, unless the config gives this server another
 /// place (`meta.partition`, `meta.partitions`); `how` says where the
 /// place came from, for the error.
-fn agreed(
-    cfg: &Config,
-    partition: u32,
-    partitions: u32,
-    how: &str,
-) -> anyhow::Result<(u32, u32)> {
+fn agreed(cfg: &Config, partition: u32, partitions: u32, how: &str) -> anyhow::Result<(u32, u32)> {
     let (p, n) = (cfg.meta.partition, cfg.meta.partitions);
     if (p, n) != (0, 1) && (p, n) != (partition, partitions) {
         return Err(crate::common::invalid(format!(

@@ -650,9 +650,15 @@ mod tests {
     fn a_secret_is_open_to_others_unless_only_its_owner_and_own_groups_read_it() {
         let own = [10001, 27];
         assert!(!open_to_others(0o100600, 0, &own), "owner only");
-        assert!(!open_to_others(0o100440, 10001, &own), "a Secret volume's fsGroup");
+        assert!(
+            !open_to_others(0o100440, 10001, &own),
+            "a Secret volume's fsGroup"
+        );
         assert!(!open_to_others(0o100640, 27, &own), "a supplementary group");
-        assert!(open_to_others(0o100640, 100, &own), "a group this process is not in");
+        assert!(
+            open_to_others(0o100640, 100, &own),
+            "a group this process is not in"
+        );
         assert!(open_to_others(0o100444, 10001, &own), "everyone");
         assert!(open_to_others(0o100602, 0, &own), "writable by everyone");
         assert!(own_groups().contains(&unsafe { libc::getegid() }));

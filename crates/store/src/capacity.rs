@@ -63,9 +63,13 @@ fn mem_available(meminfo: &str) -> Option<u64> {
 pub fn cgroup_room(proc_self_cgroup: &str, read: &dyn Fn(&str) -> Option<String>) -> Option<u64> {
     let number = |text: Option<String>| text?.trim().parse::<u64>().ok();
     let stat = |text: Option<String>, key: &str| {
-        text?
-            .lines()
-            .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse::<u64>().ok())
+        text?.lines().find_map(|l| {
+            l.strip_prefix(key)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
     };
     for line in proc_self_cgroup.lines() {
         let mut parts = line.splitn(3, ':');
@@ -74,7 +78,12 @@ pub fn cgroup_room(proc_self_cgroup: &str, read: &dyn Fn(&str) -> Option<String>
             continue;
         };
         let (root, limit, usage, inactive) = if controllers.is_empty() {
-            ("/sys/fs/cgroup", "memory.max", "memory.current", "inactive_file")
+            (
+                "/sys/fs/cgroup",
+                "memory.max",
+                "memory.current",
+                "inactive_file",
+            )
         } else if controllers.split(',').any(|c| c == "memory") {
             (
                 "/sys/fs/cgroup/memory",
@@ -246,19 +255,37 @@ mod tests {
         let v2 = files(&[
             ("/sys/fs/cgroup/memory.max", "4294967296\n"),
             ("/sys/fs/cgroup/memory.current", "1073741824\n"),
-            ("/sys/fs/cgroup/memory.stat", "anon 1\ninactive_file 268435456\nactive_file 5\n"),
+            (
+                "/sys/fs/cgroup/memory.stat",
+                "anon 1\ninactive_file 268435456\nactive_file 5\n",
+            ),
         ]);
-        assert_eq!(room("0::/\n", &v2), Some((4 << 30) - (1 << 30) + (256 << 20)));
+        assert_eq!(
+            room("0::/\n", &v2),
+            Some((4 << 30) - (1 << 30) + (256 << 20))
+        );
         // A path the container's view does not have: its root is the group.
-        assert_eq!(room("0::/kubepods/pod1/abc\n", &v2), Some((3 << 30) + (256 << 20)));
+        assert_eq!(
+            room("0::/kubepods/pod1/abc\n", &v2),
+            Some((3 << 30) + (256 << 20))
+        );
         // No limit.
         let open = files(&[("/sys/fs/cgroup/memory.max", "max\n")]);
         assert_eq!(room("0::/\n", &open), None);
         // cgroup v1, hybrid: the memory controller's line, under its path.
         let v1 = files(&[
-            ("/sys/fs/cgroup/memory/pod/memory.limit_in_bytes", "2147483648\n"),
-            ("/sys/fs/cgroup/memory/pod/memory.usage_in_bytes", "2415919104\n"),
-            ("/sys/fs/cgroup/memory/pod/memory.stat", "cache 9\ntotal_inactive_file 536870912\n"),
+            (
+                "/sys/fs/cgroup/memory/pod/memory.limit_in_bytes",
+                "2147483648\n",
+            ),
+            (
+                "/sys/fs/cgroup/memory/pod/memory.usage_in_bytes",
+                "2415919104\n",
+            ),
+            (
+                "/sys/fs/cgroup/memory/pod/memory.stat",
+                "cache 9\ntotal_inactive_file 536870912\n",
+            ),
         ]);
         let hybrid = "9:name=systemd:/\n4:memory:/pod\n3:cpuset:/\n0::/\n";
         assert_eq!(room(hybrid, &v1), Some((2048 + 512 - 2304) << 20));
