@@ -159,6 +159,11 @@ rootfs() {
     # non-root nk mount can mount (where the runtime allows it: /dev/fuse,
     # CAP_SYS_ADMIN in the bounding set, privilege escalation allowed).
     chmod 4755 "$ROOTFS/usr/bin/fusermount3"
+    # A sidecar's mount is for other containers' processes, of other users:
+    # nk mount --allow-other may say so (the kernel still checks each
+    # file's mode, nk mounts with default_permissions).
+    sed -i 's/^#user_allow_other/user_allow_other/' "$ROOTFS/etc/fuse.conf"
+    grep -q '^user_allow_other' "$ROOTFS/etc/fuse.conf"
     # Only the release's identification from base-files.
     mkdir -p "$WORK/base-files"
     dpkg-deb -x "$(deb_of base-files)" "$WORK/base-files"
