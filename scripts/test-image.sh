@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Tests NodeKernel's container image (scripts/build-image.sh) in containers
 # run by runc: the entry point, `nk up` as the image's non-root user, the
-# demo workload inside that container, and `nk mount` in it as a FUSE
-# sidecar whose mount the host sees.
+# demo workload inside that container, `nk mount` in it as a FUSE sidecar
+# whose mount the host sees, and the roles of a deployment (nk token new,
+# nk meta, nk store, a client) each in a container of its own, on two
+# network namespaces as two hosts.
 #
 #   scripts/test-image.sh [--nk PATH] [IMAGE_DIR]
 #
@@ -35,7 +37,7 @@ image=
 while [[ $# -gt 0 ]]; do
     case $1 in
         --nk) nk=$2; shift 2 ;;
-        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
         -*) echo "test-image: unknown argument $1 (try --help)" >&2; exit 2 ;;
         *) image=$1; shift ;;
     esac
@@ -48,7 +50,7 @@ fi
 source scripts/lib/system-deps.sh
 # shellcheck source=scripts/lib/container.sh
 source scripts/lib/container.sh
-ensure_tools "running the container image" runc=runc umoci=umoci cmp=diffutils
+ensure_tools "running the container image" runc=runc umoci=umoci cmp=diffutils ip=iproute2
 
 started=$SECONDS
 timings=()
@@ -78,6 +80,7 @@ WORK=$(mktemp -d /tmp/nk-image-test.XXXXXX)
 ID=nk-image-test-$$
 containers=()
 mounts=()
+netns=()
 # mounted DIR: something is mounted on DIR (also a FUSE mount whose server
 # is gone).
 mounted() { awk -v d="$1" '$5 == d { found = 1 } END { exit !found }' /proc/self/mountinfo; }
@@ -100,6 +103,7 @@ cleanup() {
     for m in "${mounts[@]}"; do
         while mounted "$m"; do umount -l "$m" || break; done
     done
+    for m in "${netns[@]}"; do ip netns del "$m" 2>/dev/null; done
     # Never into a mount that is left.
     if ! grep -q " $WORK/" /proc/self/mountinfo; then rm -rf "$WORK"; else echo "test-image: left $WORK (mounts in it)" >&2; fi
     echo
@@ -293,4 +297,94 @@ stop_cluster() {
     runc delete "$C"
 }
 step "stop: SIGTERM to the container (nk up is its PID 1)" stop_cluster
-echo "image nodekernel:$VERSION in $image: entry point, nk up, demo$( ((fuse)) && echo ', nk mount sidecar') passed"
+
+# The roles of a real deployment, each in a container of its own: nk token
+# new writes the cluster token, nk meta runs on "host A" and nk store on
+# "host B" (two network namespaces joined by a veth pair, as two hosts on a
+# network: ip netns add), both with the configuration the way
+# docs/deployment.md says for containers (wildcard listen addresses, the
+# store advertising its host's address), and a client on host A (runc exec
+# into the meta container) writes through the store on host B.
+NS_A=nkimg$$a
+NS_B=nkimg$$b
+roles() {
+    local etc=$WORK/etc meta=$ID-meta store=$ID-store
+    netns+=("$NS_A")
+    ip netns add "$NS_A"
+    netns+=("$NS_B")
+    ip netns add "$NS_B"
+    ip -n "$NS_A" link add eth0 type veth peer name eth0 netns "$NS_B"
+    local pair ns
+    for pair in "$NS_A=10.250.0.1" "$NS_B=10.250.0.2"; do
+        ns=${pair%%=*}
+        ip -n "$ns" link set lo up
+        ip -n "$ns" addr add "${pair#*=}/24" dev eth0
+        ip -n "$ns" link set eth0 up
+    done
+    mkdir -p "$etc"
+    cat >"$etc/cluster.toml" <<'TOML'
+[meta]
+listen = "0.0.0.0:9060"
+expect_servers = 1
+
+[security]
+token_file = "/etc/nodekernel/token"
+
+[client]
+meta = ["10.250.0.1:9060"]
+location = "host-a"
+
+[[store]]
+class = 0
+class_name = "dram"
+medium = "dram"
+size = "64MiB"
+listen = "0.0.0.0:9070"
+advertise = "10.250.0.2:9070"
+location = "host-b"
+TOML
+    chmod 0644 "$etc/cluster.toml"
+    # nk token new writes the token as the image's user, into a directory
+    # that user may write; the servers get it read-only.
+    chown 10001:10001 "$etc"
+    nk_bundle "$image" "$WORK/token" --bind "$etc:/etc/nodekernel" -- token new /etc/nodekernel/token
+    containers+=("$ID-token")
+    runc run --bundle "$WORK/token" "$ID-token" </dev/null
+    runc delete --force "$ID-token" 2>/dev/null || true
+    [[ $(stat -c '%u:%g %a' "$etc/token") == "10001:10001 600" ]] ||
+        fail "the token file is $(stat -c '%u:%g %a' "$etc/token"), not 10001:10001 600"
+    local c net host
+    for c in meta store; do
+        net=/var/run/netns/$NS_A host=host-a
+        [[ $c == store ]] && net=/var/run/netns/$NS_B host=host-b
+        nk_bundle "$image" "$WORK/$c" --net "$net" --hostname "$host" \
+            --bind "$etc:/etc/nodekernel:ro" -- "$c" --config /etc/nodekernel/cluster.toml
+        containers+=("$ID-$c")
+        runc run -d --bundle "$WORK/$c" "$ID-$c" </dev/null >"$WORK/$ID-$c.out" 2>"$WORK/$ID-$c.err"
+    done
+    local client=(runc exec --env NK_CONFIG=/etc/nodekernel/cluster.toml "$meta" nk)
+    "${client[@]}" status --wait --timeout "$WAIT_S" | tail -n 1
+    "${client[@]}" put - /roles.bin <"$WORK/stdin.bin"
+    "${client[@]}" cat /roles.bin | cmp "$WORK/stdin.bin" - || fail "the file through the store on host B differs"
+    "${client[@]}" status --json >"$WORK/roles.json"
+    python3 - "$WORK/roles.json" <<'PY' || fail "nk status --json of the two-host cluster"
+import json, sys
+s = json.load(open(sys.argv[1]))
+servers = [(v["addr"], v["location"], v["used_bytes"]) for v in s["servers"]]
+assert len(servers) == 1 and servers[0][:2] == ("10.250.0.2:9070", "host-b") and servers[0][2] > 0, servers
+print(f"  client on host A: a file put and read back through the store at {servers[0][0]} ({servers[0][1]})")
+PY
+    local t0
+    for c in "$store" "$meta"; do
+        runc kill "$c" TERM
+        t0=$SECONDS
+        until [[ $(nk_container_status "$c") == stopped ]]; do
+            ((SECONDS - t0 < WAIT_S)) || fail "$c did not stop on SIGTERM in $WAIT_S s"
+            sleep 0.2
+        done
+        tail -n 1 "$WORK/$c.out"
+        runc delete "$c"
+    done
+}
+step "every role in a container of its own: token, nk meta on host A, nk store on host B, a client" roles
+echo "image nodekernel:$VERSION in $image: entry point, nk up, demo$( ((fuse)) && echo ', nk mount sidecar'), every role passed"
