@@ -100,7 +100,7 @@ build_nk() {
 }
 if [[ -z $nk ]]; then
     step "cargo build --release -p nodekernel-cli" build_nk
-    nk=target/release/nk
+    nk=${CARGO_TARGET_DIR:-target}/release/nk
 fi
 [[ -x $nk ]] || { echo "build-image: $nk is not an executable" >&2; exit 1; }
 nk=$(realpath "$nk")
