@@ -141,6 +141,15 @@ step "JVM modules (java/): client, Hadoop, YCSB" jvm --part=core
 # The heavy tier: the ecosystem and cluster suites, the model checks and
 # fuzzing (these two with builds of their own).
 heavy step "cluster tests (crates/cluster/tests)" scripts/cargo-tests.py run heavy
+# What teams install and deploy: the release nk, the container image built
+# from Debian packages with it (nk up, the demo, nk mount and every role
+# in it, under runc), and the Helm chart (lint, render, the Kubernetes
+# schemas, and its manifests run from that image: docs/deployment.md).
+heavy step "release nk (for the image and the wheel)" cargo build --release --locked -p nodekernel-cli
+heavy step "container image: build it from Debian packages, nk up, the demo, nk mount and every role in it (runc)" \
+    scripts/test-image.sh --nk target/release/nk
+heavy step "Helm chart: lint, render, validate against Kubernetes' schemas, run its manifests from the image" \
+    scripts/test-helm.sh
 # The Spark module's local-mode jobs (shuffle manager, NkBroadcast, a job on
 # nk://) on every Spark line it is built for (java/nodekernel-spark/spark-LINE:
 # Spark 3.5 on Scala 2.12 and 2.13, 4.0), a step each: each line's time.
