@@ -36,6 +36,7 @@
 # libraries) and refuses a wheel whose `nk` would not run where the wheel
 # installs.
 set -euo pipefail
+CALLER=$PWD
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
@@ -51,6 +52,9 @@ while [[ $# -gt 0 ]]; do
 done
 
 die() { echo "build-wheel: $*" >&2; exit 1; }
+# Paths given on the command line are the caller's.
+if [[ -n $NK && $NK != /* ]]; then NK=$CALLER/$NK; fi
+if [[ -n $OUT && $OUT != /* ]]; then OUT=$CALLER/$OUT; fi
 
 command -v cargo >/dev/null 2>&1 || die "cargo not found; install Rust (https://rustup.rs)"
 if [[ -z ${MATURIN:-} ]]; then
@@ -65,6 +69,7 @@ done
 
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 [[ $TARGET == /* ]] || TARGET=$ROOT/$TARGET
+export CARGO_TARGET_DIR=$TARGET # absolute: maturin runs cargo in crates/py
 OUT=${OUT:-$TARGET/wheels}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -98,8 +103,7 @@ step() {
 
 build_nk() {
     if [[ -n $NK ]]; then
-        [[ -x $NK ]] || die "--nk $NK is not an executable"
-        NK=$(cd "$(dirname "$NK")" && pwd)/$(basename "$NK")
+        [[ -f $NK && -x $NK ]] || die "--nk $NK is not an executable"
         echo "reusing $NK (not rebuilt)"
     else
         nice cargo build --release --locked -p nodekernel-cli
