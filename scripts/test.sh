@@ -150,6 +150,12 @@ heavy step "container image: build it from Debian packages, nk up, the demo, nk 
     scripts/test-image.sh --nk target/release/nk
 heavy step "Helm chart: lint, render, validate against Kubernetes' schemas, run its manifests from the image" \
     scripts/test-helm.sh
+# The binary wheel a Python user installs (the module in release, with the
+# release nk above as its console script; maturin from .venv) and its smoke
+# test in a fresh virtualenv: nk up, puts and gets, pandas on nk://,
+# stubtest (docs/python.md).
+heavy step "Python wheel: build (the sdist, the wheel with nk)" ./scripts/build-wheel.sh --nk target/release/nk
+heavy step "Python wheel: fresh virtualenv, its nk up, puts and gets, pandas on nk://, stubtest" ./scripts/test-wheel.sh
 # The Spark module's local-mode jobs (shuffle manager, NkBroadcast, a job on
 # nk://) on every Spark line it is built for (java/nodekernel-spark/spark-LINE:
 # Spark 3.5 on Scala 2.12 and 2.13, 4.0), a step each: each line's time.
