@@ -82,6 +82,20 @@ pub(crate) fn sum(s: &Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
+/// The one sample of `metric` whose labels include `labels`; `None` if
+/// there is none (or several): a missing gauge is not a zero.
+pub(crate) fn only(s: &Scrape, metric: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let mut found = s
+        .samples
+        .iter()
+        .filter(|x| x.metric == metric)
+        .filter(|x| labels.iter().all(|(k, v)| x.labels.get(k) == Some(*v)));
+    match (found.next(), found.next()) {
+        (Some(x), None) => Some(value(&x.value)),
+        _ => None,
+    }
+}
+
 fn has(s: &Scrape, metric: &str) -> bool {
     s.samples.iter().any(|x| x.metric == metric)
 }
