@@ -40,7 +40,7 @@ pub struct MetaArgs {
     /// Keep the namespace in DIR across restarts (an operation log; turns on meta.persistence) [default: meta.data_dir when meta.persistence is set]
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
-    /// This server's partition, its index (from 0) in the metadata servers' list (--meta / NK_META, else [client] meta); with it, --listen may be a wildcard address such as 0.0.0.0:9060 (as in a Kubernetes pod, whose index gives it) [default: the place of --listen in --meta, else meta.partition]
+    /// This server's partition, its index (from 0) in the metadata servers' list (--meta / NK_META, else `[client] meta`); with it, --listen may be a wildcard address such as 0.0.0.0:9060 (as in a Kubernetes pod, whose index gives it) [default: the place of --listen in --meta, else meta.partition]
     #[arg(long, value_name = "N")]
     partition: Option<u32>,
     /// Admin HTTP endpoint (metrics, status, dashboard); "" turns it off [default: meta.admin, 127.0.0.1:0]
