@@ -2,12 +2,20 @@
 # Builds the JVM modules in java/ (the Java client, the Hadoop FileSystem,
 # the YCSB binding) over the JNI library, and runs their tests.
 #
-# Usage: scripts/java.sh [--release] [--no-tests]
+# Usage: scripts/java.sh [--release] [--no-tests] [--install]
 #                        [--part=core|spark|spark-LINE] [maven arguments...]
 #   --release   build the native library and nk in release mode (the jars
 #               then carry the optimised library); default: debug, as the
 #               tests use
 #   --no-tests  package the jars without running the tests
+#   --install   package the jars without running the tests and install every
+#               module (the parent POMs too) into the local Maven repository
+#               (`mvn install -DskipTests`): ~/.m2/repository, or DIR with
+#               -Dmaven.repo.local=DIR among the arguments; from there Maven,
+#               Gradle, sbt and Spark's --packages find them as
+#               io.nodekernel:ARTIFACT:VERSION (docs/spark.md, "Maven
+#               coordinates"). With --release, the installed client jar
+#               carries the optimised library
 #   --part      only the client, Hadoop and YCSB modules (core), or only
 #               the Spark modules' tests (local-mode Spark jobs, the test
 #               command's heavy tier; the modules they use are built, their
@@ -16,6 +24,8 @@
 #               (3.5_2.12, 3.5_2.13, 4.0_2.13); default: every module
 #
 # Installs a JDK and Maven with apt-get when they are missing (as root).
+# Cargo builds into target/ (CARGO_TARGET_DIR when set: the native library
+# and nk are taken from there).
 # The tests start clusters with target/<profile>/nk, or with NK_BIN when set
 # (an nk built already; then only the JNI library is built here). With
 # NK_JNI_DIR set to the folder of a libnodekernel_jni.so built already
@@ -33,6 +43,7 @@ for arg in "$@"; do
     case "$arg" in
         --release) profile=release; cargo_flags=(--release) ;;
         --no-tests) goal=package; mvn_args+=(-DskipTests) ;;
+        --install) goal=install; mvn_args+=(-DskipTests) ;;
         --part=*) part=${arg#--part=} ;;
         *) mvn_args+=("$arg") ;;
     esac
@@ -80,7 +91,8 @@ if [[ $goal == verify && $part != spark* ]]; then
     scripts/java-format.sh --check
 fi
 
-native="${NK_JNI_DIR:-$PWD/target/$profile}"
+target_dir=$(realpath -m "${CARGO_TARGET_DIR:-target}")
+native="${NK_JNI_DIR:-$target_dir/$profile}"
 packages=()
 if [[ -n ${NK_JNI_DIR:-} ]]; then
     [[ -f $NK_JNI_DIR/libnodekernel_jni.so ]] ||
@@ -94,7 +106,7 @@ if [[ -n ${NK_BIN:-} ]]; then
     nk_bin=$NK_BIN
     [[ -x $nk_bin ]] || { echo "java.sh: NK_BIN=$nk_bin is not an executable" >&2; exit 1; }
 else
-    nk_bin=$PWD/target/$profile/nk
+    nk_bin=$target_dir/$profile/nk
     packages+=(-p nodekernel-cli)
 fi
 if ((${#packages[@]})); then
@@ -113,3 +125,14 @@ echo "jars:"
 shopt -s nullglob
 jars=(java/*/target/*.jar java/nodekernel-spark/*/target/*.jar)
 printf '%s\n' "${jars[@]}"
+if [[ $goal == install ]]; then
+    # Where `mvn install` put them: -Dmaven.repo.local when given, else
+    # Maven's default (a localRepository in settings.xml would move it).
+    repo=$HOME/.m2/repository
+    for arg in "${mvn_args[@]}"; do
+        [[ $arg == -Dmaven.repo.local=* ]] && repo=${arg#-Dmaven.repo.local=}
+    done
+    echo "installed (group io.nodekernel) under $repo/io/nodekernel:"
+    (cd "$repo" 2>/dev/null && find io/nodekernel -type f \( -name '*.jar' -o -name '*.pom' \) | sort) ||
+        echo "  (not found there: a localRepository in ~/.m2/settings.xml?)"
+fi
