@@ -181,6 +181,10 @@ spark_cluster() {
     NK_BIN="$PWD/target/debug/nk" .venv-pyspark/bin/python -m pytest \
         java/nodekernel-spark/pyspark/test_cluster.py -q -s -p no:cacheprovider
 }
+# The jars by their coordinates (io.nodekernel:ARTIFACT:0.1.0) in the local
+# Maven repository, which the PySpark suite's test_packages.py resolves with
+# Spark's --packages (docs/spark.md, "Maven coordinates").
+heavy step "JVM: install the artifacts into the local Maven repository (java.sh --install)" jvm --install
 heavy step "PySpark: install the pinned wheel into .venv-pyspark" ./scripts/pyspark-env.sh
 heavy step "PySpark: DataFrame jobs on NodeKernel's shuffle and nk://" pyspark_suite
 heavy step "Spark standalone cluster over netns hosts (PySpark jobs, both shuffles)" spark_cluster
@@ -202,6 +206,9 @@ for line in 3.5_2.13 4.0_2.13; do
     heavy step "PySpark: Spark $line for the cluster (scripts/pyspark-env.sh $line)" \
         ./scripts/pyspark-env.sh "$line"
 done
+heavy step "PySpark 4.0: --packages from the local Maven repository" \
+    env NK_BIN="$PWD/target/debug/nk" .venv-pyspark-4.0/bin/python -m pytest \
+    java/nodekernel-spark/pyspark/test_packages.py -q -p no:cacheprovider
 heavy step "Spark standalone cluster on Spark 3.5_2.13 (jobs across hosts)" \
     spark_cluster_line 3.5_2.13 "jobs_across_hosts"
 heavy step "Spark standalone cluster on Spark 4.0_2.13 (jobs across hosts, executor kills)" \
