@@ -80,16 +80,7 @@ fi
 EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
 CREATED=$(date -u -d "@$EPOCH" +%Y-%m-%dT%H:%M:%SZ)
 
-started=$SECONDS
-timings=()
-step() {
-    local name=$1 t0=$SECONDS
-    shift
-    echo "== $name =="
-    "$@"
-    timings+=("$(printf '%6ds  %s' $((SECONDS - t0)) "$name")")
-    echo "-- $name: $((SECONDS - t0)) s"
-}
+source scripts/lib/steps.sh
 
 WORK=$(mktemp -d /tmp/nk-image.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
@@ -298,8 +289,5 @@ manifest() {
 }
 step "record the packages (nodekernel-$VERSION.packages.txt)" manifest
 
-echo
-echo "== build-image: step times =="
-for t in "${timings[@]}"; do echo "$t"; done
-printf '%6ds  %s\n' $((SECONDS - started)) "total"
+steps_summary "build-image: step times"
 echo "image $REF in $out/oci ($(du -sh "$out/oci" | cut -f1)), archive $out/nodekernel-$VERSION.oci.tar"

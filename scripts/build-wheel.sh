@@ -86,20 +86,7 @@ STAGE=$(mktemp -d)
 cleanup() { rm -rf "$DATA" "$STAGE"; }
 trap cleanup EXIT
 
-now() { date +%s.%N; }
-T_ALL=$(now)
-TIMES=()
-# step NAME COMMAND...: runs one step and prints (and records) its time.
-step() {
-    local name=$1 t0 took
-    shift
-    echo "== $name =="
-    t0=$(now)
-    "$@"
-    took=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')
-    echo "-- $name: $took s"
-    TIMES+=("$(printf '%8s s  %s' "$took" "$name")")
-}
+source scripts/lib/steps.sh
 
 build_nk() {
     if [[ -n $NK ]]; then
@@ -209,10 +196,7 @@ step "wheel (maturin build --release)" wheel
 step "check the wheel: contents, nk against its tag" check_wheel
 publish
 
-echo
-echo "== step times =="
-for t in "${TIMES[@]}"; do echo "$t"; done
-awk -v a="$T_ALL" -v b="$(now)" 'BEGIN { printf "%8.1f s  total\n", b - a }'
+steps_summary "build-wheel: step times"
 echo
 ls -l "$WHEEL" "$SDIST"
 echo "install: python3 -m pip install $WHEEL"

@@ -40,13 +40,7 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
-t_all=$SECONDS
-timed() {
-    local what=$1 t=$SECONDS
-    shift
-    "$@"
-    printf '%6ds  %s\n' $((SECONDS - t)) "$what"
-}
+source scripts/lib/steps.sh
 
 tools() {
     local bin=$PWD/.tools/bin
@@ -60,7 +54,7 @@ tools() {
             "PyYAML==$PYYAML_VERSION"
     fi
 }
-timed "tools: helm $HELM_VERSION, kubernetes-validate $KUBE_VALIDATE_VERSION" tools
+step "tools: helm $HELM_VERSION, kubernetes-validate $KUBE_VALIDATE_VERSION" tools
 HELM=$PWD/.tools/bin/helm
 VALIDATE=$PWD/.venv-helm/bin/kubernetes-validate
 
@@ -120,7 +114,7 @@ lint_and_render() {
     fi
     for f in "$out"/*.yaml; do echo "  rendered ${f##*/}"; done
 }
-timed "helm lint and template (default, ci/*-values.yaml)" lint_and_render
+step "helm lint and template (default, ci/*-values.yaml)" lint_and_render
 
 validate() {
     local f
@@ -130,9 +124,9 @@ validate() {
         "$VALIDATE" --strict --quiet --no-warn -k "$KUBE_VERSION" "$f" >/dev/null
     done
 }
-timed "every manifest valid against Kubernetes $KUBE_VERSION's schemas (strict)" validate
+step "every manifest valid against Kubernetes $KUBE_VERSION's schemas (strict)" validate
 
-[[ $run == 1 ]] || { printf '%6ds  total\n' $((SECONDS - t_all)); exit 0; }
+[[ $run == 1 ]] || { steps_summary "test-helm: step times"; exit 0; }
 
 if [[ $(id -u) != 0 ]]; then
     echo "test-helm: running the manifests needs root (network namespaces, runc); skipped" >&2
@@ -140,18 +134,18 @@ if [[ $(id -u) != 0 ]]; then
 fi
 ensure_tools "running the chart's pods" runc=runc umoci=umoci ip=iproute2
 if [[ ! -f $image/oci/index.json ]]; then
-    timed "build the image (scripts/build-image.sh)" scripts/build-image.sh --out "$image"
+    step "build the image (scripts/build-image.sh)" scripts/build-image.sh --out "$image"
 fi
 NK=$PWD/target/release/nk
 [[ -x $NK ]] || NK=$PWD/target/debug/nk
-timed "the user's Secrets for the TLS values" user_secrets
+step "the user's Secrets for the TLS values" user_secrets
 
 bundle() {
     local ref
     ref=$(python3 -c 'import json,sys; m=json.load(open(sys.argv[1]))["manifests"]; print(m[0]["annotations"]["org.opencontainers.image.ref.name"])' "$image/oci/index.json")
     umoci unpack --image "$image/oci:$ref" "$out/bundle" >/dev/null
 }
-timed "unpack the image (umoci)" bundle
+step "unpack the image (umoci)" bundle
 
 # run NAME [harness args]: runs one rendering, then checks what the test
 # pod printed and what `nk status --json` in the metadata pod says.
@@ -187,12 +181,12 @@ print(f"{name}: the test pod read back its File; {len(servers)} storage servers,
       + ", ".join(f"{x['class_name']} {x['capacity_bytes'] >> 20} MiB at {x['location']}" for x in servers))
 EOF
 }
-timed "run the default values (2 nodes)" run_chart default
-timed "run ci/tls-values.yaml (TLS, client certificates, the user's Secrets)" \
+step "run the default values (2 nodes)" run_chart default
+step "run ci/tls-values.yaml (TLS, client certificates, the user's Secrets)" \
     run_chart tls --extra "$out/secrets.yaml"
 # The DRAM servers shrink at their first heartbeats: wait for that.
-timed "run ci/partitions-values.yaml (2 partitions, dynamic DRAM, no file tier)" \
+step "run ci/partitions-values.yaml (2 partitions, dynamic DRAM, no file tier)" \
     run_chart partitions --until 'all(x["capacity_bytes"] < 512 << 20 for x in s["servers"])'
-timed "run ci/hostpath-values.yaml (host network, a persistent file tier on a hostPath)" \
+step "run ci/hostpath-values.yaml (host network, a persistent file tier on a hostPath)" \
     run_chart hostpath
-printf '%6ds  total\n' $((SECONDS - t_all))
+steps_summary "test-helm: step times"

@@ -52,16 +52,7 @@ source scripts/lib/system-deps.sh
 source scripts/lib/container.sh
 ensure_tools "running the container image" runc=runc umoci=umoci cmp=diffutils ip=iproute2
 
-started=$SECONDS
-timings=()
-step() {
-    local name=$1 t0=$SECONDS
-    shift
-    echo "== $name =="
-    "$@"
-    timings+=("$(printf '%6ds  %s' $((SECONDS - t0)) "$name")")
-    echo "-- $name: $((SECONDS - t0)) s"
-}
+source scripts/lib/steps.sh
 fail() {
     echo "test-image: FAILED: $*" >&2
     exit 1
@@ -106,10 +97,7 @@ cleanup() {
     for m in "${netns[@]}"; do ip netns del "$m" 2>/dev/null; done
     # Never into a mount that is left.
     if ! grep -q " $WORK/" /proc/self/mountinfo; then rm -rf "$WORK"; else echo "test-image: left $WORK (mounts in it)" >&2; fi
-    echo
-    echo "== test-image: step times =="
-    for t in "${timings[@]}"; do echo "$t"; done
-    printf '%6ds  %s\n' $((SECONDS - started)) "total"
+    steps_summary "test-image: step times"
     if [[ $rc == 0 ]]; then echo "test-image: passed"; else echo "test-image: FAILED" >&2; fi
     return "$rc"
 }

@@ -71,19 +71,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-now() { date +%s.%N; }
-T_ALL=$(now)
-TIMES=()
-step() {
-    local name=$1 t0 took
-    shift
-    echo "== $name =="
-    t0=$(now)
-    "$@"
-    took=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')
-    echo "-- $name: $took s"
-    TIMES+=("$(printf '%8s s  %s' "$took" "$name")")
-}
+source scripts/lib/steps.sh
 
 # The environment of a user of the installed wheel: a clean one, the
 # virtualenv's bin/ first on PATH and nothing of the checkout.
@@ -195,8 +183,5 @@ step "nk status, nk status --json" status
 step "nk up stops on SIGTERM" stop_cluster
 step "stubtest: the wheel's stubs match its module (mypy added)" stubs
 
-echo
-echo "== step times =="
-for t in "${TIMES[@]}"; do echo "$t"; done
-awk -v a="$T_ALL" -v b="$(now)" 'BEGIN { printf "%8.1f s  total\n", b - a }'
+steps_summary "test-wheel: step times"
 echo "test-wheel: all checks passed for $(basename "$WHEEL")"
