@@ -94,7 +94,7 @@ smoke() { clean python "$WORK/wheel_smoke.py" "$@"; }
 
 install() {
     mkdir -p "$WORK/home" "$WORK/tmp" "$WORK/run"
-    cp scripts/wheel_smoke.py "$WORK/"
+    cp scripts/wheel_smoke.py crates/py/tests/stubtest_expected.txt "$WORK/"
     "$PY" -m venv "$VENV"
     # pip keeps the caller's configuration (index, certificates, proxy);
     # no Python path of the caller's leaks in.
